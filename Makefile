@@ -1,0 +1,30 @@
+# Two commands from a fresh clone: `make demo` and `make test`. Both set up .venv when needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup test demo toolchains clean
+
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*.cuh tools/*.py)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel pybind11
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Compilers and services the tests use for real: hipcc (HIP, gfx90a) and Slurm from Debian.
+toolchains:
+	bash tools/install_toolchains.sh
+
+test: setup toolchains
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
+
+demo: setup
+	bash examples/local/demo.sh
+
+clean:
+	rm -rf build runs *.egg-info

@@ -1,0 +1,140 @@
+"""Strict YAML loading with repeated `--set section.key=value` overrides."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional
+
+import yaml
+
+from megatron.config.errors import ConfigError, InputError
+from megatron.config.sections import SECTIONS, DataConfig, KernelsConfig, ModelConfig, \
+    OptimizerConfig, ParallelConfig, RunConfig, TrainingConfig
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> Dict[str, Dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _coerce(field_name: str, text: str, annotation) -> Any:
+    """Turn an override string into the field's type; YAML syntax is accepted for lists."""
+    value = yaml.safe_load(text) if text != "" else ""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if origin is typing.Union and type(None) in typing.get_args(annotation):
+            return None
+        raise ConfigError(field_name, text, f"a value of type {annotation}")
+    base = args[0] if origin is typing.Union else annotation
+    return _check_type(field_name, value, base)
+
+
+def _check_type(field_name: str, value, base):
+    if typing.get_origin(base) in (list, typing.List):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(field_name, value, "a list")
+        return [str(v) for v in value]
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(field_name, value, "true or false")
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(field_name, value, "an integer")
+        return value
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(field_name, value, "a number")
+        return float(value)
+    if base is str:
+        return str(value)
+    return value
+
+
+def _field_types(section_cls) -> Dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _build_section(name: str, values: Dict[str, Any]):
+    cls = SECTIONS[name]
+    types = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in types:
+            raise ConfigError(f"{name}.{key}", value, f"a known key of section '{name}' "
+                              f"({', '.join(sorted(types))})", "remove it or fix its spelling")
+        if value is None:
+            kwargs[key] = None
+            continue
+        annotation = types[key]
+        base = [a for a in typing.get_args(annotation) if a is not type(None)]
+        kwargs[key] = _check_type(f"{name}.{key}", value,
+                                  base[0] if typing.get_origin(annotation) is typing.Union else annotation)
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
+    """['model.hidden_size=128', ...] -> {'model': {'hidden_size': 128}} with typed values."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError("--set", item, "section.key=value, for example model.hidden_size=128")
+        key, text = item.split("=", 1)
+        section, name = key.strip().split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(key, text, f"a section among {', '.join(SECTIONS)}")
+        types = _field_types(SECTIONS[section])
+        if name not in types:
+            raise ConfigError(key, text, f"a known key of section '{section}' "
+                              f"({', '.join(sorted(types))})", "fix its spelling")
+        out.setdefault(section, {})[name] = _coerce(key, text.strip(), types[name])
+    return out
+
+
+def _read_yaml(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise InputError(f"config file {path!r} does not exist; pass an existing YAML file to "
+                         f"--config (see examples/local/tiny.yaml)") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"config file {path!r} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"config file {path!r} must hold a mapping of sections "
+                         f"({', '.join(SECTIONS)}), found {type(raw).__name__}")
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(str(section), "...", f"a section among {', '.join(SECTIONS)}",
+                              f"remove or rename it in {path}")
+        if not isinstance(values, dict):
+            raise ConfigError(str(section), values, "a mapping of keys to values", f"fix {path}")
+    return raw
+
+
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Config:
+    """YAML file (optional) then overrides; every section is validated on construction."""
+    merged: Dict[str, Dict[str, Any]] = {name: {} for name in SECTIONS}
+    if path:
+        for section, values in _read_yaml(path).items():
+            merged[section].update(values)
+    for section, values in parse_overrides(overrides).items():
+        merged[section].update(values)
+    return Config(**{name: _build_section(name, merged[name]) for name in SECTIONS})

@@ -1,0 +1,232 @@
+"""One dataclass per config section. Field checks live in __post_init__; checks that need
+several sections live in validate.py. Field names follow Megatron-LM where one exists."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from megatron.config.errors import ConfigError
+
+
+def _choice(section: str, name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(str, allowed))}")
+
+
+def _positive(section: str, name: str, value, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        raise ConfigError(f"{section}.{name}", value,
+                          "a non-negative number" if allow_zero else "a positive number")
+
+
+def _fraction(section: str, name: str, value) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{section}.{name}", value, "a probability in [0, 1)")
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    # Grouped-query attention: number of key/value heads. None means multi-head attention.
+    num_query_groups: Optional[int] = None
+    # None: 4h for GeLU, and 8h/3 rounded up to a multiple of 64 for SwiGLU (same FLOPs as 4h GeLU).
+    ffn_hidden_size: Optional[int] = None
+    seq_length: int = 64
+    max_position_embeddings: Optional[int] = None
+    # Used when the tokenizer does not fix the vocabulary (synthetic and null-tokenizer data).
+    vocab_size: int = 512
+    make_vocab_size_divisible_by: int = 128
+    position_embedding_type: str = "learned"  # learned | rotary
+    rotary_base: float = 10000.0
+    normalization: str = "layernorm"  # layernorm | rmsnorm
+    norm_epsilon: float = 1e-5
+    activation: str = "gelu"  # gelu | swiglu
+    add_bias_linear: bool = True
+    tie_embeddings: bool = True
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    attention_backend: str = "auto"  # auto | flash | sdpa | math
+    init_method_std: float = 0.02
+
+    def __post_init__(self):
+        s = "model"
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "vocab_size", "make_vocab_size_divisible_by"):
+            _positive(s, name, getattr(self, name))
+        _choice(s, "position_embedding_type", self.position_embedding_type, ("learned", "rotary"))
+        _choice(s, "normalization", self.normalization, ("layernorm", "rmsnorm"))
+        _choice(s, "activation", self.activation, ("gelu", "swiglu"))
+        _choice(s, "attention_backend", self.attention_backend, ("auto", "flash", "sdpa", "math"))
+        _fraction(s, "hidden_dropout", self.hidden_dropout)
+        _fraction(s, "attention_dropout", self.attention_dropout)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("model.hidden_size", self.hidden_size,
+                              f"a multiple of model.num_attention_heads={self.num_attention_heads}")
+        if self.num_query_groups is not None:
+            _positive(s, "num_query_groups", self.num_query_groups)
+            if self.num_attention_heads % self.num_query_groups:
+                raise ConfigError("model.num_query_groups", self.num_query_groups,
+                                  f"a divisor of model.num_attention_heads={self.num_attention_heads}")
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+        if self.max_position_embeddings < self.seq_length:
+            raise ConfigError("model.max_position_embeddings", self.max_position_embeddings,
+                              f"at least model.seq_length={self.seq_length}")
+        if self.ffn_hidden_size is None:
+            if self.activation == "swiglu":
+                self.ffn_hidden_size = ((8 * self.hidden_size // 3) + 63) // 64 * 64
+            else:
+                self.ffn_hidden_size = 4 * self.hidden_size
+        _positive(s, "ffn_hidden_size", self.ffn_hidden_size)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    zero_stage: int = 1
+    sequence_parallel: bool = False
+    # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
+    pipeline_partition_method: str = "uniform"
+
+    def __post_init__(self):
+        _positive("parallel", "tensor_parallel_size", self.tensor_parallel_size)
+        _positive("parallel", "pipeline_parallel_size", self.pipeline_parallel_size)
+        _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
+                ("uniform", "parameters"))
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 2
+    global_batch_size: int = 8
+    train_iters: int = 20
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    seed: int = 1234
+    activation_checkpointing: str = "none"  # none | full | selective
+    clip_grad: float = 1.0
+    # fp16 dynamic loss scaling: start at 2**initial_loss_scale_power.
+    initial_loss_scale_power: int = 16
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: float = 1.0
+    log_interval: int = 1
+    eval_interval: int = 0  # 0 disables periodic evaluation
+    eval_iters: int = 2
+    save_interval: int = 0  # 0 saves only at the end when checkpoint saving is enabled
+    save: bool = False
+    # Path of a checkpoint directory to resume from, or "auto": resume from run.dir when present.
+    load: Optional[str] = None
+    # Peak dense TFLOPs per device for MFU; None uses the built-in table for the detected GPU.
+    peak_tflops: Optional[float] = None
+    tensorboard: bool = True
+
+    def __post_init__(self):
+        s = "training"
+        for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval",
+                     "eval_iters"):
+            _positive(s, name, getattr(self, name))
+        _positive(s, "eval_interval", self.eval_interval, allow_zero=True)
+        _positive(s, "save_interval", self.save_interval, allow_zero=True)
+        _positive(s, "clip_grad", self.clip_grad, allow_zero=True)
+        _choice(s, "precision", self.precision, ("fp32", "bf16", "fp16"))
+        _choice(s, "activation_checkpointing", self.activation_checkpointing,
+                ("none", "full", "selective"))
+        if self.peak_tflops is not None:
+            _positive(s, "peak_tflops", self.peak_tflops)
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    # None: decay over training.train_iters.
+    lr_decay_iters: Optional[int] = None
+
+    def __post_init__(self):
+        s = "optimizer"
+        _positive(s, "lr", self.lr)
+        _positive(s, "min_lr", self.min_lr, allow_zero=True)
+        _positive(s, "weight_decay", self.weight_decay, allow_zero=True)
+        _positive(s, "lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
+        _choice(s, "lr_decay_style", self.lr_decay_style, ("cosine", "linear", "constant"))
+        for name in ("adam_beta1", "adam_beta2"):
+            _fraction(s, name, getattr(self, name))
+        if self.min_lr > self.lr:
+            raise ConfigError("optimizer.min_lr", self.min_lr, f"at most optimizer.lr={self.lr}")
+        if self.lr_decay_iters is not None:
+            _positive(s, "lr_decay_iters", self.lr_decay_iters)
+
+
+@dataclass
+class DataConfig:
+    synthetic: bool = True
+    # Blend: a list of "WEIGHT PREFIX" strings or plain prefixes (equal weights). A prefix names
+    # PREFIX.bin / PREFIX.idx in the Megatron MMIDIDX format.
+    paths: List[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    tokenizer_type: str = "null"  # sentencepiece | gpt2 | huggingface | null
+    tokenizer_model: Optional[str] = None
+    vocab_file: Optional[str] = None
+    merges_file: Optional[str] = None
+    cache_dir: Optional[str] = None
+    seed: int = 1234
+    # "cpp" uses the ahead-of-time built helper; "numpy" the bit-identical reference.
+    index_impl: str = "auto"
+
+    def __post_init__(self):
+        _choice("data", "tokenizer_type", self.tokenizer_type,
+                ("sentencepiece", "gpt2", "huggingface", "null"))
+        _choice("data", "index_impl", self.index_impl, ("auto", "cpp", "numpy"))
+        if not self.synthetic and not self.paths:
+            raise ConfigError("data.paths", self.paths,
+                              "at least one dataset prefix when data.synthetic=false "
+                              "(or set data.synthetic=true)")
+
+
+@dataclass
+class KernelsConfig:
+    # auto: fused kernels where built and usable on this device, else the torch reference
+    # (logged once); fused: fail at startup when a fused kernel cannot run; torch: never fused.
+    mode: str = "auto"
+
+    def __post_init__(self):
+        _choice("kernels", "mode", self.mode, ("auto", "fused", "torch"))
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"
+
+    def __post_init__(self):
+        if not self.dir:
+            raise ConfigError("run.dir", self.dir, "a directory path")
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "training": TrainingConfig,
+    "optimizer": OptimizerConfig,
+    "data": DataConfig,
+    "kernels": KernelsConfig,
+    "run": RunConfig,
+}

@@ -1,0 +1,64 @@
+"""Checks that need several sections or the world size. Each raises one ConfigError."""
+from __future__ import annotations
+
+from megatron.config.errors import ConfigError
+
+
+def data_parallel_size(cfg, world_size: int) -> int:
+    return world_size // (cfg.parallel.tensor_parallel_size * cfg.parallel.pipeline_parallel_size)
+
+
+def check_world(cfg, world_size: int) -> None:
+    tp, pp = cfg.parallel.tensor_parallel_size, cfg.parallel.pipeline_parallel_size
+    if world_size % (tp * pp):
+        raise ConfigError("parallel.tensor_parallel_size", tp,
+                          f"tensor_parallel_size x pipeline_parallel_size ({tp} x {pp} = {tp * pp}) "
+                          f"to divide the world size {world_size}",
+                          "launch a multiple of that many ranks or change the layout")
+
+
+def check_tensor_parallel(cfg) -> None:
+    tp, m = cfg.parallel.tensor_parallel_size, cfg.model
+    if m.num_attention_heads % tp:
+        raise ConfigError("model.num_attention_heads", m.num_attention_heads,
+                          f"a multiple of parallel.tensor_parallel_size={tp}")
+    if m.kv_heads % tp:
+        raise ConfigError("model.num_query_groups", m.kv_heads,
+                          f"a multiple of parallel.tensor_parallel_size={tp} (each tensor-parallel "
+                          "rank holds whole key/value groups)")
+    if m.ffn_hidden_size % tp:
+        raise ConfigError("model.ffn_hidden_size", m.ffn_hidden_size,
+                          f"a multiple of parallel.tensor_parallel_size={tp}")
+    if cfg.parallel.sequence_parallel and m.seq_length % tp:
+        raise ConfigError("model.seq_length", m.seq_length,
+                          f"a multiple of parallel.tensor_parallel_size={tp} with sequence parallelism")
+
+
+def check_pipeline(cfg) -> None:
+    pp, zero = cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage
+    if pp > 1 and zero > 1:
+        raise ConfigError("parallel.zero_stage", zero,
+                          f"0 or 1 with pipeline parallelism (pipeline_parallel_size={pp}): "
+                          "DeepSpeed's pipeline engine refuses ZeRO-2/3",
+                          "set parallel.zero_stage=1 or parallel.pipeline_parallel_size=1")
+    if cfg.model.num_layers < pp:
+        raise ConfigError("model.num_layers", cfg.model.num_layers,
+                          f"at least parallel.pipeline_parallel_size={pp} (one layer per stage)")
+
+
+def check_batch(cfg, world_size: int) -> None:
+    dp = data_parallel_size(cfg, world_size)
+    mb, gb = cfg.training.micro_batch_size, cfg.training.global_batch_size
+    if gb % (mb * dp):
+        raise ConfigError("training.global_batch_size", gb,
+                          f"a multiple of micro_batch_size x data-parallel size "
+                          f"({mb} x {dp} = {mb * dp})")
+
+
+def validate_for_world(cfg, world_size: int) -> int:
+    """Runs every cross-section check; returns the derived data-parallel size."""
+    check_world(cfg, world_size)
+    check_tensor_parallel(cfg)
+    check_pipeline(cfg)
+    check_batch(cfg, world_size)
+    return data_parallel_size(cfg, world_size)

@@ -1,0 +1,39 @@
+"""Micro-batch iterators over a sample source, sliced for one data-parallel rank.
+
+Global step k consumes samples [k*G, (k+1)*G) of the source (G = global batch). Micro-batch j of
+data-parallel rank r takes the mb samples starting at k*G + (j*dp + r)*mb, so the union over ranks
+and micro-batches is the same set for every layout and resuming from a consumed-sample count
+continues the stream exactly."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Tuple
+
+import numpy as np
+import torch
+
+Batch = Tuple[torch.Tensor, torch.Tensor]  # tokens [mb, s], labels [mb, s], int64
+
+
+@dataclass
+class DataIterators:
+    train: Iterator[Batch]
+    # A fresh iterator over the validation samples, or None when there is no validation split.
+    valid: Callable[[], Iterator[Batch]] | None
+    vocab_size: int  # unpadded; the model pads it
+
+
+def micro_batches(sample_fn: Callable[[int], np.ndarray], num_samples: int, start: int,
+                  micro_batch: int, global_batch: int, dp_rank: int, dp_size: int,
+                  wrap: bool = True) -> Iterator[Batch]:
+    consumed = start
+    while True:
+        for j in range(global_batch // (micro_batch * dp_size)):
+            first = consumed + (j * dp_size + dp_rank) * micro_batch
+            idx = [(first + i) % num_samples if wrap else first + i for i in range(micro_batch)]
+            if not wrap and idx[-1] >= num_samples:
+                return
+            rows = np.stack([sample_fn(i) for i in idx])
+            data = torch.from_numpy(rows)
+            yield data[:, :-1].contiguous(), data[:, 1:].contiguous()
+        consumed += global_batch

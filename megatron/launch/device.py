@@ -1,0 +1,91 @@
+"""The only module that knows whether the device is CUDA, ROCm or the CPU."""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.launch.env import LaunchEnv
+
+log = logging.getLogger(__name__)
+
+# Dense bf16/fp16 matrix peak per device, TFLOPs. An MI250X has two GCDs; each is one device.
+PEAK_TFLOPS = {
+    "mi250x": 191.5,
+    "mi250": 181.0,
+    "mi300x": 1307.0,
+    "a100": 312.0,
+    "h100": 989.0,
+    "h200": 989.0,
+}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    device: torch.device
+    vendor: str  # rocm | cuda | cpu
+    name: str
+    arch: Optional[str]  # gfx90a, sm_90, ... ; None on the CPU
+    peak_tflops: Optional[float]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor != "cpu"
+
+    @property
+    def backend(self) -> str:
+        # NCCL on ROCm is RCCL behind the same torch name.
+        return "nccl" if self.is_gpu else "gloo"
+
+
+def lookup_peak(name: str) -> Optional[float]:
+    lowered = name.lower().replace(" ", "")
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in lowered:
+            return PEAK_TFLOPS[key]
+    return None
+
+
+def gpu_arch(index: int = 0) -> Optional[str]:
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        return getattr(props, "gcnArchName", "").split(":")[0] or None
+    return f"sm_{props.major}{props.minor}"
+
+
+def detect_device(local_rank: int = 0) -> DeviceInfo:
+    if torch.cuda.is_available() and os.environ.get("MEGATRON_FORCE_CPU") != "1":
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        name = torch.cuda.get_device_name(index)
+        vendor = "rocm" if torch.version.hip else "cuda"
+        return DeviceInfo(torch.device("cuda", index), vendor, name, gpu_arch(index),
+                          lookup_peak(name))
+    return DeviceInfo(torch.device("cpu"), "cpu", "cpu", None, None)
+
+
+def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600) -> None:
+    """Joins the process group once; a single process gets a world of one (gloo on CPU)."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", launch.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+    # DeepSpeed reads these to find its place in the job when it wraps our process group.
+    for key, value in (("RANK", launch.rank), ("WORLD_SIZE", launch.world_size),
+                       ("LOCAL_RANK", launch.local_rank)):
+        os.environ.setdefault(key, str(value))
+    log.info("joining %s process group: rank %d of %d via %s:%s (%s)", device.backend,
+             launch.rank, launch.world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"],
+             launch.source)
+    kwargs = {}
+    if device.is_gpu:
+        kwargs["device_id"] = device.device
+    dist.init_process_group(device.backend, rank=launch.rank, world_size=launch.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

@@ -1,0 +1,86 @@
+"""Where this process sits in the job: torchrun, a bare srun task, or a lone process.
+
+Nothing here talks to the network; it only reads the environment. Slurm support needs no
+scontrol, ssh or mpi4py: the rendezvous is derived from SLURM_* variables alone."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Mapping, Optional
+
+from megatron.config.errors import InputError
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str  # torchrun | slurm | single
+
+
+def _expand_range(prefix: str, body: str) -> List[str]:
+    hosts = []
+    for part in body.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+                raise InputError(f"SLURM_JOB_NODELIST range {part!r} is malformed; expected "
+                                 "LOW-HIGH with LOW <= HIGH, as in frontier[00012-00013]")
+            width = len(lo)
+            hosts += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+        else:
+            hosts.append(prefix + part)
+    return hosts
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """'frontier[00012-00013,00020],login1' -> ['frontier00012', 'frontier00013', ...]."""
+    hosts: List[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", nodelist):
+        prefix, body, suffix = match.group(1), match.group(2), match.group(3)
+        if body is None:
+            hosts.append(prefix + suffix)
+        else:
+            hosts += [h + suffix for h in _expand_range(prefix, body)]
+    if not hosts:
+        raise InputError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+    return hosts
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"environment variable {name}={value!r} is not an integer; "
+                         "it is set by the launcher, so check the launch command") from None
+
+
+def _port(env: Mapping[str, str], job_id: Optional[str]) -> int:
+    if "MASTER_PORT" in env:
+        return _int(env, "MASTER_PORT")
+    if job_id and job_id.isdigit():
+        # Spread concurrent jobs sharing a first node over 10000 ports above 20000.
+        return 20000 + int(job_id) % 10000
+    return DEFAULT_PORT
+
+
+def discover(env: Optional[Mapping[str, str]] = None) -> LaunchEnv:
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(_int(env, "RANK"), _int(env, "WORLD_SIZE"),
+                         _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+                         env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        addr = env.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else "127.0.0.1")
+        return LaunchEnv(_int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"),
+                         _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+                         addr, _port(env, env.get("SLURM_JOB_ID")), "slurm")
+    return LaunchEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "single")
