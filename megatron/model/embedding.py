@@ -1,0 +1,64 @@
+"""Token (vocab-parallel) and learned position embeddings, and the output head that reuses the
+token embedding when tied."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, parallel_lm_logits,
+                                      replicated_param)
+from megatron.parallel.mappings import (reduce_from_tp_region,
+                                        reduce_scatter_to_sequence_parallel_region)
+from megatron.parallel.random import dropout, seed_for
+
+
+class Embedding(nn.Module):
+    """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism)."""
+
+    def __init__(self, cfg, state, vocab_size: int, tracker):
+        super().__init__()
+        m, seed = cfg.model, cfg.training.seed
+        self.state, self.tracker, self.p = state, tracker, m.hidden_dropout
+        self.seq_par = cfg.parallel.sequence_parallel and state.tp > 1
+        self.word_embeddings = VocabParallelEmbedding(vocab_size, m.hidden_size, state,
+                                                      init_std=m.init_method_std,
+                                                      init_seed=seed_for(seed, "embedding"))
+        self.position_embeddings = None
+        if m.position_embedding_type == "learned":
+            self.position_embeddings = nn.Parameter(full_normal(
+                (m.max_position_embeddings, m.hidden_size), m.init_method_std,
+                seed_for(seed, "position_embedding")))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings.partial(tokens).transpose(0, 1)  # [s, b, h], partial over TP
+        s = x.shape[0]
+        if self.seq_par:
+            x = reduce_scatter_to_sequence_parallel_region(x, self.state.tp_group)
+            first = self.state.tp_rank * x.shape[0]
+            positions = slice(first, first + x.shape[0])
+        else:
+            x = reduce_from_tp_region(x, self.state.tp_group)
+            positions = slice(0, s)
+        if self.position_embeddings is not None:
+            pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
+            x = x + pos[positions].unsqueeze(1).to(x.dtype)
+        return dropout(x, self.p, self.training, self.seq_par, self.tracker)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Tied output head: hidden [s(/t), b, h] -> logits [s, b, V/t]."""
+        return parallel_lm_logits(hidden, self.word_embeddings.weight, self.state, self.seq_par)
+
+
+class OutputLayer(nn.Module):
+    """Untied output head with its own vocab-parallel weight."""
+
+    def __init__(self, cfg, state, vocab_size: int):
+        super().__init__()
+        self.state = state
+        self.seq_par = cfg.parallel.sequence_parallel and state.tp > 1
+        self.head = VocabParallelEmbedding(vocab_size, cfg.model.hidden_size, state,
+                                           init_std=cfg.model.init_method_std,
+                                           init_seed=seed_for(cfg.training.seed, "output_layer"))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par)

@@ -1,0 +1,189 @@
+"""Autograd communication primitives for tensor and sequence parallelism, named by direction.
+
+Each is identity when the group has one rank, so the same model code runs unsharded.
+"TP region" means the activations sharded across the tensor-parallel group."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _rank(group) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    if _size(group) == 1:
+        return x
+    x = x.contiguous()
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _split_last(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    return x.chunk(n, dim=-1)[_rank(group)].contiguous()
+
+
+def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+def _split_first(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    return x.chunk(n, dim=0)[_rank(group)].contiguous()
+
+
+def _gather_first(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    out = torch.empty((x.shape[0] * n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def _reduce_scatter_first(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    out = torch.empty((x.shape[0] // n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Forward: identity. Backward: all-reduce the gradient across TP."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_reduce(g, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Forward: all-reduce partial sums across TP. Backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        if not x.is_contiguous():
+            return _all_reduce(x.contiguous(), group)
+        # In place on the matmul output (no copy on the hot path); autograd is told.
+        dist.all_reduce(x, group=group)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    """Forward: keep this rank's slice of the last dim. Backward: all-gather the last dim."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_last(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_last(g, ctx.group), None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    """Forward: all-gather the last dim. Backward: keep this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_last(g, ctx.group), None
+
+
+class _ScatterToSP(torch.autograd.Function):
+    """Forward: keep this rank's slice of the sequence (dim 0). Backward: all-gather dim 0."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_first(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_first(g, ctx.group), None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    """Forward: all-gather the sequence (dim 0). Backward: reduce-scatter dim 0, because the
+    consumer of the full sequence is a column-parallel layer whose input gradient is partial."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_first(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _reduce_scatter_first(g, ctx.group), None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    """Forward: reduce-scatter partial sums along dim 0. Backward: all-gather dim 0."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_first(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_first(g, ctx.group), None
+
+
+def copy_to_tp_region(x, group):
+    return _CopyToTP.apply(x, group) if _size(group) > 1 else x
+
+
+def reduce_from_tp_region(x, group):
+    return _ReduceFromTP.apply(x, group) if _size(group) > 1 else x
+
+
+def scatter_to_tp_region(x, group):
+    return _ScatterToTP.apply(x, group) if _size(group) > 1 else x
+
+
+def gather_from_tp_region(x, group):
+    return _GatherFromTP.apply(x, group) if _size(group) > 1 else x
+
+
+def scatter_to_sequence_parallel_region(x, group):
+    return _ScatterToSP.apply(x, group) if _size(group) > 1 else x
+
+
+def gather_from_sequence_parallel_region(x, group):
+    return _GatherFromSP.apply(x, group) if _size(group) > 1 else x
+
+
+def reduce_scatter_to_sequence_parallel_region(x, group):
+    return _ReduceScatterToSP.apply(x, group) if _size(group) > 1 else x

@@ -1,0 +1,144 @@
+"""The only module that imports deepspeed. Builds the DeepSpeed engine (plain for PP=1, the
+PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule, and
+exposes a small interface to the loop: train_step, eval_step, save, load.
+
+No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collective op would both
+JIT-compile C++ at run time, so we hand DeepSpeed a torch AdamW and switch the shm op off."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.config import deepspeed_config
+from megatron.model import GPTModel, build_context, lm_loss, pipeline_layers
+from megatron.parallel.state import DeepSpeedMPU, ParallelState
+from megatron.training.optimizer import WarmupDecayLR, build_optimizer
+
+log = logging.getLogger(__name__)
+
+
+def _import_deepspeed():
+    import deepspeed
+    import deepspeed.ops
+    # Setting the attribute directly also skips DeepSpeed's compatibility probe, which spawns
+    # compilers; the shm op is then treated as unavailable and never built.
+    if "__compatible_ops__" not in vars(deepspeed.ops):
+        deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    else:
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: Optional[float]
+    lr: float
+    loss_scale: Optional[float]
+    skipped: bool
+
+
+def _pipeline_module(deepspeed, cfg, state: ParallelState, ctx):
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    specs = []
+    for layer in pipeline_layers(cfg, ctx):
+        if layer.tie_key:
+            specs.append(TiedLayerSpec(layer.tie_key, layer.cls, *layer.args,
+                                       forward_fn=layer.forward_fn,
+                                       tied_weight_attr=layer.tied_attr))
+        else:
+            specs.append(LayerSpec(layer.cls, *layer.args))
+    topo = PipeModelDataParallelTopology(num_pp=state.pp, num_mp=state.tp, num_dp=state.dp)
+    method = {"uniform": "type:LayerStage", "parameters": "parameters"}[
+        cfg.parallel.pipeline_partition_method]
+
+    def loss_fn(logits, labels):
+        return lm_loss(logits, labels.to(logits.device), state)
+
+    return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn, partition_method=method,
+                          activation_checkpoint_interval=0)
+
+
+class Engine:
+    def __init__(self, cfg, state: ParallelState, vocab_size: int, device: torch.device,
+                 dp_size: int):
+        deepspeed = _import_deepspeed()
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        self.cfg, self.state, self.device = cfg, state, device
+        self.pipeline = state.pp > 1
+        self.ds_config = deepspeed_config(cfg, dp_size)
+        self.gas = self.ds_config["gradient_accumulation_steps"]
+        ctx = build_context(cfg, state, vocab_size, device)
+        self.backend, self.tracker = ctx.backend, ctx.tracker
+        if self.pipeline:
+            model = _pipeline_module(deepspeed, cfg, state, ctx)
+        else:
+            model = GPTModel(cfg, ctx)
+        self.optimizer = build_optimizer(model, cfg.optimizer, device)
+        self.scheduler = WarmupDecayLR(self.optimizer, cfg.optimizer, cfg.training.train_iters)
+        kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+            config=self.ds_config, dist_init_required=False, **kwargs)
+        self.module = model
+
+    def parameters_on_rank(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def _batch(self, it: Iterator):
+        tokens, labels = next(it)
+        return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def _mean_over_dp(self, value: torch.Tensor) -> float:
+        if self.state.dp > 1:
+            dist.all_reduce(value, group=self.state.dp_group)
+            value = value / self.state.dp
+        return value.item()
+
+    def train_step(self, it: Iterator) -> StepResult:
+        self.engine.train()
+        skipped_before = self.engine.skipped_steps
+        lr = self.scheduler.get_last_lr()[0]
+        if self.pipeline:
+            loss = float(self.engine.train_batch(data_iter=it))
+        else:
+            total = torch.zeros((), device=self.device)
+            for _ in range(self.gas):
+                out = self.engine(*self._batch(it))
+                self.engine.backward(out)
+                self.engine.step()
+                total += out.detach().float()
+            loss = self._mean_over_dp(total / self.gas)
+        norm = self.engine.get_global_grad_norm()
+        norm = None if norm is None else float(norm)
+        return StepResult(loss, norm, lr, self._loss_scale(),
+                          self.engine.skipped_steps > skipped_before)
+
+    def _loss_scale(self) -> Optional[float]:
+        if self.cfg.training.precision != "fp16":
+            return None
+        opt = self.engine.optimizer
+        scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
+        return float(scale) if scale is not None else None
+
+    @torch.no_grad()
+    def eval_step(self, it: Iterator) -> float:
+        self.engine.eval()
+        if self.pipeline:
+            return float(self.engine.eval_batch(data_iter=it, num_micro_batches=self.gas))
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.gas):
+            total += self.engine(*self._batch(it)).float()
+        return self._mean_over_dp(total / self.gas)
+
+    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
+        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state)
+
+    def load(self, directory: str, tag: Optional[str] = None) -> Optional[Dict[str, Any]]:
+        path, client_state = self.engine.load_checkpoint(directory, tag=tag)
+        return None if path is None else (client_state or {})

@@ -1,0 +1,151 @@
+"""The training loop: set up the job, train, evaluate, log, checkpoint, stop cleanly on signals."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.config import Config, deepspeed_config, validate_for_world
+from megatron.data import build_iterators
+from megatron.data.vocab import padded_vocab_size
+from megatron.launch import detect_device, discover, init_distributed
+from megatron.parallel.state import ParallelState
+from megatron.training.checkpoint import CheckpointState, find_resume, rng_state, set_rng_state
+from megatron.training.engine import Engine
+from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    run_dir: str
+    steps: int
+    losses: List[float] = field(default_factory=list)
+    valid_losses: List[float] = field(default_factory=list)
+    step_times: List[float] = field(default_factory=list)
+    stopped_by_signal: bool = False
+
+
+class _StopFlag:
+    """SIGTERM / SIGUSR1 (Slurm's warning before the time limit) ask for a checkpoint and a clean
+    exit at the next step boundary; every rank agrees through one tiny all-reduce."""
+
+    def __init__(self):
+        self.raised = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread (tests driving train() from a thread)
+                pass
+
+    def _handler(self, signum, frame):
+        log.warning("signal %d received: checkpointing and stopping after this step", signum)
+        self.raised = True
+
+    def agreed(self, device) -> bool:
+        flag = torch.tensor(1.0 if self.raised else 0.0, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def _write_run_files(cfg: Config, dp: int) -> None:
+    os.makedirs(cfg.run.dir, exist_ok=True)
+    with open(os.path.join(cfg.run.dir, "config.yaml"), "w") as f:
+        f.write(cfg.to_yaml())
+    with open(os.path.join(cfg.run.dir, "deepspeed.json"), "w") as f:
+        json.dump(deepspeed_config(cfg, dp), f, indent=2)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _evaluate(cfg, engine: Engine, data, step: int, writer) -> Optional[float]:
+    if data.valid is None:
+        return None
+    it = data.valid()
+    losses = [engine.eval_step(it) for _ in range(cfg.training.eval_iters)]
+    loss = sum(losses) / len(losses)
+    if writer:
+        writer.write({"step": step, "split": "valid", "loss": loss})
+    log.info("step %d validation loss %.4f", step, loss)
+    return loss
+
+
+def _save(cfg, engine: Engine, step: int, consumed: int) -> None:
+    client = CheckpointState(step, consumed, rng_state(engine.tracker)).to_dict()
+    engine.save(os.path.join(cfg.run.dir, "checkpoints"), f"step_{step:07d}", client)
+
+
+def train(cfg: Config) -> RunSummary:
+    launch = discover()
+    device_info = detect_device(launch.local_rank)
+    init_distributed(launch, device_info)
+    dp = validate_for_world(cfg, launch.world_size)
+    state = ParallelState.build(cfg.parallel.tensor_parallel_size,
+                                cfg.parallel.pipeline_parallel_size)
+    is_logger = launch.rank == 0
+    if is_logger:
+        _write_run_files(cfg, dp)
+    device = device_info.device
+    probe = build_iterators(cfg, state.dp_rank, dp, 0)
+    vocab = padded_vocab_size(probe.vocab_size, cfg.model.make_vocab_size_divisible_by, state.tp)
+    engine = Engine(cfg, state, vocab, device, dp)
+    step, consumed = 0, 0
+    resume = find_resume(cfg)
+    if resume is not None:
+        client = engine.load(*resume)
+        if client:
+            ck = CheckpointState.from_dict(client)
+            step, consumed = ck.step, ck.consumed_samples
+            set_rng_state(ck.rng, engine.tracker)
+            log.info("resumed from %s at step %d (%d samples consumed)", resume[0], step, consumed)
+    data = build_iterators(cfg, state.dp_rank, dp, consumed)
+    writer = MetricsWriter(cfg.run.dir, cfg.training.tensorboard) if is_logger else None
+    summary = RunSummary(cfg.run.dir, step)
+    flops_token = model_flops_per_token(cfg.model, vocab)
+    peak = cfg.training.peak_tflops or device_info.peak_tflops
+    tokens_step = cfg.training.global_batch_size * cfg.model.seq_length
+    stop = _StopFlag()
+    log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
+             engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
+    while step < cfg.training.train_iters:
+        _sync(device)
+        t0 = time.perf_counter()
+        result = engine.train_step(data.train)
+        _sync(device)
+        dt = time.perf_counter() - t0
+        step += 1
+        consumed += cfg.training.global_batch_size
+        summary.losses.append(result.loss)
+        summary.step_times.append(dt)
+        if writer and step % cfg.training.log_interval == 0:
+            tflops = flops_token * tokens_step / dt / launch.world_size / 1e12
+            writer.write({"step": step, "loss": result.loss, "lr": result.lr,
+                          "grad_norm": result.grad_norm, "tokens_per_sec": tokens_step / dt,
+                          "tflops_per_gpu": tflops, "mfu": mfu(tflops, peak),
+                          "mem_gb": memory_gb(device), "loss_scale": result.loss_scale,
+                          "skipped": result.skipped, "step_time_s": dt})
+            log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
+        if cfg.training.eval_interval and step % cfg.training.eval_interval == 0:
+            summary.valid_losses.append(_evaluate(cfg, engine, data, step, writer))
+        stopping = stop.agreed(device)
+        periodic = cfg.training.save_interval and step % cfg.training.save_interval == 0
+        if stopping or periodic or (cfg.training.save and step == cfg.training.train_iters):
+            _save(cfg, engine, step, consumed)
+        if stopping:
+            summary.stopped_by_signal = True
+            break
+    summary.steps = step
+    if writer:
+        writer.close()
+    return summary

@@ -1,0 +1,67 @@
+"""Model FLOPs, MFU, memory, and the metrics.jsonl / TensorBoard writers."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+from typing import Any, Dict, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def model_flops_per_token(m, vocab_size: int) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward), counting only model math:
+    recomputation adds hardware FLOPs, not model FLOPs. Reduces to Narayanan et al.'s
+    72*L*h^2*(1 + s/(6h) + V/(12*L*h)) per token for MHA with a 4h GeLU MLP."""
+    h, s, d = m.hidden_size, m.seq_length, m.head_dim
+    qkv = 2 * h * (m.num_attention_heads + 2 * m.kv_heads) * d
+    attention = 2 * 2 * s * m.num_attention_heads * d  # scores and context, causal not halved
+    proj = 2 * m.num_attention_heads * d * h
+    mlp = (3 if m.activation == "swiglu" else 2) * 2 * h * m.ffn_hidden_size
+    per_layer = qkv + attention + proj + mlp
+    logits = 2 * h * vocab_size
+    return 3.0 * (m.num_layers * per_layer + logits)
+
+
+def memory_gb(device: torch.device) -> float:
+    """Peak allocated device memory on a GPU; peak resident set size of the process on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB
+
+
+class MetricsWriter:
+    """Appends one JSON object per line; mirrors scalars to TensorBoard when available."""
+
+    def __init__(self, run_dir: str, tensorboard: bool):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.file = open(self.path, "a", buffering=1)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            except ImportError:
+                log.warning("tensorboard is not installed; metrics go to metrics.jsonl only "
+                            "(pip install tensorboard)")
+
+    def write(self, record: Dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            prefix = record.get("split", "train")
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                    self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:
+    return None if not peak else tflops_per_gpu / peak

@@ -1,0 +1,78 @@
+"""AdamW with weight-decay groups and the warmup-then-decay learning-rate schedule.
+
+A torch optimizer, never DeepSpeed's own Adam (which compiles an op at run time): fused AdamW on
+GPUs, the foreach implementation on the CPU."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict]:
+    """No decay on norms and biases (every 1-D parameter), decay on matrices and embeddings."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: torch.nn.Module, opt_cfg, device: torch.device):
+    kwargs = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(param_groups(model, opt_cfg.weight_decay), lr=opt_cfg.lr,
+                             betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2), eps=opt_cfg.adam_eps,
+                             **kwargs)
+
+
+def lr_at(step: int, opt_cfg, train_iters: int) -> float:
+    """Linear warmup to lr, then cosine/linear decay to min_lr at lr_decay_iters, then min_lr."""
+    peak, floor, warmup = opt_cfg.lr, opt_cfg.min_lr, opt_cfg.lr_warmup_iters
+    if warmup and step < warmup:
+        return peak * (step + 1) / warmup
+    if opt_cfg.lr_decay_style == "constant":
+        return peak
+    decay_iters = opt_cfg.lr_decay_iters or train_iters
+    if step >= decay_iters:
+        return floor
+    ratio = (step - warmup) / max(1, decay_iters - warmup)
+    if opt_cfg.lr_decay_style == "linear":
+        coeff = 1.0 - ratio
+    else:
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return floor + (peak - floor) * coeff
+
+
+class WarmupDecayLR:
+    """DeepSpeed calls step() after every optimizer step that was not skipped (fp16 overflow)."""
+
+    def __init__(self, optimizer, opt_cfg, train_iters: int):
+        self.optimizer, self.opt_cfg, self.train_iters = optimizer, opt_cfg, train_iters
+        self.last_step = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = lr_at(self.last_step, self.opt_cfg, self.train_iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, *_args, **_kwargs) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def get_last_lr(self) -> List[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_lr(self) -> List[float]:
+        return self.get_last_lr()
+
+    def state_dict(self) -> Dict:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.last_step = int(state["last_step"])
+        self._apply()
