@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional
@@ -32,15 +33,31 @@ class Config:
 
 def _coerce(field_name: str, text: str, annotation) -> Any:
     """Turn an override string into the field's type; YAML syntax is accepted for lists."""
-    value = yaml.safe_load(text) if text != "" else ""
     origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-        if origin is typing.Union and type(None) in typing.get_args(annotation):
+    optional = origin is typing.Union and type(None) in typing.get_args(annotation)
+    base = [a for a in typing.get_args(annotation) if a is not type(None)][0] if optional \
+        else annotation
+    if text.lower() in ("none", "null", "~"):
+        if optional:
             return None
-        raise ConfigError(field_name, text, f"a value of type {annotation}")
-    base = args[0] if origin is typing.Union else annotation
+        raise ConfigError(field_name, text, f"a value of type {_type_name(base)} (it cannot be "
+                          "null)")
+    if base is str:
+        # Taken verbatim: YAML would turn run.dir=2024.10 into 2024.1 and on/off into booleans.
+        return text
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        raise ConfigError(field_name, text, f"a value of type {_type_name(base)} in YAML syntax "
+                          "(lists as [a, b])") from None
     return _check_type(field_name, value, base)
+
+
+def _type_name(annotation) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _check_type(field_name: str, value, base):
@@ -59,6 +76,9 @@ def _check_type(field_name: str, value, base):
             raise ConfigError(field_name, value, "an integer")
         return value
     if base is float:
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            # YAML 1.1 (PyYAML) reads 6e-5 as a string: its floats need a dot (6.0e-5).
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(field_name, value, "a number")
         return float(value)
@@ -80,10 +100,13 @@ def _build_section(name: str, values: Dict[str, Any]):
         if key not in types:
             raise ConfigError(f"{name}.{key}", value, f"a known key of section '{name}' "
                               f"({', '.join(sorted(types))})", "remove it or fix its spelling")
+        annotation = types[key]
         if value is None:
+            if type(None) not in typing.get_args(annotation):
+                raise ConfigError(f"{name}.{key}", value, f"a value of type "
+                                  f"{_type_name(annotation)} (it cannot be null or empty)")
             kwargs[key] = None
             continue
-        annotation = types[key]
         base = [a for a in typing.get_args(annotation) if a is not type(None)]
         kwargs[key] = _check_type(f"{name}.{key}", value,
                                   base[0] if typing.get_origin(annotation) is typing.Union else annotation)

@@ -127,6 +127,9 @@ class TrainingConfig:
     eval_iters: int = 2
     save_interval: int = 0  # 0 saves only at the end when checkpoint saving is enabled
     save: bool = False
+    # Checkpoint and stop after a step that is a multiple of this (0: never); the LR schedule
+    # still spans train_iters, so a later run resumes exactly where this one stopped.
+    exit_interval: int = 0
     # Path of a checkpoint directory to resume from, or "auto": resume from run.dir when present.
     load: Optional[str] = None
     # Peak dense TFLOPs per device for MFU; None uses the built-in table for the detected GPU.
@@ -140,6 +143,7 @@ class TrainingConfig:
             _positive(s, name, getattr(self, name))
         _positive(s, "eval_interval", self.eval_interval, allow_zero=True)
         _positive(s, "save_interval", self.save_interval, allow_zero=True)
+        _positive(s, "exit_interval", self.exit_interval, allow_zero=True)
         _positive(s, "clip_grad", self.clip_grad, allow_zero=True)
         _choice(s, "precision", self.precision, ("fp32", "bf16", "fp16"))
         _choice(s, "activation_checkpointing", self.activation_checkpointing,
@@ -176,6 +180,20 @@ class OptimizerConfig:
             _positive(s, "lr_decay_iters", self.lr_decay_iters)
 
 
+def split_fractions(text: str) -> List[float]:
+    """data.split '969,30,1' (or '90/5/5', or '1') -> train, valid, test fractions summing to 1."""
+    sep = "," if "," in str(text) else "/"
+    try:
+        parts = [float(p) for p in str(text).split(sep)]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise ConfigError("data.split", text, "up to three non-negative weights for train, "
+                          "valid and test, such as 969,30,1")
+    parts += [0.0] * (3 - len(parts))
+    return [p / sum(parts) for p in parts]
+
+
 @dataclass
 class DataConfig:
     synthetic: bool = True
@@ -196,6 +214,9 @@ class DataConfig:
         _choice("data", "tokenizer_type", self.tokenizer_type,
                 ("sentencepiece", "gpt2", "huggingface", "null"))
         _choice("data", "index_impl", self.index_impl, ("auto", "cpp", "numpy"))
+        split_fractions(self.split)
+        if not 0 <= self.seed < 2 ** 32:  # numpy's RandomState shuffles the documents
+            raise ConfigError("data.seed", self.seed, "an integer in [0, 2**32)")
         if not self.synthetic and not self.paths:
             raise ConfigError("data.paths", self.paths,
                               "at least one dataset prefix when data.synthetic=false "

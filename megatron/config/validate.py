@@ -62,3 +62,11 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_pipeline(cfg)
     check_batch(cfg, world_size)
     return data_parallel_size(cfg, world_size)
+
+
+def check_device(cfg, device_type: str) -> None:
+    """Checks that depend on the device found at startup."""
+    if cfg.training.precision == "fp16" and device_type == "cpu":
+        raise ConfigError("training.precision", "fp16",
+                          "fp32 or bf16 on the CPU (DeepSpeed's CPU accelerator has no fp16)",
+                          "use training.precision=bf16, or run on a GPU")

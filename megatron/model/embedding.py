@@ -30,7 +30,8 @@ class Embedding(nn.Module):
                 seed_for(seed, "position_embedding")))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings.partial(tokens).transpose(0, 1)  # [s, b, h], partial over TP
+        # [b, s, h] -> [s, b, h], partial over TP; contiguous for the collectives and pipeline sends.
+        x = self.word_embeddings.partial(tokens).transpose(0, 1).contiguous()
         s = x.shape[0]
         if self.seq_par:
             x = reduce_scatter_to_sequence_parallel_region(x, self.state.tp_group)

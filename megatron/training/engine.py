@@ -138,6 +138,8 @@ class Engine:
 
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
         self.engine.save_checkpoint(directory, tag=tag, client_state=client_state)
+        # Every stage's files must be on disk before anyone may read the checkpoint back.
+        dist.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Optional[Dict[str, Any]]:
         path, client_state = self.engine.load_checkpoint(directory, tag=tag)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.config import Config, deepspeed_config, validate_for_world
+from megatron.config.validate import check_device
 from megatron.data import build_iterators
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
@@ -31,7 +32,7 @@ class RunSummary:
     losses: List[float] = field(default_factory=list)
     valid_losses: List[float] = field(default_factory=list)
     step_times: List[float] = field(default_factory=list)
-    stopped_by_signal: bool = False
+    stopped_early: bool = False
 
 
 class _StopFlag:
@@ -91,6 +92,7 @@ def train(cfg: Config) -> RunSummary:
     device_info = detect_device(launch.local_rank)
     init_distributed(launch, device_info)
     dp = validate_for_world(cfg, launch.world_size)
+    check_device(cfg, device_info.device.type)
     state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                 cfg.parallel.pipeline_parallel_size)
     is_logger = launch.rank == 0
@@ -138,12 +140,14 @@ def train(cfg: Config) -> RunSummary:
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
         if cfg.training.eval_interval and step % cfg.training.eval_interval == 0:
             summary.valid_losses.append(_evaluate(cfg, engine, data, step, writer))
-        stopping = stop.agreed(device)
+        stopping = stop.agreed(device) or (
+            cfg.training.exit_interval and step % cfg.training.exit_interval == 0
+            and step < cfg.training.train_iters)
         periodic = cfg.training.save_interval and step % cfg.training.save_interval == 0
         if stopping or periodic or (cfg.training.save and step == cfg.training.train_iters):
             _save(cfg, engine, step, consumed)
         if stopping:
-            summary.stopped_by_signal = True
+            summary.stopped_early = True
             break
     summary.steps = step
     if writer:

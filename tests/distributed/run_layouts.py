@@ -1,0 +1,98 @@
+"""Worker for the whole-model equivalence tests: run under torchrun (or alone for the
+single-process reference), trains each requested layout x flavour for a few steps in this one
+process launch, and writes the per-step losses as JSON (rank 0).
+
+    torchrun --nproc_per_node 2 tests/distributed/run_layouts.py --out r.json --layouts tp2,pp2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from megatron.config import load_config
+from megatron.training.loop import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+
+# fp32, no dropout, clipping active, warmup then cosine: every part of the update is exercised.
+COMMON = ["training.precision=fp32", "training.train_iters=10", "training.global_batch_size=8",
+          "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
+          "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.attention_backend=sdpa",
+          "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
+
+FLAVOURS = {
+    "gpt2": ["model.position_embedding_type=learned", "model.normalization=layernorm",
+             "model.activation=gelu", "model.tie_embeddings=true"],
+    "llama": ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
+              "model.activation=swiglu", "model.num_query_groups=2",
+              "model.add_bias_linear=false", "model.tie_embeddings=false"],
+}
+
+LAYOUTS = {
+    "single": [],
+    "tp2": ["parallel.tensor_parallel_size=2"],
+    "pp2": ["parallel.pipeline_parallel_size=2"],
+    "tp2pp2": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"],
+    "dp2_zero1": ["parallel.zero_stage=1"],
+    "dp2_zero2": ["parallel.zero_stage=2"],
+    "dp2_zero3": ["parallel.zero_stage=3"],
+    "tp2_sp": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"],
+    "tp2_recompute_full": ["parallel.tensor_parallel_size=2",
+                           "training.activation_checkpointing=full"],
+    "pp2_recompute_selective": ["parallel.pipeline_parallel_size=2", "model.attention_backend=math",
+                                "training.activation_checkpointing=selective"],
+    # Mixed precision cannot match fp32 to 1e-5; the test checks they track it loosely and learn.
+    # (fp16 needs a GPU: DeepSpeed's CPU accelerator refuses it; see tests/gpu.)
+    "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
+    "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
+}
+
+# Exact resume: stop and checkpoint at step 5, then a new engine resumes to step 10.
+RESUME = {"resume_pp2": LAYOUTS["pp2"], "resume_dp2_zero2": LAYOUTS["dp2_zero2"]}
+
+
+def _resumed(run_dir, overrides):
+    first = train(load_config(TINY, overrides + [f"run.dir={run_dir}", "training.exit_interval=5",
+                                                 "training.save=true"]))
+    second = train(load_config(TINY, overrides + [f"run.dir={run_dir}", "training.load=auto"]))
+    assert first.steps == 5 and second.steps == 10, (first.steps, second.steps)
+    return first.losses + second.losses, first.step_times + second.step_times
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--layouts", required=True)
+    p.add_argument("--flavours", default="gpt2,llama")
+    p.add_argument("--workdir", required=True, help="shared by all ranks (run directories)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rank = int(os.environ.get("RANK", "0"))
+    results = {}
+    for layout in args.layouts.split(","):
+        for flavour in args.flavours.split(","):
+            run_dir = os.path.join(args.workdir, f"{layout}-{flavour}")
+            t0 = time.perf_counter()
+            if layout in RESUME:
+                losses, times = _resumed(run_dir, COMMON + FLAVOURS[flavour] + RESUME[layout])
+            else:
+                cfg = load_config(TINY, COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
+                                  + [f"run.dir={run_dir}"])
+                summary = train(cfg)
+                losses, times = summary.losses, summary.step_times
+            results.setdefault(layout, {})[flavour] = {
+                "losses": losses, "seconds": time.perf_counter() - t0,
+                "step_time_s": sorted(times)[len(times) // 2]}
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
