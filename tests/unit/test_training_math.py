@@ -1,0 +1,96 @@
+"""Schedules, weight-decay groups, FLOPs accounting, vocabulary padding and the synthetic stream:
+the arithmetic the loop depends on, checked against hand-worked values."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.config import load_config
+from megatron.data import SyntheticTokens, micro_batches
+from megatron.data.vocab import padded_vocab_size
+from megatron.model import build_model
+from megatron.parallel.state import ParallelState
+from megatron.training.metrics import model_flops_per_token
+from megatron.training.optimizer import lr_at, param_groups
+
+
+def opt(**kw):
+    return load_config(None, [f"optimizer.{k}={v}" for k, v in kw.items()]).optimizer
+
+
+def test_warmup_then_cosine_to_min():
+    o = opt(lr=1.0, min_lr=0.1, lr_warmup_iters=4, lr_decay_style="cosine")
+    assert [lr_at(i, o, 14) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, o, 14) == pytest.approx(1.0)
+    assert lr_at(9, o, 14) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert lr_at(14, o, 14) == pytest.approx(0.1) and lr_at(100, o, 14) == pytest.approx(0.1)
+
+
+def test_linear_and_constant_decay():
+    lin = opt(lr=1.0, min_lr=0.0, lr_decay_style="linear")
+    assert lr_at(5, lin, 10) == pytest.approx(0.5)
+    const = opt(lr=0.5, min_lr=0.0, lr_decay_style="constant")
+    assert lr_at(7, const, 10) == 0.5
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    cfg = load_config(None, ["model.num_layers=1"])
+    model = build_model(cfg, ParallelState.single(), 512)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"])
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert "layers.0.norm1.weight" in no_decay_names and "layers.0.mlp.fc1.bias" in no_decay_names
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_flops_match_narayanan_formula():
+    cfg = load_config(None, ["model.num_layers=96", "model.hidden_size=12288",
+                             "model.num_attention_heads=96", "model.seq_length=2048"])
+    L, h, s, V = 96, 12288, 2048, 51200
+    expected = 72 * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h)) / s
+    assert model_flops_per_token(cfg.model, V) == pytest.approx(expected, rel=1e-12)
+
+
+def test_flops_count_swiglu_and_gqa():
+    m = load_config(None, ["model.activation=swiglu", "model.num_query_groups=2",
+                           "model.ffn_hidden_size=192"]).model
+    h, s, d = 64, 64, 16
+    per_layer = 2 * h * (4 + 4) * d + 4 * s * 4 * d + 2 * h * h + 3 * 2 * h * 192
+    assert model_flops_per_token(m, 512) == pytest.approx(3 * (2 * per_layer + 2 * h * 512))
+
+
+@pytest.mark.parametrize("vocab,tp,expected", [(50257, 1, 50304), (50257, 4, 50688),
+                                               (512, 2, 512), (4096, 8, 4096), (1, 1, 128)])
+def test_vocab_padding(vocab, tp, expected):
+    assert padded_vocab_size(vocab, 128, tp) == expected
+
+
+def test_synthetic_stream_is_deterministic_and_shifted():
+    src = SyntheticTokens(512, 16, seed=3)
+    a, b = src.sample(7), SyntheticTokens(512, 16, seed=3).sample(7)
+    assert np.array_equal(a, b) and not np.array_equal(a, src.sample(8))
+    tokens, labels = next(micro_batches(src.sample, len(src), 0, 2, 8, 0, 1))
+    assert torch.equal(tokens[:, 1:], labels[:, :-1])
+
+
+def test_data_parallel_ranks_partition_the_global_batch():
+    """Every layout consumes the same samples per step: the union over DP ranks and
+    micro-batches of one step is exactly samples [k*G, (k+1)*G)."""
+    fetched = []
+    fn = lambda i: np.full(5, i, dtype=np.int64)  # noqa: E731  (sample i is all i)
+    for rank in range(4):
+        it = micro_batches(fn, 10 ** 6, 16, 2, 16, rank, 4)
+        for _ in range(2 * 2):  # two steps of 16/(2*4) = 2 micro-batches
+            fetched += next(it)[0][:, 0].tolist()
+    assert sorted(fetched) == list(range(16, 48))
+
+
+def test_full_layout_init_is_deterministic():
+    cfg = load_config(None, ["model.num_layers=1"])
+    a = build_model(cfg, ParallelState.single(), 512).state_dict()
+    b = build_model(cfg, ParallelState.single(), 512).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not math.isclose(a["layers.0.attention.qkv.weight"].std().item(), 0.0)
