@@ -31,16 +31,13 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
-    from megatron.config import load_config
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    from megatron.data.vocab import padded_vocab_size
     from megatron.model.sampling import sample
+    from megatron.training.convert import read_run_config
     from megatron.training.export import load_run
-    import os
-    cfg = load_config(os.path.join(args.run_dir, "config.yaml"))
+    cfg = read_run_config(args.run_dir)
     tok = build_tokenizer(spec_from_config(cfg))
-    vocab = padded_vocab_size(tok.vocab_size, cfg.model.make_vocab_size_divisible_by, 1)
-    cfg, model = load_run(args.run_dir, vocab)
+    cfg, model = load_run(args.run_dir, tok.vocab_size)
     gen = torch.Generator().manual_seed(args.seed)
     prompt = tok.tokenize(args.prompt) if args.prompt else [tok.eod]
     for i in range(args.samples):

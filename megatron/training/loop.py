@@ -90,9 +90,11 @@ def _save(cfg, engine: Engine, step: int, consumed: int) -> None:
 def train(cfg: Config) -> RunSummary:
     launch = discover()
     device_info = detect_device(launch.local_rank)
-    init_distributed(launch, device_info)
+    # Validate before joining the process group: a bad layout must fail fast on every rank,
+    # not leave some ranks waiting in a rendezvous.
     dp = validate_for_world(cfg, launch.world_size)
     check_device(cfg, device_info.device.type)
+    init_distributed(launch, device_info)
     state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                 cfg.parallel.pipeline_parallel_size)
     is_logger = launch.rank == 0

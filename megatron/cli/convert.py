@@ -1,0 +1,64 @@
+"""megatron-convert: turn a run's sharded DeepSpeed checkpoint into one unsharded file, or into a
+model-only checkpoint for another tensor-parallel size."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megatron.cli.common import friendly_errors, setup_logging
+
+EPILOG = """examples:
+  # merge the latest checkpoint of any TP x PP layout into one file (TP=1, PP=1 names)
+  megatron-convert to-single --run-dir runs/tiny --output tiny.pt
+  # a given tag, dropping the vocabulary padding rows
+  megatron-convert to-single --run-dir runs/tiny --tag step_0000020 --output tiny.pt --trim-vocab
+  # a model-only run directory with TP=2 (for megatron-generate or another to-single)
+  megatron-convert reshard --run-dir runs/tiny --tensor-parallel-size 2 --output-dir runs/tiny-tp2
+
+to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
+state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
+(kept as trained unless --trim-vocab, so the model reproduces the run's loss). Load it with
+megatron.training.convert.load_single and build_single_model.
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="megatron-convert", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    single = sub.add_parser("to-single", help="merge all shards into one unsharded file",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    single.add_argument("--output", required=True, help="the .pt file to write")
+    single.add_argument("--trim-vocab", action="store_true",
+                        help="drop the padding rows of the embedding (and untied head)")
+    resh = sub.add_parser("reshard", help="write a model-only run for another TP size",
+                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    resh.add_argument("--tensor-parallel-size", type=int, required=True)
+    resh.add_argument("--output-dir", required=True, help="the new run directory (must not "
+                      "hold a run yet)")
+    for s in (single, resh):
+        s.add_argument("--run-dir", required=True, help="run directory (config.yaml, "
+                       "checkpoints/)")
+        s.add_argument("--tag", help="checkpoint tag such as step_0000020 (default: latest)")
+    return p.parse_args(argv)
+
+
+@friendly_errors
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    from megatron.training import convert
+    if args.command == "to-single":
+        merged = convert.convert_to_single(args.run_dir, args.output, args.tag, args.trim_vocab)
+        sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors, vocabulary "
+                         f"{merged.vocab_size} in {merged.padded_vocab_size} rows)\n")
+        return 0
+    folder = convert.reshard_run(args.run_dir, args.tensor_parallel_size, args.output_dir,
+                                 args.tag)
+    sys.stdout.write(f"wrote {folder} (tensor_parallel_size={args.tensor_parallel_size}, "
+                     "model only)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Training on one GPU: fp16 with dynamic loss scaling (CPU DeepSpeed has no fp16), bf16 with the
+auto attention backend (flash-attn when installed), and fused kernels under kernels.mode=auto.
+Each run is a subprocess so the CUDA/ROCm context and DeepSpeed state stay isolated."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA or ROCm GPU; this machine has none")]
+
+
+def _train(tmp_path, *overrides):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "megatron.cli.train", "--config", "examples/local/tiny.yaml",
+           "--set", "training.train_iters=30", "--set", f"run.dir={run_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_fp16_dynamic_loss_scaling(tmp_path):
+    rows = _train(tmp_path, "--set", "training.precision=fp16")
+    assert all(r["loss_scale"] and r["loss_scale"] > 0 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.2
+
+
+def test_bf16_auto_backend_reports_mfu(tmp_path):
+    rows = _train(tmp_path, "--set", "training.precision=bf16", "--set",
+                  "model.attention_backend=auto", "--set", "kernels.mode=auto")
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.2
+    name = torch.cuda.get_device_name(0).lower()
+    known = any(k in name for k in ("mi250", "mi300", "a100", "h100", "h200"))
+    assert (rows[-1]["mfu"] is not None) == known
+    assert rows[-1]["mem_gb"] > 0
