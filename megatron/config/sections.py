@@ -200,13 +200,16 @@ class DataConfig:
     # Blend: a list of "WEIGHT PREFIX" strings or plain prefixes (equal weights). A prefix names
     # PREFIX.bin / PREFIX.idx in the Megatron MMIDIDX format.
     paths: List[str] = field(default_factory=list)
+    # Train/valid/test shares of each dataset's documents: "969,30,1", "90/5/5" or "1".
     split: str = "969,30,1"
+    # null: pre-tokenized data, vocabulary model.vocab_size (its last id is end-of-document).
     tokenizer_type: str = "null"  # sentencepiece | gpt2 | huggingface | null
-    tokenizer_model: Optional[str] = None
-    vocab_file: Optional[str] = None
-    merges_file: Optional[str] = None
+    tokenizer_model: Optional[str] = None  # SentencePiece .model or Hugging Face tokenizer.json
+    vocab_file: Optional[str] = None  # GPT-2 vocab.json
+    merges_file: Optional[str] = None  # GPT-2 merges.txt
+    # Where sample indices are cached; None: next to each dataset. Must be shared by all nodes.
     cache_dir: Optional[str] = None
-    seed: int = 1234
+    seed: int = 1234  # document and sample shuffles
     # "cpp" uses the ahead-of-time built helper; "numpy" the bit-identical reference.
     index_impl: str = "auto"
 

@@ -1,16 +1,42 @@
 """Data: tokenizers, indexed datasets, GPT sample indices, blending, and the iterators the loop
-consumes. Imports only megatron.config and utilities."""
+consumes. Imports only megatron.config and utilities.
+
+The iterator names are loaded on first use, so tools that only tokenize or read .bin/.idx files
+(megatron-preprocess and its worker processes) start without importing torch."""
 from __future__ import annotations
 
-from megatron.data.iterators import Batch, DataIterators, micro_batches
-from megatron.data.synthetic import SyntheticTokens
+import importlib
 
 # Validation samples of the synthetic stream live far from the training ones.
 _SYNTHETIC_VALID_OFFSET = 2 ** 40
 
+_LAZY = {"Batch": "megatron.data.iterators", "DataIterators": "megatron.data.iterators",
+         "micro_batches": "megatron.data.iterators", "SyntheticTokens": "megatron.data.synthetic"}
 
-def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0) -> DataIterators:
-    """Iterators of (tokens, labels) micro-batches for one data-parallel rank."""
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'megatron.data' has no attribute {name!r}")
+
+
+def tokenizer_vocab_size(cfg) -> int:
+    """The unpadded vocabulary the model must cover: the tokenizer's, or model.vocab_size for
+    synthetic and null-tokenizer data."""
+    if cfg.data.synthetic:
+        return cfg.model.vocab_size
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    return build_tokenizer(spec_from_config(cfg)).vocab_size
+
+
+def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0):
+    """Iterators of (tokens, labels) micro-batches for one data-parallel rank (DataIterators).
+
+    With real data every rank of an initialized torch.distributed job must call this: rank 0
+    builds missing index files while the others wait for it."""
+    from megatron.data.iterators import DataIterators, micro_batches
+    from megatron.data.synthetic import SyntheticTokens
+
     t = cfg.training
     if cfg.data.synthetic:
         src = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_length, cfg.data.seed)
@@ -25,4 +51,5 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0) 
     return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples)
 
 
-__all__ = ["Batch", "DataIterators", "build_iterators", "micro_batches", "SyntheticTokens"]
+__all__ = ["Batch", "DataIterators", "build_iterators", "micro_batches", "SyntheticTokens",
+           "tokenizer_vocab_size"]

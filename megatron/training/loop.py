@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron.config import Config, deepspeed_config, validate_for_world
 from megatron.config.validate import check_device
-from megatron.data import build_iterators
+from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.parallel.state import ParallelState
@@ -101,8 +101,8 @@ def train(cfg: Config) -> RunSummary:
     if is_logger:
         _write_run_files(cfg, dp)
     device = device_info.device
-    probe = build_iterators(cfg, state.dp_rank, dp, 0)
-    vocab = padded_vocab_size(probe.vocab_size, cfg.model.make_vocab_size_divisible_by, state.tp)
+    vocab = padded_vocab_size(tokenizer_vocab_size(cfg), cfg.model.make_vocab_size_divisible_by,
+                              state.tp)
     engine = Engine(cfg, state, vocab, device, dp)
     step, consumed = 0, 0
     resume = find_resume(cfg)

@@ -1,0 +1,166 @@
+"""megatron-preprocess: JSON lines -> Megatron .bin/.idx, merging, tokenizer training."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from megatron.config.errors import ConfigError, InputError
+
+EXAMPLES = """\
+examples:
+  # GPT-2 BPE, two worker processes, one eod token after each document:
+  megatron-preprocess --input corpus.jsonl.gz --output-prefix data/corpus \\
+      --tokenizer-type gpt2 --vocab-file vocab.json --merge-file merges.txt \\
+      --append-eod --workers 2
+  #   -> data/corpus_text_document.bin and .idx; train with
+  #      --set "data.paths=[data/corpus_text_document]"
+
+  # a SentencePiece model, two JSON keys (one output per key):
+  megatron-preprocess --input a.jsonl b.jsonl --output-prefix data/ab --json-keys title text \\
+      --tokenizer-type sentencepiece --tokenizer-model spm.model --append-eod
+
+  # pre-tokenized data ("text" holds ids as a list or space-separated):
+  megatron-preprocess --input ids.jsonl --output-prefix data/ids --tokenizer-type null \\
+      --vocab-size 50257
+
+  # merge shards into one dataset:
+  megatron-preprocess merge --inputs data/s0_text_document data/s1_text_document \\
+      --output-prefix data/all_text_document
+
+  # train a SentencePiece vocabulary on text or JSON-lines files:
+  megatron-preprocess train-tokenizer --input books.txt web.jsonl.gz \\
+      --model-prefix tok/spm8k --vocab-size 8000 --model-type bpe
+"""
+
+
+def _encode_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-preprocess",
+        description="Tokenize JSON lines (plain or gzip) into Megatron MMIDIDX datasets,\n"
+                    "PREFIX_KEY_document.bin/.idx, readable by Megatron-LM, Megatron-DeepSpeed\n"
+                    "and GPT-NeoX. Subcommands: merge, train-tokenizer (each has --help).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, help="JSON-lines files, read in order")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx")
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize "
+                   "(default: text)")
+    p.add_argument("--tokenizer-type", required=True, help="sentencepiece | gpt2 | huggingface "
+                   "| null (Megatron names such as GPT2BPETokenizer also work)")
+    p.add_argument("--tokenizer-model", help="SentencePiece .model or Hugging Face "
+                   "tokenizer.json")
+    p.add_argument("--vocab-file", help="GPT-2 vocab.json")
+    p.add_argument("--merge-file", help="GPT-2 merges.txt")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size of pre-tokenized data (null)")
+    p.add_argument("--append-eod", action="store_true", help="end each document with the "
+                   "tokenizer's end-of-document token")
+    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    p.add_argument("--log-interval", type=float, default=1.0, help="seconds between progress "
+                   "lines")
+    return p
+
+
+def _merge_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-preprocess merge",
+        description="Concatenate datasets (in the given order) into one.",
+        epilog="example:\n  megatron-preprocess merge --inputs data/s0_text_document "
+               "data/s1_text_document \\\n      --output-prefix data/all_text_document",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--inputs", nargs="+", required=True, help="dataset prefixes to merge")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx")
+    return p
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-preprocess train-tokenizer",
+        description="Train a SentencePiece BPE or unigram vocabulary (identity normalization and "
+                    "byte fallback,\nso every text encodes and decodes back exactly).",
+        epilog="example:\n  megatron-preprocess train-tokenizer --input books.txt web.jsonl.gz "
+               "\\\n      --model-prefix tok/spm8k --vocab-size 8000 --model-type unigram",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, help="text files (one sentence or "
+                   "line each) or JSON-lines files (.jsonl/.json, optionally .gz)")
+    p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="text keys of JSON lines")
+    p.add_argument("--character-coverage", type=float, default=1.0)
+    p.add_argument("--max-sentences", type=int, default=0, help="train on at most this many "
+                   "lines (0: all)")
+    return p
+
+
+class _Progress:
+    """One self-overwriting line on a terminal, plain lines otherwise (logs, CI)."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, stats) -> None:
+        end = "\r" if self.tty else "\n"
+        sys.stderr.write(stats.line() + end)
+        sys.stderr.flush()
+
+
+def _run_encode(argv: List[str]) -> None:
+    from megatron.data.preprocess import PreprocessJob, preprocess
+    from megatron.data.tokenizers import TokenizerSpec, canonical_type
+
+    a = _encode_parser().parse_args(argv)
+    names = {"type": "--tokenizer-type", "model": "--tokenizer-model",
+             "vocab_file": "--vocab-file", "merges_file": "--merge-file",
+             "vocab_size": "--vocab-size"}
+    spec = TokenizerSpec(canonical_type(a.tokenizer_type), a.tokenizer_model, a.vocab_file,
+                         a.merge_file, a.vocab_size, names)
+    job = PreprocessJob(a.input, a.output_prefix, spec, a.json_keys, a.append_eod, a.workers)
+    progress = _Progress()
+    prefixes, stats = preprocess(job, progress, a.log_interval)
+    if progress.tty:
+        sys.stderr.write("\n")
+    for prefix in prefixes:
+        print(f"wrote {prefix}.bin and {prefix}.idx")
+    if stats.skipped:
+        print(f"skipped {stats.skipped} empty documents")
+
+
+def _run_merge(argv: List[str]) -> None:
+    from megatron.data.indexed_builder import merge_datasets
+
+    a = _merge_parser().parse_args(argv)
+    documents = merge_datasets(a.inputs, a.output_prefix)
+    print(f"wrote {a.output_prefix}.bin and {a.output_prefix}.idx ({documents} documents)")
+
+
+def _run_train(argv: List[str]) -> None:
+    from megatron.data.tokenizers.train import train_sentencepiece
+
+    a = _train_parser().parse_args(argv)
+    path = train_sentencepiece(a.input, a.model_prefix, a.vocab_size, a.model_type, a.json_keys,
+                               a.character_coverage, a.max_sentences)
+    print(f"wrote {path}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    commands = {"merge": _run_merge, "train-tokenizer": _run_train}
+    run = commands.get(argv[0]) if argv else None
+    try:
+        if run is not None:
+            run(argv[1:])
+        else:
+            _run_encode(argv)
+    except (InputError, ConfigError) as e:
+        sys.stderr.write(f"megatron-preprocess: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("megatron-preprocess: interrupted; no output was renamed into place\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Writer of the MMIDIDX format (see indexed_dataset.py for the layout).
+
+Both files are written under temporary names in the destination directory and renamed into place
+by `finalize`, so a reader never sees a half-written dataset and a crash leaves no file under the
+final names. The .bin is renamed before the .idx: a present .idx means a complete pair."""
+from __future__ import annotations
+
+import array
+import os
+import uuid
+from typing import Iterable
+
+import numpy as np
+
+from megatron.config.errors import InputError
+from megatron.data.indexed_dataset import HEADER_SIZE, MAGIC, VERSION, IndexedDataset, \
+    dtype_code
+
+_INT32_MAX = (1 << 31) - 1
+
+
+class IndexedDatasetBuilder:
+    """Append documents (one sequence each) or sequences grouped by `end_document`, then
+    `finalize`. Usable as a context manager: an exception removes the temporary files."""
+
+    def __init__(self, prefix: str, dtype):
+        self.prefix = prefix
+        self.dtype = np.dtype(dtype)
+        self._code = dtype_code(self.dtype)
+        parent = os.path.dirname(os.path.abspath(prefix))
+        os.makedirs(parent, exist_ok=True)
+        tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._tmp_bin, self._tmp_idx = prefix + ".bin" + tag, prefix + ".idx" + tag
+        self._bin = open(self._tmp_bin, "wb")
+        # array.array keeps 4 or 8 bytes a sequence; a Python list would need ~36.
+        self._sizes = array.array("i")
+        self._doc_index = array.array("q", [0])
+        self._done = False
+
+    def __enter__(self) -> "IndexedDatasetBuilder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.finalize()
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._sizes)
+
+    def add_item(self, tokens) -> None:
+        """One sequence of the current document."""
+        arr = self._as_dtype(tokens)
+        if len(arr) > _INT32_MAX:
+            raise InputError(f"a sequence of {len(arr)} tokens for {self.prefix} exceeds the "
+                             f"int32 size field of the MMIDIDX index; split the document")
+        self._bin.write(arr.tobytes(order="C"))
+        self._sizes.append(len(arr))
+
+    def end_document(self) -> None:
+        self._doc_index.append(len(self._sizes))
+
+    def add_document(self, tokens) -> None:
+        self.add_item(tokens)
+        self.end_document()
+
+    def _as_dtype(self, tokens) -> np.ndarray:
+        arr = np.asarray(tokens)
+        if arr.dtype == self.dtype:
+            return arr.reshape(-1)
+        arr = arr.reshape(-1)
+        if len(arr) and self.dtype.kind in "iu":
+            info = np.iinfo(self.dtype)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise InputError(f"token id {hi if hi > info.max else lo} does not fit the "
+                                 f"{self.dtype} tokens of {self.prefix} (range {info.min}.."
+                                 f"{info.max}); the tokenizer's vocabulary is larger than the one "
+                                 f"the dtype was chosen for")
+        return arr.astype(self.dtype)
+
+    def merge(self, prefix: str) -> None:
+        """Append every document of another dataset of the same dtype."""
+        other = IndexedDataset(prefix)
+        if other.dtype != self.dtype:
+            raise InputError(f"cannot merge {prefix} (tokens of {other.dtype}) into "
+                             f"{self.prefix} ({self.dtype}): expected datasets made with one "
+                             f"tokenizer; preprocess them again with the same tokenizer")
+        base = len(self._sizes)
+        self._sizes.frombytes(np.ascontiguousarray(other.sizes, np.int32).tobytes())
+        self._doc_index.frombytes((other.document_index[1:] + base).astype(np.int64).tobytes())
+        sizes = other.sizes.astype(np.int64) * self.dtype.itemsize
+        contiguous = len(other) == 0 or (other.pointers[0] == 0 and np.array_equal(
+            other.pointers[1:], np.cumsum(sizes[:-1])))
+        if contiguous:
+            with open(other.bin_path, "rb") as src:
+                _copy_bytes(src, self._bin, int(sizes.sum()))
+        else:  # a writer that left gaps: copy sequence by sequence
+            for i in range(len(other)):
+                self._bin.write(other.get(i).tobytes())
+
+    def finalize(self) -> None:
+        self._bin.close()
+        sizes = np.frombuffer(self._sizes, dtype=np.int32) if len(self._sizes) \
+            else np.zeros(0, np.int32)
+        doc_index = np.frombuffer(self._doc_index, dtype=np.int64)
+        write_index(self._tmp_idx, self.dtype, sizes, doc_index)
+        os.replace(self._tmp_bin, self.prefix + ".bin")
+        os.replace(self._tmp_idx, self.prefix + ".idx")
+        self._done = True
+
+    def abort(self) -> None:
+        self._bin.close()
+        for path in (self._tmp_bin, self._tmp_idx):
+            if os.path.exists(path):
+                os.remove(path)
+        self._done = True
+
+
+def write_index(path: str, dtype, sizes: np.ndarray, doc_index: np.ndarray) -> None:
+    """The .idx for contiguous sequences: pointers are the running byte offsets."""
+    dtype = np.dtype(dtype)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int32)
+    pointers = np.zeros(len(sizes), dtype=np.int64)
+    if len(sizes) > 1:
+        np.cumsum(sizes[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    doc_index = np.ascontiguousarray(doc_index, dtype=np.int64)
+    with open(path, "wb") as f:
+        f.write(MAGIC)
+        f.write(np.array([VERSION], "<u8").tobytes())
+        f.write(np.array([dtype_code(dtype)], "<u1").tobytes())
+        f.write(np.array([len(sizes), len(doc_index)], "<u8").tobytes())
+        f.write(sizes.astype("<i4").tobytes())
+        f.write(pointers.astype("<i8").tobytes())
+        f.write(doc_index.astype("<i8").tobytes())
+    assert os.path.getsize(path) == HEADER_SIZE + 12 * len(sizes) + 8 * len(doc_index)
+
+
+def _copy_bytes(src, dst, count: int) -> None:
+    """Copy the first `count` bytes of src (a .bin may carry ignored trailing bytes)."""
+    remaining = count
+    while remaining:
+        chunk = src.read(min(remaining, 1 << 24))
+        if not chunk:
+            break
+        dst.write(chunk)
+        remaining -= len(chunk)
+
+
+def merge_datasets(prefixes: Iterable[str], output_prefix: str) -> int:
+    """Concatenate datasets (documents in the given order) into one; returns the document count."""
+    prefixes = list(prefixes)
+    if not prefixes:
+        raise InputError("merge needs at least one input prefix, got none")
+    first = IndexedDataset(prefixes[0])
+    with IndexedDatasetBuilder(output_prefix, first.dtype) as builder:
+        for prefix in prefixes:
+            builder.merge(prefix)
+        documents = len(builder._doc_index) - 1
+    return documents
+
+
+__all__ = ["IndexedDatasetBuilder", "merge_datasets", "write_index"]

@@ -1,0 +1,48 @@
+"""Tokenizers behind one interface: SentencePiece, GPT-2 byte-level BPE, Hugging Face
+tokenizer.json, and the null tokenizer for pre-tokenized data."""
+from __future__ import annotations
+
+from megatron.config.errors import InputError
+from megatron.data.tokenizers.base import CONFIG_NAMES, Tokenizer, TokenizerSpec
+
+TYPES = ("sentencepiece", "gpt2", "huggingface", "null")
+# Megatron-LM's --tokenizer-type names, accepted so existing preprocessing commands keep working.
+ALIASES = {"SentencePieceTokenizer": "sentencepiece", "GPTSentencePieceTokenizer": "sentencepiece",
+           "GPT2BPETokenizer": "gpt2", "HuggingFaceTokenizer": "huggingface",
+           "NullTokenizer": "null"}
+
+
+def canonical_type(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
+def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+    """The tokenizer a spec describes; a missing or wrong file raises InputError naming the
+    setting (spec.names) that points at it."""
+    kind, names = canonical_type(spec.type), spec.names
+    if kind == "sentencepiece":
+        from megatron.data.tokenizers.sentencepiece import SentencePieceTokenizer
+        return SentencePieceTokenizer(spec.model, names["model"])
+    if kind == "gpt2":
+        from megatron.data.tokenizers.gpt2_bpe import GPT2BPETokenizer
+        return GPT2BPETokenizer(spec.vocab_file, spec.merges_file, names["vocab_file"],
+                                names["merges_file"])
+    if kind == "huggingface":
+        from megatron.data.tokenizers.huggingface import HuggingFaceTokenizer
+        return HuggingFaceTokenizer(spec.model, names["model"])
+    if kind == "null":
+        from megatron.data.tokenizers.null import NullTokenizer
+        return NullTokenizer(spec.vocab_size, names["vocab_size"])
+    raise InputError(f"{names['type']}={spec.type!r} is invalid: expected one of "
+                     f"{', '.join(TYPES)}")
+
+
+def spec_from_config(cfg) -> TokenizerSpec:
+    """The tokenizer of a training config (data section; model.vocab_size for null)."""
+    d = cfg.data
+    return TokenizerSpec(d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merges_file,
+                         cfg.model.vocab_size, dict(CONFIG_NAMES))
+
+
+__all__ = ["ALIASES", "TYPES", "Tokenizer", "TokenizerSpec", "build_tokenizer", "canonical_type",
+           "spec_from_config"]
