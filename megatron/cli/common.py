@@ -39,8 +39,9 @@ def friendly_errors(fn):
 def _distributed_started() -> bool:
     # With a process group open, sys.exit can block in atexit teardown waiting for peers that
     # are themselves stuck in a collective: leave at once instead of hanging.
+    # Looked up, not imported: an error found before torch was loaded must not pay for loading it.
+    dist = sys.modules.get("torch.distributed")
     try:
-        import torch.distributed as dist
-        return dist.is_available() and dist.is_initialized()
+        return dist is not None and dist.is_available() and dist.is_initialized()
     except Exception:
         return False

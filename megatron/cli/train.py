@@ -6,7 +6,8 @@ import logging
 import sys
 
 from megatron.cli.common import env_rank, friendly_errors, setup_logging
-from megatron.config import load_config
+from megatron.config import load_config, validate_for_world
+from megatron.launch.env import discover
 
 EPILOG = """examples:
   # one process on the CPU, the tiny reference model on synthetic tokens
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
     if args.print_config:
         sys.stdout.write(cfg.to_yaml())
         return 0
+    # The layout checks again here, before torch is imported or a process group joined, so a
+    # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
+    validate_for_world(cfg, discover().world_size)
     from megatron.training.loop import train
     summary = train(cfg)
     logging.getLogger("megatron.train").info(

@@ -1,5 +1,17 @@
-from megatron.launch.env import LaunchEnv, discover, expand_nodelist
-from megatron.launch.device import DeviceInfo, detect_device, init_distributed
+"""Launch discovery (env.py, reads only the environment) and device/process-group setup
+(device.py, imports torch). Names resolve lazily so that reading the launch environment, as the
+entry points do to validate a config before anything heavy, does not import torch."""
+import importlib
 
-__all__ = ["LaunchEnv", "discover", "expand_nodelist", "DeviceInfo", "detect_device",
-           "init_distributed"]
+_EXPORTS = {
+    "LaunchEnv": "env", "discover": "env", "expand_nodelist": "env",
+    "DeviceInfo": "device", "detect_device": "device", "init_distributed": "device",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'megatron.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"megatron.launch.{_EXPORTS[name]}"), name)

@@ -5,7 +5,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,16 @@ def gpu_arch(index: int = 0) -> Optional[str]:
     return f"sm_{props.major}{props.minor}"
 
 
+def torch_toolkit() -> Tuple[str, Optional[str]]:
+    """The GPU toolkit this torch was built against: ("rocm", HIP version), ("cuda", CUDA
+    version) or ("cpu", None). Fused-kernel builds record the same pair and must match it."""
+    if torch.version.hip:
+        return "rocm", torch.version.hip
+    if torch.version.cuda:
+        return "cuda", torch.version.cuda
+    return "cpu", None
+
+
 def detect_device(local_rank: int = 0) -> DeviceInfo:
     if torch.cuda.is_available() and os.environ.get("MEGATRON_FORCE_CPU") != "1":
         index = local_rank % torch.cuda.device_count()
@@ -87,5 +97,9 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
     kwargs = {}
     if device.is_gpu:
         kwargs["device_id"] = device.device
+    if launch.world_size == 1:
+        # A world of one has no peer to meet: an in-memory store instead of a TCP rendezvous on
+        # MASTER_PORT, which a second single-process run on the same machine would find taken.
+        kwargs["store"] = dist.HashStore()
     dist.init_process_group(device.backend, rank=launch.rank, world_size=launch.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

@@ -50,6 +50,10 @@ def expand_nodelist(nodelist: str) -> List[str]:
             hosts += [h + suffix for h in _expand_range(prefix, body)]
     if not hosts:
         raise InputError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+    for host in hosts:
+        if "[" in host or "]" in host:
+            raise InputError(f"SLURM_JOB_NODELIST={nodelist!r} is malformed near {host!r}: "
+                             "expected hosts like frontier[00012-00013,00020],login1")
     return hosts
 
 
@@ -64,7 +68,11 @@ def _int(env: Mapping[str, str], name: str) -> int:
 
 def _port(env: Mapping[str, str], job_id: Optional[str]) -> int:
     if "MASTER_PORT" in env:
-        return _int(env, "MASTER_PORT")
+        port = _int(env, "MASTER_PORT")
+        if not 0 < port < 65536:
+            raise InputError(f"environment variable MASTER_PORT={port} is not a TCP port; "
+                             "expected 1-65535")
+        return port
     if job_id and job_id.isdigit():
         # Spread concurrent jobs sharing a first node over 10000 ports above 20000.
         return 20000 + int(job_id) % 10000

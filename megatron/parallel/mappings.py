@@ -83,8 +83,10 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        if not x.is_contiguous():
-            return _all_reduce(x.contiguous(), group)
+        if x.is_leaf or not x.is_contiguous():
+            # A leaf is the caller's own tensor (an input or a parameter): reducing it in place
+            # would overwrite it, and autograd refuses in-place writes to leaves needing grad.
+            return _all_reduce(x.clone(memory_format=torch.contiguous_format), group)
         # In place on the matmul output (no copy on the hot path); autograd is told.
         dist.all_reduce(x, group=group)
         ctx.mark_dirty(x)

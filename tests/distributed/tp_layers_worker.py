@@ -1,0 +1,493 @@
+"""Worker for test_tp_layers.py: run under one `torchrun --nproc_per_node 4` (or 2) launch, it
+runs every tensor-parallel check in this process and writes {check: {"ok", "detail"}} for its rank
+to OUT_DIR/rank<R>.json.
+
+Each check compares the sharded computation against the unsharded reference computed locally
+(every rank draws the same full inputs and weights), forward and backward: input gradients, and
+each rank's weight gradient against the matching slice of the reference's. Checks never raise
+before their collectives are done, so one failing check does not desynchronise the ranks.
+
+    python -m torch.distributed.run --nproc_per_node 4 tests/distributed/tp_layers_worker.py OUT
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from megatron.parallel import mappings as M
+from megatron.parallel.checkpointing import recompute
+from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.parallel.layers import (ColumnParallelLinear, RowParallelLinear,
+                                      VocabParallelEmbedding, full_normal, parallel_lm_logits,
+                                      shard)
+from megatron.parallel.random import build_tracker, dropout
+from megatron.parallel.state import DeepSpeedMPU, ParallelState
+
+ATOL = RTOL = 1e-6
+S, B, IN, OUT, VOCAB = 8, 2, 16, 24, 32  # s divisible by 4; OUT by 4 x stride 2
+
+
+def randn(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+class Report:
+    """Collects mismatches instead of raising, so every rank reaches every collective."""
+
+    def __init__(self):
+        self.errors: List[str] = []
+
+    def close(self, label: str, got, want, atol: float = ATOL, rtol: float = RTOL) -> None:
+        if got is None or want is None:
+            self.errors.append(f"{label}: gradient missing (got {got is not None}, "
+                               f"want {want is not None})")
+            return
+        got, want = got.detach(), want.detach()
+        if got.shape != want.shape:
+            self.errors.append(f"{label}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+            return
+        err = (got - want).abs()
+        if not bool((err <= atol + rtol * want.abs()).all()):
+            self.errors.append(f"{label}: max abs error {err.max().item():.3g}")
+
+    def true(self, label: str, cond: bool) -> None:
+        if not cond:
+            self.errors.append(label)
+
+    def raise_if_failed(self) -> None:
+        if self.errors:
+            raise AssertionError("; ".join(self.errors))
+
+
+def leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def ref_linear(x, w, b, grad):
+    """Unsharded y = x w^T + b and its gradients for upstream gradient `grad`."""
+    x, w = leaf(x), leaf(w)
+    b = leaf(b) if b is not None else None
+    y = F.linear(x, w, b)
+    y.backward(grad)
+    return y.detach(), x.grad, w.grad, (b.grad if b is not None else None)
+
+
+def seq_chunk(t: torch.Tensor, st: ParallelState) -> torch.Tensor:
+    return t.chunk(st.tp, dim=0)[st.tp_rank]
+
+
+def gather_group(t: torch.Tensor, group) -> List[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return parts
+
+
+# ---------------------------------------------------------------------------------- layers
+
+
+def check_column(st: ParallelState, *, gather_output=False, stride=1, skip_bias_add=False,
+                 sequence_parallel=False) -> None:
+    rep, r, t = Report(), st.tp_rank, st.tp
+    w_full, b_full = full_normal((OUT, IN), 0.5, 11), randn(OUT, seed=12)
+    x, grad = randn(S, B, IN, seed=1), randn(S, B, OUT, seed=2)
+    y_ref, gx_ref, gw_ref, gb_ref = ref_linear(x, w_full, b_full, grad)
+    layer = ColumnParallelLinear(IN, OUT, st, gather_output=gather_output, stride=stride,
+                                 skip_bias_add=skip_bias_add, sequence_parallel=sequence_parallel,
+                                 init_std=0.5, init_seed=11)
+    rep.close("initial weight shard", layer.weight, shard(w_full, 0, r, t, stride))
+    with torch.no_grad():
+        layer.bias.copy_(shard(b_full, 0, r, t, stride))
+    x_in = leaf(seq_chunk(x, st) if sequence_parallel else x)
+    out = layer(x_in)
+    if skip_bias_add:
+        y, bias = out
+        rep.true("skip_bias_add must return the layer's own bias", bias is layer.bias)
+        rep.close("output without bias", y, shard(F.linear(x, w_full), -1, r, t, stride))
+        y = y + bias
+    else:
+        y = out
+    if gather_output:
+        rep.close("gathered output", y, y_ref)
+        y.backward(grad)
+    else:
+        rep.close("output slice", y, shard(y_ref, -1, r, t, stride))
+        y.backward(shard(grad, -1, r, t, stride))
+    rep.close("input grad", x_in.grad, seq_chunk(gx_ref, st) if sequence_parallel else gx_ref)
+    rep.close("weight grad slice", layer.weight.grad, shard(gw_ref, 0, r, t, stride))
+    rep.close("bias grad slice", layer.bias.grad, shard(gb_ref, 0, r, t, stride))
+    rep.raise_if_failed()
+
+
+def check_row(st: ParallelState, *, sequence_parallel=False) -> None:
+    rep, r, t = Report(), st.tp_rank, st.tp
+    w_full, b_full = full_normal((OUT, IN), 0.5, 21), randn(OUT, seed=22)
+    x, grad = randn(S, B, IN, seed=3), randn(S, B, OUT, seed=4)
+    y_ref, gx_ref, gw_ref, gb_ref = ref_linear(x, w_full, b_full, grad)
+    layer = RowParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel, init_std=0.5,
+                              init_seed=21)
+    rep.close("initial weight shard", layer.weight, shard(w_full, 1, r, t))
+    with torch.no_grad():
+        layer.bias.copy_(b_full)
+    x_in = leaf(shard(x, -1, r, t))  # input_is_parallel: this rank's slice of the features
+    y = layer(x_in)
+    if sequence_parallel:
+        rep.close("reduce-scattered output", y, seq_chunk(y_ref, st))
+        y.backward(seq_chunk(grad, st))
+    else:
+        rep.close("all-reduced output", y, y_ref)
+        y.backward(grad)
+    rep.close("input grad slice", x_in.grad, shard(gx_ref, -1, r, t))
+    rep.close("weight grad slice", layer.weight.grad, shard(gw_ref, 1, r, t))
+    rep.close("bias grad (replicated, summed over sequence shards)", layer.bias.grad, gb_ref)
+    rep.raise_if_failed()
+
+
+def check_vocab_embedding(st: ParallelState, *, sequence_parallel=False) -> None:
+    rep, r, t = Report(), st.tp_rank, st.tp
+    ids = torch.randint(0, VOCAB, (S, B), generator=torch.Generator().manual_seed(5))
+    ids[0, 0], ids[-1, -1] = 0, VOCAB - 1  # both ends of the vocabulary
+    grad = randn(S, B, IN, seed=6)
+    w_ref = leaf(full_normal((VOCAB, IN), 0.5, 31))
+    y_ref = F.embedding(ids, w_ref)
+    y_ref.backward(grad)
+    emb = VocabParallelEmbedding(VOCAB, IN, st, init_std=0.5, init_seed=31)
+    rep.true("vocab range", (emb.vocab_start, emb.vocab_end) ==
+             (r * VOCAB // t, (r + 1) * VOCAB // t))
+    partial = emb.partial(ids)
+    if sequence_parallel:
+        y = M.reduce_scatter_to_sequence_parallel_region(partial, st.tp_group)
+        rep.close("reduce-scattered lookup", y, seq_chunk(y_ref, st))
+        y.backward(seq_chunk(grad, st))
+    else:
+        y = M.reduce_from_tp_region(partial, st.tp_group)
+        rep.close("all-reduced lookup", y, y_ref)
+        y.backward(grad)
+    rep.close("weight grad rows", emb.weight.grad, shard(w_ref.grad, 0, r, t))
+    rep.raise_if_failed()
+
+
+def check_lm_cross_entropy(st: ParallelState, *, sequence_parallel=False, scale=1.0) -> None:
+    """parallel_lm_logits + vocab_parallel_cross_entropy vs torch cross_entropy on full logits;
+    `scale` pushes logits large enough that a missing max-subtraction would overflow exp."""
+    rep, r, t = Report(), st.tp_rank, st.tp
+    x = randn(S, B, IN, seed=7) * scale
+    target = torch.randint(0, VOCAB, (S, B), generator=torch.Generator().manual_seed(8))
+    target[0, 0], target[-1, -1] = 0, VOCAB - 1
+    token_weight = randn(S, B, seed=9)  # a non-uniform upstream gradient per token
+    w_full = full_normal((VOCAB, IN), 0.5, 41)
+    x_ref, w_ref = leaf(x), leaf(w_full)
+    logits_ref = F.linear(x_ref, w_ref)
+    loss_ref = F.cross_entropy(logits_ref.reshape(-1, VOCAB), target.reshape(-1),
+                               reduction="none").view(S, B)
+    (loss_ref * token_weight).sum().backward()
+    w = leaf(shard(w_full, 0, r, t))
+    x_in = leaf(seq_chunk(x, st) if sequence_parallel else x)
+    logits = parallel_lm_logits(x_in, w, st, sequence_parallel)
+    rep.close("logits vocab slice", logits, shard(logits_ref, -1, r, t), atol=1e-5 * scale)
+    loss = vocab_parallel_cross_entropy(logits, target, st)
+    rep.close("per-token loss", loss, loss_ref, atol=1e-5 * scale)
+    (loss * token_weight).sum().backward()
+    rep.close("hidden grad", x_in.grad,
+              seq_chunk(x_ref.grad, st) if sequence_parallel else x_ref.grad)
+    rep.close("weight grad rows", w.grad, shard(w_ref.grad, 0, r, t), atol=1e-6 * scale)
+    rep.raise_if_failed()
+
+
+# -------------------------------------------------------------------------------- mappings
+
+
+def _mapping_case(st, fn, x_local, grad_local, want_out, want_grad) -> Report:
+    rep = Report()
+    x = leaf(x_local)
+    y = fn(x, st.tp_group)
+    rep.close("forward", y, want_out)
+    y.backward(grad_local)
+    rep.close("backward", x.grad, want_grad)
+    return rep
+
+
+def check_mapping(st: ParallelState, name: str) -> None:
+    """Every mapping's forward and backward, as its docstring states, with inputs and upstream
+    gradients that differ per rank (rank-dependent offsets) so a wrong reduction shows."""
+    r, t = st.tp_rank, st.tp
+    full = randn(S, B, 4 * t, seed=50)
+    per_rank = [randn(S, B, 4 * t, seed=60 + i) for i in range(t)]  # x_r (or g_r) of rank i
+    mine, total = per_rank[r], sum(per_rank)
+    fn = getattr(M, name)
+    cases = {
+        # forward identity, backward all-reduce
+        "copy_to_tp_region": (full, mine, full, total),
+        # forward all-reduce, backward identity
+        "reduce_from_tp_region": (mine, full, total, full),
+        # forward keep the last-dim slice, backward all-gather the last dim
+        "scatter_to_tp_region": (full, shard(full, -1, r, t), shard(full, -1, r, t), full),
+        # forward all-gather the last dim, backward keep the slice
+        "gather_from_tp_region": (shard(full, -1, r, t), mine, full, shard(mine, -1, r, t)),
+        # forward keep the dim-0 slice, backward all-gather dim 0
+        "scatter_to_sequence_parallel_region": (full, seq_chunk(full, st), seq_chunk(full, st),
+                                                full),
+        # forward all-gather dim 0, backward reduce-scatter dim 0
+        "gather_from_sequence_parallel_region": (seq_chunk(full, st), mine, full,
+                                                 seq_chunk(total, st)),
+        # forward reduce-scatter dim 0, backward all-gather dim 0
+        "reduce_scatter_to_sequence_parallel_region": (mine, seq_chunk(full, st),
+                                                       seq_chunk(total, st), full),
+    }
+    x_local, grad_local, want_out, want_grad = cases[name]
+    rep = _mapping_case(st, fn, x_local, grad_local, want_out, want_grad)
+    if name == "reduce_from_tp_region":
+        # The hot path reduces in place on a fresh contiguous matmul output; a non-contiguous
+        # input takes the copying path. Both must give the same result.
+        y = fn(leaf(mine).transpose(0, 1), st.tp_group)
+        rep.close("forward (non-contiguous input)", y, total.transpose(0, 1))
+    rep.raise_if_failed()
+
+
+MAPPINGS = ["copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
+            "gather_from_tp_region", "scatter_to_sequence_parallel_region",
+            "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region"]
+
+
+# ------------------------------------------------------------------------------ randomness
+
+
+def _mask(n: int = 256) -> torch.Tensor:
+    return F.dropout(torch.ones(n), 0.5, True)
+
+
+def check_rng_tracker(st: ParallelState) -> None:
+    rep = Report()
+    tracker = build_tracker(1234, st.tp_rank, st.pp_rank, torch.device("cpu"))
+    default = _mask()
+    before = torch.get_rng_state()
+    with tracker.fork("tp"):
+        sharded = _mask()
+    rep.true("fork must restore the default generator's state",
+             torch.equal(before, torch.get_rng_state()))
+    with tracker.fork("tp"):
+        sharded2 = _mask()
+    rep.true("a second fork must continue the tp stream, not restart it",
+             not torch.equal(sharded, sharded2))
+    via_dropout = dropout(torch.ones(256), 0.5, True, True, tracker)
+    fresh = build_tracker(1234, st.tp_rank, st.pp_rank, torch.device("cpu"))
+    _mask()
+    with fresh.fork("tp"):
+        again = _mask()
+    rep.true("the tp stream must be reproducible from the seed", torch.equal(sharded, again))
+    defaults = gather_group(default, st.tp_group)
+    shardeds = gather_group(torch.stack([sharded, via_dropout]), st.tp_group)
+    rep.true("default-stream dropout must be identical across TP ranks",
+             all(torch.equal(defaults[0], d) for d in defaults))
+    rep.true("tp-stream dropout must differ between TP ranks",
+             all(not torch.equal(shardeds[i][k], shardeds[j][k]) for k in (0, 1)
+                 for i in range(st.tp) for j in range(i)))
+    if st.pp > 1:
+        stages = gather_group(default, st.pp_group)
+        rep.true("default-stream dropout must differ between pipeline stages",
+                 not torch.equal(stages[0], stages[1]))
+    if st.dp > 1:
+        replicas = gather_group(torch.stack([default, sharded]), st.dp_group)
+        rep.true("data-parallel replicas at the same grid position must draw the same masks",
+                 all(torch.equal(replicas[0], x) for x in replicas))
+    rep.raise_if_failed()
+
+
+def _grads(params, x) -> List[torch.Tensor]:
+    return [p.grad.clone() for p in params] + [x.grad.clone()]
+
+
+def _run_block(fn, params, x, grad, tracker, snap, use_recompute: bool):
+    tracker.restore(snap)
+    for p in params:
+        p.grad = None
+    x = leaf(x)
+    y = recompute(fn, x, tracker) if use_recompute else fn(x)
+    y.backward(grad)
+    return y.detach(), _grads(params, x), tracker.snapshot()
+
+
+def _same_snapshot(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and all(
+        torch.equal(a[1][k], b[1][k]) for k in a[1])
+
+
+def check_recompute(st: ParallelState, *, sequence_parallel=False) -> None:
+    """recompute(fn) == fn, gradients included, with dropout on both the default and the tp
+    stream inside fn; and afterwards the random states are where the plain run left them."""
+    rep = Report()
+    tracker = build_tracker(99, st.tp_rank, st.pp_rank, torch.device("cpu"))
+    col = ColumnParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel, init_std=0.5,
+                               init_seed=71)
+    row = RowParallelLinear(OUT, IN, st, sequence_parallel=sequence_parallel, init_std=0.5,
+                            init_seed=72)
+    with torch.no_grad():
+        col.bias.normal_(generator=torch.Generator().manual_seed(73))
+        row.bias.normal_(generator=torch.Generator().manual_seed(74))
+    params = [col.weight, col.bias, row.weight, row.bias]
+    sp = sequence_parallel and st.tp > 1
+
+    def block(h):
+        h = F.gelu(col(h))
+        h = dropout(h, 0.3, True, True, tracker)  # sharded activations: tp stream
+        return dropout(row(h), 0.3, True, sp, tracker)  # replicated (or SP-sharded) output
+
+    x, grad = randn(S, B, IN, seed=75), randn(S, B, IN, seed=76)
+    if sequence_parallel:
+        x, grad = seq_chunk(x, st), seq_chunk(grad, st)
+    snap = tracker.snapshot()
+    y0, g0, after0 = _run_block(block, params, x, grad, tracker, snap, False)
+    y1, g1, after1 = _run_block(block, params, x, grad, tracker, snap, True)
+    rep.close("forward output", y1, y0, 0, 0)
+    for label, a, b in zip(["column weight", "column bias", "row weight", "row bias", "input"],
+                           g1, g0):
+        rep.close(f"{label} grad", a, b, 0, 0)
+    rep.true("random states after recompute must equal those after the plain run",
+             _same_snapshot(after0, after1))
+    # Sensitivity: without the tracker the replay draws fresh masks, so gradients must differ;
+    # if they did not, dropout would not be exercised and the comparison above proves nothing.
+    _, g2, _ = _run_block(block, params, x, grad, tracker, snap, False)
+    tracker.restore(snap)
+    for p in params:
+        p.grad = None
+    x2 = leaf(x)
+    recompute(block, x2, None).backward(grad)
+    rep.true("replaying without the tracker should change the gradients (dropout inactive?)",
+             not torch.equal(x2.grad, g2[-1]))
+    rep.raise_if_failed()
+
+
+# ------------------------------------------------------------------------------------ grid
+
+
+def _members(group) -> List[int]:
+    """Ranks of `group`, found with a collective (one-hot all-reduce), not from bookkeeping."""
+    onehot = torch.zeros(dist.get_world_size())
+    onehot[dist.get_rank()] = 1.0
+    dist.all_reduce(onehot, group=group)
+    return [i for i, v in enumerate(onehot.tolist()) if v]
+
+
+def check_grid(st: ParallelState, expect: Dict[str, List[List[int]]]) -> None:
+    """expect: for each axis, the list of its groups; this rank must sit in the one holding it."""
+    rep, rank = Report(), dist.get_rank()
+    for axis in ("tp", "dp", "pp", "mp"):
+        group = getattr(st, f"{axis}_group")
+        want = next(g for g in expect[axis] if rank in g)
+        got = _members(group)
+        rep.true(f"{axis} group of rank {rank}: collective reached {got}, expected {want}",
+                 got == want)
+        listed = dist.get_process_group_ranks(group)
+        rep.true(f"{axis} group of rank {rank}: holds ranks {listed}, expected {want}",
+                 sorted(listed) == want)
+    tp_group = next(g for g in expect["tp"] if rank in g)
+    dp_group = next(g for g in expect["dp"] if rank in g)
+    pp_group = next(g for g in expect["pp"] if rank in g)
+    coords = (st.tp_rank, st.dp_rank, st.pp_rank)
+    want_coords = (tp_group.index(rank), dp_group.index(rank), pp_group.index(rank))
+    rep.true(f"coordinates (tp, dp, pp) {coords}, expected {want_coords}", coords == want_coords)
+    rep.true(f"pp_ranks {st.pp_ranks}, expected {pp_group}", st.pp_ranks == pp_group)
+    rep.true("first/last stage flags", (st.is_first_stage, st.is_last_stage) ==
+             (st.pp_rank == 0, st.pp_rank == len(pp_group) - 1))
+    mpu = DeepSpeedMPU(st)
+    rep.true("DeepSpeedMPU ranks and sizes", (
+        mpu.get_model_parallel_rank(), mpu.get_data_parallel_rank(),
+        mpu.get_pipeline_model_parallel_rank(), mpu.get_model_parallel_world_size(),
+        mpu.get_data_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
+        == want_coords + (len(tp_group), len(dp_group), len(pp_group)))
+    rep.raise_if_failed()
+
+
+GRIDS_4 = {
+    # tp varies fastest, then dp, then pp
+    "tp2pp2": (2, 2, {"tp": [[0, 1], [2, 3]], "dp": [[0], [1], [2], [3]],
+                      "pp": [[0, 2], [1, 3]], "mp": [[0, 1, 2, 3]]}),
+    "tp2dp2": (2, 1, {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]],
+                      "pp": [[0], [1], [2], [3]], "mp": [[0, 1], [2, 3]]}),
+    "dp2pp2": (1, 2, {"tp": [[0], [1], [2], [3]], "dp": [[0, 1], [2, 3]],
+                      "pp": [[0, 2], [1, 3]], "mp": [[0, 2], [1, 3]]}),
+    "tp4": (4, 1, {"tp": [[0, 1, 2, 3]], "dp": [[0], [1], [2], [3]],
+                   "pp": [[0], [1], [2], [3]], "mp": [[0, 1, 2, 3]]}),
+}
+GRIDS_2 = {
+    "tp2": (2, 1, {"tp": [[0, 1]], "dp": [[0], [1]], "pp": [[0], [1]], "mp": [[0, 1]]}),
+    "pp2": (1, 2, {"tp": [[0], [1]], "dp": [[0], [1]], "pp": [[0, 1]], "mp": [[0, 1]]}),
+}
+
+
+# ---------------------------------------------------------------------------------- registry
+
+
+def checks(world: int) -> List[Tuple[str, str, Callable[[ParallelState], None]]]:
+    """(name, layout, fn) in the order every rank runs them; layer checks run once per TP size
+    the world allows (TP=2 inside a data-parallel grid, and TP=world)."""
+    out = []
+    tps = {"tp2dp2": 2, "tp4": 4} if world == 4 else {"tp2": 2}
+    for layout, t in tps.items():
+        def add(label, fn, **kw):
+            out.append((f"{label}[tp={t}]", layout, lambda st, fn=fn, kw=kw: fn(st, **kw)))
+        add("column_parallel.scatter_output", check_column)
+        add("column_parallel.gather_output", check_column, gather_output=True)
+        add("column_parallel.stride2", check_column, stride=2)
+        add("column_parallel.skip_bias_add", check_column, skip_bias_add=True)
+        add("column_parallel.sequence_parallel", check_column, sequence_parallel=True)
+        add("row_parallel.all_reduce", check_row)
+        add("row_parallel.sequence_parallel", check_row, sequence_parallel=True)
+        add("vocab_embedding.all_reduce", check_vocab_embedding)
+        add("vocab_embedding.sequence_parallel", check_vocab_embedding, sequence_parallel=True)
+        add("lm_logits_cross_entropy", check_lm_cross_entropy)
+        add("lm_logits_cross_entropy.sequence_parallel", check_lm_cross_entropy,
+            sequence_parallel=True)
+        add("lm_logits_cross_entropy.large_logits", check_lm_cross_entropy, scale=100.0)
+        for name in MAPPINGS:
+            add(f"mapping.{name}", check_mapping, name=name)
+        add("rng_tracker", check_rng_tracker)
+        add("recompute", check_recompute)
+        add("recompute.sequence_parallel", check_recompute, sequence_parallel=True)
+    out.append(("recompute[single]", "single", lambda st: check_recompute(st)))
+    for layout, (_, _, expect) in (GRIDS_4 if world == 4 else GRIDS_2).items():
+        out.append((f"grid[{layout}]", layout, lambda st, e=expect: check_grid(st, e)))
+    if world == 4:
+        out.append(("rng_tracker[tp2pp2]", "tp2pp2", check_rng_tracker))
+    return out
+
+
+def build_states(world: int) -> Dict[str, ParallelState]:
+    """Every rank builds every layout in the same order (new_group is collective)."""
+    states = {"single": ParallelState.single()}
+    for layout, (tp, pp, _) in (GRIDS_4 if world == 4 else GRIDS_2).items():
+        states[layout] = ParallelState.build(tp, pp)
+    return states
+
+
+def main() -> int:
+    out_dir = sys.argv[1]
+    torch.set_num_threads(1)  # 4 ranks share 2 cores
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    states = build_states(world)
+    results = {}
+    for name, layout, fn in checks(world):
+        try:
+            fn(states[layout])
+            results[name] = {"ok": True, "detail": ""}
+        except Exception as e:  # recorded per check so one failure localizes
+            detail = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
+            results[name] = {"ok": False, "detail": f"rank {rank}: {detail}"}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Two torchrun "nodes" on loopback: two agents, one rank each, meeting through the c10d
+rendezvous as two real nodes would. The run must train and compile nothing."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args, train_steps
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_torchrun_nodes_on_loopback(tmp_path):
+    run_env, run_dir = RunEnv(tmp_path), str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           "--rdzv-id=two-nodes", "-m", "megatron.cli.train", "--config", TINY]
+    cmd += set_args("training.train_iters=2", "training.global_batch_size=4",
+                    "training.tensorboard=false", f"run.dir={run_dir}")
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=run_env.env, cwd=ROOT) for _ in range(2)]
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=300)[0])
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    for node, out in zip(nodes, outputs):
+        assert node.returncode == 0, out[-4000:]
+    joined = "\n".join(outputs)
+    assert "rank 0 of 2" in joined, joined[-4000:]
+    run_env.assert_compiled_nothing(joined)
+    assert train_steps(run_dir) == [1, 2]
