@@ -76,7 +76,10 @@ class Engine:
         ctx = build_context(cfg, state, vocab_size, device)
         self.backend, self.tracker = ctx.backend, ctx.tracker
         if self.pipeline:
-            model = _pipeline_module(deepspeed, cfg, state, ctx)
+            # DeepSpeed broadcasts the tied embedding in place while building the module (and
+            # again when loading): under no_grad that copy stays out of the autograd graph.
+            with torch.no_grad():
+                model = _pipeline_module(deepspeed, cfg, state, ctx)
         else:
             model = GPTModel(cfg, ctx)
         self.optimizer = build_optimizer(model, cfg.optimizer, device)
@@ -142,5 +145,6 @@ class Engine:
         dist.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Optional[Dict[str, Any]]:
-        path, client_state = self.engine.load_checkpoint(directory, tag=tag)
+        with torch.no_grad():
+            path, client_state = self.engine.load_checkpoint(directory, tag=tag)
         return None if path is None else (client_state or {})
