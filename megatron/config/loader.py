@@ -40,8 +40,10 @@ def _coerce(field_name: str, text: str, annotation) -> Any:
     if text.lower() in ("none", "null", "~"):
         if optional:
             return None
-        raise ConfigError(field_name, text, f"a value of type {_type_name(base)} (it cannot be "
-                          "null)")
+        # For strings, "none" may be a legal choice (training.activation_checkpointing=none).
+        if base is not str or text.lower() != "none":
+            raise ConfigError(field_name, text, f"a value of type {_type_name(base)} (it cannot "
+                              "be null)")
     if base is str:
         # Taken verbatim: YAML would turn run.dir=2024.10 into 2024.1 and on/off into booleans.
         return text

@@ -46,6 +46,8 @@ LAYOUTS = {
                            "training.activation_checkpointing=full"],
     "pp2_recompute_selective": ["parallel.pipeline_parallel_size=2", "model.attention_backend=math",
                                 "training.activation_checkpointing=selective"],
+    "pp2_recompute_full": ["parallel.pipeline_parallel_size=2",
+                           "training.activation_checkpointing=full"],
     # Mixed precision cannot match fp32 to 1e-5; the test checks they track it loosely and learn.
     # (fp16 needs a GPU: DeepSpeed's CPU accelerator refuses it; see tests/gpu.)
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],

@@ -16,7 +16,7 @@ from tests.conftest import ROOT, torchrun
 WORKER = os.path.join(ROOT, "tests", "distributed", "run_layouts.py")
 TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # recomputation must replay the forward exactly, so it is held to the same bound
-            "tp2_recompute_full", "pp2_recompute_selective",
+            "tp2_recompute_full", "pp2_recompute_full", "pp2_recompute_selective",
             # stop and checkpoint at step 5, resume in a new engine: steps 6-10 must not move
             "resume_pp2", "resume_dp2_zero2"]
 FOUR_RANK = ["tp2pp2"]

@@ -167,4 +167,4 @@ def test_valid_layouts_return_dp_and_deepspeed_json():
                             "training.activation_checkpointing=full"])
     assert validate_for_world(pp, 2) == 1
     ds = deepspeed_config(pp, 1)
-    assert ds["bf16"] == {"enabled": True} and ds["pipeline"]["activation_checkpoint_interval"] == 1
+    assert ds["bf16"] == {"enabled": True} and ds["pipeline"]["activation_checkpoint_interval"] == 0

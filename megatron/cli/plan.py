@@ -1,0 +1,168 @@
+"""megatron-plan: predict memory and throughput of 3D layouts, search, calibrate, project scaling."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from megatron.config.errors import ConfigError, InputError
+
+EXAMPLES = """\
+examples:
+  # fastest layouts of the paper's 175B on 16 Frontier nodes; write the best as config + sbatch
+  megatron-plan search --model 175b --cluster frontier --nodes 16 --global-batch 1280 \\
+      --out-config best.yaml --out-sbatch best.sbatch
+  # memory and time of one layout (the paper's 175B recipe)
+  megatron-plan memory --model 175b --cluster frontier --nodes 16 --global-batch 1280 \\
+      --tp 4 --pp 16 --micro-batch 1 --zero 1 --recompute full
+  # a model from a training config, on a cluster described in a YAML file
+  megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2
+  # fit the model to short real runs on this machine (2 ranks), resumable from trials.jsonl
+  megatron-plan calibrate --config examples/local/tiny.yaml --nproc 2 --trials 8 \\
+      --results trials.jsonl --out local-profile.yaml [--bayes]
+  # weak and strong scaling of the 175B recipe from 16 to 128 nodes, with a plot
+  megatron-plan scaling --model 175b --cluster frontier --nodes 16,32,64,128 \\
+      --global-batch 1280 --tp 4 --pp 16 --recompute full --plot scaling.png
+
+models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters: frontier (MI250X GCD),
+mi300x, a100, h100, h200, or a YAML file (docs/planner.md)."""
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and job")
+    g.add_argument("--model", help="a preset: 22b, 175b, 1t, gpt3-125m ... gpt3-175b")
+    g.add_argument("--config", help="a training config YAML (its model, batch and precision)")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a field of --config (repeatable)")
+    g.add_argument("--global-batch", type=int, help="sequences per step (default: the config's, "
+                   "or 1280 for presets)")
+    g.add_argument("--seq-length", type=int, help="sequence length (default 2048 for presets)")
+    g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="default: the config's, or bf16 for presets")
+
+
+def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--cluster", default="frontier",
+                   help="preset (frontier, mi300x, a100, h100, h200) or a cluster/profile YAML")
+    if nodes:
+        g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
+
+
+def _space_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("search space (comma-separated lists)")
+    g.add_argument("--tp-values", help="tensor-parallel sizes (default: powers of 2 in a node)")
+    g.add_argument("--pp-values", help="pipeline sizes (default: divisors of the layer count)")
+    g.add_argument("--micro-batches", default="1,2,4,8,16")
+    g.add_argument("--zero-stages", default="0,1,2,3")
+    g.add_argument("--recompute-values", default="none,selective,full")
+    g.add_argument("--flash", choices=("both", "on", "off"), default="both",
+                   help="attention path: FlashAttention, the math path, or both")
+    g.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both")
+    g.add_argument("--max-tp", type=int, help="allow TP beyond one node (for comparison)")
+    g.add_argument("--memory-fraction", type=float, default=1.0,
+                   help="share of device memory a layout may reserve (default 1.0)")
+
+
+def _layout_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout")
+    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("--pp", type=int, default=1)
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3))
+    g.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    g.add_argument("--no-flash", action="store_true", help="the math attention path")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism")
+
+
+def _add_search(sub, fmt) -> None:
+    s = sub.add_parser("search", help="rank every layout that fits", epilog=EXAMPLES,
+                       formatter_class=fmt)
+    _model_args(s)
+    _cluster_args(s)
+    _space_args(s)
+    s.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
+    s.add_argument("--out-config", help="write the best layout as a training config YAML")
+    s.add_argument("--out-sbatch", help="write a Slurm batch script that runs --out-config")
+    s.add_argument("--run-dir", help="run.dir of the written config")
+
+
+def _add_calibrate(sub, fmt) -> None:
+    c = sub.add_parser("calibrate", help="fit the model to real trials on this machine",
+                       epilog=EXAMPLES, formatter_class=fmt)
+    _model_args(c)
+    _space_args(c)
+    c.add_argument("--nproc", type=int, default=2, help="ranks per trial (default 2)")
+    c.add_argument("--trials", type=int, default=8, help="new trials to run (default 8)")
+    c.add_argument("--results", default="plan-trials.jsonl",
+                   help="trial results (JSON lines); existing ones are reused (resume)")
+    c.add_argument("--out", default="plan-profile.yaml", help="the fitted cluster profile")
+    c.add_argument("--cluster", help="base profile to refine (default: probe this machine)")
+    c.add_argument("--bayes", action="store_true", help="Bayesian optimisation (Optuna TPE) "
+                   "instead of a spread of predicted layouts")
+    c.add_argument("--steps", type=int, default=6, help="training steps per trial (default 6)")
+    c.add_argument("--warmup", type=int, default=2, help="steps left out of timing (default 2)")
+    c.add_argument("--timeout", type=float, default=600, help="seconds per trial (default 600)")
+    c.add_argument("--run-root", default="runs/plan-trials", help="run directories of trials")
+    c.add_argument("--flash-backend", default="sdpa",
+                   help="attention_backend for flash layouts (sdpa on CPU, flash on GPUs)")
+    c.add_argument("--fit-only", action="store_true", help="fit stored results, run nothing")
+
+
+def _add_scaling(sub, fmt) -> None:
+    g = sub.add_parser("scaling", help="weak and strong scaling over node counts",
+                       epilog=EXAMPLES, formatter_class=fmt)
+    _model_args(g)
+    _cluster_args(g, nodes=False)
+    _layout_args(g)
+    g.add_argument("--nodes", required=True, help="node counts, e.g. 16,32,64,128")
+    g.add_argument("--mode", choices=("weak", "strong", "both"), default="both")
+    g.add_argument("--plot", help="write a PNG plot here")
+    g.add_argument("--best", action="store_true",
+                   help="use the best layout found at the smallest node count")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-plan", description=__doc__, epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+    _add_search(sub, fmt)
+    m = sub.add_parser("memory", help="memory and time of one layout", epilog=EXAMPLES,
+                       formatter_class=fmt)
+    _model_args(m)
+    _cluster_args(m)
+    _layout_args(m)
+    _add_calibrate(sub, fmt)
+    _add_scaling(sub, fmt)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    level = logging.INFO if args.verbose or args.command == "calibrate" else logging.WARNING
+    logging.basicConfig(level=level, format="megatron-plan: %(message)s")
+    from megatron.cli import plan_commands  # after parsing: --help stays instant
+    try:
+        return plan_commands.COMMANDS[args.command](args)
+    except (ConfigError, InputError) as e:
+        print(f"megatron-plan: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"megatron-plan: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("megatron-plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""megatron-plan calibrate: real trials on this machine, a fitted profile, the ranking check."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from megatron.cli.plan_commands import load_job, load_space
+from megatron.config.errors import ConfigError, InputError
+from megatron.planner import emit
+from megatron.planner.calibrate import calibrate, calibration_layouts, job_note
+from megatron.planner.profile import Constants, Profile, load_profile
+from megatron.planner.trials import TorchrunRunner, TrialStore, run_trials
+
+log = logging.getLogger("megatron.cli.plan")
+
+
+def base_profile(args) -> Profile:
+    """The profile to refine, with one node of --nproc devices (the machine at hand)."""
+    if args.cluster:
+        prof = load_profile(args.cluster)
+    else:
+        from megatron.planner.probe import probe_local
+        # A CPU reports peak resident memory, which never sees the untouched pages of
+        # DeepSpeed's preallocated gradient bucket: leave the bucket out of the model.
+        prof = Profile(probe_local(args.nproc), Constants(bucket_elems=0.0))
+        log.info("probed this machine: %.3g TFLOPs per rank, %.3g GB/s memory, %.3g GB per rank",
+                 prof.spec.peak_tflops, prof.spec.hbm_gbps, prof.spec.gpu_memory_gb)
+    return Profile(dataclasses.replace(prof.spec, gpus_per_node=args.nproc), prof.constants)
+
+
+def run_calibrate(args) -> int:
+    if not args.config:
+        raise InputError("calibrate trains real models: pass --config FILE.yaml "
+                         "(for example examples/local/tiny.yaml)")
+    if args.nproc < 1 or args.trials < 0:
+        raise ConfigError("--nproc/--trials", (args.nproc, args.trials), "positive integers")
+    job, _, _ = load_job(args)
+    prof = base_profile(args)
+    space = load_space(args)
+    store = TrialStore(args.results)
+    note = job_note(job)
+    runner = TorchrunRunner(args.config, job, args.nproc, args.run_root, steps=args.steps,
+                            overrides=args.set, timeout_s=args.timeout, warmup=args.warmup,
+                            flash_backend=args.flash_backend, job_note=note)
+    if not args.fit_only and args.trials:
+        if args.bayes:
+            from megatron.planner.bayes import bayes_search
+            bayes_search(job, prof, runner, store, args.trials, space)
+        else:
+            run_trials(runner, calibration_layouts(job, prof, space, args.trials), store)
+    trials = [t for t in store.load().values() if t.job in ("", note)]
+    failed = [t for t in trials if not t.ok]
+    for t in failed:
+        log.warning("trial %s %s: %s", t.key, t.status, t.error.strip().splitlines()[-1:] or "")
+    fitted, report = calibrate(job, prof, trials)
+    fitted.save(args.out)
+    _print_report(report, args.out, len(failed))
+    return 0
+
+
+def _print_report(report, out: str, failed: int) -> None:
+    header = ("layout", "measured s", "before s", "fitted s", "measured GB", "fitted GB")
+    rows = [[r["key"], f"{r['measured_s']:.3g}", f"{r['predicted_before_s']:.3g}",
+             f"{r['predicted_after_s']:.3g}",
+             "-" if r["mem_gb"] is None else f"{r['mem_gb']:.2f}", f"{r['predicted_mem_gb']:.2f}"]
+            for r in sorted(report.rows, key=lambda r: r["measured_s"])]
+    print(emit.format_table(header, rows))
+    c = report.constants
+    print(f"\n{report.trials} trials ({failed} failed); relative error of step time "
+          f"{100 * report.rel_rmse_before:.0f}% before, {100 * report.rel_rmse_after:.0f}% after "
+          f"fitting; Spearman rank correlation {report.spearman:.2f}")
+    print(f"fitted: gemm_eff {c.gemm_eff:.3g}, gemm_half_dim {c.gemm_half_dim:g}, hbm_eff "
+          f"{c.hbm_eff:.3g}, comm_eff {c.comm_eff:.3g}, micro-batch overhead "
+          f"{c.microbatch_overhead_s * 1e3:.3g} ms, step overhead {c.step_overhead_s:.3g} s, "
+          f"act_scale {c.act_scale:.3g}, fixed {c.fixed_gb:.3g} GB")
+    print(f"wrote {out} (use it with --cluster {out})")

@@ -1,0 +1,195 @@
+"""The subcommands of megatron-plan: argument objects in, text and files out."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Tuple
+
+from megatron.config import Config, load_config
+from megatron.config.errors import ConfigError, InputError
+from megatron.planner import emit, scaling
+from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
+from megatron.planner.memory import GIB, memory_per_stage
+from megatron.planner.models import preset_model
+from megatron.planner.params import model_params
+from megatron.planner.profile import Profile, load_profile
+from megatron.planner.search import SearchSpace, search
+from megatron.planner.timing import step_time
+
+
+def load_job(args) -> Tuple[Job, Config, bool]:
+    """(job, base config, whether the model is a preset) from --model or --config."""
+    if args.model and args.config:
+        raise InputError("pass either --model PRESET or --config FILE, not both")
+    if args.config:
+        cfg = load_config(args.config, args.set)
+        model = cfg.model
+        if args.seq_length:
+            model = dataclasses.replace(model, seq_length=args.seq_length,
+                                        max_position_embeddings=max(args.seq_length,
+                                                                    model.max_position_embeddings))
+        job = Job(model, args.global_batch or cfg.training.global_batch_size,
+                  args.precision or cfg.training.precision)
+        preset = False
+    else:
+        if args.set:
+            raise InputError("--set overrides fields of --config FILE; pass a config file too")
+        if not args.model:
+            raise InputError("name the model: --model PRESET (22b, 175b, 1t, gpt3-...) or "
+                             "--config FILE.yaml")
+        job = Job(preset_model(args.model, args.seq_length or 2048), args.global_batch or 1280,
+                  args.precision or "bf16")
+        cfg, preset = Config(), True
+    if job.global_batch < 1:
+        raise ConfigError("--global-batch", job.global_batch, "a positive integer")
+    return job, cfg, preset
+
+
+def _ints(flag: str, text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(flag, text, "comma-separated integers, e.g. 1,2,4") from None
+    if not values or min(values) < 0:
+        raise ConfigError(flag, text, "comma-separated non-negative integers, e.g. 1,2,4")
+    return values
+
+
+def _both(value: str) -> Tuple[bool, ...]:
+    return {"both": (True, False), "on": (True,), "off": (False,)}[value]
+
+
+def load_space(args) -> SearchSpace:
+    recompute = tuple(v.strip() for v in args.recompute_values.split(","))
+    bad = [v for v in recompute if v not in RECOMPUTE]
+    if bad:
+        raise ConfigError("--recompute-values", args.recompute_values, f"values among {RECOMPUTE}")
+    zero = _ints("--zero-stages", args.zero_stages)
+    if any(z > 3 for z in zero):
+        raise ConfigError("--zero-stages", args.zero_stages, "stages among 0,1,2,3")
+    if not 0 < args.memory_fraction <= 1:
+        raise ConfigError("--memory-fraction", args.memory_fraction, "a share in (0, 1]")
+    return SearchSpace(tp=_ints("--tp-values", args.tp_values) if args.tp_values else None,
+                       pp=_ints("--pp-values", args.pp_values) if args.pp_values else None,
+                       micro_batch=_ints("--micro-batches", args.micro_batches), zero=zero,
+                       recompute=recompute, flash=_both(args.flash),
+                       sequence_parallel=_both(args.sequence_parallel), max_tp=args.max_tp,
+                       memory_fraction=args.memory_fraction)
+
+
+def _check_nodes(nodes: int) -> None:
+    if nodes < 1:
+        raise ConfigError("--nodes", nodes, "a positive integer")
+
+
+def _describe(job: Job, prof: Profile, nodes: int) -> str:
+    m, s = job.model, prof.spec
+    return (f"model: {model_params(m) / 1e9:.2f}B parameters ({m.num_layers} layers, hidden "
+            f"{m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), global batch "
+            f"{job.global_batch}, {job.precision}\ncluster: {s.name}, {nodes} node(s) x "
+            f"{s.gpus_per_node} = {nodes * s.gpus_per_node} devices of {s.gpu_memory_gb:g} GB, "
+            f"{s.matmul_tflops(job.precision):g} TFLOPs peak")
+
+
+def cmd_search(args) -> int:
+    job, cfg, preset = load_job(args)
+    prof = load_profile(args.cluster)
+    _check_nodes(args.nodes)
+    result = search(job, args.nodes, prof, load_space(args))
+    print(_describe(job, prof, args.nodes))
+    if not result.ranked:
+        raise InputError(result.explain_empty())
+    print(f"{result.enumerated} layouts enumerated, {len(result.ranked)} fit; fastest first:\n")
+    print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    best = result.best
+    if args.out_config:
+        run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
+        best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
+                                      paper_optimizer=preset)
+        with open(args.out_config, "w") as f:
+            f.write(emit.config_yaml(best_cfg, best, prof.spec.name, args.nodes))
+        print(f"\nwrote {args.out_config}")
+    if args.out_sbatch:
+        config_path = args.out_config or "best.yaml"
+        with open(args.out_sbatch, "w") as f:
+            f.write(emit.sbatch_script(prof.spec, args.nodes, config_path))
+        print(f"wrote {args.out_sbatch} (runs {config_path})")
+    return 0
+
+
+def layout_from_args(args, job: Job, world: int) -> Layout:
+    model_gpus = args.tp * args.pp
+    if args.tp < 1 or args.pp < 1 or args.micro_batch < 1:
+        raise ConfigError("--tp/--pp/--micro-batch", (args.tp, args.pp, args.micro_batch),
+                          "positive integers")
+    if world % model_gpus:
+        raise ConfigError("--tp x --pp", model_gpus, f"a divisor of the {world} devices")
+    dp = world // model_gpus
+    if job.global_batch % (args.micro_batch * dp):
+        raise ConfigError("--global-batch", job.global_batch,
+                          f"a multiple of micro-batch x DP ({args.micro_batch} x {dp})")
+    lay = Layout(args.tp, args.pp, dp, args.micro_batch,
+                 job.global_batch // (args.micro_batch * dp), args.zero, args.recompute,
+                 not args.no_flash, args.sp)
+    check_layout(job, lay)
+    return lay
+
+
+def cmd_memory(args) -> int:
+    job, _, _ = load_job(args)
+    prof = load_profile(args.cluster)
+    _check_nodes(args.nodes)
+    lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node)
+    print(_describe(job, prof, args.nodes))
+    print(f"layout: {lay.key()}\n")
+    stages = memory_per_stage(job, lay, prof.constants)
+    shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
+    header = ("stage", "params M", "weights", "grads", "optimizer", "activations", "working",
+              "step extra", "bucket", "peak GB", "reserved GB")
+    rows = [[str(s.stage), f"{s.params / 1e6:.1f}", *(f"{v / GIB:.2f}" for v in (
+        s.weights, s.grads, s.optimizer, s.activations, s.working, s.step_transient, s.bucket)),
+        f"{s.peak_gb:.2f}", f"{s.reserved_gb:.2f}"] for s in shown]
+    print(emit.format_table(header, rows))
+    worst = max(stages, key=lambda s: s.reserved_bytes)
+    fits = worst.reserved_bytes <= prof.spec.gpu_memory_gb * GIB
+    print(f"\nbusiest stage {worst.stage}: {worst.peak_gb:.1f} GB allocated at peak, "
+          f"{worst.reserved_gb:.1f} GB reserved of {prof.spec.gpu_memory_gb:g} GB: "
+          f"{'fits' if fits else 'DOES NOT FIT'}")
+    t = step_time(job, lay, prof)
+    print(f"step {t.step_s:.3g} s (pipeline {t.pipeline_s:.3g} s, gradient reduction + optimizer "
+          f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
+          f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
+          f"{100 * t.bubble:.1f}%")
+    return 0
+
+
+def cmd_scaling(args) -> int:
+    job, _, _ = load_job(args)
+    prof = load_profile(args.cluster)
+    nodes = _ints("--nodes", args.nodes)
+    if min(nodes) < 1:
+        raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
+    smallest = min(nodes)
+    if args.best:
+        base = search(job, smallest, prof).best.layout
+    else:
+        base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node)
+    modes = ("weak", "strong") if args.mode == "both" else (args.mode,)
+    points = [p for mode in modes for p in scaling.project(job, base, prof, nodes, mode)]
+    print(_describe(job, prof, smallest))
+    print(f"layout at {smallest} node(s): {base.key()}; DP grows with the nodes\n")
+    print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
+    if args.plot:
+        scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "
+                     f"{prof.spec.name}: TP{base.tp} x PP{base.pp}, micro-batch {base.micro_batch}")
+        print(f"\nwrote {args.plot}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from megatron.cli.plan_calibrate import run_calibrate  # torch and optuna load only here
+    return run_calibrate(args)
+
+
+COMMANDS = {"search": cmd_search, "memory": cmd_memory, "scaling": cmd_scaling,
+            "calibrate": cmd_calibrate}

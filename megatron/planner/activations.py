@@ -1,0 +1,101 @@
+"""Activation memory per transformer layer (Korthikanti et al. 2022), generalised.
+
+Counted tensor by tensor so that GQA, SwiGLU, the FFN width, dropout and fp32 activations are
+exact extensions of the paper's formula; with GeLU, FFN 4h, MHA, dropout on and 16-bit
+activations it reduces to s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes (34 + 5as/h without TP), and
+with sequence parallelism to s*b*h*(34 + 5*a*s/h)/t. FlashAttention keeps no s x s tensor (it
+saves the log-sum-exp rows and recomputes scores); selective recompute drops the same terms;
+full recompute keeps only the layer input and rebuilds one layer at a time in backward."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.config import ModelConfig
+from megatron.planner.layout import Layout
+
+
+def act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    replicated: float   # elements every TP rank keeps whole (divided by t only with SP)
+    partitioned: float  # elements split over TP
+    masks: float        # one-byte dropout masks, replicated part
+    scores: float       # s x s elements per head group (softmax out, dropout out), split by TP
+    score_masks: float  # one-byte attention dropout mask over the scores, split by TP
+    lse: float          # fp32 log-sum-exp rows FlashAttention saves, split by TP
+
+
+def layer_terms(m: ModelConfig, s: int, b: int) -> LayerActivations:
+    """Stored tensors of one layer, unsharded, for b sequences of length s."""
+    h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
+    a, sb = m.num_attention_heads, s * b
+    hidden_drop = m.hidden_dropout > 0
+    attn_drop = m.attention_dropout > 0
+    # norm1 input, QKV input, norm2 input, fc1 input
+    replicated = 4 * sb * h
+    # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input)
+    partitioned = sb * (h + kvh) + sb * kvh + sb * h
+    # GeLU: its input and fc2's input; SwiGLU: both fc1 halves and fc2's input
+    partitioned += sb * f * (3 if m.activation == "swiglu" else 2)
+    masks = 2 * sb * h if hidden_drop else 0
+    scores = a * s * s * b * (2 if attn_drop else 1)
+    score_masks = a * s * s * b if attn_drop else 0
+    return LayerActivations(replicated, partitioned, masks, scores, score_masks, a * sb)
+
+
+def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: bool) -> float:
+    """Bytes one layer stores for backward on one TP rank, without full recompute."""
+    t, e = lay.tp, act_bytes(precision)
+    terms = layer_terms(m, m.seq_length, lay.micro_batch)
+    rep = 1.0 / t if lay.sequence_parallel else 1.0
+    total = (terms.replicated * e + terms.masks) * rep + terms.partitioned * e / t
+    if keep_scores:
+        total += (terms.scores * e + terms.score_masks) / t
+    elif lay.flash:
+        total += terms.lse * 4 / t
+    return total
+
+
+def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """Bytes one layer keeps per micro-batch in flight, under the layout's recompute policy."""
+    if lay.recompute == "full":
+        rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
+        return m.seq_length * lay.micro_batch * m.hidden_size * act_bytes(precision) * rep
+    keep_scores = not lay.flash and lay.recompute == "none"
+    return layer_full_bytes(m, lay, precision, keep_scores)
+
+
+def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """Transient bytes while one layer runs backward: its rebuilt activations under full
+    recompute (the math path's scores included) plus the activation gradients in flight."""
+    e, sb = act_bytes(precision), m.seq_length * lay.micro_batch
+    width = max(m.hidden_size, (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size // lay.tp)
+    grads = 2 * sb * width * e
+    if lay.recompute != "full":
+        return grads
+    return grads + layer_full_bytes(m, lay, precision, keep_scores=not lay.flash)
+
+
+def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str) -> float:
+    """Output layer and vocab-parallel cross-entropy for one micro-batch on the last stage:
+    the logits in the activation dtype, their fp32 copy and the saved fp32 softmax."""
+    elems = m.seq_length * lay.micro_batch * padded_vocab / lay.tp
+    return elems * (act_bytes(precision) + 8)
+
+
+def boundary_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """One stage output (or embedding output) of one micro-batch: s*b*h activations."""
+    rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
+    return m.seq_length * lay.micro_batch * m.hidden_size * act_bytes(precision) * rep
+
+
+def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                      flash: bool = False) -> float:
+    """The paper's closed forms (16-bit activations, dropout on), for cross-checks."""
+    score = 0.0 if flash else 5 * a * s / h
+    if sp:
+        return s * b * h * (34 + score) / t
+    return s * b * h * (10 + 24 / t + score / t)

@@ -1,0 +1,108 @@
+"""Cluster descriptions: per-device memory and peak FLOPs, node size, link bandwidths.
+
+Memory is in GiB (2**30 bytes), the unit torch's allocator statistics and Megatron's logs use
+("MB" there is 2**20 bytes); bandwidths are in GB/s (1e9 bytes), the unit vendors quote. A
+cluster YAML file carries the same fields as ClusterSpec, optionally with a `constants` mapping
+(a calibrated profile, see profile.py)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from megatron.config.errors import ConfigError
+
+# Environment of a Frontier job (REFERENCE.md): RCCL over the four Slingshot NICs through the
+# aws-ofi-rccl plugin, a CXI completion queue large enough for many-rank collectives, a
+# node-local MIOpen database (a shared one on Lustre serialises every rank's first kernel).
+FRONTIER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+    "NCCL_NET_GDR_LEVEL": "3",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "MIOPEN_USER_DB_PATH": "/tmp/${USER}-miopen-${SLURM_JOB_ID}",
+    "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/${USER}-miopen-${SLURM_JOB_ID}",
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    gpu_memory_gb: float        # GiB per device
+    peak_tflops: float          # dense bf16/fp16 matrix peak per device
+    gpus_per_node: int
+    intra_node_gbps: float      # per device, slowest link a ring inside a node uses
+    inter_node_gbps: float      # per node, all NICs together; shared by the node's devices
+    pair_gbps: Optional[float] = None   # faster link inside a device pair (MI250X: 2 GCDs)
+    hbm_gbps: float = 1600.0    # device memory bandwidth, for memory-bound kernels
+    fp32_tflops: Optional[float] = None  # fp32 matrix peak; None: a quarter of peak_tflops
+    cpus_per_task: int = 0      # sbatch -c; 0 leaves it to Slurm
+    launcher_env: Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("gpu_memory_gb", "peak_tflops", "intra_node_gbps", "inter_node_gbps",
+                     "hbm_gbps"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"cluster.{name}", getattr(self, name), "a positive number",
+                                  "fix the cluster YAML file")
+        if self.gpus_per_node < 1:
+            raise ConfigError("cluster.gpus_per_node", self.gpus_per_node, "a positive integer",
+                              "fix the cluster YAML file")
+
+    def matmul_tflops(self, precision: str) -> float:
+        if precision == "fp32":
+            return self.fp32_tflops or self.peak_tflops / 4
+        return self.peak_tflops
+
+    def group_gbps(self, size: int, stride: int) -> float:
+        """Per-device bandwidth of a collective over `size` ranks spaced `stride` apart.
+
+        Ranks are numbered node by node, so a group stays inside a node when size*stride fits
+        in one. A group that leaves the node is bound by the node's NICs, which every device of
+        the node drives at once (all groups of one kind communicate together): inter/g each."""
+        if size <= 1:
+            return float("inf")
+        if size * stride <= self.gpus_per_node:
+            if size == 2 and stride == 1 and self.pair_gbps:
+                return self.pair_gbps
+            return self.intra_node_gbps
+        return min(self.intra_node_gbps, self.inter_node_gbps / self.gpus_per_node)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PRESETS: Dict[str, ClusterSpec] = {
+    # One MI250X GCD is one device; two GCDs of a package share 200 GB/s, other pairs 50-100;
+    # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node.
+    "frontier": ClusterSpec("frontier", 64, 191.5, 8, 50, 100, pair_gbps=200, hbm_gbps=1600,
+                            fp32_tflops=47.9, cpus_per_task=7, launcher_env=dict(FRONTIER_ENV)),
+    "mi300x": ClusterSpec("mi300x", 192, 1307, 8, 64 * 7, 400, hbm_gbps=5300, fp32_tflops=163.4),
+    "a100": ClusterSpec("a100", 80, 312, 8, 300, 200, hbm_gbps=2039, fp32_tflops=19.5),
+    "h100": ClusterSpec("h100", 80, 989, 8, 450, 400, hbm_gbps=3350, fp32_tflops=67),
+    "h200": ClusterSpec("h200", 140, 989, 8, 450, 400, hbm_gbps=4800, fp32_tflops=67),
+}
+PRESETS["mi250x"] = PRESETS["frontier"]
+
+
+def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
+    known = {f.name for f in dataclasses.fields(ClusterSpec)}
+    unknown = sorted(set(raw) - known - {"constants", "fitted"})
+    if unknown:
+        raise ConfigError(f"cluster.{unknown[0]}", raw[unknown[0]],
+                          f"a known cluster key ({', '.join(sorted(known | {'constants'}))})",
+                          f"remove or rename it in {source}")
+    missing = [k for k in ("gpu_memory_gb", "peak_tflops", "gpus_per_node", "intra_node_gbps",
+                           "inter_node_gbps") if k not in raw]
+    if missing:
+        raise ConfigError(f"cluster.{missing[0]}", None, "a value", f"add it to {source}")
+    values = {k: v for k, v in raw.items() if k in known}
+    values.setdefault("name", source)
+    for key, value in values.items():
+        if key in ("name", "launcher_env") or (value is None and key in ("pair_gbps", "fp32_tflops")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"cluster.{key}", value, "a number", f"fix {source}")
+    values["launcher_env"] = {str(k): str(v) for k, v in (values.get("launcher_env") or {}).items()}
+    return ClusterSpec(**values)

@@ -1,0 +1,90 @@
+"""A 3D layout (what the search varies) and a job (what it does not)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from megatron.config import ModelConfig
+from megatron.config.errors import ConfigError
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Job:
+    model: ModelConfig
+    global_batch: int
+    precision: str = "bf16"
+
+    @property
+    def seq(self) -> int:
+        return self.model.seq_length
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    grad_accum: int
+    zero: int = 1
+    recompute: str = "none"
+    flash: bool = True
+    sequence_parallel: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+    def key(self) -> str:
+        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-ga{self.grad_accum}"
+                f"-z{self.zero}-{self.recompute}-{'flash' if self.flash else 'noflash'}"
+                f"{'-sp' if self.sequence_parallel else ''}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Dict[str, Any]) -> "Layout":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+def layout_problem(job: Job, lay: Layout) -> Optional[str]:
+    """Why the trainer would refuse this layout (config/validate.py's rules), or None."""
+    m = job.model
+    if lay.global_batch != job.global_batch:
+        return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
+    for name, value in (("attention heads", m.num_attention_heads), ("key/value heads", m.kv_heads),
+                        ("FFN width", m.ffn_hidden_size)):
+        if value % lay.tp:
+            return f"TP {lay.tp} does not divide the {name} ({value})"
+    if lay.sequence_parallel and (lay.tp == 1 or m.seq_length % lay.tp):
+        return "sequence parallelism needs TP > 1 dividing the sequence length"
+    if lay.pp > m.num_layers:
+        return f"PP {lay.pp} exceeds the layer count {m.num_layers}"
+    if lay.pp > 1 and lay.zero > 1:
+        return "DeepSpeed's pipeline engine allows ZeRO 0 or 1 only"
+    if lay.recompute not in RECOMPUTE:
+        return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
+    return None
+
+
+def stage_layers(num_layers: int, pp: int) -> List[int]:
+    """Transformer layers per stage, spread evenly; the first stages take any remainder
+    (DeepSpeed's partition_uniform)."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def check_layout(job: Job, lay: Layout) -> None:
+    problem = layout_problem(job, lay)
+    if problem:
+        raise ConfigError("layout", lay.key(), f"a layout the trainer accepts ({problem})",
+                          "pick another tensor/pipeline/micro-batch combination")

@@ -1,0 +1,142 @@
+"""Memory per device: model states by precision and ZeRO stage, activations under 1F1B.
+
+Model states follow what DeepSpeed 0.19 allocates for the config this project generates
+(megatron/config/deepspeed_json.py: a torch Adam, contiguous_gradients, overlap_comm off):
+- ZeRO 1-3 (DeepSpeedZeroOptimizer / stage 3): an fp32 master partition (a copy even for fp32
+  models) and fp32 Adam moments, both 1/dp; gradients in the model dtype, whole for ZeRO-1, a
+  1/dp partition for ZeRO-2/3, plus one contiguous bucket of reduce_bucket_size elements.
+- ZeRO-0: fp32 uses the torch optimizer as is (no master copy); fp16, and bf16 without
+  pipelining, use the FP16 optimizer (whole fp32 master and moments); bf16 with pipelining uses
+  DeepSpeed's BF16 optimizer, which shards master and moments over DP like ZeRO-1.
+The peak is the larger of two phases: backward (states + activations in flight + one layer's
+working set) and the optimizer step (states + the fp32 gradient partition it flattens)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from megatron.planner import activations as act
+from megatron.planner.layout import Job, Layout
+from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
+from megatron.planner.profile import Constants
+
+GIB = float(2 ** 30)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    weights: float
+    grads: float
+    optimizer: float        # master copy + Adam moments
+    step_transient: float   # what the optimizer step adds (flattened fp32 gradient partition)
+    bucket: float           # DeepSpeed's contiguous gradient bucket
+    bucket_in_backward: bool
+
+
+def optimizer_kind(precision: str, zero: int, pp: int) -> str:
+    """Which DeepSpeed optimizer wrapper engine._configure_optimizer picks."""
+    if zero > 0:
+        return "zero"
+    if precision == "fp32":
+        return "torch"
+    return "bf16" if precision == "bf16" and pp > 1 else "fp16"
+
+
+def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, dp: int,
+                bucket_elems: float) -> StateBytes:
+    """Bytes of weights, gradients and optimizer states one rank holds for its n parameters."""
+    lp = act.act_bytes(precision)
+    kind = optimizer_kind(precision, zero, pp)
+    if kind == "torch":
+        return StateBytes(4 * n, 4 * n, 8 * n, 0, 0, False)
+    if kind == "fp16":
+        return StateBytes(lp * n, lp * n, 12 * n, 4 * n, 0, False)
+    if kind == "bf16":
+        return StateBytes(lp * n, lp * n, 12 * n / dp, 4 * n / dp, 0, False)
+    bucket = bucket_elems * lp
+    weights = lp * n / dp if zero == 3 else lp * n
+    if zero == 3:
+        # the layer in use and the one being prefetched are gathered whole
+        weights += 2 * lp * layer_params
+    grads = lp * n if zero == 1 else lp * n / dp
+    # ZeRO-1 under the pipeline engine allocates its bucket in reduce_gradients, after the last
+    # micro-batch; otherwise the bucket exists from the first backward on.
+    in_backward = not (zero == 1 and pp > 1)
+    return StateBytes(weights, grads, 12 * n / dp, (4 + lp) * n / dp, bucket, in_backward)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float      # stored for micro-batches in flight
+    working: float          # one layer's backward working set, logits on the last stage
+    step_transient: float
+    bucket: float
+    peak_bytes: float       # what the allocator sees at the peak (torch max_memory_allocated)
+    reserved_bytes: float   # what the device must hold (allocator slack + runtime)
+
+    @property
+    def peak_gb(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def reserved_gb(self) -> float:
+        return self.reserved_bytes / GIB
+
+    @property
+    def states_gb(self) -> float:
+        return (self.weights + self.grads + self.optimizer) / GIB
+
+
+def in_flight(lay: Layout, stage: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at once under 1F1B."""
+    return max(1, min(lay.pp - stage, lay.grad_accum))
+
+
+def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants):
+    m, prec = job.model, job.precision
+    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
+    last = stage == lay.pp - 1
+    if not last:
+        per_mb += act.boundary_bytes(m, lay, prec)  # the stage output kept for its backward
+    stored = in_flight(lay, stage) * per_mb
+    working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
+    if last:
+        vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
+        working += act.logits_bytes(m, lay, vocab, prec) + act.boundary_bytes(m, lay, prec)
+    return stored * c.act_scale, working * c.act_scale
+
+
+def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants) -> StageMemory:
+    states = state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
+                         c.bucket_elems)
+    stored, working = _stage_activations(job, lay, sp, stage, c)
+    base = states.weights + states.optimizer + c.fixed_gb * GIB
+    backward = base + states.grads + stored + working
+    if states.bucket_in_backward:
+        backward += states.bucket
+    # At the step ZeRO frees the gradients outside this rank's partition first.
+    step_grads = states.grads / lay.dp if lay.zero == 1 else states.grads
+    step = base + step_grads + states.step_transient + states.bucket
+    peak = max(backward, step)
+    reserved = peak * (1 + c.frag) + c.framework_gb * GIB
+    return StageMemory(stage, sp.total, states.weights, states.grads, states.optimizer, stored,
+                       working, states.step_transient, states.bucket, peak, reserved)
+
+
+def memory_per_stage(job: Job, lay: Layout, c: Constants) -> List[StageMemory]:
+    params = all_stage_params(job.model, lay.tp, lay.pp)
+    return [stage_memory(job, lay, sp, i, c) for i, sp in enumerate(params)]
+
+
+def peak_memory(job: Job, lay: Layout, c: Constants) -> StageMemory:
+    """The stage with the highest peak: the one that decides whether a layout fits. Only the
+    ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
+    flight and the embedding; the last stage has the logits and the output layer."""
+    ends = sorted({0, lay.pp - 1})
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c) for i in ends]
+    return max(stages, key=lambda s: s.peak_bytes)

@@ -1,0 +1,44 @@
+"""Model presets: the paper's 22B/175B/1T and the GPT-3 family, as ModelConfig objects.
+
+The paper's shapes come from the authors' public scripts (GPT-2 BPE vocabulary, sequence 2048,
+learned positions, LayerNorm, GeLU, biases, tied embeddings, Megatron's 0.1 dropouts). The GPT-3
+family follows Brown et al. 2020 table 2.1, with head counts that divide the hidden size."""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from megatron.config import ModelConfig
+from megatron.config.errors import ConfigError
+
+GPT2_VOCAB = 50257
+
+# name -> (layers, hidden, heads)
+_SHAPES: Dict[str, Tuple[int, int, int]] = {
+    "22b": (48, 6144, 48),
+    "175b": (96, 12288, 96),
+    "1t": (128, 25600, 200),
+    "gpt3-125m": (12, 768, 12),
+    "gpt3-350m": (24, 1024, 16),
+    "gpt3-760m": (24, 1536, 16),
+    "gpt3-1.3b": (24, 2048, 16),
+    "gpt3-2.7b": (32, 2560, 32),
+    "gpt3-6.7b": (32, 4096, 32),
+    "gpt3-13b": (40, 5120, 40),
+    "gpt3-175b": (96, 12288, 96),
+}
+
+MODEL_PRESETS = tuple(_SHAPES)
+
+
+def preset_model(name: str, seq_length: int = 2048) -> ModelConfig:
+    key = name.lower()
+    if key not in _SHAPES:
+        raise ConfigError("--model", name, f"a preset among {', '.join(MODEL_PRESETS)} or a "
+                          "config YAML file", "pick a preset or pass --config FILE.yaml")
+    layers, hidden, heads = _SHAPES[key]
+    return ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                       seq_length=seq_length, max_position_embeddings=seq_length,
+                       vocab_size=GPT2_VOCAB, make_vocab_size_divisible_by=128,
+                       position_embedding_type="learned", normalization="layernorm",
+                       activation="gelu", add_bias_linear=True, tie_embeddings=True,
+                       hidden_dropout=0.1, attention_dropout=0.1, attention_backend="auto")

@@ -1,0 +1,98 @@
+"""Exact parameter counts per rank, following this project's GPT (megatron/model/gpt.py).
+
+Pre-norm decoder. Per layer: norm1; fused QKV, column-parallel, [(heads + 2*kv) * head_dim, h];
+attention output, row-parallel, [h, h]; norm2; MLP fc1 column-parallel ([ffn, h] for GeLU,
+[2*ffn, h] for SwiGLU) and fc2 row-parallel [h, ffn]. Column-parallel weights and biases and
+the row-parallel weights are split over TP; norms and row-parallel biases are replicated. The
+vocab-parallel embedding is split over TP; learned positions are replicated on the first stage.
+The last stage holds the final norm and either the untied output layer or, when PP > 1 and the
+embeddings are tied, a copy of the whole embedding module (DeepSpeed's TiedLayerSpec builds the
+module again): the tied word embedding and, with learned positions, an unused position table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import List
+
+from megatron.config import ModelConfig
+from megatron.planner.layout import stage_layers
+
+
+@lru_cache(maxsize=256)
+def padded_vocab(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """megatron.data.vocab.padded_vocab_size's rule (a test holds them equal), restated here so
+    that planning never imports megatron.data, which imports torch (seconds per command)."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def _norm(m: ModelConfig) -> int:
+    return m.hidden_size * (2 if m.normalization == "layernorm" else 1)
+
+
+def layer_params(m: ModelConfig, tp: int) -> int:
+    """Parameters of one transformer layer held by one TP rank."""
+    h, bias = m.hidden_size, m.add_bias_linear
+    qkv_rows = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim // tp
+    qkv = qkv_rows * h + (qkv_rows if bias else 0)
+    proj = h * (m.num_attention_heads * m.head_dim // tp) + (h if bias else 0)
+    fc1_rows = (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size // tp
+    fc1 = fc1_rows * h + (fc1_rows if bias else 0)
+    fc2 = h * (m.ffn_hidden_size // tp) + (h if bias else 0)
+    return 2 * _norm(m) + qkv + proj + fc1 + fc2
+
+
+def layer_params_full(m: ModelConfig) -> int:
+    return layer_params(m, 1)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    layers: int
+    transformer: int
+    word_embedding: int
+    position_embedding: int
+    output_layer: int   # untied output layer, or the tied embedding copy on the last stage
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        return (self.transformer + self.word_embedding + self.position_embedding
+                + self.output_layer + self.final_norm)
+
+    @property
+    def max_layer(self) -> int:
+        return self.transformer // self.layers if self.layers else 0
+
+
+def stage_params(m: ModelConfig, tp: int, pp: int, stage: int) -> StageParams:
+    """Parameters held by each TP rank of pipeline stage `stage` (0-based)."""
+    layers = stage_layers(m.num_layers, pp)[stage]
+    first, last = stage == 0, stage == pp - 1
+    embed = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp) * m.hidden_size // tp
+    positions = m.max_position_embeddings * m.hidden_size
+    learned = m.position_embedding_type == "learned"
+    output = 0
+    if last and not m.tie_embeddings:
+        output = embed
+    elif last and pp > 1:
+        output = embed + (positions if learned else 0)
+    return StageParams(layers=layers, transformer=layers * layer_params(m, tp),
+                       word_embedding=embed if first else 0,
+                       position_embedding=positions if first and learned else 0,
+                       output_layer=output, final_norm=_norm(m) if last else 0)
+
+
+def all_stage_params(m: ModelConfig, tp: int, pp: int) -> List[StageParams]:
+    return [stage_params(m, tp, pp, s) for s in range(pp)]
+
+
+def model_params(m: ModelConfig) -> int:
+    """Unique parameters of the whole model (tied embeddings counted once, no padding)."""
+    h = m.hidden_size
+    total = m.num_layers * layer_params_full(m) + m.vocab_size * h + _norm(m)
+    if m.position_embedding_type == "learned":
+        total += m.max_position_embeddings * h
+    if not m.tie_embeddings:
+        total += m.vocab_size * h
+    return total

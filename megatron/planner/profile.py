@@ -1,0 +1,114 @@
+"""Calibrated constants of the memory and time models, and the cluster profile that stores them.
+
+A profile is a cluster YAML (hardware.py's fields) plus a `constants` mapping and, when it came
+from `megatron-plan calibrate`, a `fitted` record of what it was fitted on. The defaults below
+are the uncalibrated starting point; the Frontier preset's compute efficiency is set so that
+the paper's 175B recipe lands near its published 36% of peak (docs/planner.md)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import yaml
+
+from megatron.config.errors import ConfigError, InputError
+from megatron.planner.hardware import PRESETS, ClusterSpec, spec_from_dict
+
+
+@dataclass(frozen=True)
+class Constants:
+    # Compute: a GEMM of dims (M, N, K) runs at peak * gemm_eff * prod(d / (d + gemm_half_dim)).
+    gemm_eff: float = 0.62
+    gemm_half_dim: float = 48.0
+    # Attention core relative to a GEMM of the same FLOPs: flash kernels vs the math path
+    # (which also moves the s x s scores through memory, modelled separately).
+    flash_attn_eff: float = 0.55
+    # Memory-bound kernels (norms, GeLU, dropout, softmax, Adam) reach this share of HBM.
+    hbm_eff: float = 0.7
+    # Collectives reach this share of the nominal link bandwidth; alpha is a per-call latency.
+    comm_eff: float = 0.7
+    comm_latency_s: float = 20e-6
+    # Fixed costs the FLOP and byte counts miss: per micro-batch (kernel launches, pipeline
+    # bookkeeping, Python) and per step (optimizer bookkeeping, logging).
+    microbatch_overhead_s: float = 2e-3
+    step_overhead_s: float = 0.05
+    # Share of DP gradient reduction hidden behind compute (0: DeepSpeed with overlap_comm off,
+    # the pipeline engine reducing after the last micro-batch).
+    dp_overlap: float = 0.0
+    # Memory: activation formulas times act_scale, plus fixed_gb the allocator sees (BLAS and
+    # communication workspaces); the caching allocator reserves (1 + frag) of what is allocated
+    # and the runtime holds framework_gb outside it (context, RCCL/NCCL buffers).
+    act_scale: float = 1.0
+    fixed_gb: float = 0.25
+    frag: float = 0.05
+    framework_gb: float = 1.0
+    # DeepSpeed's contiguous gradient bucket (reduce_bucket_size, elements).
+    bucket_elems: float = 5e8
+
+    def replace(self, **changes) -> "Constants":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+# Frontier's efficiency follows the paper: rocBLAS GEMMs on one GCD and RCCL over xGMI reach a
+# lower share of peak than the NVIDIA defaults above.
+PRESET_CONSTANTS: Dict[str, Constants] = {
+    "frontier": Constants(gemm_eff=0.52, flash_attn_eff=0.45, comm_eff=0.6),
+    "mi250x": Constants(gemm_eff=0.52, flash_attn_eff=0.45, comm_eff=0.6),
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    spec: ClusterSpec
+    constants: Constants = field(default_factory=Constants)
+    fitted: Optional[Dict[str, Any]] = None
+
+    def to_yaml(self) -> str:
+        out = self.spec.to_dict()
+        out["constants"] = self.constants.to_dict()
+        if self.fitted:
+            out["fitted"] = self.fitted
+        return yaml.safe_dump(out, sort_keys=False)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_yaml())
+
+
+def constants_from_dict(raw: Dict[str, Any], source: str) -> Constants:
+    known = {f.name for f in dataclasses.fields(Constants)}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"constants.{key}", value, f"a known constant ({', '.join(sorted(known))})",
+                              f"remove or rename it in {source}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"constants.{key}", value, "a non-negative number", f"fix {source}")
+    return Constants(**{k: float(v) for k, v in raw.items()})
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A preset name (frontier, mi300x, a100, h100, h200) or a cluster/profile YAML file."""
+    if name_or_path.lower() in PRESETS:
+        key = name_or_path.lower()
+        return Profile(PRESETS[key], PRESET_CONSTANTS.get(key, Constants()))
+    try:
+        with open(name_or_path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError(f"--cluster {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+                         "nor an existing YAML file; pass a preset name or a cluster file "
+                         "(see docs/planner.md for its fields)") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"cluster file {name_or_path!r} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"cluster file {name_or_path!r} must hold a mapping of cluster fields")
+    constants = raw.get("constants") or {}
+    if not isinstance(constants, dict):
+        raise ConfigError("constants", constants, "a mapping of constant names to numbers",
+                          f"fix {name_or_path}")
+    return Profile(spec_from_dict(raw, name_or_path), constants_from_dict(constants, name_or_path),
+                   raw.get("fitted"))

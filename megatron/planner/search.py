@@ -1,0 +1,146 @@
+"""Enumerate 3D layouts, predict each one's memory and step time, rank those that fit."""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Sequence
+
+from megatron.config.errors import InputError
+from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
+from megatron.planner.memory import GIB, StageMemory, peak_memory
+from megatron.planner.profile import Profile
+from megatron.planner.timing import TimeEstimate, step_time
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the search may vary; None means every value the cluster and model allow."""
+    tp: Optional[Sequence[int]] = None
+    pp: Optional[Sequence[int]] = None
+    micro_batch: Sequence[int] = (1, 2, 4, 8, 16)
+    zero: Sequence[int] = (0, 1, 2, 3)
+    recompute: Sequence[str] = RECOMPUTE
+    flash: Sequence[bool] = (True, False)
+    sequence_parallel: Sequence[bool] = (False, True)
+    # TP is kept inside a node unless this allows more (to test that lesson, not to use it).
+    max_tp: Optional[int] = None
+    uneven_pp: bool = False
+    # A layout fits when its reserved memory is at most this share of device memory.
+    memory_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    memory: StageMemory
+    time: Optional[TimeEstimate]
+    fits: bool
+
+
+@dataclass
+class SearchResult:
+    job: Job
+    nodes: int
+    world: int
+    ranked: List[Candidate]
+    enumerated: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+    @property
+    def best(self) -> Candidate:
+        if not self.ranked:
+            raise InputError(self.explain_empty())
+        return self.ranked[0]
+
+    def explain_empty(self) -> str:
+        reasons = ", ".join(f"{n} {why}" for why, n in self.rejected.most_common(3))
+        return (f"no layout of {self.world} devices fits this model and batch "
+                f"({self.enumerated} enumerated: {reasons or 'none valid'}); add nodes, lower "
+                "the micro-batch or allow recompute and ZeRO")
+
+
+def _powers_of_two_dividing(n: int, limit: int) -> List[int]:
+    out, v = [], 1
+    while v <= min(n, limit):
+        if n % v == 0:
+            out.append(v)
+        v *= 2
+    return out
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(job: Job, world: int, gpus_per_node: int,
+                      space: SearchSpace) -> Iterator[Layout]:
+    max_tp = space.max_tp or gpus_per_node
+    tps = space.tp or _powers_of_two_dividing(world, max_tp)
+    for tp in tps:
+        if world % tp:
+            continue
+        pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
+                           (space.uneven_pp or job.model.num_layers % p == 0)]
+        for pp in pps:
+            if (world // tp) % pp:
+                continue
+            yield from _inner_layouts(job, tp, pp, world // (tp * pp), space)
+
+
+def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace) -> Iterator[Layout]:
+    for mb in space.micro_batch:
+        if job.global_batch % (mb * dp):
+            continue
+        ga = job.global_batch // (mb * dp)
+        for zero in space.zero:
+            if pp > 1 and zero > 1:
+                continue
+            for rc in space.recompute:
+                for flash in space.flash:
+                    for sp in space.sequence_parallel:
+                        if sp and tp == 1:
+                            continue
+                        yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp)
+
+
+def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
+             with_time: bool = True) -> Candidate:
+    mem = peak_memory(job, lay, prof.constants)
+    fits = mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB * space.memory_fraction
+    est = step_time(job, lay, prof) if (fits or with_time) else None
+    return Candidate(lay, mem, est, fits)
+
+
+def rank_key(c: Candidate):
+    """Fastest first; among equals (to 4 digits) the least memory, then ZeRO-1 (bf16 under the
+    pipeline engine takes the same BF16 optimizer path at ZeRO-0 and ZeRO-1; ZeRO-1 is the
+    paper's choice and the one DeepSpeed tests most), then the fewer features switched on."""
+    lay = c.layout
+    speed = float(f"{c.time.tokens_per_s:.4g}")
+    return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
+            RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel)
+
+
+def search(job: Job, nodes: int, prof: Profile, space: SearchSpace = SearchSpace()) -> SearchResult:
+    """Every valid layout of nodes x gpus_per_node devices, the fitting ones ranked fastest
+    first (ties: less memory)."""
+    world = nodes * prof.spec.gpus_per_node
+    result = SearchResult(job, nodes, world, [])
+    for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space):
+        result.enumerated += 1
+        problem = layout_problem(job, lay)
+        if problem:
+            result.rejected[problem.split(" (")[0]] += 1
+            continue
+        cand = evaluate(job, lay, prof, space, with_time=False)
+        if not cand.fits:
+            result.rejected["exceed device memory"] += 1
+            continue
+        result.ranked.append(cand)
+    result.ranked.sort(key=rank_key)
+    log.info("searched %d layouts of %d devices: %d fit", result.enumerated, world,
+             len(result.ranked))
+    return result

@@ -1,0 +1,189 @@
+"""Step time of a layout: compute, memory-bound kernels, TP/PP/DP communication, the bubble.
+
+The model is linear in a handful of constants once the GEMM-efficiency curve is fixed:
+step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/comm_eff,
+latency, per-micro-batch and per-step overheads). Calibration fits theta by least squares.
+
+Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
+(Megatron-style TP, DeepSpeed's synchronous pipeline engine); DP reduction runs after the last
+micro-batch and is hidden only by the dp_overlap share; nothing overlaps the optimizer step.
+1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
+a bubble of (p - 1)/(m + p - 1)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+
+from megatron.planner import activations as act
+from megatron.planner.flops import hardware_flops, model_flops
+from megatron.planner.layout import Job, Layout, stage_layers
+from megatron.planner.memory import optimizer_kind
+from megatron.planner.params import StageParams, all_stage_params, padded_vocab
+from megatron.planner.profile import Constants, Profile
+
+FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step")
+GEMM, ATTN, MEM, COMM, LAT, MB, STEP = range(len(FEATURES))
+
+
+def theta(c: Constants) -> np.ndarray:
+    return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
+                     c.comm_latency_s, c.microbatch_overhead_s, c.step_overhead_s])
+
+
+def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
+    """One GEMM at peak, slowed by the share of the device small dimensions leave idle."""
+    mm, nn, kk = dims
+    curve = (mm / (mm + half)) * (nn / (nn + half)) * (kk / (kk + half))
+    return 2 * mm * nn * kk / (peak * curve)
+
+
+class _Ctx:
+    """Per-layout quantities the feature functions share."""
+
+    def __init__(self, job: Job, lay: Layout, prof: Profile):
+        self.job, self.lay, self.spec, self.c = job, lay, prof.spec, prof.constants
+        self.m = job.model
+        self.peak = prof.spec.matmul_tflops(job.precision) * 1e12
+        self.hbm = prof.spec.hbm_gbps * 1e9
+        self.e = act.act_bytes(job.precision)
+        self.tokens = self.m.seq_length * lay.micro_batch
+        self.tp_bw = prof.spec.group_gbps(lay.tp, 1) * 1e9
+        self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
+
+    def allreduce(self, f: np.ndarray, nbytes: float, size: int, bw: float, calls: float = 1):
+        if size > 1:
+            f[COMM] += calls * 2 * (size - 1) / size * nbytes / bw
+            f[LAT] += calls * 2 * (size - 1)
+
+
+def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
+    """(whole forward, attention core alone) of one layer for one micro-batch on one rank."""
+    m, t, tok = x.m, x.lay.tp, x.tokens
+    h, f, d = m.hidden_size, m.ffn_hidden_size, m.head_dim
+    fc1 = (2 if m.activation == "swiglu" else 1) * f
+    fwd, core = np.zeros(len(FEATURES)), np.zeros(len(FEATURES))
+    for dims in ((tok, (m.num_attention_heads + 2 * m.kv_heads) * d / t, h),
+                 (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t)):
+        fwd[GEMM] += gemm_seconds(dims, x.peak, x.c.gemm_half_dim)
+    heads = x.lay.micro_batch * m.num_attention_heads / t
+    s = m.seq_length
+    if x.lay.flash:
+        core[ATTN] = 4 * tok * s * h / t / x.peak
+    else:
+        core[GEMM] = 2 * heads * gemm_seconds((s, s, d), x.peak, x.c.gemm_half_dim)
+        # scores written by QK^T, read and written by softmax and dropout, read by AV
+        core[MEM] = 4 * heads * s * s * x.e / x.hbm
+    fwd += core
+    fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False) / x.hbm
+    x.allreduce(fwd, tok * h * x.e, t, x.tp_bw, calls=2)
+    return fwd, core
+
+
+def layer_features(x: _Ctx) -> np.ndarray:
+    """Forward, backward (twice the forward; flash backward 2.5x) and recompute of one layer."""
+    fwd, core = _layer_forward(x)
+    total = 3 * fwd
+    total[ATTN] += 0.5 * core[ATTN]
+    if x.lay.recompute == "full":
+        total += fwd
+    elif x.lay.recompute == "selective":
+        total += core
+    return total
+
+
+def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
+    """One micro-batch through one stage: its layers, embedding or logits, pipeline sends."""
+    f = layers * layer_features(x)
+    tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
+    if first:
+        f[MEM] += 3 * tok * h * x.e / x.hbm
+        x.allreduce(f, tok * h * x.e, t, x.tp_bw)
+    if last:
+        f[GEMM] += 3 * gemm_seconds((tok, x.vocab / t, h), x.peak, x.c.gemm_half_dim)
+        f[MEM] += 3 * tok * x.vocab / t * (x.e + 8) / x.hbm
+        x.allreduce(f, tok * h * x.e, t, x.tp_bw)
+    if x.lay.pp > 1:
+        hops = (0 if last else 2) + (0 if first else 2)
+        bw = x.spec.group_gbps(2, x.lay.tp * x.lay.dp) * 1e9
+        f[COMM] += hops * act.boundary_bytes(x.m, x.lay, x.job.precision) / bw
+        f[LAT] += hops
+    f[MB] += 1
+    return f
+
+
+def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool) -> np.ndarray:
+    """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer."""
+    f = np.zeros(len(FEATURES))
+    lay, n, d = x.lay, sp.total, x.lay.dp
+    kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
+    grads = (4 if kind == "torch" else x.e) * n
+    weights = x.e * n
+    share = (d - 1) / d
+    bw = x.spec.group_gbps(d, lay.tp) * 1e9
+    if d > 1:
+        volume = {0: 2 * grads, 1: grads + weights, 2: lay.grad_accum * grads + weights,
+                  3: lay.grad_accum * (2 * weights + grads)}[lay.zero]
+        f[COMM] += share * volume / bw * (1 - x.c.dp_overlap)
+        f[LAT] += 2 * (d - 1) * (1 if lay.zero < 2 else lay.grad_accum)
+    if first_or_last and lay.pp > 1 and x.m.tie_embeddings:
+        reach = x.spec.group_gbps(2, (lay.pp - 1) * lay.tp * d) * 1e9
+        x.allreduce(f, x.e * sp.word_embedding + x.e * sp.output_layer, 2, reach)
+    sharded = kind in ("zero", "bf16")
+    # Adam reads and writes master, two moments and reads the fp32 gradient; grad norm.
+    f[MEM] += ((n / d if sharded else n) * 32 + grads) / x.hbm
+    return f
+
+
+def _stage_kinds(m, lay) -> List[Tuple[int, bool, bool, int]]:
+    """(layers, first, last, count) for each distinct stage."""
+    counts = {}
+    for i, layers in enumerate(stage_layers(m.num_layers, lay.pp)):
+        key = (layers, i == 0, i == lay.pp - 1)
+        counts[key] = counts.get(key, 0) + 1
+    return [k + (n,) for k, n in counts.items()]
+
+
+def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dict]:
+    x = _Ctx(job, lay, prof)
+    th = theta(prof.constants)
+    stages = [(stage_features(x, layers, first, last), n)
+              for layers, first, last, n in _stage_kinds(job.model, lay)]
+    slowest = max((f for f, _ in stages), key=lambda f: float(th @ f))
+    pipe = (lay.grad_accum - 1) * slowest + sum(f * n for f, n in stages)
+    params = all_stage_params(job.model, lay.tp, lay.pp)
+    ends = {0, lay.pp - 1}
+    reductions = [reduction_features(x, params[i], True) for i in sorted(ends)]
+    reduce = max(reductions, key=lambda f: float(th @ f))
+    step = np.zeros(len(FEATURES))
+    step[STEP] = 1
+    parts = {"pipeline": pipe, "reduce": reduce, "step": step}
+    return pipe + reduce + step, parts
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    step_s: float
+    pipeline_s: float
+    reduce_s: float
+    bubble: float
+    tokens_per_s: float
+    tflops_per_gpu: float       # model FLOPs (MFU numerator)
+    hw_tflops_per_gpu: float    # with recompute, as Megatron-DeepSpeed logs it
+    mfu: float
+    hfu: float
+    features: Tuple[float, ...]
+
+
+def step_time(job: Job, lay: Layout, prof: Profile) -> TimeEstimate:
+    feats, parts = step_features(job, lay, prof)
+    th = theta(prof.constants)
+    step_s = float(th @ feats)
+    peak = prof.spec.matmul_tflops(job.precision) * 1e12
+    mf = model_flops(job.model, job.global_batch) / step_s / lay.world
+    hf = hardware_flops(job.model, job.global_batch, lay.recompute) / step_s / lay.world
+    bubble = (lay.pp - 1) / (lay.grad_accum + lay.pp - 1)
+    return TimeEstimate(step_s, float(th @ parts["pipeline"]), float(th @ parts["reduce"]), bubble,
+                        job.global_batch * job.model.seq_length / step_s, mf / 1e12, hf / 1e12,
+                        mf / peak, hf / peak, tuple(float(v) for v in feats))

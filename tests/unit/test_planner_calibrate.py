@@ -1,0 +1,140 @@
+"""Calibration on synthetic and recorded measurements, trial storage and resumption, and the
+Bayesian-optimisation loop with a fake runner. Failures point at calibrate.py, trials.py or
+bayes.py; nothing here launches the trainer."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from megatron.config import load_config
+from megatron.config.errors import InputError
+from megatron.planner.calibrate import calibrate, calibration_layouts, nnls, spearman
+from megatron.planner.hardware import ClusterSpec
+from megatron.planner.layout import Job
+from megatron.planner.memory import peak_memory
+from megatron.planner.profile import Constants, Profile, load_profile
+from megatron.planner.search import SearchSpace
+from megatron.planner.timing import step_time
+from megatron.planner.trials import TrialResult, TrialStore, summarize_metrics
+
+CPU = ClusterSpec("cpu-test", 8, 0.05, 4, 5, 5, hbm_gbps=5, fp32_tflops=0.05)
+TRUTH = Constants(gemm_eff=0.35, gemm_half_dim=32, hbm_eff=0.5, comm_eff=0.3,
+                  microbatch_overhead_s=0.02, step_overhead_s=0.15, act_scale=1.3, fixed_gb=0.4)
+
+
+def cpu_job():
+    cfg = load_config("examples/local/tiny.yaml", ["model.hidden_size=128"])
+    return Job(cfg.model, 16, "fp32")
+
+
+class FakeRunner:
+    """Measurements from the model under TRUTH constants, with 3% deterministic noise."""
+
+    def __init__(self, job):
+        self.job, self.calls = job, []
+        self.truth = Profile(CPU, TRUTH)
+
+    def run(self, lay):
+        self.calls.append(lay.key())
+        t = step_time(self.job, lay, self.truth).step_s
+        noise = 1 + 0.03 * np.sin(len(self.calls) * 1.7)
+        mem = peak_memory(self.job, lay, TRUTH).peak_gb
+        return TrialResult(lay.key(), lay.to_dict(), "ok", step_time_s=t * noise, mem_gb=mem,
+                           tokens_per_sec=self.job.global_batch * self.job.seq / t, steps=5)
+
+
+def test_nnls_and_spearman():
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert np.allclose(nnls(a, np.array([1.0, -1.0, 0.0])), [0.5, 0.0], atol=1e-9)
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)
+
+
+def test_fit_recovers_the_ranking_and_constants():
+    job = cpu_job()
+    prior = Profile(CPU, Constants())
+    layouts = calibration_layouts(job, prior, SearchSpace(), 12)
+    runner = FakeRunner(job)
+    trials = [runner.run(lay) for lay in layouts]
+    fitted, report = calibrate(job, prior, trials)
+    assert report.rel_rmse_after < 0.05 < report.rel_rmse_before
+    assert report.spearman >= 0.9
+    assert fitted.constants.gemm_eff == pytest.approx(TRUTH.gemm_eff, rel=0.3)
+    assert fitted.constants.act_scale == pytest.approx(TRUTH.act_scale, rel=0.05)
+    assert fitted.constants.fixed_gb == pytest.approx(TRUTH.fixed_gb, abs=0.05)
+
+
+def test_profile_round_trips_through_yaml(tmp_path):
+    prof = Profile(CPU, TRUTH, {"trials": 3})
+    path = tmp_path / "p.yaml"
+    prof.save(str(path))
+    back = load_profile(str(path))
+    assert back.spec == CPU and back.constants == TRUTH and back.fitted == {"trials": 3}
+
+
+def test_too_few_trials_is_a_clear_error():
+    job = cpu_job()
+    with pytest.raises(InputError, match="at least 3 successful trials"):
+        calibrate(job, Profile(CPU), [])
+
+
+def test_store_resumes_and_skips_bad_lines(tmp_path):
+    path = tmp_path / "trials.jsonl"
+    store = TrialStore(str(path))
+    store.append(TrialResult("a", {"tp": 1}, "failed", error="boom"))
+    with open(path, "a") as f:
+        f.write("{not json\n")
+    store.append(TrialResult("a", {"tp": 1}, "ok", step_time_s=1.5))
+    store.append(TrialResult("b", {"tp": 2}, "ok", step_time_s=2.0))
+    done = store.load()
+    assert set(done) == {"a", "b"} and done["a"].ok and done["a"].step_time_s == 1.5
+
+
+def test_summarize_metrics_skips_warmup_and_eval(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "step_time_s": 9.0, "tokens_per_sec": 1, "mem_gb": 0.5},
+            {"step": 2, "step_time_s": 1.0, "tokens_per_sec": 100, "mem_gb": 0.7},
+            {"step": 2, "split": "valid", "loss": 3.0},
+            {"step": 3, "step_time_s": 1.2, "tokens_per_sec": 90, "mem_gb": 0.6},
+            {"step": 4, "step_time_s": 1.1, "tokens_per_sec": 95, "mem_gb": 0.6}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    s = summarize_metrics(str(path), warmup=1)
+    assert s["step_time_s"] == pytest.approx(1.0) and s["step_time_median_s"] == pytest.approx(1.1)
+    assert s["mem_gb"] == 0.7 and s["steps"] == 4
+    no_time = [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
+    path.write_text("\n".join(json.dumps(r) for r in no_time) + "\n")
+    assert summarize_metrics(str(path), 1, tokens_per_step=950)["step_time_s"] == pytest.approx(9.5)
+
+
+def test_bayes_spends_the_budget_and_resumes(tmp_path):
+    pytest.importorskip("optuna", reason="Bayesian optimisation needs the 'plan' extra")
+    from megatron.planner.bayes import bayes_search
+    job = cpu_job()
+    prof = Profile(CPU, Constants())
+    store = TrialStore(str(tmp_path / "trials.jsonl"))
+    runner = FakeRunner(job)
+    first = bayes_search(job, prof, runner, store, budget=5, seed=1)
+    assert len(runner.calls) == 5 == len(set(runner.calls)) == len(first)
+    again = FakeRunner(job)
+    second = bayes_search(job, prof, again, store, budget=3, seed=2)
+    assert not set(again.calls) & set(runner.calls)  # stored layouts are not rerun
+    assert len(second) == 8
+    # the planner's top prediction is among the first layouts tried
+    top = calibration_layouts(job, prof, SearchSpace(), 1)[0].key()
+    assert top in runner.calls[:3]
+
+
+def test_recorded_cpu_trials_fit(tmp_path):
+    """Trials recorded from real 2-rank CPU runs of the tiny config (tests/unit/data, from
+    benchmarks/planner_ranking.py): the fit must rank them as they ran."""
+    import os
+    path = os.path.join(os.path.dirname(__file__), "data", "planner_trials_cpu.jsonl")
+    trials = list(TrialStore(path).load().values())
+    job = Job(load_config("examples/local/tiny.yaml").model, 16, "fp32")
+    spec = dataclasses.replace(CPU, gpus_per_node=2)
+    fitted, report = calibrate(job, Profile(spec, Constants()), trials)
+    assert report.trials >= 6
+    assert report.rel_rmse_after < report.rel_rmse_before
+    assert report.spearman >= 0.8

@@ -1,0 +1,118 @@
+"""Memory exactness: the planner's per-rank parameter, gradient and optimizer bytes against hand
+counts and against the real model. A failure here localizes a disagreement between
+megatron/planner/params.py (or memory.state_bytes) and megatron/model/ or DeepSpeed."""
+import re
+
+import pytest
+
+from megatron.config import load_config
+from megatron.planner.layout import stage_layers
+from megatron.planner.memory import state_bytes
+from megatron.planner.params import model_params, padded_vocab, stage_params
+
+TINY = "examples/local/tiny.yaml"
+
+
+def tiny(*overrides):
+    return load_config(TINY, list(overrides))
+
+
+def test_padded_vocab_follows_the_data_helper():
+    from megatron.data.vocab import padded_vocab_size
+    for vocab, tp in ((50257, 1), (50257, 4), (50257, 8), (512, 2), (1000, 3)):
+        assert padded_vocab(vocab, 128, tp) == padded_vocab_size(vocab, 128, tp)
+    assert padded_vocab(50257, 128, 4) == 50688
+
+
+def test_tiny_counts_by_hand():
+    # h=64, 4 layers, 4 heads, ffn 256, vocab 512, seq 64: LayerNorm, GeLU, biases, tied, learned.
+    m = tiny().model
+    h, f, v, s = 64, 256, 512, 64
+    layer = (2 * 2 * h            # two LayerNorms, weight + bias
+             + 3 * h * h + 3 * h  # fused QKV and its bias
+             + h * h + h          # attention output and its (replicated) bias
+             + f * h + f          # fc1
+             + h * f + h)         # fc2
+    assert layer == 49984
+    whole = 4 * layer + v * h + s * h + 2 * h
+    assert stage_params(m, 1, 1, 0).total == whole == 236928  # the trainer logs 236928
+    # TP=2: every matrix and column-parallel bias halves; norms and row-parallel biases stay.
+    layer_tp2 = 4 * h + (3 * h * h + 3 * h) // 2 + h * h // 2 + h + (f * h + f) // 2 + h * f // 2 + h
+    assert stage_params(m, 2, 1, 0).total == 4 * layer_tp2 + v * h // 2 + s * h + 2 * h
+    # PP=2, tied: the last stage rebuilds the embedding module (word slice + position table).
+    first, last = stage_params(m, 1, 2, 0), stage_params(m, 1, 2, 1)
+    assert first.total == 2 * layer + v * h + s * h
+    assert last.total == 2 * layer + 2 * h + v * h + s * h
+
+
+def test_gqa_swiglu_rmsnorm_untied_by_hand():
+    m = tiny("model.activation=swiglu", "model.num_query_groups=2", "model.normalization=rmsnorm",
+             "model.add_bias_linear=false", "model.tie_embeddings=false",
+             "model.position_embedding_type=rotary").model
+    h, d, f = 64, 16, m.ffn_hidden_size
+    assert f == 192  # 8h/3 rounded up to 64
+    layer = 2 * h + (4 + 2 * 2) * d * h // 2 + h * h // 2 + 2 * f * h // 2 + h * f // 2
+    assert stage_params(m, 2, 1, 0).total == 4 * layer + 2 * (512 * h // 2) + h
+    assert stage_params(m, 2, 2, 1).total == 2 * layer + 512 * h // 2 + h
+
+
+def test_uneven_stages_give_first_stages_the_remainder():
+    assert stage_layers(96, 5) == [20, 19, 19, 19, 19]
+    assert stage_layers(13, 8) == [2, 2, 2, 2, 2, 1, 1, 1]
+
+
+def test_175b_has_175b_parameters():
+    from megatron.planner.models import preset_model
+    assert abs(model_params(preset_model("175b")) / 1e9 - 174.6) < 0.1
+
+
+def test_mixed_precision_bytes_per_parameter():
+    n = 1_000_000
+    # ZeRO-0 with fp16: 2 (weights) + 2 (grads) + 4 + 4 + 4 (master, Adam moments)
+    s = state_bytes(n, 0, "fp16", 0, 1, 8, 5e8)
+    assert (s.weights, s.grads, s.optimizer) == (2 * n, 2 * n, 12 * n)
+    # ZeRO-1 shards the 12 optimizer bytes, ZeRO-2 also the gradients, ZeRO-3 also the weights
+    z1, z2, z3 = (state_bytes(n, 0, "bf16", z, 1, 8, 5e8) for z in (1, 2, 3))
+    assert (z1.weights, z1.grads, z1.optimizer) == (2 * n, 2 * n, 12 * n / 8)
+    assert (z2.weights, z2.grads) == (2 * n, 2 * n / 8)
+    assert z3.weights == 2 * n / 8 and z3.grads == 2 * n / 8
+    # fp32 without ZeRO: the torch optimizer, no master copy
+    f = state_bytes(n, 0, "fp32", 0, 1, 8, 5e8)
+    assert (f.weights, f.grads, f.optimizer) == (4 * n, 4 * n, 8 * n)
+
+
+LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4)]
+VARIANTS = [(), ("model.activation=swiglu", "model.num_query_groups=2",
+                 "model.normalization=rmsnorm", "model.add_bias_linear=false",
+                 "model.tie_embeddings=false", "model.position_embedding_type=rotary")]
+
+
+def _measured_stage_params(cfg, tp, pp, rank):
+    """Parameters the real model puts on `rank`: build_model for PP=1; for PP>1 the pipeline
+    layer list cut where DeepSpeed's `type:LayerStage` partitioning cuts it."""
+    from deepspeed.runtime import utils as ds_utils
+    from megatron.model import build_context, build_model, pipeline_layers
+    from megatron.parallel.state import ParallelState
+
+    m = cfg.model
+    state = ParallelState(tp=tp, pp=pp, dp=1, rank=rank)
+    vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    if pp == 1:
+        return sum(p.numel() for p in build_model(cfg, state, vocab).parameters())
+    layers = pipeline_layers(cfg, build_context(cfg, state, vocab))
+    weights = [1 if re.search("LayerStage", layer.cls.__name__) else 0 for layer in layers]
+    parts = ds_utils.partition_balanced(weights=weights, num_parts=pp)
+    stage = state.pp_rank
+    mods = [layer.cls(*layer.args) for layer in layers[parts[stage]:parts[stage + 1]]]
+    return sum(p.numel() for mod in mods for p in mod.parameters())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["gpt", "llama-like"])
+@pytest.mark.parametrize("tp,pp", LAYOUTS)
+def test_per_rank_params_equal_the_real_model(tp, pp, variant):
+    pytest.importorskip("megatron.model.gpt")
+    cfg = tiny(*variant)
+    for rank in range(tp * pp):
+        stage = rank // tp
+        predicted = stage_params(cfg.model, tp, pp, stage).total
+        assert predicted == _measured_stage_params(cfg, tp, pp, rank), (tp, pp, rank)

@@ -1,0 +1,77 @@
+"""The layout search and what it writes. Failures name the part: enumeration rules, the paper's
+layout lessons, the emitted config (must load and validate as the trainer does) or sbatch."""
+import pytest
+
+from megatron.config import load_config, validate_for_world
+from megatron.config.errors import InputError
+from megatron.planner import emit
+from megatron.planner.layout import Job, layout_problem
+from megatron.planner.models import preset_model
+from megatron.planner.profile import load_profile
+from megatron.planner.search import SearchSpace, enumerate_layouts, search
+
+FRONTIER = load_profile("frontier")
+
+
+def test_enumerated_layouts_respect_the_trainer_rules():
+    job = Job(preset_model("22b"), 512, "bf16")
+    layouts = list(enumerate_layouts(job, 64, 8, SearchSpace()))
+    assert layouts
+    for lay in layouts:
+        assert lay.world == 64 and lay.global_batch == 512 and lay.tp <= 8
+        assert not (lay.pp > 1 and lay.zero > 1)
+        assert layout_problem(job, lay) is None
+
+
+def test_best_175b_layouts_on_1024_gcds_keep_tp_inside_a_node():
+    # The paper's lesson, checked with TP across nodes allowed: the fastest layouts that fit
+    # still keep tensor parallelism within one node (<= 8 GCDs) and pipeline across nodes.
+    job = Job(preset_model("175b"), 1280, "bf16")
+    result = search(job, 128, FRONTIER, SearchSpace(max_tp=32, sequence_parallel=(False,),
+                                                     recompute=("none", "full")))
+    assert any(lay.tp > 8 for lay in (c.layout for c in result.ranked))  # they were candidates
+    top = result.ranked[:20]
+    assert all(c.layout.tp <= 8 for c in top)
+    assert all(c.layout.pp > 1 for c in top)
+    assert all(c.memory.reserved_gb <= 64 for c in result.ranked)
+
+
+def test_ranking_is_fastest_first():
+    job = Job(preset_model("gpt3-1.3b"), 256, "bf16")
+    ranked = search(job, 2, load_profile("a100")).ranked
+    # ties to 4 significant digits are broken by memory, so compare at that precision
+    speeds = [float(f"{c.time.tokens_per_s:.4g}") for c in ranked]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+def test_nothing_fits_explains_why():
+    result = search(Job(preset_model("1t"), 64, "bf16"), 1, FRONTIER)
+    assert not result.ranked
+    with pytest.raises(InputError, match="no layout of 8 devices fits"):
+        result.best
+
+
+def test_best_config_loads_and_validates(tmp_path):
+    job = Job(preset_model("gpt3-350m"), 64, "bf16")
+    best = search(job, 1, load_profile("h100")).best
+    cfg = emit.layout_config(load_config(), job, best.layout, run_dir=str(tmp_path / "run"),
+                             paper_optimizer=True)
+    path = tmp_path / "best.yaml"
+    path.write_text(emit.config_yaml(cfg, best, "h100", 1))
+    loaded = load_config(str(path))
+    assert validate_for_world(loaded, best.layout.world) == best.layout.dp
+    assert loaded.parallel.tensor_parallel_size == best.layout.tp
+    assert loaded.training.micro_batch_size == best.layout.micro_batch
+    assert loaded.training.activation_checkpointing == best.layout.recompute
+    assert loaded.model.hidden_size == 1024 and loaded.optimizer.lr == 6e-5
+
+
+def test_frontier_sbatch_script():
+    text = emit.sbatch_script(FRONTIER.spec, 16, "best.yaml")
+    assert "#SBATCH -N 16" in text
+    assert ("srun --ntasks-per-node=8 --gpus-per-node=8 --gpu-bind=closest -c 7 "
+            "python -m megatron.cli.train --config best.yaml") in text
+    for var in ("NCCL_SOCKET_IFNAME=\"hsn0,hsn1,hsn2,hsn3\"", "NCCL_NET_GDR_LEVEL=\"3\"",
+                "FI_CXI_DEFAULT_CQ_SIZE=\"131072\"", "FI_MR_CACHE_MONITOR=\"userfaultfd\"",
+                "MIOPEN_USER_DB_PATH", "OMP_NUM_THREADS=\"1\"", "LD_LIBRARY_PATH"):
+        assert var in text
