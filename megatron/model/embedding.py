@@ -15,7 +15,7 @@ from megatron.parallel.random import dropout, seed_for
 class Embedding(nn.Module):
     """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism)."""
 
-    def __init__(self, cfg, state, vocab_size: int, tracker):
+    def __init__(self, cfg, state, vocab_size: int, tracker, with_positions: bool = True):
         super().__init__()
         m, seed = cfg.model, cfg.training.seed
         self.state, self.tracker, self.p = state, tracker, m.hidden_dropout
@@ -24,7 +24,7 @@ class Embedding(nn.Module):
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
         self.position_embeddings = None
-        if m.position_embedding_type == "learned":
+        if m.position_embedding_type == "learned" and with_positions:
             self.position_embeddings = nn.Parameter(full_normal(
                 (m.max_position_embeddings, m.hidden_size), m.init_method_std,
                 seed_for(seed, "position_embedding")))

@@ -44,8 +44,8 @@ class FinalNorm(Norm):
 
 
 class EmbeddingStage(Embedding):
-    def __init__(self, cfg, ctx: ModelContext):
-        super().__init__(cfg, ctx.state, ctx.vocab_size, ctx.tracker)
+    def __init__(self, cfg, ctx: ModelContext, with_positions: bool = True):
+        super().__init__(cfg, ctx.state, ctx.vocab_size, ctx.tracker, with_positions)
 
 
 class LayerStage(TransformerLayer):
@@ -98,7 +98,8 @@ def pipeline_layers(cfg, ctx: ModelContext) -> List[PipeLayer]:
     layers += [PipeLayer(LayerStage, (cfg, ctx, i)) for i in range(cfg.model.num_layers)]
     layers.append(PipeLayer(FinalNorm, (cfg, ctx)))
     if tied:
-        layers.append(PipeLayer(EmbeddingStage, (cfg, ctx), tie_key="embed",
+        # The last stage's copy only serves the tied output head: no position table there.
+        layers.append(PipeLayer(EmbeddingStage, (cfg, ctx, False), tie_key="embed",
                                 forward_fn=_tied_logits))
     else:
         layers.append(PipeLayer(OutputStage, (cfg, ctx)))

@@ -6,8 +6,8 @@ attention output, row-parallel, [h, h]; norm2; MLP fc1 column-parallel ([ffn, h]
 the row-parallel weights are split over TP; norms and row-parallel biases are replicated. The
 vocab-parallel embedding is split over TP; learned positions are replicated on the first stage.
 The last stage holds the final norm and either the untied output layer or, when PP > 1 and the
-embeddings are tied, a copy of the whole embedding module (DeepSpeed's TiedLayerSpec builds the
-module again): the tied word embedding and, with learned positions, an unused position table."""
+embeddings are tied, a second copy of the tied word embedding (DeepSpeed's TiedLayerSpec builds
+the module again on that stage, without a position table)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,7 +76,7 @@ def stage_params(m: ModelConfig, tp: int, pp: int, stage: int) -> StageParams:
     if last and not m.tie_embeddings:
         output = embed
     elif last and pp > 1:
-        output = embed + (positions if learned else 0)
+        output = embed
     return StageParams(layers=layers, transformer=layers * layer_params(m, tp),
                        word_embedding=embed if first else 0,
                        position_embedding=positions if first and learned else 0,

@@ -39,10 +39,10 @@ def test_tiny_counts_by_hand():
     # TP=2: every matrix and column-parallel bias halves; norms and row-parallel biases stay.
     layer_tp2 = 4 * h + (3 * h * h + 3 * h) // 2 + h * h // 2 + h + (f * h + f) // 2 + h * f // 2 + h
     assert stage_params(m, 2, 1, 0).total == 4 * layer_tp2 + v * h // 2 + s * h + 2 * h
-    # PP=2, tied: the last stage rebuilds the embedding module (word slice + position table).
+    # PP=2, tied: the last stage holds a second copy of the word embedding (no position table).
     first, last = stage_params(m, 1, 2, 0), stage_params(m, 1, 2, 1)
     assert first.total == 2 * layer + v * h + s * h
-    assert last.total == 2 * layer + 2 * h + v * h + s * h
+    assert last.total == 2 * layer + 2 * h + v * h
 
 
 def test_gqa_swiglu_rmsnorm_untied_by_hand():
