@@ -1,8 +1,9 @@
 """Dispatch between fused kernels and the torch references.
 
 KernelSelection is built once at startup from kernels.mode and the device; `fused` that cannot
-run raises there, `auto` falls back with one log line per op. Until fused kernels are built for
-this device every op uses its reference."""
+run raises there, `auto` falls back with one log line per op. A selected fused op still sends
+calls outside its kernel's contract (CPU tensors, float64, undocumented shapes; see
+fused.accepts) to the reference, so selection never changes what a caller may pass."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,8 @@ from typing import Dict, Optional
 import torch
 
 from megatron.config.errors import ConfigError
-from megatron.kernels import reference
+from megatron.kernels import fused, reference
+from megatron.kernels.loader import unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -21,15 +23,15 @@ OPS = ("layer_norm", "rms_norm", "scaled_masked_softmax", "scaled_causal_softmax
 
 def fused_available(op: str, device: torch.device) -> Optional[str]:
     """None when the fused op can run on `device`, else the reason it cannot."""
-    if device.type != "cuda":
-        return "fused kernels run on GPUs only; this device is the CPU"
-    return "no fused kernel build is installed (see megatron-kernels)"
+    return unavailable_reason(op, device)
 
 
 class KernelSelection:
     def __init__(self, mode: str = "torch", device: torch.device = torch.device("cpu")):
         self.mode = mode
+        self.device = device
         self.use_fused: Dict[str, bool] = {}
+        self.reasons: Dict[str, str] = {}
         for op in OPS:
             if mode == "torch":
                 self.use_fused[op] = False
@@ -39,36 +41,64 @@ class KernelSelection:
                 raise ConfigError("kernels.mode", mode, f"a mode this device can run: fused "
                                   f"{op} is unavailable ({reason})", "use kernels.mode=auto or torch")
             if reason:
-                log.info("kernels: %s uses the torch reference (%s)", op, reason)
+                self.reasons[op] = reason
             self.use_fused[op] = reason is None
+        self._log_fallbacks()
+
+    def _log_fallbacks(self) -> None:
+        # Once per distinct reason: on a CPU every op falls back for the same one.
+        by_reason: Dict[str, list] = {}
+        for op, reason in self.reasons.items():
+            by_reason.setdefault(reason, []).append(op)
+        for reason, ops in by_reason.items():
+            log.info("kernels: %s use%s the torch reference (%s)", ", ".join(ops),
+                     "s" if len(ops) == 1 else "", reason)
 
 
 _DEFAULT = KernelSelection()
 
 
+def _fused(sel: KernelSelection, op: str, *args) -> bool:
+    return sel.use_fused.get(op, False) and fused.accepts(op, *args)
+
+
 def layer_norm(x, weight, bias, eps, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "layer_norm", x, weight, bias):
+        return fused.layer_norm(x, weight, bias, eps)
     return reference.layer_norm(x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "rms_norm", x, weight):
+        return fused.rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 
 
 def scaled_masked_softmax(scores, mask, scale, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "scaled_masked_softmax", scores, mask):
+        return fused.scaled_masked_softmax(scores, mask, scale)
     return reference.scaled_masked_softmax(scores, mask, scale)
 
 
 def scaled_causal_softmax(scores, scale, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "scaled_causal_softmax", scores):
+        return fused.scaled_causal_softmax(scores, scale)
     return reference.scaled_causal_softmax(scores, scale)
 
 
 def rotary(x, cos, sin, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "rotary", x, cos, sin):
+        return fused.rotary(x, cos, sin)
     return reference.rotary(x, cos, sin)
 
 
 def bias_gelu(x, bias, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "bias_gelu", x, bias):
+        return fused.bias_gelu(x, bias)
     return reference.bias_gelu(x, bias)
 
 
 def swiglu(gate, up, sel: KernelSelection = _DEFAULT):
+    if _fused(sel, "swiglu", gate, up):
+        return fused.swiglu(gate, up)
     return reference.swiglu(gate, up)

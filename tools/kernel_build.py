@@ -1,0 +1,159 @@
+"""Ahead-of-time build of the fused GPU kernels; setup.py calls kernel_extensions().
+
+- ROCm torch: tools/hipify_build.py converts csrc/ into build/hip, then one CUDAExtension per op
+  family is compiled by hipcc for PYTORCH_ROCM_ARCH (default gfx90a = MI250X; gfx942 = MI300X).
+- CUDA torch: the same extensions from csrc/ for TORCH_CUDA_ARCH_LIST (default "8.0;9.0").
+- CPU torch: no kernel extensions ([], {}); the C++ data helper is built by setup.py itself.
+
+MAX_JOBS bounds parallel compilation (ninja reads it; without ninja it sets build_ext -j). The
+build writes megatron/kernels/_build_info.json (torch, HIP/CUDA version, architectures, ops),
+which megatron.kernels checks at load time against the running GPU and torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Mapping, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "megatron.kernels"
+BUILD_INFO = "_build_info.json"
+DEFAULT_ROCM_ARCH = "gfx90a"
+DEFAULT_CUDA_ARCH = "8.0;9.0"
+
+# Extension module -> its two translation units (relative to csrc/) and the ops it provides.
+# megatron/kernels/loader.py keeps the same table; a unit test checks that they agree.
+MODULES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
+    "_fused_softmax": (("bindings/softmax.cpp", "kernels/instantiate/softmax.cu"),
+                       ("scaled_masked_softmax", "scaled_causal_softmax")),
+    "_fused_norm": (("bindings/norm.cpp", "kernels/instantiate/norm.cu"),
+                    ("layer_norm", "rms_norm")),
+    "_fused_rotary": (("bindings/rotary.cpp", "kernels/instantiate/rotary.cu"), ("rotary",)),
+    "_fused_activation": (("bindings/activation.cpp", "kernels/instantiate/activation.cu"),
+                          ("bias_gelu", "swiglu")),
+}
+
+
+class KernelBuildError(ValueError):
+    """A build setting is wrong; the message names the variable, the value and the fix."""
+
+
+def rocm_archs(env: Mapping[str, str]) -> List[str]:
+    raw = env.get("PYTORCH_ROCM_ARCH") or DEFAULT_ROCM_ARCH
+    archs = [a for a in re.split(r"[;\s,]+", raw) if a]
+    for arch in archs:
+        # The kernels assume 64-lane wavefronts: CDNA (gfx9xx). RDNA (gfx10+) runs 32 lanes.
+        if not re.fullmatch(r"gfx9[0-9a-f]+(:[a-z+-]+)*", arch):
+            raise KernelBuildError(
+                f"PYTORCH_ROCM_ARCH={raw!r}: {arch!r} is not a CDNA target; expected e.g. "
+                f"gfx90a (MI250X) or gfx942 (MI300X), separated by ';'")
+    return archs
+
+
+def cuda_archs(env: Mapping[str, str]) -> Tuple[List[str], bool]:
+    """('8.0;9.0+PTX') -> (['sm_80', 'sm_90'], True). PTX is only embedded when asked for: the
+    driver would JIT-compile it on a newer GPU, and this project compiles ahead of time."""
+    raw = env.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCH
+    archs, ptx = [], False
+    for item in (a for a in re.split(r"[;\s,]+", raw) if a):
+        match = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", item)
+        if not match:
+            raise KernelBuildError(f"TORCH_CUDA_ARCH_LIST={raw!r}: cannot read {item!r}; expected "
+                                   f"compute capabilities like '8.0;9.0' (A100, H100/H200)")
+        if int(match.group(1)) < 7:
+            raise KernelBuildError(f"TORCH_CUDA_ARCH_LIST={raw!r}: {item} predates bf16 support "
+                                   f"in these kernels; use 7.0 or newer (8.0 recommended)")
+        archs.append(f"sm_{match.group(1)}{match.group(2)}{match.group(3)}")
+        ptx = ptx or bool(match.group(4))
+    return archs, ptx
+
+
+def arch_flags(vendor: str, archs: List[str], ptx: bool) -> List[str]:
+    if vendor == "rocm":
+        return [f"--offload-arch={a}" for a in archs]
+    flags = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+    if ptx:
+        flags.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")
+    return flags
+
+
+def build_info(vendor: str, archs: List[str], ptx: bool) -> dict:
+    import torch
+    return {
+        "schema": 1,
+        "vendor": vendor,
+        "torch": torch.__version__,
+        "toolkit": torch.version.hip if vendor == "rocm" else torch.version.cuda,
+        "archs": archs,
+        "ptx": ptx,
+        "modules": {name: list(ops) for name, (_, ops) in MODULES.items()},
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _sources(vendor: str) -> Dict[str, List[str]]:
+    if vendor == "cuda":
+        return {name: [f"csrc/{s}" for s in srcs] for name, (srcs, _) in MODULES.items()}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hipify_build import hipify_tree
+    result = hipify_tree(ROOT / "build" / "hip")
+    return {name: [os.path.relpath(result.path(s), ROOT) for s in srcs]
+            for name, (srcs, _) in MODULES.items()}
+
+
+def _build_ext_class(info: dict):
+    from torch.utils.cpp_extension import BuildExtension
+
+    class BuildKernels(BuildExtension):
+        """torch's BuildExtension, plus MAX_JOBS without ninja and the build-info record."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            jobs = os.environ.get("MAX_JOBS", "")
+            if jobs.isdigit() and not self.parallel:
+                self.parallel = int(jobs)
+
+        def run(self):
+            super().run()
+            text = json.dumps(info, indent=1, sort_keys=True) + "\n"
+            targets = [Path(self.build_lib) / "megatron" / "kernels"]
+            if self.inplace:
+                targets.append(ROOT / "megatron" / "kernels")
+            for folder in targets:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / BUILD_INFO).write_text(text)
+
+    return BuildKernels
+
+
+def kernel_extensions(env: Mapping[str, str] = os.environ):
+    """(extensions, cmdclass) for setup(); ([], {}) with a CPU build of torch."""
+    try:
+        import torch
+    except ImportError:
+        # pip's isolated build environment has no torch: the kernels must be compiled against
+        # the torch that will run them, which is what --no-build-isolation provides.
+        print("kernel_build: torch is not importable here; no fused kernels are built "
+              "(install with --no-build-isolation)")
+        return [], {}
+    if torch.version.hip:
+        vendor, (archs, ptx) = "rocm", (rocm_archs(env), False)
+    elif torch.version.cuda:
+        vendor, (archs, ptx) = "cuda", cuda_archs(env)
+    else:
+        return [], {}
+    from torch.utils.cpp_extension import CUDAExtension
+    flags = arch_flags(vendor, archs, ptx)
+    print(f"kernel_build: {vendor} {torch.version.hip or torch.version.cuda}, torch "
+          f"{torch.__version__}, targets {' '.join(archs)}")
+    extensions = [
+        CUDAExtension(name=f"{PACKAGE}.{name}", sources=sources,
+                      extra_compile_args={"cxx": ["-O3"],
+                                          "nvcc": ["-O3"] + flags})
+        for name, sources in _sources(vendor).items()
+    ]
+    return extensions, {"build_ext": _build_ext_class(build_info(vendor, archs, ptx))}
