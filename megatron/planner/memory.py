@@ -42,6 +42,22 @@ def optimizer_kind(precision: str, zero: int, pp: int) -> str:
     return "bf16" if precision == "bf16" and pp > 1 else "fp16"
 
 
+# DeepSpeed's stage3_max_reuse_distance (this project leaves it at its default): a gathered
+# parameter is not released while it recurs within this many parameter elements of the
+# upcoming module trace.
+ZERO3_REUSE_ELEMS = 1e9
+
+
+def zero3_gathered_elems(n: int, layer_params: int) -> float:
+    """Elements ZeRO-3 holds gathered whole at the backward peak, besides its partition. Once the
+    trace is recorded (from the second step on) DeepSpeed releases a parameter only if it does
+    not recur within max_reuse_distance elements; backward revisits the forward's modules in
+    reverse, so up to that distance of the stage stays gathered from forward into backward,
+    plus the layer in use and the one being prefetched. A stage under 1e9 parameters per rank
+    therefore holds all its weights whole."""
+    return min(float(n), ZERO3_REUSE_ELEMS + 2 * layer_params)
+
+
 def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, dp: int,
                 bucket_elems: float) -> StateBytes:
     """Bytes of weights, gradients and optimizer states one rank holds for its n parameters."""
@@ -56,8 +72,7 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     bucket = bucket_elems * lp
     weights = lp * n / dp if zero == 3 else lp * n
     if zero == 3:
-        # the layer in use and the one being prefetched are gathered whole
-        weights += 2 * lp * layer_params
+        weights += lp * zero3_gathered_elems(n, layer_params)
     grads = lp * n if zero == 1 else lp * n / dp
     # ZeRO-1 under the pipeline engine allocates its bucket in reduce_gradients, after the last
     # micro-batch; otherwise the bucket exists from the first backward on.

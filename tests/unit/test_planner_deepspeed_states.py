@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from megatron.planner.memory import state_bytes
+from megatron.planner.memory import state_bytes, zero3_gathered_elems
 from megatron.planner.params import padded_vocab, stage_params
 
 # (zero, precision, tp, pp) on 2 ranks
@@ -109,8 +109,9 @@ def test_state_bytes_equal_deepspeed_tensors(tmp_path):
             assert got["n"] == sp.total, got
             want = state_bytes(sp.total, sp.max_layer, precision, zero, pp, 2 // (tp * pp), 0)
             where = f"ZeRO-{zero} {precision} TP{tp} PP{pp} rank {rank}"
-            # ZeRO-3 also gathers two layers whole in flight; at rest only the shard is held
-            weights = want.weights - (2 * 2 * sp.max_layer if zero == 3 else 0)
+            # ZeRO-3 gathers weights whole in flight (memory.zero3_gathered_elems); at rest
+            # only the partition is held
+            weights = want.weights - (2 * zero3_gathered_elems(sp.total, sp.max_layer) if zero == 3 else 0)
             assert got["weights"] == weights, where
             assert got["optimizer"] == want.optimizer, where
             if got["grads"] is None:

@@ -7,7 +7,7 @@ import pytest
 
 from megatron.config import load_config
 from megatron.planner.layout import stage_layers
-from megatron.planner.memory import state_bytes
+from megatron.planner.memory import state_bytes, zero3_gathered_elems
 from megatron.planner.params import model_params, padded_vocab, stage_params
 
 TINY = "examples/local/tiny.yaml"
@@ -75,7 +75,9 @@ def test_mixed_precision_bytes_per_parameter():
     z1, z2, z3 = (state_bytes(n, 0, "bf16", z, 1, 8, 5e8) for z in (1, 2, 3))
     assert (z1.weights, z1.grads, z1.optimizer) == (2 * n, 2 * n, 12 * n / 8)
     assert (z2.weights, z2.grads) == (2 * n, 2 * n / 8)
-    assert z3.weights == 2 * n / 8 and z3.grads == 2 * n / 8
+    # ZeRO-3 also holds gathered weights at the peak: all of them under its 1e9 reuse distance
+    assert z3.weights == 2 * n / 8 + 2 * n and z3.grads == 2 * n / 8
+    assert zero3_gathered_elems(3e9, 1e6) == 1e9 + 2e6
     # fp32 without ZeRO: the torch optimizer, no master copy
     f = state_bytes(n, 0, "fp32", 0, 1, 8, 5e8)
     assert (f.weights, f.grads, f.optimizer) == (4 * n, 4 * n, 8 * n)

@@ -1,0 +1,104 @@
+"""Worker for test_planner_measured_peak.py: under torchrun, trains each requested layout for a
+few steps in this one process and measures how much resident memory the run adds on top of
+what the process already held (interpreter, torch, DeepSpeed, the process group).
+
+Per layout: collect garbage, read VmRSS (the baseline), reset the peak (writing "5" to
+/proc/self/clear_refs resets VmHWM on Linux), train, read VmHWM. The delta is what the model's
+tensors, the optimizer and the activations took at their peak. Each rank writes its figures to
+<out>/rank<R>.json. Run with MALLOC_MMAP_THRESHOLD_ set (the test does) so that glibc serves
+large tensors with mmap and returns them on free: otherwise one layout's freed heap is reused
+by the next and the delta under-counts.
+
+    torchrun --nproc_per_node 2 tests/unit/planner_mem_worker.py --out DIR --layouts tp2,pp2
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import re
+import time
+
+from megatron.config import load_config
+from megatron.training.loop import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+
+# ~29.5M parameters (8 x 3.15M per layer + a 8192 x 512 tied embedding + 256 x 512 positions):
+# fp32 weights, gradients and Adam states are hundreds of MB, well above allocator noise.
+MODEL = ["model.num_layers=8", "model.hidden_size=512", "model.num_attention_heads=8",
+         "model.seq_length=128", "model.vocab_size=8192", "model.attention_backend=sdpa",
+         "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
+         "training.precision=fp32", "training.micro_batch_size=2", "training.tensorboard=false",
+         "data.synthetic=true"]
+# Two steps: the first creates the Adam moments, so the backward of the second is the first to
+# run with every state allocated.
+STEPS = 2
+
+# name: (overrides, gradient accumulation). PP gets two micro-batches so that stage 0 holds two
+# in flight under 1F1B; the others run one per step (the 2-core budget).
+LAYOUTS = {
+    "tp2": (["parallel.tensor_parallel_size=2", "parallel.zero_stage=1"], 1),
+    "pp2": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1"], 2),
+    "dp2_zero1": (["parallel.zero_stage=1"], 1),
+    "dp2_zero3": (["parallel.zero_stage=3"], 1),
+    "single": (["parallel.zero_stage=0"], 1),
+}
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024.0
+
+
+def layout_overrides(layout: str, world: int):
+    """The config overrides of `layout` on `world` ranks and its (tp, pp, dp, micro-batch, ga)."""
+    items, ga = LAYOUTS[layout]
+    over = dict(item.split("=", 1) for item in items)
+    tp = int(over.get("parallel.tensor_parallel_size", 1))
+    pp = int(over.get("parallel.pipeline_parallel_size", 1))
+    dp = world // (tp * pp)
+    mb = int(dict(item.split("=", 1) for item in MODEL)["training.micro_batch_size"])
+    overrides = MODEL + items + [f"training.global_batch_size={mb * dp * ga}",
+                                 f"training.train_iters={STEPS}"]
+    return overrides, (tp, pp, dp, mb, ga)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, help="a directory shared by the ranks")
+    p.add_argument("--layouts", required=True)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    # Warm-up: the first train() imports DeepSpeed, joins the process group and starts torch's
+    # thread pools; none of that belongs to a layout's figure.
+    train(load_config(TINY, ["training.train_iters=1", "training.tensorboard=false",
+                             f"training.global_batch_size={2 * world}", "parallel.zero_stage=1",
+                             f"run.dir={os.path.join(args.out, 'warmup')}"]))
+    results = {}
+    for layout in args.layouts.split(","):
+        overrides, _ = layout_overrides(layout, world)
+        cfg = load_config(TINY, overrides + [f"run.dir={os.path.join(args.out, layout)}"])
+        gc.collect()
+        base = _status_mib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        t0 = time.perf_counter()
+        summary = train(cfg)
+        seconds = time.perf_counter() - t0
+        peak = _status_mib("VmHWM")
+        del summary
+        results[layout] = {"baseline_mib": base, "peak_mib": peak, "delta_mib": peak - base,
+                           "seconds": seconds}
+        gc.collect()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
