@@ -129,8 +129,8 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
 
 
 def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0):
-    """DataIterators over data.paths: train resumes at consumed_samples; valid restarts at its
-    first sample on every call, so successive evaluations compare like with like."""
+    """DataIterators over data.paths: train resumes at consumed_samples; valid and test restart
+    at their first sample on every call, so successive evaluations compare like with like."""
     from megatron.data.iterators import DataIterators, micro_batches
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
 
@@ -151,6 +151,10 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
                    dp_size=dp_size)
     train_iter = micro_batches(train.__getitem__, len(train), consumed_samples, **batches)
 
-    def valid_iter():
-        return micro_batches(valid.__getitem__, len(valid), 0, **batches)
-    return DataIterators(train_iter, valid_iter if valid is not None else None, vocab_size)
+    test = build_split("test", datasets, weights, num_samples=t.eval_iters * gb, **common)
+
+    def held_out(split):
+        if split is None:
+            return None
+        return lambda: micro_batches(split.__getitem__, len(split), 0, **batches)
+    return DataIterators(train_iter, held_out(valid), vocab_size, held_out(test))

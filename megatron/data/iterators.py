@@ -21,6 +21,8 @@ class DataIterators:
     # A fresh iterator over the validation samples, or None when there is no validation split.
     valid: Callable[[], Iterator[Batch]] | None
     vocab_size: int  # unpadded; the model pads it
+    # Like valid, over the test split; evaluated once after training. None without a test split.
+    test: Callable[[], Iterator[Batch]] | None = None
 
 
 def micro_batches(sample_fn: Callable[[int], np.ndarray], num_samples: int, start: int,

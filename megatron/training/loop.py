@@ -33,6 +33,7 @@ class RunSummary:
     valid_losses: List[float] = field(default_factory=list)
     step_times: List[float] = field(default_factory=list)
     stopped_early: bool = False
+    test_loss: Optional[float] = None
 
 
 class _StopFlag:
@@ -70,15 +71,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _evaluate(cfg, engine: Engine, data, step: int, writer) -> Optional[float]:
-    if data.valid is None:
+def _evaluate(cfg, engine: Engine, batches, step: int, writer, split: str = "valid"
+              ) -> Optional[float]:
+    if batches is None:
         return None
-    it = data.valid()
+    it = batches()
     losses = [engine.eval_step(it) for _ in range(cfg.training.eval_iters)]
     loss = sum(losses) / len(losses)
     if writer:
-        writer.write({"step": step, "split": "valid", "loss": loss})
-    log.info("step %d validation loss %.4f", step, loss)
+        writer.write({"step": step, "split": split, "loss": loss})
+    log.info("step %d %s loss %.4f", step, "validation" if split == "valid" else split, loss)
     return loss
 
 
@@ -141,7 +143,7 @@ def train(cfg: Config) -> RunSummary:
                           "skipped": result.skipped, "step_time_s": dt})
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
         if cfg.training.eval_interval and step % cfg.training.eval_interval == 0:
-            summary.valid_losses.append(_evaluate(cfg, engine, data, step, writer))
+            summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
         stopping = stop.agreed(device) or (
             cfg.training.exit_interval and step % cfg.training.exit_interval == 0
             and step < cfg.training.train_iters)
@@ -152,6 +154,8 @@ def train(cfg: Config) -> RunSummary:
             summary.stopped_early = True
             break
     summary.steps = step
+    if cfg.training.eval_interval and not summary.stopped_early:
+        summary.test_loss = _evaluate(cfg, engine, data.test, step, writer, "test")
     if writer:
         writer.close()
     return summary

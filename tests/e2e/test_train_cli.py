@@ -43,3 +43,27 @@ def test_torchrun_tp2_pp2_writes_run_directory(tmp_path):
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 8
     assert ds["pipeline"]["activation_checkpoint_interval"] == 0
     assert any((run_dir / "tensorboard").iterdir())
+
+
+def test_real_data_run_evaluates_valid_and_test_splits(tmp_path):
+    """Pre-tokenized MMIDIDX data with the null tokenizer: validation during training, the test
+    split once at the end, each logged with its split."""
+    import numpy as np
+    from tests.unit._data_support import write_tokens
+    rng = np.random.default_rng(0)
+    prefix = str(tmp_path / "corpus")
+    write_tokens(prefix, [rng.integers(0, 511, size=int(rng.integers(20, 200))).tolist()
+                          for _ in range(60)])
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "megatron.cli.train", "--config", "examples/local/tiny.yaml",
+           "--set", "data.synthetic=false", "--set", f"data.paths=[{prefix}]",
+           "--set", "data.split=80,10,10", "--set", f"data.cache_dir={tmp_path / 'cache'}",
+           "--set", "training.train_iters=2", "--set", "training.eval_interval=2",
+           "--set", "training.tensorboard=false", "--set", f"run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    splits = [(r.get("split", "train"), r["step"]) for r in lines]
+    assert splits == [("train", 1), ("train", 2), ("valid", 2), ("test", 2)], splits
+    assert all(np.isfinite(r["loss"]) for r in lines)

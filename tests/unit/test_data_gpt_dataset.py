@@ -96,7 +96,17 @@ def test_valid_iterator_uses_valid_documents_and_restarts(corpus, tmp_path):
 
 
 def test_no_valid_split_gives_none(corpus, tmp_path):
-    assert build_iterators(_cfg(tmp_path, [corpus], **{"data.split": "1"}), 0, 1, 0).valid is None
+    it = build_iterators(_cfg(tmp_path, [corpus], **{"data.split": "1"}), 0, 1, 0)
+    assert it.valid is None and it.test is None
+
+
+def test_test_iterator_uses_only_test_documents(corpus, tmp_path):
+    cfg = _cfg(tmp_path, [corpus], **{"data.split": "30,5,5"})
+    it = build_iterators(cfg, 0, 1, 0)
+    a, b = _take(it.test(), 3), _take(it.test(), 3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert {int(t) // 1000 for x in a for t in x.ravel()} <= set(range(35, 40))
+    assert {int(t) // 1000 for x in _take(it.valid(), 3) for t in x.ravel()} <= set(range(30, 35))
 
 
 def test_blend_follows_the_weights(tmp_path):
