@@ -2,7 +2,8 @@
 reproduce the single-process losses step by step, for the GPT-2 and the Llama flavour.
 
 Three process launches cover everything (startup dominates the cost): the single-process
-reference, one 2-rank launch for the six 2-rank layouts, one 4-rank launch for TP2 x PP2.
+reference, one 2-rank launch for the 2-rank layouts, one 4-rank launch for the 4-rank ones
+(TP2 x PP2, TP2 x DP2 with ZeRO-1 and with ZeRO-3 + sequence parallelism, PP2 x DP2).
 A failure names the layout and flavour, so it localizes to TP, PP, ZeRO stage or SP."""
 import json
 import os
@@ -19,7 +20,7 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             "tp2_recompute_full", "pp2_recompute_full", "pp2_recompute_selective",
             # stop and checkpoint at step 5, resume in a new engine: steps 6-10 must not move
             "resume_pp2", "resume_dp2_zero2"]
-FOUR_RANK = ["tp2pp2"]
+FOUR_RANK = ["tp2pp2", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
