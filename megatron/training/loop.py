@@ -89,7 +89,8 @@ def _save(cfg, engine: Engine, step: int, consumed: int) -> None:
     engine.save(os.path.join(cfg.run.dir, "checkpoints"), f"step_{step:07d}", client)
 
 
-def train(cfg: Config) -> RunSummary:
+def _start(cfg: Config):
+    """Joins the job and builds the engine: (launch, device info, rank grid, dp, vocab, engine)."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
     # Validate before joining the process group: a bad layout must fail fast on every rank,
@@ -99,62 +100,75 @@ def train(cfg: Config) -> RunSummary:
     init_distributed(launch, device_info)
     state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                 cfg.parallel.pipeline_parallel_size)
-    is_logger = launch.rank == 0
-    if is_logger:
+    if launch.rank == 0:
         _write_run_files(cfg, dp)
-    device = device_info.device
     vocab = padded_vocab_size(tokenizer_vocab_size(cfg), cfg.model.make_vocab_size_divisible_by,
                               state.tp)
-    engine = Engine(cfg, state, vocab, device, dp)
-    step, consumed = 0, 0
-    resume = find_resume(cfg)
-    if resume is not None:
-        client = engine.load(*resume)
-        if client:
-            ck = CheckpointState.from_dict(client)
-            step, consumed = ck.step, ck.consumed_samples
-            set_rng_state(ck.rng, engine.tracker)
-            log.info("resumed from %s at step %d (%d samples consumed)", resume[0], step, consumed)
-    data = build_iterators(cfg, state.dp_rank, dp, consumed)
-    writer = MetricsWriter(cfg.run.dir, cfg.training.tensorboard) if is_logger else None
-    summary = RunSummary(cfg.run.dir, step)
-    flops_token = model_flops_per_token(cfg.model, vocab)
-    peak = cfg.training.peak_tflops or device_info.peak_tflops
-    tokens_step = cfg.training.global_batch_size * cfg.model.seq_length
-    stop = _StopFlag()
+    engine = Engine(cfg, state, vocab, device_info.device, dp)
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
-    while step < cfg.training.train_iters:
+    return launch, device_info, state, dp, vocab, engine
+
+
+def _resume(cfg: Config, engine: Engine):
+    """(step, consumed samples) of the checkpoint to continue from, or (0, 0)."""
+    resume = find_resume(cfg)
+    client = engine.load(*resume) if resume is not None else None
+    if not client:
+        return 0, 0
+    ck = CheckpointState.from_dict(client)
+    set_rng_state(ck.rng, engine.tracker)
+    log.info("resumed from %s at step %d (%d samples consumed)", resume[0], ck.step,
+             ck.consumed_samples)
+    return ck.step, ck.consumed_samples
+
+
+def _record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,
+            peak: Optional[float], device) -> dict:
+    tflops = step_flops / dt / world / 1e12
+    return {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+            "tokens_per_sec": tokens / dt, "tflops_per_gpu": tflops, "mfu": mfu(tflops, peak),
+            "mem_gb": memory_gb(device), "loss_scale": result.loss_scale,
+            "skipped": result.skipped, "step_time_s": dt}
+
+
+def train(cfg: Config) -> RunSummary:
+    launch, device_info, state, dp, vocab, engine = _start(cfg)
+    device, t = device_info.device, cfg.training
+    step, consumed = _resume(cfg, engine)
+    data = build_iterators(cfg, state.dp_rank, dp, consumed)
+    writer = MetricsWriter(cfg.run.dir, t.tensorboard) if launch.rank == 0 else None
+    summary = RunSummary(cfg.run.dir, step)
+    tokens_step = t.global_batch_size * cfg.model.seq_length
+    step_flops = model_flops_per_token(cfg.model, vocab) * tokens_step
+    peak = t.peak_tflops or device_info.peak_tflops
+    stop = _StopFlag()
+    while step < t.train_iters:
         _sync(device)
         t0 = time.perf_counter()
         result = engine.train_step(data.train)
         _sync(device)
         dt = time.perf_counter() - t0
         step += 1
-        consumed += cfg.training.global_batch_size
+        consumed += t.global_batch_size
         summary.losses.append(result.loss)
         summary.step_times.append(dt)
-        if writer and step % cfg.training.log_interval == 0:
-            tflops = flops_token * tokens_step / dt / launch.world_size / 1e12
-            writer.write({"step": step, "loss": result.loss, "lr": result.lr,
-                          "grad_norm": result.grad_norm, "tokens_per_sec": tokens_step / dt,
-                          "tflops_per_gpu": tflops, "mfu": mfu(tflops, peak),
-                          "mem_gb": memory_gb(device), "loss_scale": result.loss_scale,
-                          "skipped": result.skipped, "step_time_s": dt})
+        if writer and step % t.log_interval == 0:
+            writer.write(_record(step, result, dt, step_flops, tokens_step, launch.world_size,
+                                 peak, device))
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
-        if cfg.training.eval_interval and step % cfg.training.eval_interval == 0:
+        if t.eval_interval and step % t.eval_interval == 0:
             summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
         stopping = stop.agreed(device) or (
-            cfg.training.exit_interval and step % cfg.training.exit_interval == 0
-            and step < cfg.training.train_iters)
-        periodic = cfg.training.save_interval and step % cfg.training.save_interval == 0
-        if stopping or periodic or (cfg.training.save and step == cfg.training.train_iters):
+            t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
+        periodic = t.save_interval and step % t.save_interval == 0
+        if stopping or periodic or (t.save and step == t.train_iters):
             _save(cfg, engine, step, consumed)
         if stopping:
             summary.stopped_early = True
             break
     summary.steps = step
-    if cfg.training.eval_interval and not summary.stopped_early:
+    if t.eval_interval and not summary.stopped_early:
         summary.test_loss = _evaluate(cfg, engine, data.test, step, writer, "test")
     if writer:
         writer.close()
