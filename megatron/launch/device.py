@@ -91,9 +91,10 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
     for key, value in (("RANK", launch.rank), ("WORLD_SIZE", launch.world_size),
                        ("LOCAL_RANK", launch.local_rank)):
         os.environ.setdefault(key, str(value))
-    log.info("joining %s process group: rank %d of %d via %s:%s (%s)", device.backend,
-             launch.rank, launch.world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"],
-             launch.source)
+    where = "in-memory store" if launch.world_size == 1 else \
+        f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    log.info("joining %s process group: rank %d of %d via %s (%s)", device.backend,
+             launch.rank, launch.world_size, where, launch.source)
     kwargs = {}
     if device.is_gpu:
         kwargs["device_id"] = device.device
