@@ -40,6 +40,7 @@ echo "gpu_check: build took $(( $(date +%s) - start ))s"
 $PY -m megatron.cli.kernels --require | tee "$OUT_DIR/kernels_report.txt" || status=1
 
 timeout 240 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_fused_kernels.py \
+    tests/gpu/test_native_norm_fallback.py \
     tests/unit/test_kernels_reference.py tests/unit/test_kernels_fused_wrappers.py \
     tests/unit/test_kernels_loader.py tests/unit/test_kernels_build_tools.py \
     >"$OUT_DIR/gpu_tests.log" 2>&1 || status=1

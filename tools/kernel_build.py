@@ -81,6 +81,32 @@ def arch_flags(vendor: str, archs: List[str], ptx: bool) -> List[str]:
     return flags
 
 
+def check_cuda_home(cuda_home) -> None:
+    """torch guesses CUDA_HOME from `which nvcc` (two folders up); a wrapper script on PATH makes
+    that guess a folder without the toolkit's headers, and nvcc then fails deep in the build."""
+    hint = "set CUDA_HOME to the toolkit root, the folder holding bin/nvcc and include/"
+    if not cuda_home:
+        raise KernelBuildError(f"CUDA_HOME is not set and no nvcc is on PATH; the fused kernels "
+                               f"need the CUDA toolkit to build against a CUDA torch: {hint}")
+    if not (Path(cuda_home) / "include" / "cuda_runtime.h").exists():
+        raise KernelBuildError(f"CUDA_HOME={cuda_home!r} has no include/cuda_runtime.h, so it is "
+                               f"not a CUDA toolkit root: {hint} (e.g. CUDA_HOME=/usr/local/cuda)")
+
+
+def pip_cuda_includes(cuda_home: str, site_dirs: List[str]) -> List[str]:
+    """Header folders of pip's NVIDIA wheels, when the toolkit at CUDA_HOME lacks the library
+    headers that torch's CUDA headers include (cusparse.h, cublas_v2.h): an nvcc-only toolkit
+    beside a torch whose CUDA libraries came from PyPI. Empty when the toolkit is complete."""
+    if (Path(cuda_home) / "include" / "cusparse.h").exists():
+        return []
+    found = []
+    for site in site_dirs:
+        for inc in sorted(Path(site).glob("nvidia/*/include")):
+            if (inc / "cusparse.h").exists() or (inc / "cublas_v2.h").exists():
+                found.append(str(inc))
+    return found
+
+
 def build_info(vendor: str, archs: List[str], ptx: bool) -> dict:
     import torch
     return {
@@ -113,8 +139,12 @@ def _build_ext_class(info: dict):
 
         def finalize_options(self):
             super().finalize_options()
+            # With ninja, MAX_JOBS bounds ninja's own jobs. Extensions must then be built one
+            # after another: torch writes every extension's build.ninja to the same temp folder.
+            from torch.utils.cpp_extension import is_ninja_available
             jobs = os.environ.get("MAX_JOBS", "")
-            if jobs.isdigit() and not self.parallel:
+            ninja = self.use_ninja and is_ninja_available()
+            if jobs.isdigit() and not self.parallel and not ninja:
                 self.parallel = int(jobs)
 
         def run(self):
@@ -146,12 +176,20 @@ def kernel_extensions(env: Mapping[str, str] = os.environ):
         vendor, (archs, ptx) = "cuda", cuda_archs(env)
     else:
         return [], {}
-    from torch.utils.cpp_extension import CUDAExtension
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
     flags = arch_flags(vendor, archs, ptx)
     print(f"kernel_build: {vendor} {torch.version.hip or torch.version.cuda}, torch "
           f"{torch.__version__}, targets {' '.join(archs)}")
+    includes = []
+    if vendor == "cuda":
+        import site
+        check_cuda_home(CUDA_HOME)
+        includes = pip_cuda_includes(CUDA_HOME, site.getsitepackages())
+        if includes:
+            print(f"kernel_build: {CUDA_HOME}/include has no cusparse.h; adding the headers of "
+                  f"pip's NVIDIA wheels: {' '.join(includes)}")
     extensions = [
-        CUDAExtension(name=f"{PACKAGE}.{name}", sources=sources,
+        CUDAExtension(name=f"{PACKAGE}.{name}", sources=sources, include_dirs=list(includes),
                       extra_compile_args={"cxx": ["-O3"],
                                           "nvcc": ["-O3"] + flags})
         for name, sources in _sources(vendor).items()

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
+from megatron.config import strict_yaml
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.sections import SECTIONS, DataConfig, KernelsConfig, ModelConfig, \
     OptimizerConfig, ParallelConfig, RunConfig, TrainingConfig
@@ -136,7 +137,7 @@ def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
 def _read_yaml(path: str) -> Dict[str, Any]:
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f) or {}
+            raw = strict_yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise InputError(f"config file {path!r} does not exist; pass an existing YAML file to "
                          f"--config (see examples/local/tiny.yaml)") from None

@@ -6,6 +6,7 @@ The iterator names are loaded on first use, so tools that only tokenize or read 
 from __future__ import annotations
 
 import importlib
+from typing import Optional
 
 # Validation samples of the synthetic stream live far from the training ones.
 _SYNTHETIC_VALID_OFFSET = 2 ** 40
@@ -29,8 +30,11 @@ def tokenizer_vocab_size(cfg) -> int:
     return build_tokenizer(spec_from_config(cfg)).vocab_size
 
 
-def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0):
+def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
+                    vocab_size: Optional[int] = None):
     """Iterators of (tokens, labels) micro-batches for one data-parallel rank (DataIterators).
+    vocab_size: the tokenizer's, when the caller already knows it (the tokenizer is then not
+    loaded a second time); real data only.
 
     With real data every rank of an initialized torch.distributed job must call this: rank 0
     builds missing index files while the others wait for it."""
@@ -48,7 +52,7 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0):
                                  t.micro_batch_size, t.global_batch_size, dp_rank, dp_size)
         return DataIterators(train, valid, cfg.model.vocab_size)
     from megatron.data.gpt_dataset import build_gpt_iterators  # the real-data path
-    return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples)
+    return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples, vocab_size)
 
 
 __all__ = ["Batch", "DataIterators", "build_iterators", "micro_batches", "SyntheticTokens",

@@ -128,14 +128,17 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
     return BlendedDataset(members, index, within)
 
 
-def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0):
+def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
+                        vocab_size: Optional[int] = None):
     """DataIterators over data.paths: train resumes at consumed_samples; valid and test restart
-    at their first sample on every call, so successive evaluations compare like with like."""
+    at their first sample on every call, so successive evaluations compare like with like.
+    vocab_size is the tokenizer's; the tokenizer is loaded for it only when it is not given."""
     from megatron.data.iterators import DataIterators, micro_batches
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
 
     d, t = cfg.data, cfg.training
-    vocab_size = build_tokenizer(spec_from_config(cfg)).vocab_size
+    if vocab_size is None:
+        vocab_size = build_tokenizer(spec_from_config(cfg)).vocab_size
     weights, prefixes = parse_paths(d.paths)
     datasets = [_open(p, vocab_size) for p in prefixes]
     common = dict(split_text=d.split, seq_length=cfg.model.seq_length, seed=d.seed,

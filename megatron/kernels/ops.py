@@ -10,6 +10,7 @@ import logging
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 
 from megatron.config.errors import ConfigError
 from megatron.kernels import fused, reference
@@ -62,15 +63,30 @@ def _fused(sel: KernelSelection, op: str, *args) -> bool:
     return sel.use_fused.get(op, False) and fused.accepts(op, *args)
 
 
+def native_norm(x, *params) -> bool:
+    """Whether a norm that is not fused goes to torch's own kernel instead of the reference.
+
+    On a GPU, with weights in the activations' dtype (bf16/fp16 training keeps norm weights in
+    the model dtype), torch's kernels keep fp32 statistics inside without materialising an fp32
+    copy of the activations: the fast fallback when no fused build is present. On the CPU the
+    reference's explicit upcast is kept: torch's CPU backward in bf16/fp16 loses precision on
+    short rows, and CPU runs are the equivalence and test runs."""
+    return x.is_cuda and all(p is None or p.dtype == x.dtype for p in params)
+
+
 def layer_norm(x, weight, bias, eps, sel: KernelSelection = _DEFAULT):
     if _fused(sel, "layer_norm", x, weight, bias):
         return fused.layer_norm(x, weight, bias, eps)
+    if native_norm(x, weight, bias):
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     return reference.layer_norm(x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps, sel: KernelSelection = _DEFAULT):
     if _fused(sel, "rms_norm", x, weight):
         return fused.rms_norm(x, weight, eps)
+    if native_norm(x, weight):
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     return reference.rms_norm(x, weight, eps)
 
 

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 import yaml
 
+from megatron.config import strict_yaml
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner.hardware import PRESETS, ClusterSpec, spec_from_dict
 
@@ -97,7 +98,7 @@ def load_profile(name_or_path: str) -> Profile:
         return Profile(PRESETS[key], PRESET_CONSTANTS.get(key, Constants()))
     try:
         with open(name_or_path) as f:
-            raw = yaml.safe_load(f)
+            raw = strict_yaml.safe_load(f)
     except FileNotFoundError:
         raise InputError(f"--cluster {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
                          "nor an existing YAML file; pass a preset name or a cluster file "

@@ -33,6 +33,7 @@ import torch
 from megatron.config import Config, ConfigError, InputError, load_config
 from megatron.config.sections import SECTIONS
 from megatron.config.validate import check_tensor_parallel
+from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.parallel.layers import shard
 
@@ -175,14 +176,6 @@ def _step(folder: str) -> Optional[int]:
     if not os.path.isfile(path):
         return None
     return _load(path).get("megatron", {}).get("step")
-
-
-def tokenizer_vocab_size(cfg: Config) -> int:
-    """The unpadded vocabulary the run trained on (as the training loop determines it)."""
-    if cfg.data.synthetic:
-        return cfg.model.vocab_size
-    from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    return build_tokenizer(spec_from_config(cfg)).vocab_size
 
 
 def single_config(cfg: Config, tp: int = 1) -> Config:

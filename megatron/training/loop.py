@@ -90,7 +90,8 @@ def _save(cfg, engine: Engine, step: int, consumed: int) -> None:
 
 
 def _start(cfg: Config):
-    """Joins the job and builds the engine: (launch, device info, rank grid, dp, vocab, engine)."""
+    """Joins the job and builds the engine: (launch, device info, rank grid, dp, the tokenizer's
+    vocabulary, the padded vocabulary of the model, engine)."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
     # Validate before joining the process group: a bad layout must fail fast on every rank,
@@ -102,12 +103,12 @@ def _start(cfg: Config):
                                 cfg.parallel.pipeline_parallel_size)
     if launch.rank == 0:
         _write_run_files(cfg, dp)
-    vocab = padded_vocab_size(tokenizer_vocab_size(cfg), cfg.model.make_vocab_size_divisible_by,
-                              state.tp)
+    text_vocab = tokenizer_vocab_size(cfg)
+    vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, state.tp)
     engine = Engine(cfg, state, vocab, device_info.device, dp)
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
-    return launch, device_info, state, dp, vocab, engine
+    return launch, device_info, state, dp, text_vocab, vocab, engine
 
 
 def _resume(cfg: Config, engine: Engine):
@@ -133,10 +134,10 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
 
 
 def train(cfg: Config) -> RunSummary:
-    launch, device_info, state, dp, vocab, engine = _start(cfg)
+    launch, device_info, state, dp, text_vocab, vocab, engine = _start(cfg)
     device, t = device_info.device, cfg.training
     step, consumed = _resume(cfg, engine)
-    data = build_iterators(cfg, state.dp_rank, dp, consumed)
+    data = build_iterators(cfg, state.dp_rank, dp, consumed, vocab_size=text_vocab)
     writer = MetricsWriter(cfg.run.dir, t.tensorboard) if launch.rank == 0 else None
     summary = RunSummary(cfg.run.dir, step)
     tokens_step = t.global_batch_size * cfg.model.seq_length

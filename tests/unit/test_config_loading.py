@@ -117,6 +117,26 @@ def test_missing_and_unparsable_files(tmp_path):
         load_config(write(tmp_path, "- 1\n"))
 
 
+@pytest.mark.parametrize("text, key, lines", [
+    ("optimizer:\n  lr: 0.1\n  min_lr: 0.0\n  lr: 0.2\n", "lr", (2, 4)),
+    ("model:\n  num_layers: 2\noptimizer:\n  lr: 0.1\nmodel:\n  hidden_size: 64\n", "model",
+     (1, 5)),
+])
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path, text, key, lines):
+    # PyYAML alone keeps the last value and drops the first without a word.
+    with pytest.raises(InputError, match=rf"key '{key}' appears twice \(lines {lines[0]} and "
+                                         rf"{lines[1]}\); keep one"):
+        load_config(write(tmp_path, text))
+
+
+def test_a_cluster_file_with_a_repeated_key_is_refused(tmp_path):
+    from megatron.planner.profile import load_profile
+    path = tmp_path / "cluster.yaml"
+    path.write_text("name: mine\ngpus_per_node: 8\ngpus_per_node: 4\n")
+    with pytest.raises(InputError, match="'gpus_per_node' appears twice"):
+        load_profile(str(path))
+
+
 @pytest.mark.parametrize("overrides, field, value", [
     (["model.hidden_size=62"], "model.hidden_size", "62"),
     (["model.num_query_groups=3"], "model.num_query_groups", "3"),

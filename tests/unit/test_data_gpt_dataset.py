@@ -62,6 +62,19 @@ def test_iterators_shapes_shift_and_vocab(corpus, tmp_path):
     assert str(tokens.dtype) == "torch.int64" and bool((tokens[:, 1:] == labels[:, :-1]).all())
 
 
+def test_a_known_vocabulary_does_not_load_the_tokenizer_again(corpus, tmp_path, monkeypatch):
+    """The trainer already loaded the tokenizer for the model's vocabulary; the iterators take
+    that size instead of loading it a second time (seconds for a large BPE file)."""
+    import megatron.data.tokenizers as tokenizers
+    loads = []
+    real = tokenizers.build_tokenizer
+    monkeypatch.setattr(tokenizers, "build_tokenizer", lambda spec: loads.append(spec) or real(spec))
+    cfg = _cfg(tmp_path, [corpus])
+    assert build_iterators(cfg, 0, 1, 0, vocab_size=60000).vocab_size == 60000
+    assert loads == []
+    assert build_iterators(cfg, 0, 1, 0).vocab_size == 65536 and len(loads) == 1
+
+
 def _take(iterator, n):
     return [np.concatenate([t.numpy(), l.numpy()[:, -1:]], axis=1) for t, l in
             (next(iterator) for _ in range(n))]

@@ -9,7 +9,6 @@ the compiler's own message follows. No torch is involved: device code is torch-f
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -24,24 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import hipify_build  # noqa: E402
 
+from tests.codeobjects import (EF_AMDGPU_MACH_GFX90A, EM_AMDGPU,  # noqa: E402
+                               EXPECTED_KERNELS, amd_code_objects, check_kernels, cuda_cubins,
+                               defined_kernels)
+
 INSTANTIATE = ROOT / "csrc" / "kernels" / "instantiate"
 UNITS = sorted(p.stem for p in INSTANTIATE.glob("*.cu"))
 HIPCC = shutil.which("hipcc")
 NVCC = shutil.which("nvcc")
 CUDA_ARCHS = ("sm_80", "sm_90")
-
-# Kernel instantiations each unit must define, per target: the product of its template axes.
-EXPECTED_KERNELS = {
-    # {forward, backward} x {fp32, fp16, bf16} x {arbitrary, causal} x items {1, 4, 16, stream}
-    "softmax": 2 * 3 * 2 * 4,
-    # {forward, backward-input} x 5 (input, weight) pairs x {LN, RMS} x {scalar, 4-wide}
-    # + backward-weight x 3 input dtypes x {LN, RMS}
-    "norm": 2 * 5 * 2 * 2 + 3 * 2,
-    # {forward, backward} x 3 dtypes
-    "rotary": 2 * 3,
-    # {gelu, swiglu} x {forward, backward} x 3 dtypes x {scalar, 4-wide}
-    "activation": 2 * 2 * 3 * 2,
-}
 
 # The defines torch's BuildExtension adds (torch.utils.cpp_extension COMMON_*_FLAGS): the kernels
 # must build without implicit half/bfloat16 conversions, as they will inside a real extension.
@@ -53,54 +43,6 @@ TORCH_NVCC_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSION
 TORCH_HIPCC_FLAGS = ["-DCUDA_HAS_FP16=1", "-D__HIP_NO_HALF_OPERATORS__=1",
                      "-D__HIP_NO_HALF_CONVERSIONS__=1", "-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1",
                      "-fPIC", "-fno-gpu-rdc"]
-
-EM_AMDGPU, EF_AMDGPU_MACH_GFX90A = 224, 0x3F
-EM_CUDA = 190
-BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
-
-
-def kernel_templates(unit: str) -> list:
-    """The __global__ template names declared in the header a unit instantiates."""
-    text = (ROOT / "csrc" / "kernels" / f"{unit}.cuh").read_text()
-    bounds = r"__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*"  # one level of nested parens
-    return re.findall(rf"__global__\s+void\s+(?:{bounds})?(\w+)\(", text)
-
-
-def amd_code_objects(obj: bytes) -> dict:
-    """{offload triple: code object bytes} from the clang offload bundle inside a HIP object."""
-    start = obj.find(BUNDLE_MAGIC)
-    assert start >= 0, "no clang offload bundle in the object"
-    (count,) = struct.unpack_from("<Q", obj, start + len(BUNDLE_MAGIC))
-    pos, found = start + len(BUNDLE_MAGIC) + 8, {}
-    for _ in range(count):
-        offset, size, triple_len = struct.unpack_from("<QQQ", obj, pos)
-        triple = obj[pos + 24:pos + 24 + triple_len].decode()
-        pos += 24 + triple_len
-        found[triple] = obj[start + offset:start + offset + size]
-    return found
-
-
-def cuda_cubins(obj: bytes) -> dict:
-    """{'sm_XY': cubin bytes} for each CUDA ELF embedded in the object's fatbin."""
-    found, at = {}, obj.find(b"\x7fELF", 1)
-    while at >= 0:
-        if struct.unpack_from("<H", obj, at + 18)[0] == EM_CUDA:
-            flags, abi = struct.unpack_from("<I", obj, at + 48)[0], obj[at + 8]
-            # The SM moved from e_flags bits 0-7 to bits 8-15 in the CUDA 12.8 ELF ABI (v8).
-            sm = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
-            shoff = struct.unpack_from("<Q", obj, at + 40)[0]
-            shentsize, shnum = struct.unpack_from("<HH", obj, at + 58)
-            found[f"sm_{sm}"] = obj[at:at + shoff + shentsize * shnum]
-        at = obj.find(b"\x7fELF", at + 1)
-    return found
-
-
-def defined_kernels(code: bytes, amd: bool) -> set:
-    # AMDGPU code objects carry a kernel descriptor symbol NAME.kd per kernel; cubins a
-    # .text.NAME section per kernel.
-    pattern = rb"(_ZN2mf\w+?)\.kd\x00" if amd else rb"\.text\.(_ZN2mf\w+)\x00"
-    return {m.decode() for m in re.findall(pattern, code)}
-
 
 def _compile(cmd, env=None):
     begin = time.monotonic()
@@ -150,14 +92,6 @@ def _check_compiled(results, unit, target):
     return obj.read_bytes()
 
 
-def _check_kernels(names: set, unit: str, target: str):
-    assert len(names) == EXPECTED_KERNELS[unit], (
-        f"{unit} for {target}: {len(names)} kernels, expected {EXPECTED_KERNELS[unit]}")
-    for template in kernel_templates(unit):
-        assert any(f"{len(template)}{template}" in n for n in names), \
-            f"{unit} for {target}: no instantiation of {template}"
-
-
 def test_units_cover_every_kernel_header():
     headers = {p.stem for p in (ROOT / "csrc" / "kernels").glob("*.cuh")}
     assert headers - {"compat", "common"} == set(UNITS) == set(EXPECTED_KERNELS)
@@ -174,7 +108,7 @@ def test_compiles_for_gfx90a(built, unit):
     machine, flags = struct.unpack_from("<H", co, 18)[0], struct.unpack_from("<I", co, 48)[0]
     assert machine == EM_AMDGPU and flags & 0xFF == EF_AMDGPU_MACH_GFX90A, \
         f"{unit}: code object is machine {machine}, mach {flags & 0xFF:#x}, not gfx90a"
-    _check_kernels(defined_kernels(co, amd=True), unit, "gfx90a")
+    check_kernels(defined_kernels(co, amd=True), unit, "gfx90a")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -183,7 +117,7 @@ def test_compiles_for_sm80_and_sm90(built, unit):
     cubins = cuda_cubins(_check_compiled(built[0], unit, "cuda"))
     assert set(CUDA_ARCHS) <= set(cubins), f"{unit}: fatbin holds {sorted(cubins)}"
     for arch in CUDA_ARCHS:
-        _check_kernels(defined_kernels(cubins[arch], amd=False), unit, arch)
+        check_kernels(defined_kernels(cubins[arch], amd=False), unit, arch)
 
 
 @pytest.mark.skipif(HIPCC is None and NVCC is None, reason="neither hipcc nor nvcc is installed")

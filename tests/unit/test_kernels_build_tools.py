@@ -112,3 +112,42 @@ def test_architecture_settings():
     assert kernel_build.arch_flags("cuda", ["sm_80", "sm_90"], True) == [
         "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_90,code=compute_90"]
+
+
+def test_cuda_home_must_be_a_toolkit_root(tmp_path):
+    with pytest.raises(kernel_build.KernelBuildError, match="CUDA_HOME is not set"):
+        kernel_build.check_cuda_home(None)
+    with pytest.raises(kernel_build.KernelBuildError,
+                       match=r"has no include/cuda_runtime.h.*set CUDA_HOME to the toolkit root"):
+        kernel_build.check_cuda_home(str(tmp_path))
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cuda_runtime.h").write_text("")
+    kernel_build.check_cuda_home(str(tmp_path))
+
+
+def test_pip_cuda_headers_are_added_only_when_the_toolkit_lacks_them(tmp_path):
+    """An nvcc-only toolkit beside a torch whose CUDA libraries came from PyPI: torch's headers
+    include cusparse.h, which only pip's nvidia/*/include folders then provide."""
+    toolkit, site = tmp_path / "cuda", tmp_path / "site"
+    (toolkit / "include").mkdir(parents=True)
+    for pkg, header in (("cu13", "cusparse.h"), ("cudnn", "cudnn.h"), ("nccl", "nccl.h")):
+        (site / "nvidia" / pkg / "include").mkdir(parents=True)
+        (site / "nvidia" / pkg / "include" / header).write_text("")
+    found = kernel_build.pip_cuda_includes(str(toolkit), [str(site), str(tmp_path / "absent")])
+    assert found == [str(site / "nvidia" / "cu13" / "include")]
+    (toolkit / "include" / "cusparse.h").write_text("")
+    assert kernel_build.pip_cuda_includes(str(toolkit), [str(site)]) == []
+
+
+@pytest.mark.parametrize("ninja", [True, False])
+def test_max_jobs_never_builds_extensions_in_parallel_under_ninja(monkeypatch, ninja):
+    """With ninja, MAX_JOBS bounds ninja's jobs; building extensions in parallel as well would
+    have them overwrite each other's build.ninja in the shared temp folder (seen with a real CUDA
+    build). Without ninja, MAX_JOBS becomes build_ext's -j."""
+    from setuptools import Distribution
+    from torch.utils import cpp_extension
+    monkeypatch.setenv("MAX_JOBS", "3")
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: ninja)
+    cmd = kernel_build._build_ext_class({})(Distribution({"name": "x"}))
+    cmd.ensure_finalized()
+    assert cmd.parallel == (None if ninja else 3)

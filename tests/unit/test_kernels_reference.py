@@ -41,12 +41,24 @@ def test_layer_norm(dtype, wdtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm(dtype):
+@pytest.mark.parametrize("wdtype", [None, torch.float32])
+def test_rms_norm(dtype, wdtype):
     x = torch.randn(4, 129).to(dtype)
-    w = torch.randn(129).to(dtype)
+    w = torch.randn(129).to(wdtype or dtype)
     xd = x.double()
     expect = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-    close(reference.rms_norm(x, w, 1e-6), expect, dtype, f"rms_norm {dtype}")
+    close(reference.rms_norm(x, w, 1e-6), expect, dtype, f"rms_norm {dtype} w={wdtype}")
+
+
+def test_norms_on_the_cpu_keep_the_exact_upcast_reference():
+    """The dispatch's torch path on the CPU is the reference itself, bit for bit; torch's own
+    kernels are used only on a GPU (tests/gpu/test_fused_kernels.py holds them to it there)."""
+    from megatron.kernels import ops
+    x = torch.randn(5, 2).to(torch.bfloat16)
+    w, b = torch.ones(2, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.bfloat16)
+    assert not ops.native_norm(x, w, b)
+    assert torch.equal(ops.layer_norm(x, w, b, 1e-5), reference.layer_norm(x, w, b, 1e-5))
+    assert torch.equal(ops.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5))
 
 
 def softmax64(s):
