@@ -1,11 +1,12 @@
 """Tensor-parallel layers. Every weight is initialised as the slice this rank owns of one full
-tensor drawn from a seed named by the model, so all layouts start from the same model.
+tensor drawn from a seed named by the model, so all layouts start from the same model; each
+line of that tensor has its own seed, so a rank draws only the lines it keeps.
 
 Activations are [s, b, h] (sequence first, as Megatron). With sequence parallelism the input and
 output of the TP region are sharded along s: [s/t, b, h]."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +18,43 @@ from megatron.parallel.mappings import (copy_to_tp_region, gather_from_sequence_
 from megatron.parallel.state import ParallelState
 
 
-def full_normal(shape, std: float, seed: int) -> torch.Tensor:
-    """The full (unsharded) tensor, drawn on the CPU so every layout and device gets the same
-    values; the caller keeps its slice."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=g)
+_MASK64 = (1 << 64) - 1
+
+
+def line_seed(seed: int, line: int) -> int:
+    """The seed of line `line` of the tensor seeded `seed` (SplitMix64 of both, so neighbouring
+    lines and neighbouring tensors get unrelated streams)."""
+    x = (seed * 0x9E3779B97F4A7C15 + line + 1) & _MASK64
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x = ((x ^ (x >> shift)) * mult) & _MASK64
+    return (x ^ (x >> 31)) >> 1  # 63 bits: torch seeds are signed
+
+
+def shard_lines(length: int, rank: int, size: int, stride: int = 1) -> List[int]:
+    """Indices along a dimension of `length` that `shard(..., rank, size, stride)` keeps."""
+    block = length // stride
+    per = block // size
+    return [k * block + i for k in range(stride) for i in range(rank * per, (rank + 1) * per)]
+
+
+def sharded_normal(shape, std: float, seed: int, dim: int = 0, rank: int = 0, size: int = 1,
+                   stride: int = 1) -> torch.Tensor:
+    """This rank's slice, `shard(full, dim, rank, size, stride)`, of the full 2-D tensor whose
+    line i along `dim` is drawn from its own generator seeded by (seed, i). A rank draws only
+    its own lines (1/TP of the tensor, not all of it), and every layout and device gets the
+    same values. Drawn on the CPU in fp32."""
+    lines = shard_lines(shape[dim], rank, size, stride)
+    width = shape[1 - dim]
+    out = torch.empty(len(lines), width, dtype=torch.float32)
+    g = torch.Generator()
+    for row, line in zip(out, lines):
+        row.normal_(0.0, std, generator=g.manual_seed(line_seed(seed, line)))
+    return out if dim == 0 else out.t().contiguous()
+
+
+def full_normal(shape, std: float, seed: int, dim: int = 0) -> torch.Tensor:
+    """The full (unsharded) tensor of which sharded_normal draws slices; lines along `dim`."""
+    return sharded_normal(shape, std, seed, dim)
 
 
 def shard(full: torch.Tensor, dim: int, rank: int, size: int, stride: int = 1) -> torch.Tensor:
@@ -60,8 +93,9 @@ class ColumnParallelLinear(nn.Module):
         self.state, self.gather_output = state, gather_output
         self.sequence_parallel = sequence_parallel and state.tp > 1
         self.skip_bias_add = skip_bias_add
-        full = full_normal((out_features, in_features), init_std, init_seed)
-        self.weight = mark_tp(nn.Parameter(shard(full, 0, state.tp_rank, state.tp, stride)), 0)
+        weight = sharded_normal((out_features, in_features), init_std, init_seed, 0,
+                                state.tp_rank, state.tp, stride)
+        self.weight = mark_tp(nn.Parameter(weight), 0)
         self.bias = mark_tp(nn.Parameter(torch.zeros(out_features // state.tp)), 0) if bias else None
 
     def forward(self, x: torch.Tensor):
@@ -89,8 +123,9 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"input size {in_features} is not divisible by TP={state.tp}")
         self.state = state
         self.sequence_parallel = sequence_parallel and state.tp > 1
-        full = full_normal((out_features, in_features), init_std, init_seed)
-        self.weight = mark_tp(nn.Parameter(shard(full, 1, state.tp_rank, state.tp)), 1)
+        weight = sharded_normal((out_features, in_features), init_std, init_seed, 1,
+                                state.tp_rank, state.tp)
+        self.weight = mark_tp(nn.Parameter(weight), 1)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,8 +151,9 @@ class VocabParallelEmbedding(nn.Module):
         self.state = state
         per_rank = vocab_size // state.tp
         self.vocab_start, self.vocab_end = state.tp_rank * per_rank, (state.tp_rank + 1) * per_rank
-        full = full_normal((vocab_size, hidden), init_std, init_seed)
-        self.weight = mark_tp(nn.Parameter(shard(full, 0, state.tp_rank, state.tp)), 0)
+        weight = sharded_normal((vocab_size, hidden), init_std, init_seed, 0, state.tp_rank,
+                                state.tp)
+        self.weight = mark_tp(nn.Parameter(weight), 0)
 
     def partial(self, ids: torch.Tensor) -> torch.Tensor:
         if self.state.tp == 1:

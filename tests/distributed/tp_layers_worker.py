@@ -128,7 +128,7 @@ def check_column(st: ParallelState, *, gather_output=False, stride=1, skip_bias_
 
 def check_row(st: ParallelState, *, sequence_parallel=False) -> None:
     rep, r, t = Report(), st.tp_rank, st.tp
-    w_full, b_full = full_normal((OUT, IN), 0.5, 21), randn(OUT, seed=22)
+    w_full, b_full = full_normal((OUT, IN), 0.5, 21, dim=1), randn(OUT, seed=22)
     x, grad = randn(S, B, IN, seed=3), randn(S, B, OUT, seed=4)
     y_ref, gx_ref, gw_ref, gb_ref = ref_linear(x, w_full, b_full, grad)
     layer = RowParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel, init_std=0.5,

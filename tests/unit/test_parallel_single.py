@@ -51,6 +51,26 @@ def test_cross_entropy_matches_torch():
     torch.testing.assert_close(logits.grad, ref_logits.grad, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_rank_draws_exactly_its_slice_of_the_full_tensor(dim, stride):
+    """Sharded initialisation: each rank draws only its own lines, and they equal the slice of
+    the full tensor that TP=1 draws, for every TP degree, split dimension and stride."""
+    from megatron.parallel.layers import sharded_normal
+    shape = (24, 36)
+    full = full_normal(shape, 0.3, 7, dim)
+    assert abs(full.std().item() - 0.3) < 0.05
+    for t in (1, 2, 3, 4, 6):
+        if shape[dim] % (t * stride):
+            continue
+        parts = [sharded_normal(shape, 0.3, 7, dim, r, t, stride) for r in range(t)]
+        for r, part in enumerate(parts):
+            assert torch.equal(part, shard(full, dim, r, t, stride)), (t, r)
+    assert not torch.equal(full, full_normal(shape, 0.3, 8, dim))  # another seed, other values
+    rows = full_normal((6, 40), 1.0, 7)
+    assert len({tuple(r.tolist()) for r in rows}) == 6  # lines are not copies of each other
+
+
 def test_shard_with_stride_takes_a_slice_of_each_block():
     full = torch.arange(16.0).view(8, 2)  # two blocks of 4 rows: [gate; up]
     assert shard(full, 0, 1, 2, stride=2).tolist() == [[4, 5], [6, 7], [12, 13], [14, 15]]
