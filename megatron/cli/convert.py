@@ -18,7 +18,8 @@ EPILOG = """examples:
 to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
 state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
 (kept as trained unless --trim-vocab, so the model reproduces the run's loss). Load it with
-megatron.training.convert.load_single and build_single_model.
+megatron.training.convert.load_single and build_single_model, or start a run of any layout from
+it with `megatron-train ... --set training.init_from=tiny.pt`.
 """
 
 

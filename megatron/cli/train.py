@@ -20,8 +20,13 @@ EPILOG = """examples:
   # under Slurm (one task per GPU); the rendezvous comes from SLURM_* variables
   srun python -m megatron.cli.train --config recipe.yaml --set run.dir=runs/$SLURM_JOB_ID
 
-  # resume the run in run.dir from its latest checkpoint
+  # resume the run in run.dir from its latest checkpoint (same layout only: checked)
   megatron-train --config examples/local/tiny.yaml --set training.load=auto
+
+  # continue in another layout from a run's weights (fresh optimizer, step 0)
+  megatron-convert to-single --run-dir runs/tiny --output tiny.pt
+  megatron-train --config examples/local/tiny.yaml --set run.dir=runs/tiny-pp2 \\
+      --set parallel.pipeline_parallel_size=2 --set training.init_from=tiny.pt
 """
 
 

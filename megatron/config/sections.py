@@ -132,6 +132,9 @@ class TrainingConfig:
     exit_interval: int = 0
     # Path of a checkpoint directory to resume from, or "auto": resume from run.dir when present.
     load: Optional[str] = None
+    # A single-file model (megatron-convert to-single) to start from when no checkpoint is
+    # resumed: weights only, in any layout; optimizer, step and data position start fresh.
+    init_from: Optional[str] = None
     # Peak dense TFLOPs per device for MFU; None uses the built-in table for the detected GPU.
     peak_tflops: Optional[float] = None
     tensorboard: bool = True

@@ -245,10 +245,12 @@ def save_single(merged: MergedCheckpoint, path: str) -> None:
                 "padded_vocab_size": merged.padded_vocab_size, "source": merged.source}, path)
 
 
-def load_single(path: str) -> MergedCheckpoint:
+def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:
+    """mmap: map the file instead of reading it, so a rank that keeps a slice of each tensor
+    reads only those pages (every rank of a run loads the same file)."""
     if not os.path.isfile(path):
         raise InputError(f"{path!r} does not exist; write it with megatron-convert to-single")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    blob = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     if not isinstance(blob, dict) or blob.get("format") != SINGLE_FORMAT:
         raise InputError(f"{path!r} is not a {SINGLE_FORMAT} file written by megatron-convert "
                          "to-single")

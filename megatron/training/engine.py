@@ -66,7 +66,9 @@ def _pipeline_module(deepspeed, cfg, state: ParallelState, ctx):
 
 class Engine:
     def __init__(self, cfg, state: ParallelState, vocab_size: int, device: torch.device,
-                 dp_size: int):
+                 dp_size: int, init_text_vocab: Optional[int] = None):
+        """init_text_vocab: set to the tokenizer's vocabulary to copy training.init_from into
+        the model before DeepSpeed wraps it (None: keep the seeded initialisation)."""
         deepspeed = _import_deepspeed()
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         self.cfg, self.state, self.device = cfg, state, device
@@ -82,6 +84,9 @@ class Engine:
                 model = _pipeline_module(deepspeed, cfg, state, ctx)
         else:
             model = GPTModel(cfg, ctx)
+        if init_text_vocab is not None:
+            from megatron.training.init_from import load_initial_weights
+            load_initial_weights(model, cfg, state, vocab_size, init_text_vocab)
         self.optimizer = build_optimizer(model, cfg.optimizer, device)
         self.scheduler = WarmupDecayLR(self.optimizer, cfg.optimizer, cfg.training.train_iters)
         kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}

@@ -12,13 +12,14 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.config import Config, deepspeed_config, validate_for_world
+from megatron.config import Config, ConfigError, deepspeed_config, validate_for_world
 from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.parallel.state import ParallelState
-from megatron.training.checkpoint import CheckpointState, find_resume, rng_state, set_rng_state
+from megatron.training.checkpoint import (CheckpointState, check_resume_layout, find_resume,
+                                         layout_record, rng_state, set_rng_state, write_layout)
 from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
 
@@ -84,31 +85,48 @@ def _evaluate(cfg, engine: Engine, batches, step: int, writer, split: str = "val
     return loss
 
 
-def _save(cfg, engine: Engine, step: int, consumed: int) -> None:
+def _save(cfg, engine: Engine, step: int, consumed: int, layout: dict) -> None:
     client = CheckpointState(step, consumed, rng_state(engine.tracker)).to_dict()
-    engine.save(os.path.join(cfg.run.dir, "checkpoints"), f"step_{step:07d}", client)
+    directory, tag = os.path.join(cfg.run.dir, "checkpoints"), f"step_{step:07d}"
+    engine.save(directory, tag, client)
+    if dist.get_rank() == 0:
+        write_layout(os.path.join(directory, tag), layout)
 
 
 def _start(cfg: Config):
     """Joins the job and builds the engine: (launch, device info, rank grid, dp, the tokenizer's
-    vocabulary, the padded vocabulary of the model, engine)."""
+    vocabulary, the padded vocabulary of the model, the layout record, engine)."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
     # Validate before joining the process group: a bad layout must fail fast on every rank,
     # not leave some ranks waiting in a rendezvous.
     dp = validate_for_world(cfg, launch.world_size)
     check_device(cfg, device_info.device.type)
+    if cfg.training.init_from is not None and not os.path.isfile(cfg.training.init_from):
+        raise ConfigError("training.init_from", cfg.training.init_from,
+                          "an existing single-file model", "write one with megatron-convert "
+                          "to-single --run-dir <run> --output <file>")
+    tp = cfg.parallel.tensor_parallel_size
+    text_vocab = tokenizer_vocab_size(cfg)
+    vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, tp)
+    layout = layout_record(cfg, dp, vocab)
+    resume = find_resume(cfg)
+    if resume is not None:
+        # Before anything is written: a refused resume must leave the run directory as it was.
+        check_resume_layout(*resume, layout)
     init_distributed(launch, device_info)
-    state = ParallelState.build(cfg.parallel.tensor_parallel_size,
-                                cfg.parallel.pipeline_parallel_size)
+    state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
     if launch.rank == 0:
         _write_run_files(cfg, dp)
-    text_vocab = tokenizer_vocab_size(cfg)
-    vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, state.tp)
-    engine = Engine(cfg, state, vocab, device_info.device, dp)
+    init = cfg.training.init_from
+    if init is not None and resume is not None:
+        log.info("training.init_from=%s is not used: this run resumes from its checkpoint", init)
+        init = None
+    engine = Engine(cfg, state, vocab, device_info.device, dp,
+                    init_text_vocab=text_vocab if init is not None else None)
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
-    return launch, device_info, state, dp, text_vocab, vocab, engine
+    return launch, device_info, state, dp, text_vocab, vocab, layout, engine
 
 
 def _resume(cfg: Config, engine: Engine):
@@ -134,7 +152,7 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
 
 
 def train(cfg: Config) -> RunSummary:
-    launch, device_info, state, dp, text_vocab, vocab, engine = _start(cfg)
+    launch, device_info, state, dp, text_vocab, vocab, layout, engine = _start(cfg)
     device, t = device_info.device, cfg.training
     step, consumed = _resume(cfg, engine)
     data = build_iterators(cfg, state.dp_rank, dp, consumed, vocab_size=text_vocab)
@@ -164,7 +182,7 @@ def train(cfg: Config) -> RunSummary:
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = t.save_interval and step % t.save_interval == 0
         if stopping or periodic or (t.save and step == t.train_iters):
-            _save(cfg, engine, step, consumed)
+            _save(cfg, engine, step, consumed, layout)
         if stopping:
             summary.stopped_early = True
             break

@@ -1,0 +1,87 @@
+"""Moving a run to another layout: resuming a checkpoint under a layout it does not fit is
+refused before anything is loaded, with the layouts named and the way forward; that way forward
+(megatron-convert to-single, then training.init_from) starts any layout from the same weights."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from megatron.cli.convert import main as convert_main
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args
+
+pytestmark = pytest.mark.slow
+EXE = shutil.which("megatron-train") or os.path.join(os.path.dirname(sys.executable),
+                                                     "megatron-train")
+# vocab 500 pads to 512 rows at TP1 and TP2 alike; 4 layers split over PP2.
+BASE = ("model.vocab_size=500", "training.log_interval=1")
+
+
+_ENVS = {}
+
+
+def _env(tmp_path):
+    """One RunEnv (compiler stubs, empty TORCH_EXTENSIONS_DIR) per test, shared by its launches."""
+    if str(tmp_path) not in _ENVS:
+        home = tmp_path / "launch_env"
+        home.mkdir()
+        _ENVS[str(tmp_path)] = RunEnv(home).env
+    return _ENVS[str(tmp_path)]
+
+
+def train(tmp_path, nproc, run_dir, *items):
+    """megatron-train on nproc CPU ranks (plain for one, torchrun for more)."""
+    cmd = [EXE] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                    f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                                    EXE]
+    cmd += ["--config", TINY, *set_args(*BASE, f"run.dir={run_dir}", *items)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=_env(tmp_path))
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r["loss"] for r in rows if "split" not in r]
+
+
+def test_resume_refuses_another_layout_and_init_from_continues_in_any(tmp_path):
+    a = tmp_path / "tp2"
+    proc = train(tmp_path, 2, a, "parallel.tensor_parallel_size=2", "training.train_iters=4",
+                 "training.save=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layout = json.loads((a / "checkpoints" / "step_0000004" / "layout.json").read_text())
+    assert (layout["tensor_parallel_size"], layout["data_parallel_size"]) == (2, 1)
+
+    # Same run directory, TP1 on one process: refused before DeepSpeed reads a shard.
+    proc = train(tmp_path, 1, a, "training.train_iters=6", "training.load=auto")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "was written by a TP2 PP1 DP1 ZeRO-1 run and this run is TP1 PP1 DP1 ZeRO-1" \
+        in proc.stderr
+    assert "--set training.init_from=model.pt" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "tensor_parallel_size: 2" in (a / "config.yaml").read_text()  # left as it was
+
+    model = tmp_path / "model.pt"
+    assert convert_main(["to-single", "--run-dir", str(a), "--output", str(model)]) == 0
+    single, piped = tmp_path / "tp1", tmp_path / "pp2"
+    proc = train(tmp_path, 1, single, "training.train_iters=2", f"training.init_from={model}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "initialised" in proc.stderr and "from " + str(model) in proc.stderr
+    proc = train(tmp_path, 2, piped, "parallel.pipeline_parallel_size=2",
+                 "training.train_iters=2", f"training.init_from={model}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fresh, tp1, pp2 = losses(a)[0], losses(single)[0], losses(piped)[0]
+    # Both layouts start from the trained weights (the same batch sees a lower loss than the
+    # fresh model did) and from the same ones (equal to float rounding).
+    assert tp1 < fresh - 0.05, (tp1, fresh)
+    assert abs(pp2 - tp1) <= 1e-5 * tp1, (pp2, tp1)
+
+
+def test_init_from_must_exist_and_fit(tmp_path):
+    proc = train(tmp_path, 1, tmp_path / "x", "training.train_iters=1",
+                 f"training.init_from={tmp_path / 'missing.pt'}")
+    assert proc.returncode == 2
+    assert "training.init_from=" in proc.stderr and "an existing single-file model" in proc.stderr
