@@ -20,9 +20,9 @@ def base_profile(args) -> Profile:
         prof = load_profile(args.cluster)
     else:
         from megatron.planner.probe import probe_local
-        # A CPU reports peak resident memory, which never sees the untouched pages of
-        # DeepSpeed's preallocated gradient bucket: leave the bucket out of the model.
-        prof = Profile(probe_local(args.nproc), Constants(bucket_elems=0.0))
+        # A CPU reports peak resident memory, which sees only the pages of DeepSpeed's gradient
+        # bucket that gradients touch (Constants.bucket_touched).
+        prof = Profile(probe_local(args.nproc), Constants(bucket_touched=1.0))
         log.info("probed this machine: %.3g TFLOPs per rank, %.3g GB/s memory, %.3g GB per rank",
                  prof.spec.peak_tflops, prof.spec.hbm_gbps, prof.spec.gpu_memory_gb)
     return Profile(dataclasses.replace(prof.spec, gpus_per_node=args.nproc), prof.constants)

@@ -4,7 +4,8 @@ Model states follow what DeepSpeed 0.19 allocates for the config this project ge
 (megatron/config/deepspeed_json.py: a torch Adam, contiguous_gradients, overlap_comm off):
 - ZeRO 1-3 (DeepSpeedZeroOptimizer / stage 3): an fp32 master partition (a copy even for fp32
   models) and fp32 Adam moments, both 1/dp; gradients in the model dtype, whole for ZeRO-1, a
-  1/dp partition for ZeRO-2/3, plus one contiguous bucket of reduce_bucket_size elements.
+  1/dp partition for ZeRO-2/3, plus one contiguous bucket of reduce_bucket_size elements
+  (on a CPU, where only touched pages are resident, just what ZeRO-3 copies through it).
 - ZeRO-0: fp32 uses the torch optimizer as is (no master copy); fp16, and bf16 without
   pipelining, use the FP16 optimizer (whole fp32 master and moments); bf16 with pipelining uses
   DeepSpeed's BF16 optimizer, which shards master and moments over DP like ZeRO-1.
@@ -59,8 +60,9 @@ def zero3_gathered_elems(n: int, layer_params: int) -> float:
 
 
 def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, dp: int,
-                bucket_elems: float) -> StateBytes:
-    """Bytes of weights, gradients and optimizer states one rank holds for its n parameters."""
+                bucket_elems: float, bucket_touched: bool = False) -> StateBytes:
+    """Bytes of weights, gradients and optimizer states one rank holds for its n parameters.
+    bucket_touched: count only the bucket pages gradients write (Constants.bucket_touched)."""
     lp = act.act_bytes(precision)
     kind = optimizer_kind(precision, zero, pp)
     if kind == "torch":
@@ -70,6 +72,8 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     if kind == "bf16":
         return StateBytes(lp * n, lp * n, 12 * n / dp, 4 * n / dp, 0, False)
     bucket = bucket_elems * lp
+    if bucket_touched:
+        bucket = lp * min(bucket_elems, float(n)) if zero == 3 else 0.0
     weights = lp * n / dp if zero == 3 else lp * n
     if zero == 3:
         weights += lp * zero3_gathered_elems(n, layer_params)
@@ -128,7 +132,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
 
 def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants) -> StageMemory:
     states = state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
-                         c.bucket_elems)
+                         c.bucket_elems, bool(c.bucket_touched))
     stored, working = _stage_activations(job, lay, sp, stage, c)
     base = states.weights + states.optimizer + c.fixed_gb * GIB
     backward = base + states.grads + stored + working

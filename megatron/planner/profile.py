@@ -46,6 +46,10 @@ class Constants:
     framework_gb: float = 1.0
     # DeepSpeed's contiguous gradient bucket (reduce_bucket_size, elements).
     bucket_elems: float = 5e8
+    # 0: the allocator counts the whole bucket (a GPU's allocated memory). 1: only the pages the
+    # gradients touch count (resident memory on a CPU): ZeRO-3 copies every gradient of the
+    # stage through it, ZeRO-1/2 move theirs in, so only ZeRO-3 adds min(bucket, parameters).
+    bucket_touched: float = 0.0
 
     def replace(self, **changes) -> "Constants":
         return dataclasses.replace(self, **changes)
