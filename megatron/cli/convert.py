@@ -14,6 +14,8 @@ EPILOG = """examples:
   megatron-convert to-single --run-dir runs/tiny --tag step_0000020 --output tiny.pt --trim-vocab
   # a model-only run directory with TP=2 (for megatron-generate or another to-single)
   megatron-convert reshard --run-dir runs/tiny --tensor-parallel-size 2 --output-dir runs/tiny-tp2
+  # a Hugging Face model folder (GPT-2 or Llama flavour), e.g. for lm-eval's hf model
+  megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
 
 to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
 state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
@@ -37,7 +39,15 @@ def parse_args(argv=None):
     resh.add_argument("--tensor-parallel-size", type=int, required=True)
     resh.add_argument("--output-dir", required=True, help="the new run directory (must not "
                       "hold a run yet)")
-    for s in (single, resh):
+    hf = sub.add_parser("to-hf", help="write a Hugging Face model folder (GPT-2 or Llama)",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hf.add_argument("--output-dir", required=True, help="folder for config.json, "
+                    "model.safetensors and the tokenizer files (new or empty)")
+    hf.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="dtype of the written weights (default fp32)")
+    hf.add_argument("--trim-vocab", action="store_true",
+                    help="drop the padding rows of the embedding (and untied head)")
+    for s in (single, resh, hf):
         s.add_argument("--run-dir", required=True, help="run directory (config.yaml, "
                        "checkpoints/)")
         s.add_argument("--tag", help="checkpoint tag such as step_0000020 (default: latest)")
@@ -53,6 +63,13 @@ def main(argv=None) -> int:
         merged = convert.convert_to_single(args.run_dir, args.output, args.tag, args.trim_vocab)
         sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors, vocabulary "
                          f"{merged.vocab_size} in {merged.padded_vocab_size} rows)\n")
+        return 0
+    if args.command == "to-hf":
+        from megatron.training.hf_export import export_hf
+        merged = convert.merge_run(args.run_dir, args.tag, trim_vocab=args.trim_vocab)
+        written = export_hf(merged, args.output_dir, args.dtype)
+        sys.stdout.write(f"wrote {args.output_dir}: {', '.join(written)} "
+                         f"({merged.padded_vocab_size} vocabulary rows, {args.dtype})\n")
         return 0
     folder = convert.reshard_run(args.run_dir, args.tensor_parallel_size, args.output_dir,
                                  args.tag)

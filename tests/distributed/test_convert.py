@@ -158,3 +158,19 @@ def test_reshard_refuses_split_kv_groups(runs, tmp_path, capsys):
     assert exit_info.value.code != 0
     assert "model.num_query_groups" in capsys.readouterr().err
     assert not new_run.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tp2pp2-gpt2", "tp2pp2-llama"])
+def test_to_hf_from_a_sharded_run_reproduces_the_merged_logits(runs, name, tmp_path):
+    """megatron-convert to-hf on a TP2 x PP2 run: transformers loads the folder and gives the
+    merged model's logits (GPT-2 and Llama with grouped keys/values)."""
+    transformers = pytest.importorskip("transformers")
+    run_dir, out = runs[name]["run_dir"], str(tmp_path / "hf")
+    assert convert_main(["to-hf", "--run-dir", run_dir, "--output-dir", out]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    merged = build_single_model(merge_run(run_dir)).eval()
+    tokens = (torch.arange(128).view(2, 64) * 7) % 500  # real ids of both vocabularies
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, merged(tokens).transpose(0, 1),
+                                   rtol=1e-4, atol=1e-4)

@@ -1,0 +1,187 @@
+"""Hugging Face export: a merged checkpoint (convert.merge_run) written as a transformers model
+folder, config.json plus model.safetensors, for evaluation harnesses (lm-eval's `hf` model) and
+the rest of that ecosystem. Two flavours map exactly, weight for weight:
+
+- GPT-2 (learned positions, LayerNorm, tanh GeLU, biases, tied embeddings, one key/value head
+  per query head) -> GPT2LMHeadModel. Its Conv1D weights are stored [in, out] (transposed), and
+  its c_attn holds all queries, then all keys, then all values, where our QKV rows are grouped
+  per head.
+- Llama (rotary over the whole head, RMSNorm, SwiGLU; any number of key/value groups; tied or
+  untied; biases on or off) -> LlamaForCausalLM. q/k/v and gate/up are split out of our fused
+  QKV (per group: its query heads, then its key, then its value) and [gate; up] fc1.
+
+The vocabulary keeps the rows the merge kept (padding included unless trimmed), so the exported
+model gives the trained model's logits. Tokenizer files named in the run's config are copied
+beside the weights (GPT-2 vocab.json/merges.txt, a Hugging Face tokenizer.json, or a SentencePiece
+tokenizer.model). Writing needs no transformers; reading the result back does."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Dict, List
+
+import torch
+
+from megatron.config.errors import InputError
+from megatron.training.convert import MergedCheckpoint
+
+StateDict = Dict[str, torch.Tensor]
+
+GPT2_NEEDS = {"position_embedding_type": "learned", "normalization": "layernorm",
+              "activation": "gelu", "add_bias_linear": True, "tie_embeddings": True}
+LLAMA_NEEDS = {"position_embedding_type": "rotary", "normalization": "rmsnorm",
+               "activation": "swiglu"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def flavour(m) -> str:
+    """'gpt2' or 'llama' for a model config that maps exactly; InputError otherwise."""
+    if all(getattr(m, k) == v for k, v in LLAMA_NEEDS.items()):
+        return "llama"
+    gpt2_diff = [f"{k}={getattr(m, k)!r}" for k, v in GPT2_NEEDS.items() if getattr(m, k) != v]
+    if not gpt2_diff and m.kv_heads == m.num_attention_heads:
+        return "gpt2"
+    raise InputError(
+        "this model maps to no Hugging Face architecture exactly: GPT-2 needs "
+        + ", ".join(f"{k}={v!r}" for k, v in GPT2_NEEDS.items())
+        + " and num_query_groups equal to num_attention_heads; Llama needs "
+        + ", ".join(f"{k}={v!r}" for k, v in LLAMA_NEEDS.items())
+        + f". This run has position_embedding_type={m.position_embedding_type!r}, "
+          f"normalization={m.normalization!r}, activation={m.activation!r}, "
+          f"add_bias_linear={m.add_bias_linear!r}, tie_embeddings={m.tie_embeddings!r}, "
+          f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads")
+
+
+def _qkv_parts(w: torch.Tensor, m) -> List[torch.Tensor]:
+    """Our fused QKV rows (or bias) -> [q, k, v], each with heads in order."""
+    groups, d = m.kv_heads, m.head_dim
+    g = m.num_attention_heads // groups
+    per_group = w.reshape(groups, g + 2, d, *w.shape[1:])
+    q = per_group[:, :g].reshape(groups * g * d, *w.shape[1:])
+    k = per_group[:, g].reshape(groups * d, *w.shape[1:])
+    v = per_group[:, g + 1].reshape(groups * d, *w.shape[1:])
+    return [q, k, v]
+
+
+def gpt2_state_dict(sd: StateDict, m) -> StateDict:
+    out = {"transformer.wte.weight": sd["embedding.word_embeddings.weight"],
+           "transformer.wpe.weight": sd["embedding.position_embeddings"],
+           "transformer.ln_f.weight": sd["final_norm.weight"],
+           "transformer.ln_f.bias": sd["final_norm.bias"]}
+    for i in range(m.num_layers):
+        ours, hf = f"layers.{i}.", f"transformer.h.{i}."
+        out.update({
+            hf + "ln_1.weight": sd[ours + "norm1.weight"], hf + "ln_1.bias": sd[ours + "norm1.bias"],
+            hf + "ln_2.weight": sd[ours + "norm2.weight"], hf + "ln_2.bias": sd[ours + "norm2.bias"],
+            # Conv1D: weight [in, out].
+            hf + "attn.c_attn.weight": torch.cat(_qkv_parts(sd[ours + "attention.qkv.weight"], m)).t(),
+            hf + "attn.c_attn.bias": torch.cat(_qkv_parts(sd[ours + "attention.qkv.bias"], m)),
+            hf + "attn.c_proj.weight": sd[ours + "attention.dense.weight"].t(),
+            hf + "attn.c_proj.bias": sd[ours + "attention.dense.bias"],
+            hf + "mlp.c_fc.weight": sd[ours + "mlp.fc1.weight"].t(),
+            hf + "mlp.c_fc.bias": sd[ours + "mlp.fc1.bias"],
+            hf + "mlp.c_proj.weight": sd[ours + "mlp.fc2.weight"].t(),
+            hf + "mlp.c_proj.bias": sd[ours + "mlp.fc2.bias"]})
+    return out
+
+
+def llama_state_dict(sd: StateDict, m) -> StateDict:
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+           "model.norm.weight": sd["final_norm.weight"]}
+    if not m.tie_embeddings:
+        out["lm_head.weight"] = sd["output.head.weight"]
+    for i in range(m.num_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        q, k, v = _qkv_parts(sd[ours + "attention.qkv.weight"], m)
+        gate, up = sd[ours + "mlp.fc1.weight"].chunk(2, dim=0)
+        out.update({
+            hf + "input_layernorm.weight": sd[ours + "norm1.weight"],
+            hf + "post_attention_layernorm.weight": sd[ours + "norm2.weight"],
+            hf + "self_attn.q_proj.weight": q, hf + "self_attn.k_proj.weight": k,
+            hf + "self_attn.v_proj.weight": v,
+            hf + "self_attn.o_proj.weight": sd[ours + "attention.dense.weight"],
+            hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up,
+            hf + "mlp.down_proj.weight": sd[ours + "mlp.fc2.weight"]})
+        if m.add_bias_linear:
+            qb, kb, vb = _qkv_parts(sd[ours + "attention.qkv.bias"], m)
+            gate_b, up_b = sd[ours + "mlp.fc1.bias"].chunk(2, dim=0)
+            out.update({hf + "self_attn.q_proj.bias": qb, hf + "self_attn.k_proj.bias": kb,
+                        hf + "self_attn.v_proj.bias": vb,
+                        hf + "self_attn.o_proj.bias": sd[ours + "attention.dense.bias"],
+                        hf + "mlp.gate_proj.bias": gate_b, hf + "mlp.up_proj.bias": up_b,
+                        hf + "mlp.down_proj.bias": sd[ours + "mlp.fc2.bias"]})
+    return out
+
+
+def _eod_id(merged: MergedCheckpoint):
+    """The end-of-document id (what generation stops at), or None when the tokenizer has none."""
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    try:
+        return build_tokenizer(spec_from_config(merged.config)).eod
+    except (InputError, ValueError, OSError):
+        return None
+
+
+def hf_config(merged: MergedCheckpoint, kind: str, dtype: str) -> dict:
+    m = merged.config.model
+    eod = _eod_id(merged)
+    common = {"vocab_size": merged.padded_vocab_size, "torch_dtype": str(DTYPES[dtype])[6:],
+              "tie_word_embeddings": m.tie_embeddings, "use_cache": True,
+              "bos_token_id": eod, "eos_token_id": eod}
+    if kind == "gpt2":
+        return dict(common, architectures=["GPT2LMHeadModel"], model_type="gpt2",
+                    n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_attention_heads,
+                    n_inner=m.ffn_hidden_size, n_positions=m.max_position_embeddings,
+                    activation_function="gelu_new", layer_norm_epsilon=m.norm_epsilon,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                    scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                    reorder_and_upcast_attn=False)
+    return dict(common, architectures=["LlamaForCausalLM"], model_type="llama",
+                hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+                num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
+                num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
+                rope_theta=m.rotary_base,
+                rope_parameters={"rope_type": "default", "rope_theta": m.rotary_base},
+                hidden_act="silu", attention_bias=m.add_bias_linear,
+                mlp_bias=m.add_bias_linear, attention_dropout=0.0)
+
+
+def _tokenizer_files(cfg) -> List[str]:
+    d = cfg.data
+    names = {"gpt2": [d.vocab_file, d.merges_file], "huggingface": [d.tokenizer_model],
+             "sentencepiece": [d.tokenizer_model]}.get(d.tokenizer_type, [])
+    return [p for p in names if p]
+
+
+def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") -> List[str]:
+    """Writes output_dir/config.json, model.safetensors and the tokenizer files; returns the
+    names written. The folder must not exist or be empty."""
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise InputError(f"output directory {output_dir!r} is not empty; choose a new one")
+    kind = flavour(merged.config.model)
+    convert = gpt2_state_dict if kind == "gpt2" else llama_state_dict
+    tensors = {k: v.to(DTYPES[dtype]).contiguous()
+               for k, v in convert(merged.state_dict, merged.config.model).items()}
+    missing = [p for p in _tokenizer_files(merged.config) if not os.path.isfile(p)]
+    if missing:
+        raise InputError(f"tokenizer file(s) {', '.join(missing)} named in the run's config do "
+                         f"not exist here; run the export where the run's data config resolves")
+    os.makedirs(output_dir, exist_ok=True)
+    from safetensors.torch import save_file
+    save_file(tensors, os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(output_dir, "config.json"), "w") as f:
+        json.dump(hf_config(merged, kind, dtype), f, indent=1, sort_keys=True)
+    written = ["config.json", "model.safetensors"]
+    for path in _tokenizer_files(merged.config):
+        name = os.path.basename(path)
+        if merged.config.data.tokenizer_type == "sentencepiece":
+            name = "tokenizer.model"
+        elif merged.config.data.tokenizer_type == "huggingface":
+            name = "tokenizer.json"
+        shutil.copyfile(path, os.path.join(output_dir, name))
+        written.append(name)
+    return written

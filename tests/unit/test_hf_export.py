@@ -1,0 +1,68 @@
+"""Hugging Face export against transformers itself: both flavours (GPT-2; Llama with grouped
+keys/values, tied and untied, with and without biases) give the same logits as our unsharded
+model, in fp32, for a random batch; and configs that map to no architecture are refused."""
+import pytest
+import torch
+
+from megatron.config import load_config
+from megatron.config.errors import InputError
+from megatron.model import build_model
+from megatron.parallel.state import ParallelState
+from megatron.training.convert import MergedCheckpoint
+from megatron.training.hf_export import export_hf
+
+transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
+
+TINY = "examples/local/tiny.yaml"
+LLAMA = ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
+         "model.activation=swiglu", "model.add_bias_linear=false", "model.rotary_base=500000"]
+CASES = {
+    "gpt2": [],
+    "llama_gqa_untied": LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false"],
+    "llama_tied_bias": LLAMA[:-2] + ["model.add_bias_linear=true"],
+}
+
+
+def merged_model(overrides, root):
+    cfg = load_config(f"{root}/{TINY}", ["model.vocab_size=500", "model.norm_epsilon=1e-6"]
+                      + overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
+    with torch.no_grad():  # norms and biases away from their 1/0 start, so a swap would show
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    return model, MergedCheckpoint(cfg, sd, 500, 512, {})
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_transformers_reproduces_our_logits(case, tmp_path, root):
+    model, merged = merged_model(CASES[case], root)
+    written = export_hf(merged, str(tmp_path / case))
+    assert written == ["config.json", "model.safetensors"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / case),
+                                                           dtype=torch.float32).eval()
+    expected = {"gpt2": "GPT2LMHeadModel"}.get(case, "LlamaForCausalLM")
+    assert type(hf).__name__ == expected
+    tokens = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        ours = model(tokens).transpose(0, 1)  # [s, b, V] -> [b, s, V]
+        theirs = hf(tokens).logits
+    assert theirs.shape == ours.shape == (2, 64, 512)
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
+    _, merged = merged_model(["model.normalization=rmsnorm"], root)
+    with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
+        export_hf(merged, str(tmp_path / "x"))
+    assert "normalization='rmsnorm'" in str(e.value) and "GPT-2 needs" in str(e.value)
+    _, merged = merged_model(["model.num_query_groups=2"], root)
+    with pytest.raises(InputError, match="num_query_groups=2 of 4 heads"):
+        export_hf(merged, str(tmp_path / "y"))
+    _, merged = merged_model([], root)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    with pytest.raises(InputError, match="is not empty"):
+        export_hf(merged, str(tmp_path / "full"))
