@@ -176,12 +176,38 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
     with open(os.path.join(output_dir, "config.json"), "w") as f:
         json.dump(hf_config(merged, kind, dtype), f, indent=1, sort_keys=True)
     written = ["config.json", "model.safetensors"]
+    kind_of_tokenizer = merged.config.data.tokenizer_type
     for path in _tokenizer_files(merged.config):
-        name = os.path.basename(path)
-        if merged.config.data.tokenizer_type == "sentencepiece":
-            name = "tokenizer.model"
-        elif merged.config.data.tokenizer_type == "huggingface":
-            name = "tokenizer.json"
+        name = {"sentencepiece": "tokenizer.model", "huggingface": "tokenizer.json"}.get(
+            kind_of_tokenizer, os.path.basename(path))
         shutil.copyfile(path, os.path.join(output_dir, name))
         written.append(name)
+    if kind_of_tokenizer in TOKENIZER_CLASSES:
+        with open(os.path.join(output_dir, "tokenizer_config.json"), "w") as f:
+            json.dump(tokenizer_config(merged), f, indent=1, sort_keys=True)
+        written.append("tokenizer_config.json")
     return written
+
+
+# transformers' class for each tokenizer type; training never adds BOS/EOS around a document
+# (only the end-of-document id between documents), so neither does the exported tokenizer.
+TOKENIZER_CLASSES = {"gpt2": "GPT2Tokenizer", "huggingface": "PreTrainedTokenizerFast",
+                     "sentencepiece": "LlamaTokenizer"}
+
+
+def tokenizer_config(merged: MergedCheckpoint) -> dict:
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    tok = build_tokenizer(spec_from_config(merged.config))
+    eod = _eod_id(merged)
+    eod_text = None
+    if eod is not None:  # SentencePiece decodes control pieces to "": ask for the piece itself
+        sp = getattr(tok, "_sp", None)
+        eod_text = sp.id_to_piece(eod) if sp is not None else tok.detokenize([eod])
+    out = {"tokenizer_class": TOKENIZER_CLASSES[merged.config.data.tokenizer_type],
+           "add_bos_token": False, "add_eos_token": False, "model_max_length":
+               merged.config.model.seq_length, "clean_up_tokenization_spaces": False}
+    if eod_text:
+        out["eos_token"] = eod_text
+    if merged.config.data.tokenizer_type == "sentencepiece":
+        out["legacy"] = False
+    return out

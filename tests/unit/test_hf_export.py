@@ -66,3 +66,29 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
     (tmp_path / "full" / "keep.txt").write_text("x")
     with pytest.raises(InputError, match="is not empty"):
         export_hf(merged, str(tmp_path / "full"))
+
+
+def test_sentencepiece_tokenizer_is_exported_and_encodes_like_ours(tmp_path, root):
+    """The run's SentencePiece model goes beside the weights with a tokenizer_config.json; the
+    tokenizer transformers builds from it gives our ids (no BOS/EOS added, as in training).
+    Known difference: a text that starts with a space gets one leading '▁' piece fewer from
+    transformers, so only texts that do not start with one are compared."""
+    from megatron.data.tokenizers.sentencepiece import SentencePieceTokenizer
+    from megatron.data.tokenizers.train import train_sentencepiece
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(("ROMEO:\nBut, soft! what light through yonder window breaks?\n"
+                       "  Arise, fair sun,\tand kill the envious moon.\n") * 40
+                      + "Ünïcödé ☃ 1234 —  double  spaces\n\n")
+    sp_path = train_sentencepiece([str(corpus)], str(tmp_path / "sp"), 400)
+    _, merged = merged_model(LLAMA + ["data.tokenizer_type=sentencepiece",
+                                      f"data.tokenizer_model={sp_path}", "model.vocab_size=400"],
+                             root)
+    written = export_hf(merged, str(tmp_path / "hf"))
+    assert written == ["config.json", "model.safetensors", "tokenizer.model",
+                       "tokenizer_config.json"]
+    ours = SentencePieceTokenizer(sp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert theirs.eos_token_id == ours.eod
+    for text in ("ROMEO:\nBut, soft!", "x\n  Arise, fair sun", "Question: who? Answer: Paris",
+                 "Ünïcödé ☃ 1234 —  double  spaces\n\n", "It is the east,\tand Juliet"):
+        assert theirs.encode(text, add_special_tokens=False) == ours.tokenize(text), text
