@@ -1,5 +1,5 @@
-"""megatron-convert: turn a run's sharded DeepSpeed checkpoint into one unsharded file, or into a
-model-only checkpoint for another tensor-parallel size."""
+"""megatron-convert: turn a run's sharded DeepSpeed checkpoint into one unsharded file, a
+model-only checkpoint for another tensor-parallel size, or a Hugging Face model folder."""
 from __future__ import annotations
 
 import argparse
