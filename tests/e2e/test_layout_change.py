@@ -73,11 +73,16 @@ def test_resume_refuses_another_layout_and_init_from_continues_in_any(tmp_path):
     proc = train(tmp_path, 2, piped, "parallel.pipeline_parallel_size=2",
                  "training.train_iters=2", f"training.init_from={model}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    fresh, tp1, pp2 = losses(a)[0], losses(single)[0], losses(piped)[0]
-    # Both layouts start from the trained weights (the same batch sees a lower loss than the
+    zero3 = tmp_path / "dp2z3"  # the weights go in before ZeRO-3 partitions them
+    proc = train(tmp_path, 2, zero3, "parallel.zero_stage=3", "training.train_iters=2",
+                 f"training.init_from={model}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fresh, tp1 = losses(a)[0], losses(single)[0]
+    # Every layout starts from the trained weights (the same batch sees a lower loss than the
     # fresh model did) and from the same ones (equal to float rounding).
     assert tp1 < fresh - 0.05, (tp1, fresh)
-    assert abs(pp2 - tp1) <= 1e-5 * tp1, (pp2, tp1)
+    for other in (piped, zero3):
+        assert abs(losses(other)[0] - tp1) <= 1e-5 * tp1, (other.name, losses(other)[0], tp1)
 
 
 def test_init_from_must_exist_and_fit(tmp_path):
