@@ -119,3 +119,20 @@ def require_helpers():
         pytest.fail(f"megatron.data._helpers is not built ({e}); build it with `make setup` or "
                     f"`pip install --no-build-isolation -e .`")
     return _helpers
+
+
+def bytelevel_bpe(folder, texts: List[str], vocab_size: int = 700):
+    """A GPT-2-style byte-level BPE trained with the `tokenizers` library on `texts`, saved in
+    `folder` as vocab.json + merges.txt and as tokenizer.json; returns the tokenizer."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.model.save(str(folder))
+    tok.save(str(folder / "tokenizer.json"))
+    return tok

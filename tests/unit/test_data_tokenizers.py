@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from tests.unit._data_support import corpus_lines, spm_model
+from tests.unit._data_support import bytelevel_bpe, corpus_lines, spm_model
 from megatron.config.errors import InputError
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
 from megatron.data.tokenizers.gpt2_bpe import GPT2BPETokenizer, bytes_to_unicode, pretokenize
@@ -86,20 +86,10 @@ def test_gpt2_bpe_errors_name_the_setting(tmp_path):
 
 @pytest.fixture(scope="module")
 def hf_bytelevel(tmp_path_factory):
-    tokenizers = pytest.importorskip("tokenizers", reason="optional 'tokenizers' library "
-                                     "(pip install tokenizers) not installed")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(corpus_lines(1500, seed=3) + HARD_TEXTS, trainer)
+    pytest.importorskip("tokenizers", reason="optional 'tokenizers' library "
+                        "(pip install tokenizers) not installed")
     d = tmp_path_factory.mktemp("hf")
-    tok.model.save(str(d))
-    tok.save(str(d / "tokenizer.json"))
-    return tok, d
+    return bytelevel_bpe(d, corpus_lines(1500, seed=3) + HARD_TEXTS), d
 
 
 def test_gpt2_bpe_matches_hugging_face_byte_level_bpe(hf_bytelevel):

@@ -92,3 +92,25 @@ def test_sentencepiece_tokenizer_is_exported_and_encodes_like_ours(tmp_path, roo
     for text in ("ROMEO:\nBut, soft!", "x\n  Arise, fair sun", "Question: who? Answer: Paris",
                  "Ünïcödé ☃ 1234 —  double  spaces\n\n", "It is the east,\tand Juliet"):
         assert theirs.encode(text, add_special_tokens=False) == ours.tokenize(text), text
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "huggingface"])
+def test_bpe_tokenizers_are_exported_and_encode_like_ours(kind, tmp_path, root):
+    """GPT-2 vocab.json + merges.txt, or a tokenizer.json, beside the weights: transformers'
+    tokenizer from the folder gives our ids and our end-of-document id."""
+    pytest.importorskip("tokenizers")
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    from tests.unit._data_support import bytelevel_bpe, corpus_lines
+    texts = corpus_lines(300, seed=5) + ["  two leading spaces", "tab\tand\nnewline", "Ünï ☃"]
+    bytelevel_bpe(tmp_path, texts, vocab_size=500)
+    files = ([f"data.vocab_file={tmp_path / 'vocab.json'}",
+              f"data.merges_file={tmp_path / 'merges.txt'}"] if kind == "gpt2"
+             else [f"data.tokenizer_model={tmp_path / 'tokenizer.json'}"])
+    _, merged = merged_model([f"data.tokenizer_type={kind}"] + files, root)
+    written = export_hf(merged, str(tmp_path / "hf"))
+    assert "tokenizer_config.json" in written
+    ours = build_tokenizer(spec_from_config(merged.config))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert theirs.eos_token_id == ours.eod
+    for text in texts[-3:] + corpus_lines(20, seed=6):
+        assert theirs.encode(text, add_special_tokens=False) == ours.tokenize(text), text
