@@ -16,6 +16,9 @@ EPILOG = """examples:
   megatron-convert reshard --run-dir runs/tiny --tensor-parallel-size 2 --output-dir runs/tiny-tp2
   # a Hugging Face model folder (GPT-2 or Llama flavour), e.g. for lm-eval's hf model
   megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
+  # the other way: a Hugging Face GPT-2/Llama folder as a single file to start training from
+  megatron-convert from-hf --hf-dir ~/models/llama --output llama.pt   # prints its model: section
+  megatron-train --config my.yaml --set training.init_from=llama.pt
 
 to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
 state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
@@ -47,6 +50,12 @@ def parse_args(argv=None):
                     help="dtype of the written weights (default fp32)")
     hf.add_argument("--trim-vocab", action="store_true",
                     help="drop the padding rows of the embedding (and untied head)")
+    imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama folder as a single file "
+                         "(for training.init_from)", epilog=EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    imp.add_argument("--hf-dir", required=True, help="folder with config.json and "
+                     "model.safetensors (or a sharded model.safetensors.index.json)")
+    imp.add_argument("--output", required=True, help="the .pt file to write")
     for s in (single, resh, hf):
         s.add_argument("--run-dir", required=True, help="run directory (config.yaml, "
                        "checkpoints/)")
@@ -63,6 +72,18 @@ def main(argv=None) -> int:
         merged = convert.convert_to_single(args.run_dir, args.output, args.tag, args.trim_vocab)
         sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors, vocabulary "
                          f"{merged.vocab_size} in {merged.padded_vocab_size} rows)\n")
+        return 0
+    if args.command == "from-hf":
+        import yaml
+        from megatron.training.hf_import import import_hf
+        merged = import_hf(args.hf_dir)
+        convert.save_single(merged, args.output)
+        section = {"model": {k: v for k, v in merged.config.to_dict()["model"].items()
+                             if k not in ("hidden_dropout", "attention_dropout",
+                                          "attention_backend", "init_method_std")}}
+        sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors). Train from it "
+                         f"with --set training.init_from={args.output} and this model section "
+                         f"in your config:\n{yaml.safe_dump(section, sort_keys=False)}")
         return 0
     if args.command == "to-hf":
         from megatron.training.hf_export import export_hf

@@ -1,0 +1,188 @@
+"""Hugging Face import: a transformers GPT-2 or Llama folder (config.json + safetensors, single or
+sharded) as a single-file model (convert.save_single), from which `training.init_from` starts a
+run of any layout: continued pretraining of published weights. The inverse of hf_export.py;
+the same two flavours, weight for weight. Architectures or options this model does not implement
+(rope scaling, a head size other than hidden / heads, separate attention and MLP bias settings)
+are refused with the field and its value."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import torch
+
+from megatron.config import load_config
+from megatron.config.errors import InputError
+from megatron.training.convert import MergedCheckpoint
+
+StateDict = Dict[str, torch.Tensor]
+
+
+def _read_config(hf_dir: str) -> Dict[str, Any]:
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(path):
+        raise InputError(f"{hf_dir!r} holds no config.json: expected a Hugging Face model folder "
+                         f"(config.json and model.safetensors)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _read_weights(hf_dir: str) -> StateDict:
+    from safetensors.torch import load_file
+    single = os.path.join(hf_dir, "model.safetensors")
+    index = os.path.join(hf_dir, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        out: StateDict = {}
+        for name in files:
+            out.update(load_file(os.path.join(hf_dir, name)))
+        return out
+    raise InputError(f"{hf_dir!r} holds neither model.safetensors nor model.safetensors.index.json"
+                     f"; save the model with safetensors (save_pretrained does by default)")
+
+
+def _unsupported(field: str, value, expected: str):
+    return InputError(f"Hugging Face config {field}={value!r} is not supported: expected "
+                      f"{expected}")
+
+
+def model_overrides(hf: Dict[str, Any]) -> List[str]:
+    """`--set model.*` items for the model a Hugging Face config describes."""
+    kind = hf.get("model_type")
+    if kind == "gpt2":
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise _unsupported("activation_function", hf.get("activation_function"),
+                               "gelu_new (tanh GeLU)")
+        if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
+            raise _unsupported("scale_attn_by_inverse_layer_idx", True, "false")
+        h = hf["n_embd"]
+        return [f"model.num_layers={hf['n_layer']}", f"model.hidden_size={h}",
+                f"model.num_attention_heads={hf['n_head']}",
+                f"model.ffn_hidden_size={hf.get('n_inner') or 4 * h}",
+                f"model.max_position_embeddings={hf['n_positions']}",
+                f"model.vocab_size={hf['vocab_size']}",
+                f"model.norm_epsilon={hf.get('layer_norm_epsilon', 1e-5)}",
+                "model.position_embedding_type=learned", "model.normalization=layernorm",
+                "model.activation=gelu", "model.add_bias_linear=true",
+                "model.tie_embeddings=true"]
+    if kind != "llama":
+        raise _unsupported("model_type", kind, "gpt2 or llama")
+    h, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, h // heads):
+        raise _unsupported("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads = "
+                                                       f"{h // heads}")
+    rope = hf.get("rope_parameters") or {}
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        raise _unsupported("rope_scaling", hf.get("rope_scaling") or rope,
+                           "none (plain rotary embeddings)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise _unsupported("hidden_act", hf.get("hidden_act"), "silu (SwiGLU)")
+    bias = bool(hf.get("attention_bias", False))
+    if bool(hf.get("mlp_bias", False)) != bias:
+        raise _unsupported("mlp_bias", hf.get("mlp_bias"), f"equal to attention_bias ({bias}): "
+                           f"one setting covers every linear layer here")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    kv = hf.get("num_key_value_heads") or heads
+    return [f"model.num_layers={hf['num_hidden_layers']}", f"model.hidden_size={h}",
+            f"model.num_attention_heads={heads}", f"model.num_query_groups={kv}",
+            f"model.ffn_hidden_size={hf['intermediate_size']}",
+            f"model.max_position_embeddings={hf['max_position_embeddings']}",
+            f"model.vocab_size={hf['vocab_size']}",
+            f"model.norm_epsilon={hf.get('rms_norm_eps', 1e-6)}",
+            f"model.rotary_base={theta}", "model.position_embedding_type=rotary",
+            "model.normalization=rmsnorm", "model.activation=swiglu",
+            f"model.add_bias_linear={str(bias).lower()}",
+            f"model.tie_embeddings={str(bool(hf.get('tie_word_embeddings', False))).lower()}"]
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m) -> torch.Tensor:
+    """[q heads; k heads; v heads] -> our rows: per key/value group, its query heads, its key,
+    its value."""
+    groups, d = m.kv_heads, m.head_dim
+    g = m.num_attention_heads // groups
+    rest = q.shape[1:]
+    parts = [q.reshape(groups, g * d, *rest), k.reshape(groups, d, *rest),
+             v.reshape(groups, d, *rest)]
+    return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def _need(sd: StateDict, name: str, hf_dir: str) -> torch.Tensor:
+    if name not in sd:
+        raise InputError(f"{hf_dir!r}: weight {name!r} is missing from the safetensors files")
+    return sd[name]
+
+
+def _from_gpt2(sd: StateDict, m, hf_dir: str) -> StateDict:
+    def w(name):
+        return _need(sd, name, hf_dir)
+    out = {"embedding.word_embeddings.weight": w("transformer.wte.weight"),
+           "embedding.position_embeddings": w("transformer.wpe.weight"),
+           "final_norm.weight": w("transformer.ln_f.weight"),
+           "final_norm.bias": w("transformer.ln_f.bias")}
+    h = m.hidden_size
+    for i in range(m.num_layers):
+        hf, ours = f"transformer.h.{i}.", f"layers.{i}."
+        qkv_w = w(hf + "attn.c_attn.weight").t()  # Conv1D [in, out] -> [out, in]
+        qkv_b = w(hf + "attn.c_attn.bias")
+        out.update({
+            ours + "norm1.weight": w(hf + "ln_1.weight"), ours + "norm1.bias": w(hf + "ln_1.bias"),
+            ours + "norm2.weight": w(hf + "ln_2.weight"), ours + "norm2.bias": w(hf + "ln_2.bias"),
+            ours + "attention.qkv.weight": _fuse_qkv(*qkv_w.split(h), m),
+            ours + "attention.qkv.bias": _fuse_qkv(*qkv_b.split(h), m),
+            ours + "attention.dense.weight": w(hf + "attn.c_proj.weight").t(),
+            ours + "attention.dense.bias": w(hf + "attn.c_proj.bias"),
+            ours + "mlp.fc1.weight": w(hf + "mlp.c_fc.weight").t(),
+            ours + "mlp.fc1.bias": w(hf + "mlp.c_fc.bias"),
+            ours + "mlp.fc2.weight": w(hf + "mlp.c_proj.weight").t(),
+            ours + "mlp.fc2.bias": w(hf + "mlp.c_proj.bias")})
+    return out
+
+
+def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
+    def w(name):
+        return _need(sd, name, hf_dir)
+    out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight"),
+           "final_norm.weight": w("model.norm.weight")}
+    if not m.tie_embeddings:
+        out["output.head.weight"] = w("lm_head.weight")
+    for i in range(m.num_layers):
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = hf + "self_attn.", hf + "mlp."
+        out.update({
+            ours + "norm1.weight": w(hf + "input_layernorm.weight"),
+            ours + "norm2.weight": w(hf + "post_attention_layernorm.weight"),
+            ours + "attention.qkv.weight": _fuse_qkv(w(attn + "q_proj.weight"),
+                                                     w(attn + "k_proj.weight"),
+                                                     w(attn + "v_proj.weight"), m),
+            ours + "attention.dense.weight": w(attn + "o_proj.weight"),
+            ours + "mlp.fc1.weight": torch.cat([w(mlp + "gate_proj.weight"),
+                                                w(mlp + "up_proj.weight")]),
+            ours + "mlp.fc2.weight": w(mlp + "down_proj.weight")})
+        if m.add_bias_linear:
+            out.update({
+                ours + "attention.qkv.bias": _fuse_qkv(w(attn + "q_proj.bias"),
+                                                       w(attn + "k_proj.bias"),
+                                                       w(attn + "v_proj.bias"), m),
+                ours + "attention.dense.bias": w(attn + "o_proj.bias"),
+                ours + "mlp.fc1.bias": torch.cat([w(mlp + "gate_proj.bias"),
+                                                  w(mlp + "up_proj.bias")]),
+                ours + "mlp.fc2.bias": w(mlp + "down_proj.bias")})
+    return out
+
+
+def import_hf(hf_dir: str) -> MergedCheckpoint:
+    """The folder's model as a MergedCheckpoint (TP = PP = 1 names, the folder's dtype, no
+    vocabulary padding: the run pads as its own TP size requires)."""
+    hf = _read_config(hf_dir)
+    cfg = load_config(None, model_overrides(hf))
+    sd = _read_weights(hf_dir)
+    convert = _from_gpt2 if hf["model_type"] == "gpt2" else _from_llama
+    state = {k: v.contiguous() for k, v in convert(sd, cfg.model, hf_dir).items()}
+    vocab = cfg.model.vocab_size
+    return MergedCheckpoint(cfg, state, vocab, vocab,
+                            {"hf_dir": os.path.abspath(hf_dir), "step": None,
+                             "tensor_parallel_size": 1, "pipeline_parallel_size": 1})

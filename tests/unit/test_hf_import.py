@@ -1,0 +1,112 @@
+"""Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
+keys/values, tied or not, with biases) becomes a single file whose unsharded model gives
+transformers' logits; export then import gives back our exact tensors; unsupported options are
+refused with the field. Training from the file in another layout is covered by init_from's
+end-to-end test (tests/e2e/test_layout_change.py)."""
+import json
+
+import pytest
+import torch
+
+from megatron.cli.convert import main as convert_main
+from megatron.config.errors import InputError
+from megatron.training.convert import build_single_model, load_single
+from megatron.training.hf_export import export_hf
+from megatron.training.hf_import import import_hf
+
+transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
+
+SMALL = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4,
+                                            n_positions=64, resid_pdrop=0, embd_pdrop=0,
+                                            attn_pdrop=0),
+    "llama_gqa": lambda: transformers.LlamaConfig(**SMALL, intermediate_size=160,
+                                                  num_hidden_layers=2, num_key_value_heads=2,
+                                                  rope_theta=1e4, tie_word_embeddings=False),
+    "llama_tied_bias": lambda: transformers.LlamaConfig(**SMALL, intermediate_size=128,
+                                                        num_hidden_layers=2,
+                                                        tie_word_embeddings=True,
+                                                        attention_bias=True, mlp_bias=True),
+}
+
+
+def saved(tmp_path, name, **config_json_changes):
+    """A transformers model of CONFIGS[name], saved; config_json_changes edit its config.json
+    afterwards (options this project refuses, which transformers would build)."""
+    config = CONFIGS[name]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms and biases off their 1/0 start, so a swap would show
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path / name
+    model.save_pretrained(str(folder))
+    if config_json_changes:
+        data = json.loads((folder / "config.json").read_text())
+        data.update(config_json_changes)
+        (folder / "config.json").write_text(json.dumps(data))
+    return model, str(folder)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
+    hf, folder = saved(tmp_path, name)
+    out = str(tmp_path / f"{name}.pt")
+    assert convert_main(["from-hf", "--hf-dir", folder, "--output", out]) == 0
+    printed = capsys.readouterr().out
+    assert "training.init_from=" in printed and "num_layers: 2" in printed
+    merged = load_single(out)
+    ours = build_single_model(merged).eval()
+    tokens = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens).transpose(0, 1), hf(tokens).logits,
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+def test_export_then_import_gives_back_our_tensors(name, tmp_path):
+    _, folder = saved(tmp_path, name)
+    first = import_hf(folder)
+    export_hf(first, str(tmp_path / "again"))
+    second = import_hf(str(tmp_path / "again"))
+    assert set(first.state_dict) == set(second.state_dict)
+    for key, tensor in first.state_dict.items():
+        assert torch.equal(tensor, second.state_dict[key]), key
+
+
+def test_unsupported_hugging_face_options_are_named(tmp_path):
+    _, folder = saved(tmp_path, "llama_gqa",
+                      rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(InputError, match="rope_scaling=.*is not supported"):
+        import_hf(folder)
+    _, folder = saved(tmp_path, "llama_tied_bias", mlp_bias=False)
+    with pytest.raises(InputError, match="mlp_bias=False is not supported: expected equal to "
+                                         "attention_bias"):
+        import_hf(folder)
+    with pytest.raises(InputError, match="holds no config.json"):
+        import_hf(str(tmp_path))
+
+
+def test_init_from_an_imported_model_pads_the_vocabulary_for_the_run(tmp_path):
+    """training.init_from with an imported file (300 rows) into a model whose run pads the
+    vocabulary to 512: real ids keep transformers' logits, padding rows start at zero."""
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    from megatron.training.hf_import import model_overrides
+    from megatron.training.init_from import load_initial_weights
+    hf, folder = saved(tmp_path, "llama_gqa")
+    out = str(tmp_path / "llama.pt")
+    assert convert_main(["from-hf", "--hf-dir", folder, "--output", out]) == 0
+    overrides = model_overrides(json.loads((tmp_path / "llama_gqa" / "config.json").read_text()))
+    cfg = load_config(None, overrides + [f"training.init_from={out}"])
+    model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
+    copied = load_initial_weights(model, cfg, ParallelState.single(), 512, 300)
+    assert copied == len(dict(model.named_parameters()))
+    assert model.embedding.word_embeddings.weight[300:].abs().sum() == 0
+    tokens = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).transpose(0, 1)[..., :300], hf(tokens).logits,
+                                   rtol=1e-4, atol=1e-4)
