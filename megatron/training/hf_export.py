@@ -93,24 +93,17 @@ def llama_state_dict(sd: StateDict, m) -> StateDict:
         out["lm_head.weight"] = sd["output.head.weight"]
     for i in range(m.num_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        q, k, v = _qkv_parts(sd[ours + "attention.qkv.weight"], m)
-        gate, up = sd[ours + "mlp.fc1.weight"].chunk(2, dim=0)
-        out.update({
-            hf + "input_layernorm.weight": sd[ours + "norm1.weight"],
-            hf + "post_attention_layernorm.weight": sd[ours + "norm2.weight"],
-            hf + "self_attn.q_proj.weight": q, hf + "self_attn.k_proj.weight": k,
-            hf + "self_attn.v_proj.weight": v,
-            hf + "self_attn.o_proj.weight": sd[ours + "attention.dense.weight"],
-            hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up,
-            hf + "mlp.down_proj.weight": sd[ours + "mlp.fc2.weight"]})
-        if m.add_bias_linear:
-            qb, kb, vb = _qkv_parts(sd[ours + "attention.qkv.bias"], m)
-            gate_b, up_b = sd[ours + "mlp.fc1.bias"].chunk(2, dim=0)
-            out.update({hf + "self_attn.q_proj.bias": qb, hf + "self_attn.k_proj.bias": kb,
-                        hf + "self_attn.v_proj.bias": vb,
-                        hf + "self_attn.o_proj.bias": sd[ours + "attention.dense.bias"],
-                        hf + "mlp.gate_proj.bias": gate_b, hf + "mlp.up_proj.bias": up_b,
-                        hf + "mlp.down_proj.bias": sd[ours + "mlp.fc2.bias"]})
+        out.update({hf + "input_layernorm.weight": sd[ours + "norm1.weight"],
+                    hf + "post_attention_layernorm.weight": sd[ours + "norm2.weight"]})
+        for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
+            q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.{x}"], m)
+            gate, up = sd[f"{ours}mlp.fc1.{x}"].chunk(2, dim=0)
+            out.update({
+                f"{hf}self_attn.q_proj.{x}": q, f"{hf}self_attn.k_proj.{x}": k,
+                f"{hf}self_attn.v_proj.{x}": v,
+                f"{hf}self_attn.o_proj.{x}": sd[f"{ours}attention.dense.{x}"],
+                f"{hf}mlp.gate_proj.{x}": gate, f"{hf}mlp.up_proj.{x}": up,
+                f"{hf}mlp.down_proj.{x}": sd[f"{ours}mlp.fc2.{x}"]})
     return out
 
 

@@ -152,25 +152,17 @@ def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
     for i in range(m.num_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
-        out.update({
-            ours + "norm1.weight": w(hf + "input_layernorm.weight"),
-            ours + "norm2.weight": w(hf + "post_attention_layernorm.weight"),
-            ours + "attention.qkv.weight": _fuse_qkv(w(attn + "q_proj.weight"),
-                                                     w(attn + "k_proj.weight"),
-                                                     w(attn + "v_proj.weight"), m),
-            ours + "attention.dense.weight": w(attn + "o_proj.weight"),
-            ours + "mlp.fc1.weight": torch.cat([w(mlp + "gate_proj.weight"),
-                                                w(mlp + "up_proj.weight")]),
-            ours + "mlp.fc2.weight": w(mlp + "down_proj.weight")})
-        if m.add_bias_linear:
+        out.update({ours + "norm1.weight": w(hf + "input_layernorm.weight"),
+                    ours + "norm2.weight": w(hf + "post_attention_layernorm.weight")})
+        for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             out.update({
-                ours + "attention.qkv.bias": _fuse_qkv(w(attn + "q_proj.bias"),
-                                                       w(attn + "k_proj.bias"),
-                                                       w(attn + "v_proj.bias"), m),
-                ours + "attention.dense.bias": w(attn + "o_proj.bias"),
-                ours + "mlp.fc1.bias": torch.cat([w(mlp + "gate_proj.bias"),
-                                                  w(mlp + "up_proj.bias")]),
-                ours + "mlp.fc2.bias": w(mlp + "down_proj.bias")})
+                ours + f"attention.qkv.{x}": _fuse_qkv(w(f"{attn}q_proj.{x}"),
+                                                       w(f"{attn}k_proj.{x}"),
+                                                       w(f"{attn}v_proj.{x}"), m),
+                ours + f"attention.dense.{x}": w(f"{attn}o_proj.{x}"),
+                ours + f"mlp.fc1.{x}": torch.cat([w(f"{mlp}gate_proj.{x}"),
+                                                  w(f"{mlp}up_proj.{x}")]),
+                ours + f"mlp.fc2.{x}": w(f"{mlp}down_proj.{x}")})
     return out
 
 
