@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -65,13 +65,24 @@ def find_resume(cfg) -> Optional[Tuple[str, Optional[str]]]:
     return directory, None
 
 
+def model_shape(m) -> Dict[str, Any]:
+    """The ModelConfig fields in SHAPE_FIELDS, by name."""
+    return {name: getattr(m, name) for name in SHAPE_FIELDS}
+
+
+def shape_differences(theirs: Dict[str, Any], ours: Dict[str, Any], what: str) -> List[str]:
+    """'model.X: <what> A, this run B' for each shape field where two model_shape()s differ."""
+    return [f"model.{k}: {what} {theirs.get(k)!r}, this run {v!r}"
+            for k, v in ours.items() if theirs.get(k) != v]
+
+
 def layout_record(cfg, dp: int, vocab_size: int) -> Dict[str, Any]:
     """What a checkpoint's shards depend on: the parallel layout and the weight shapes."""
-    p, m = cfg.parallel, cfg.model
+    p = cfg.parallel
     return {"tensor_parallel_size": p.tensor_parallel_size,
             "pipeline_parallel_size": p.pipeline_parallel_size, "data_parallel_size": dp,
             "zero_stage": p.zero_stage, "padded_vocab_size": vocab_size,
-            "model": {name: getattr(m, name) for name in SHAPE_FIELDS}}
+            "model": model_shape(cfg.model)}
 
 
 def write_layout(folder: str, record: Dict[str, Any]) -> None:
@@ -99,8 +110,7 @@ def check_resume_layout(directory: str, tag: Optional[str], current: Dict[str, A
         return
     with open(path) as f:
         saved = json.load(f)
-    shape = [f"model.{k}: checkpoint {saved['model'].get(k)!r}, this run {v!r}"
-             for k, v in current["model"].items() if saved["model"].get(k) != v]
+    shape = shape_differences(saved["model"], current["model"], "checkpoint")
     if shape:
         raise InputError(f"checkpoint {os.path.join(directory, tag)} holds another model than "
                          f"this run's config ({'; '.join(shape)}); resume with the config it "

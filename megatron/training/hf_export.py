@@ -39,8 +39,8 @@ def flavour(m) -> str:
     """'gpt2' or 'llama' for a model config that maps exactly; InputError otherwise."""
     if all(getattr(m, k) == v for k, v in LLAMA_NEEDS.items()):
         return "llama"
-    gpt2_diff = [f"{k}={getattr(m, k)!r}" for k, v in GPT2_NEEDS.items() if getattr(m, k) != v]
-    if not gpt2_diff and m.kv_heads == m.num_attention_heads:
+    if all(getattr(m, k) == v for k, v in GPT2_NEEDS.items()) and \
+            m.kv_heads == m.num_attention_heads:
         return "gpt2"
     raise InputError(
         "this model maps to no Hugging Face architecture exactly: GPT-2 needs "
@@ -107,18 +107,16 @@ def llama_state_dict(sd: StateDict, m) -> StateDict:
     return out
 
 
-def _eod_id(merged: MergedCheckpoint):
+def _eod_id(tok):
     """The end-of-document id (what generation stops at), or None when the tokenizer has none."""
-    from megatron.data.tokenizers import build_tokenizer, spec_from_config
     try:
-        return build_tokenizer(spec_from_config(merged.config)).eod
-    except (InputError, ValueError, OSError):
+        return tok.eod
+    except InputError:
         return None
 
 
-def hf_config(merged: MergedCheckpoint, kind: str, dtype: str) -> dict:
+def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     m = merged.config.model
-    eod = _eod_id(merged)
     common = {"vocab_size": merged.padded_vocab_size, "torch_dtype": str(DTYPES[dtype])[6:],
               "tie_word_embeddings": m.tie_embeddings, "use_cache": True,
               "bos_token_id": eod, "eos_token_id": eod}
@@ -163,11 +161,13 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
     if missing:
         raise InputError(f"tokenizer file(s) {', '.join(missing)} named in the run's config do "
                          f"not exist here; run the export where the run's data config resolves")
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    tok = build_tokenizer(spec_from_config(merged.config))
     os.makedirs(output_dir, exist_ok=True)
     from safetensors.torch import save_file
     save_file(tensors, os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(output_dir, "config.json"), "w") as f:
-        json.dump(hf_config(merged, kind, dtype), f, indent=1, sort_keys=True)
+        json.dump(hf_config(merged, kind, dtype, _eod_id(tok)), f, indent=1, sort_keys=True)
     written = ["config.json", "model.safetensors"]
     kind_of_tokenizer = merged.config.data.tokenizer_type
     for path in _tokenizer_files(merged.config):
@@ -177,7 +177,7 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
         written.append(name)
     if kind_of_tokenizer in TOKENIZER_CLASSES:
         with open(os.path.join(output_dir, "tokenizer_config.json"), "w") as f:
-            json.dump(tokenizer_config(merged), f, indent=1, sort_keys=True)
+            json.dump(tokenizer_config(merged, tok), f, indent=1, sort_keys=True)
         written.append("tokenizer_config.json")
     return written
 
@@ -188,10 +188,8 @@ TOKENIZER_CLASSES = {"gpt2": "GPT2Tokenizer", "huggingface": "PreTrainedTokenize
                      "sentencepiece": "LlamaTokenizer"}
 
 
-def tokenizer_config(merged: MergedCheckpoint) -> dict:
-    from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    tok = build_tokenizer(spec_from_config(merged.config))
-    eod = _eod_id(merged)
+def tokenizer_config(merged: MergedCheckpoint, tok) -> dict:
+    eod = _eod_id(tok)
     eod_text = None
     if eod is not None:  # SentencePiece decodes control pieces to "": ask for the piece itself
         sp = getattr(tok, "_sp", None)

@@ -17,7 +17,7 @@ from torch import nn
 from megatron.config.errors import InputError
 from megatron.parallel.layers import shard
 from megatron.parallel.state import ParallelState
-from megatron.training.checkpoint import SHAPE_FIELDS
+from megatron.training.checkpoint import model_shape, shape_differences
 from megatron.training.convert import _pipeline_prefixes, load_single, tp_partition
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,7 @@ def load_initial_weights(model: nn.Module, cfg, state: ParallelState, padded_voc
     of tensors copied. Raises InputError naming the file and the mismatch."""
     path = cfg.training.init_from
     merged = load_single(path, mmap=True)
-    src, dst = merged.config.model, cfg.model
-    diff = [f"model.{k}: file {getattr(src, k)!r}, this run {getattr(dst, k)!r}"
-            for k in SHAPE_FIELDS if getattr(src, k) != getattr(dst, k)]
+    diff = shape_differences(model_shape(merged.config.model), model_shape(cfg.model), "file")
     if merged.vocab_size != text_vocab:
         diff.append(f"vocabulary: file {merged.vocab_size}, this run's tokenizer {text_vocab}")
     if diff:

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -93,9 +93,22 @@ def _save(cfg, engine: Engine, step: int, consumed: int, layout: dict) -> None:
         write_layout(os.path.join(directory, tag), layout)
 
 
-def _start(cfg: Config):
-    """Joins the job and builds the engine: (launch, device info, rank grid, dp, the tokenizer's
-    vocabulary, the padded vocabulary of the model, the layout record, engine)."""
+@dataclass
+class _Job:
+    """What _start sets up for train()."""
+    launch: Any
+    device_info: Any
+    state: ParallelState
+    dp: int
+    text_vocab: int  # the tokenizer's vocabulary
+    vocab: int       # the model's, padded for TP
+    layout: dict     # written beside each checkpoint (checkpoint.layout_record)
+    resume: Optional[Tuple[str, Optional[str]]]  # the checkpoint to continue from, if any
+    engine: Engine
+
+
+def _start(cfg: Config) -> _Job:
+    """Joins the job and builds the engine."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
     # Validate before joining the process group: a bad layout must fail fast on every rank,
@@ -126,12 +139,11 @@ def _start(cfg: Config):
                     init_text_vocab=text_vocab if init is not None else None)
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
-    return launch, device_info, state, dp, text_vocab, vocab, layout, engine
+    return _Job(launch, device_info, state, dp, text_vocab, vocab, layout, resume, engine)
 
 
-def _resume(cfg: Config, engine: Engine):
-    """(step, consumed samples) of the checkpoint to continue from, or (0, 0)."""
-    resume = find_resume(cfg)
+def _resume(engine: Engine, resume: Optional[Tuple[str, Optional[str]]]):
+    """(step, consumed samples) of the checkpoint `resume` (find_resume's), or (0, 0)."""
     client = engine.load(*resume) if resume is not None else None
     if not client:
         return 0, 0
@@ -152,14 +164,15 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
 
 
 def train(cfg: Config) -> RunSummary:
-    launch, device_info, state, dp, text_vocab, vocab, layout, engine = _start(cfg)
+    job = _start(cfg)
+    launch, device_info, engine = job.launch, job.device_info, job.engine
     device, t = device_info.device, cfg.training
-    step, consumed = _resume(cfg, engine)
-    data = build_iterators(cfg, state.dp_rank, dp, consumed, vocab_size=text_vocab)
+    step, consumed = _resume(engine, job.resume)
+    data = build_iterators(cfg, job.state.dp_rank, job.dp, consumed, vocab_size=job.text_vocab)
     writer = MetricsWriter(cfg.run.dir, t.tensorboard) if launch.rank == 0 else None
     summary = RunSummary(cfg.run.dir, step)
     tokens_step = t.global_batch_size * cfg.model.seq_length
-    step_flops = model_flops_per_token(cfg.model, vocab) * tokens_step
+    step_flops = model_flops_per_token(cfg.model, job.vocab) * tokens_step
     peak = t.peak_tflops or device_info.peak_tflops
     stop = _StopFlag()
     while step < t.train_iters:
@@ -182,7 +195,7 @@ def train(cfg: Config) -> RunSummary:
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = t.save_interval and step % t.save_interval == 0
         if stopping or periodic or (t.save and step == t.train_iters):
-            _save(cfg, engine, step, consumed, layout)
+            _save(cfg, engine, step, consumed, job.layout)
         if stopping:
             summary.stopped_early = True
             break
