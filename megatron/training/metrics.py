@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import os
 import resource
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -50,17 +52,50 @@ class MetricsWriter:
                             "(pip install tensorboard)")
 
     def write(self, record: Dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        """One line of strict JSON: non-finite numbers are written as null and named in
+        "nonfinite". TensorBoard gets the true values, so a diverged loss shows there as NaN."""
+        line, nonfinite = strict_json_record(record)
+        self.file.write(json.dumps(line, allow_nan=False) + "\n")
         if self.tb is not None:
             prefix = record.get("split", "train")
             for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                    self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+                if _is_number(value) and key != "step":
+                    self.tb.add_scalar(f"{prefix}/{key}", float(value), record["step"])
 
     def close(self) -> None:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def strict_json_record(record: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """The record with NaN and +-infinity replaced by None, and the keys replaced (dotted for
+    nested dicts). Python's json writes NaN/Infinity, which strict readers (jq, JavaScript,
+    most JSON libraries) reject; one bad step must not make the whole file unreadable."""
+    nonfinite: List[str] = []
+
+    def clean(value, key):
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if not _is_number(value):
+            return value
+        if isinstance(value, numbers.Integral):
+            return int(value)  # numpy scalars are not JSON-serializable
+        if not math.isfinite(value):
+            nonfinite.append(key)
+            return None
+        return float(value)
+
+    line = clean(record, "")
+    if nonfinite:
+        line["nonfinite"] = nonfinite
+    return line, nonfinite
 
 
 def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:
