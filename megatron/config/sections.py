@@ -2,6 +2,8 @@
 several sections live in validate.py. Field names follow Megatron-LM where one exists."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -18,6 +20,16 @@ def _positive(section: str, name: str, value, allow_zero: bool = False) -> None:
     if not ok:
         raise ConfigError(f"{section}.{name}", value,
                           "a non-negative number" if allow_zero else "a positive number")
+
+
+def _finite(section: str, obj) -> None:
+    """Every float field of a section is finite. YAML reads .inf and .nan (and 1e999 overflows
+    to inf); each later range check would compare false or true without a word."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name}", value, "a finite number (not NaN or "
+                              "infinity)")
 
 
 def _fraction(section: str, name: str, value) -> None:
@@ -53,6 +65,7 @@ class ModelConfig:
 
     def __post_init__(self):
         s = "model"
+        _finite(s, self)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "vocab_size", "make_vocab_size_divisible_by"):
             _positive(s, name, getattr(self, name))
@@ -141,6 +154,7 @@ class TrainingConfig:
 
     def __post_init__(self):
         s = "training"
+        _finite(s, self)
         for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval",
                      "eval_iters"):
             _positive(s, name, getattr(self, name))
@@ -170,6 +184,7 @@ class OptimizerConfig:
 
     def __post_init__(self):
         s = "optimizer"
+        _finite(s, self)
         _positive(s, "lr", self.lr)
         _positive(s, "min_lr", self.min_lr, allow_zero=True)
         _positive(s, "weight_decay", self.weight_decay, allow_zero=True)
