@@ -23,7 +23,7 @@ EPILOG = """examples:
 to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
 state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
 (kept as trained unless --trim-vocab, so the model reproduces the run's loss). Load it with
-megatron.training.convert.load_single and build_single_model, or start a run of any layout from
+megatron.checkpoint.convert.load_single and build_single_model, or start a run of any layout from
 it with `megatron-train ... --set training.init_from=tiny.pt`.
 """
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "from-hf":
         import yaml
-        from megatron.training.hf_import import import_hf
+        from megatron.checkpoint.hf_import import import_hf
         merged = import_hf(args.hf_dir)
         convert.save_single(merged, args.output)
         section = {"model": {k: v for k, v in merged.config.to_dict()["model"].items()
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                          f"in your config:\n{yaml.safe_dump(section, sort_keys=False)}")
         return 0
     if args.command == "to-hf":
-        from megatron.training.hf_export import export_hf
+        from megatron.checkpoint.hf_export import export_hf
         merged = convert.merge_run(args.run_dir, args.tag, trim_vocab=args.trim_vocab)
         written = export_hf(merged, args.output_dir, args.dtype)
         sys.stdout.write(f"wrote {args.output_dir}: {', '.join(written)} "

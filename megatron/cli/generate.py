@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     check_args(args)
     setup_logging()
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    from megatron.training.convert import read_run_config
-    from megatron.training.export import load_run
+    from megatron.checkpoint.convert import read_run_config
+    from megatron.checkpoint.export import load_run
     cfg = read_run_config(args.run_dir)
     tok = build_tokenizer(spec_from_config(cfg))
     cfg, model = load_run(args.run_dir, tok.vocab_size)

@@ -20,10 +20,16 @@ EPILOG = """examples:
   # under Slurm (one task per GPU); the rendezvous comes from SLURM_* variables
   srun python -m megatron.cli.train --config recipe.yaml --set run.dir=runs/$SLURM_JOB_ID
 
-  # resume the run in run.dir from its latest checkpoint (same layout only: checked)
-  megatron-train --config examples/local/tiny.yaml --set training.load=auto
+  # resume the run in run.dir from its newest complete checkpoint
+  megatron-train --config runs/tiny/config.yaml --set training.load=auto
 
-  # continue in another layout from a run's weights (fresh optimizer, step 0)
+  # the same run continued on 4 ranks as TP2 x PP2: weights, Adam moments, step, schedule
+  # and data position carry over (any layout of the same model)
+  torchrun --nproc_per_node 4 $(which megatron-train) --config runs/tiny/config.yaml \\
+      --set training.load=auto --set parallel.tensor_parallel_size=2 \\
+      --set parallel.pipeline_parallel_size=2
+
+  # start another run from a run's weights only (fresh optimizer, step 0)
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   megatron-train --config examples/local/tiny.yaml --set run.dir=runs/tiny-pp2 \\
       --set parallel.pipeline_parallel_size=2 --set training.init_from=tiny.pt

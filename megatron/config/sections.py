@@ -112,6 +112,10 @@ class ParallelConfig:
     sequence_parallel: bool = False
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
+    # How long a rank waits for the others, in the rendezvous and in any collective, before the
+    # job fails instead of hanging (torch's default: 10 minutes). Raise it when one rank may
+    # legitimately lag that long, e.g. writing a large checkpoint while the rest wait.
+    timeout_minutes: int = 10
 
     def __post_init__(self):
         _positive("parallel", "tensor_parallel_size", self.tensor_parallel_size)
@@ -119,6 +123,7 @@ class ParallelConfig:
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))
+        _positive("parallel", "timeout_minutes", self.timeout_minutes)
 
 
 @dataclass
@@ -139,6 +144,12 @@ class TrainingConfig:
     eval_interval: int = 0  # 0 disables periodic evaluation
     eval_iters: int = 2
     save_interval: int = 0  # 0 saves only at the end when checkpoint saving is enabled
+    # Also save when this many minutes of wall clock have passed since the last save (0: never);
+    # rank 0's clock decides and every rank follows, so all ranks save at the same step.
+    save_interval_minutes: float = 0.0
+    # Keep the newest N complete checkpoints; older ones are removed only after a newer one is
+    # committed (0 keeps all). Incomplete ones are never removed.
+    keep_last: int = 0
     save: bool = False
     # Checkpoint and stop after a step that is a multiple of this (0: never); the LR schedule
     # still spans train_iters, so a later run resumes exactly where this one stopped.
@@ -160,6 +171,10 @@ class TrainingConfig:
             _positive(s, name, getattr(self, name))
         _positive(s, "eval_interval", self.eval_interval, allow_zero=True)
         _positive(s, "save_interval", self.save_interval, allow_zero=True)
+        _positive(s, "keep_last", self.keep_last, allow_zero=True)
+        if self.save_interval_minutes < 0:
+            raise ConfigError("training.save_interval_minutes", self.save_interval_minutes,
+                              "a number of minutes >= 0", "use 0 to save by steps only")
         _positive(s, "exit_interval", self.exit_interval, allow_zero=True)
         _positive(s, "clip_grad", self.clip_grad, allow_zero=True)
         _choice(s, "precision", self.precision, ("fp32", "bf16", "fp16"))
@@ -218,7 +233,8 @@ class DataConfig:
     # Blend: a list of "WEIGHT PREFIX" strings or plain prefixes (equal weights). A prefix names
     # PREFIX.bin / PREFIX.idx in the Megatron MMIDIDX format.
     paths: List[str] = field(default_factory=list)
-    # Train/valid/test shares of each dataset's documents: "969,30,1", "90/5/5" or "1".
+    # Train/valid/test shares of each dataset's sequences (Megatron's GPT split; a document is
+    # one sequence unless preprocessed from a list of texts): "969,30,1", "90/5/5" or "1".
     split: str = "969,30,1"
     # null: pre-tokenized data, vocabulary model.vocab_size (its last id is end-of-document).
     tokenizer_type: str = "null"  # sentencepiece | gpt2 | huggingface | null

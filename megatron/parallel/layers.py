@@ -64,11 +64,16 @@ def shard(full: torch.Tensor, dim: int, rank: int, size: int, stride: int = 1) -
     return torch.cat([b.chunk(size, dim=dim)[rank] for b in blocks], dim=dim).contiguous()
 
 
-def mark_tp(param: nn.Parameter, dim: int) -> nn.Parameter:
+def mark_tp(param: nn.Parameter, dim: int, stride: int = 1, vocab: bool = False) -> nn.Parameter:
+    """How `param` is split over TP, kept on the parameter itself: checkpoints, merges and
+    init_from read it (checkpoint/state.Partition) instead of guessing from names. stride: blocks
+    along dim split separately (SwiGLU's [gate; up]); vocab: rows are the padded vocabulary."""
     # DeepSpeed reads these to count a sharded parameter once per TP rank in the gradient norm.
     param.tensor_model_parallel = True
     param.model_parallel = True
     param.partition_dim = dim
+    param.partition_stride = stride
+    param.vocab_rows = vocab
     return param
 
 
@@ -95,8 +100,9 @@ class ColumnParallelLinear(nn.Module):
         self.skip_bias_add = skip_bias_add
         weight = sharded_normal((out_features, in_features), init_std, init_seed, 0,
                                 state.tp_rank, state.tp, stride)
-        self.weight = mark_tp(nn.Parameter(weight), 0)
-        self.bias = mark_tp(nn.Parameter(torch.zeros(out_features // state.tp)), 0) if bias else None
+        self.weight = mark_tp(nn.Parameter(weight), 0, stride)
+        self.bias = mark_tp(nn.Parameter(torch.zeros(out_features // state.tp)), 0,
+                            stride) if bias else None
 
     def forward(self, x: torch.Tensor):
         group = self.state.tp_group
@@ -153,7 +159,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start, self.vocab_end = state.tp_rank * per_rank, (state.tp_rank + 1) * per_rank
         weight = sharded_normal((vocab_size, hidden), init_std, init_seed, 0, state.tp_rank,
                                 state.tp)
-        self.weight = mark_tp(nn.Parameter(weight), 0)
+        self.weight = mark_tp(nn.Parameter(weight), 0, vocab=True)
 
     def partial(self, ids: torch.Tensor) -> torch.Tensor:
         if self.state.tp == 1:

@@ -69,13 +69,19 @@ class RNGTracker:
 def build_tracker(seed: int, tp_rank: int, pp_rank: int, device: torch.device) -> RNGTracker:
     """Seeds the default generator (same on all TP ranks, distinct per pipeline stage) and the
     tracker's sharded stream (distinct per TP rank)."""
+    tracker = RNGTracker(device)
+    reseed(tracker, seed, tp_rank, pp_rank)
+    return tracker
+
+
+def reseed(tracker: RNGTracker, seed: int, tp_rank: int, pp_rank: int) -> None:
+    """Seeds the default generator and the tracker's streams as build_tracker does (also used
+    when a run continues in another TP or PP layout, whose streams cannot carry over)."""
     stage_seed = seed + 100 * pp_rank
     torch.manual_seed(stage_seed)
-    if device.type == "cuda":
+    if tracker.device.type == "cuda":
         torch.cuda.manual_seed(stage_seed)
-    tracker = RNGTracker(device)
     tracker.add("tp", stage_seed + _TP_SEED_OFFSET + tp_rank)
-    return tracker
 
 
 def dropout(x: torch.Tensor, p: float, training: bool, sharded: bool,

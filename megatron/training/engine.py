@@ -1,6 +1,7 @@
 """The only module that imports deepspeed. Builds the DeepSpeed engine (plain for PP=1, the
 PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule, and
-exposes a small interface to the loop: train_step, eval_step, save, load.
+exposes a small interface to the loop: train_step, eval_step, and the training state for
+checkpoints (engine_state.py says where DeepSpeed keeps it).
 
 No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collective op would both
 JIT-compile C++ at run time, so we hand DeepSpeed a torch AdamW and switch the shm op off."""
@@ -13,9 +14,12 @@ from typing import Any, Dict, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint.convert import pipeline_prefixes
+from megatron.checkpoint.state import RankState
 from megatron.config import deepspeed_config
 from megatron.model import GPTModel, build_context, lm_loss, pipeline_layers
 from megatron.parallel.state import DeepSpeedMPU, ParallelState
+from megatron.training import engine_state
 from megatron.training.optimizer import WarmupDecayLR, build_optimizer
 
 log = logging.getLogger(__name__)
@@ -84,16 +88,17 @@ class Engine:
                 model = _pipeline_module(deepspeed, cfg, state, ctx)
         else:
             model = GPTModel(cfg, ctx)
+        self.module = model
         if init_text_vocab is not None:
-            from megatron.training.init_from import load_initial_weights
-            load_initial_weights(model, cfg, state, vocab_size, init_text_vocab)
+            from megatron.checkpoint.init_from import load_initial_weights
+            load_initial_weights(self.named_parameters(), cfg, state, vocab_size,
+                                 init_text_vocab)
         self.optimizer = build_optimizer(model, cfg.optimizer, device)
         self.scheduler = WarmupDecayLR(self.optimizer, cfg.optimizer, cfg.training.train_iters)
         kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
             config=self.ds_config, dist_init_required=False, **kwargs)
-        self.module = model
 
     def parameters_on_rank(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
@@ -144,12 +149,24 @@ class Engine:
             total += self.engine(*self._batch(it)).float()
         return self._mean_over_dp(total / self.gas)
 
-    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
-        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state)
-        # Every stage's files must be on disk before anyone may read the checkpoint back.
-        dist.barrier()
+    def named_parameters(self):
+        """This rank's parameters under their GPTModel (TP=1, PP=1) names."""
+        return list(engine_state.global_named_parameters(self.module,
+                                                         pipeline_prefixes(self.cfg)))
 
-    def load(self, directory: str, tag: Optional[str] = None) -> Optional[Dict[str, Any]]:
-        with torch.no_grad():
-            path, client_state = self.engine.load_checkpoint(directory, tag=tag)
-        return None if path is None else (client_state or {})
+    def checkpoint_state(self, rng: Optional[dict]) -> RankState:
+        """What this rank owns of the training state, as the checkpoint code reads and fills it."""
+        coords = (self.state.tp_rank, self.state.pp_rank, self.state.dp_rank)
+        return engine_state.rank_state(self.engine, self.named_parameters(), coords, rng)
+
+    def checkpoint_meta(self) -> Dict[str, Any]:
+        """The schedule, Adam's step and DeepSpeed's counters (the same on every rank)."""
+        return {"scheduler": self.scheduler.state_dict(),
+                "adam_step": engine_state.adam_step(self.engine),
+                "engine": engine_state.counters(self.engine)}
+
+    def restore_meta(self, meta: Dict[str, Any]) -> None:
+        """After checkpoint.sharded.load has filled the tensors: the rest of checkpoint_meta."""
+        self.scheduler.load_state_dict(meta["scheduler"])
+        engine_state.set_adam_step(self.engine, int(meta["adam_step"]))
+        engine_state.set_counters(self.engine, meta.get("engine", {}))

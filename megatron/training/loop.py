@@ -12,14 +12,17 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.config import Config, ConfigError, deepspeed_config, validate_for_world
+from megatron.config import Config, ConfigError, InputError, deepspeed_config, validate_for_world
 from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.parallel.state import ParallelState
-from megatron.training.checkpoint import (CheckpointState, check_resume_layout, find_resume,
-                                         layout_record, rng_state, set_rng_state, write_layout)
+from megatron.checkpoint import sharded
+from megatron.checkpoint.layout import (Resume, check_model, find_resume, layout_record,
+                                        layout_text, rng_state, set_rng_state)
+from megatron.checkpoint.rundir import RunLock, check_run_dir
+from megatron.parallel.random import reseed
 from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
 
@@ -53,18 +56,17 @@ class _StopFlag:
         log.warning("signal %d received: checkpointing and stopping after this step", signum)
         self.raised = True
 
-    def agreed(self, device) -> bool:
-        flag = torch.tensor(1.0 if self.raised else 0.0, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
 
 def _write_run_files(cfg: Config, dp: int) -> None:
-    os.makedirs(cfg.run.dir, exist_ok=True)
-    with open(os.path.join(cfg.run.dir, "config.yaml"), "w") as f:
-        f.write(cfg.to_yaml())
-    with open(os.path.join(cfg.run.dir, "deepspeed.json"), "w") as f:
-        json.dump(deepspeed_config(cfg, dp), f, indent=2)
+    """config.yaml (the file to resume with) is replaced only once the run has started: a start
+    that fails leaves the previous one in place. Written whole, then renamed."""
+    for name, text in (("config.yaml", cfg.to_yaml()),
+                       ("deepspeed.json", json.dumps(deepspeed_config(cfg, dp), indent=2))):
+        path = os.path.join(cfg.run.dir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
 
 
 def _sync(device: torch.device) -> None:
@@ -85,12 +87,18 @@ def _evaluate(cfg, engine: Engine, batches, step: int, writer, split: str = "val
     return loss
 
 
-def _save(cfg, engine: Engine, step: int, consumed: int, layout: dict) -> None:
-    client = CheckpointState(step, consumed, rng_state(engine.tracker)).to_dict()
-    directory, tag = os.path.join(cfg.run.dir, "checkpoints"), f"step_{step:07d}"
-    engine.save(directory, tag, client)
-    if dist.get_rank() == 0:
-        write_layout(os.path.join(directory, tag), layout)
+def _save(cfg, job: "_Job", step: int, consumed: int, writer) -> None:
+    engine = job.engine
+    rs = engine.checkpoint_state(rng_state(engine.tracker))
+    meta = {"step": step, "consumed_samples": consumed, "layout": job.layout,
+            "saved_at": time.time(), **engine.checkpoint_meta()}
+    info = sharded.save(os.path.join(cfg.run.dir, "checkpoints"), step, rs, meta,
+                        cfg.training.keep_last)
+    gb = info["bytes"] / 1e9
+    log.info("step %d: checkpoint committed, %.3f GB in %.2f s", step, gb, info["seconds"])
+    if writer:
+        writer.write({"event": "save", "step": step, "seconds": info["seconds"], "gb": gb,
+                      "gb_per_s": gb / info["seconds"] if info["seconds"] > 0 else None})
 
 
 @dataclass
@@ -102,9 +110,10 @@ class _Job:
     dp: int
     text_vocab: int  # the tokenizer's vocabulary
     vocab: int       # the model's, padded for TP
-    layout: dict     # written beside each checkpoint (checkpoint.layout_record)
-    resume: Optional[Tuple[str, Optional[str]]]  # the checkpoint to continue from, if any
+    layout: dict     # written into each checkpoint (checkpoint.layout.layout_record)
+    resume: Optional[Resume]  # the checkpoint to continue from, if any
     engine: Engine
+    lock: Optional[RunLock]  # rank 0's hold on run.dir
 
 
 def _start(cfg: Config) -> _Job:
@@ -122,36 +131,85 @@ def _start(cfg: Config) -> _Job:
     tp = cfg.parallel.tensor_parallel_size
     text_vocab = tokenizer_vocab_size(cfg)
     vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, tp)
-    layout = layout_record(cfg, dp, vocab)
-    resume = find_resume(cfg)
-    if resume is not None:
-        # Before anything is written: a refused resume must leave the run directory as it was.
-        check_resume_layout(*resume, layout)
+    layout = layout_record(cfg, dp, vocab, text_vocab)
     init_distributed(launch, device_info)
-    state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
-    if launch.rank == 0:
-        _write_run_files(cfg, dp)
-    init = cfg.training.init_from
-    if init is not None and resume is not None:
-        log.info("training.init_from=%s is not used: this run resumes from its checkpoint", init)
-        init = None
-    engine = Engine(cfg, state, vocab, device_info.device, dp,
-                    init_text_vocab=text_vocab if init is not None else None)
+    lock = _claim_run_dir(cfg, launch.rank)
+    try:
+        resume = _agreed_resume(cfg, layout, launch.rank)
+        state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
+        init = cfg.training.init_from
+        if init is not None and resume is not None:
+            log.info("training.init_from=%s is not used: this run resumes from its checkpoint",
+                     init)
+            init = None
+        engine = Engine(cfg, state, vocab, device_info.device, dp,
+                        init_text_vocab=text_vocab if init is not None else None)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, engine.backend)
-    return _Job(launch, device_info, state, dp, text_vocab, vocab, layout, resume, engine)
+    return _Job(launch, device_info, state, dp, text_vocab, vocab, layout, resume, engine, lock)
 
 
-def _resume(engine: Engine, resume: Optional[Tuple[str, Optional[str]]]):
-    """(step, consumed samples) of the checkpoint `resume` (find_resume's), or (0, 0)."""
-    client = engine.load(*resume) if resume is not None else None
-    if not client:
+def _agree(rank: int, work):
+    """Runs `work` on rank 0 and hands its result, or its InputError/ConfigError, to every rank:
+    all ranks take the same decision and fail with the same message."""
+    box = [None]
+    if rank == 0:
+        try:
+            box[0] = ("ok", work())
+        except (InputError, ConfigError) as e:
+            box[0] = ("error", str(e))  # the message travels: ConfigError does not unpickle
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise InputError(value)
+    return value
+
+
+def _claim_run_dir(cfg: Config, rank: int) -> Optional[RunLock]:
+    """Rank 0 checks run.dir and takes its lock before anything is written there."""
+    lock = RunLock(cfg.run.dir) if rank == 0 else None
+
+    def claim():
+        check_run_dir(cfg.run.dir)
+        lock.acquire()
+    _agree(rank, claim)
+    return lock
+
+
+def _agreed_resume(cfg: Config, layout: dict, rank: int) -> Optional[Resume]:
+    """The checkpoint every rank continues from, chosen once by rank 0."""
+    def choose():
+        resume = find_resume(cfg)
+        if resume is not None:
+            check_model(resume, layout)
+        return resume
+    return _agree(rank, choose)
+
+
+def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
+    """(step, consumed samples) of the checkpoint _start chose, or (0, 0); fills the model,
+    the optimizer state and the schedule from it in whatever layout it was written."""
+    resume, engine = job.resume, job.engine
+    if resume is None:
         return 0, 0
-    ck = CheckpointState.from_dict(client)
-    set_rng_state(ck.rng, engine.tracker)
-    log.info("resumed from %s at step %d (%d samples consumed)", resume[0], ck.step,
-             ck.consumed_samples)
-    return ck.step, ck.consumed_samples
+    rs = engine.checkpoint_state(rng=None)
+    meta, rng = sharded.load(resume.folder, rs, job.state.tp, job.state.pp, resume.last_good)
+    engine.restore_meta(meta)
+    if rng is not None:
+        set_rng_state(rng, engine.tracker)
+    else:  # another TP or PP size: the streams cannot continue, so derive new ones
+        reseed(engine.tracker, cfg.training.seed + int(meta["step"]), job.state.tp_rank,
+               job.state.pp_rank)
+    saved = meta["layout"]
+    moved = "" if layout_text(saved) == layout_text(job.layout) else \
+        f", written by {layout_text(saved)}, continued as {layout_text(job.layout)}"
+    log.info("resumed from %s at step %d (%d samples consumed%s)", resume.folder, meta["step"],
+             meta["consumed_samples"], moved)
+    return int(meta["step"]), int(meta["consumed_samples"])
 
 
 def _record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,
@@ -163,18 +221,49 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
             "skipped": result.skipped, "step_time_s": dt}
 
 
+class _SaveClock:
+    """training.save_interval_minutes: rank 0's wall clock since the last save decides."""
+
+    def __init__(self, minutes: float):
+        self.seconds, self.last = minutes * 60.0, time.monotonic()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
+
+
+def _decisions(stop: _StopFlag, clock: _SaveClock, device) -> Tuple[bool, bool]:
+    """(stop requested, save due), agreed by every rank in one small all-reduce."""
+    flags = torch.tensor([1.0 if stop.raised else 0.0,
+                          1.0 if clock.due() and dist.get_rank() == 0 else 0.0], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0].item()), bool(flags[1].item())
+
+
 def train(cfg: Config) -> RunSummary:
     job = _start(cfg)
+    try:
+        return _train(cfg, job)
+    finally:
+        if job.lock:
+            job.lock.release()
+
+
+def _train(cfg: Config, job: _Job) -> RunSummary:
     launch, device_info, engine = job.launch, job.device_info, job.engine
     device, t = device_info.device, cfg.training
-    step, consumed = _resume(engine, job.resume)
+    step, consumed = _resume(job, cfg)
     data = build_iterators(cfg, job.state.dp_rank, job.dp, consumed, vocab_size=job.text_vocab)
+    if launch.rank == 0:
+        _write_run_files(cfg, job.dp)
     writer = MetricsWriter(cfg.run.dir, t.tensorboard) if launch.rank == 0 else None
     summary = RunSummary(cfg.run.dir, step)
     tokens_step = t.global_batch_size * cfg.model.seq_length
     step_flops = model_flops_per_token(cfg.model, job.vocab) * tokens_step
     peak = t.peak_tflops or device_info.peak_tflops
-    stop = _StopFlag()
+    stop, clock = _StopFlag(), _SaveClock(t.save_interval_minutes)
     while step < t.train_iters:
         _sync(device)
         t0 = time.perf_counter()
@@ -191,11 +280,13 @@ def train(cfg: Config) -> RunSummary:
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
         if t.eval_interval and step % t.eval_interval == 0:
             summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
-        stopping = stop.agreed(device) or (
+        signalled, clock_due = _decisions(stop, clock, device)
+        stopping = signalled or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
-        periodic = t.save_interval and step % t.save_interval == 0
+        periodic = (t.save_interval and step % t.save_interval == 0) or clock_due
         if stopping or periodic or (t.save and step == t.train_iters):
-            _save(cfg, engine, step, consumed, job.layout)
+            _save(cfg, job, step, consumed, writer)
+            clock.saved()
         if stopping:
             summary.stopped_early = True
             break

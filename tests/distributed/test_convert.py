@@ -19,9 +19,9 @@ from megatron.config import load_config
 from megatron.data import build_iterators
 from megatron.model import build_model
 from megatron.parallel.state import ParallelState
-from megatron.training.convert import (build_single_model, load_single, merge_run, single_config,
+from megatron.checkpoint.convert import (build_single_model, load_single, merge_run, single_config,
                                        tp_partition)
-from megatron.training.export import load_run
+from megatron.checkpoint.export import load_run
 from tests.conftest import ROOT, torchrun
 
 WORKER = os.path.join(ROOT, "tests", "distributed", "convert_worker.py")

@@ -7,7 +7,7 @@ import pytest
 
 from megatron.config import load_config
 from megatron.config.errors import InputError
-from megatron.training.checkpoint import check_resume_layout, layout_record, write_layout
+from megatron.checkpoint.layout import check_resume_layout, layout_record, write_layout
 
 
 def record(dp=1, **sets):

@@ -8,8 +8,8 @@ from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.model import build_model
 from megatron.parallel.state import ParallelState
-from megatron.training.convert import MergedCheckpoint
-from megatron.training.hf_export import export_hf
+from megatron.checkpoint.convert import MergedCheckpoint
+from megatron.checkpoint.hf_export import export_hf
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 

@@ -10,9 +10,9 @@ import torch
 
 from megatron.cli.convert import main as convert_main
 from megatron.config.errors import InputError
-from megatron.training.convert import build_single_model, load_single
-from megatron.training.hf_export import export_hf
-from megatron.training.hf_import import import_hf
+from megatron.checkpoint.convert import build_single_model, load_single
+from megatron.checkpoint.hf_export import export_hf
+from megatron.checkpoint.hf_import import import_hf
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 
@@ -95,8 +95,8 @@ def test_init_from_an_imported_model_pads_the_vocabulary_for_the_run(tmp_path):
     from megatron.config import load_config
     from megatron.model import build_model
     from megatron.parallel.state import ParallelState
-    from megatron.training.hf_import import model_overrides
-    from megatron.training.init_from import load_initial_weights
+    from megatron.checkpoint.hf_import import model_overrides
+    from megatron.checkpoint.init_from import load_initial_weights
     hf, folder = saved(tmp_path, "llama_gqa")
     out = str(tmp_path / "llama.pt")
     assert convert_main(["from-hf", "--hf-dir", folder, "--output", out]) == 0

@@ -146,7 +146,7 @@ def split_tp(full: StateDict, cfg: Config, tp: int) -> List[StateDict]:
 
 # --- reading the shards -----------------------------------------------------------------------
 
-def _pipeline_prefixes(cfg: Config) -> List[str]:
+def pipeline_prefixes(cfg: Config) -> List[str]:
     """GPTModel name prefix of each saved pipeline layer (index = pipeline layer)."""
     n = cfg.model.num_layers
     prefixes = ["embedding."] + [f"layers.{i}." for i in range(n)] + ["final_norm."]
@@ -165,7 +165,7 @@ def _read_tp_rank(folder: str, cfg: Config, t: int) -> StateDict:
                              "(is pipeline_parallel_size in config.yaml right?)")
         return dict(module)
     sd: StateDict = {}
-    for i, prefix in enumerate(_pipeline_prefixes(cfg)):
+    for i, prefix in enumerate(pipeline_prefixes(cfg)):
         layer = _load(os.path.join(folder, f"layer_{i:02d}-model_{t:02d}-model_states.pt"))
         sd.update({prefix + name: tensor for name, tensor in layer.items()})
     return sd

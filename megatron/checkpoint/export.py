@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 import torch
 
 from megatron.config import Config
-from megatron.training.convert import (build_single_model, checkpoint_folder, latest_checkpoint,
+from megatron.checkpoint.convert import (build_single_model, checkpoint_folder, latest_checkpoint,
                                        merge_checkpoint, read_run_config)
 
 __all__ = ["latest_checkpoint", "load_run"]

@@ -7,9 +7,8 @@ This is how a run moves to another layout (TP, PP, or the data-parallel size und
 optimizer shards only fit the layout that wrote them), or continues from another run's weights."""
 from __future__ import annotations
 
-import functools
 import logging
-from typing import Iterator, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import nn
@@ -17,33 +16,11 @@ from torch import nn
 from megatron.config.errors import InputError
 from megatron.parallel.layers import shard
 from megatron.parallel.state import ParallelState
-from megatron.training.checkpoint import model_shape, shape_differences
-from megatron.training.convert import _pipeline_prefixes, load_single, tp_partition
+from megatron.checkpoint.convert import load_single
+from megatron.checkpoint.layout import model_shape, shape_differences
+from megatron.checkpoint.state import Partition
 
 log = logging.getLogger(__name__)
-
-VOCAB_ROWS = ("embedding.word_embeddings.weight", "output.head.weight")
-
-
-def _named_parameters(model: nn.Module, cfg) -> Iterator[Tuple[str, nn.Parameter]]:
-    """This rank's parameters under their GPTModel (TP=1, PP=1) names."""
-    if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
-        yield from model.named_parameters()
-        return
-    prefixes = _pipeline_prefixes(cfg)
-    tied = {id(m) for m in model.tied_modules.values()}
-    seen = set()
-    for idx, func in enumerate(model.forward_funcs):
-        module = func.args[0] if isinstance(func, functools.partial) else func
-        if not isinstance(module, nn.Module):
-            continue
-        # A tied embedding is the same module on the first and the last stage.
-        prefix = "embedding." if id(module) in tied else prefixes[idx + model._local_start]
-        for name, param in module.named_parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                yield prefix + name, param
-
 
 def _vocab_rows(full: torch.Tensor, rows: int) -> torch.Tensor:
     """The source's padded vocabulary rows cut or zero-padded to this run's padding (rows past
@@ -54,10 +31,11 @@ def _vocab_rows(full: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_initial_weights(model: nn.Module, cfg, state: ParallelState, padded_vocab: int,
-                         text_vocab: int) -> int:
-    """Copies this rank's slices from cfg.training.init_from into `model`; returns the number
-    of tensors copied. Raises InputError naming the file and the mismatch."""
+def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: ParallelState,
+                         padded_vocab: int, text_vocab: int) -> int:
+    """Copies this rank's slices from cfg.training.init_from into its parameters (`named`: under
+    their GPTModel names); returns the number of tensors copied. Raises InputError naming the
+    file and the mismatch."""
     path = cfg.training.init_from
     merged = load_single(path, mmap=True)
     diff = shape_differences(model_shape(merged.config.model), model_shape(cfg.model), "file")
@@ -66,18 +44,19 @@ def load_initial_weights(model: nn.Module, cfg, state: ParallelState, padded_voc
     if diff:
         raise InputError(f"training.init_from={path!r} holds another model than this run's "
                          f"config ({'; '.join(diff)}); use the model config of the run it came "
-                         f"from (the file keeps it: megatron.training.convert.load_single)")
+                         f"from (the file keeps it: megatron.checkpoint.convert.load_single)")
     copied = 0
-    for name, param in _named_parameters(model, cfg):
+    for name, param in named:
         if name not in merged.state_dict:
             raise InputError(f"training.init_from={path!r} has no tensor {name!r} that this "
                              f"model needs; the file is not a complete megatron-convert "
                              f"to-single output")
         full = merged.state_dict[name]
-        if name in VOCAB_ROWS:
+        part = Partition.of(param)
+        if part.vocab:
             full = _vocab_rows(full, padded_vocab)
-        rule = tp_partition(name, cfg)
-        piece = full if rule is None else shard(full, rule[0], state.tp_rank, state.tp, rule[1])
+        piece = full if part.dim is None else shard(full, part.dim, state.tp_rank, state.tp,
+                                                    part.stride)
         if piece.shape != param.shape:
             raise InputError(f"training.init_from={path!r}: {name} gives this rank a "
                              f"{tuple(piece.shape)} slice but the model holds "

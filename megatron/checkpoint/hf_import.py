@@ -14,7 +14,7 @@ import torch
 
 from megatron.config import load_config
 from megatron.config.errors import InputError
-from megatron.training.convert import MergedCheckpoint
+from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
 

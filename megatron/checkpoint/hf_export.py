@@ -24,7 +24,7 @@ from typing import Dict, List
 import torch
 
 from megatron.config.errors import InputError
-from megatron.training.convert import MergedCheckpoint
+from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
 

@@ -1,0 +1,307 @@
+"""The project's checkpoint format: each rank writes the pieces of parameters and optimizer state
+it owns, addressed by parameter name and element range, not by rank; rank 0 commits them
+together (store.py). Any layout reads them back: a rank assembles the shard it now owns, one
+tensor at a time, from memory-mapped files, so no process ever holds the whole model.
+
+shards/<tp>_<pp>_<dp>.pt   {"pieces": {name: {"start", "numel", "master", "exp_avg",
+                            "exp_avg_sq"}}, "rng": {...}, "coords": [tp, pp, dp]}
+index.json                 {name: {"shape": TP-local shape, "tp": TP size, "dim", "stride",
+                            "vocab", "pieces": [[file, tp_rank, start, numel], ...]}}
+meta.json                  format, step, layout, client state (data position, schedule, loss
+                            scale, Adam step), files and sizes (store.py)"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from megatron.checkpoint import store
+from megatron.checkpoint.state import KEYS, MOMENTS, Partition, RankState
+from megatron.config.errors import InputError
+from megatron.parallel.layers import shard
+
+log = logging.getLogger(__name__)
+
+
+def shard_file(coords: Tuple[int, int, int]) -> str:
+    tp, pp, dp = coords
+    return f"{store.SHARDS}/tp{tp:02d}_pp{pp:03d}_dp{dp:05d}.pt"
+
+
+# --- save -------------------------------------------------------------------------------------
+
+def _rank_payload(rs: RankState) -> Dict[str, Any]:
+    pieces = {}
+    if rs.writes:
+        for p in rs.params:
+            for f in p.fragments:  # a parameter has at most one contiguous piece per rank
+                entry = {"start": f.start, "numel": f.numel,
+                         "master": f.master.detach().to("cpu", torch.float32, copy=True)}
+                entry.update({k: v.detach().to("cpu", torch.float32, copy=True)
+                              for k, v in f.moments.items()})
+                pieces[p.name] = entry
+    return {"pieces": pieces, "rng": rs.rng, "coords": list(rs.coords)}
+
+
+def _write_rank(staging: str, rs: RankState) -> Tuple[str, int]:
+    rel = shard_file(rs.coords)
+    buf = io.BytesIO()
+    torch.save(_rank_payload(rs), buf)
+    store.write_durable(os.path.join(staging, rel), buf.getbuffer())
+    return rel, buf.getbuffer().nbytes
+
+
+def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
+    return {p.name: {"shape": list(p.shape), **asdict(p.partition),
+                     "pieces": [[rel, rs.coords[0], f.start, f.numel] for f in p.fragments]
+                     if rs.writes else []} for p in rs.params}
+
+
+def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
+    """Merges every rank's description; refuses to commit a parameter whose pieces do not tile
+    each tensor-parallel shard exactly (a bug, never a silent hole in a checkpoint)."""
+    index: Dict[str, Any] = {}
+    for desc in described:
+        for name, d in desc.items():
+            entry = index.setdefault(name, {**{k: v for k, v in d.items() if k != "pieces"},
+                                            "tp": tp, "pieces": []})
+            seen = {(p[1], p[2], p[3]) for p in entry["pieces"]}
+            # The tied embedding lives on the first and the last stage: keep one copy.
+            entry["pieces"] += [p for p in d["pieces"] if (p[1], p[2], p[3]) not in seen]
+    for name, entry in index.items():
+        numel = 1
+        for s in entry["shape"]:
+            numel *= s
+        for t in range(tp if entry["dim"] is not None else 1):
+            spans = sorted((p[2], p[3]) for p in entry["pieces"] if p[1] == t)
+            at = 0
+            for start, n in spans:
+                if start != at:
+                    break
+                at += n
+            if at != numel:
+                raise RuntimeError(f"checkpoint pieces of {name} (TP rank {t}) cover {at} of "
+                                   f"{numel} elements; not committing an incomplete checkpoint")
+    return index
+
+
+def save(ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
+         keep_last: int = 0) -> Dict[str, float]:
+    """Collective: every rank writes its file into the staging folder, rank 0 checks that the
+    pieces are complete, writes index and meta, and commits. Returns seconds and bytes."""
+    t0 = time.perf_counter()
+    tag = store.tag_for(step)
+    final, staging = os.path.join(ckpt_dir, tag), store.staging_folder(ckpt_dir, tag)
+    rank = dist.get_rank()
+    if rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        store.remove_stale_staging(staging)
+        os.makedirs(os.path.join(staging, store.SHARDS))
+    dist.barrier()
+    error, rel, size = None, None, 0
+    try:
+        rel, size = _write_rank(staging, rs)
+    except OSError as e:
+        error = f"rank {rank}: {e}"
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object((error, rel, size, _describe(rs, rel) if rel else {}), gathered, dst=0)
+    outcome = [None]
+    if rank == 0:
+        outcome[0] = _commit(staging, final, gathered, meta, keep_last, ckpt_dir)
+    dist.broadcast_object_list(outcome, src=0)
+    status, info = outcome[0]
+    if status != "ok":
+        raise InputError(f"checkpoint {final} was not committed: {info}")
+    return {"seconds": time.perf_counter() - t0, "bytes": float(info)}
+
+
+def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
+    errors = [g[0] for g in gathered if g[0]]
+    if errors:
+        return "failed", "; ".join(errors) + f" (the staging folder {staging} is left as it is)"
+    try:
+        index = _build_index([g[3] for g in gathered], meta["layout"]["tensor_parallel_size"])
+        files = {g[1]: g[2] for g in gathered}
+        index_bytes = store.json.dumps(index, sort_keys=True).encode()
+        store.write_durable(os.path.join(staging, store.INDEX), index_bytes)
+        files[store.INDEX] = len(index_bytes)
+        store.write_json(os.path.join(staging, store.META),
+                         {**meta, "format": store.FORMAT, "files": files})
+        if os.path.exists(final):
+            return "failed", f"{final} already exists (a checkpoint of this step was committed)"
+        store.commit(staging, final)
+        for gone in store.prune(ckpt_dir, keep_last):
+            log.info("removed %s (training.keep_last=%d)", gone, keep_last)
+        return "ok", sum(files.values())
+    except (OSError, RuntimeError) as e:
+        return "failed", str(e)
+
+
+# --- load -------------------------------------------------------------------------------------
+
+class Reader:
+    """Assembles tensor-parallel shards of a committed checkpoint for any layout."""
+
+    def __init__(self, folder: str, index: Dict[str, Any], last_good: Optional[str] = None):
+        self.folder, self.index, self.last_good = folder, index, last_good
+        self._files: Dict[str, Any] = {}
+
+    def file(self, rel: str) -> Dict[str, Any]:
+        if rel not in self._files:
+            path = os.path.join(self.folder, rel)
+            try:
+                self._files[rel] = torch.load(path, map_location="cpu", mmap=True,
+                                              weights_only=True)
+            except Exception as e:  # torch raises many types for a damaged zip or pickle
+                raise InputError(self.damaged(path, e)) from None
+        return self._files[rel]
+
+    def damaged(self, path: str, error: Exception) -> str:
+        older = (f"the newest older checkpoint is {self.last_good}: move or delete "
+                 f"{self.folder} to resume from it") if self.last_good else \
+            "no older checkpoint exists"
+        return f"checkpoint file {path} cannot be read ({type(error).__name__}: {error}); {older}"
+
+    def entry(self, name: str) -> Dict[str, Any]:
+        if name not in self.index:
+            raise InputError(f"checkpoint {self.folder} has no parameter {name!r}; it was "
+                             "written for another model")
+        return self.index[name]
+
+    def old_shard(self, name: str, key: str, tp_rank: int,
+                  span: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """Flat elements of the old TP rank's shard (all, or [start, start+numel) of span)."""
+        e = self.entry(name)
+        numel = 1
+        for s in e["shape"]:
+            numel *= s
+        lo, n = span if span else (0, numel)
+        out = torch.empty(n, dtype=torch.float32)
+        for rel, t, start, count in e["pieces"]:
+            a, b = max(lo, start), min(lo + n, start + count)
+            if t != tp_rank or a >= b:
+                continue
+            piece = self.file(rel)["pieces"][name]
+            out[a - lo:b - lo] = piece[key][a - start:b - start]
+        return out
+
+    def merged(self, name: str, key: str) -> torch.Tensor:
+        """The unsharded tensor (TP=1), padded vocabulary rows as the source layout had them."""
+        e = self.entry(name)
+        shards = [self.old_shard(name, key, t).view(e["shape"]) for t in range(e["tp"])]
+        if e["dim"] is None or e["tp"] == 1:
+            return shards[0]
+        blocks = [s.chunk(e["stride"], dim=e["dim"]) for s in shards]
+        return torch.cat([blocks[t][b] for b in range(e["stride"]) for t in range(e["tp"])],
+                         dim=e["dim"])
+
+    def same_split(self, name: str, shape, partition: Partition, tp: int) -> bool:
+        e = self.entry(name)
+        return list(shape) == e["shape"] and (e["dim"] is None or e["tp"] == tp)
+
+    def new_shard(self, name: str, key: str, shape, partition: Partition, tp: int,
+                  tp_rank: int) -> torch.Tensor:
+        """This rank's shard in the new layout (flat), assembled one tensor at a time."""
+        if self.same_split(name, shape, partition, tp):
+            e = self.entry(name)
+            return self.old_shard(name, key, tp_rank if e["dim"] is not None else 0)
+        full = self.merged(name, key)
+        if partition.vocab:
+            full = _resize_rows(full, shape[0] * tp)
+        if partition.dim is None:
+            piece = full
+        else:
+            piece = shard(full, partition.dim, tp_rank, tp, partition.stride)
+        if list(piece.shape) != list(shape):
+            raise InputError(f"checkpoint {self.folder}: {name} gives this rank a "
+                             f"{tuple(piece.shape)} shard, the model holds {tuple(shape)}")
+        return piece.reshape(-1)
+
+
+def _resize_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Vocabulary rows cut or zero-padded to another layout's padding (padding rows past the
+    tokenizer's vocabulary are never a target)."""
+    if t.shape[0] >= rows:
+        return t[:rows]
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+def read_meta(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """meta.json and index.json of a committed checkpoint (rank 0 reads, all receive)."""
+    blob = [None]
+    if dist.get_rank() == 0:
+        try:
+            meta = store.validate(folder)
+            with open(os.path.join(folder, store.INDEX)) as f:
+                blob[0] = ("ok", meta, store.json.load(f))
+        except (store.Incomplete, OSError, ValueError) as e:
+            blob[0] = ("bad", str(e), None)
+    dist.broadcast_object_list(blob, src=0)
+    status, meta, index = blob[0]
+    if status != "ok":
+        raise InputError(f"checkpoint {folder} cannot be resumed: {meta}")
+    return meta, index
+
+
+@torch.no_grad()
+def load(folder: str, rs: RankState, tp: int, pp: int, last_good: Optional[str] = None
+         ) -> Tuple[Dict[str, Any], Optional[dict]]:
+    """Collective: fills this rank's parameters, masters and moments from `folder` whatever its
+    layout. Returns (meta, this rank's saved RNG state or None when the layout changed)."""
+    meta, index = read_meta(folder)
+    reader = Reader(folder, index, last_good)
+    error = None
+    try:
+        for p in rs.params:
+            _load_param(reader, p, tp, rs.coords[0])
+        rng = _rng_for(reader, meta, rs, tp, pp)
+    except InputError as e:
+        error, rng = str(e), None
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    bad = [e for e in errors if e]
+    if bad:
+        raise InputError(bad[0])
+    return meta, rng
+
+
+def _load_param(reader: Reader, p, tp: int, tp_rank: int) -> None:
+    master = None
+    if p.full is not None:
+        master = reader.new_shard(p.name, "master", p.shape, p.partition, tp, tp_rank)
+        p.full.copy_(master.view(p.full.shape).to(p.full.dtype))
+    same = reader.same_split(p.name, p.shape, p.partition, tp)
+    for f in p.fragments:
+        span = (f.start, f.numel)
+        for key, dest in (("master", f.master), *f.moments.items()):
+            if key == "master" and master is not None:
+                src = master[f.start:f.start + f.numel]
+            elif same:
+                e = reader.entry(p.name)
+                src = reader.old_shard(p.name, key, tp_rank if e["dim"] is not None else 0, span)
+            else:
+                src = reader.new_shard(p.name, key, p.shape, p.partition, tp,
+                                       tp_rank)[f.start:f.start + f.numel]
+            dest.copy_(src)
+        if f.weight is not None:
+            f.weight.copy_(f.master.to(f.weight.dtype))
+
+
+def _rng_for(reader: Reader, meta: Dict[str, Any], rs: RankState, tp: int, pp: int
+             ) -> Optional[dict]:
+    """The RNG state this rank saved when TP and PP are unchanged (data-parallel replicas share
+    their streams); None otherwise: the caller re-derives the streams."""
+    lay = meta["layout"]
+    if (lay["tensor_parallel_size"], lay["pipeline_parallel_size"]) != (tp, pp):
+        return None
+    t, p, d = rs.coords
+    return reader.file(shard_file((t, p, min(d, lay["data_parallel_size"] - 1))))["rng"]
+
+
+__all__ = ["save", "load", "Reader", "read_meta", "KEYS", "MOMENTS"]

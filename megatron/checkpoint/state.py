@@ -1,0 +1,58 @@
+"""What a rank hands to the checkpoint code: its parameters and the pieces of the optimizer
+state it owns, described without reference to the layout, so another layout can read them.
+
+The engine (training/engine_state.py) builds these from DeepSpeed's optimizers; everything in
+megatron/checkpoint works on them only."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+# The optimizer state carried per element, beside the fp32 master weight (AdamW).
+MOMENTS = ("exp_avg", "exp_avg_sq")
+KEYS = ("master",) + MOMENTS
+
+
+@dataclass
+class Partition:
+    """How a parameter is split over tensor-parallel ranks (set where the layer creates it)."""
+    dim: Optional[int] = None  # None: replicated on every TP rank
+    stride: int = 1            # blocks along dim that are split separately (fused [gate; up])
+    vocab: bool = False        # rows are the padded vocabulary (padding depends on TP)
+
+    @classmethod
+    def of(cls, param: torch.Tensor) -> "Partition":
+        dim = getattr(param, "partition_dim", None)
+        return cls(dim, getattr(param, "partition_stride", 1), getattr(param, "vocab_rows", False))
+
+
+@dataclass
+class Fragment:
+    """Elements [start, start + numel) of a parameter's flattened tensor-parallel shard, with
+    1-D views of this rank's fp32 master copy and Adam moments of those elements."""
+    start: int
+    numel: int
+    master: torch.Tensor
+    moments: Dict[str, torch.Tensor]
+    weight: Optional[torch.Tensor] = None  # 1-D low-precision copy to refresh on load (ZeRO-3)
+
+
+@dataclass
+class LocalParam:
+    name: str                 # GPTModel name at TP=1, PP=1 (the same in every layout)
+    shape: Tuple[int, ...]    # this TP rank's shape
+    partition: Partition
+    full: Optional[torch.Tensor] = None  # the whole shard to refresh on load, when held whole
+    fragments: List[Fragment] = field(default_factory=list)
+
+
+@dataclass
+class RankState:
+    """Everything one rank contributes to a checkpoint."""
+    params: List[LocalParam]
+    writes: bool                       # False: a data-parallel replica of what rank dp=0 writes
+    coords: Tuple[int, int, int]       # (tp_rank, pp_rank, dp_rank)
+    rng: dict
+    adam_step: int = 0

@@ -1,0 +1,173 @@
+"""How a checkpoint reaches the disk: staged, flushed, committed by one atomic rename, found again.
+
+    <run.dir>/checkpoints/
+      step_0000100/              committed: visible only once every rank's files are on disk
+        meta.json                written last (step, layout, the files with their sizes, ...)
+        index.json               where the pieces of every parameter are (sharded.py)
+        shards/tp00_pp000_dp00000.pt   one file per rank
+      .staging-step_0000120/     a save in progress, or one a killed job left: never read
+      latest                     the newest committed tag, for people and scripts
+
+A folder named step_N exists only after rank 0 renamed a complete staging folder to it, so a kill
+at any moment leaves either the old set of checkpoints or the new one. Nothing here deletes a
+checkpoint it cannot prove complete; keep_last removes only older committed ones, after a newer
+commit. No torch.distributed here: sharded.py decides when every rank agrees."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+FORMAT = "megatron-frontier/sharded-v1"
+META, INDEX, SHARDS = "meta.json", "index.json", "shards"
+_TAG = re.compile(r"^step_(\d{7,})$")
+_STAGING = ".staging-"
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def staging_folder(ckpt_dir: str, tag: str) -> str:
+    return os.path.join(ckpt_dir, _STAGING + tag)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary name, flushed, then renamed into place."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_json(path: str, obj: Any) -> None:
+    write_durable(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def commit(staging: str, final: str) -> None:
+    """The one atomic step: a complete staging folder becomes the checkpoint `final`."""
+    fsync_dir(staging)
+    os.rename(staging, final)
+    parent = os.path.dirname(final)
+    fsync_dir(parent)
+    write_durable(os.path.join(parent, "latest"), os.path.basename(final).encode())
+
+
+class Incomplete(Exception):
+    """A checkpoint folder that cannot be resumed from; the message says why."""
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise Incomplete(f"{os.path.basename(path)} is missing") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Incomplete(f"{os.path.basename(path)} is not valid JSON ({e})") from None
+
+
+def validate(folder: str) -> Dict[str, Any]:
+    """meta.json of a committed checkpoint, after checking that every file it lists is there
+    with the size it was written with. Raises Incomplete with the reason."""
+    if not os.path.isfile(os.path.join(folder, META)) and any(
+            n.endswith("_model_states.pt") for n in os.listdir(folder)):
+        raise Incomplete("it is a DeepSpeed checkpoint of an older version of this project "
+                         "(no meta.json); continue from its weights with megatron-convert "
+                         "to-single and training.init_from")
+    meta = _read_json(os.path.join(folder, META))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise Incomplete(f"meta.json is not a {FORMAT} record")
+    for name, size in meta.get("files", {}).items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise Incomplete(f"{name} is missing")
+        actual = os.path.getsize(path)
+        if actual != size:
+            raise Incomplete(f"{name} has {actual} bytes, {size} were written")
+    return meta
+
+
+@dataclass
+class Found:
+    folder: str
+    step: int
+    meta: Dict[str, Any]
+
+
+def committed(ckpt_dir: str) -> List[Tuple[int, str]]:
+    """(step, folder) of every step_N folder, newest first (valid or not)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    out = []
+    for name in os.listdir(ckpt_dir):
+        m = _TAG.match(name)
+        if m and os.path.isdir(os.path.join(ckpt_dir, name)):
+            out.append((int(m.group(1)), os.path.join(ckpt_dir, name)))
+    return sorted(out, reverse=True)
+
+
+def newest_complete(ckpt_dir: str) -> Tuple[Optional[Found], List[str]]:
+    """The newest checkpoint that validates, and a line for every newer one skipped."""
+    skipped = []
+    for step, folder in committed(ckpt_dir):
+        try:
+            return Found(folder, step, validate(folder)), skipped
+        except Incomplete as e:
+            skipped.append(f"{folder}: {e}")
+        except OSError as e:
+            skipped.append(f"{folder}: cannot be read ({e})")
+    return None, skipped
+
+
+def leftovers(ckpt_dir: str) -> List[str]:
+    """Staging folders of saves that never committed (killed jobs), for a warning."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted(os.path.join(ckpt_dir, n) for n in os.listdir(ckpt_dir)
+                  if n.startswith(_STAGING))
+
+
+def prune(ckpt_dir: str, keep_last: int) -> List[str]:
+    """Removes committed checkpoints older than the newest `keep_last` complete ones; folders
+    that do not validate are left for a person to look at. Returns the removed folders."""
+    if keep_last <= 0:
+        return []
+    kept, removed = 0, []
+    for _, folder in committed(ckpt_dir):
+        try:
+            validate(folder)
+        except (Incomplete, OSError):
+            continue
+        kept += 1
+        if kept > keep_last:
+            # Renamed first, so a deletion cut short never looks like a committed checkpoint.
+            doomed = os.path.join(ckpt_dir, ".deleting-" + os.path.basename(folder))
+            os.rename(folder, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def remove_stale_staging(folder: str) -> None:
+    """A staging folder of the same tag left by a killed save: it was never visible."""
+    if os.path.exists(folder):
+        log.warning("removing %s, left by a save that never committed", folder)
+        shutil.rmtree(folder)

@@ -1,0 +1,162 @@
+"""Where DeepSpeed keeps each parameter's fp32 master copy and Adam moments, as the
+layout-free pieces megatron/checkpoint reads and writes (checkpoint/state.py).
+
+    torch AdamW alone (ZeRO-0, fp32)   the parameter is the master; moments keyed by parameter
+    FP16_Optimizer (ZeRO-0, fp16)      one unpartitioned fp32 flat buffer per group
+    BF16_Optimizer, ZeRO-1/2           flat fp32 partitions per data-parallel rank; each
+                                       parameter's slice is its `_hp_mapping`
+    ZeRO-3                             each parameter's flattened shard split over data-parallel
+                                       ranks; `grad_position` locates it in the flat fp32 group
+
+Like engine.py, this module knows DeepSpeed's internals; nothing else does."""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron.checkpoint.state import MOMENTS, Fragment, LocalParam, Partition, RankState
+
+_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+
+def global_named_parameters(model: nn.Module, prefixes: List[str]
+                            ) -> Iterator[Tuple[str, nn.Parameter]]:
+    """This rank's parameters under their GPTModel (TP=1, PP=1) names. `prefixes`: the GPTModel
+    name prefix of each pipeline layer (checkpoint.convert.pipeline_prefixes)."""
+    if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
+        yield from model.named_parameters()
+        return
+    tied = {id(m) for m in model.tied_modules.values()}
+    seen = set()
+    for idx, func in enumerate(model.forward_funcs):
+        module = func.args[0] if isinstance(func, functools.partial) else func
+        if not isinstance(module, nn.Module):
+            continue
+        # A tied embedding is the same module on the first and the last stage.
+        prefix = "embedding." if id(module) in tied else prefixes[idx + model._local_start]
+        for name, param in module.named_parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                yield prefix + name, param
+
+
+def _base(opt) -> torch.optim.Optimizer:
+    return getattr(opt, "optimizer", opt)
+
+
+def _state(base: torch.optim.Optimizer, key: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """AdamW's state of `key`, created (zeros, step 0) when no step has run yet, so a resume can
+    fill it before the first step; torch's AdamW then uses it as it finds it."""
+    st = base.state[key]
+    if not st:
+        group = next(g for g in base.param_groups if any(q is key for q in g["params"]))
+        on_device = group.get("fused") or group.get("capturable")
+        st["step"] = torch.zeros((), dtype=torch.float32,
+                                 device=key.device if on_device else "cpu")
+        for k in MOMENTS:
+            st[k] = torch.zeros_like(key, memory_format=torch.preserve_format)
+    return st
+
+
+def _views(base, flat: torch.Tensor, start: int, numel: int) -> Tuple[torch.Tensor, Dict]:
+    st = _state(base, flat)
+    return flat.narrow(0, start, numel), {k: st[k].narrow(0, start, numel) for k in MOMENTS}
+
+
+def _zero3(opt, p: nn.Parameter) -> Tuple[Optional[Fragment], Optional[torch.Tensor]]:
+    group, offset, _ = opt.grad_position[opt.get_param_id(p)]
+    size = p.partition_numel()
+    start = dist.get_rank(group=p.ds_process_group) * size
+    numel = max(0, min(size, p.ds_numel - start))
+    # Small parameters DeepSpeed keeps gathered ("persistent") also hold the whole tensor.
+    full = p.data if p.data.numel() == p.ds_numel else None
+    if numel == 0:
+        return None, full
+    master, moments = _views(opt.optimizer, opt.fp32_partitioned_groups_flat[group], offset, numel)
+    return Fragment(start, numel, master, moments, p.ds_tensor.data.view(-1).narrow(0, 0, numel)), full
+
+
+def _flat_fp16(opt) -> Dict[int, Tuple[torch.Tensor, int]]:
+    """FP16_Optimizer: id(param) -> (its group's fp32 flat buffer, offset in it)."""
+    out = {}
+    for flat, group in zip(opt.fp32_groups_flat, opt.fp16_groups):
+        offset = 0
+        for p in group:
+            out[id(p)] = (flat, offset)
+            offset += p.numel()
+    return out
+
+
+def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict) -> RankState:
+    """The pieces of state this rank owns, for every parameter it holds."""
+    opt = engine.optimizer
+    base = _base(opt)
+    zero3 = hasattr(opt, "fp32_partitioned_groups_flat")
+    partitions = getattr(opt, "single_partition_of_fp32_groups", None) or \
+        getattr(opt, "fp32_groups_flat_partition", None)
+    fp16 = _flat_fp16(opt) if hasattr(opt, "fp32_groups_flat") and not zero3 else None
+    params, writes = [], True
+    for name, p in named:
+        shape = tuple(p.ds_shape) if zero3 else tuple(p.shape)
+        lp = LocalParam(name, shape, Partition.of(p))
+        if zero3:
+            frag, lp.full = _zero3(opt, p)
+            lp.fragments = [frag] if frag else []
+        elif partitions is not None:  # flat partitions over data-parallel ranks
+            lp.full = p.data
+            m = getattr(p, "_hp_mapping", None)
+            if m is not None:
+                master, moments = _views(base, partitions[m.param_group_index],
+                                         m.hp_fragment_address.start, m.hp_fragment_address.numel)
+                lp.fragments = [Fragment(m.lp_fragment_address.start,
+                                         m.lp_fragment_address.numel, master, moments)]
+        elif fp16 is not None:
+            writes = coords[2] == 0
+            flat, offset = fp16[id(p)]
+            lp.full = p.data
+            master, moments = _views(base, flat, offset, p.numel())
+            lp.fragments = [Fragment(0, p.numel(), master, moments)]
+        else:  # torch AdamW on the parameters themselves, replicated over data parallelism
+            writes = coords[2] == 0
+            st = _state(base, p)
+            lp.fragments = [Fragment(0, p.numel(), p.data.view(-1),
+                                     {k: st[k].view(-1) for k in MOMENTS})]
+        params.append(lp)
+    return RankState(params, writes, tuple(coords), rng, adam_step(engine))
+
+
+def adam_step(engine) -> int:
+    steps = [int(st["step"]) for st in _base(engine.optimizer).state.values() if "step" in st]
+    return max(steps, default=0)
+
+
+def set_adam_step(engine, step: int) -> None:
+    for st in _base(engine.optimizer).state.values():
+        if "step" in st:
+            st["step"].fill_(step)
+
+
+def counters(engine) -> Dict[str, object]:
+    """DeepSpeed's own step counters and the fp16 loss scaler, for the checkpoint's meta."""
+    out = {k: int(getattr(engine, k, 0)) for k in ("global_steps", "global_samples",
+                                                    "skipped_steps")}
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    if scaler is not None:
+        out["loss_scaler"] = {k: float(getattr(scaler, k)) for k in _SCALER_FIELDS
+                              if isinstance(getattr(scaler, k, None), (int, float, torch.Tensor))}
+    return out
+
+
+def set_counters(engine, saved: Dict[str, object]) -> None:
+    for k in ("global_steps", "global_samples", "skipped_steps"):
+        if k in saved:
+            setattr(engine, k, int(saved[k]))
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    for k, v in (saved.get("loss_scaler") or {}).items():
+        if scaler is not None and hasattr(scaler, k):
+            current = getattr(scaler, k)
+            setattr(scaler, k, type(current)(v) if isinstance(current, (int, float)) else v)
