@@ -1,7 +1,10 @@
 """Where this process sits in the job: torchrun, a bare srun task, or a lone process.
 
 Nothing here talks to the network; it only reads the environment. Slurm support needs no
-scontrol, ssh or mpi4py: the rendezvous is derived from SLURM_* variables alone."""
+scontrol, ssh or mpi4py: the rendezvous is derived from SLURM_* variables alone, and from the
+step's variables first: a step may run on part of its allocation (a bad node excluded with
+`srun -x`, two steps side by side, debugging in an salloc), and the job's first node is then
+not among the step's nodes, so nobody would listen on the master address."""
 from __future__ import annotations
 
 import os
@@ -22,15 +25,22 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     source: str  # torchrun | slurm | single
+    num_nodes: int = 1  # nodes this launch spans (the step's under Slurm)
 
 
-def _expand_range(prefix: str, body: str) -> List[str]:
+# Most specific first: srun sets the step's list in every task; the job's list (SLURM_NODELIST
+# is its old name) names nodes a step on part of the allocation does not use.
+NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+NUM_NODES_VARS = ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+
+
+def _expand_range(prefix: str, body: str, var: str) -> List[str]:
     hosts = []
     for part in body.split(","):
         if "-" in part:
             lo, hi = part.split("-", 1)
             if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-                raise InputError(f"SLURM_JOB_NODELIST range {part!r} is malformed; expected "
+                raise InputError(f"{var} range {part!r} is malformed; expected "
                                  "LOW-HIGH with LOW <= HIGH, as in frontier[00012-00013]")
             width = len(lo)
             hosts += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
@@ -39,20 +49,21 @@ def _expand_range(prefix: str, body: str) -> List[str]:
     return hosts
 
 
-def expand_nodelist(nodelist: str) -> List[str]:
-    """'frontier[00012-00013,00020],login1' -> ['frontier00012', 'frontier00013', ...]."""
+def expand_nodelist(nodelist: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
+    """'frontier[00012-00013,00020],login1' -> ['frontier00012', 'frontier00013', ...]; `var`
+    names the variable the list came from in error messages."""
     hosts: List[str] = []
     for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", nodelist):
         prefix, body, suffix = match.group(1), match.group(2), match.group(3)
         if body is None:
             hosts.append(prefix + suffix)
         else:
-            hosts += [h + suffix for h in _expand_range(prefix, body)]
+            hosts += [h + suffix for h in _expand_range(prefix, body, var)]
     if not hosts:
-        raise InputError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+        raise InputError(f"{var}={nodelist!r} names no host")
     for host in hosts:
         if "[" in host or "]" in host:
-            raise InputError(f"SLURM_JOB_NODELIST={nodelist!r} is malformed near {host!r}: "
+            raise InputError(f"{var}={nodelist!r} is malformed near {host!r}: "
                              "expected hosts like frontier[00012-00013,00020],login1")
     return hosts
 
@@ -79,16 +90,39 @@ def _port(env: Mapping[str, str], job_id: Optional[str]) -> int:
     return DEFAULT_PORT
 
 
+def _first(env: Mapping[str, str], names) -> Optional[str]:
+    return next((name for name in names if env.get(name)), None)
+
+
+def _slurm_master(env: Mapping[str, str]) -> str:
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    var = _first(env, NODELIST_VARS)
+    return expand_nodelist(env[var], var)[0] if var else "127.0.0.1"
+
+
+def _torchrun_nodes(env: Mapping[str, str], world: int) -> int:
+    """torchrun's agents, one per node: GROUP_WORLD_SIZE, else world / ranks per node."""
+    if "GROUP_WORLD_SIZE" in env:
+        return _int(env, "GROUP_WORLD_SIZE")
+    if "LOCAL_WORLD_SIZE" in env:
+        local = _int(env, "LOCAL_WORLD_SIZE")
+        return max(1, world // local) if local > 0 else 1
+    return 1
+
+
 def discover(env: Optional[Mapping[str, str]] = None) -> LaunchEnv:
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchEnv(_int(env, "RANK"), _int(env, "WORLD_SIZE"),
+        world = _int(env, "WORLD_SIZE")
+        return LaunchEnv(_int(env, "RANK"), world,
                          _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-                         env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "torchrun")
+                         env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "torchrun",
+                         _torchrun_nodes(env, world))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        addr = env.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else "127.0.0.1")
+        nodes_var = _first(env, NUM_NODES_VARS)
         return LaunchEnv(_int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"),
                          _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-                         addr, _port(env, env.get("SLURM_JOB_ID")), "slurm")
+                         _slurm_master(env), _port(env, env.get("SLURM_JOB_ID")), "slurm",
+                         _int(env, nodes_var) if nodes_var else 1)
     return LaunchEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "single")

@@ -90,3 +90,36 @@ def test_single_process():
 def test_bad_launcher_variables_name_the_variable(env, name):
     with pytest.raises(InputError, match=name):
         discover(env)
+
+
+# A step on part of the allocation: srun -x <bad node>, or one node of an salloc. The job's
+# first node runs nothing of this step, so the master must come from the step's node list.
+STEP = dict(SLURM, SLURM_JOB_NODELIST="frontier[00012-00014]", SLURM_JOB_NUM_NODES="3",
+            SLURM_STEP_NODELIST="frontier[00013-00014]", SLURM_STEP_NUM_NODES="2")
+
+
+def test_slurm_step_nodelist_wins_over_the_jobs():
+    launch = discover(STEP)
+    assert (launch.master_addr, launch.num_nodes) == ("frontier00013", 2)
+
+
+def test_slurm_node_count_falls_back_to_the_job_then_one():
+    no_step = {k: v for k, v in STEP.items() if not k.startswith("SLURM_STEP_")}
+    assert discover(no_step).master_addr == "frontier00012"
+    assert discover(no_step).num_nodes == 3
+    assert discover(dict(SLURM, SLURM_NNODES="4")).num_nodes == 4
+    assert discover(SLURM).num_nodes == 1
+
+
+def test_malformed_step_nodelist_names_the_step_variable():
+    with pytest.raises(InputError, match="SLURM_STEP_NODELIST range '2-1'"):
+        discover(dict(STEP, SLURM_STEP_NODELIST="x[2-1]"))
+
+
+@pytest.mark.parametrize("extra, nodes", [
+    ({"GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, 2),  # torchrun sets both
+    ({"LOCAL_WORLD_SIZE": "4"}, 2),
+    ({}, 1),
+])
+def test_torchrun_node_count(extra, nodes):
+    assert discover(dict({"RANK": "0", "WORLD_SIZE": "8"}, **extra)).num_nodes == nodes
