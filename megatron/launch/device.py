@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -11,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.launch.env import LaunchEnv
+from megatron.launch.lifetime import follow_launcher
+from megatron.launch.preflight import check_network
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +85,39 @@ def detect_device(local_rank: int = 0) -> DeviceInfo:
     return DeviceInfo(torch.device("cpu"), "cpu", "cpu", None, None)
 
 
+# torch.distributed.init_process_group hangs with device_id in torch 2.6.x and 2.7.0
+# (pytorch/pytorch#153960); DeepSpeed skips the same range.
+DEVICE_ID_HANGS = ((2, 6, 0), (2, 7, 1))  # [first, last) torch versions
+
+
+def _version_tuple(version: str) -> Tuple[int, int, int]:
+    """'2.7.0+rocm6.3' -> (2, 7, 0); pre-releases count as their release."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not match:
+        return (0, 0, 0)
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+
+def passes_device_id(torch_version: str, accepts_device_id: bool, world_size: int) -> bool:
+    """Whether to bind the process group to our device (eager communicator set-up, and new
+    groups built by splitting it). init_process_group accepts device_id from torch 2.3; a world
+    of one has nobody to split with."""
+    first, last = DEVICE_ID_HANGS
+    return (accepts_device_id and world_size > 1
+            and not first <= _version_tuple(torch_version) < last)
+
+
 def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600) -> None:
-    """Joins the process group once; a single process gets a world of one (gloo on CPU)."""
+    """Joins the process group once; a single process gets a world of one (gloo on CPU).
+
+    Before joining: the network preflight (preflight.py: a multi-node GPU job whose network
+    plugin or libfabric cannot be loaded stops here with one message), and under torchrun the
+    request to be signalled if the agent dies (lifetime.py). `timeout_s` bounds the rendezvous
+    and every collective (config: parallel.timeout_minutes)."""
     if dist.is_initialized():
         return
+    check_network(launch, device.vendor)
+    follow_launcher(launch)
     os.environ.setdefault("MASTER_ADDR", launch.master_addr)
     os.environ.setdefault("MASTER_PORT", str(launch.master_port))
     # DeepSpeed reads these to find its place in the job when it wraps our process group.
@@ -93,10 +126,12 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
         os.environ.setdefault(key, str(value))
     where = "in-memory store" if launch.world_size == 1 else \
         f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    log.info("joining %s process group: rank %d of %d via %s (%s)", device.backend,
-             launch.rank, launch.world_size, where, launch.source)
+    log.info("joining %s process group: rank %d of %d via %s (%s, %d node(s), timeout %d s)",
+             device.backend, launch.rank, launch.world_size, where, launch.source,
+             launch.num_nodes, timeout_s)
     kwargs = {}
-    if device.is_gpu:
+    accepts = "device_id" in inspect.signature(dist.init_process_group).parameters
+    if device.is_gpu and passes_device_id(torch.__version__, accepts, launch.world_size):
         kwargs["device_id"] = device.device
     if launch.world_size == 1:
         # A world of one has no peer to meet: an in-memory store instead of a TCP rendezvous on
