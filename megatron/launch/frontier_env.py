@@ -1,0 +1,297 @@
+"""The environment of a Frontier job, in one place.
+
+examples/frontier/env.sh is env_script() written out (a test keeps them equal), and the
+planner's Frontier sbatch (megatron/planner/emit.py) embeds the same text, so the two cannot
+drift apart. Each setting carries its reason and its source beside the line that sets it.
+Regenerate env.sh after editing this file:
+
+    python -c "from megatron.launch import frontier_env as f; f.write_env_sh('examples/frontier/env.sh')"
+
+Sources (public; cited by document and section):
+  OLCF-PT   OLCF user docs, software/analytics/pytorch_frontier.rst
+  OLCF-FUG  OLCF user docs, systems/frontier_user_guide.rst
+  OLCF-SB   OLCF user docs, software/python/sbcast_conda.rst
+  HPE       HPE shs-ccl-docs, rccl/rccl_tuning_guide.md
+  OFI       aws-ofi-rccl README
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+# The software stack OLCF-PT "Installing PyTorch" documents for torch wheels built for ROCm 7.1
+# (pip ... --index-url https://download.pytorch.org/whl/rocm7.1). The ROCm module must match the
+# ROCm your torch wheel was built against; MEGATRON_ROCM_VERSION / MEGATRON_MODULES override.
+ROCM_VERSION = "7.1.1"
+MODULES = ("PrgEnv-gnu/8.7.0", "cpe/26.03", "rocm/${MEGATRON_ROCM_VERSION}",
+           "craype-accel-amd-gfx90a")
+# OLCF-PT "RCCL Network Plugin": the site build of the aws-ofi-rccl plugin, loaded after rocm.
+PLUGIN_MODULE = "rccl-net-plugin"
+# FI_CXI_RDZV_PROTO=alt_read needs the allocation flag too (OLCF-PT "Alternative Rendezvous
+# Protocol"; HPE "Essential Libfabric Environment Settings", note on rdzv_get_en).
+SBATCH_OPTIONS = ("--network=disable_rdzv_get",)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: str    # may use shell expansions
+    why: str
+    source: str
+
+
+PLUGIN_LIST = "OLCF-PT \"Manual RCCL Network Plugin Configuration\""
+HPE_LIBFABRIC = "HPE \"Essential Libfabric Environment Settings\""
+HPE_RCCL = "HPE \"Environment Settings for RCCL\""
+
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("PYTORCH_ROCM_ARCH", "gfx90a",
+            "MI250X (one GCD = one device): the architecture setup.py compiles kernels for.",
+            "OLCF-FUG \"GPUs\" (MI250X); craype-accel-amd-gfx90a above"),
+    Setting("OMP_NUM_THREADS", "1",
+            "Eight ranks share a node's 56 usable cores, 7 each (-c 7): no intra-op thread pools "
+            "oversubscribing them.", "OLCF-PT \"Batch script\" (srun -c7, one rank per GCD)"),
+    Setting("NCCL_SOCKET_IFNAME", "hsn0,hsn1,hsn2,hsn3",
+            "RCCL's bootstrap and socket traffic on the four Slingshot NICs, not the management "
+            "network. If jobs hang, OLCF suggests trying hsn0 alone.",
+            f"OLCF-PT \"Master Address and Sockets\"; {HPE_RCCL}"),
+    Setting("NCCL_NET_GDR_LEVEL", "PHB",
+            "GPU-direct RDMA between the NICs and GCD memory (PHB is the level the numeric 3 "
+            "meant).", f"{PLUGIN_LIST}; {HPE_RCCL} (\"required to enable RDMA between GPUs\")"),
+    Setting("NCCL_CROSS_NIC", "1",
+            "Rings and trees may use different NICs on different nodes; found to improve "
+            "performance on large systems.", f"{PLUGIN_LIST}; {HPE_RCCL}"),
+    Setting("HSA_FORCE_FINE_GRAIN_PCIE", "1",
+            "Peer-to-peer access with large BAR addressing, which the NICs' RDMA into GCD "
+            "memory uses.", f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_MR_CACHE_MONITOR", "kdreg2",
+            "Memory-registration cache monitor: kdreg2 is Frontier's default and safe with the "
+            "plugin (userfaultfd is too); never memhooks, which can deadlock it.",
+            f"{PLUGIN_LIST}; {HPE_LIBFABRIC} (userfaultfd, kdreg2 also valid)"),
+    Setting("FI_CXI_DISABLE_HOST_REGISTER", "1",
+            "Keeps the CXI provider from ROCm allocation calls that can deadlock RCCL.",
+            f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_DEFAULT_CQ_SIZE", "131072",
+            "A larger completion queue, needed especially for large jobs.",
+            f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_RDZV_PROTO", "alt_read",
+            "The alternative rendezvous protocol, faster for RCCL at scale (it may slow MPI, "
+            "which training does not use). Needs the allocation flag "
+            "--network=disable_rdzv_get: train.sbatch has it; add it to salloc yourself.",
+            f"OLCF-PT \"Alternative Rendezvous Protocol\"; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_RDZV_EAGER_SIZE", "0",
+            "No eager data before the receiver is ready.", f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_RDZV_THRESHOLD", "0",
+            "Every message above 0 bytes takes the rendezvous path, as the two lines around it "
+            "assume. In OLCF's list; HPE's table does not list it.", PLUGIN_LIST),
+    Setting("FI_CXI_RDZV_GET_MIN", "0",
+            "Disables the rendezvous get optimisation; goes with alt_read.",
+            f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_DEFAULT_TX_SIZE", "2048",
+            "A larger transmit queue for large jobs that depend on unexpected rendezvous "
+            "messages.", f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("FI_CXI_RX_MATCH_MODE", "hybrid",
+            "Lets the provider move to software tag matching when hardware resources run out "
+            "instead of failing.", f"{PLUGIN_LIST}; {HPE_LIBFABRIC}"),
+    Setting("MIOPEN_USER_DB_PATH", "/tmp/${USER:-megatron}-miopen-${SLURM_JOB_ID:-local}",
+            "MIOpen's database on the shared file system is slow and fails with disk I/O errors "
+            "under many ranks: keep it on node-local /tmp (megatron_prepare_nodes creates it "
+            "on every node).", "OLCF-PT \"Batch script\" (\"Needed to bypass MIOpen, Disk I/O "
+            "Errors\")"),
+    Setting("MIOPEN_CUSTOM_CACHE_DIR", "${MIOPEN_USER_DB_PATH}",
+            "MIOpen's compiled-kernel cache beside it.", "OLCF-PT \"Batch script\""),
+)
+
+
+def exports() -> Dict[str, str]:
+    """name -> value (shell text) of every fixed setting."""
+    return {s.name: s.value for s in SETTINGS}
+
+
+def _comment(text: str, width: int = 96) -> str:
+    lines, line = [], "#"
+    for word in text.split():
+        if len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = "#"
+        line += " " + word
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def _settings_block() -> str:
+    out = []
+    for s in SETTINGS:
+        out.append(_comment(f"{s.why} [{s.source}]"))
+        out.append(f'export {s.name}="{s.value}"')
+    return "\n".join(out)
+
+
+HEADER = """\
+# Environment of a megatron-frontier job on OLCF Frontier (MI250X, Slingshot 11).
+# GENERATED from megatron/launch/frontier_env.py, which the planner's Frontier sbatch also
+# embeds: edit there, then regenerate this file (see that module's docstring).
+# train.sbatch sources it; source it yourself in an salloc. Safe under `set -euo pipefail`.
+#
+# Set before sourcing to override (defaults in brackets):
+#   MEGATRON_ROCM_VERSION  [{rocm}] the rocm module; must match your torch wheel's ROCm
+#   MEGATRON_MODULES       modules to load; "" loads none (your own environment); default:
+#                          [{modules}]
+#   AWS_OFI_RCCL_DIR       [unset] prefix of your own aws-ofi-rccl build (lib/librccl-net.so);
+#                          unset: the site module {plugin_module} is loaded instead
+#   NCCL_NET               [OFI on multi-node jobs, Socket on one node] "AWS Libfabric" for old
+#                          plugin builds
+#   RUN_ROOT               [$MEMBERWORK/<project>/megatron-runs] where run directories go
+#   MEGATRON_PROJECT       [the job's account, lower case] the <project> above
+#   MEGATRON_CKPT_STRIPE   [unset] `lfs setstripe` options for checkpoints/ (see below)
+#   MEGATRON_ENV_TARBALL   [unset] a `conda pack` archive of your Python environment, copied to
+#                          every node's NVMe with sbcast before the ranks start (needs -C nvme)
+#   MEGATRON_NVME_DIR      [/mnt/bb/$USER] where the NVMe is mounted
+# Fixed settings below can be changed by exporting them again after sourcing this file.
+#
+# Sources cited as [...]: OLCF-PT = OLCF user docs software/analytics/pytorch_frontier.rst;
+# OLCF-FUG = systems/frontier_user_guide.rst; OLCF-SB = software/python/sbcast_conda.rst;
+# HPE = HPE shs-ccl-docs rccl/rccl_tuning_guide.md; OFI = aws-ofi-rccl README.
+"""
+
+MODULE_BLOCK = """\
+# --- Software stack [OLCF-PT "Installing PyTorch", "Batch script"] ------------------------------
+# Lmod and activate scripts are not written for `set -eu`: run them with both relaxed.
+_megatron_relaxed() {{
+  local saved=$- rc=0
+  set +eu
+  "$@" || rc=$?
+  [[ $saved == *e* ]] && set -e
+  [[ $saved == *u* ]] && set -u
+  return $rc
+}}
+MEGATRON_ROCM_VERSION=${{MEGATRON_ROCM_VERSION:-{rocm}}}
+MEGATRON_MODULES=${{MEGATRON_MODULES-{modules}}}
+_megatron_modules=0
+if [ -n "${{MEGATRON_MODULES}}" ]; then
+  if command -v module >/dev/null 2>&1; then
+    _megatron_modules=1
+    for _m in ${{MEGATRON_MODULES}}; do
+      _megatron_relaxed module load "$_m" || {{ echo "env.sh: module load $_m failed" >&2; return 1; }}
+    done
+    unset _m
+    # A non-default cpe/ module: its libraries must come first [OLCF-PT "Installing PyTorch"].
+    export LD_LIBRARY_PATH=${{CRAY_LD_LIBRARY_PATH:+${{CRAY_LD_LIBRARY_PATH}}:}}${{LD_LIBRARY_PATH:-}}
+  else
+    echo "env.sh: no 'module' command here; modules not loaded (MEGATRON_MODULES=\\"\\" silences this)" >&2
+  fi
+fi
+"""
+
+PLUGIN_BLOCK = """\
+# --- RCCL over Slingshot ----------------------------------------------------------------------
+# RCCL reaches Slingshot only through the aws-ofi-rccl network plugin; without it RCCL uses TCP
+# sockets between nodes and says nothing [OLCF-PT "RCCL Network Plugin"; OFI]. Your own build:
+# NCCL_NET_PLUGIN names the library (preferred), and its directory goes on LD_LIBRARY_PATH for
+# RCCL versions that only search by name [OLCF-PT "Manual RCCL Network Plugin Configuration"].
+if [ -n "${{AWS_OFI_RCCL_DIR:-}}" ]; then
+  [ -e "${{AWS_OFI_RCCL_DIR}}/lib/librccl-net.so" ] || \\
+    echo "env.sh: AWS_OFI_RCCL_DIR=${{AWS_OFI_RCCL_DIR}} has no lib/librccl-net.so; the run's preflight will stop" >&2
+  export NCCL_NET_PLUGIN=${{AWS_OFI_RCCL_DIR}}/lib/librccl-net.so
+  export LD_LIBRARY_PATH=${{AWS_OFI_RCCL_DIR}}/lib${{LD_LIBRARY_PATH:+:${{LD_LIBRARY_PATH}}}}
+elif [ "$_megatron_modules" = 1 ]; then
+  _megatron_relaxed module load {plugin_module} || {{ echo "env.sh: module load {plugin_module} failed; set AWS_OFI_RCCL_DIR to your own build" >&2; return 1; }}
+fi
+unset _megatron_modules
+# Multi-node jobs: NCCL_NET=OFI turns a plugin that fails to load into an error instead of a
+# silent fall-back to sockets (and the trainer's preflight reports it within seconds of start).
+# One-node jobs: Frontier's network is not set up for them and the plugin does not initialise,
+# so Socket [OLCF-PT "Manual RCCL Network Plugin Configuration"]. Plugin builds older than the
+# name "OFI" answer to NCCL_NET="AWS Libfabric" [HPE "Environment Settings for RCCL"]: export it
+# before sourcing. Outside a job NCCL_NET is left as it is.
+_megatron_nodes=${{SLURM_JOB_NUM_NODES:-${{SLURM_NNODES:-}}}}
+if [ -n "$_megatron_nodes" ]; then
+  if [ "$_megatron_nodes" -gt 1 ]; then export NCCL_NET=${{NCCL_NET:-OFI}}; else export NCCL_NET=${{NCCL_NET:-Socket}}; fi
+fi
+unset _megatron_nodes
+"""
+
+FIXED_INTRO = """\
+# --- Fixed settings ----------------------------------------------------------------------------
+# The network ones are the list OLCF-PT "Manual RCCL Network Plugin Configuration" gives as
+# strongly recommended by HPE and AMD on Frontier for correctness and performance at scale (the
+# rccl-net-plugin module sets them too), checked against HPE's guide where it has them."""
+
+HELPERS = """\
+# --- Job helpers (train.sbatch and the planner's sbatch call them) -----------------------------
+# Where run directories go: Orion scratch when OLCF's variables say where it is ($MEMBERWORK,
+# then $PROJWORK, each followed by the project id), since NFS home and project areas have 50 GB
+# quotas and OLCF recommends running jobs from Orion [OLCF-FUG "NFS Filesystem", "Lustre
+# Filesystem"]; else runs/ in the repository. Orion purges files unused for 90 days.
+megatron_run_root() {{
+  if [ -n "${{RUN_ROOT:-}}" ]; then
+    echo "env.sh: run directories under RUN_ROOT=${{RUN_ROOT}}" >&2
+    printf '%s\\n' "${{RUN_ROOT}}"; return 0
+  fi
+  local project=${{MEGATRON_PROJECT:-${{SLURM_JOB_ACCOUNT:-}}}} area
+  project=${{project,,}}
+  for area in MEMBERWORK PROJWORK; do
+    if [ -n "${{!area:-}}" ] && [ -n "$project" ]; then
+      echo "env.sh: run directories under \\$${{area}}/${{project}}/megatron-runs (Orion scratch; RUN_ROOT overrides)" >&2
+      printf '%s\\n' "${{!area}}/${{project}}/megatron-runs"; return 0
+    fi
+  done
+  local home=${{MEGATRON_HOME:-${{SLURM_SUBMIT_DIR:-$PWD}}}}
+  echo "env.sh: no \\$MEMBERWORK/\\$PROJWORK and project id; run directories under ${{home}}/runs (on Frontier's NFS home that is a 50 GB quota: set RUN_ROOT)" >&2
+  printf '%s\\n' "${{home}}/runs"
+}}
+
+# Creates RUN_DIR/checkpoints. Orion gives new files a Progressive File Layout and OLCF asks
+# users not to restripe [OLCF-FUG "Transition from Alpine to Orion"], so the layout is only
+# recorded in the job log unless MEGATRON_CKPT_STRIPE holds `lfs setstripe` options (keep to
+# the capacity pool and at most 450 OSTs there [OLCF-FUG "LFS setstripe wrapper"], e.g.
+# "-c 8 -S 1M -p capacity"; on other Lustre systems e.g. "-c 8 -S 4M").
+megatron_prepare_run_dir() {{
+  local ckpt="$1/checkpoints"
+  mkdir -p "$ckpt"
+  command -v lfs >/dev/null 2>&1 || return 0
+  if [ -n "${{MEGATRON_CKPT_STRIPE:-}}" ]; then
+    # shellcheck disable=SC2086  # the options are meant to split into words
+    lfs setstripe ${{MEGATRON_CKPT_STRIPE}} "$ckpt" || {{ echo "env.sh: lfs setstripe ${{MEGATRON_CKPT_STRIPE}} $ckpt failed" >&2; return 1; }}
+  fi
+  echo "env.sh: Lustre layout of new files in $ckpt: $(lfs getstripe -d "$ckpt" 2>&1 | tr -s ' \\n' ' ')" >&2
+}}
+
+# On every node of the job: MIOpen's directory on /tmp, then, with MEGATRON_ENV_TARBALL set, the
+# Python environment on node-local NVMe: at scale ranks start much faster from it than from
+# Lustre, and far faster than from NFS [OLCF-PT "Environment Location"; OLCF-SB].
+megatron_prepare_nodes() {{
+  srun --ntasks-per-node=1 mkdir -p "${{MIOPEN_USER_DB_PATH}}"
+  if [ -n "${{MEGATRON_ENV_TARBALL:-}}" ]; then megatron_stage_env "${{MEGATRON_ENV_TARBALL}}"; fi
+}}
+
+# Broadcast a `conda pack -p ENV` archive to /mnt/bb/$USER on every node (the job needs the NVMe:
+# -C nvme [OLCF-FUG "NVMe Usage"]), unpack it there and activate it [OLCF-SB "Example Usage on
+# Frontier"]. A package installed in editable mode still imports its code from the repository.
+megatron_stage_env() {{
+  local tarball=$1 bb=${{MEGATRON_NVME_DIR:-/mnt/bb/${{USER:-}}}}
+  local dest=$bb/megatron-env
+  [ -f "$tarball" ] || {{ echo "env.sh: MEGATRON_ENV_TARBALL=$tarball is not a file; make one with: conda pack -p <env>" >&2; return 1; }}
+  [ -d "$bb" ] || {{ echo "env.sh: MEGATRON_ENV_TARBALL is set but $bb does not exist: submit with -C nvme" >&2; return 1; }}
+  # sbcast can leave partial files behind when it fails: stop rather than start on them [OLCF-SB].
+  sbcast -pf "$tarball" "$bb/megatron-env.tar.gz" || {{ echo "env.sh: sbcast of $tarball failed" >&2; return 1; }}
+  srun --ntasks-per-node=1 mkdir -p "$dest"
+  srun --ntasks-per-node=1 tar -xzf "$bb/megatron-env.tar.gz" -C "$dest"
+  _megatron_relaxed source "$dest/bin/activate" || {{ echo "env.sh: cannot activate $dest" >&2; return 1; }}
+  if [ -x "$dest/bin/conda-unpack" ]; then srun --ntasks-per-node=1 "$dest/bin/conda-unpack"; fi
+  echo "env.sh: Python environment from $tarball on node-local NVMe: $dest" >&2
+}}
+"""
+
+
+def env_script() -> str:
+    """The text of examples/frontier/env.sh (sourced, never executed)."""
+    fmt = {"rocm": ROCM_VERSION, "modules": " ".join(MODULES), "plugin_module": PLUGIN_MODULE}
+    return "\n".join([
+        HEADER.format(**fmt), MODULE_BLOCK.format(**fmt), PLUGIN_BLOCK.format(**fmt),
+        FIXED_INTRO, _settings_block(), "", HELPERS.format(**fmt)])
+
+
+def write_env_sh(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(env_script())
