@@ -1,8 +1,11 @@
 """A real Slurm on this machine: slurmctld and two slurmd daemons playing nodes n1 and n2 (both on
 127.0.0.1), started from a slurm.conf under a temp dir for the session. A 2-node, 1-task-per-node
 job trains with the rendezvous taken from SLURM_* variables (megatron/launch/env.py) alone,
-except MASTER_ADDR=127.0.0.1 because the fake node names do not resolve."""
+except MASTER_ADDR=127.0.0.1 because the fake node names do not resolve. A step on part of the
+allocation finds its master among its own nodes, and examples/frontier/env.sh in a 2-node job
+sets NCCL_NET=OFI, after which the trainer's network preflight refuses a missing plugin."""
 import getpass
+import json
 import os
 import random
 import re
@@ -168,6 +171,90 @@ srun {sys.executable} -m megatron.cli.train --config {TINY} \\
     log = _tail(job_out, 10 ** 6)
     assert state == ("COMPLETED", "0:0"), f"job ended {state}; job output:\n{log[-4000:]}"
     port = 20000 + job_id % 10000
-    assert f"rank 0 of 2 via 127.0.0.1:{port} (slurm)" in log, log[-4000:]
+    assert f"rank 0 of 2 via 127.0.0.1:{port} (slurm, 2 node(s)" in log, log[-4000:]
     run_env.assert_compiled_nothing(log)
     assert train_steps(str(run_dir)) == [1, 2, 3]
+
+
+def _submit(slurm, run_env, script_text: str, tmp_path, timeout: float = 300):
+    """(JobState, ExitCode, job output, seconds from submission to end) of a batch script."""
+    job_out = tmp_path / "job.out"
+    script = tmp_path / "job.sbatch"
+    script.write_text(script_text.replace("@OUT@", str(job_out)))
+    env = dict(run_env.env, SLURM_CONF=slurm["conf"])
+    start = time.monotonic()
+    proc = subprocess.run(["sbatch", "--parsable", f"--chdir={ROOT}", str(script)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    state, code = _wait_job(int(proc.stdout.strip().split(";")[0]), env, timeout)
+    return state, code, _tail(job_out, 10 ** 6), time.monotonic() - start
+
+
+PROBE = ("import json, os; from megatron.launch.env import discover; l = discover(); "
+         "print('PROBE ' + json.dumps(dict(step=os.environ.get('SLURM_STEP_ID'), "
+         "job_nodes=os.environ.get('SLURM_JOB_NODELIST'), rank=l.rank, world=l.world_size, "
+         "master=l.master_addr, nodes=l.num_nodes)))")
+
+
+def test_step_on_part_of_the_allocation_finds_its_master(slurm, tmp_path):
+    """Three steps of one 2-node job: all of it, then n1 excluded as a bad node would be, with
+    one and with two tasks. The last two must meet on n2, not on the job's first node n1, where
+    nothing of theirs listens (before: a 600 s rendezvous timeout)."""
+    state, code, log, _ = _submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --output=@OUT@
+srun --nodes=2 --ntasks=2 {sys.executable} -c "{PROBE}"
+srun --nodes=1 --ntasks=1 --exclude=n1 {sys.executable} -c "{PROBE}"
+srun --nodes=1 --ntasks=2 --exclude=n1 {sys.executable} -c "{PROBE}"
+""", tmp_path, timeout=120)
+    assert (state, code) == ("COMPLETED", "0:0"), log[-4000:]
+    seen = [json.loads(line.split("PROBE ", 1)[1]) for line in log.splitlines()
+            if line.startswith("PROBE ")]
+    by_step = {}
+    for probe in seen:
+        assert probe["job_nodes"] == "n[1-2]"  # the job's list still starts with n1
+        by_step.setdefault(probe["step"], []).append(probe)
+    assert sorted(by_step) == ["0", "1", "2"], log[-4000:]
+    full, one, two = by_step["0"], by_step["1"], by_step["2"]
+    assert sorted((p["rank"], p["master"], p["world"], p["nodes"]) for p in full) == \
+        [(0, "n1", 2, 2), (1, "n1", 2, 2)]
+    assert [(p["master"], p["world"], p["nodes"]) for p in one] == [("n2", 1, 1)]
+    assert sorted((p["rank"], p["master"], p["world"], p["nodes"]) for p in two) == \
+        [(0, "n2", 2, 1), (1, "n2", 2, 1)]
+
+
+def test_frontier_env_and_preflight_refuse_a_missing_plugin(slurm, tmp_path):
+    """examples/frontier/env.sh in a real 2-node job (no modules here), pointed at a plugin build
+    that is not there: it sets NCCL_NET=OFI, prepares the run directory and every node, and the
+    trainer then stops every rank before the rendezvous with one message each, in seconds, having
+    trained nothing. This machine has no GPU: MEGATRON_NET_PREFLIGHT=always runs the check
+    anyway."""
+    run_env, run_root = RunEnv(tmp_path), tmp_path / "runs"
+    state, code, log, elapsed = _submit(slurm, run_env, f"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=@OUT@
+set -euo pipefail
+export MEGATRON_MODULES="" AWS_OFI_RCCL_DIR={tmp_path}/no-such-plugin RUN_ROOT={run_root}
+source examples/frontier/env.sh
+echo "NCCL_NET=$NCCL_NET NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN"
+RUN_DIR=$(megatron_run_root)/tiny
+megatron_prepare_run_dir "$RUN_DIR"
+megatron_prepare_nodes
+export MASTER_ADDR=127.0.0.1 MEGATRON_NET_PREFLIGHT=always
+srun {sys.executable} -m megatron.cli.train --config {TINY} --set training.train_iters=3 \\
+    --set training.global_batch_size=4 --set training.tensorboard=false --set run.dir="$RUN_DIR"
+""", tmp_path, timeout=180)
+    assert state == "FAILED", log[-4000:]
+    assert f"NCCL_NET=OFI NCCL_NET_PLUGIN={tmp_path}/no-such-plugin/lib/librccl-net.so" in log
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2, log[-4000:]  # one message per rank
+    # Which library is reported first (libfabric, then the plugin) depends on this machine.
+    assert all(e.startswith("error: network preflight: NCCL_NET=OFI asks for the libfabric "
+                            "network plugin, but ") and "cannot be loaded" in e for e in errors)
+    assert "Traceback" not in log, log[-4000:]
+    assert "joining" not in log  # nobody reached the rendezvous
+    assert (run_root / "tiny" / "checkpoints").is_dir()
+    assert not (run_root / "tiny" / "metrics.jsonl").exists()
+    assert elapsed < 90, f"took {elapsed:.0f} s"
