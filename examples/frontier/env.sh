@@ -24,6 +24,7 @@
 # HPE = HPE shs-ccl-docs rccl/rccl_tuning_guide.md; OFI = aws-ofi-rccl README.
 
 # --- Software stack [OLCF-PT "Installing PyTorch", "Batch script"] ------------------------------
+_megatron_say() { echo "env.sh: $*" >&2; }
 # Lmod and activate scripts are not written for `set -eu`: run them with both relaxed.
 _megatron_relaxed() {
   local saved=$- rc=0
@@ -40,13 +41,14 @@ if [ -n "${MEGATRON_MODULES}" ]; then
   if command -v module >/dev/null 2>&1; then
     _megatron_modules=1
     for _m in ${MEGATRON_MODULES}; do
-      _megatron_relaxed module load "$_m" || { echo "env.sh: module load $_m failed" >&2; return 1; }
+      _megatron_relaxed module load "$_m" || { _megatron_say "module load $_m failed"; return 1; }
     done
     unset _m
     # A non-default cpe/ module: its libraries must come first [OLCF-PT "Installing PyTorch"].
-    export LD_LIBRARY_PATH=${CRAY_LD_LIBRARY_PATH:+${CRAY_LD_LIBRARY_PATH}:}${LD_LIBRARY_PATH:-}
+    LD_LIBRARY_PATH=${CRAY_LD_LIBRARY_PATH:+${CRAY_LD_LIBRARY_PATH}:}${LD_LIBRARY_PATH:-}
+    export LD_LIBRARY_PATH
   else
-    echo "env.sh: no 'module' command here; modules not loaded (MEGATRON_MODULES=\"\" silences this)" >&2
+    _megatron_say "no 'module' command here; none loaded (MEGATRON_MODULES=\"\" silences this)"
   fi
 fi
 
@@ -57,11 +59,15 @@ fi
 # RCCL versions that only search by name [OLCF-PT "Manual RCCL Network Plugin Configuration"].
 if [ -n "${AWS_OFI_RCCL_DIR:-}" ]; then
   [ -e "${AWS_OFI_RCCL_DIR}/lib/librccl-net.so" ] || \
-    echo "env.sh: AWS_OFI_RCCL_DIR=${AWS_OFI_RCCL_DIR} has no lib/librccl-net.so; the run's preflight will stop" >&2
+    _megatron_say "AWS_OFI_RCCL_DIR=${AWS_OFI_RCCL_DIR} has no lib/librccl-net.so;" \
+      "the run's preflight will stop"
   export NCCL_NET_PLUGIN=${AWS_OFI_RCCL_DIR}/lib/librccl-net.so
   export LD_LIBRARY_PATH=${AWS_OFI_RCCL_DIR}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 elif [ "$_megatron_modules" = 1 ]; then
-  _megatron_relaxed module load rccl-net-plugin || { echo "env.sh: module load rccl-net-plugin failed; set AWS_OFI_RCCL_DIR to your own build" >&2; return 1; }
+  _megatron_relaxed module load rccl-net-plugin || {
+    _megatron_say "module load rccl-net-plugin failed; set AWS_OFI_RCCL_DIR to your own build"
+    return 1
+  }
 fi
 unset _megatron_modules
 # Multi-node jobs: NCCL_NET=OFI turns a plugin that fails to load into an error instead of a
@@ -72,7 +78,11 @@ unset _megatron_modules
 # before sourcing. Outside a job NCCL_NET is left as it is.
 _megatron_nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
 if [ -n "$_megatron_nodes" ]; then
-  if [ "$_megatron_nodes" -gt 1 ]; then export NCCL_NET=${NCCL_NET:-OFI}; else export NCCL_NET=${NCCL_NET:-Socket}; fi
+  if [ "$_megatron_nodes" -gt 1 ]; then
+    export NCCL_NET=${NCCL_NET:-OFI}
+  else
+    export NCCL_NET=${NCCL_NET:-Socket}
+  fi
 fi
 unset _megatron_nodes
 
@@ -149,19 +159,21 @@ export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
 # Filesystem"]; else runs/ in the repository. Orion purges files unused for 90 days.
 megatron_run_root() {
   if [ -n "${RUN_ROOT:-}" ]; then
-    echo "env.sh: run directories under RUN_ROOT=${RUN_ROOT}" >&2
+    _megatron_say "run directories under RUN_ROOT=${RUN_ROOT}"
     printf '%s\n' "${RUN_ROOT}"; return 0
   fi
   local project=${MEGATRON_PROJECT:-${SLURM_JOB_ACCOUNT:-}} area
   project=${project,,}
   for area in MEMBERWORK PROJWORK; do
     if [ -n "${!area:-}" ] && [ -n "$project" ]; then
-      echo "env.sh: run directories under \$${area}/${project}/megatron-runs (Orion scratch; RUN_ROOT overrides)" >&2
+      _megatron_say "run directories under \$${area}/${project}/megatron-runs" \
+        "(Orion scratch; RUN_ROOT overrides)"
       printf '%s\n' "${!area}/${project}/megatron-runs"; return 0
     fi
   done
   local home=${MEGATRON_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
-  echo "env.sh: no \$MEMBERWORK/\$PROJWORK and project id; run directories under ${home}/runs (on Frontier's NFS home that is a 50 GB quota: set RUN_ROOT)" >&2
+  _megatron_say "no \$MEMBERWORK/\$PROJWORK and project id; run directories under" \
+    "${home}/runs (on Frontier's NFS home that is a 50 GB quota: set RUN_ROOT)"
   printf '%s\n' "${home}/runs"
 }
 
@@ -176,9 +188,12 @@ megatron_prepare_run_dir() {
   command -v lfs >/dev/null 2>&1 || return 0
   if [ -n "${MEGATRON_CKPT_STRIPE:-}" ]; then
     # shellcheck disable=SC2086  # the options are meant to split into words
-    lfs setstripe ${MEGATRON_CKPT_STRIPE} "$ckpt" || { echo "env.sh: lfs setstripe ${MEGATRON_CKPT_STRIPE} $ckpt failed" >&2; return 1; }
+    lfs setstripe ${MEGATRON_CKPT_STRIPE} "$ckpt" || {
+      _megatron_say "lfs setstripe ${MEGATRON_CKPT_STRIPE} $ckpt failed"; return 1
+    }
   fi
-  echo "env.sh: Lustre layout of new files in $ckpt: $(lfs getstripe -d "$ckpt" 2>&1 | tr -s ' \n' ' ')" >&2
+  _megatron_say "Lustre layout of new files in $ckpt:" \
+    "$(lfs getstripe -d "$ckpt" 2>&1 | tr -s ' \n' ' ')"
 }
 
 # On every node of the job: MIOpen's directory on /tmp, then, with MEGATRON_ENV_TARBALL set, the
@@ -195,13 +210,19 @@ megatron_prepare_nodes() {
 megatron_stage_env() {
   local tarball=$1 bb=${MEGATRON_NVME_DIR:-/mnt/bb/${USER:-}}
   local dest=$bb/megatron-env
-  [ -f "$tarball" ] || { echo "env.sh: MEGATRON_ENV_TARBALL=$tarball is not a file; make one with: conda pack -p <env>" >&2; return 1; }
-  [ -d "$bb" ] || { echo "env.sh: MEGATRON_ENV_TARBALL is set but $bb does not exist: submit with -C nvme" >&2; return 1; }
+  if [ ! -f "$tarball" ]; then
+    _megatron_say "MEGATRON_ENV_TARBALL=$tarball is not a file; make one with: conda pack -p <env>"
+    return 1
+  fi
+  if [ ! -d "$bb" ]; then
+    _megatron_say "MEGATRON_ENV_TARBALL is set but $bb does not exist: submit with -C nvme"
+    return 1
+  fi
   # sbcast can leave partial files behind when it fails: stop rather than start on them [OLCF-SB].
-  sbcast -pf "$tarball" "$bb/megatron-env.tar.gz" || { echo "env.sh: sbcast of $tarball failed" >&2; return 1; }
+  sbcast -pf "$tarball" "$bb/megatron-env.tar.gz" || { _megatron_say "sbcast failed"; return 1; }
   srun --ntasks-per-node=1 mkdir -p "$dest"
   srun --ntasks-per-node=1 tar -xzf "$bb/megatron-env.tar.gz" -C "$dest"
-  _megatron_relaxed source "$dest/bin/activate" || { echo "env.sh: cannot activate $dest" >&2; return 1; }
+  _megatron_relaxed source "$dest/bin/activate" || { _megatron_say "no $dest/bin/activate"; return 1; }
   if [ -x "$dest/bin/conda-unpack" ]; then srun --ntasks-per-node=1 "$dest/bin/conda-unpack"; fi
-  echo "env.sh: Python environment from $tarball on node-local NVMe: $dest" >&2
+  _megatron_say "Python environment from $tarball on node-local NVMe: $dest"
 }
