@@ -77,7 +77,7 @@ def _int(env: Mapping[str, str], name: str) -> int:
                          "it is set by the launcher, so check the launch command") from None
 
 
-def _port(env: Mapping[str, str], job_id: Optional[str]) -> int:
+def _port(env: Mapping[str, str], job_id: Optional[str], step_id: Optional[str] = None) -> int:
     if "MASTER_PORT" in env:
         port = _int(env, "MASTER_PORT")
         if not 0 < port < 65536:
@@ -85,8 +85,10 @@ def _port(env: Mapping[str, str], job_id: Optional[str]) -> int:
                              "expected 1-65535")
         return port
     if job_id and job_id.isdigit():
-        # Spread concurrent jobs sharing a first node over 10000 ports above 20000.
-        return 20000 + int(job_id) % 10000
+        # Spread concurrent jobs sharing a first node over 10000 ports above 20000, and the
+        # steps of one job too: two steps running side by side may share their first node.
+        step = int(step_id) if step_id and step_id.isdigit() else 0
+        return 20000 + (int(job_id) + step) % 10000
     return DEFAULT_PORT
 
 
@@ -123,6 +125,7 @@ def discover(env: Optional[Mapping[str, str]] = None) -> LaunchEnv:
         nodes_var = _first(env, NUM_NODES_VARS)
         return LaunchEnv(_int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"),
                          _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-                         _slurm_master(env), _port(env, env.get("SLURM_JOB_ID")), "slurm",
+                         _slurm_master(env),
+                         _port(env, env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")), "slurm",
                          _int(env, nodes_var) if nodes_var else 1)
     return LaunchEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), _port(env, None), "single")

@@ -73,7 +73,7 @@ def config_yaml(cfg: Config, cand: Candidate, cluster: str, nodes: int) -> str:
     return note + cfg.to_yaml()
 
 
-MASTER_NOTE = "# MASTER_ADDR and MASTER_PORT come from the step's node list and the job id."
+MASTER_NOTE = "# MASTER_ADDR, MASTER_PORT: from the step's node list and the job and step ids."
 
 
 def _frontier_env_lines() -> List[str]:

@@ -123,3 +123,9 @@ def test_malformed_step_nodelist_names_the_step_variable():
 ])
 def test_torchrun_node_count(extra, nodes):
     assert discover(dict({"RANK": "0", "WORLD_SIZE": "8"}, **extra)).num_nodes == nodes
+
+
+def test_steps_of_one_job_get_different_ports():
+    # Two steps side by side may share their first node; step 0 keeps the job's port.
+    ports = [discover(dict(STEP, SLURM_STEP_ID=str(i))).master_port for i in range(3)]
+    assert ports[0] == discover(SLURM).master_port and len(set(ports)) == 3
