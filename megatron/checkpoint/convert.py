@@ -1,28 +1,25 @@
-"""Checkpoint conversion: merge the tensor- and pipeline-parallel shards of a run's DeepSpeed
-checkpoint into one unsharded GPTModel state dict (TP=1, PP=1), and split such a state dict again
-for another tensor-parallel size.
-
-What megatron-train writes under <run.dir>/checkpoints/<tag>/ (training/engine.py):
-  PP=1  mp_rank_{t:02d}_model_states.pt: key 'module' = GPTModel.state_dict() of TP rank t
-  PP>1  layer_{i:02d}-model_{t:02d}-model_states.pt: pipeline layer i of TP rank t, with
-        i = 0 embedding, 1..L transformer layers, L+1 final norm, L+2 output head. A tied head
-        is the layer-0 embedding (DeepSpeed keeps the tied weights equal), so its file, when a
-        DeepSpeed version writes one, is not read.
+"""Checkpoint conversion: a run's checkpoint (any TP x PP x DP x ZeRO layout, sharded.py) as one
+unsharded GPTModel state dict (TP=1, PP=1), and the single-file format built on it.
 
 The single-file format (save_single / load_single), one torch.save'd dict:
   format             SINGLE_FORMAT
   config             Config.to_dict() with tensor_parallel_size = pipeline_parallel_size = 1
-  state_dict         GPTModel parameter name -> tensor at TP=1, in the dtype training saved
+  state_dict         GPTModel parameter name -> tensor at TP=1: the fp32 master weights
   vocab_size         the tokenizer's vocabulary; embedding rows from vocab_size on are padding
   padded_vocab_size  rows of the word embedding (and of the untied output head)
   source             run_dir, tag, tensor/pipeline_parallel_size and step of the checkpoint
 
 Vocabulary padding depends on TP (data/vocab.py). The merge keeps the padding rows of the source
 layout as trained: they take part in the softmax of the loss, so keeping them reproduces the run's
-loss exactly, while the logits of real ids never depend on them. trim_vocab drops them."""
+loss exactly, while the logits of real ids never depend on them. trim_vocab drops them.
+
+A merge reads one tensor at a time from memory-mapped shard files, but the merged model is held
+whole: a tool for models that fit one host's memory (export, sampling). Training runs continue
+in another layout without it: training.load reads any layout directly."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -30,12 +27,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from megatron.config import Config, ConfigError, InputError, load_config
+from megatron.config import Config, InputError, load_config
 from megatron.config.sections import SECTIONS
-from megatron.config.validate import check_tensor_parallel
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
-from megatron.parallel.layers import shard
+from megatron.checkpoint import store
+from megatron.checkpoint.sharded import Reader
 
 log = logging.getLogger(__name__)
 
@@ -66,88 +63,32 @@ def read_run_config(run_dir: str) -> Config:
 
 
 def latest_checkpoint(ckpt_dir: str) -> str:
-    latest = os.path.join(ckpt_dir, "latest")
-    if not os.path.isfile(latest):
-        raise InputError(f"no checkpoint in {ckpt_dir!r} (no 'latest' file); train with "
-                         "training.save=true or point --run-dir at a run that saved one")
-    with open(latest) as f:
-        return os.path.join(ckpt_dir, f.read().strip())
+    """The newest complete checkpoint folder under `ckpt_dir` (store.py's commit protocol)."""
+    found, skipped = store.newest_complete(ckpt_dir)
+    for line in skipped:
+        log.warning("skipping checkpoint %s", line)
+    if found is None:
+        raise InputError(f"no complete checkpoint in {ckpt_dir!r}"
+                         + (f" ({'; '.join(skipped)})" if skipped else "")
+                         + "; train with training.save=true or point --run-dir at a run that "
+                         "saved one")
+    return found.folder
 
 
 def checkpoint_folder(run_dir: str, tag: Optional[str] = None) -> str:
-    """<run_dir>/checkpoints/<tag>, the latest one when tag is None."""
+    """<run_dir>/checkpoints/<tag>, the newest complete one when tag is None."""
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     folder = latest_checkpoint(ckpt_dir) if tag is None else os.path.join(ckpt_dir, tag)
     if not os.path.isdir(folder):
-        found = sorted(d for d in os.listdir(ckpt_dir)
-                       if os.path.isdir(os.path.join(ckpt_dir, d))) if os.path.isdir(ckpt_dir) \
-            else []
+        found = sorted(os.path.basename(f) for _, f in store.committed(ckpt_dir))
         raise InputError(f"checkpoint folder {folder!r} does not exist; tags found in "
                          f"{ckpt_dir!r}: {', '.join(found) or 'none'}")
     return folder
 
 
-def _load(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise InputError(f"checkpoint file {path!r} is missing; the folder is incomplete for the "
-                         "layout in the run's config.yaml (copy every rank's files)")
-    # Our own checkpoints: DeepSpeed pickles non-tensor state next to the weights.
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-# --- tensor-parallel layout -------------------------------------------------------------------
-
-def tp_partition(name: str, cfg: Config):
-    """(dim, stride) of a GPTModel parameter sharded over TP, or None when replicated. Mirrors
-    the layers in parallel/layers.py; tests check it against the live model's partition_dim."""
-    if name.endswith(("word_embeddings.weight", "output.head.weight")):
-        return 0, 1  # vocab-parallel rows
-    if ".attention.qkv." in name:
-        return 0, 1  # whole key/value groups per rank: [q heads of the group, k, v] each
-    if ".mlp.fc1." in name:
-        # SwiGLU fc1 is [gate; up]: each rank holds its slice of gate, then its slice of up.
-        return 0, 2 if cfg.model.activation == "swiglu" else 1
-    if name.endswith((".attention.dense.weight", ".mlp.fc2.weight")):
-        return 1, 1  # row-parallel: input columns
-    return None
-
-
-def merge_tp(shards: List[StateDict], cfg: Config, where: str) -> StateDict:
-    """One state dict per TP rank -> the unsharded one."""
-    names = list(shards[0])
-    for t, sd in enumerate(shards[1:], 1):
-        if set(sd) != set(names):
-            raise InputError(f"{where}: TP rank {t} holds parameters {sorted(sd)} but rank 0 "
-                             f"holds {sorted(names)}; the checkpoint is not from one run")
-    out = {}
-    for name in names:
-        parts = [sd[name] for sd in shards]
-        rule = tp_partition(name, cfg)
-        if rule is None or len(parts) == 1:
-            out[name] = parts[0]  # replicated: every rank holds the same tensor
-            continue
-        dim, stride = rule
-        blocks = [p.chunk(stride, dim=dim) for p in parts]
-        out[name] = torch.cat([blocks[t][b] for b in range(stride) for t in range(len(parts))],
-                              dim=dim).contiguous()
-    return out
-
-
-def split_tp(full: StateDict, cfg: Config, tp: int) -> List[StateDict]:
-    """The unsharded state dict -> one per TP rank (the inverse of merge_tp)."""
-    out: List[StateDict] = [{} for _ in range(tp)]
-    for name, tensor in full.items():
-        rule = tp_partition(name, cfg)
-        for t in range(tp):
-            out[t][name] = tensor.clone() if rule is None else shard(tensor, rule[0], t, tp,
-                                                                     rule[1])
-    return out
-
-
-# --- reading the shards -----------------------------------------------------------------------
-
 def pipeline_prefixes(cfg: Config) -> List[str]:
-    """GPTModel name prefix of each saved pipeline layer (index = pipeline layer)."""
+    """GPTModel name prefix of each pipeline layer (index = pipeline layer): 0 embedding,
+    1..L transformer layers, L+1 final norm, L+2 output head (untied only)."""
     n = cfg.model.num_layers
     prefixes = ["embedding."] + [f"layers.{i}." for i in range(n)] + ["final_norm."]
     if not cfg.model.tie_embeddings:
@@ -155,27 +96,14 @@ def pipeline_prefixes(cfg: Config) -> List[str]:
     return prefixes
 
 
-def _read_tp_rank(folder: str, cfg: Config, t: int) -> StateDict:
-    """Every parameter TP rank t holds, named as in GPTModel."""
-    if cfg.parallel.pipeline_parallel_size == 1:
-        module = _load(os.path.join(folder, f"mp_rank_{t:02d}_model_states.pt")).get("module")
-        if not isinstance(module, dict):
-            raise InputError(f"{folder}/mp_rank_{t:02d}_model_states.pt holds no 'module' state "
-                             "dict; with pipeline parallelism the weights are in layer_*.pt files "
-                             "(is pipeline_parallel_size in config.yaml right?)")
-        return dict(module)
-    sd: StateDict = {}
-    for i, prefix in enumerate(pipeline_prefixes(cfg)):
-        layer = _load(os.path.join(folder, f"layer_{i:02d}-model_{t:02d}-model_states.pt"))
-        sd.update({prefix + name: tensor for name, tensor in layer.items()})
-    return sd
-
-
-def _step(folder: str) -> Optional[int]:
-    path = os.path.join(folder, "mp_rank_00_model_states.pt")
-    if not os.path.isfile(path):
-        return None
-    return _load(path).get("megatron", {}).get("step")
+def read_checkpoint(folder: str):
+    """(meta, index) of a committed checkpoint; InputError when it cannot be read."""
+    try:
+        meta = store.validate(folder)
+        with open(os.path.join(folder, store.INDEX)) as f:
+            return meta, json.load(f)
+    except (store.Incomplete, OSError, ValueError) as e:
+        raise InputError(f"checkpoint {folder} cannot be read: {e}") from None
 
 
 def single_config(cfg: Config, tp: int = 1) -> Config:
@@ -187,12 +115,15 @@ def single_config(cfg: Config, tp: int = 1) -> Config:
 
 def merge_checkpoint(cfg: Config, folder: str, vocab_size: Optional[int] = None,
                      trim_vocab: bool = False) -> MergedCheckpoint:
-    """The checkpoint in `folder`, written under the layout of `cfg`, as one unsharded model.
+    """The checkpoint in `folder` (any layout) as one unsharded model of the fp32 masters.
     vocab_size: the tokenizer's vocabulary (read from the run's tokenizer when None)."""
-    tp, pp = cfg.parallel.tensor_parallel_size, cfg.parallel.pipeline_parallel_size
+    meta, index = read_checkpoint(folder)
+    layout = meta["layout"]
+    tp, pp = layout["tensor_parallel_size"], layout["pipeline_parallel_size"]
     vocab = tokenizer_vocab_size(cfg) if vocab_size is None else vocab_size
-    log.info("merging %s (tp=%d pp=%d)", folder, tp, pp)
-    full = merge_tp([_read_tp_rank(folder, cfg, t) for t in range(tp)], cfg, folder)
+    log.info("merging %s (written by tp=%d pp=%d)", folder, tp, pp)
+    reader = Reader(folder, index)
+    full = {name: reader.merged(name, "master").contiguous() for name in sorted(index)}
     rows = full["embedding.word_embeddings.weight"].shape[0]
     expected = padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, tp)
     if rows != expected:
@@ -201,7 +132,7 @@ def merge_checkpoint(cfg: Config, folder: str, vocab_size: Optional[int] = None,
                          "match the one this run trained with")
     merged = MergedCheckpoint(single_config(cfg), full, vocab, rows, {
         "run_dir": cfg.run.dir, "tag": os.path.basename(os.path.normpath(folder)),
-        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "step": _step(folder)})
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "step": meta["step"]})
     return resize_vocab(merged, vocab) if trim_vocab else merged
 
 
@@ -266,53 +197,6 @@ def build_single_model(merged: MergedCheckpoint, device: torch.device = torch.de
     model = build_model(merged.config, ParallelState.single(), merged.padded_vocab_size, device)
     model.load_state_dict({k: v.float() for k, v in merged.state_dict.items()})
     return model
-
-
-# --- resharding -------------------------------------------------------------------------------
-
-def _reshard_target(cfg: Config, tp: int, output_dir: str) -> Config:
-    """The config of the resharded run; raises InputError before any work when it cannot be."""
-    if tp < 1:
-        raise InputError(f"tensor-parallel size {tp} is invalid: expected a positive integer")
-    target = single_config(cfg, tp)
-    try:
-        check_tensor_parallel(target)
-    except ConfigError as e:
-        raise InputError(f"cannot reshard to tensor-parallel size {tp}: {e.field}={e.value!r} "
-                         f"must be {e.expected}") from None
-    if os.path.exists(os.path.join(output_dir, "config.yaml")) or \
-            os.path.exists(os.path.join(output_dir, "checkpoints")):
-        raise InputError(f"output directory {output_dir!r} already holds a run; choose a new "
-                         "--output-dir")
-    return dataclasses.replace(target, run=dataclasses.replace(target.run, dir=output_dir))
-
-
-def reshard(merged: MergedCheckpoint, tp: int, output_dir: str) -> str:
-    """Writes `output_dir` as a model-only run of tensor_parallel_size=tp, PP=1: config.yaml and
-    checkpoints/<tag>/mp_rank_XX_model_states.pt ({'module': state dict of TP rank XX}) with a
-    'latest' file. It holds no optimizer state: read it with load_run / megatron-generate /
-    megatron-convert to-single, not as a training resume point. The embedding is padded (zero
-    rows) or trimmed to the padding of the new TP size. Returns the checkpoint folder."""
-    cfg = _reshard_target(merged.config, tp, output_dir)
-    rows = padded_vocab_size(merged.vocab_size, cfg.model.make_vocab_size_divisible_by, tp)
-    shards = split_tp(resize_vocab(merged, rows).state_dict, cfg, tp)
-    tag = merged.source.get("tag") or "converted"
-    folder = os.path.join(output_dir, "checkpoints", tag)
-    os.makedirs(folder)
-    for t, sd in enumerate(shards):
-        torch.save({"module": sd}, os.path.join(folder, f"mp_rank_{t:02d}_model_states.pt"))
-    with open(os.path.join(output_dir, "checkpoints", "latest"), "w") as f:
-        f.write(tag)
-    with open(os.path.join(output_dir, "config.yaml"), "w") as f:
-        f.write(cfg.to_yaml())
-    log.info("wrote %d tensor-parallel shards to %s", tp, folder)
-    return folder
-
-
-def reshard_run(run_dir: str, tp: int, output_dir: str, tag: Optional[str] = None) -> str:
-    """merge_run + reshard, with the target checked before anything is read."""
-    _reshard_target(read_run_config(run_dir), tp, output_dir)
-    return reshard(merge_run(run_dir, tag), tp, output_dir)
 
 
 def convert_to_single(run_dir: str, output: str, tag: Optional[str] = None,

@@ -1,5 +1,6 @@
-"""megatron-convert: turn a run's sharded DeepSpeed checkpoint into one unsharded file, a
-model-only checkpoint for another tensor-parallel size, or a Hugging Face model folder."""
+"""megatron-convert: turn a run's sharded checkpoint (any layout) into one unsharded file or a
+Hugging Face model folder, and a Hugging Face folder into a file to start training from.
+(A run needs no conversion to continue in another layout: training.load reads any layout.)"""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,6 @@ EPILOG = """examples:
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   # a given tag, dropping the vocabulary padding rows
   megatron-convert to-single --run-dir runs/tiny --tag step_0000020 --output tiny.pt --trim-vocab
-  # a model-only run directory with TP=2 (for megatron-generate or another to-single)
-  megatron-convert reshard --run-dir runs/tiny --tensor-parallel-size 2 --output-dir runs/tiny-tp2
   # a Hugging Face model folder (GPT-2 or Llama flavour), e.g. for lm-eval's hf model
   megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
   # the other way: a Hugging Face GPT-2/Llama folder as a single file to start training from
@@ -37,11 +36,6 @@ def parse_args(argv=None):
     single.add_argument("--output", required=True, help="the .pt file to write")
     single.add_argument("--trim-vocab", action="store_true",
                         help="drop the padding rows of the embedding (and untied head)")
-    resh = sub.add_parser("reshard", help="write a model-only run for another TP size",
-                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    resh.add_argument("--tensor-parallel-size", type=int, required=True)
-    resh.add_argument("--output-dir", required=True, help="the new run directory (must not "
-                      "hold a run yet)")
     hf = sub.add_parser("to-hf", help="write a Hugging Face model folder (GPT-2 or Llama)",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     hf.add_argument("--output-dir", required=True, help="folder for config.json, "
@@ -56,10 +50,10 @@ def parse_args(argv=None):
     imp.add_argument("--hf-dir", required=True, help="folder with config.json and "
                      "model.safetensors (or a sharded model.safetensors.index.json)")
     imp.add_argument("--output", required=True, help="the .pt file to write")
-    for s in (single, resh, hf):
+    for s in (single, hf):
         s.add_argument("--run-dir", required=True, help="run directory (config.yaml, "
                        "checkpoints/)")
-        s.add_argument("--tag", help="checkpoint tag such as step_0000020 (default: latest)")
+        s.add_argument("--tag", help="checkpoint tag such as step_0000020 (default: the newest complete one)")
     return p.parse_args(argv)
 
 
@@ -67,7 +61,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
-    from megatron.training import convert
+    from megatron.checkpoint import convert
     if args.command == "to-single":
         merged = convert.convert_to_single(args.run_dir, args.output, args.tag, args.trim_vocab)
         sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors, vocabulary "
@@ -91,11 +85,6 @@ def main(argv=None) -> int:
         written = export_hf(merged, args.output_dir, args.dtype)
         sys.stdout.write(f"wrote {args.output_dir}: {', '.join(written)} "
                          f"({merged.padded_vocab_size} vocabulary rows, {args.dtype})\n")
-        return 0
-    folder = convert.reshard_run(args.run_dir, args.tensor_parallel_size, args.output_dir,
-                                 args.tag)
-    sys.stdout.write(f"wrote {folder} (tensor_parallel_size={args.tensor_parallel_size}, "
-                     "model only)\n")
     return 0
 
 

@@ -3,6 +3,7 @@ layout-free pieces megatron/checkpoint reads and writes (checkpoint/state.py).
 
     torch AdamW alone (ZeRO-0, fp32)   the parameter is the master; moments keyed by parameter
     FP16_Optimizer (ZeRO-0, fp16)      one unpartitioned fp32 flat buffer per group
+    FP16_UnfusedOptimizer (ZeRO-0)     one fp32 copy per parameter (bf16 on the CPU)
     BF16_Optimizer, ZeRO-1/2           flat fp32 partitions per data-parallel rank; each
                                        parameter's slice is its `_hp_mapping`
     ZeRO-3                             each parameter's flattened shard split over data-parallel
@@ -53,7 +54,8 @@ def _state(base: torch.optim.Optimizer, key: torch.Tensor) -> Dict[str, torch.Te
     fill it before the first step; torch's AdamW then uses it as it finds it."""
     st = base.state[key]
     if not st:
-        group = next(g for g in base.param_groups if any(q is key for q in g["params"]))
+        # Flags are the same in every group (ZeRO-3 fills a group's params only while stepping).
+        group = base.param_groups[0]
         on_device = group.get("fused") or group.get("capturable")
         st["step"] = torch.zeros((), dtype=torch.float32,
                                  device=key.device if on_device else "cpu")
@@ -62,9 +64,12 @@ def _state(base: torch.optim.Optimizer, key: torch.Tensor) -> Dict[str, torch.Te
     return st
 
 
-def _views(base, flat: torch.Tensor, start: int, numel: int) -> Tuple[torch.Tensor, Dict]:
-    st = _state(base, flat)
-    return flat.narrow(0, start, numel), {k: st[k].narrow(0, start, numel) for k in MOMENTS}
+def _views(base, key: torch.Tensor, start: int, numel: int) -> Tuple[torch.Tensor, Dict]:
+    """1-D views of elements [start, start+numel) of the fp32 tensor `key` that AdamW steps,
+    and of its moments."""
+    st = _state(base, key)
+    return (key.detach().view(-1).narrow(0, start, numel),
+            {k: st[k].view(-1).narrow(0, start, numel) for k in MOMENTS})
 
 
 def _zero3(opt, p: nn.Parameter) -> Tuple[Optional[Fragment], Optional[torch.Tensor]]:
@@ -80,15 +85,23 @@ def _zero3(opt, p: nn.Parameter) -> Tuple[Optional[Fragment], Optional[torch.Ten
     return Fragment(start, numel, master, moments, p.ds_tensor.data.view(-1).narrow(0, 0, numel)), full
 
 
-def _flat_fp16(opt) -> Dict[int, Tuple[torch.Tensor, int]]:
-    """FP16_Optimizer: id(param) -> (its group's fp32 flat buffer, offset in it)."""
+def _fp32_copies(opt) -> Optional[Dict[int, Tuple[torch.Tensor, int]]]:
+    """ZeRO-0 with 16-bit weights: id(param) -> (the fp32 tensor AdamW steps, offset in it).
+    FP16_Optimizer keeps one flat buffer per group; FP16_UnfusedOptimizer (also DeepSpeed's
+    bf16 ZeRO-0 optimizer on the CPU) one fp32 tensor per parameter."""
     out = {}
-    for flat, group in zip(opt.fp32_groups_flat, opt.fp16_groups):
-        offset = 0
-        for p in group:
-            out[id(p)] = (flat, offset)
-            offset += p.numel()
-    return out
+    if hasattr(opt, "fp32_groups_flat"):
+        for flat, group in zip(opt.fp32_groups_flat, opt.fp16_groups):
+            offset = 0
+            for p in group:
+                out[id(p)] = (flat, offset)
+                offset += p.numel()
+        return out
+    if hasattr(opt, "fp32_groups") and hasattr(opt, "fp16_groups"):
+        for copies, group in zip(opt.fp32_groups, opt.fp16_groups):
+            out.update({id(p): (c, 0) for p, c in zip(group, copies)})
+        return out
+    return None
 
 
 def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict) -> RankState:
@@ -98,7 +111,7 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict)
     zero3 = hasattr(opt, "fp32_partitioned_groups_flat")
     partitions = getattr(opt, "single_partition_of_fp32_groups", None) or \
         getattr(opt, "fp32_groups_flat_partition", None)
-    fp16 = _flat_fp16(opt) if hasattr(opt, "fp32_groups_flat") and not zero3 else None
+    fp16 = None if zero3 or partitions is not None else _fp32_copies(opt)
     params, writes = [], True
     for name, p in named:
         shape = tuple(p.ds_shape) if zero3 else tuple(p.shape)
@@ -122,9 +135,7 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict)
             lp.fragments = [Fragment(0, p.numel(), master, moments)]
         else:  # torch AdamW on the parameters themselves, replicated over data parallelism
             writes = coords[2] == 0
-            st = _state(base, p)
-            lp.fragments = [Fragment(0, p.numel(), p.data.view(-1),
-                                     {k: st[k].view(-1) for k in MOMENTS})]
+            lp.fragments = [Fragment(0, p.numel(), *_views(base, p, 0, p.numel()))]
         params.append(lp)
     return RankState(params, writes, tuple(coords), rng, adam_step(engine))
 

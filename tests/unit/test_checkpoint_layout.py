@@ -1,66 +1,193 @@
-"""The layout record written beside each checkpoint and the rules that refuse a resume it does
-not fit: TP and PP always, the data-parallel size whenever ZeRO partitions the optimizer, and any
-change of a weight's shape."""
+"""The commit protocol on disk (store.py), which checkpoint a run continues from (layout.py), the
+run-directory lock and checks (rundir.py). Each test is one way a checkpoint or run directory
+goes wrong; a failure names the guarantee that broke: visibility, skipping, refusal, or lock."""
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from megatron.checkpoint import store
+from megatron.checkpoint.layout import check_model, find_resume, layout_record
+from megatron.checkpoint.rundir import RunLock, check_run_dir
 from megatron.config import load_config
-from megatron.config.errors import InputError
-from megatron.checkpoint.layout import check_resume_layout, layout_record, write_layout
+from megatron.config.errors import ConfigError, InputError
 
 
 def record(dp=1, **sets):
     cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
-    return layout_record(cfg, dp, 512)
+    return layout_record(cfg, dp, 512, 500)
 
 
-def saved(tmp_path, rec, tag="step_0000004"):
-    (tmp_path / tag).mkdir()
-    write_layout(str(tmp_path / tag), rec)
-    (tmp_path / "latest").write_text(tag)
-    return str(tmp_path)
+def committed(ckpt_dir, step, payload=b"weights", layout=None):
+    """A complete checkpoint, written through the same staging and rename as a real save."""
+    tag = store.tag_for(step)
+    staging = store.staging_folder(str(ckpt_dir), tag)
+    os.makedirs(os.path.join(staging, store.SHARDS))
+    with open(os.path.join(staging, store.SHARDS, "r.pt"), "wb") as f:
+        f.write(payload)
+    store.write_json(os.path.join(staging, store.INDEX), {})
+    files = {f"{store.SHARDS}/r.pt": len(payload), store.INDEX: 2}
+    store.write_json(os.path.join(staging, store.META),
+                     {"format": store.FORMAT, "step": step, "files": files,
+                      "layout": layout or record()})
+    store.commit(staging, os.path.join(str(ckpt_dir), tag))
+    return os.path.join(str(ckpt_dir), tag)
 
 
-def test_the_same_layout_resumes(tmp_path):
-    rec = record(2, **{"parallel.tensor_parallel_size": 2})
-    check_resume_layout(saved(tmp_path, rec), None, rec)
+def cfg_for(run_dir, load="auto"):
+    return load_config(None, [f"run.dir={run_dir}", f"training.load={load}"])
 
 
-@pytest.mark.parametrize("now, words", [
-    (dict(dp=1, **{"parallel.tensor_parallel_size": 1}), "TP2 PP1 DP2 ZeRO-1 run and this run "
-                                                         "is TP1 PP1 DP1 ZeRO-1"),
-    (dict(dp=1, **{"parallel.tensor_parallel_size": 2, "parallel.pipeline_parallel_size": 2}),
-     "this run is TP2 PP2 DP1"),
-    (dict(dp=4, **{"parallel.tensor_parallel_size": 2}), "ZeRO partitions the optimizer state"),
-    (dict(dp=2, **{"parallel.tensor_parallel_size": 2, "parallel.zero_stage": 2}),
-     "this run is TP2 PP1 DP2 ZeRO-2"),
+def test_a_staged_save_is_invisible_until_committed(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    committed(ckpt, 5)
+    os.makedirs(store.staging_folder(str(ckpt), "step_0000010"))  # a save killed midway
+    resume = find_resume(cfg_for(tmp_path))
+    assert resume.step == 5
+    assert (ckpt / "latest").read_text() == "step_0000005"
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda f: open(os.path.join(f, store.SHARDS, "r.pt"), "wb").write(b"trunc"), "has 5 bytes"),
+    (lambda f: os.remove(os.path.join(f, store.SHARDS, "r.pt")), "is missing"),
+    (lambda f: open(os.path.join(f, store.META), "w").write("{garbage"), "not valid JSON"),
+    (lambda f: os.remove(os.path.join(f, store.META)), "meta.json is missing"),
 ])
-def test_another_layout_is_refused_with_both_named(tmp_path, now, words):
-    folder = saved(tmp_path, record(2, **{"parallel.tensor_parallel_size": 2}))
-    with pytest.raises(InputError, match="was written by a TP2 PP1 DP2 ZeRO-1 run") as e:
-        check_resume_layout(folder, None, record(**now))
-    assert words in str(e.value)
-    assert "--set parallel.tensor_parallel_size=2" in str(e.value) and "on 4 ranks" in str(e.value)
+def test_a_damaged_newer_checkpoint_is_named_and_skipped_never_deleted(tmp_path, caplog, damage,
+                                                                         reason):
+    ckpt = tmp_path / "checkpoints"
+    committed(ckpt, 5)
+    newer = committed(ckpt, 10)
+    damage(newer)
+    with caplog.at_level(logging.WARNING):
+        resume = find_resume(cfg_for(tmp_path))
+    assert resume.step == 5
+    assert newer in caplog.text and reason in caplog.text
+    assert os.path.isdir(newer)
 
 
-def test_without_zero_the_data_parallel_size_may_change(tmp_path):
-    folder = saved(tmp_path, record(2, **{"parallel.zero_stage": 0}))
-    check_resume_layout(folder, None, record(4, **{"parallel.zero_stage": 0}))
+@pytest.mark.parametrize("latest", ["", "step_0009999", "\x00garbage"])
+def test_the_latest_file_does_not_decide(tmp_path, latest):
+    ckpt = tmp_path / "checkpoints"
+    committed(ckpt, 5)
+    (ckpt / "latest").write_text(latest)
+    assert find_resume(cfg_for(tmp_path)).step == 5
 
 
-def test_another_model_is_refused_field_by_field(tmp_path):
-    folder = saved(tmp_path, record(1))
+def test_only_damaged_checkpoints_is_one_message_not_a_fresh_start(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    damaged = committed(ckpt, 5)
+    os.remove(os.path.join(damaged, store.SHARDS, "r.pt"))
+    with pytest.raises(InputError, match="no complete checkpoint") as e:
+        find_resume(cfg_for(tmp_path))
+    assert damaged in str(e.value)
+
+
+def test_auto_without_checkpoints_starts_fresh_and_a_path_without_is_refused(tmp_path):
+    assert find_resume(cfg_for(tmp_path)) is None
+    with pytest.raises(ConfigError, match="training.load"):
+        find_resume(cfg_for(tmp_path, str(tmp_path / "nothing")))
+
+
+def test_one_checkpoint_folder_can_be_named(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    five = committed(ckpt, 5)
+    committed(ckpt, 10)
+    assert find_resume(cfg_for(tmp_path, five)).step == 5
+
+
+def test_the_last_good_checkpoint_is_known_for_messages(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    five = committed(ckpt, 5)
+    committed(ckpt, 10)
+    assert find_resume(cfg_for(tmp_path)).last_good == five
+
+
+def test_an_old_deepspeed_checkpoint_says_how_to_continue(tmp_path, caplog):
+    folder = tmp_path / "checkpoints" / "step_0000004"
+    folder.mkdir(parents=True)
+    (folder / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    with pytest.raises(InputError, match="older version of this project") as e:
+        find_resume(cfg_for(tmp_path))
+    assert "init_from" in str(e.value)
+
+
+def test_another_model_is_refused_field_by_field_any_layout_is_not(tmp_path):
+    folder = committed(tmp_path / "checkpoints", 4, layout=record(2, **{
+        "parallel.tensor_parallel_size": 2}))
+    resume = find_resume(cfg_for(tmp_path))
+    check_model(resume, record(1, **{"parallel.pipeline_parallel_size": 2,
+                                     "parallel.zero_stage": 3}))
     with pytest.raises(InputError, match="holds another model") as e:
-        check_resume_layout(folder, "step_0000004",
-                            record(1, **{"model.num_layers": 3, "model.activation": "swiglu"}))
+        check_model(resume, record(1, **{"model.num_layers": 3, "model.activation": "swiglu"}))
     assert "model.num_layers: checkpoint 2, this run 3" in str(e.value)
     assert "model.activation: checkpoint 'gelu', this run 'swiglu'" in str(e.value)
+    assert folder in str(e.value)
 
 
-def test_a_checkpoint_without_a_record_is_resumed_with_a_warning(tmp_path, caplog):
-    (tmp_path / "step_0000002").mkdir()
-    (tmp_path / "latest").write_text("step_0000002")
-    with caplog.at_level(logging.WARNING):
-        check_resume_layout(str(tmp_path), None, record(1))
-    assert "its layout is not checked" in caplog.text
+def test_keep_last_removes_only_older_complete_checkpoints(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    folders = [committed(ckpt, s) for s in (1, 2, 3, 4)]
+    os.remove(os.path.join(folders[0], store.META))  # damaged: left for a person
+    removed = store.prune(str(ckpt), 2)
+    assert removed == [folders[1]]
+    assert [os.path.isdir(f) for f in folders] == [True, False, True, True]
+
+
+def test_a_second_run_on_the_directory_is_refused_with_the_holder(tmp_path):
+    first = RunLock(str(tmp_path))
+    first.acquire()
+    # Another process (flock is per open file, so a second process is the real case).
+    code = (f"from megatron.checkpoint.rundir import RunLock\n"
+            f"RunLock({str(tmp_path)!r}).acquire()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    first.release()
+    assert proc.returncode != 0
+    assert "is in use by another run" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
+    code = (f"import time\nfrom megatron.checkpoint.rundir import RunLock\n"
+            f"RunLock({str(tmp_path)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    lock = RunLock(str(tmp_path))
+    with caplog.at_level(logging.INFO):
+        lock.acquire()
+    lock.release()
+    assert f"pid {holder.pid}" in caplog.text and "has ended" in caplog.text
+
+
+def test_run_dir_that_is_a_file_or_under_a_file(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(InputError, match="is a file, not a directory"):
+        check_run_dir(str(a_file))
+    with pytest.raises(InputError, match="a part of .* is a file"):
+        check_run_dir(str(a_file / "run"))
+
+
+def test_read_only_run_dir(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    try:
+        if os.access(str(ro), os.W_OK) and os.geteuid() == 0:
+            # root writes through permissions: a read-only bind mount is the real case
+            mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)],
+                                     capture_output=True).returncode == 0
+            if not mounted:
+                pytest.skip("running as root without a way to make a read-only directory")
+        with pytest.raises(InputError, match="not writable"):
+            check_run_dir(str(ro))
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+        os.chmod(ro, 0o755)

@@ -103,7 +103,8 @@ def test_init_from_an_imported_model_pads_the_vocabulary_for_the_run(tmp_path):
     overrides = model_overrides(json.loads((tmp_path / "llama_gqa" / "config.json").read_text()))
     cfg = load_config(None, overrides + [f"training.init_from={out}"])
     model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
-    copied = load_initial_weights(model, cfg, ParallelState.single(), 512, 300)
+    copied = load_initial_weights(list(model.named_parameters()), cfg, ParallelState.single(),
+                                  512, 300)
     assert copied == len(dict(model.named_parameters()))
     assert model.embedding.word_embeddings.weight[300:].abs().sum() == 0
     tokens = torch.randint(0, 300, (2, 40))

@@ -1,0 +1,101 @@
+"""Worker for the cross-layout continuation tests, run under torchrun (or alone for 1 rank).
+
+--sources: layouts trained 10 steps uninterrupted, saving at step 5 (their steps 6-10 are the
+"continued in X" reference). --targets SRC>DST: step 5 of SRC's run copied into a new run
+directory and continued to step 10 in layout DST. Rank 0 writes {case: losses} as JSON.
+
+    torchrun --nproc_per_node 4 checkpoint_layouts_worker.py --workdir W --out r.json \
+        --sources pp2dp2_zero1 --targets tp1>tp2pp2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+
+import torch.distributed as dist
+
+from megatron.config import load_config
+from megatron.training.loop import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run_layouts import COMMON, FLAVOURS, TINY  # noqa: E402
+
+LAYOUTS = {
+    "tp1": [],
+    "tp2": ["parallel.tensor_parallel_size=2"],
+    "tp2pp2": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"],
+    "pp2dp2_zero1": ["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1"],
+    "tp2dp2_zero3": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=3"],
+    "dp2_zero2": ["parallel.zero_stage=2"],
+    "dp4_zero1": ["parallel.zero_stage=1"],
+    "dp2_zero1_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
+    "tp2_zero0_bf16": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0",
+                       "training.precision=bf16"],
+}
+
+
+def overrides(layout: str, flavour: str, run_dir: str):
+    return COMMON + FLAVOURS[flavour] + LAYOUTS[layout] + [f"run.dir={run_dir}",
+                                                           "training.tensorboard=false"]
+
+
+def run_dir(workdir, *parts):
+    return os.path.join(workdir, "-".join(parts))
+
+
+def source(workdir, layout, flavour):
+    summary = train(load_config(TINY, overrides(layout, flavour, run_dir(workdir, layout,
+                                                                          flavour))
+                                + ["training.save_interval=5"]))
+    return summary.losses[5:]
+
+
+def target(workdir, src, dst, flavour):
+    new = run_dir(workdir, src, "to", dst, flavour)
+    if _rank0():
+        shutil.copytree(os.path.join(run_dir(workdir, src, flavour), "checkpoints",
+                                     "step_0000005"),
+                        os.path.join(new, "checkpoints", "step_0000005"))
+    if dist.is_initialized():
+        dist.barrier()
+    summary = train(load_config(TINY, overrides(dst, flavour, new) + ["training.load=auto"]))
+    assert summary.steps == 10 and len(summary.losses) == 5, (summary.steps, summary.losses)
+    return summary.losses
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--sources", default="", help="comma-separated LAYOUT[:flavour]")
+    p.add_argument("--targets", default="", help="comma-separated SRC>DST[:flavour]")
+    p.add_argument("--flavours", default="gpt2,llama")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results = {}
+    for case in filter(None, args.sources.split(",")):
+        layout, _, only = case.partition(":")
+        for flavour in ([only] if only else args.flavours.split(",")):
+            results[f"{layout}/{flavour}"] = source(args.workdir, layout, flavour)
+    for case in filter(None, args.targets.split(",")):
+        pair, _, only = case.partition(":")
+        src, dst = pair.split(">")
+        for flavour in ([only] if only else args.flavours.split(",")):
+            results[f"{src}>{dst}/{flavour}"] = target(args.workdir, src, dst, flavour)
+    if _rank0():
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

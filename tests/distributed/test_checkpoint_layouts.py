@@ -1,0 +1,71 @@
+"""Any checkpoint continues in any valid layout of the same model, with its whole training state:
+train 5 steps in layout X, save, continue steps 6-10 in layout Y; the losses equal those of X
+continuing uninterrupted (fp32, dropout off). Weights alone would not do: with Adam moments,
+fp32 masters, the step count, the schedule or the data position lost, step 6 already differs.
+
+Four launches (start-up dominates): 1 rank (sources TP1), 2 ranks (sources TP2, DP2 ZeRO-2, the
+bf16 case), 4 ranks (source PP2xDP2 ZeRO-1; continuations on 4 ranks), 1 rank (TP2 -> TP1).
+A failure names the pair and the flavour: a wrong partition of one kind of weight (fused QKV,
+SwiGLU's stride, row/column, padded vocabulary) shows on one flavour or one pair only."""
+import json
+import os
+
+import pytest
+
+from tests.conftest import ROOT, torchrun
+
+WORKER = os.path.join(ROOT, "tests", "distributed", "checkpoint_layouts_worker.py")
+PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
+         ("dp2_zero2", "dp4_zero1")]
+FLAVOURS = ["gpt2", "llama"]
+TOLERANCE = 1e-5
+# bf16 (DP2 ZeRO-1, DeepSpeed's ZeRO optimizer) -> TP2 ZeRO-0 (its BF16_Optimizer): the fp32
+# masters carry over exactly, but TP splits each bf16 matmul's reduction differently.
+BF16_TOLERANCE = 2e-3
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(tmp, nproc, **lists):
+    out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
+    args = ["--workdir", tmp, "--out", out]
+    for key, values in lists.items():
+        args += [f"--{key}", ",".join(values)]
+    proc = torchrun(nproc, WORKER, *args)
+    assert proc.returncode == 0, f"{nproc}-rank launch {lists} failed:\n{proc.stderr[-5000:]}"
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("ckpt_layouts"))
+    got = _launch(tmp, 1, sources=["tp1"])
+    got.update(_launch(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2"],
+                       targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2"]))
+    got.update(_launch(tmp, 4, sources=["pp2dp2_zero1"],
+                       targets=["tp1>tp2pp2", "dp2_zero2>dp4_zero1",
+                                "pp2dp2_zero1>tp2dp2_zero3"]))
+    got.update(_launch(tmp, 1, targets=["tp2>tp1"]))
+    return got
+
+
+def _worst(losses, reference):
+    assert len(losses) == len(reference) == 5
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_continuing_in_another_layout_matches_continuing_in_the_same(results, src, dst, flavour):
+    continued = results[f"{src}>{dst}/{flavour}"]
+    reference = results[f"{src}/{flavour}"]
+    worst = _worst(continued, reference)
+    assert worst <= TOLERANCE, (f"{src} -> {dst} ({flavour}): steps 6-10 {continued} vs "
+                                f"uninterrupted {reference}, worst relative {worst:.2e}")
+
+
+def test_bf16_continues_in_another_layout_within_its_bound(results):
+    continued = results["dp2_zero1_bf16>tp2_zero0_bf16/gpt2"]
+    reference = results["dp2_zero1_bf16/gpt2"]
+    assert _worst(continued, reference) <= BF16_TOLERANCE, (continued, reference)
