@@ -25,6 +25,13 @@
 
 # --- Software stack [OLCF-PT "Installing PyTorch", "Batch script"] ------------------------------
 _megatron_say() { echo "env.sh: $*" >&2; }
+# One task on each node of the job. A bare `srun --ntasks-per-node=1` inside a batch script
+# inherits the job's SLURM_NTASKS and starts that many tasks (8 a node here), which would unpack
+# the same archive 8 times over itself.
+_megatron_each_node() {
+  local n=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+  srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 "$@"
+}
 # Lmod and activate scripts are not written for `set -eu`: run them with both relaxed.
 _megatron_relaxed() {
   local saved=$- rc=0
@@ -200,7 +207,7 @@ megatron_prepare_run_dir() {
 # Python environment on node-local NVMe: at scale ranks start much faster from it than from
 # Lustre, and far faster than from NFS [OLCF-PT "Environment Location"; OLCF-SB].
 megatron_prepare_nodes() {
-  srun --ntasks-per-node=1 mkdir -p "${MIOPEN_USER_DB_PATH}"
+  _megatron_each_node mkdir -p "${MIOPEN_USER_DB_PATH}"
   if [ -n "${MEGATRON_ENV_TARBALL:-}" ]; then megatron_stage_env "${MEGATRON_ENV_TARBALL}"; fi
 }
 
@@ -220,9 +227,11 @@ megatron_stage_env() {
   fi
   # sbcast can leave partial files behind when it fails: stop rather than start on them [OLCF-SB].
   sbcast -pf "$tarball" "$bb/megatron-env.tar.gz" || { _megatron_say "sbcast failed"; return 1; }
-  srun --ntasks-per-node=1 mkdir -p "$dest"
-  srun --ntasks-per-node=1 tar -xzf "$bb/megatron-env.tar.gz" -C "$dest"
-  _megatron_relaxed source "$dest/bin/activate" || { _megatron_say "no $dest/bin/activate"; return 1; }
-  if [ -x "$dest/bin/conda-unpack" ]; then srun --ntasks-per-node=1 "$dest/bin/conda-unpack"; fi
+  _megatron_each_node mkdir -p "$dest"
+  _megatron_each_node tar -xzf "$bb/megatron-env.tar.gz" -C "$dest"
+  if ! _megatron_relaxed source "$dest/bin/activate"; then
+    _megatron_say "cannot activate $dest"; return 1
+  fi
+  if [ -x "$dest/bin/conda-unpack" ]; then _megatron_each_node "$dest/bin/conda-unpack"; fi
   _megatron_say "Python environment from $tarball on node-local NVMe: $dest"
 }

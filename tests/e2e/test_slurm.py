@@ -258,3 +258,44 @@ srun {sys.executable} -m megatron.cli.train --config {TINY} --set training.train
     assert (run_root / "tiny" / "checkpoints").is_dir()
     assert not (run_root / "tiny" / "metrics.jsonl").exists()
     assert elapsed < 90, f"took {elapsed:.0f} s"
+
+
+def test_frontier_env_stages_the_environment_once_per_node(slurm, tmp_path):
+    """megatron_prepare_nodes in a 2-node job with 2 tasks a node: the archive is sbcast, then
+    unpacked and conda-unpack'ed once on each node (a bare `srun --ntasks-per-node=1` would
+    inherit SLURM_NTASKS=4 and unpack it twice a node, over itself), and the batch shell ends up
+    with the NVMe copy activated for the ranks it starts. Both fake nodes share this machine's
+    disk, so tar is serialised here with flock."""
+    packed = tmp_path / "packed" / "bin"
+    packed.mkdir(parents=True)
+    (packed / "activate").write_text("export MEGATRON_ENV_ON_NVME=yes\n")
+    unpack = packed / "conda-unpack"
+    unpack.write_text(f'#!/bin/sh\necho "unpack $SLURMD_NODENAME" >> {tmp_path}/calls.log\n')
+    unpack.chmod(0o755)
+    tarball = tmp_path / "env.tar.gz"
+    subprocess.run(["tar", "-czf", str(tarball), "-C", str(tmp_path / "packed"), "bin"],
+                   check=True)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    tar = tools / "tar"
+    tar.write_text(f'#!/bin/sh\necho "tar $SLURMD_NODENAME" >> {tmp_path}/calls.log\n'
+                   f'exec flock {tmp_path}/tar.lock {shutil.which("tar")} "$@"\n')
+    tar.chmod(0o755)
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    state, code, log, _ = _submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --output=@OUT@
+set -euo pipefail
+export PATH={tools}:$PATH MEGATRON_MODULES="" MEGATRON_NVME_DIR={nvme}
+export MEGATRON_ENV_TARBALL={tarball}
+source examples/frontier/env.sh
+megatron_prepare_nodes
+echo "activated: ${{MEGATRON_ENV_ON_NVME:-no}}"
+""", tmp_path, timeout=120)
+    assert (state, code) == ("COMPLETED", "0:0"), log[-4000:]
+    assert "activated: yes" in log and "can't honor" not in log, log[-4000:]
+    calls = sorted((tmp_path / "calls.log").read_text().split("\n"))
+    assert [c for c in calls if c] == ["tar n1", "tar n2", "unpack n1", "unpack n2"]
+    assert (nvme / "megatron-env.tar.gz").exists()  # what sbcast wrote

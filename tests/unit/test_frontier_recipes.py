@@ -253,12 +253,14 @@ def test_env_tarball_is_broadcast_to_nvme(tmp_path):
     tarball.write_text("packed")
     (nvme / "megatron-env" / "bin").mkdir(parents=True)
     (nvme / "megatron-env" / "bin" / "activate").write_text("export ACTIVATED=yes\n")
-    rc, env, err = source_env({"MEGATRON_ENV_TARBALL": str(tarball), "MEGATRON_NVME_DIR": str(nvme)},
+    rc, env, err = source_env({"MEGATRON_ENV_TARBALL": str(tarball), "MEGATRON_NVME_DIR": str(nvme),
+                               "SLURM_JOB_NUM_NODES": "3", "SLURM_NTASKS": "24"},
                               path=path, after="megatron_prepare_nodes")
     assert rc == 0, err
     calls = (tmp_path / "calls.log").read_text()
     assert f"sbcast -pf {tarball} {nvme}/megatron-env.tar.gz" in calls
-    assert f"tar -xzf {nvme}/megatron-env.tar.gz -C {nvme}/megatron-env" in calls
+    assert (f"srun --nodes=3 --ntasks=3 --ntasks-per-node=1 tar -xzf {nvme}/megatron-env.tar.gz "
+            f"-C {nvme}/megatron-env") in calls  # once a node, not SLURM_NTASKS times
     assert env["ACTIVATED"] == "yes"
 
 
