@@ -93,7 +93,7 @@ def summarize_metrics(path: str, warmup: int = 1,
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                if "split" not in row:
+                if "split" not in row and "event" not in row:  # steps only, not saves
                     rows.append(row)
     timed = [r for r in rows if r.get("step", 0) > warmup] or rows[-1:]
     if not timed:

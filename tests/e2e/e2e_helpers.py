@@ -47,7 +47,7 @@ def train_steps(run_dir: str):
     """Training steps logged in run_dir/metrics.jsonl (evaluation lines excluded)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f if line.strip()]
-    return [x["step"] for x in lines if "split" not in x]
+    return [x["step"] for x in lines if "split" not in x and "event" not in x]
 
 
 def set_args(*items):
