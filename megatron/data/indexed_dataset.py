@@ -6,11 +6,12 @@ The document index holds the first sequence of every document plus a final entry
 at 0 and d = documents + 1. PREFIX.bin is the token arrays back to back.
 
 Both files are memory-mapped and every sequence is a zero-copy view. The header, the sizes and the
-pointers are checked against the file lengths when the dataset is opened, so a truncated or foreign
-file fails here with a message rather than as garbage tokens or a segfault deep in training."""
+pointers are checked against the file lengths when the dataset is opened (the sequences lie back
+to back: pointers are running sums of sizes x itemsize, and the .bin ends with the last one), so a
+truncated, foreign or mislabelled file fails here with a message rather than as garbage tokens or
+a segfault deep in training."""
 from __future__ import annotations
 
-import logging
 import os
 import struct
 from typing import Optional
@@ -18,8 +19,6 @@ from typing import Optional
 import numpy as np
 
 from megatron.config.errors import InputError
-
-log = logging.getLogger(__name__)
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -127,8 +126,12 @@ class IndexedDataset:
                              f"expected non-decreasing sequence numbers; {_REPREPROCESS}")
 
     def _check_pointers(self) -> None:
+        """Every MMIDIDX writer (Megatron-LM, Megatron-DeepSpeed, GPT-NeoX, ours) stores the
+        sequences back to back: pointer i is the byte size of sequences 0..i-1, and the .bin ends
+        with the last one. Checking exactly that catches a dtype code that disagrees with the
+        data (int32 tokens labelled uint16 would otherwise read in-bounds garbage)."""
         bin_len, item = len(self._bin), self.dtype.itemsize
-        end = 0
+        offset = 0  # byte where the next sequence must start
         for lo in range(0, len(self.sizes), _CHECK_BLOCK):
             sizes = self.sizes[lo:lo + _CHECK_BLOCK].astype(np.int64)
             ptrs = self.pointers[lo:lo + _CHECK_BLOCK]
@@ -144,10 +147,32 @@ class IndexedDataset:
                     f"data file {self.bin_path} is truncated or does not belong to "
                     f"{self.idx_path}: sequence {i} ends at byte {int(ends[i - lo])}, but the file "
                     f"has {bin_len} bytes; {_REPREPROCESS}")
-            end = max(end, int(ends.max()) if len(ends) else 0)
-        if end < bin_len:
-            log.warning("%s has %d bytes after the last sequence of %s (ignored)",
-                        self.bin_path, bin_len - end, self.idx_path)
+            starts = offset + np.concatenate(([0], np.cumsum(sizes[:-1] * item)))
+            if len(sizes) and not np.array_equal(ptrs, starts):
+                i = int(np.argmax(ptrs != starts))
+                self._raise_layout(f"sequence {lo + i} starts at byte {int(ptrs[i])}, but the "
+                                   f"{int(starts[i]) // item} tokens before it take "
+                                   f"{int(starts[i])} bytes", int(ptrs[i]), int(starts[i]) // item)
+            if len(sizes):
+                offset = int(ends[-1])
+        if offset != bin_len:
+            self._raise_layout(f"its {offset // item} tokens take {offset} bytes, but "
+                               f"{self.bin_path} has {bin_len}", bin_len, offset // item)
+
+    def _raise_layout(self, what: str, nbytes: int, tokens: int):
+        """The pointers or the .bin length disagree with sizes x itemsize; name the dtype the
+        bytes would fit, which is the usual cause (a wrong dtype code)."""
+        item = self.dtype.itemsize
+        guess = ""
+        if tokens and nbytes % tokens == 0 and nbytes // tokens != item:
+            fits = sorted({str(np.dtype(d)) for d in DTYPE_CODES.values()
+                           if np.dtype(d).itemsize == nbytes // tokens})
+            if fits:
+                guess = (f"; the bytes fit {nbytes // tokens}-byte tokens ({' or '.join(fits)}), "
+                         f"so the dtype code is probably wrong")
+        raise InputError(f"index file {self.idx_path} does not match its data ({item} bytes "
+                         f"per {self.dtype} token, sizes x itemsize): {what}{guess}; "
+                         f"{_REPREPROCESS}")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Fails when a token id is outside [0, vocab_size): the data was tokenized with another
