@@ -21,7 +21,8 @@ examples:
   megatron-preprocess --input a.jsonl b.jsonl --output-prefix data/ab --json-keys title text \\
       --tokenizer-type sentencepiece --tokenizer-model spm.model --append-eod
 
-  # pre-tokenized data ("text" holds ids as a list or space-separated):
+  # pre-tokenized data ("text" holds ids as a list or space-separated, or a list of
+  # such lists or strings: one sequence each):
   megatron-preprocess --input ids.jsonl --output-prefix data/ids --tokenizer-type null \\
       --vocab-size 50257
 
@@ -40,7 +41,11 @@ def _encode_parser() -> argparse.ArgumentParser:
         prog="megatron-preprocess",
         description="Tokenize JSON lines (plain or gzip) into Megatron MMIDIDX datasets,\n"
                     "PREFIX_KEY_document.bin/.idx, readable by Megatron-LM, Megatron-DeepSpeed\n"
-                    "and GPT-NeoX. Subcommands: merge, train-tokenizer (each has --help).",
+                    "and GPT-NeoX, laid out as Megatron-LM's tools/preprocess_data.py lays\n"
+                    "them out: each line is one document; a text is one sequence, a list of\n"
+                    "texts one sequence per element; a document with no tokens is kept empty;\n"
+                    "tokens are uint16 for vocabularies below 65500, else int32.\n"
+                    "Subcommands: merge, train-tokenizer (each has --help).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="JSON-lines files, read in order")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx")
@@ -122,8 +127,9 @@ def _run_encode(argv: List[str]) -> None:
         sys.stderr.write("\n")
     for prefix in prefixes:
         print(f"wrote {prefix}.bin and {prefix}.idx")
-    if stats.skipped:
-        print(f"skipped {stats.skipped} empty documents")
+    if stats.empty:
+        print(f"{stats.empty} documents had no tokens: kept as empty documents (no sequences)"
+              f", as Megatron-LM does")
 
 
 def _run_merge(argv: List[str]) -> None:

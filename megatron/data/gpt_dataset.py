@@ -1,7 +1,9 @@
 """GPT samples over MMIDIDX datasets, with Megatron's semantics, and the real-data iterators.
 
-Each dataset's documents are split into train/valid/test ranges by data.split; a split's samples
-are seq_length + 1 consecutive tokens of the shuffled document stream (crossing document
+Each dataset's sequences are split into train/valid/test ranges by data.split, as Megatron's GPT
+dataset splits them (by sequence, not by document: a document written as several sequences may
+straddle two splits, and an empty document, which has no sequence, counts for nothing); a split's
+samples are seq_length + 1 consecutive tokens of the shuffled sequence stream (crossing sequence
 boundaries), read through a shuffled sample order (see index_math.py). Several datasets are
 blended by weight. Everything is a pure function of the data, the config and data.seed, so every
 rank and every resumed run sees the same sample i."""
@@ -31,34 +33,32 @@ _FULL_SCAN_TOKENS = 1 << 26
 
 
 class GPTDataset:
-    """Samples of one split (a document range) of one indexed dataset."""
+    """Samples of one split (a range of sequences) of one indexed dataset."""
 
-    def __init__(self, indexed: IndexedDataset, split: str, documents: Tuple[int, int],
+    def __init__(self, indexed: IndexedDataset, split: str, sequences: Tuple[int, int],
                  num_samples: int, seq_length: int, seed: int, cache_dir: str,
                  impl: str = "auto", vocab_size: Optional[int] = None):
         self.indexed, self.split, self.vocab_size = indexed, split, vocab_size
-        start, stop = documents
-        # A document may hold several sequences (sentence-split data): samples walk sequences.
-        first, last = int(indexed.document_index[start]), int(indexed.document_index[stop])
-        sequences = np.arange(first, last, dtype=np.int64)
-        tokens = int(indexed.sizes[first:last].sum(dtype=np.int64))
+        start, stop = sequences
+        tokens = int(indexed.sizes[start:stop].sum(dtype=np.int64))
         if tokens == 0:
-            raise InputError(f"the {split} split of {indexed.prefix} (documents {start}..{stop})"
-                             f" holds no tokens; expected non-empty documents: preprocess "
+            raise InputError(f"the {split} split of {indexed.prefix} (sequences {start}..{stop})"
+                             f" holds no tokens; expected non-empty sequences: preprocess "
                              f"again, or change data.split")
-        key = key_digest({"idx": _digest(indexed.idx_path), "documents": [start, stop],
+        key = key_digest({"idx": _digest(indexed.idx_path), "sequences": [start, stop],
                           "num_samples": num_samples, "seq_length": seq_length, "seed": seed})
         name = (f"{os.path.basename(indexed.prefix)}_{split}_{num_samples}ns_{seq_length}sl_"
                 f"{seed}s_{key}")
         arrays = load_or_build(cache_dir, name, _INDEX_ARRAYS, lambda: build_gpt_index(
-            indexed.sizes, sequences, num_samples, seq_length, seed, impl))
+            indexed.sizes, np.arange(start, stop, dtype=np.int64), num_samples, seq_length, seed,
+            impl))
         self.doc_idx, self.sample_idx = arrays["doc_idx"], arrays["sample_idx"]
         self.shuffle_idx = arrays["shuffle_idx"]
         if len(self.shuffle_idx) < num_samples or len(self.sample_idx) != len(self.shuffle_idx) + 1:
             raise InputError(f"data index {os.path.join(cache_dir, name)} holds "
                              f"{len(self.shuffle_idx)} samples, expected at least {num_samples}"
                              f"; delete that directory to rebuild it")
-        log.info("%s split of %s: %d documents, %d tokens, %d samples of %d tokens",
+        log.info("%s split of %s: %d sequences, %d tokens, %d samples of %d tokens",
                  split, indexed.prefix, stop - start, tokens, len(self), seq_length + 1)
 
     def __len__(self) -> int:
@@ -104,18 +104,18 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
                 split_text: str, num_samples: int, seq_length: int, seed: int,
                 cache_dir: Optional[str], impl: str = "auto",
                 vocab_size: Optional[int] = None):
-    """The (blended) dataset of one split, or None when no dataset has documents in it."""
+    """The (blended) dataset of one split, or None when no dataset has sequences in it."""
     which = SPLITS.index(split)
     parts: List[Tuple[IndexedDataset, Tuple[int, int], float]] = []
     for ds, w in zip(datasets, weights):
-        lo, hi = split_ranges(split_text, ds.num_documents)[which]
+        lo, hi = split_ranges(split_text, len(ds))[which]
         if hi > lo:
             parts.append((ds, (lo, hi), w))
     if not parts or num_samples <= 0:
         return None
 
-    def make(ds, docs, n):
-        return GPTDataset(ds, split, docs, n, seq_length, seed,
+    def make(ds, sequences, n):
+        return GPTDataset(ds, split, sequences, n, seq_length, seed,
                           cache_dir or default_cache_dir(ds.prefix), impl, vocab_size)
     if len(parts) == 1:
         return make(parts[0][0], parts[0][1], num_samples)
@@ -124,7 +124,7 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
     index, within = blend_indices(weights, num_samples,
                                   cache_dir or default_cache_dir(parts[0][0].prefix), impl)
     counts = samples_per_dataset(index, len(parts))
-    members = [make(ds, docs, max(n, 1)) for (ds, docs, _), n in zip(parts, counts)]
+    members = [make(ds, seqs, max(n, 1)) for (ds, seqs, _), n in zip(parts, counts)]
     return BlendedDataset(members, index, within)
 
 
@@ -146,9 +146,9 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
     gb = t.global_batch_size
     train = build_split("train", datasets, weights, num_samples=t.train_iters * gb, **common)
     if train is None:
-        raise InputError(f"data.split={d.split!r} leaves no training documents in "
+        raise InputError(f"data.split={d.split!r} leaves no training sequences in "
                          f"{', '.join(prefixes)}; expected a non-zero train share of at least "
-                         f"one document: change data.split or add data")
+                         f"one sequence (document): change data.split or add data")
     valid = build_split("valid", datasets, weights, num_samples=t.eval_iters * gb, **common)
     batches = dict(micro_batch=t.micro_batch_size, global_batch=gb, dp_rank=dp_rank,
                    dp_size=dp_size)

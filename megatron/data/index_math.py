@@ -39,8 +39,8 @@ def parse_split(text: str) -> List[float]:
 
 
 def split_ranges(text: str, num_documents: int) -> List[Tuple[int, int]]:
-    """Document ranges [start, stop) of train, valid and test, as Megatron rounds them: each
-    boundary is rounded, and any rounding excess is taken from all boundaries but the first."""
+    """Ranges [start, stop) of train, valid and test over num_documents items (for GPT data,
+    sequences, as Megatron takes them), as Megatron rounds them: each boundary is rounded, and any rounding excess is taken from all boundaries but the first."""
     bounds = [0]
     for fraction in parse_split(text):
         bounds.append(bounds[-1] + int(round(fraction * float(num_documents))))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import array
 import os
 import uuid
-from typing import Iterable
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ _INT32_MAX = (1 << 31) - 1
 
 
 class IndexedDatasetBuilder:
-    """Append documents (one sequence each) or sequences grouped by `end_document`, then
+    """Append documents (`add_document`) or sequences grouped by `end_document`, then
     `finalize`. Usable as a context manager: an exception removes the temporary files."""
 
     def __init__(self, prefix: str, dtype):
@@ -62,8 +62,21 @@ class IndexedDatasetBuilder:
     def end_document(self) -> None:
         self._doc_index.append(len(self._sizes))
 
-    def add_document(self, tokens) -> None:
-        self.add_item(tokens)
+    def add_document(self, tokens, lengths: Optional[Sequence[int]] = None) -> None:
+        """One document: a single sequence, or (Megatron-LM's add_document) the concatenated
+        sequences of the given lengths. Empty `lengths` makes an empty document: no sequence,
+        only a document-index entry, as Megatron-LM writes a text with no tokens."""
+        if lengths is None:
+            self.add_item(tokens)
+        else:
+            arr = self._as_dtype(tokens)
+            if sum(lengths) != len(arr) or any(n <= 0 for n in lengths):
+                raise ValueError(f"sequence lengths {list(lengths)[:8]} do not split the "
+                                 f"document's {len(arr)} tokens into non-empty sequences")
+            start = 0
+            for n in lengths:
+                self.add_item(arr[start:start + n])
+                start += n
         self.end_document()
 
     def _as_dtype(self, tokens) -> np.ndarray:
@@ -91,15 +104,9 @@ class IndexedDatasetBuilder:
         base = len(self._sizes)
         self._sizes.frombytes(np.ascontiguousarray(other.sizes, np.int32).tobytes())
         self._doc_index.frombytes((other.document_index[1:] + base).astype(np.int64).tobytes())
-        sizes = other.sizes.astype(np.int64) * self.dtype.itemsize
-        contiguous = len(other) == 0 or (other.pointers[0] == 0 and np.array_equal(
-            other.pointers[1:], np.cumsum(sizes[:-1])))
-        if contiguous:
-            with open(other.bin_path, "rb") as src:
-                _copy_bytes(src, self._bin, int(sizes.sum()))
-        else:  # a writer that left gaps: copy sequence by sequence
-            for i in range(len(other)):
-                self._bin.write(other.get(i).tobytes())
+        # The reader checked that the sequences fill its .bin back to back: copy it whole.
+        with open(other.bin_path, "rb") as src:
+            _copy_bytes(src, self._bin, other.num_tokens * self.dtype.itemsize)
 
     def finalize(self) -> None:
         self._bin.close()
@@ -139,7 +146,7 @@ def write_index(path: str, dtype, sizes: np.ndarray, doc_index: np.ndarray) -> N
 
 
 def _copy_bytes(src, dst, count: int) -> None:
-    """Copy the first `count` bytes of src (a .bin may carry ignored trailing bytes)."""
+    """Copy the first `count` bytes of src in chunks of at most 16 MiB."""
     remaining = count
     while remaining:
         chunk = src.read(min(remaining, 1 << 24))

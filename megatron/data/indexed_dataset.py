@@ -35,15 +35,10 @@ _CHECK_BLOCK = 1 << 22
 _REPREPROCESS = "re-run megatron-preprocess to write PREFIX.bin and PREFIX.idx again"
 
 
-def smallest_token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest dtype of the MMIDIDX table that holds every id in [0, vocab_size)."""
-    if vocab_size <= 1 << 8:
-        return np.dtype(np.uint8)
-    if vocab_size <= 1 << 16:
-        return np.dtype(np.uint16)
-    if vocab_size <= 1 << 31:
-        return np.dtype(np.int32)
-    return np.dtype(np.int64)
+def optimal_token_dtype(vocab_size: int) -> np.dtype:
+    """Megatron-LM's choice (DType.optimal_dtype): uint16 below 65500 ids, else int32, never
+    uint8, so our preprocessing writes the same bytes as tools/preprocess_data.py."""
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
 
 
 def dtype_code(dtype) -> int:

@@ -1,5 +1,9 @@
 """JSON lines -> MMIDIDX datasets: one PREFIX_{key}_document.bin/.idx per JSON key, as
-Megatron-LM names them, one sequence per document.
+Megatron-LM names them, with tools/preprocess_data.py's semantics so the files are byte for byte
+the same: a JSON line is one document; a text is one sequence, and a list of texts one sequence
+per non-empty element; --append-eod ends the document's last sequence with the eod token; a
+document with no tokens is kept as an empty document (no sequences); tokens are uint16 below
+65500 ids, else int32.
 
 Work split: the main process reads raw lines and writes the outputs; N worker processes (each
 with its own tokenizer, rebuilt from a TokenizerSpec) parse JSON and tokenize, which is where the
@@ -17,7 +21,7 @@ import numpy as np
 
 from megatron.config.errors import InputError
 from megatron.data.indexed_builder import IndexedDatasetBuilder
-from megatron.data.indexed_dataset import smallest_token_dtype
+from megatron.data.indexed_dataset import optimal_token_dtype
 from megatron.data.jsonl import open_lines, parse_json_line
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
 
@@ -40,7 +44,7 @@ class PreprocessJob:
 @dataclass
 class PreprocessStats:
     documents: int = 0  # input lines (JSON objects) read
-    skipped: int = 0  # (line, key) pairs whose text tokenized to nothing: not written
+    empty: int = 0  # (line, key) pairs whose text tokenized to nothing: empty documents
     tokens: int = 0
     bytes: int = 0  # uncompressed input bytes
     seconds: float = 0.0
@@ -75,21 +79,52 @@ def _init_worker(spec: TokenizerSpec, keys: Sequence[str], append_eod: bool, dty
                   dtype=np.dtype(dtype), inputs=list(inputs))
 
 
-def _encode(item: Tuple[int, int, bytes]) -> Tuple[int, List[np.ndarray]]:
-    """(file number, line number, raw line) -> (bytes, token array per key)."""
+Document = Tuple[np.ndarray, List[int]]  # the tokens of all its sequences, and their lengths
+
+
+def _encode(item: Tuple[int, int, bytes]) -> Tuple[int, List[Document]]:
+    """(file number, line number, raw line) -> (bytes, one document per key)."""
     file_no, line_no, raw = item
     where = f"{_STATE['inputs'][file_no]}:{line_no}"
     values = parse_json_line(raw, _STATE["keys"], where)
     out = []
     for key, value in zip(_STATE["keys"], values):
-        if not isinstance(value, (str, list)):
-            raise InputError(f"{where}: key {key!r} holds a {type(value).__name__}, expected "
-                             f"text (or a list of token ids for the null tokenizer)")
-        ids = _STATE["tokenizer"].tokenize(value) if value else []
+        ids: List[int] = []
+        lengths: List[int] = []
+        for sentence in _sentences(value, f"{where}: key {key!r}"):
+            sentence_ids = _STATE["tokenizer"].tokenize(sentence) if sentence else []
+            if sentence_ids:  # Megatron-LM writes no zero-length sequence
+                ids.extend(sentence_ids)
+                lengths.append(len(sentence_ids))
         if ids and _STATE["eod"] is not None:
             ids.append(_STATE["eod"])
-        out.append(np.asarray(ids, dtype=_STATE["dtype"]))
+            lengths[-1] += 1
+        out.append((np.asarray(ids, dtype=_STATE["dtype"]), lengths))
     return len(raw), out
+
+
+def _sentences(value, where: str) -> list:
+    """The sequences of one JSON value: a text is one; a list (Megatron-LM's form of a document
+    already split into sentences) gives one per element. For the null tokenizer, a list of
+    integers is one sequence of token ids, and a list of such lists one sequence per list."""
+    ids_ok = _STATE["tokenizer"].name == "null"
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        if ids_ok and _is_ids(value):
+            return [value]
+        if all(isinstance(v, str) or (ids_ok and isinstance(v, list) and _is_ids(v))
+               for v in value):
+            return value
+    expected = "a text or a list of texts (one sequence each)"
+    if ids_ok:
+        expected += ", or token ids: a list of integers or a list of such lists"
+    raise InputError(f"{where} holds {str(value)[:60]!r}, expected {expected}; fix that line "
+                     f"of the input")
+
+
+def _is_ids(value: list) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 def _lines(inputs: Sequence[str]) -> Iterator[Tuple[int, int, bytes]]:
@@ -120,7 +155,7 @@ def preprocess(job: PreprocessJob, progress: Optional[Callable[[PreprocessStats]
     tokenizer = build_tokenizer(job.tokenizer)  # fails here, before any worker starts
     if job.append_eod:
         _ = tokenizer.eod  # raises now, not in a worker, when the tokenizer has none
-    dtype = smallest_token_dtype(tokenizer.vocab_size)
+    dtype = optimal_token_dtype(tokenizer.vocab_size)
     prefixes = output_prefixes(job.output_prefix, job.json_keys)
     report = progress or (lambda s: log.info("%s", s.line()))
     stats, start = PreprocessStats(), time.monotonic()
@@ -128,15 +163,13 @@ def preprocess(job: PreprocessJob, progress: Optional[Callable[[PreprocessStats]
     with contextlib.ExitStack() as stack:
         builders = [stack.enter_context(IndexedDatasetBuilder(p, dtype)) for p in prefixes]
         results = stack.enter_context(_encoded(job, dtype))
-        for nbytes, arrays in results:
+        for nbytes, docs in results:
             stats.documents += 1
             stats.bytes += nbytes
-            for builder, arr in zip(builders, arrays):
-                if len(arr):
-                    builder.add_document(arr)
-                    stats.tokens += len(arr)
-                else:
-                    stats.skipped += 1
+            for builder, (tokens, lengths) in zip(builders, docs):
+                builder.add_document(tokens, lengths)
+                stats.tokens += len(tokens)
+                stats.empty += not lengths
             now = time.monotonic()
             if now >= next_report:
                 stats.seconds = now - start

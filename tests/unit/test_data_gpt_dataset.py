@@ -45,13 +45,14 @@ def test_samples_are_consecutive_tokens_of_the_shuffled_document_stream(corpus, 
         np.testing.assert_array_equal(ds[i], stream[s * seq:s * seq + seq + 1])
 
 
-def test_a_document_range_with_several_sequences_per_document(tmp_path):
+def test_a_sequence_range_of_several_sequences_per_document(tmp_path):
+    """A split is a range of sequences, as Megatron's GPT dataset takes it (not of documents)."""
     from tests.unit._data_support import spec_write
     prefix = str(tmp_path / "multi")
     spec_write(prefix, 4, [[[1, 2, 3], [4, 5]], [[6]], [[7, 8], [9, 10, 11, 12]]])
     ds = GPTDataset(IndexedDataset(prefix), "train", (1, 3), 3, 2, 0, str(tmp_path / "cache"))
     tokens = {int(t) for i in range(len(ds)) for t in ds[i]}
-    assert tokens <= {6, 7, 8, 9, 10, 11, 12}  # only the sequences of documents 1 and 2
+    assert tokens == {4, 5, 6}  # sequences 1 and 2: the second of document 0, document 1
 
 
 def test_iterators_shapes_shift_and_vocab(corpus, tmp_path):
@@ -162,7 +163,7 @@ def test_large_datasets_check_token_ids_sample_by_sample(corpus, tmp_path):
 def test_missing_data_and_empty_train_split(corpus, tmp_path):
     with pytest.raises(InputError, match=r"nothere.idx does not exist"):
         build_iterators(_cfg(tmp_path, [str(tmp_path / "nothere")]), 0, 1, 0)
-    with pytest.raises(InputError, match=r"data.split='0,1,0' leaves no training documents"):
+    with pytest.raises(InputError, match=r"data.split='0,1,0' leaves no training sequences"):
         build_iterators(_cfg(tmp_path, [corpus], **{"data.split": "0,1,0"}), 0, 1, 0)
 
 

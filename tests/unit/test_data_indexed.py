@@ -9,7 +9,7 @@ import pytest
 from tests.unit._data_support import spec_read, spec_write, write_tokens
 from megatron.config.errors import InputError
 from megatron.data.indexed_builder import IndexedDatasetBuilder, merge_datasets
-from megatron.data.indexed_dataset import IndexedDataset, smallest_token_dtype
+from megatron.data.indexed_dataset import IndexedDataset, optimal_token_dtype
 
 DOCS = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11]]
 
@@ -64,13 +64,15 @@ def test_empty_dataset_round_trip(tmp_path):
     assert len(ds) == 0 and ds.num_documents == 0 and spec_read(prefix)["doc_index"] == [0]
 
 
-def test_smallest_token_dtype():
-    assert smallest_token_dtype(256) == np.uint8
-    assert smallest_token_dtype(257) == np.uint16
-    assert smallest_token_dtype(50257) == np.uint16
-    assert smallest_token_dtype(65536) == np.uint16
-    assert smallest_token_dtype(65537) == np.int32
-    assert smallest_token_dtype(2 ** 31 + 1) == np.int64
+def test_token_dtype_is_megatron_lms_choice():
+    """Megatron-LM's DType.optimal_dtype: uint16 below 65500 ids, else int32, never uint8."""
+    assert optimal_token_dtype(200) == np.uint16
+    assert optimal_token_dtype(256) == np.uint16
+    assert optimal_token_dtype(50257) == np.uint16
+    assert optimal_token_dtype(65499) == np.uint16
+    assert optimal_token_dtype(65500) == np.int32
+    assert optimal_token_dtype(65536) == np.int32
+    assert optimal_token_dtype(128256) == np.int32
 
 
 def test_builder_rejects_ids_beyond_its_dtype_and_leaves_no_files(tmp_path):

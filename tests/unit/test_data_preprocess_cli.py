@@ -29,7 +29,7 @@ def inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("pp")
     docs = documents(40)
     rows = [{"text": t, "title": f"doc {i}"} for i, t in enumerate(docs)]
-    rows[7]["text"] = ""  # an empty document is skipped, not written as a zero-length one
+    rows[7]["text"] = ""  # kept as an empty document (no sequence), as Megatron-LM keeps it
     plain, gz = d / "in.jsonl", d / "in.jsonl.gz"
     plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with gzip.open(gz, "wt") as f:
@@ -53,12 +53,13 @@ def test_round_trip_with_two_workers_on_gzip(inputs):
     two = run("--input", gz, "--output-prefix", str(d / "two"), *spm_args(), "--append-eod",
               "--workers", "2")
     assert "docs/s" in two.stderr and "MB/s" in two.stderr
-    assert "skipped 1 empty documents" in two.stdout
+    assert "1 documents had no tokens: kept as empty documents" in two.stdout
     tok = build_tokenizer(TokenizerSpec("sentencepiece", spm_model()))
     want = [tok.tokenize(r["text"]) + [tok.eod] for r in rows if r["text"]]
     ds = IndexedDataset(str(d / "two_text_document"))
-    assert ds.dtype == np.uint16  # 512 pieces do not fit uint8
+    assert ds.dtype == np.uint16  # Megatron-LM's choice below 65500 ids
     assert [ds[i].tolist() for i in range(len(ds))] == want
+    assert ds.num_documents == len(rows) and list(ds.document_index[7:9]) == [7, 7]
     for ext in (".bin", ".idx"):  # worker count does not change a byte
         a = (d / f"one_text_document{ext}").read_bytes()
         assert a == (d / f"two_text_document{ext}").read_bytes()
@@ -70,7 +71,8 @@ def test_several_json_keys_make_one_dataset_each(inputs):
     run("--input", plain, "--output-prefix", str(d / "k"), "--json-keys", "title", "text",
         *spm_args())
     titles = IndexedDataset(str(d / "k_title_document"))
-    assert len(titles) == len(rows) and len(IndexedDataset(str(d / "k_text_document"))) == 39
+    texts = IndexedDataset(str(d / "k_text_document"))
+    assert len(titles) == len(rows) and len(texts) == 39 and texts.num_documents == len(rows)
 
 
 def test_null_tokenizer_and_merge(tmp_path):
@@ -87,7 +89,8 @@ def test_null_tokenizer_and_merge(tmp_path):
               str(tmp_path / "b_text_document"), "--output-prefix", str(tmp_path / "m"))
     assert "3 documents" in out.stdout
     got = spec_read(str(tmp_path / "m"))
-    assert got["sequences"] == [[1, 2, 3, 199], [4, 5, 199], [7]] and got["code"] == 1  # uint8
+    assert got["sequences"] == [[1, 2, 3, 199], [4, 5, 199], [7]]
+    assert got["code"] == 8  # uint16, as Megatron-LM writes a vocabulary of 200 (never uint8)
 
 
 def test_train_tokenizer_subcommand(inputs, tmp_path):
