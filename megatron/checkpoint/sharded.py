@@ -11,7 +11,7 @@ meta.json                  format, step, layout, client state (data position, sc
                             scale, Adam step), files and sizes (store.py)"""
 from __future__ import annotations
 
-import io
+import json
 import logging
 import os
 import time
@@ -50,11 +50,13 @@ def _rank_payload(rs: RankState) -> Dict[str, Any]:
 
 
 def _write_rank(staging: str, rs: RankState) -> Tuple[str, int]:
+    """Streams this rank's file to disk and flushes it (no second copy in memory)."""
     rel = shard_file(rs.coords)
-    buf = io.BytesIO()
-    torch.save(_rank_payload(rs), buf)
-    store.write_durable(os.path.join(staging, rel), buf.getbuffer())
-    return rel, buf.getbuffer().nbytes
+    with open(os.path.join(staging, rel), "wb") as f:
+        torch.save(_rank_payload(rs), f)
+        f.flush()
+        os.fsync(f.fileno())
+        return rel, f.tell()
 
 
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
@@ -128,7 +130,7 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
     try:
         index = _build_index([g[3] for g in gathered], meta["layout"]["tensor_parallel_size"])
         files = {g[1]: g[2] for g in gathered}
-        index_bytes = store.json.dumps(index, sort_keys=True).encode()
+        index_bytes = json.dumps(index, sort_keys=True).encode()
         store.write_durable(os.path.join(staging, store.INDEX), index_bytes)
         files[store.INDEX] = len(index_bytes)
         store.write_json(os.path.join(staging, store.META),
@@ -239,7 +241,7 @@ def read_meta(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         try:
             meta = store.validate(folder)
             with open(os.path.join(folder, store.INDEX)) as f:
-                blob[0] = ("ok", meta, store.json.load(f))
+                blob[0] = ("ok", meta, json.load(f))
         except (store.Incomplete, OSError, ValueError) as e:
             blob[0] = ("bad", str(e), None)
     dist.broadcast_object_list(blob, src=0)

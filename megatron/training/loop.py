@@ -132,7 +132,7 @@ def _start(cfg: Config) -> _Job:
     text_vocab = tokenizer_vocab_size(cfg)
     vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, tp)
     layout = layout_record(cfg, dp, vocab, text_vocab)
-    init_distributed(launch, device_info)
+    init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
     lock = _claim_run_dir(cfg, launch.rank)
     try:
         resume = _agreed_resume(cfg, layout, launch.rank)
@@ -196,8 +196,10 @@ def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
     resume, engine = job.resume, job.engine
     if resume is None:
         return 0, 0
+    t0 = time.perf_counter()
     rs = engine.checkpoint_state(rng=None)
     meta, rng = sharded.load(resume.folder, rs, job.state.tp, job.state.pp, resume.last_good)
+    seconds = time.perf_counter() - t0
     engine.restore_meta(meta)
     if rng is not None:
         set_rng_state(rng, engine.tracker)
@@ -207,8 +209,9 @@ def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
     saved = meta["layout"]
     moved = "" if layout_text(saved) == layout_text(job.layout) else \
         f", written by {layout_text(saved)}, continued as {layout_text(job.layout)}"
-    log.info("resumed from %s at step %d (%d samples consumed%s)", resume.folder, meta["step"],
-             meta["consumed_samples"], moved)
+    gb = sum(meta["files"].values()) / 1e9
+    log.info("resumed from %s at step %d (%d samples consumed%s); loaded %.3f GB checkpoint in "
+             "%.2f s", resume.folder, meta["step"], meta["consumed_samples"], moved, gb, seconds)
     return int(meta["step"]), int(meta["consumed_samples"])
 
 
