@@ -154,7 +154,9 @@ class TrainingConfig:
     # Checkpoint and stop after a step that is a multiple of this (0: never); the LR schedule
     # still spans train_iters, so a later run resumes exactly where this one stopped.
     exit_interval: int = 0
-    # Path of a checkpoint directory to resume from, or "auto": resume from run.dir when present.
+    # "auto": continue from the newest complete checkpoint in <run.dir>/checkpoints (a fresh
+    # start when there is none), in whatever layout it was written; or a checkpoints folder, or
+    # one checkpoint folder (step_N).
     load: Optional[str] = None
     # A single-file model (megatron-convert to-single) to start from when no checkpoint is
     # resumed: weights only, in any layout; optimizer, step and data position start fresh.
