@@ -7,6 +7,7 @@
   checkpoint, no traceback, config.yaml untouched.
 - a second run on the same run.dir is refused with the holder's host and pid.
 - a run.dir that is a file is one message."""
+import json
 import os
 import random
 import signal
@@ -157,3 +158,19 @@ def test_run_dir_that_is_a_file(tmp_path, env):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_wall_clock_saves_keep_the_newest_and_log_each_save(tmp_path, env):
+    """training.save_interval_minutes (here 0.6 ms: every step is due) with keep_last=2: each
+    step commits, only the two newest remain, and every save is a metrics line."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(_cmd(1, run_dir, "training.train_iters=5", "model.hidden_size=64",
+                               "training.save_interval_minutes=0.00001", "training.keep_last=2"),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = [os.path.basename(f) for _, f in store.committed(str(run_dir / "checkpoints"))]
+    assert kept == ["step_0000005", "step_0000004"]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    saves = [r for r in lines if r.get("event") == "save"]
+    assert [r["step"] for r in saves] == [1, 2, 3, 4, 5]
+    assert all(r["gb"] > 0 and r["seconds"] > 0 and r["gb_per_s"] > 0 for r in saves)
