@@ -136,7 +136,12 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
         store.write_json(os.path.join(staging, store.META),
                          {**meta, "format": store.FORMAT, "files": files})
         if os.path.exists(final):
-            return "failed", f"{final} already exists (a checkpoint of this step was committed)"
+            # A folder of this step that resume skipped (damaged), or one a run that resumed
+            # from an older step wrote before: set aside under a name resume never reads.
+            aside = f"{final}.superseded-{int(time.time())}"
+            os.rename(final, aside)
+            log.warning("%s existed already; moved to %s, keeping the new checkpoint", final,
+                        aside)
         store.commit(staging, final)
         for gone in store.prune(ckpt_dir, keep_last):
             log.info("removed %s (training.keep_last=%d)", gone, keep_last)

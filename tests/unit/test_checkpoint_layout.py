@@ -191,3 +191,20 @@ def test_read_only_run_dir(tmp_path):
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
         os.chmod(ro, 0o755)
+
+
+def test_a_save_over_a_skipped_folder_of_the_same_step_keeps_both(tmp_path):
+    """Resume skipped a damaged step_10 and trained to step 10 again: the new save commits and
+    the damaged folder is set aside (never deleted, never read)."""
+    from megatron.checkpoint.sharded import _commit
+    ckpt = tmp_path / "checkpoints"
+    damaged = committed(ckpt, 10)
+    os.remove(os.path.join(damaged, store.META))
+    staging = store.staging_folder(str(ckpt), "step_0000010")
+    os.makedirs(os.path.join(staging, store.SHARDS))
+    open(os.path.join(staging, "shards", "x.pt"), "wb").close()
+    status, _ = _commit(staging, damaged, [(None, "shards/x.pt", 0, {})],
+                        {"layout": record(), "step": 10}, 0, str(ckpt))
+    assert status == "ok"
+    assert store.validate(damaged)["step"] == 10
+    assert any(".superseded-" in n for n in os.listdir(ckpt))
