@@ -1,6 +1,7 @@
-"""Training on one GPU: fp16 with dynamic loss scaling (CPU DeepSpeed has no fp16), bf16 with the
-auto attention backend (flash-attn when installed), and fused kernels under kernels.mode=auto.
-Each run is a subprocess so the CUDA/ROCm context and DeepSpeed state stay isolated."""
+"""Training on one GPU: fp16 with dynamic loss scaling (CPU DeepSpeed has no fp16), from the
+default scale and from one that must overflow; bf16 with the auto attention backend (flash-attn
+when installed) and fused kernels under kernels.mode=auto. Each run is a subprocess so the
+CUDA/ROCm context and DeepSpeed state stay isolated."""
 import json
 import os
 import subprocess
@@ -29,6 +30,24 @@ def test_fp16_dynamic_loss_scaling(tmp_path):
     rows = _train(tmp_path, "--set", "training.precision=fp16")
     assert all(r["loss_scale"] and r["loss_scale"] > 0 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.2
+
+
+def test_fp16_loss_scale_backs_off_after_overflow(tmp_path):
+    """Dynamic loss scaling at work: a start at 2**24 must overflow (the logits' gradient alone
+    is about scale / 128 tokens = 2**17 > 65504, fp16's largest value), so the first steps are
+    skipped and the scale halves (after DeepSpeed's hysteresis of 2) until gradients fit; from
+    then on steps apply and the loss falls. The scale never grows within the 1000-step window."""
+    rows = _train(tmp_path, "--set", "training.precision=fp16", "--set",
+                  "training.initial_loss_scale_power=24", "--set", "training.train_iters=40")
+    scales = [r["loss_scale"] for r in rows]
+    skipped = [r["skipped"] for r in rows]
+    assert skipped[0], f"a 2**24 loss scale did not overflow on the first step: {rows[0]}"
+    assert scales[0] <= 2 ** 24 and min(scales) < 2 ** 24, scales
+    assert all(b <= a for a, b in zip(scales, scales[1:])), f"the scale grew: {scales}"
+    assert 1 <= sum(skipped) <= 20, f"skipped steps: {skipped}"
+    assert not any(skipped[-10:]), f"still overflowing at the end: {skipped}, scales {scales}"
+    assert all(r["loss"] == r["loss"] for r in rows), "a NaN loss was logged"
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
 
 
 def test_bf16_auto_backend_reports_mfu(tmp_path):
