@@ -1,52 +1,184 @@
 #!/usr/bin/env bash
-# GPU check from a fresh checkout, in one go: build the fused kernels in place for this GPU,
-# report the build, run the GPU parity tests, benchmark the kernels. Sized for a 10-minute slot
-# (each stage has its own timeout, so a slow stage still leaves the earlier results behind).
+# The GPU check in one go, sized for one 10-minute device call (issue 14):
+#   1. install the carried wheels (DeepSpeed and the dependencies the machine lacks);
+#   2. build the fused kernels in place for this GPU (python setup.py build_ext --inplace, in the
+#      background: meanwhile the GPU runs what does not need them);
+#   3. tests/gpu/test_train_gpu.py (fp16 dynamic loss scaling, bf16 with MFU);
+#   4. the end-to-end benchmark (benchmarks/e2e/bench_e2e.py): the 1.3B GPT, bf16, ZeRO-1, fused
+#      kernels on and off, a plain PyTorch peer, the planner's prediction;
+#   5. megatron-kernels --require, the GPU parity tests, the kernel benchmark (GB/s as a share of
+#      the memory bandwidth, against torch eager and torch's native kernels).
+# Every step runs under `timeout` inside one overall budget (GPU_CHECK_BUDGET seconds, default
+# 540) and writes as it goes, so a step that times out still leaves the others' results.
 #
-#   bash benchmarks/gpu_check.sh            # results in benchmarks/results/
-#   OUT=/some/dir bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh             # results in $OUT, else benchmarks/results/
+#   bash benchmarks/gpu_check.sh --dry-run   # no GPU steps: wheels into a throwaway folder,
+#                                            # tests/gpu collected (skipped), e2e --tiny on the CPU
 #
-# Needs a GPU build of torch (CUDA or ROCm), its compiler (nvcc or hipcc) and pybind11; nothing
-# is downloaded (--no-deps --no-index), so it also runs on machines without network access.
+# Files written to the results folder (at most 8, what the device tool brings back):
+# gpu_check_<gpu>.txt (the summary), gpu_check_logs.tar.gz (every step's log), e2e_<gpu>.json/.md,
+# kernels_<gpu>.json/.md. Nothing is downloaded: pip runs with --no-index.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=${OUT:-benchmarks/results}
-mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
-export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-export PYTHONUNBUFFERED=1
+BUDGET=${GPU_CHECK_BUDGET:-540}
+WHEELS=${WHEELS:-benchmarks/wheels}
+OUT_DIR=${OUT:-benchmarks/results}
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+T0=$(date +%s)
 status=0
 
-# Build only for the GPU in this machine unless told otherwise: each extra target costs time.
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+SUMMARY=$LOGS/summary.txt
+pack() {  # what a killed run still leaves behind: the summary so far and every log
+  cp "$SUMMARY" "$OUT_DIR/gpu_check_$SLUG.txt" 2>/dev/null
+  tar -czf "$OUT_DIR/gpu_check_logs.tar.gz" -C "$WORK" logs 2>/dev/null || true
+}
+note() { echo "gpu_check [$(elapsed)s] $*" | tee -a "$SUMMARY"; }
+
+# excerpt NAME tail N | excerpt NAME grep PATTERN: lines of a step's log into the summary.
+excerpt() {
+  local f=$LOGS/$1.log
+  [ -f "$f" ] || return 0
+  if [ "$2" = tail ]; then tail -n "$3" "$f"; else grep -- "$3" "$f"; fi | tee -a "$SUMMARY"
+}
+
+# step NAME MAX_SECONDS COMMAND...: COMMAND under timeout (the smaller of MAX_SECONDS and what
+# is left of the budget), output in logs/NAME.log, one summary line; returns COMMAND's status.
+step() {
+  local name=$1 max=$2 t rc began
+  shift 2
+  t=$(left)
+  (( t > max )) && t=$max
+  if (( t < 20 )); then
+    note "$name: SKIPPED, the budget is spent"
+    status=1
+    return 99
+  fi
+  began=$(date +%s)
+  timeout --kill-after=15 "$t" "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) note "$name: ok in $(( $(date +%s) - began ))s" ;;
+    124|137) note "$name: TIMED OUT after ${t}s (partial results kept)"; status=1 ;;
+    *) note "$name: FAILED, exit $rc after $(( $(date +%s) - began ))s (logs/$name.log)"
+       status=1 ;;
+  esac
+  pack
+  return $rc
+}
+
+# --- 0. the machine --------------------------------------------------------------------------
+GPU_NAME=$($PY -c 'import torch
+print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
+(( DRY )) && GPU_NAME=""
+SLUG=$(echo "${GPU_NAME:-cpu}" | tr 'A-Z' 'a-z' | sed 's/[^a-z0-9]\+/_/g; s/^_//; s/_$//')
+{ nvidia-smi -L 2>&1 || true; $PY -c 'import sys, torch; print("python", sys.version.split()[0],
+  "torch", torch.__version__, "cuda", torch.version.cuda, "hip", torch.version.hip)'
+  nvcc --version 2>&1 | tail -n 2 || true; echo "nproc $(nproc)"; } >"$LOGS/env.log" 2>&1
+note "start: gpu '${GPU_NAME:-none}', budget ${BUDGET}s, MAX_JOBS=$MAX_JOBS, results in $OUT_DIR"
+
+# --- 1. carried wheels -------------------------------------------------------------------------
+# The GPU machine's python has no DeepSpeed; benchmarks/gpu_prepare.sh builds the wheels here.
+SITE=/tmp/gpu_check_site
+if (( DRY )); then
+  # Only the install itself: into a throwaway folder, for the GPU machine's Python 3.12.
+  step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target "$WORK/site" --python-version 3.12 --only-binary=:all: "$WHEELS"/*.whl
+elif $PY -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("deepspeed") else 1)'; then
+  note "wheels: deepspeed is already importable; nothing installed"
+elif ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  if step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$SITE" "$WHEELS"/*.whl; then
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  step deepspeed_import 120 $PY -c 'import deepspeed, pydantic; print("deepspeed",
+    deepspeed.__version__, "pydantic", pydantic.VERSION)'
+else
+  note "wheels: deepspeed is missing and $WHEELS holds no wheels (run benchmarks/gpu_prepare.sh \
+and carry $WHEELS); the training steps will fail"
+  status=1
+fi
+
+# --- dry run on a CPU: what can run without a GPU -------------------------------------------------
+if [ -z "$GPU_NAME" ]; then
+  note "no GPU visible to torch$( (( DRY )) && echo ' (--dry-run)'): skipping the kernel build, \
+megatron-kernels --require, the GPU tests' bodies, the 1.3B benchmark and the kernel benchmark"
+  step gpu_tests_collect 180 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu
+  excerpt gpu_tests_collect tail 4
+  step e2e_tiny 180 $PY benchmarks/e2e/bench_e2e.py --tiny --cpu --out "$OUT_DIR" \
+      --work "$WORK/e2e"
+  excerpt e2e_tiny grep '^e2e '
+  note "done (dry run), status $status"
+  pack
+  exit $status
+fi
+
+# --- 2. kernel build, in the background -----------------------------------------------------------
 if $PY -c 'import sys, torch; sys.exit(0 if torch.version.hip else 1)'; then
   export PYTORCH_ROCM_ARCH=${PYTORCH_ROCM_ARCH:-$($PY -c \
     'import torch; print(torch.cuda.get_device_properties(0).gcnArchName.split(":")[0])')}
-  echo "gpu_check: ROCm build for PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH, MAX_JOBS=$MAX_JOBS"
+  ARCH="PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH"
 else
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$($PY -c \
     'import torch; print("%d.%d" % torch.cuda.get_device_capability())')}
-  echo "gpu_check: CUDA build for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=$MAX_JOBS"
+  ARCH="TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+fi
+# Up to 330 s, and always some budget left for the steps that follow it.
+BUILD_MAX=$(( $(left) > 450 ? 330 : $(left) * 2 / 3 ))
+note "build: python setup.py build_ext --inplace, $ARCH, MAX_JOBS=$MAX_JOBS, up to ${BUILD_MAX}s"
+BUILD_T0=$(date +%s)
+( timeout --kill-after=15 "$BUILD_MAX" $PY setup.py build_ext --inplace >"$LOGS/build.log" 2>&1
+  echo "$? $(( $(date +%s) - BUILD_T0 ))" >"$WORK/build.rc" ) &
+BUILD_PID=$!
+building() { [ ! -f "$WORK/build.rc" ]; }
+
+# --- 3. GPU work that needs no fused kernel, while the build runs -------------------------------
+E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$WORK/e2e" --merge --timeout 200)
+step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
+excerpt e2e_peer grep '^e2e \|error'
+step train_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_train_gpu.py
+excerpt train_tests tail 6
+torch_done=0
+if building; then
+  step e2e_torch 150 $PY "${E2E[@]}" --runs torch --context "the kernel build running on the CPU"
+  excerpt e2e_torch grep '^e2e \|error'
+  torch_done=1
 fi
 
-start=$(date +%s)
-if ! timeout 330 $PY -m pip install --no-build-isolation --no-deps --no-index -e . \
-    >"$OUT_DIR/gpu_build.log" 2>&1; then
-  echo "gpu_check: pip install -e . failed (see gpu_build.log); trying setup.py build_ext --inplace"
-  timeout 300 $PY setup.py build_ext --inplace >>"$OUT_DIR/gpu_build.log" 2>&1 || status=1
-fi
-echo "gpu_check: build took $(( $(date +%s) - start ))s"
+# --- 4. the build's result -------------------------------------------------------------------
+wait "$BUILD_PID"
+read -r build_rc build_s <"$WORK/build.rc" || build_rc=1
+note "build: exit $build_rc after ${build_s:-?}s (logs/build.log)"
+(( build_rc == 0 )) || { status=1; excerpt build tail 20; }
+step kernels_report 60 $PY -m megatron.cli.kernels --require
+excerpt kernels_report tail 40
 
-# The report must show every op built for this GPU and torch; --require fails otherwise.
-$PY -m megatron.cli.kernels --require | tee "$OUT_DIR/kernels_report.txt" || status=1
+# --- 5. fused kernels on (and off, when not run yet), then the kernel tests and benchmark --------
+runs=fused
+(( torch_done )) || runs=fused,torch
+step e2e_fused 240 $PY "${E2E[@]}" --runs $runs
+excerpt e2e_fused grep '^e2e \|error'
+step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_fused_kernels.py \
+    tests/gpu/test_native_norm_fallback.py
+excerpt kernel_tests tail 8
+QUICK=""
+(( $(left) < 150 )) && QUICK=--quick  # smaller shapes and fewer repetitions when time is short
+step bench_kernels 180 $PY benchmarks/kernels/bench_kernels.py --out "$OUT_DIR" $QUICK
+excerpt bench_kernels tail 3
 
-timeout 240 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_fused_kernels.py \
-    tests/gpu/test_native_norm_fallback.py \
-    tests/unit/test_kernels_reference.py tests/unit/test_kernels_fused_wrappers.py \
-    tests/unit/test_kernels_loader.py tests/unit/test_kernels_build_tools.py \
-    >"$OUT_DIR/gpu_tests.log" 2>&1 || status=1
-tail -n 15 "$OUT_DIR/gpu_tests.log"
-
-timeout 150 $PY benchmarks/kernels/bench_kernels.py --out "$OUT_DIR" \
-    2>&1 | tee "$OUT_DIR/bench_kernels.log" || status=1
-echo "gpu_check: done in $(( $(date +%s) - start ))s, status $status"
+note "done, status $status; results in $OUT_DIR"
+pack
+for f in "$OUT_DIR"/e2e_"$SLUG".md "$OUT_DIR"/kernels_"$SLUG".md; do
+  [ -f "$f" ] && { echo; cat "$f"; }
+done
+echo
+cat "$OUT_DIR/gpu_check_$SLUG.txt"
 exit $status
