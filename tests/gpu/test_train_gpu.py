@@ -33,19 +33,22 @@ def test_fp16_dynamic_loss_scaling(tmp_path):
 
 
 def test_fp16_loss_scale_backs_off_after_overflow(tmp_path):
-    """Dynamic loss scaling at work: a start at 2**24 must overflow (the logits' gradient alone
-    is about scale / 128 tokens = 2**17 > 65504, fp16's largest value), so the first steps are
-    skipped and the scale halves (after DeepSpeed's hysteresis of 2) until gradients fit; from
-    then on steps apply and the loss falls. The scale never grows within the 1000-step window."""
+    """Dynamic loss scaling at work: a start at 2**28 must overflow (a logit's gradient alone is
+    about scale / (128 tokens x 8 accumulated micro-batches) = 2**18 > 65504, fp16's largest
+    value), so the first steps are skipped and the scale halves (after DeepSpeed's hysteresis of
+    2) until gradients fit; from then on steps apply and the loss falls. The scale never grows
+    within the 1000-step window."""
     rows = _train(tmp_path, "--set", "training.precision=fp16", "--set",
-                  "training.initial_loss_scale_power=24", "--set", "training.train_iters=40")
+                  "training.initial_loss_scale_power=28", "--set", "training.train_iters=40")
     scales = [r["loss_scale"] for r in rows]
     skipped = [r["skipped"] for r in rows]
-    assert skipped[0], f"a 2**24 loss scale did not overflow on the first step: {rows[0]}"
-    assert scales[0] <= 2 ** 24 and min(scales) < 2 ** 24, scales
+    assert skipped[0], f"a 2**28 loss scale did not overflow on the first step: {rows[0]}"
+    assert scales[0] <= 2 ** 28 and min(scales) < 2 ** 28, scales
     assert all(b <= a for a, b in zip(scales, scales[1:])), f"the scale grew: {scales}"
-    assert 1 <= sum(skipped) <= 20, f"skipped steps: {skipped}"
-    assert not any(skipped[-10:]), f"still overflowing at the end: {skipped}, scales {scales}"
+    assert False in skipped[:20], f"still overflowing after 20 steps: {skipped}, scales {scales}"
+    # Once a scale fits, later overflows are rare (gradients shrink as the loss falls).
+    first_applied = skipped.index(False)
+    assert sum(skipped[first_applied:]) <= 3, f"skipped steps: {skipped}, scales {scales}"
     assert all(r["loss"] == r["loss"] for r in rows), "a NaN loss was logged"
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
 
