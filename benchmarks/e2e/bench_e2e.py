@@ -118,7 +118,6 @@ def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: fl
     params = re.search(r"training (\d+) parameters", text)
     return {"step_times": [r["step_time_s"] for r in rows], "losses": [r["loss"] for r in rows],
             "peak_mem_gb": max((r["mem_gb"] for r in rows), default=None),
-            "trainer_mfu": [r["mfu"] for r in rows],
             "attention": backend.group(1) if backend else None,
             "parameters": int(params.group(1)) if params else None,
             "precision_policy": "DeepSpeed bf16 + ZeRO-1: bf16 weights and gradients, fp32 master "
@@ -144,7 +143,7 @@ def summarize(raw: dict, warmup: int, tokens_per_step: int, flops_per_step: floa
     """Median over the steps after the warm-up (all steps when there are no more)."""
     times = raw.get("step_times") or []
     timed = times[warmup:] or times
-    out = {k: v for k, v in raw.items() if k not in ("step_times", "trainer_mfu")}
+    out = {k: v for k, v in raw.items() if k != "step_times"}
     out["status"] = "failed" if raw.get("error") else "ok"
     out["steps_timed"] = len(timed)
     out["step_times_s"] = [round(t, 4) for t in times]
@@ -183,12 +182,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"),
+                   help="results folder (default: $OUT, else benchmarks/results)")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated: fused, torch, peer")
     p.add_argument("--tiny", action="store_true", help="the tiny shape (CPU dry run, tests)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--global-batch", type=int)
+    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default 8; tiny 2)")
+    p.add_argument("--global-batch", type=int, help="sequences per step, a multiple of the "
+                   "micro-batch (default 8; tiny 4)")
     p.add_argument("--warmup", type=int, help="steps left out of the median (default 3; tiny 1)")
     p.add_argument("--steps", type=int, help="timed steps (default 8; tiny 3)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run (default 300)")
@@ -214,6 +215,10 @@ def main(argv=None) -> int:
     base = SHAPES["tiny" if args.tiny else "1.3b"]
     shape = Shape(**dict(asdict(base), micro_batch=args.micro_batch or base.micro_batch,
                          global_batch=args.global_batch or base.global_batch))
+    if shape.micro_batch < 1 or shape.global_batch % shape.micro_batch:
+        print(f"bench_e2e: --global-batch {shape.global_batch} must be a positive multiple of "
+              f"--micro-batch {shape.micro_batch}", file=sys.stderr)
+        return 2
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     steps = args.steps if args.steps is not None else (3 if args.tiny else 8)
     dev = device_facts(args)
