@@ -114,7 +114,7 @@ megatron-kernels --require, the GPU tests' bodies, the 1.3B benchmark and the ke
   step gpu_tests_collect 180 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu
   excerpt gpu_tests_collect tail 4
   step e2e_tiny 180 $PY benchmarks/e2e/bench_e2e.py --tiny --cpu --out "$OUT_DIR" \
-      --work "$WORK/e2e"
+      --work "$LOGS/e2e"
   excerpt e2e_tiny grep '^e2e '
   note "done (dry run), status $status"
   pack
@@ -141,7 +141,7 @@ BUILD_PID=$!
 building() { [ ! -f "$WORK/build.rc" ]; }
 
 # --- 3. GPU work that needs no fused kernel, while the build runs -------------------------------
-E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$WORK/e2e" --merge --timeout 200)
+E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$LOGS/e2e" --merge --timeout 200)
 step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
 excerpt e2e_peer grep '^e2e \|error'
 step train_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_train_gpu.py
