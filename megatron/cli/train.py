@@ -61,10 +61,21 @@ def main(argv=None) -> int:
     validate_for_world(cfg, discover().world_size)
     from megatron.training.loop import train
     summary = train(cfg)
+    _leave_process_group()
     logging.getLogger("megatron.train").info(
         "done: %d steps, final loss %.4f, run directory %s", summary.steps,
         summary.losses[-1] if summary.losses else float("nan"), summary.run_dir)
     return 0
+
+
+def _leave_process_group() -> None:
+    """Tears the process group down before the interpreter exits: left to exit-time destructors,
+    a gloo rank can abort ("terminate called without an active exception") after a run that
+    succeeded, and the launcher then reports a failure."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
