@@ -19,7 +19,6 @@ in another layout without it: training.load reads any layout directly."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.checkpoint import store
 from megatron.checkpoint.sharded import Reader
+from megatron.checkpoint.state import resize_rows
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,8 @@ def pipeline_prefixes(cfg: Config) -> List[str]:
 def read_checkpoint(folder: str):
     """(meta, index) of a committed checkpoint; InputError when it cannot be read."""
     try:
-        meta = store.validate(folder)
-        with open(os.path.join(folder, store.INDEX)) as f:
-            return meta, json.load(f)
-    except (store.Incomplete, OSError, ValueError) as e:
+        return store.read(folder)
+    except (store.Incomplete, OSError) as e:
         raise InputError(f"checkpoint {folder} cannot be read: {e}") from None
 
 
@@ -154,9 +152,7 @@ def resize_vocab(merged: MergedCheckpoint, rows: int) -> MergedCheckpoint:
     sd = dict(merged.state_dict)
     for name in ("embedding.word_embeddings.weight", "output.head.weight"):
         if name in sd:
-            w = sd[name]
-            sd[name] = w[:rows].clone() if rows <= w.shape[0] else torch.cat(
-                [w, w.new_zeros(rows - w.shape[0], w.shape[1])])
+            sd[name] = resize_rows(sd[name], rows).clone()
     return dataclasses.replace(merged, state_dict=sd, padded_vocab_size=rows)
 
 

@@ -18,17 +18,9 @@ from megatron.parallel.layers import shard
 from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import load_single
 from megatron.checkpoint.layout import model_shape, shape_differences
-from megatron.checkpoint.state import Partition
+from megatron.checkpoint.state import Partition, resize_rows
 
 log = logging.getLogger(__name__)
-
-def _vocab_rows(full: torch.Tensor, rows: int) -> torch.Tensor:
-    """The source's padded vocabulary rows cut or zero-padded to this run's padding (rows past
-    the tokenizer's vocabulary are never a target; only real ids' rows carry learned values)."""
-    if full.shape[0] >= rows:
-        return full[:rows]
-    return torch.cat([full, full.new_zeros(rows - full.shape[0], full.shape[1])])
-
 
 @torch.no_grad()
 def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: ParallelState,
@@ -54,7 +46,7 @@ def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: Para
         full = merged.state_dict[name]
         part = Partition.of(param)
         if part.vocab:
-            full = _vocab_rows(full, padded_vocab)
+            full = resize_rows(full, padded_vocab)
         piece = full if part.dim is None else shard(full, part.dim, state.tp_rank, state.tp,
                                                     part.stride)
         if piece.shape != param.shape:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import asdict
@@ -22,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint import store
-from megatron.checkpoint.state import KEYS, MOMENTS, Partition, RankState
+from megatron.checkpoint.state import Partition, RankState, resize_rows
 from megatron.config.errors import InputError
+from megatron.parallel.agree import rank0_decides
 from megatron.parallel.layers import shard
 
 log = logging.getLogger(__name__)
@@ -77,9 +79,7 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
             # The tied embedding lives on the first and the last stage: keep one copy.
             entry["pieces"] += [p for p in d["pieces"] if (p[1], p[2], p[3]) not in seen]
     for name, entry in index.items():
-        numel = 1
-        for s in entry["shape"]:
-            numel *= s
+        numel = math.prod(entry["shape"])
         for t in range(tp if entry["dim"] is not None else 1):
             spans = sorted((p[2], p[3]) for p in entry["pieces"] if p[1] == t)
             at = 0
@@ -185,10 +185,7 @@ class Reader:
                   span: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """Flat elements of the old TP rank's shard (all, or [start, start+numel) of span)."""
         e = self.entry(name)
-        numel = 1
-        for s in e["shape"]:
-            numel *= s
-        lo, n = span if span else (0, numel)
+        lo, n = span if span else (0, math.prod(e["shape"]))
         out = torch.empty(n, dtype=torch.float32)
         for rel, t, start, count in e["pieces"]:
             a, b = max(lo, start), min(lo + n, start + count)
@@ -208,19 +205,23 @@ class Reader:
         return torch.cat([blocks[t][b] for b in range(e["stride"]) for t in range(e["tp"])],
                          dim=e["dim"])
 
-    def same_split(self, name: str, shape, partition: Partition, tp: int) -> bool:
+    def same_split(self, name: str, shape, tp: int) -> bool:
+        """Whether this rank's shard of `name` is an old TP rank's shard, unchanged."""
         e = self.entry(name)
         return list(shape) == e["shape"] and (e["dim"] is None or e["tp"] == tp)
+
+    def old_rank(self, name: str, tp_rank: int) -> int:
+        """The old TP rank holding what tp_rank holds now (same_split): replicated ones all do."""
+        return tp_rank if self.entry(name)["dim"] is not None else 0
 
     def new_shard(self, name: str, key: str, shape, partition: Partition, tp: int,
                   tp_rank: int) -> torch.Tensor:
         """This rank's shard in the new layout (flat), assembled one tensor at a time."""
-        if self.same_split(name, shape, partition, tp):
-            e = self.entry(name)
-            return self.old_shard(name, key, tp_rank if e["dim"] is not None else 0)
+        if self.same_split(name, shape, tp):
+            return self.old_shard(name, key, self.old_rank(name, tp_rank))
         full = self.merged(name, key)
         if partition.vocab:
-            full = _resize_rows(full, shape[0] * tp)
+            full = resize_rows(full, shape[0] * tp)
         if partition.dim is None:
             piece = full
         else:
@@ -231,29 +232,14 @@ class Reader:
         return piece.reshape(-1)
 
 
-def _resize_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """Vocabulary rows cut or zero-padded to another layout's padding (padding rows past the
-    tokenizer's vocabulary are never a target)."""
-    if t.shape[0] >= rows:
-        return t[:rows]
-    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
-
-
 def read_meta(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """meta.json and index.json of a committed checkpoint (rank 0 reads, all receive)."""
-    blob = [None]
-    if dist.get_rank() == 0:
+    def read():
         try:
-            meta = store.validate(folder)
-            with open(os.path.join(folder, store.INDEX)) as f:
-                blob[0] = ("ok", meta, json.load(f))
-        except (store.Incomplete, OSError, ValueError) as e:
-            blob[0] = ("bad", str(e), None)
-    dist.broadcast_object_list(blob, src=0)
-    status, meta, index = blob[0]
-    if status != "ok":
-        raise InputError(f"checkpoint {folder} cannot be resumed: {meta}")
-    return meta, index
+            return store.read(folder)
+        except (store.Incomplete, OSError) as e:
+            raise InputError(f"checkpoint {folder} cannot be resumed: {e}") from None
+    return rank0_decides(read)
 
 
 @torch.no_grad()
@@ -283,15 +269,14 @@ def _load_param(reader: Reader, p, tp: int, tp_rank: int) -> None:
     if p.full is not None:
         master = reader.new_shard(p.name, "master", p.shape, p.partition, tp, tp_rank)
         p.full.copy_(master.view(p.full.shape).to(p.full.dtype))
-    same = reader.same_split(p.name, p.shape, p.partition, tp)
+    same = reader.same_split(p.name, p.shape, tp)
     for f in p.fragments:
         span = (f.start, f.numel)
         for key, dest in (("master", f.master), *f.moments.items()):
             if key == "master" and master is not None:
                 src = master[f.start:f.start + f.numel]
             elif same:
-                e = reader.entry(p.name)
-                src = reader.old_shard(p.name, key, tp_rank if e["dim"] is not None else 0, span)
+                src = reader.old_shard(p.name, key, reader.old_rank(p.name, tp_rank), span)
             else:
                 src = reader.new_shard(p.name, key, p.shape, p.partition, tp,
                                        tp_rank)[f.start:f.start + f.numel]
@@ -310,5 +295,3 @@ def _rng_for(reader: Reader, meta: Dict[str, Any], rs: RankState, tp: int, pp: i
     t, p, d = rs.coords
     return reader.file(shard_file((t, p, min(d, lay["data_parallel_size"] - 1))))["rng"]
 
-
-__all__ = ["save", "load", "Reader", "read_meta", "KEYS", "MOMENTS"]

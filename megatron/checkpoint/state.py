@@ -15,6 +15,14 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 KEYS = ("master",) + MOMENTS
 
 
+def resize_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Padded vocabulary rows cut or zero-padded to another padding. Rows past the tokenizer's
+    vocabulary are never a target, so only real ids' rows carry learned values."""
+    if t.shape[0] >= rows:
+        return t[:rows]
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
 @dataclass
 class Partition:
     """How a parameter is split over tensor-parallel ranks (set where the layer creates it)."""

@@ -105,6 +105,12 @@ def validate(folder: str) -> Dict[str, Any]:
     return meta
 
 
+def read(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(meta, index) of a committed checkpoint after validate(); raises Incomplete."""
+    meta = validate(folder)
+    return meta, _read_json(os.path.join(folder, INDEX))
+
+
 @dataclass
 class Found:
     folder: str

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.config import Config, ConfigError, InputError, deepspeed_config, validate_for_world
+from megatron.config import Config, ConfigError, deepspeed_config, validate_for_world
 from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
@@ -22,6 +22,7 @@ from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import (Resume, check_model, find_resume, layout_record,
                                         layout_text, rng_state, set_rng_state)
 from megatron.checkpoint.rundir import RunLock, check_run_dir
+from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
 from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
@@ -135,7 +136,7 @@ def _start(cfg: Config) -> _Job:
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
     lock = _claim_run_dir(cfg, launch.rank)
     try:
-        resume = _agreed_resume(cfg, layout, launch.rank)
+        resume = _agreed_resume(cfg, layout)
         state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
         init = cfg.training.init_from
         if init is not None and resume is not None:
@@ -153,22 +154,6 @@ def _start(cfg: Config) -> _Job:
     return _Job(launch, device_info, state, dp, text_vocab, vocab, layout, resume, engine, lock)
 
 
-def _agree(rank: int, work):
-    """Runs `work` on rank 0 and hands its result, or its InputError/ConfigError, to every rank:
-    all ranks take the same decision and fail with the same message."""
-    box = [None]
-    if rank == 0:
-        try:
-            box[0] = ("ok", work())
-        except (InputError, ConfigError) as e:
-            box[0] = ("error", str(e))  # the message travels: ConfigError does not unpickle
-    dist.broadcast_object_list(box, src=0)
-    status, value = box[0]
-    if status == "error":
-        raise InputError(value)
-    return value
-
-
 def _claim_run_dir(cfg: Config, rank: int) -> Optional[RunLock]:
     """Rank 0 checks run.dir and takes its lock before anything is written there."""
     lock = RunLock(cfg.run.dir) if rank == 0 else None
@@ -176,18 +161,18 @@ def _claim_run_dir(cfg: Config, rank: int) -> Optional[RunLock]:
     def claim():
         check_run_dir(cfg.run.dir)
         lock.acquire()
-    _agree(rank, claim)
+    rank0_decides(claim)
     return lock
 
 
-def _agreed_resume(cfg: Config, layout: dict, rank: int) -> Optional[Resume]:
+def _agreed_resume(cfg: Config, layout: dict) -> Optional[Resume]:
     """The checkpoint every rank continues from, chosen once by rank 0."""
     def choose():
         resume = find_resume(cfg)
         if resume is not None:
             check_model(resume, layout)
         return resume
-    return _agree(rank, choose)
+    return rank0_decides(choose)
 
 
 def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
