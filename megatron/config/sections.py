@@ -154,6 +154,10 @@ class TrainingConfig:
     # Checkpoint and stop after a step that is a multiple of this (0: never); the LR schedule
     # still spans train_iters, so a later run resumes exactly where this one stopped.
     exit_interval: int = 0
+    # Megatron-LM's name: the run commits a checkpoint and exits 0 once the time left would not
+    # hold another step and a save, this many minutes after it started (0: no limit). The batch
+    # job's end time (MEGATRON_JOB_END_TIME, or SLURM_JOB_END_TIME, Unix seconds) applies too.
+    exit_duration_minutes: float = 0.0
     # "auto": continue from the newest complete checkpoint in <run.dir>/checkpoints (a fresh
     # start when there is none), in whatever layout it was written; or a checkpoints folder, or
     # one checkpoint folder (step_N).
@@ -178,6 +182,7 @@ class TrainingConfig:
             raise ConfigError("training.save_interval_minutes", self.save_interval_minutes,
                               "a number of minutes >= 0", "use 0 to save by steps only")
         _positive(s, "exit_interval", self.exit_interval, allow_zero=True)
+        _positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
         _positive(s, "clip_grad", self.clip_grad, allow_zero=True)
         _choice(s, "precision", self.precision, ("fp32", "bf16", "fp16"))
         _choice(s, "activation_checkpointing", self.activation_checkpointing,

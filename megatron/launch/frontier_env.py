@@ -279,6 +279,22 @@ megatron_prepare_run_dir() {{
     "$(lfs getstripe -d "$ckpt" 2>&1 | tr -s ' \\n' ' ')"
 }}
 
+# The job's end time for the trainer (Unix seconds in MEGATRON_JOB_END_TIME): it then commits a
+# checkpoint and exits 0 while one more step and a save still fit, however long a step takes,
+# instead of relying on --signal's fixed margin (megatron/training/clock.py). Slurm's own
+# SLURM_JOB_END_TIME is used where it is set; else squeue gives the end of this job.
+megatron_job_deadline() {{
+  if [ -n "${{MEGATRON_JOB_END_TIME:-}}" ] || [ -n "${{SLURM_JOB_END_TIME:-}}" ]; then return 0; fi
+  [ -n "${{SLURM_JOB_ID:-}}" ] || return 0
+  local end
+  end=$(squeue -h -j "${{SLURM_JOB_ID}}" -o %e 2>/dev/null) || return 0
+  case "$end" in ""|N/A|Unknown|NONE) return 0 ;; esac
+  if MEGATRON_JOB_END_TIME=$(date -d "$end" +%s 2>/dev/null); then
+    export MEGATRON_JOB_END_TIME
+    _megatron_say "the job ends at $end: training stops with a checkpoint before then"
+  fi
+}}
+
 # On every node of the job: MIOpen's directory on /tmp, then, with MEGATRON_ENV_TARBALL set, the
 # Python environment on node-local NVMe: at scale ranks start much faster from it than from
 # Lustre, and far faster than from NFS [OLCF-PT "Environment Location"; OLCF-SB].

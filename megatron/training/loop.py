@@ -23,6 +23,7 @@ from megatron.checkpoint.layout import (Resume, check_model, find_resume, layout
                                         layout_text, rng_state, set_rng_state)
 from megatron.checkpoint.rundir import RunLock, check_run_dir
 from megatron.parallel.agree import rank0_decides
+from megatron.training.clock import Deadline, SaveClock
 from megatron.parallel.random import reseed
 from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
@@ -88,7 +89,8 @@ def _evaluate(cfg, engine: Engine, batches, step: int, writer, split: str = "val
     return loss
 
 
-def _save(cfg, job: "_Job", step: int, consumed: int, writer) -> None:
+def _save(cfg, job: "_Job", step: int, consumed: int, writer) -> float:
+    """Commits a checkpoint of this step on every rank; returns the seconds it took."""
     engine = job.engine
     rs = engine.checkpoint_state(rng_state(engine.tracker))
     meta = {"step": step, "consumed_samples": consumed, "layout": job.layout,
@@ -100,6 +102,7 @@ def _save(cfg, job: "_Job", step: int, consumed: int, writer) -> None:
     if writer:
         writer.write({"event": "save", "step": step, "seconds": info["seconds"], "gb": gb,
                       "gb_per_s": gb / info["seconds"] if info["seconds"] > 0 else None})
+    return info["seconds"]
 
 
 @dataclass
@@ -209,37 +212,28 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
             "skipped": result.skipped, "step_time_s": dt}
 
 
-class _SaveClock:
-    """training.save_interval_minutes: rank 0's wall clock since the last save decides."""
-
-    def __init__(self, minutes: float):
-        self.seconds, self.last = minutes * 60.0, time.monotonic()
-
-    def due(self) -> bool:
-        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
-
-    def saved(self) -> None:
-        self.last = time.monotonic()
-
-
-def _decisions(stop: _StopFlag, clock: _SaveClock, device) -> Tuple[bool, bool]:
-    """(stop requested, save due), agreed by every rank in one small all-reduce."""
-    flags = torch.tensor([1.0 if stop.raised else 0.0,
-                          1.0 if clock.due() and dist.get_rank() == 0 else 0.0], device=device)
+def _decisions(stop: _StopFlag, clock: SaveClock, deadline: Deadline, device
+               ) -> Tuple[bool, bool, bool]:
+    """(stop signalled, save due, deadline reached), agreed by every rank in one small
+    all-reduce; the clocks are rank 0's."""
+    rank0 = dist.get_rank() == 0
+    flags = torch.tensor([1.0 if stop.raised else 0.0, 1.0 if rank0 and clock.due() else 0.0,
+                          1.0 if rank0 and deadline.reached() else 0.0], device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return bool(flags[0].item()), bool(flags[1].item())
+    return bool(flags[0].item()), bool(flags[1].item()), bool(flags[2].item())
 
 
 def train(cfg: Config) -> RunSummary:
+    started = time.time()  # exit_duration_minutes counts start-up too
     job = _start(cfg)
     try:
-        return _train(cfg, job)
+        return _train(cfg, job, started)
     finally:
         if job.lock:
             job.lock.release()
 
 
-def _train(cfg: Config, job: _Job) -> RunSummary:
+def _train(cfg: Config, job: _Job, started: float) -> RunSummary:
     launch, device_info, engine = job.launch, job.device_info, job.engine
     device, t = device_info.device, cfg.training
     step, consumed = _resume(job, cfg)
@@ -251,13 +245,15 @@ def _train(cfg: Config, job: _Job) -> RunSummary:
     tokens_step = t.global_batch_size * cfg.model.seq_length
     step_flops = model_flops_per_token(cfg.model, job.vocab) * tokens_step
     peak = t.peak_tflops or device_info.peak_tflops
-    stop, clock = _StopFlag(), _SaveClock(t.save_interval_minutes)
+    stop, clock = _StopFlag(), SaveClock(t.save_interval_minutes)
+    deadline = Deadline(t.exit_duration_minutes, started)
     while step < t.train_iters:
         _sync(device)
         t0 = time.perf_counter()
         result = engine.train_step(data.train)
         _sync(device)
         dt = time.perf_counter() - t0
+        deadline.step_took(dt)
         step += 1
         consumed += t.global_batch_size
         summary.losses.append(result.loss)
@@ -268,12 +264,17 @@ def _train(cfg: Config, job: _Job) -> RunSummary:
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
         if t.eval_interval and step % t.eval_interval == 0:
             summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
-        signalled, clock_due = _decisions(stop, clock, device)
-        stopping = signalled or bool(
+        signalled, clock_due, out_of_time = _decisions(stop, clock, deadline, device)
+        out_of_time = out_of_time and step < t.train_iters
+        if out_of_time:
+            log.warning("stopping after step %d with a checkpoint: %s", step, deadline.reason())
+            if writer:
+                writer.write({"event": "stop", "step": step, "reason": "deadline"})
+        stopping = signalled or out_of_time or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = (t.save_interval and step % t.save_interval == 0) or clock_due
         if stopping or periodic or (t.save and step == t.train_iters):
-            _save(cfg, job, step, consumed, writer)
+            deadline.save_took(_save(cfg, job, step, consumed, writer))
             clock.saved()
         if stopping:
             summary.stopped_early = True

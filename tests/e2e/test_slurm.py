@@ -299,3 +299,34 @@ echo "activated: ${{MEGATRON_ENV_ON_NVME:-no}}"
     calls = sorted((tmp_path / "calls.log").read_text().split("\n"))
     assert [c for c in calls if c] == ["tar n1", "tar n2", "unpack n1", "unpack n2"]
     assert (nvme / "megatron-env.tar.gz").exists()  # what sbcast wrote
+
+
+def test_a_job_stops_itself_before_its_time_limit(slurm, tmp_path):
+    """A 1-minute job with slow steps and no signal: env.sh hands the job's end time to the
+    trainer (squeue, MEGATRON_JOB_END_TIME), which commits a checkpoint and exits 0 while one more
+    step and a save still fit; Slurm records a completed job, not a timeout."""
+    run_env, run_dir = RunEnv(tmp_path), tmp_path / "run"
+    state, code, log, elapsed = _submit(slurm, run_env, f"""#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=1
+#SBATCH --output=@OUT@
+set -euo pipefail
+export MEGATRON_MODULES="" RUN_ROOT={tmp_path}
+source examples/frontier/env.sh
+megatron_job_deadline
+echo "deadline $MEGATRON_JOB_END_TIME"
+export MASTER_ADDR=127.0.0.1
+srun {sys.executable} -m megatron.cli.train --config {TINY} --set training.train_iters=100000 \\
+    --set model.hidden_size=256 --set training.log_interval=10 \\
+    --set training.tensorboard=false --set run.dir={run_dir}
+""", tmp_path, timeout=150)
+    assert (state, code) == ("COMPLETED", "0:0"), log[-4000:]
+    assert "deadline " in log and "stopping after step" in log, log[-4000:]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    stop = [r for r in lines if r.get("event") == "stop"]
+    saves = [r for r in lines if r.get("event") == "save"]
+    assert len(stop) == 1 and stop[0]["reason"] == "deadline"
+    assert saves and saves[-1]["step"] == stop[0]["step"] > 1
+    assert (run_dir / "checkpoints" / f"step_{stop[0]['step']:07d}" / "meta.json").is_file()
+    assert elapsed < 75, f"took {elapsed:.0f} s"

@@ -1,0 +1,91 @@
+"""When the loop saves and stops on its own: wall-clock saves (training.save_interval_minutes) and
+the job's deadline (training.exit_duration_minutes, or the batch job's end time), so a job
+commits a checkpoint and exits 0 while there is still time, whatever the signal margin.
+
+Rank 0's clock decides; the loop agrees every decision in the one all-reduce it already makes
+per step (loop._decisions)."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from typing import Mapping, Optional
+
+from megatron.config.errors import InputError
+
+log = logging.getLogger(__name__)
+
+# Batch scripts export the job's end (Unix seconds); SLURM_JOB_END_TIME where Slurm sets it.
+END_TIME_VARS = ("MEGATRON_JOB_END_TIME", "SLURM_JOB_END_TIME")
+# Room kept beyond the estimates: steps and saves vary (other jobs on the file system).
+SAFETY = 1.2
+
+
+class SaveClock:
+    """training.save_interval_minutes: due when that much wall clock passed since the last save."""
+
+    def __init__(self, minutes: float):
+        self.seconds, self.last = minutes * 60.0, time.monotonic()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
+
+
+def job_end(minutes: float, environ: Mapping[str, str], started: float):
+    """(Unix time the run must be done by, what set it), or (None, None): the earliest of
+    exit_duration_minutes after `started` and the batch job's end time."""
+    found = []
+    if minutes > 0:
+        found.append((started + 60.0 * minutes, f"training.exit_duration_minutes={minutes:g}"))
+    for var in END_TIME_VARS:
+        value = environ.get(var, "").strip()
+        if not value:
+            continue
+        try:
+            found.append((float(value), f"{var}={value}"))
+        except ValueError:
+            raise InputError(f"{var}={value!r} is not a time: expected the job's end in Unix "
+                             f"seconds (e.g. $(date -d \"$END\" +%s)); unset it to run without "
+                             "a deadline") from None
+    return min(found) if found else (None, None)
+
+
+class Deadline:
+    """Stops the run once the time left would not hold another step and a save."""
+
+    def __init__(self, minutes: float, started: float, environ: Optional[Mapping[str, str]] = None,
+                 now=time.time):
+        """started: when the run began (Unix time), from which exit_duration_minutes counts."""
+        self.now = now
+        self.at, self.source = job_end(minutes, os.environ if environ is None else environ,
+                                       started)
+        self.steps: deque = deque(maxlen=8)
+        self.save: Optional[float] = None
+        if self.at is not None:
+            log.info("the run stops with a checkpoint before %s (%s)",
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at)), self.source)
+
+    def step_took(self, seconds: float) -> None:
+        self.steps.append(seconds)
+
+    def save_took(self, seconds: float) -> None:
+        self.save = seconds if self.save is None else max(self.save, seconds)
+
+    def needed(self) -> float:
+        """Seconds one more step and a save take, with room (the slowest recent step; a save
+        not yet measured is taken as long as a step)."""
+        step = max(self.steps)
+        return SAFETY * (step + (self.save if self.save is not None else step))
+
+    def reached(self) -> bool:
+        if self.at is None or not self.steps:
+            return False
+        return self.now() + self.needed() >= self.at
+
+    def reason(self) -> str:
+        return (f"{self.at - self.now():.1f} s left before the deadline ({self.source}), "
+                f"one more step and a save need about {self.needed():.1f} s")

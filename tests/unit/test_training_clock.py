@@ -1,0 +1,56 @@
+"""The loop's own clocks: the job's deadline (exit_duration_minutes or the batch job's end time)
+stops a run while one more step and a save still fit; wall-clock saves fall due."""
+import pytest
+
+from megatron.config.errors import InputError
+from megatron.training.clock import SAFETY, Deadline, job_end
+
+
+class FakeTime:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_the_earliest_deadline_wins_and_is_named():
+    env = {"MEGATRON_JOB_END_TIME": "1600", "SLURM_JOB_END_TIME": "1500"}
+    assert job_end(10, env, 1000.0) == (1500.0, "SLURM_JOB_END_TIME=1500")
+    assert job_end(5, env, 1000.0) == (1300.0, "training.exit_duration_minutes=5")
+    assert job_end(0, {}, 1000.0) == (None, None)
+
+
+def test_a_bad_end_time_is_one_message():
+    with pytest.raises(InputError, match="MEGATRON_JOB_END_TIME='soon' is not a time"):
+        job_end(0, {"MEGATRON_JOB_END_TIME": "soon"}, 0.0)
+
+
+def test_stops_once_a_step_and_a_save_no_longer_fit():
+    now = FakeTime(1000.0)
+    d = Deadline(0, 0.0, {"MEGATRON_JOB_END_TIME": "1100"}, now)
+    assert not d.reached()  # no step measured yet: nothing to go by
+    d.step_took(10.0)
+    d.save_took(20.0)
+    assert d.needed() == pytest.approx(SAFETY * 30.0)
+    now.t = 1100 - SAFETY * 30.0 - 0.1
+    assert not d.reached()
+    now.t += 0.2
+    assert d.reached()
+    assert "before the deadline (MEGATRON_JOB_END_TIME=1100)" in d.reason()
+
+
+def test_the_slowest_recent_step_counts_and_an_unmeasured_save_is_a_step():
+    now = FakeTime(0.0)
+    d = Deadline(1, 0.0, {}, now)  # 60 s from the start
+    for s in (1.0, 5.0, 2.0):
+        d.step_took(s)
+    assert d.needed() == pytest.approx(SAFETY * 10.0)
+    now.t = 60 - SAFETY * 10.0 + 0.01
+    assert d.reached()
+
+
+def test_no_deadline_never_stops():
+    d = Deadline(0, 0.0, {}, FakeTime(1e12))
+    d.step_took(1.0)
+    assert not d.reached()
