@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from megatron.config.errors import ConfigError, InputError
+from megatron.config.errors import ConfigError, Diverged, InputError
 
 
 def setup_logging(rank: int = 0) -> None:
@@ -24,15 +24,17 @@ def env_rank() -> int:
 
 
 def friendly_errors(fn):
-    """ConfigError / InputError -> 'error: <message>' on stderr and exit code 2."""
+    """ConfigError / InputError -> 'error: <message>' on stderr and exit code 2; a run that
+    stopped itself on divergence (Diverged) -> the same, exit code 3."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, InputError) as e:
+        except (ConfigError, InputError, Diverged) as e:
+            code = 3 if isinstance(e, Diverged) else 2
             sys.stderr.write(f"error: {e}\n")
             sys.stderr.flush()
-            os._exit(2) if _distributed_started() else sys.exit(2)
+            os._exit(code) if _distributed_started() else sys.exit(code)
     return wrapper
 
 

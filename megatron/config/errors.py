@@ -12,3 +12,8 @@ class ConfigError(ValueError):
 
 class InputError(ValueError):
     """Bad input that is not a config field (a data file, the environment); the message is whole."""
+
+
+class Diverged(RuntimeError):
+    """Training stopped itself: the loss or the gradients stopped being finite, or a loss spike
+    asked for a stop. The message names the step, the cause and the last good checkpoint."""

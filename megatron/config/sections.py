@@ -168,6 +168,18 @@ class TrainingConfig:
     # Peak dense TFLOPs per device for MFU; None uses the built-in table for the detected GPU.
     peak_tflops: Optional[float] = None
     tensorboard: bool = True
+    # Divergence guard (training/health.py): a non-finite loss always stops the run, with no
+    # checkpoint of the diverged state. So do more consecutive skipped steps than these: for
+    # non-finite gradients (fp32/bf16), and for fp16 loss-scale overflows (normal in bursts).
+    max_skipped_steps: int = 5
+    max_loss_scale_skips: int = 50
+    # A loss above loss_spike_factor x the median of the last loss_spike_window losses is a spike
+    # (0: not checked); loss_spike_action: log it, stop, or roll back to the newest checkpoint and
+    # go on past the batches that caused it (at most max_rollbacks times in one run).
+    loss_spike_factor: float = 0.0
+    loss_spike_window: int = 50
+    loss_spike_action: str = "log"
+    max_rollbacks: int = 3
 
     def __post_init__(self):
         s = "training"
@@ -183,6 +195,14 @@ class TrainingConfig:
                               "a number of minutes >= 0", "use 0 to save by steps only")
         _positive(s, "exit_interval", self.exit_interval, allow_zero=True)
         _positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
+        for name in ("max_skipped_steps", "max_loss_scale_skips", "max_rollbacks"):
+            _positive(s, name, getattr(self, name), allow_zero=True)
+        _positive(s, "loss_spike_window", self.loss_spike_window)
+        _choice(s, "loss_spike_action", self.loss_spike_action, ("log", "stop", "rollback"))
+        if self.loss_spike_factor and self.loss_spike_factor <= 1.0:
+            raise ConfigError("training.loss_spike_factor", self.loss_spike_factor,
+                              "0 (off) or a factor above 1", "e.g. 3.0: a loss three times its "
+                              "running median")
         _positive(s, "clip_grad", self.clip_grad, allow_zero=True)
         _choice(s, "precision", self.precision, ("fp32", "bf16", "fp16"))
         _choice(s, "activation_checkpointing", self.activation_checkpointing,

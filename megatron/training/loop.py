@@ -13,17 +13,19 @@ import torch
 import torch.distributed as dist
 
 from megatron.config import Config, ConfigError, deepspeed_config, validate_for_world
+from megatron.config.errors import Diverged
 from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.parallel.state import ParallelState
-from megatron.checkpoint import sharded
+from megatron.checkpoint import sharded, store
 from megatron.checkpoint.layout import (Resume, check_model, find_resume, layout_record,
                                         layout_text, rng_state, set_rng_state)
 from megatron.checkpoint.rundir import RunLock, check_run_dir
 from megatron.parallel.agree import rank0_decides
 from megatron.training.clock import Deadline, SaveClock
+from megatron.training.health import ROLLBACK, STOP, DivergenceGuard, Verdict
 from megatron.parallel.random import reseed
 from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
@@ -178,22 +180,29 @@ def _agreed_resume(cfg: Config, layout: dict) -> Optional[Resume]:
     return rank0_decides(choose)
 
 
-def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
-    """(step, consumed samples) of the checkpoint _start chose, or (0, 0); fills the model,
-    the optimizer state and the schedule from it in whatever layout it was written."""
-    resume, engine = job.resume, job.engine
-    if resume is None:
-        return 0, 0
-    t0 = time.perf_counter()
+def _load_into(job: _Job, cfg: Config, folder: str, last_good: Optional[str]) -> dict:
+    """Fills the model, optimizer state, schedule and random streams from a committed
+    checkpoint in any layout; returns its meta.json."""
+    engine = job.engine
     rs = engine.checkpoint_state(rng=None)
-    meta, rng = sharded.load(resume.folder, rs, job.state.tp, job.state.pp, resume.last_good)
-    seconds = time.perf_counter() - t0
+    meta, rng = sharded.load(folder, rs, job.state.tp, job.state.pp, last_good)
     engine.restore_meta(meta)
     if rng is not None:
         set_rng_state(rng, engine.tracker)
     else:  # another TP or PP size: the streams cannot continue, so derive new ones
         reseed(engine.tracker, cfg.training.seed + int(meta["step"]), job.state.tp_rank,
                job.state.pp_rank)
+    return meta
+
+
+def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
+    """(step, consumed samples) of the checkpoint _start chose, or (0, 0)."""
+    resume = job.resume
+    if resume is None:
+        return 0, 0
+    t0 = time.perf_counter()
+    meta = _load_into(job, cfg, resume.folder, resume.last_good)
+    seconds = time.perf_counter() - t0
     saved = meta["layout"]
     moved = "" if layout_text(saved) == layout_text(job.layout) else \
         f", written by {layout_text(saved)}, continued as {layout_text(job.layout)}"
@@ -201,6 +210,40 @@ def _resume(job: _Job, cfg: Config) -> Tuple[int, int]:
     log.info("resumed from %s at step %d (%d samples consumed%s); loaded %.3f GB checkpoint in "
              "%.2f s", resume.folder, meta["step"], meta["consumed_samples"], moved, gb, seconds)
     return int(meta["step"]), int(meta["consumed_samples"])
+
+
+def _last_good(cfg: Config):
+    """The newest complete checkpoint of this run (store.Found) or None, as rank 0 sees it."""
+    return rank0_decides(lambda: store.newest_complete(
+        os.path.join(cfg.run.dir, "checkpoints"))[0])
+
+
+def _diverged(cfg: Config, step: int, reason: str, writer) -> None:
+    """Stops the run without saving: the diverged state is never committed."""
+    found = _last_good(cfg)
+    where = (f"the last good checkpoint is {found.folder} (step {found.step}); continue from it "
+             "with training.load=auto, e.g. with a lower optimizer.lr" if found else
+             "no checkpoint was saved before it")
+    if writer:
+        writer.write({"event": "diverged", "step": step, "reason": reason})
+        writer.close()
+    raise Diverged(f"training stopped: {reason}; nothing was saved after it, {where}")
+
+
+def _roll_back(cfg: Config, job: _Job, step: int, reason: str, done: int, writer) -> int:
+    """Reloads the newest checkpoint and returns its step; the data stream goes on from where it
+    is, so the batches since that checkpoint (the spike's among them) are skipped."""
+    if done >= cfg.training.max_rollbacks:
+        _diverged(cfg, step, f"{reason}, after {done} rollbacks (training.max_rollbacks)", writer)
+    found = _last_good(cfg)
+    if found is None:
+        _diverged(cfg, step, f"{reason}, and there is no checkpoint to roll back to", writer)
+    back = int(_load_into(job, cfg, found.folder, None)["step"])
+    log.warning("%s: rolled back to %s; the batches of steps %d-%d are skipped", reason,
+                found.folder, back + 1, step)
+    if writer:
+        writer.write({"event": "rollback", "step": step, "to_step": back, "reason": reason})
+    return back
 
 
 def _record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,
@@ -212,15 +255,16 @@ def _record(step: int, result, dt: float, step_flops: float, tokens: int, world:
             "skipped": result.skipped, "step_time_s": dt}
 
 
-def _decisions(stop: _StopFlag, clock: SaveClock, deadline: Deadline, device
-               ) -> Tuple[bool, bool, bool]:
-    """(stop signalled, save due, deadline reached), agreed by every rank in one small
-    all-reduce; the clocks are rank 0's."""
+def _decisions(stop: _StopFlag, clock: SaveClock, deadline: Deadline, verdict: Verdict,
+               device) -> Tuple[bool, bool, bool, int]:
+    """(stop signalled, save due, deadline reached, guard action), agreed by every rank in one
+    small all-reduce; the clocks are rank 0's, the guard's action the most severe of any rank."""
     rank0 = dist.get_rank() == 0
     flags = torch.tensor([1.0 if stop.raised else 0.0, 1.0 if rank0 and clock.due() else 0.0,
-                          1.0 if rank0 and deadline.reached() else 0.0], device=device)
+                          1.0 if rank0 and deadline.reached() else 0.0, float(verdict.action)],
+                         device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return bool(flags[0].item()), bool(flags[1].item()), bool(flags[2].item())
+    return bool(flags[0].item()), bool(flags[1].item()), bool(flags[2].item()), int(flags[3])
 
 
 def train(cfg: Config) -> RunSummary:
@@ -247,6 +291,7 @@ def _train(cfg: Config, job: _Job, started: float) -> RunSummary:
     peak = t.peak_tflops or device_info.peak_tflops
     stop, clock = _StopFlag(), SaveClock(t.save_interval_minutes)
     deadline = Deadline(t.exit_duration_minutes, started)
+    guard, rollbacks = DivergenceGuard(t, t.precision == "fp16"), 0
     while step < t.train_iters:
         _sync(device)
         t0 = time.perf_counter()
@@ -262,9 +307,23 @@ def _train(cfg: Config, job: _Job, started: float) -> RunSummary:
             writer.write(_record(step, result, dt, step_flops, tokens_step, launch.world_size,
                                  peak, device))
             log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
+        verdict = guard.observe(step, result.loss, result.skipped)
+        signalled, clock_due, out_of_time, action = _decisions(stop, clock, deadline, verdict,
+                                                               device)
+        reason = verdict.reason or f"step {step}: another rank found the run diverged"
+        if action == STOP:
+            _diverged(cfg, step, reason, writer)
+        if action == ROLLBACK:
+            step = _roll_back(cfg, job, step, reason, rollbacks, writer)
+            rollbacks += 1
+            guard.rolled_back()
+            continue
+        if verdict.spike:
+            log.warning("loss spike: %s", verdict.reason)
+            if writer:
+                writer.write({"event": "spike", "step": step, "reason": verdict.reason})
         if t.eval_interval and step % t.eval_interval == 0:
             summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
-        signalled, clock_due, out_of_time = _decisions(stop, clock, deadline, device)
         out_of_time = out_of_time and step < t.train_iters
         if out_of_time:
             log.warning("stopping after step %d with a checkpoint: %s", step, deadline.reason())

@@ -1,0 +1,62 @@
+"""The run guards itself: a non-finite loss, or too many consecutive skipped steps, stops it
+before a diverged state can be committed; a loss spike far above its running median is logged,
+and can stop the run or roll it back to the last checkpoint past the batches that caused it.
+
+Skipped steps are counted by cause: under fp16 a skip is the loss scaler backing off after an
+overflow (normal, in bursts), otherwise it means the gradients were not finite."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+OK, ROLLBACK, STOP = 0, 1, 2  # ordered: the loop agrees on the largest over ranks
+
+
+@dataclass
+class Verdict:
+    action: int = OK
+    reason: str = ""
+    spike: bool = False
+
+
+class DivergenceGuard:
+    def __init__(self, t, fp16: bool):
+        self.t, self.fp16 = t, fp16
+        self.skips = 0
+        self.history: deque = deque(maxlen=t.loss_spike_window)
+
+    def observe(self, step: int, loss: float, skipped: bool) -> Verdict:
+        if not math.isfinite(loss):
+            return Verdict(STOP, f"step {step}: the loss is {loss}")
+        verdict = self._skips(step, skipped)
+        if verdict.action != OK or skipped:
+            return verdict
+        return self._spike(step, loss)
+
+    def _skips(self, step: int, skipped: bool) -> Verdict:
+        self.skips = self.skips + 1 if skipped else 0
+        limit = self.t.max_loss_scale_skips if self.fp16 else self.t.max_skipped_steps
+        if self.skips <= limit:
+            return Verdict()
+        what = ("steps skipped for fp16 loss-scale overflows (training.max_loss_scale_skips="
+                if self.fp16 else "steps skipped for non-finite gradients "
+                "(training.max_skipped_steps=")
+        return Verdict(STOP, f"step {step}: {self.skips} consecutive {what}{limit})")
+
+    def _spike(self, step: int, loss: float) -> Verdict:
+        factor = self.t.loss_spike_factor
+        warm = len(self.history) >= min(10, self.history.maxlen)
+        if factor and warm:
+            median = statistics.median(self.history)
+            if loss > factor * median:
+                action = {"log": OK, "stop": STOP, "rollback": ROLLBACK}[self.t.loss_spike_action]
+                return Verdict(action, f"step {step}: loss {loss:.4f} is above "
+                               f"{factor:g} x its running median {median:.4f} "
+                               f"(training.loss_spike_factor)", spike=True)
+        self.history.append(loss)
+        return Verdict()
+
+    def rolled_back(self) -> None:
+        self.skips = 0
