@@ -278,69 +278,100 @@ def train(cfg: Config) -> RunSummary:
 
 
 def _train(cfg: Config, job: _Job, started: float) -> RunSummary:
-    launch, device_info, engine = job.launch, job.device_info, job.engine
-    device, t = device_info.device, cfg.training
     step, consumed = _resume(job, cfg)
     data = build_iterators(cfg, job.state.dp_rank, job.dp, consumed, vocab_size=job.text_vocab)
-    if launch.rank == 0:
+    if job.launch.rank == 0:
         _write_run_files(cfg, job.dp)
-    writer = MetricsWriter(cfg.run.dir, t.tensorboard) if launch.rank == 0 else None
-    summary = RunSummary(cfg.run.dir, step)
-    tokens_step = t.global_batch_size * cfg.model.seq_length
-    step_flops = model_flops_per_token(cfg.model, job.vocab) * tokens_step
-    peak = t.peak_tflops or device_info.peak_tflops
-    stop, clock = _StopFlag(), SaveClock(t.save_interval_minutes)
-    deadline = Deadline(t.exit_duration_minutes, started)
-    guard, rollbacks = DivergenceGuard(t, t.precision == "fp16"), 0
-    while step < t.train_iters:
-        _sync(device)
+    return _Loop(cfg, job, started, step, consumed).run(data)
+
+
+class _Loop:
+    """One run of the training loop: steps, and after each the decisions every rank agrees on
+    (divergence, signals, clocks) and what follows from them (rollback, save, stop)."""
+
+    def __init__(self, cfg: Config, job: _Job, started: float, step: int, consumed: int):
+        t = cfg.training
+        self.cfg, self.job, self.t, self.step, self.consumed = cfg, job, t, step, consumed
+        self.device = job.device_info.device
+        self.writer = MetricsWriter(cfg.run.dir, t.tensorboard) if job.launch.rank == 0 else None
+        self.summary = RunSummary(cfg.run.dir, step)
+        self.tokens_step = t.global_batch_size * cfg.model.seq_length
+        self.step_flops = model_flops_per_token(cfg.model, job.vocab) * self.tokens_step
+        self.peak = t.peak_tflops or job.device_info.peak_tflops
+        self.stop, self.clock = _StopFlag(), SaveClock(t.save_interval_minutes)
+        self.deadline = Deadline(t.exit_duration_minutes, started)
+        self.guard, self.rollbacks = DivergenceGuard(t, t.precision == "fp16"), 0
+
+    def run(self, data) -> RunSummary:
+        t, summary = self.t, self.summary
+        while self.step < t.train_iters:
+            result = self._train_step(data.train)
+            verdict = self.guard.observe(self.step, result.loss, result.skipped)
+            signalled, clock_due, out_of_time, action = _decisions(
+                self.stop, self.clock, self.deadline, verdict, self.device)
+            if self._guarded(verdict, action):
+                continue
+            if t.eval_interval and self.step % t.eval_interval == 0:
+                summary.valid_losses.append(_evaluate(self.cfg, self.job.engine, data.valid,
+                                                      self.step, self.writer))
+            if self._checkpoint(signalled, clock_due, out_of_time):
+                summary.stopped_early = True
+                break
+        summary.steps = self.step
+        if t.eval_interval and not summary.stopped_early:
+            summary.test_loss = _evaluate(self.cfg, self.job.engine, data.test, self.step,
+                                          self.writer, "test")
+        if self.writer:
+            self.writer.close()
+        return summary
+
+    def _train_step(self, batches):
+        _sync(self.device)
         t0 = time.perf_counter()
-        result = engine.train_step(data.train)
-        _sync(device)
+        result = self.job.engine.train_step(batches)
+        _sync(self.device)
         dt = time.perf_counter() - t0
-        deadline.step_took(dt)
-        step += 1
-        consumed += t.global_batch_size
-        summary.losses.append(result.loss)
-        summary.step_times.append(dt)
-        if writer and step % t.log_interval == 0:
-            writer.write(_record(step, result, dt, step_flops, tokens_step, launch.world_size,
-                                 peak, device))
-            log.info("step %d loss %.4f lr %.3g %.3fs", step, result.loss, result.lr, dt)
-        verdict = guard.observe(step, result.loss, result.skipped)
-        signalled, clock_due, out_of_time, action = _decisions(stop, clock, deadline, verdict,
-                                                               device)
-        reason = verdict.reason or f"step {step}: another rank found the run diverged"
+        self.deadline.step_took(dt)
+        self.step += 1
+        self.consumed += self.t.global_batch_size
+        self.summary.losses.append(result.loss)
+        self.summary.step_times.append(dt)
+        if self.writer and self.step % self.t.log_interval == 0:
+            self.writer.write(_record(self.step, result, dt, self.step_flops, self.tokens_step,
+                                      self.job.launch.world_size, self.peak, self.device))
+            log.info("step %d loss %.4f lr %.3g %.3fs", self.step, result.loss, result.lr, dt)
+        return result
+
+    def _guarded(self, verdict: Verdict, action: int) -> bool:
+        """Acts on the divergence guard's agreed action; True when the step was rolled back."""
+        reason = verdict.reason or f"step {self.step}: another rank found the run diverged"
         if action == STOP:
-            _diverged(cfg, step, reason, writer)
+            _diverged(self.cfg, self.step, reason, self.writer)
         if action == ROLLBACK:
-            step = _roll_back(cfg, job, step, reason, rollbacks, writer)
-            rollbacks += 1
-            guard.rolled_back()
-            continue
+            self.step = _roll_back(self.cfg, self.job, self.step, reason, self.rollbacks,
+                                   self.writer)
+            self.rollbacks += 1
+            self.guard.rolled_back()
+            return True
         if verdict.spike:
             log.warning("loss spike: %s", verdict.reason)
-            if writer:
-                writer.write({"event": "spike", "step": step, "reason": verdict.reason})
-        if t.eval_interval and step % t.eval_interval == 0:
-            summary.valid_losses.append(_evaluate(cfg, engine, data.valid, step, writer))
+            if self.writer:
+                self.writer.write({"event": "spike", "step": self.step, "reason": verdict.reason})
+        return False
+
+    def _checkpoint(self, signalled: bool, clock_due: bool, out_of_time: bool) -> bool:
+        """Saves when a save is due or the run stops here; True when it stops."""
+        t, step = self.t, self.step
         out_of_time = out_of_time and step < t.train_iters
         if out_of_time:
-            log.warning("stopping after step %d with a checkpoint: %s", step, deadline.reason())
-            if writer:
-                writer.write({"event": "stop", "step": step, "reason": "deadline"})
+            log.warning("stopping after step %d with a checkpoint: %s", step,
+                        self.deadline.reason())
+            if self.writer:
+                self.writer.write({"event": "stop", "step": step, "reason": "deadline"})
         stopping = signalled or out_of_time or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = (t.save_interval and step % t.save_interval == 0) or clock_due
         if stopping or periodic or (t.save and step == t.train_iters):
-            deadline.save_took(_save(cfg, job, step, consumed, writer))
-            clock.saved()
-        if stopping:
-            summary.stopped_early = True
-            break
-    summary.steps = step
-    if t.eval_interval and not summary.stopped_early:
-        summary.test_loss = _evaluate(cfg, engine, data.test, step, writer, "test")
-    if writer:
-        writer.close()
-    return summary
+            self.deadline.save_took(_save(self.cfg, self.job, step, self.consumed, self.writer))
+            self.clock.saved()
+        return stopping
