@@ -109,7 +109,9 @@ def sbatch_script(spec: ClusterSpec, nodes: int, config_path: str, job_name: str
         lines += ["# Run directory on Orion scratch when $MEMBERWORK/$PROJWORK are set (env.sh).",
                   f"RUN_DIR=${{RUN_DIR:-{default}}}",
                   'megatron_prepare_run_dir "$RUN_DIR"', "megatron_prepare_nodes",
-                  MASTER_NOTE, train + ' --set run.dir="$RUN_DIR"', ""]
+                  "# The job's end time: training saves and exits 0 before it (env.sh).",
+                  "megatron_job_deadline",
+                  MASTER_NOTE, train + ' --set run.dir="$RUN_DIR" --set training.load=auto', ""]
         return "\n".join(lines)
     for key, value in spec.launcher_env.items():
         lines.append(f'export {key}="{value}"')
