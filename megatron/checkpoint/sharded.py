@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
@@ -51,16 +52,6 @@ def _rank_payload(rs: RankState) -> Dict[str, Any]:
     return {"pieces": pieces, "rng": rs.rng, "coords": list(rs.coords)}
 
 
-def _write_rank(staging: str, rs: RankState) -> Tuple[str, int]:
-    """Streams this rank's file to disk and flushes it (no second copy in memory)."""
-    rel = shard_file(rs.coords)
-    with open(os.path.join(staging, rel), "wb") as f:
-        torch.save(_rank_payload(rs), f)
-        f.flush()
-        os.fsync(f.fileno())
-        return rel, f.tell()
-
-
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
     return {p.name: {"shape": list(p.shape), **asdict(p.partition),
                      "pieces": [[rel, rs.coords[0], f.start, f.numel] for f in p.fragments]
@@ -93,34 +84,75 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
     return index
 
 
+class PendingSave:
+    """One checkpoint on its way to disk. begin() snapshots this rank's state into CPU memory
+    (collective: rank 0 prepares the staging folder first); write() streams it to its file and
+    flushes it (local I/O only, so it may run in a thread while training goes on); finish()
+    commits (collective: every rank's outcome to rank 0, which commits or refuses)."""
+
+    def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
+                 keep_last: int):
+        self.t0 = time.perf_counter()
+        self.ckpt_dir, self.step, self.meta, self.keep_last = ckpt_dir, step, meta, keep_last
+        tag = store.tag_for(step)
+        self.final, self.staging = os.path.join(ckpt_dir, tag), store.staging_folder(ckpt_dir,
+                                                                                    tag)
+        if dist.get_rank() == 0:
+            os.makedirs(ckpt_dir, exist_ok=True)
+            store.remove_stale_staging(self.staging)
+            os.makedirs(os.path.join(self.staging, store.SHARDS))
+        dist.barrier()
+        self.rel = shard_file(rs.coords)
+        self.payload = _rank_payload(rs)  # a copy: training may change the state from now on
+        self.description = _describe(rs, self.rel)
+        self.error, self.size = None, 0
+        self._thread: Optional[threading.Thread] = None
+
+    def write(self) -> None:
+        try:
+            with open(os.path.join(self.staging, self.rel), "wb") as f:
+                torch.save(self.payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+                self.size = f.tell()
+        except OSError as e:
+            self.error = f"rank {dist.get_rank()}: {e}"
+        self.payload = None  # the host memory goes back as soon as the file is written
+
+    def write_in_background(self) -> None:
+        self._thread = threading.Thread(target=self.write, name=f"save-{self.step}",
+                                        daemon=True)
+        self._thread.start()
+
+    def written(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def finish(self) -> Dict[str, float]:
+        """Collective. Returns seconds (from begin) and bytes of the committed checkpoint."""
+        if self._thread is not None:
+            self._thread.join()
+        rank = dist.get_rank()
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        mine = (self.error, self.rel, self.size, {} if self.error else self.description)
+        dist.gather_object(mine, gathered, dst=0)
+        outcome = [None]
+        if rank == 0:
+            outcome[0] = _commit(self.staging, self.final, gathered, self.meta, self.keep_last,
+                                 self.ckpt_dir)
+        dist.broadcast_object_list(outcome, src=0)
+        status, info = outcome[0]
+        if status != "ok":
+            raise InputError(f"checkpoint {self.final} was not committed: {info}")
+        return {"seconds": time.perf_counter() - self.t0, "bytes": float(info)}
+
+
 def save(ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
          keep_last: int = 0) -> Dict[str, float]:
     """Collective: every rank writes its file into the staging folder, rank 0 checks that the
     pieces are complete, writes index and meta, and commits. Returns seconds and bytes."""
-    t0 = time.perf_counter()
-    tag = store.tag_for(step)
-    final, staging = os.path.join(ckpt_dir, tag), store.staging_folder(ckpt_dir, tag)
-    rank = dist.get_rank()
-    if rank == 0:
-        os.makedirs(ckpt_dir, exist_ok=True)
-        store.remove_stale_staging(staging)
-        os.makedirs(os.path.join(staging, store.SHARDS))
-    dist.barrier()
-    error, rel, size = None, None, 0
-    try:
-        rel, size = _write_rank(staging, rs)
-    except OSError as e:
-        error = f"rank {rank}: {e}"
-    gathered = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object((error, rel, size, _describe(rs, rel) if rel else {}), gathered, dst=0)
-    outcome = [None]
-    if rank == 0:
-        outcome[0] = _commit(staging, final, gathered, meta, keep_last, ckpt_dir)
-    dist.broadcast_object_list(outcome, src=0)
-    status, info = outcome[0]
-    if status != "ok":
-        raise InputError(f"checkpoint {final} was not committed: {info}")
-    return {"seconds": time.perf_counter() - t0, "bytes": float(info)}
+    pending = PendingSave(ckpt_dir, step, rs, meta, keep_last)
+    pending.write()
+    return pending.finish()
 
 
 def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
