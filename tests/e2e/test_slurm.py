@@ -3,149 +3,19 @@
 job trains with the rendezvous taken from SLURM_* variables (megatron/launch/env.py) alone,
 except MASTER_ADDR=127.0.0.1 because the fake node names do not resolve. A step on part of the
 allocation finds its master among its own nodes, and examples/frontier/env.sh in a 2-node job
-sets NCCL_NET=OFI, after which the trainer's network preflight refuses a missing plugin."""
-import getpass
+sets NCCL_NET=OFI, after which the trainer's network preflight refuses a missing plugin. The
+cluster: the session fixture `slurm` (conftest.py, slurm_cluster.py)."""
 import json
-import os
-import random
-import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, train_steps
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, train_steps
+from tests.e2e.slurm_cluster import submit, tail, wait_job
 
 pytestmark = pytest.mark.slow
-
-BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "sinfo", "scontrol", "scancel")
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-
-CONF = """ClusterName=megatrontest
-SlurmctldHost=localhost
-SlurmctldPort={ctld_port}
-AuthType=auth/none
-CredType=cred/none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-SlurmUser={user}
-SlurmdUser={user}
-StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool-%n
-SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd-%n.pid
-SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd-%n.log
-FirstJobId={first_job_id}
-NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n1_port} CPUs=2 State=UNKNOWN
-NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n2_port} CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def _first_job_id() -> int:
-    """A job id whose derived rendezvous port (20000 + id % 10000, env.py) is free now."""
-    for _ in range(100):
-        port = random.randint(20001, 29998)
-        if _port_is_free(port) and _port_is_free(port + 1):
-            return port - 20000
-    pytest.skip("no free port in 20000-29999 for the Slurm job's derived rendezvous port")
-
-
-def _tail(path, n: int = 15) -> str:
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def _wait_idle(env, daemons, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(proc.poll() is not None for proc in daemons):
-            return False
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True,
-                             text=True, env=env).stdout.split()
-        states = dict(zip(out[::2], out[1::2]))
-        if states.get("n1") == "idle" and states.get("n2") == "idle":
-            return True
-        time.sleep(0.3)
-    return False
-
-
-def _wait_job(job_id: int, env, timeout: float):
-    """(JobState, ExitCode) once the job has ended. Polled here because `sbatch --wait` checks
-    with growing sleeps, which adds seconds to a job this short."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True,
-                             text=True, env=env).stdout
-        fields = dict(re.findall(r"(JobState|ExitCode)=(\S+)", out))
-        if fields.get("JobState") in ENDED:
-            return fields["JobState"], fields.get("ExitCode")
-        time.sleep(0.25)
-    subprocess.run(["scancel", str(job_id)], env=env)
-    pytest.fail(f"Slurm job {job_id} did not finish within {timeout:.0f} s")
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    missing = [b for b in BINARIES if shutil.which(b) is None]
-    if missing:
-        pytest.skip(f"Slurm binaries missing ({', '.join(missing)}): "
-                    "apt-get install slurm-wlm (or `make toolchains`)")
-    d = tmp_path_factory.mktemp("slurm")
-    (d / "state").mkdir()
-    conf = d / "slurm.conf"
-    conf.write_text(CONF.format(d=d, user=getpass.getuser(), ctld_port=free_port(),
-                                n1_port=free_port(), n2_port=free_port(),
-                                first_job_id=_first_job_id()))
-    env = dict(os.environ, SLURM_CONF=str(conf))
-    daemons = []
-    try:
-        daemons.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for node in ("n1", "n2"):
-            daemons.append(subprocess.Popen(["slurmd", "-D", "-N", node, "-f", str(conf)],
-                                            env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
-        if not _wait_idle(env, daemons):
-            pytest.skip("Slurm did not come up (a daemon exited, or nodes n1, n2 were not idle "
-                        "within 30 s); "
-                        f"slurmctld log:\n{_tail(d / 'slurmctld.log')}\n"
-                        f"slurmd n1 log:\n{_tail(d / 'slurmd-n1.log')}")
-        yield {"conf": str(conf), "dir": d}
-    finally:
-        for proc in daemons:
-            proc.terminate()
-        for proc in daemons:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_sbatch_srun_two_nodes_trains(slurm, tmp_path):
@@ -167,27 +37,13 @@ srun {sys.executable} -m megatron.cli.train --config {TINY} \\
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     job_id = int(proc.stdout.strip().split(";")[0])
-    state = _wait_job(job_id, env, timeout=300)
-    log = _tail(job_out, 10 ** 6)
+    state = wait_job(job_id, env, timeout=300)
+    log = tail(job_out, 10 ** 6)
     assert state == ("COMPLETED", "0:0"), f"job ended {state}; job output:\n{log[-4000:]}"
     port = 20000 + job_id % 10000
     assert f"rank 0 of 2 via 127.0.0.1:{port} (slurm, 2 node(s)" in log, log[-4000:]
     run_env.assert_compiled_nothing(log)
     assert train_steps(str(run_dir)) == [1, 2, 3]
-
-
-def _submit(slurm, run_env, script_text: str, tmp_path, timeout: float = 300):
-    """(JobState, ExitCode, job output, seconds from submission to end) of a batch script."""
-    job_out = tmp_path / "job.out"
-    script = tmp_path / "job.sbatch"
-    script.write_text(script_text.replace("@OUT@", str(job_out)))
-    env = dict(run_env.env, SLURM_CONF=slurm["conf"])
-    start = time.monotonic()
-    proc = subprocess.run(["sbatch", "--parsable", f"--chdir={ROOT}", str(script)],
-                          capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    state, code = _wait_job(int(proc.stdout.strip().split(";")[0]), env, timeout)
-    return state, code, _tail(job_out, 10 ** 6), time.monotonic() - start
 
 
 PROBE = ("import json, os; from megatron.launch.env import discover; l = discover(); "
@@ -200,7 +56,7 @@ def test_step_on_part_of_the_allocation_finds_its_master(slurm, tmp_path):
     """Three steps of one 2-node job: all of it, then n1 excluded as a bad node would be, with
     one and with two tasks. The last two must meet on n2, not on the job's first node n1, where
     nothing of theirs listens (before: a 600 s rendezvous timeout)."""
-    state, code, log, _ = _submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
+    state, code, log, _ = submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --output=@OUT@
@@ -231,7 +87,7 @@ def test_frontier_env_and_preflight_refuse_a_missing_plugin(slurm, tmp_path):
     trained nothing. This machine has no GPU: MEGATRON_NET_PREFLIGHT=always runs the check
     anyway."""
     run_env, run_root = RunEnv(tmp_path), tmp_path / "runs"
-    state, code, log, elapsed = _submit(slurm, run_env, f"""#!/bin/bash
+    state, code, log, elapsed = submit(slurm, run_env, f"""#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --output=@OUT@
@@ -283,7 +139,7 @@ def test_frontier_env_stages_the_environment_once_per_node(slurm, tmp_path):
     tar.chmod(0o755)
     nvme = tmp_path / "nvme"
     nvme.mkdir()
-    state, code, log, _ = _submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
+    state, code, log, _ = submit(slurm, RunEnv(tmp_path), f"""#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --output=@OUT@
@@ -306,7 +162,7 @@ def test_a_job_stops_itself_before_its_time_limit(slurm, tmp_path):
     trainer (squeue, MEGATRON_JOB_END_TIME), which commits a checkpoint and exits 0 while one more
     step and a save still fit; Slurm records a completed job, not a timeout."""
     run_env, run_dir = RunEnv(tmp_path), tmp_path / "run"
-    state, code, log, elapsed = _submit(slurm, run_env, f"""#!/bin/bash
+    state, code, log, elapsed = submit(slurm, run_env, f"""#!/bin/bash
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --time=1
