@@ -1,0 +1,259 @@
+"""Chained Slurm jobs (megatron/launch/chain.py, examples/frontier/chain.sh) without Slurm: the
+progress read from the run directory, the begin/end decisions (finished, no progress, bound on
+jobs, chaining off), the next job's sbatch line and environment, and chain.sh driving the module
+against stand-in squeue/sbatch. The chain under a real Slurm: tests/e2e/test_slurm_chain.py."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron.checkpoint.store import FORMAT, META
+from megatron.config.errors import InputError
+from megatron.launch import chain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHAIN_SH = os.path.join(ROOT, "examples", "frontier", "chain.sh")
+SBATCH = os.path.join(ROOT, "examples", "frontier", "train.sbatch")
+
+
+def commit(run_dir, step, complete=True):
+    folder = run_dir / "checkpoints" / f"step_{step:07d}"
+    folder.mkdir(parents=True)
+    files = {"shards/a.pt": 3}
+    (folder / "shards").mkdir()
+    (folder / "shards" / "a.pt").write_bytes(b"abc" if complete else b"ab")
+    (folder / META).write_text(json.dumps({"format": FORMAT, "step": step, "files": files}))
+
+
+def test_progress_is_the_newest_complete_checkpoint(tmp_path):
+    assert chain.progress(str(tmp_path), 6) == chain.Progress(str(tmp_path), 0, 6)
+    commit(tmp_path, 2)
+    commit(tmp_path, 4)
+    commit(tmp_path, 6, complete=False)  # what the next job would skip, so no progress
+    p = chain.progress(str(tmp_path), 6)
+    assert (p.step, p.finished) == (4, False)
+    assert len(p.skipped) == 1 and "step_0000006" in p.skipped[0]
+    commit(tmp_path, 7)
+    assert chain.progress(str(tmp_path), 6).finished
+
+
+ON = chain.Settings(True, 1, 20)
+
+
+def test_settings_from_the_environment():
+    job = {"SLURM_JOB_ID": "7"}
+    assert chain.settings(job) == ON
+    s = chain.settings({**job, "MEGATRON_CHAIN_ATTEMPT": "3",
+                        "MEGATRON_CHAIN_MAX_ATTEMPTS": "5"})
+    assert (s.enabled, s.attempt, s.max_attempts) == (True, 3, 5)
+    off = chain.settings({**job, "MEGATRON_CHAIN": "0"})
+    assert not off.enabled and "MEGATRON_CHAIN=0" in off.off_reason
+    assert "training.save=false" in chain.settings(job, final_save=False).off_reason
+    assert "not inside a Slurm job" in chain.settings({}).off_reason
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"MEGATRON_CHAIN_ATTEMPT": "two"}, "MEGATRON_CHAIN_ATTEMPT='two'"),
+    ({"MEGATRON_CHAIN_MAX_ATTEMPTS": "0"}, "MEGATRON_CHAIN_MAX_ATTEMPTS='0'"),
+    ({"MEGATRON_CHAIN": "maybe"}, "MEGATRON_CHAIN='maybe'"),
+])
+def test_bad_settings_name_the_variable(env, name):
+    with pytest.raises(InputError, match=name):
+        chain.settings(env)
+
+
+def at(step, iters=6):
+    return chain.Progress("runs/r", step, iters)
+
+
+def test_begin_trains_unless_the_run_is_finished():
+    assert chain.begin(at(0), ON).go and "starting" in chain.begin(at(0), ON).message
+    d = chain.begin(at(4), chain.Settings(True, 3, 20))
+    assert d.go and "job 3 of at most 20" in d.message and "from step 4" in d.message
+    d = chain.begin(at(6), ON)
+    assert not d.go and "finished" in d.message
+    # Chaining off: the job does what it did before chains existed.
+    assert chain.begin(at(6), chain.Settings(False, 1, 20, "chaining is off")).go
+
+
+def test_end_submits_only_after_progress():
+    d = chain.end(at(4), 2, 0, ON)
+    assert d.go and "submitting job 2" in d.message
+    assert chain.end(at(4), 2, 1, ON).go  # a job that failed after committing steps
+    d = chain.end(at(6), 4, 0, ON)
+    assert not d.go and "finished after 1 job(s) of this chain" in d.message
+    d = chain.end(at(2), 2, 1, ON)
+    assert not d.go and "no progress" in d.message and "exit status 1" in d.message
+    d = chain.end(at(0), 0, 0, ON)  # stopped before its first save
+    assert not d.go and "no progress" in d.message
+
+
+def test_end_stops_at_the_bound_on_jobs():
+    assert chain.end(at(4), 2, 0, chain.Settings(True, 19, 20)).go
+    d = chain.end(at(4), 2, 0, chain.Settings(True, 20, 20))
+    assert not d.go and "job 20 of at most 20" in d.message and "Submit again" in d.message
+
+
+def test_end_with_chaining_off_never_submits():
+    d = chain.end(at(4), 2, 0, chain.Settings(False, 1, 20, "chaining is off (MEGATRON_CHAIN=0)"))
+    assert not d.go and "MEGATRON_CHAIN=0" in d.message
+
+
+SEP = "\x1f"
+
+
+def squeue_line(**over):
+    fields = dict(name="megatron", account="abc123", qos="(null)", partition="batch",
+                  limit="02:00:00", nodes="16", features="nvme", reservation="(null)",
+                  workdir="/home/me/megatron", command="/home/me/megatron/train.sbatch "
+                  "examples/frontier/175b.yaml --set a.b=c d")
+    fields.update(over)
+    return SEP.join(fields.values()) + "\n"
+
+
+ARGS = ["examples/frontier/175b.yaml", "--set", "a.b=c d"]
+
+
+def test_sbatch_command_repeats_the_job():
+    cmd = chain.sbatch_command("1234", squeue_line(), ARGS)
+    assert cmd == ["sbatch", "--parsable", "--dependency=afterany:1234", "--nodes=16",
+                   "--time=02:00:00", "--account=abc123", "--partition=batch",
+                   "--constraint=nvme", "--job-name=megatron", "--chdir=/home/me/megatron",
+                   "--", "/home/me/megatron/train.sbatch", *ARGS]
+
+
+def test_sbatch_command_leaves_out_what_was_not_asked_for():
+    cmd = chain.sbatch_command("9", squeue_line(account="(null)", features="", limit="UNLIMITED",
+                                                command="/s.sbatch"), [])
+    assert not any(c.startswith(("--account", "--constraint", "--time", "--qos")) for c in cmd)
+    assert cmd[-2:] == ["--", "/s.sbatch"]
+
+
+def test_script_path_needs_the_known_arguments():
+    assert chain.script_path("/a b/job.sbatch x y", ["x", "y"]) == "/a b/job.sbatch"
+    with pytest.raises(InputError, match="MEGATRON_CHAIN_SCRIPT"):
+        chain.script_path("/a/job.sbatch x y", ["x", "z"])
+    with pytest.raises(InputError, match="MEGATRON_CHAIN_SCRIPT"):
+        chain.script_path("(null)", [])
+    cmd = chain.sbatch_command("9", squeue_line(command="(null)"), ["x"], script="/mine.sbatch")
+    assert cmd[-3:] == ["--", "/mine.sbatch", "x"]
+
+
+def test_next_env_is_the_submission_environment():
+    env = chain.next_env({"PATH": "/venv/bin", "SLURM_JOB_ID": "5", "SLURM_NNODES": "2",
+                          "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "abc",
+                          "MEGATRON_CHAIN_ATTEMPT": "2"}, attempt=2)
+    assert env == {"PATH": "/venv/bin", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "abc",
+                   "MEGATRON_CHAIN_ATTEMPT": "3"}
+
+
+def test_the_library_part_neither_prints_nor_exits():
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(chain))
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name not in ("main", "_say"):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    name = ast.unparse(node.func)
+                    assert name not in ("print", "exit", "sys.exit", "sys.stderr.write"), \
+                        f"{fn.name} calls {name}"
+
+
+# --- chain.sh with the module, against stand-in squeue and sbatch -----------------------------
+
+def stand_ins(tmp_path):
+    """squeue answers with the record of a 2-node job; sbatch records its argv and environment
+    and answers with job id 43."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = SEP.join(["j", "(null)", "(null)", "debug", "00:10:00", "2", "(null)", "(null)",
+                       str(tmp_path), f"{tmp_path}/job.sbatch tiny.yaml --set x=1"])
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '%s\\n' '{record}'\n")
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/sbatch.argv\n'
+        f"env > {tmp_path}/sbatch.env\necho 43\n")
+    for tool in ("squeue", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+    return f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+
+
+def run_job(tmp_path, steps_after, extra_env=None, srun_rc=0):
+    """A batch script's chain calls around a stand-in training step that commits a checkpoint
+    at each step in steps_after; returns (exit status, stderr)."""
+    run = tmp_path / "run"
+    commits = "".join(f"commit {s}\n" for s in steps_after)
+    meta = '{"format": "%s", "step": %d, "files": {"shards/a.pt": 3}}'
+    script = f"""set -euo pipefail
+commit() {{
+  local d={run}/checkpoints/$(printf step_%07d "$1")
+  mkdir -p "$d/shards"; printf abc > "$d/shards/a.pt"; printf '{meta}' {FORMAT} "$1" > "$d/{META}"
+}}
+source {CHAIN_SH}
+megatron_chain_init tiny.yaml --set x=1
+export NCCL_NET=Socket  # what env.sh does on one node: must not reach the next job
+megatron_chain_begin --set run.dir={run} --set training.train_iters=6 --set training.save=true
+{commits}megatron_chain_end {srun_rc}
+echo "start=$_MEGATRON_CHAIN_START" >&2
+"""
+    env = {"PATH": stand_ins(tmp_path), "SLURM_JOB_ID": "42", "SLURM_NNODES": "2",
+           "PYTHONPATH": ROOT, "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           **(extra_env or {})}
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    return out.returncode, out.stderr
+
+
+def test_chain_sh_submits_the_same_script_again(tmp_path):
+    rc, err = run_job(tmp_path, [2], {"MEGATRON_CHAIN_MAX_ATTEMPTS": "3"})
+    assert rc == 0, err
+    assert "job 1 of at most 3" in err and "submitting job 2" in err, err
+    assert "submitted job 43 (MEGATRON_CHAIN_ATTEMPT=2)" in err and "start=0" in err
+    argv = (tmp_path / "sbatch.argv").read_text().splitlines()
+    assert argv == ["--parsable", "--dependency=afterany:42", "--nodes=2", "--time=00:10:00",
+                    "--partition=debug", "--job-name=j", f"--chdir={tmp_path}", "--",
+                    f"{tmp_path}/job.sbatch", "tiny.yaml", "--set", "x=1"]
+    env = dict(line.split("=", 1) for line in
+               (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
+    assert env["MEGATRON_CHAIN_ATTEMPT"] == "2" and env["MEGATRON_CHAIN_MAX_ATTEMPTS"] == "3"
+    assert "NCCL_NET" not in env and "SLURM_JOB_ID" not in env and "SLURM_NNODES" not in env
+    assert not list(tmp_path.glob("megatron-chain-env.*"))  # the snapshot is removed
+
+
+def test_chain_sh_stops_without_progress(tmp_path):
+    rc, err = run_job(tmp_path, [], srun_rc=1)
+    assert rc == 0, err
+    assert "no progress in this job" in err and "exit status 1" in err, err
+    assert not (tmp_path / "sbatch.argv").exists()
+
+
+def test_chain_sh_ends_a_job_of_a_finished_run_before_training(tmp_path):
+    commit(tmp_path / "run", 6)
+    rc, err = run_job(tmp_path, [8])
+    assert rc == 0, err
+    assert "the run is finished, nothing to train" in err, err
+    assert "start=" not in err  # the job ended in begin
+    assert not (tmp_path / "run" / "checkpoints" / "step_0000008").exists()
+    assert not (tmp_path / "sbatch.argv").exists()
+
+
+def test_chain_sh_bad_setting_fails_the_job(tmp_path):
+    rc, err = run_job(tmp_path, [2], {"MEGATRON_CHAIN_MAX_ATTEMPTS": "lots"})
+    assert rc == 2 and "chain: error: MEGATRON_CHAIN_MAX_ATTEMPTS='lots' is invalid" in err
+
+
+def test_train_sbatch_wraps_the_training_step_in_the_chain():
+    with open(SBATCH) as f:
+        text = f.read()
+    order = ['source "${MEGATRON_HOME}/examples/frontier/chain.sh"',
+             'megatron_chain_init "${CONFIG}" "$@"',
+             'source "${MEGATRON_HOME}/examples/frontier/env.sh"',
+             'megatron_chain_begin --config "${CONFIG}" --set run.dir="${RUN_DIR}" "$@"',
+             'python -m megatron.cli.train --config "${CONFIG}"',
+             '--set training.load=auto "$@" || rc=$?',
+             'megatron_chain_end "${rc}"', 'exit "${rc}"']
+    where = [text.find(s) for s in order]
+    assert -1 not in where and where == sorted(where), list(zip(order, where))
+    assert subprocess.run(["bash", "-n", CHAIN_SH]).returncode == 0
