@@ -1,0 +1,51 @@
+# Chained jobs for a Slurm batch script (train.sbatch sources it): a training longer than one
+# job's time limit continues in the next job, which each job submits, behind itself, with the
+# same script and arguments, until training.train_iters is reached. Each job continues from the
+# newest complete checkpoint on the node count it was given. The chain stops when the run is
+# finished, when a job made no progress (the newest complete checkpoint is where the job found
+# it), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. The rules: megatron/launch/chain.py.
+#
+#   source chain.sh
+#   megatron_chain_init "$@"        # first, before env.sh: the batch script's own arguments and
+#                                   # the environment the job was submitted with
+#   source env.sh; RUN_DIR=...
+#   megatron_chain_begin --config C --set run.dir="$RUN_DIR" [--set k=v ...]
+#                                   # the trainer's config arguments; ends the job (exit 0) when
+#                                   # the run is already finished
+#   rc=0; srun ... python -m megatron.cli.train ... || rc=$?
+#   megatron_chain_end "$rc"        # submits the next job if this one made progress
+#   exit "$rc"
+#
+# Set at submission (they travel with the chain):
+#   MEGATRON_CHAIN               [1] 0: this job only, no resubmission
+#   MEGATRON_CHAIN_MAX_ATTEMPTS  [20] jobs in one chain, counting the first
+#   MEGATRON_CHAIN_SCRIPT        [the job's script, from squeue] the script to submit again
+# MEGATRON_CHAIN_ATTEMPT (1 for the job you submit) is set by the chain for the jobs it submits.
+
+megatron_chain_init() {
+  _MEGATRON_CHAIN_SCRIPT_ARGS=("$@")
+  # The next job starts from this environment, not from what env.sh made of it (NCCL_NET, for
+  # one, depends on the node count).
+  _MEGATRON_CHAIN_ENV=$(mktemp "${TMPDIR:-/tmp}/megatron-chain-env.XXXXXX")
+  env -0 > "$_MEGATRON_CHAIN_ENV"
+}
+
+megatron_chain_begin() {
+  _MEGATRON_CHAIN_TRAIN_ARGS=("$@")
+  local out action
+  out=$(python -m megatron.launch.chain begin "$@")
+  read -r action _MEGATRON_CHAIN_START <<< "$out"
+  if [ "$action" = stop ]; then
+    rm -f "$_MEGATRON_CHAIN_ENV"
+    exit 0
+  fi
+}
+
+megatron_chain_end() {
+  local rc=0
+  python -m megatron.launch.chain end --start-step "$_MEGATRON_CHAIN_START" \
+    --exit-status "$1" --submit-env "$_MEGATRON_CHAIN_ENV" "${_MEGATRON_CHAIN_TRAIN_ARGS[@]}" \
+    -- "${_MEGATRON_CHAIN_SCRIPT_ARGS[@]}" || rc=$?
+  rm -f "$_MEGATRON_CHAIN_ENV"
+  return $rc
+}

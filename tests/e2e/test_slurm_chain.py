@@ -1,0 +1,157 @@
+"""Chained jobs under a real Slurm with two fake nodes (the session fixture `slurm`): the batch
+script below makes the calls of examples/frontier/train.sbatch (chain.sh's init, begin, the
+training step, end; tests/unit/test_launch_chain.py holds train.sbatch to the same order) around
+a CPU launch of the tiny model. Each job stops early at training.exit_interval=2 of
+training.train_iters=6 and submits the script again.
+
+- A first chain on 2 nodes, bounded to one job (MEGATRON_CHAIN_MAX_ATTEMPTS=1), trains steps 1-2
+  and stops there; the run is then submitted again on 1 node (what a person does to move a chain
+  to another node count), and that chain submits itself until step 6: 3 jobs in all, each loss
+  equal to an uninterrupted run's. Submitted once more, the finished run trains nothing.
+- A job that makes no progress (its run directory is locked by another run) does not submit
+  another.
+If a chain breaks, look first at the job logs the assertion prints (lines starting `chain:`)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from megatron.checkpoint.rundir import RunLock
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
+from tests.e2e.slurm_cluster import ENDED
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """#!/bin/bash
+#SBATCH --ntasks-per-node=1
+#SBATCH --output={out}/%j.out
+set -euo pipefail
+CONFIG=${{1:?usage: sbatch job.sbatch CONFIG [--set k=v ...]}}
+shift
+source examples/frontier/chain.sh
+megatron_chain_init "${{CONFIG}}" "$@"
+export MASTER_ADDR=127.0.0.1  # the fake node names do not resolve
+RUN_DIR={run_dir}
+megatron_chain_begin --config "${{CONFIG}}" --set run.dir="${{RUN_DIR}}" "$@"
+rc=0
+srun python -m megatron.cli.train --config "${{CONFIG}}" \\
+    --set run.dir="${{RUN_DIR}}" --set training.load=auto "$@" || rc=$?
+megatron_chain_end "${{rc}}"
+exit "${{rc}}"
+"""
+
+# fp32, no dropout: a continued run computes exactly what an uninterrupted one does.
+TRAIN = set_args("training.train_iters=6", "training.global_batch_size=4", "training.save=true",
+                 "training.tensorboard=false", "model.hidden_dropout=0.0",
+                 "model.attention_dropout=0.0")
+
+
+class Chain:
+    """Submits the script under one job name and waits until no job of that name is left in
+    the queue: each job submits the next before it ends, so an empty queue is the chain's end."""
+
+    def __init__(self, slurm, tmp_path, run_dir, name):
+        self.run_env, self.name = RunEnv(tmp_path), name
+        self.out = tmp_path / "jobs"
+        self.out.mkdir()
+        self.script = tmp_path / "job.sbatch"
+        self.script.write_text(SCRIPT.format(out=self.out, run_dir=run_dir))
+        self.env = dict(self.run_env.env, SLURM_CONF=slurm["conf"])
+
+    def run(self, nodes: int, *args, timeout: float = 150, **env):
+        before = set(self.out.iterdir())
+        proc = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}",
+                               f"--job-name={self.name}", f"--chdir={ROOT}", str(self.script),
+                               TINY, *args],
+                              capture_output=True, text=True, env=dict(self.env, **env), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        deadline = time.monotonic() + timeout
+        while self._queued():
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", f"--name={self.name}"], env=self.env)
+                pytest.fail(f"chain {self.name} still running after {timeout:.0f} s:\n"
+                            f"{self.logs(before)}")
+            time.sleep(0.3)
+        jobs = sorted(int(p.stem) for p in set(self.out.iterdir()) - before)
+        return [(job, self._state(job), (self.out / f"{job}.out").read_text()) for job in jobs]
+
+    def logs(self, before=()):
+        return "\n".join(f"--- job {p.stem}\n{p.read_text()[-3000:]}"
+                         for p in sorted(set(self.out.iterdir()) - set(before)))
+
+    def _queued(self) -> bool:
+        out = subprocess.run(["squeue", "-h", f"--name={self.name}", "-o", "%i %T"],
+                             capture_output=True, text=True, env=self.env).stdout
+        return any(state not in ENDED for state in out.split()[1::2])
+
+    def _state(self, job: int) -> str:
+        out = subprocess.run(["scontrol", "-o", "show", "job", str(job)], capture_output=True,
+                             text=True, env=self.env).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return f"{fields.get('JobState')} {fields.get('ExitCode')}"
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return {x["step"]: x["loss"] for x in lines if "split" not in x and "event" not in x}
+
+
+def test_chain_resubmits_until_train_iters_with_an_uninterrupted_runs_losses(slurm, tmp_path):
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    c = Chain(slurm, tmp_path, run_dir, f"chain-{tmp_path.name}")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "megatron.cli.train", "--config", TINY, *TRAIN,
+         *set_args(f"run.dir={ref_dir}")], cwd=ROOT, env=c.run_env.env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        stop_at_2 = set_args("training.exit_interval=2")
+        first = c.run(2, *TRAIN, *stop_at_2, MEGATRON_CHAIN_MAX_ATTEMPTS="1")
+        assert [s for _, s, _ in first] == ["COMPLETED 0:0"], c.logs()
+        log = first[0][2]
+        assert "(slurm, 2 node(s)" in log and "chain: job 1 of at most 1" in log, log[-3000:]
+        assert "step 2 of training.train_iters=6: this was job 1 of at most 1" in log, log[-3000:]
+        assert train_steps(str(run_dir)) == [1, 2]
+
+        rest = c.run(1, *TRAIN, *stop_at_2)
+        assert [s for _, s, _ in rest] == ["COMPLETED 0:0"] * 2, c.logs()
+        (_, _, one), (_, _, two) = rest
+        assert "(slurm, 1 node(s)" in one and "(slurm, 1 node(s)" in two
+        assert "continuing from step 2" in one and "submitting job 2" in one, one[-3000:]
+        assert "job 2 of at most 20" in two and "continuing from step 4" in two, two[-3000:]
+        assert "the run is finished after 2 job(s) of this chain" in two, two[-3000:]
+        assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]  # no step lost or repeated
+
+        again = c.run(1, *TRAIN, *stop_at_2)
+        assert [s for _, s, _ in again] == ["COMPLETED 0:0"], c.logs()
+        assert "the run is finished, nothing to train" in again[0][2]
+        assert "rank 0 of" not in again[0][2]  # ended before the training step
+        c.run_env.assert_compiled_nothing(c.logs())
+    finally:
+        ref_out = reference.communicate(timeout=300)[0]
+    assert reference.returncode == 0, ref_out[-3000:]
+    got, want = losses(run_dir), losses(ref_dir)
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+
+
+def test_chain_stops_when_a_job_makes_no_progress(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    c = Chain(slurm, tmp_path, run_dir, f"stuck-{tmp_path.name}")
+    lock = RunLock(str(run_dir))  # another run holds the directory: every job would be refused
+    lock.acquire()
+    try:
+        jobs = c.run(1, *TRAIN, *set_args("training.exit_interval=2"))
+    finally:
+        lock.release()
+    assert [s for _, s, _ in jobs] == ["FAILED 2:0"], c.logs()
+    log = jobs[0][2]
+    assert "is in use by another run" in log, log[-3000:]
+    assert "no progress in this job (it started from step 0; exit status 2): not submitting" \
+        in log, log[-3000:]
+    assert not (run_dir / "checkpoints").exists() or not os.listdir(run_dir / "checkpoints")
