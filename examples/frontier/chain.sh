@@ -24,8 +24,8 @@
 
 megatron_chain_init() {
   _MEGATRON_CHAIN_SCRIPT_ARGS=("$@")
-  # The next job starts from this environment, not from what env.sh made of it (NCCL_NET, for
-  # one, depends on the node count).
+  # The next job starts from this environment, not from what env.sh made of it: NCCL_NET
+  # depends on the node count, MEGATRON_JOB_END_TIME (megatron_job_deadline) on the job.
   _MEGATRON_CHAIN_ENV=$(mktemp "${TMPDIR:-/tmp}/megatron-chain-env.XXXXXX")
   env -0 > "$_MEGATRON_CHAIN_ENV"
 }

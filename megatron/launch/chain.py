@@ -188,7 +188,8 @@ def script_path(command: str, script_args: Sequence[str]) -> str:
 
 def next_env(submitted: Mapping[str, str], attempt: int) -> Dict[str, str]:
     """The next job's environment: the one this job was submitted with (before env.sh changed
-    it: NCCL_NET, for one, depends on the node count), without this job's SLURM_* variables
+    it: NCCL_NET depends on the node count, MEGATRON_JOB_END_TIME on the job), without this job's
+    SLURM_* variables
     (Slurm sets the next job's; SLURM_CONF names the cluster and stays), with the attempt."""
     env = {k: v for k, v in submitted.items()
            if not k.startswith("SLURM_") or k == "SLURM_CONF"}

@@ -193,7 +193,7 @@ commit() {{
 }}
 source {CHAIN_SH}
 megatron_chain_init tiny.yaml --set x=1
-export NCCL_NET=Socket  # what env.sh does on one node: must not reach the next job
+export NCCL_NET=Socket MEGATRON_JOB_END_TIME=1  # env.sh's, for this job only
 megatron_chain_begin --set run.dir={run} --set training.train_iters=6 --set training.save=true
 {commits}megatron_chain_end {srun_rc}
 echo "start=$_MEGATRON_CHAIN_START" >&2
@@ -218,7 +218,8 @@ def test_chain_sh_submits_the_same_script_again(tmp_path):
     env = dict(line.split("=", 1) for line in
                (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
     assert env["MEGATRON_CHAIN_ATTEMPT"] == "2" and env["MEGATRON_CHAIN_MAX_ATTEMPTS"] == "3"
-    assert "NCCL_NET" not in env and "SLURM_JOB_ID" not in env and "SLURM_NNODES" not in env
+    for name in ("NCCL_NET", "MEGATRON_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_NNODES"):
+        assert name not in env
     assert not list(tmp_path.glob("megatron-chain-env.*"))  # the snapshot is removed
 
 
