@@ -18,6 +18,8 @@ examples:
       --tp 4 --pp 16 --micro-batch 1 --zero 1 --recompute full
   # a model from a training config, on a cluster described in a YAML file
   megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2
+  # the layout a training config sets (its TP, PP, ZeRO, recompute, micro-batch, attention)
+  megatron-plan memory --config run.yaml --cluster a100 --nodes 4
   # fit the model to short real runs on this machine (2 ranks), resumable from trials.jsonl
   megatron-plan calibrate --config examples/local/tiny.yaml --nproc 2 --trials 8 \\
       --results trials.jsonl --out local-profile.yaml [--bayes]
@@ -25,14 +27,16 @@ examples:
   megatron-plan scaling --model 175b --cluster frontier --nodes 16,32,64,128 \\
       --global-batch 1280 --tp 4 --pp 16 --recompute full --plot scaling.png
 
-models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters: frontier (MI250X GCD),
-mi300x, a100, h100, h200, or a YAML file (docs/planner.md)."""
+models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters (--cluster is required
+for search, memory and scaling; there is no default): frontier (MI250X GCD), mi300x, a100, h100,
+h200, or a YAML file (docs/planner.md)."""
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and job")
     g.add_argument("--model", help="a preset: 22b, 175b, 1t, gpt3-125m ... gpt3-175b")
-    g.add_argument("--config", help="a training config YAML (its model, batch and precision)")
+    g.add_argument("--config", help="a training config YAML: its model, batch and precision, "
+                   "and for memory and scaling its layout")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a field of --config (repeatable)")
     g.add_argument("--global-batch", type=int, help="sequences per step (default: the config's, "
@@ -44,8 +48,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", default="frontier",
-                   help="preset (frontier, mi300x, a100, h100, h200) or a cluster/profile YAML")
+    # Required: a silent default (it was frontier) priced A100 or H100 jobs as MI250X GCDs.
+    g.add_argument("--cluster", help="required: a preset (frontier, mi300x, a100, h100, h200) "
+                   "or a cluster/profile YAML")
     if nodes:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
 
@@ -66,14 +71,22 @@ def _space_args(p: argparse.ArgumentParser) -> None:
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("layout")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--micro-batch", type=int, default=1)
-    g.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3))
-    g.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    g.add_argument("--no-flash", action="store_true", help="the math attention path")
-    g.add_argument("--sp", action="store_true", help="sequence parallelism")
+    g = p.add_argument_group("layout (default: what --config FILE sets, else TP 1, PP 1, "
+                             "micro-batch 1, ZeRO 1, no recompute, flash, no SP; a flag given "
+                             "here overrides the config)")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--pp", type=int)
+    g.add_argument("--micro-batch", type=int)
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
+    g.add_argument("--recompute", choices=("none", "selective", "full"))
+    g.add_argument("--flash", dest="flash", action="store_const", const=True, default=None,
+                   help="the FlashAttention path")
+    g.add_argument("--no-flash", dest="flash", action="store_const", const=False,
+                   help="the math attention path")
+    g.add_argument("--sp", dest="sp", action="store_const", const=True, default=None,
+                   help="sequence parallelism")
+    g.add_argument("--no-sp", dest="sp", action="store_const", const=False,
+                   help="no sequence parallelism")
 
 
 def _add_search(sub, fmt) -> None:

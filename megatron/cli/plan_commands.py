@@ -1,9 +1,10 @@
 """The subcommands of megatron-plan: argument objects in, text and files out."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from megatron.config import Config, load_config
 from megatron.config.errors import ConfigError, InputError
@@ -77,6 +78,13 @@ def load_space(args) -> SearchSpace:
                        memory_fraction=args.memory_fraction)
 
 
+def profile_from_args(args) -> Profile:
+    if not args.cluster:
+        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, h100, h200) "
+                         "or --cluster FILE.yaml (docs/planner.md); there is no default")
+    return load_profile(args.cluster)
+
+
 def _check_nodes(nodes: int) -> None:
     if nodes < 1:
         raise ConfigError("--nodes", nodes, "a positive integer")
@@ -93,7 +101,7 @@ def _describe(job: Job, prof: Profile, nodes: int) -> str:
 
 def cmd_search(args) -> int:
     job, cfg, preset = load_job(args)
-    prof = load_profile(args.cluster)
+    prof = profile_from_args(args)
     _check_nodes(args.nodes)
     result = search(job, args.nodes, prof, load_space(args))
     print(_describe(job, prof, args.nodes))
@@ -101,6 +109,8 @@ def cmd_search(args) -> int:
         raise InputError(result.explain_empty())
     print(f"{result.enumerated} layouts enumerated, {len(result.ranked)} fit; fastest first:\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    if not preset:
+        print(_config_layout_rank(args, job, cfg, result))
     best = result.best
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
@@ -117,31 +127,80 @@ def cmd_search(args) -> int:
     return 0
 
 
-def layout_from_args(args, job: Job, world: int) -> Layout:
-    model_gpus = args.tp * args.pp
-    if args.tp < 1 or args.pp < 1 or args.micro_batch < 1:
-        raise ConfigError("--tp/--pp/--micro-batch", (args.tp, args.pp, args.micro_batch),
-                          "positive integers")
-    if world % model_gpus:
-        raise ConfigError("--tp x --pp", model_gpus, f"a divisor of the {world} devices")
-    dp = world // model_gpus
-    if job.global_batch % (args.micro_batch * dp):
+def _layout_values(args, cfg: Optional[Config]) -> Tuple[dict, List[str]]:
+    """The layout the flags give, completed from --config FILE; and the flags that override
+    a value the config sets (named in the output, so nothing is silently replaced)."""
+    from_cfg = {}
+    if cfg is not None:
+        p, t = cfg.parallel, cfg.training
+        from_cfg = {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
+                    "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
+                    "recompute": t.activation_checkpointing,
+                    "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel}
+    defaults = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
+                "flash": True, "sp": False}
+    values, overridden = {}, []
+    for name, default in defaults.items():
+        flag = getattr(args, name, None)
+        if flag is None:
+            values[name] = from_cfg.get(name, default)
+        else:
+            values[name] = flag
+            if name in from_cfg and from_cfg[name] != flag:
+                overridden.append(f"--{name.replace('_', '-')}")
+    return values, overridden
+
+
+def layout_from_args(args, job: Job, world: int, cfg: Optional[Config] = None) -> Layout:
+    v, _ = _layout_values(args, cfg)
+    tp, pp, mb = v["tp"], v["pp"], v["micro_batch"]
+    if tp < 1 or pp < 1 or mb < 1:
+        raise ConfigError("--tp/--pp/--micro-batch", (tp, pp, mb), "positive integers")
+    if world % (tp * pp):
+        raise ConfigError("--tp x --pp", tp * pp, f"a divisor of the {world} devices")
+    dp = world // (tp * pp)
+    if job.global_batch % (mb * dp):
         raise ConfigError("--global-batch", job.global_batch,
-                          f"a multiple of micro-batch x DP ({args.micro_batch} x {dp})")
-    lay = Layout(args.tp, args.pp, dp, args.micro_batch,
-                 job.global_batch // (args.micro_batch * dp), args.zero, args.recompute,
-                 not args.no_flash, args.sp)
+                          f"a multiple of micro-batch x DP ({mb} x {dp})")
+    lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), v["zero"], v["recompute"],
+                 v["flash"], v["sp"])
     check_layout(job, lay)
     return lay
 
 
+def _layout_source(args, cfg: Optional[Config]) -> str:
+    if cfg is None:
+        return ""
+    _, overridden = _layout_values(args, cfg)
+    note = f" (from {args.config}"
+    return note + (f"; {', '.join(overridden)} from the command line)" if overridden else ")")
+
+
+def _config_layout_rank(args, job: Job, cfg: Config, result) -> str:
+    """Where the layout the config sets stands among the ranked ones."""
+    try:
+        # search's own --flash/--sequence-parallel name spaces to search, not a layout
+        lay = layout_from_args(argparse.Namespace(), job, result.world, cfg)
+    except ConfigError as e:
+        return f"\nthe layout {args.config} sets is not valid on {result.world} devices: {e}"
+    keys = [c.layout for c in result.ranked]
+    if lay in keys:
+        i = keys.index(lay)
+        t = result.ranked[i].time
+        return (f"\nthe layout {args.config} sets, {lay.key()}, ranks {i + 1} of {len(keys)}: "
+                f"{t.step_s:.3g} s per step, {t.tflops_per_gpu:.3g} TFLOPs per GPU")
+    return (f"\nthe layout {args.config} sets, {lay.key()}, is not among the {len(keys)} that "
+            "fit (outside the search space, or over the device memory: see megatron-plan memory)")
+
+
 def cmd_memory(args) -> int:
-    job, _, _ = load_job(args)
-    prof = load_profile(args.cluster)
+    job, cfg, preset = load_job(args)
+    prof = profile_from_args(args)
     _check_nodes(args.nodes)
-    lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node)
+    cfg = None if preset else cfg
+    lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg)
     print(_describe(job, prof, args.nodes))
-    print(f"layout: {lay.key()}\n")
+    print(f"layout: {lay.key()}{_layout_source(args, cfg)}\n")
     stages = memory_per_stage(job, lay, prof.constants)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
     header = ("stage", "params M", "weights", "grads", "optimizer", "activations", "working",
@@ -164,8 +223,9 @@ def cmd_memory(args) -> int:
 
 
 def cmd_scaling(args) -> int:
-    job, _, _ = load_job(args)
-    prof = load_profile(args.cluster)
+    job, cfg, preset = load_job(args)
+    prof = profile_from_args(args)
+    cfg = None if preset else cfg
     nodes = _ints("--nodes", args.nodes)
     if min(nodes) < 1:
         raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
@@ -173,11 +233,12 @@ def cmd_scaling(args) -> int:
     if args.best:
         base = search(job, smallest, prof).best.layout
     else:
-        base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node)
+        base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node, cfg)
     modes = ("weak", "strong") if args.mode == "both" else (args.mode,)
     points = [p for mode in modes for p in scaling.project(job, base, prof, nodes, mode)]
     print(_describe(job, prof, smallest))
-    print(f"layout at {smallest} node(s): {base.key()}; DP grows with the nodes\n")
+    source = "" if args.best else _layout_source(args, cfg)
+    print(f"layout at {smallest} node(s): {base.key()}{source}; DP grows with the nodes\n")
     print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
     if args.plot:
         scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "

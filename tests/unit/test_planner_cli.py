@@ -32,22 +32,30 @@ def test_search_prints_a_table_and_writes_files(capsys, tmp_path):
 
 
 def test_memory_of_the_paper_recipe(capsys):
-    code, out, _ = run(capsys, "memory", "--model", "175b", "--nodes", "16", "--global-batch",
-                       "1280", "--tp", "4", "--pp", "16", "--zero", "1", "--recompute", "full")
+    code, out, _ = run(capsys, "memory", "--model", "175b", "--cluster", "frontier", "--nodes",
+                       "16", "--global-batch", "1280", "--tp", "4", "--pp", "16", "--zero", "1",
+                       "--recompute", "full")
     assert code == 0
     assert "fits" in out and "bubble 2.3%" in out
 
 
+F = ("--cluster", "frontier")
+
+
 @pytest.mark.parametrize("argv,needle", [
-    (("search", "--model", "9b"), "--model='9b' is invalid"),
-    (("search",), "name the model"),
+    (("search", "--model", "9b", *F), "--model='9b' is invalid"),
+    (("search", *F), "name the model"),
     (("search", "--model", "175b", "--cluster", "nowhere.yaml"), "nowhere.yaml"),
-    (("search", "--config", "missing.yaml"), "missing.yaml"),
-    (("search", "--model", "175b", "--micro-batches", "1,x"), "--micro-batches"),
-    (("memory", "--model", "175b", "--tp", "3"), "--tp x --pp"),
-    (("memory", "--model", "175b", "--nodes", "16", "--tp", "8", "--pp", "3"), "--tp x --pp"),
-    (("search", "--model", "1t", "--nodes", "1"), "no layout of 8 devices fits"),
-    (("scaling", "--model", "175b", "--nodes", "16,x"), "--nodes"),
+    (("search", "--config", "missing.yaml", *F), "missing.yaml"),
+    (("search", "--model", "175b", "--micro-batches", "1,x", *F), "--micro-batches"),
+    (("memory", "--model", "175b", "--tp", "3", *F), "--tp x --pp"),
+    (("memory", "--model", "175b", "--nodes", "16", "--tp", "8", "--pp", "3", *F), "--tp x --pp"),
+    (("search", "--model", "1t", "--nodes", "1", *F), "no layout of 8 devices fits"),
+    (("scaling", "--model", "175b", "--nodes", "16,x", *F), "--nodes"),
+    # --cluster has no default (it was frontier, silently)
+    (("search", "--model", "175b"), "name the cluster: --cluster"),
+    (("memory", "--model", "175b", "--nodes", "16"), "there is no default"),
+    (("scaling", "--model", "175b", "--nodes", "16,32"), "name the cluster"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -76,9 +84,59 @@ def test_cluster_file_is_used(capsys, tmp_path):
 def test_scaling_table_and_plot(capsys, tmp_path):
     pytest.importorskip("matplotlib", reason="the plot needs the 'plan' extra (matplotlib)")
     png = tmp_path / "scaling.png"
-    code, out, _ = run(capsys, "scaling", "--model", "175b", "--nodes", "16,32,64,128",
+    code, out, _ = run(capsys, "scaling", "--model", "175b", "--cluster", "frontier",
+                       "--nodes", "16,32,64,128",
                        "--global-batch", "1280", "--tp", "4", "--pp", "16", "--recompute",
                        "full", "--plot", str(png))
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "weak" in out and "strong" in out
+
+
+# An 18B GPT laid out as large A100 runs lay it out: TP8 in a node, ZeRO-0, full recompute, the
+# math attention path, micro-batch 1.
+LAYOUT_18B = """\
+model: {num_layers: 40, hidden_size: 6144, num_attention_heads: 48, seq_length: 2048,
+        vocab_size: 51200, attention_backend: math}
+parallel: {tensor_parallel_size: 8, pipeline_parallel_size: 1, zero_stage: 0}
+training: {micro_batch_size: 1, global_batch_size: 1024, precision: bf16,
+           activation_checkpointing: full}
+"""
+
+
+def test_memory_uses_the_layout_the_config_sets(capsys, tmp_path):
+    path = tmp_path / "18b.yaml"
+    path.write_text(LAYOUT_18B)
+    code, out, _ = run(capsys, "memory", "--config", str(path), "--cluster", "a100",
+                       "--nodes", "32")
+    assert code == 0
+    assert f"layout: tp8-pp1-dp32-mb1-ga32-z0-full-noflash (from {path})" in out
+    assert "DOES NOT FIT" not in out and ": fits" in out
+
+
+def test_a_layout_flag_overrides_the_config_and_says_so(capsys, tmp_path):
+    path = tmp_path / "18b.yaml"
+    path.write_text(LAYOUT_18B)
+    code, out, _ = run(capsys, "memory", "--config", str(path), "--cluster", "a100",
+                       "--nodes", "32", "--pp", "2", "--recompute", "full", "--flash")
+    assert code == 0
+    # --recompute full equals the config's value: only the changed flags are named
+    assert (f"layout: tp8-pp2-dp16-mb1-ga64-z0-full-flash (from {path}; --pp, --flash from "
+            "the command line)") in out
+
+
+def test_scaling_uses_the_layout_the_config_sets(capsys, tmp_path):
+    path = tmp_path / "18b.yaml"
+    path.write_text(LAYOUT_18B)
+    code, out, _ = run(capsys, "scaling", "--config", str(path), "--cluster", "a100",
+                       "--nodes", "32,64", "--mode", "weak")
+    assert code == 0 and "layout at 32 node(s): tp8-pp1-dp32-mb1-ga32-z0-full-noflash" in out
+
+
+def test_search_reports_where_the_config_layout_ranks(capsys, tmp_path):
+    path = tmp_path / "18b.yaml"
+    path.write_text(LAYOUT_18B)
+    code, out, _ = run(capsys, "search", "--config", str(path), "--cluster", "a100",
+                       "--nodes", "32", "--top", "3")
+    assert code == 0
+    assert f"the layout {path} sets, tp8-pp1-dp32-mb1-ga32-z0-full-noflash, ranks " in out
