@@ -1,8 +1,7 @@
-"""Chained jobs under a real Slurm with two fake nodes (the session fixture `slurm`): the batch
-script below makes the calls of examples/frontier/train.sbatch (chain.sh's init, begin, the
-training step, end; tests/unit/test_launch_chain.py holds train.sbatch to the same order) around
-a CPU launch of the tiny model. Each job stops early at training.exit_interval=2 of
-training.train_iters=6 and submits the script again.
+"""Chained jobs under a real Slurm with two fake nodes (the session fixture `slurm`):
+examples/frontier/train.sbatch itself (env.sh, chain.sh), with only its #SBATCH lines and srun
+options made to fit this machine, trains the tiny model on the CPU. Each job stops early at
+training.exit_interval=2 of training.train_iters=6 and submits the script again.
 
 - A first chain on 2 nodes, bounded to one job (MEGATRON_CHAIN_MAX_ATTEMPTS=1), trains steps 1-2
   and stops there; the run is then submitted again on 1 node (what a person does to move a chain
@@ -25,23 +24,21 @@ from tests.e2e.slurm_cluster import ENDED
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = """#!/bin/bash
-#SBATCH --ntasks-per-node=1
-#SBATCH --output={out}/%j.out
-set -euo pipefail
-CONFIG=${{1:?usage: sbatch job.sbatch CONFIG [--set k=v ...]}}
-shift
-source examples/frontier/chain.sh
-megatron_chain_init "${{CONFIG}}" "$@"
-export MASTER_ADDR=127.0.0.1  # the fake node names do not resolve
-RUN_DIR={run_dir}
-megatron_chain_begin --config "${{CONFIG}}" --set run.dir="${{RUN_DIR}}" "$@"
-rc=0
-srun python -m megatron.cli.train --config "${{CONFIG}}" \\
-    --set run.dir="${{RUN_DIR}}" --set training.load=auto "$@" || rc=$?
-megatron_chain_end "${{rc}}"
-exit "${{rc}}"
-"""
+SBATCH = os.path.join(ROOT, "examples", "frontier", "train.sbatch")
+FRONTIER_SRUN = "srun --ntasks-per-node=8 --gpus-per-node=8 --gpu-bind=closest -c 7"
+
+
+def job_script(out) -> str:
+    """examples/frontier/train.sbatch as it is, but for this machine: its #SBATCH lines (8 GPUs a
+    node, an account, Slingshot) replaced by one task a node, and its srun options by none."""
+    with open(SBATCH) as f:
+        text = f.read()
+    assert text.count(FRONTIER_SRUN) == 1, "train.sbatch's training srun line changed"
+    body = "\n".join(line for line in text.replace(FRONTIER_SRUN, "srun").splitlines()
+                     if not line.startswith("#SBATCH"))
+    return body.replace("#!/bin/bash\n", "#!/bin/bash\n#SBATCH --ntasks-per-node=1\n"
+                        f"#SBATCH --output={out}/%j.out\n", 1) + "\n"
+
 
 # fp32, no dropout: a continued run computes exactly what an uninterrupted one does.
 TRAIN = set_args("training.train_iters=6", "training.global_batch_size=4", "training.save=true",
@@ -57,9 +54,11 @@ class Chain:
         self.run_env, self.name = RunEnv(tmp_path), name
         self.out = tmp_path / "jobs"
         self.out.mkdir()
-        self.script = tmp_path / "job.sbatch"
-        self.script.write_text(SCRIPT.format(out=self.out, run_dir=run_dir))
-        self.env = dict(self.run_env.env, SLURM_CONF=slurm["conf"])
+        self.script = tmp_path / "train.sbatch"
+        self.script.write_text(job_script(self.out))
+        # No modules here; the fake node names do not resolve.
+        self.env = dict(self.run_env.env, SLURM_CONF=slurm["conf"], MEGATRON_HOME=ROOT,
+                        MEGATRON_MODULES="", RUN_DIR=str(run_dir), MASTER_ADDR="127.0.0.1")
 
     def run(self, nodes: int, *args, timeout: float = 150, **env):
         before = set(self.out.iterdir())
