@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 HALF_DIMS = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 # theta index -> how a fitted value becomes a constant
 _FROM_THETA = {0: ("gemm_eff", True), 1: ("flash_attn_eff", True), 2: ("hbm_eff", True),
-               3: ("comm_eff", True), 4: ("comm_latency_s", False),
+               3: ("comm_eff", True), 4: ("latency_scale", False),
                5: ("microbatch_overhead_s", False), 6: ("step_overhead_s", False)}
 
 

@@ -27,6 +27,19 @@ FRONTIER_ENV = {
 
 
 @dataclass(frozen=True)
+class Link:
+    """A collective over one link class as an alpha-beta fit to nccl-tests/rccl-tests output:
+    a call of B bus bytes takes alpha_s + B / bus_bytes_per_s. Bus bytes follow nccl-tests'
+    PERFORMANCE.md: 2 (n-1)/n x the buffer for all-reduce, (n-1)/n for reduce-scatter and
+    all-gather, the buffer for a send; so one bus bandwidth serves every collective."""
+    alpha_s: float
+    bus_bytes_per_s: float
+
+    def seconds(self, bus_bytes: float) -> float:
+        return self.alpha_s + bus_bytes / self.bus_bytes_per_s
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     gpu_memory_gb: float        # GiB per device
@@ -39,12 +52,23 @@ class ClusterSpec:
     fp32_tflops: Optional[float] = None  # fp32 matrix peak; None: a quarter of peak_tflops
     cpus_per_task: int = 0      # sbatch -c; 0 leaves it to Slurm
     launcher_env: Dict[str, str] = field(default_factory=dict)
+    # Alpha-beta per link class (docs/planner.md, "Collectives"): the bus bandwidth a large
+    # all-reduce reaches as a share of the nominal link (nccl-tests "busbw"), and the intercept
+    # of the fit (the time of a call of the sizes TP and DP use, extrapolated to zero bytes).
+    intra_bus_eff: float = 0.7
+    inter_bus_eff: float = 0.7
+    intra_latency_us: float = 20.0
+    inter_latency_us: float = 30.0
 
     def __post_init__(self):
         for name in ("gpu_memory_gb", "peak_tflops", "intra_node_gbps", "inter_node_gbps",
-                     "hbm_gbps"):
+                     "hbm_gbps", "intra_bus_eff", "inter_bus_eff"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"cluster.{name}", getattr(self, name), "a positive number",
+                                  "fix the cluster YAML file")
+        for name in ("intra_latency_us", "inter_latency_us"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"cluster.{name}", getattr(self, name), "microseconds >= 0",
                                   "fix the cluster YAML file")
         if self.gpus_per_node < 1:
             raise ConfigError("cluster.gpus_per_node", self.gpus_per_node, "a positive integer",
@@ -56,32 +80,63 @@ class ClusterSpec:
         return self.peak_tflops
 
     def group_gbps(self, size: int, stride: int) -> float:
-        """Per-device bandwidth of a collective over `size` ranks spaced `stride` apart.
+        """Nominal per-device bandwidth of a collective over `size` ranks spaced `stride` apart.
 
         Ranks are numbered node by node, so a group stays inside a node when size*stride fits
-        in one. A group that leaves the node is bound by the node's NICs, which every device of
-        the node drives at once (all groups of one kind communicate together): inter/g each."""
+        in one. A group that leaves the node shares the node's NICs with the other groups of
+        its kind on that node (all communicate at once): a group with k members in each node
+        is one of g/k such groups, so it gets k/g of the NICs (NCCL rings and trees cross each
+        node boundary once per channel, whatever k is)."""
         if size <= 1:
             return float("inf")
-        if size * stride <= self.gpus_per_node:
+        g = self.gpus_per_node
+        if size * stride <= g:
             if size == 2 and stride == 1 and self.pair_gbps:
                 return self.pair_gbps
             return self.intra_node_gbps
-        return min(self.intra_node_gbps, self.inter_node_gbps / self.gpus_per_node)
+        per_node = max(1, min(size, g // stride))
+        return min(self.intra_node_gbps, self.inter_node_gbps * per_node / g)
+
+    def link(self, size: int, stride: int) -> Link:
+        """The alpha-beta link of a group (group_gbps' topology, the class's fit)."""
+        if size <= 1:
+            return Link(0.0, float("inf"))
+        nominal = self.group_gbps(size, stride)
+        if size * stride <= self.gpus_per_node:
+            return Link(self.intra_latency_us * 1e-6, nominal * self.intra_bus_eff * 1e9)
+        bus = min(self.intra_node_gbps * self.intra_bus_eff, nominal * self.inter_bus_eff)
+        return Link(self.inter_latency_us * 1e-6, bus * 1e9)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# Link fits (docs/planner.md, "Collectives", cites each figure; "approximate" ones are marked
+# there). Bus efficiency = nccl-tests busbw of a large all-reduce / nominal per-direction link.
 PRESETS: Dict[str, ClusterSpec] = {
     # One MI250X GCD is one device; two GCDs of a package share 200 GB/s, other pairs 50-100;
-    # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node.
+    # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node. No rccl-tests bandwidth table
+    # for a Frontier node was at hand: 0.6 is the share the paper's 175B figure was fitted
+    # with; 25 us is RCCL's small all-reduce on 16 MI250X GCDs before its 1-shot kernel.
     "frontier": ClusterSpec("frontier", 64, 191.5, 8, 50, 100, pair_gbps=200, hbm_gbps=1600,
-                            fp32_tflops=47.9, cpus_per_task=7, launcher_env=dict(FRONTIER_ENV)),
-    "mi300x": ClusterSpec("mi300x", 192, 1307, 8, 64 * 7, 400, hbm_gbps=5300, fp32_tflops=163.4),
-    "a100": ClusterSpec("a100", 80, 312, 8, 300, 200, hbm_gbps=2039, fp32_tflops=19.5),
-    "h100": ClusterSpec("h100", 80, 989, 8, 450, 400, hbm_gbps=3350, fp32_tflops=67),
-    "h200": ClusterSpec("h200", 140, 989, 8, 450, 400, hbm_gbps=4800, fp32_tflops=67),
+                            fp32_tflops=47.9, cpus_per_task=7, launcher_env=dict(FRONTIER_ENV),
+                            intra_bus_eff=0.6, inter_bus_eff=0.6, intra_latency_us=25,
+                            inter_latency_us=30),
+    # 7 xGMI links of 64 GB/s per direction; 8 x 400 Gb/s NICs.
+    "mi300x": ClusterSpec("mi300x", 192, 1307, 8, 64 * 7, 400, hbm_gbps=5300, fp32_tflops=163.4,
+                          intra_bus_eff=0.67, inter_bus_eff=0.9, intra_latency_us=25,
+                          inter_latency_us=30),
+    # NVLink 3: 300 GB/s per direction through NVSwitch; 8 x HDR 200 Gb/s (DGX A100).
+    "a100": ClusterSpec("a100", 80, 312, 8, 300, 200, hbm_gbps=2039, fp32_tflops=19.5,
+                        intra_bus_eff=0.73, inter_bus_eff=0.9, intra_latency_us=25,
+                        inter_latency_us=30),
+    # NVLink 4: 450 GB/s per direction; 8 x NDR 400 Gb/s.
+    "h100": ClusterSpec("h100", 80, 989, 8, 450, 400, hbm_gbps=3350, fp32_tflops=67,
+                        intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
+                        inter_latency_us=30),
+    "h200": ClusterSpec("h200", 140, 989, 8, 450, 400, hbm_gbps=4800, fp32_tflops=67,
+                        intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
+                        inter_latency_us=30),
 }
 PRESETS["mi250x"] = PRESETS["frontier"]
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
+from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, stage_layers
 from megatron.planner.memory import optimizer_kind
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
@@ -29,7 +30,7 @@ GEMM, ATTN, MEM, COMM, LAT, MB, STEP = range(len(FEATURES))
 
 def theta(c: Constants) -> np.ndarray:
     return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
-                     c.comm_latency_s, c.microbatch_overhead_s, c.step_overhead_s])
+                     c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s])
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
@@ -49,13 +50,19 @@ class _Ctx:
         self.hbm = prof.spec.hbm_gbps * 1e9
         self.e = act.act_bytes(job.precision)
         self.tokens = self.m.seq_length * lay.micro_batch
-        self.tp_bw = prof.spec.group_gbps(lay.tp, 1) * 1e9
+        self.tp_link = prof.spec.link(lay.tp, 1)
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
 
-    def allreduce(self, f: np.ndarray, nbytes: float, size: int, bw: float, calls: float = 1):
+    @staticmethod
+    def collective(f: np.ndarray, bus_bytes: float, link: Link, calls: float = 1):
+        """`calls` collectives of `bus_bytes` each (nccl-tests' bus bytes) over `link`."""
+        if link.bus_bytes_per_s != float("inf"):
+            f[COMM] += calls * bus_bytes / link.bus_bytes_per_s
+            f[LAT] += calls * link.alpha_s
+
+    def allreduce(self, f: np.ndarray, nbytes: float, size: int, link: Link, calls: float = 1):
         if size > 1:
-            f[COMM] += calls * 2 * (size - 1) / size * nbytes / bw
-            f[LAT] += calls * 2 * (size - 1)
+            self.collective(f, 2 * (size - 1) / size * nbytes, link, calls)
 
 
 def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
@@ -77,7 +84,7 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
         core[MEM] = 4 * heads * s * s * x.e / x.hbm
     fwd += core
     fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False) / x.hbm
-    x.allreduce(fwd, tok * h * x.e, t, x.tp_bw, calls=2)
+    x.allreduce(fwd, tok * h * x.e, t, x.tp_link, calls=2)
     return fwd, core
 
 
@@ -99,16 +106,15 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
     if first:
         f[MEM] += 3 * tok * h * x.e / x.hbm
-        x.allreduce(f, tok * h * x.e, t, x.tp_bw)
+        x.allreduce(f, tok * h * x.e, t, x.tp_link)
     if last:
         f[GEMM] += 3 * gemm_seconds((tok, x.vocab / t, h), x.peak, x.c.gemm_half_dim)
         f[MEM] += 3 * tok * x.vocab / t * (x.e + 8) / x.hbm
-        x.allreduce(f, tok * h * x.e, t, x.tp_bw)
+        x.allreduce(f, tok * h * x.e, t, x.tp_link)
     if x.lay.pp > 1:
         hops = (0 if last else 2) + (0 if first else 2)
-        bw = x.spec.group_gbps(2, x.lay.tp * x.lay.dp) * 1e9
-        f[COMM] += hops * act.boundary_bytes(x.m, x.lay, x.job.precision) / bw
-        f[LAT] += hops
+        link = x.spec.link(2, x.lay.tp * x.lay.dp)
+        x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
     return f
 
@@ -121,14 +127,14 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool) -> np.ndar
     grads = (4 if kind == "torch" else x.e) * n
     weights = x.e * n
     share = (d - 1) / d
-    bw = x.spec.group_gbps(d, lay.tp) * 1e9
     if d > 1:
-        volume = {0: 2 * grads, 1: grads + weights, 2: lay.grad_accum * grads + weights,
-                  3: lay.grad_accum * (2 * weights + grads)}[lay.zero]
-        f[COMM] += share * volume / bw * (1 - x.c.dp_overlap)
-        f[LAT] += 2 * (d - 1) * (1 if lay.zero < 2 else lay.grad_accum)
+        # bus bytes of all-reduce (ZeRO-0), reduce-scatter + all-gather (1-3), and the calls
+        volume, calls = {0: (2 * grads, 1), 1: (grads + weights, 2),
+                         2: (lay.grad_accum * grads + weights, lay.grad_accum + 1),
+                         3: (lay.grad_accum * (2 * weights + grads), 3 * lay.grad_accum)}[lay.zero]
+        x.collective(f, share * volume * (1 - x.c.dp_overlap), x.spec.link(d, lay.tp), calls)
     if first_or_last and lay.pp > 1 and x.m.tie_embeddings:
-        reach = x.spec.group_gbps(2, (lay.pp - 1) * lay.tp * d) * 1e9
+        reach = x.spec.link(2, (lay.pp - 1) * lay.tp * d)
         x.allreduce(f, x.e * sp.word_embedding + x.e * sp.output_layer, 2, reach)
     sharded = kind in ("zero", "bf16")
     # Adam reads and writes master, two moments and reads the fp32 gradient; grad norm.

@@ -74,6 +74,15 @@ def test_profile_round_trips_through_yaml(tmp_path):
     assert back.spec == CPU and back.constants == TRUTH and back.fitted == {"trials": 3}
 
 
+def test_a_profile_fitted_to_the_per_hop_latency_still_loads(tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text(Profile(CPU, TRUTH).to_yaml().replace("latency_scale: 1.0",
+                                                          "comm_latency_s: 2.0e-05"))
+    back = load_profile(str(path))
+    assert back.constants.latency_scale == 1.0
+    assert "comm_latency_s is ignored" in caplog.text and "--fit-only" in caplog.text
+
+
 def test_too_few_trials_is_a_clear_error():
     job = cpu_job()
     with pytest.raises(InputError, match="at least 3 successful trials"):
