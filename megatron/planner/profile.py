@@ -62,11 +62,44 @@ class Constants:
         return dataclasses.asdict(self)
 
 
-# Frontier's efficiency follows the paper: rocBLAS GEMMs on one GCD reach a lower share of
-# peak than the NVIDIA defaults above (its links' share is in the cluster preset).
+def shape_curve(dims, half: float) -> float:
+    """Share of a GEMM's best rate that dims (M, N, K) reach: prod(d / (d + half)).
+
+    One smooth curve stands for tile and wave quantisation (NVIDIA's Matrix Multiplication
+    Background User's Guide, ch. 3): small dimensions leave part of the device idle."""
+    out = 1.0
+    for d in dims:
+        out *= d / (d + half)
+    return out
+
+
+def from_mamf(tflops: float, peak: float, best_shape, half: float = 48.0) -> float:
+    """gemm_eff that puts the curve through a published maximum achievable matmul rate
+    (MAMF: the fastest of a brute-force search over shapes) at the shape it was found."""
+    return tflops / peak / shape_curve(best_shape, half)
+
+
+# Per device, from public measurements (docs/planner.md, "Per-device efficiencies"):
+# - gemm_eff: Bekman's MAMF table (ml-engineering, compute/accelerator/README.md, BF16):
+#   A100 SXM 271.2 TFLOPS at 1024x10240x5120, H100 SXM 794.5 at 2048x2048x13312 ("H200 is
+#   the same"), MI300X 781.9 of 1300 at 4096x10240x4864 (ROCm 6.2; 668.4 on a later row).
+# - flash_attn_eff: against the full (non-causal) 4 s^2 h FLOPs the planner counts, so twice
+#   the share FlashAttention-2 reports for causal attention (Dao 2023: 50-73% of A100 peak);
+#   approximate, and a guess on MI300X (the default).
+# - hbm_eff: a device copy reaches ~4.3 of 4.8 TB/s on this project's H200 (REFERENCE.md);
+#   0.85 leaves room for unfused elementwise kernels (approximate on A100 and H100).
+# Frontier's follow the paper (its 175B run at 36.14% of peak, the one end-to-end Frontier
+# figure): rocBLAS on its 2023 ROCm reached less than MAMF's 147.0 TFLOPS per GCD (ROCm 6.2).
 PRESET_CONSTANTS: Dict[str, Constants] = {
     "frontier": Constants(gemm_eff=0.52, flash_attn_eff=0.45),
     "mi250x": Constants(gemm_eff=0.52, flash_attn_eff=0.45),
+    "a100": Constants(gemm_eff=from_mamf(271.2, 312, (1024, 10240, 5120)), flash_attn_eff=1.0,
+                      hbm_eff=0.85),
+    "h100": Constants(gemm_eff=from_mamf(794.5, 989, (2048, 2048, 13312)), flash_attn_eff=0.6,
+                      hbm_eff=0.85),
+    "h200": Constants(gemm_eff=from_mamf(794.5, 989, (2048, 2048, 13312)), flash_attn_eff=0.6,
+                      hbm_eff=0.85),
+    "mi300x": Constants(gemm_eff=from_mamf(781.9, 1307, (4096, 10240, 4864))),
 }
 # Constants of earlier versions of the time model, ignored (with a warning) when a profile
 # carrying them is loaded: they were fitted to terms that no longer exist.

@@ -22,7 +22,7 @@ from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, stage_layers
 from megatron.planner.memory import optimizer_kind
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
-from megatron.planner.profile import Constants, Profile
+from megatron.planner.profile import Constants, Profile, shape_curve
 
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step")
 GEMM, ATTN, MEM, COMM, LAT, MB, STEP = range(len(FEATURES))
@@ -34,10 +34,10 @@ def theta(c: Constants) -> np.ndarray:
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
-    """One GEMM at peak, slowed by the share of the device small dimensions leave idle."""
+    """One GEMM at peak, slowed by the share of the device small dimensions leave idle
+    (profile.shape_curve); gemm_eff, applied through theta, scales it to the device's best."""
     mm, nn, kk = dims
-    curve = (mm / (mm + half)) * (nn / (nn + half)) * (kk / (kk + half))
-    return 2 * mm * nn * kk / (peak * curve)
+    return 2 * mm * nn * kk / (peak * shape_curve(dims, half))
 
 
 class _Ctx:

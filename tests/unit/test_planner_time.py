@@ -106,3 +106,18 @@ def test_scaling_projection_of_the_175b_recipe():
     assert weak[-1].gpus == 1024 and weak[-1].efficiency >= 0.97
     assert 0.75 <= strong[-1].efficiency <= 0.95
     assert strong[-1].bubble > strong[0].bubble
+
+
+@pytest.mark.parametrize("cluster,tflops,shape", [
+    ("a100", 271.2, (1024, 10240, 5120)), ("h100", 794.5, (2048, 2048, 13312)),
+    ("h200", 794.5, (2048, 2048, 13312)), ("mi300x", 781.9, (4096, 10240, 4864))])
+def test_gemm_curve_passes_through_the_published_best_rate(cluster, tflops, shape):
+    # Bekman's maximum achievable matmul FLOPS table (docs/planner.md): the curve reaches the
+    # published rate at the shape it was measured at, and less at smaller shapes.
+    from megatron.planner.timing import gemm_seconds
+    prof = load_profile(cluster)
+    c, peak = prof.constants, prof.spec.peak_tflops * 1e12
+    rate = 2 * shape[0] * shape[1] * shape[2] / gemm_seconds(shape, peak, c.gemm_half_dim)
+    assert rate * c.gemm_eff / 1e12 == pytest.approx(tflops, rel=1e-9)
+    small = (2048, 1536, 4096)
+    assert 2 * 2048 * 1536 * 4096 / gemm_seconds(small, peak, c.gemm_half_dim) < rate
