@@ -1,10 +1,95 @@
-"""The DeepSpeed config generated from ours; written to the run directory as deepspeed.json."""
+"""The DeepSpeed config generated from ours; written to the run directory as deepspeed.json.
+
+Communication defaults depend on the device (deepspeed_settings; the planner reads the same
+function, so its memory and time models see the values the trainer runs with):
+
+- CPU (gloo): overlap_comm off, DeepSpeed's 5e8-element buckets. A CPU has no separate
+  communication stream to overlap on, and resident memory only counts the bucket pages that
+  gradients touch, so this is what has always worked here.
+- GPU: overlap_comm on for ZeRO 1-3 without pipeline parallelism (DeepSpeed's pipeline engine
+  turns it off itself, with a warning); reduce_bucket_size sized to the model (gpu_bucket_size);
+  allgather_bucket_size DeepSpeed's 5e8.
+- communication_data_type is left to DeepSpeed, which communicates in the model's precision.
+
+The `deepspeed:` section (deepspeed_section.py) is merged in last, key by key."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
+
+from megatron.config.deepspeed_section import merge
+
+# DeepSpeed's default reduce/allgather bucket, in elements: the "5e8" of most Megatron-DeepSpeed
+# configs and DeepSpeed's ZeRO tutorials.
+DEEPSPEED_BUCKET = 500_000_000
+# DeepSpeed's stage3_max_reuse_distance default (elements).
+DEEPSPEED_REUSE_DISTANCE = 1_000_000_000
+# 32 MB of bf16 gradients per collective: well past the point where a ring reduction is bound by
+# bandwidth rather than per-message latency on NVLink/xGMI and Slingshot/InfiniBand.
+MIN_GPU_BUCKET = 2 ** 24
 
 
-def deepspeed_config(cfg, dp_size: int) -> Dict[str, Any]:
+def gpu_bucket_size(hidden_size: int, tensor_parallel_size: int) -> int:
+    """reduce_bucket_size on GPUs: about one transformer layer's gradients per TP rank
+    (12 h^2 / tp elements), rounded up to a multiple of 2**20 and kept within
+    [MIN_GPU_BUCKET, 5e8]. With overlap_comm the reduction of one bucket runs while the backward
+    of the layers below it computes, so only the last bucket (about 1/L of the reduction) is
+    exposed, whereas a 5e8 bucket holds a whole stage of most layouts and starts reducing only
+    when the backward ends. The bucket is allocated twice with overlap_comm (ZeRO-1/2 double
+    buffer), so it is memory too: the 5e8 cap keeps it within what Megatron-DeepSpeed users
+    already run with (2 x 1 GB in bf16)."""
+    layer = 12 * hidden_size * hidden_size // tensor_parallel_size
+    rounded = -(-layer // 2 ** 20) * 2 ** 20
+    return min(DEEPSPEED_BUCKET, max(MIN_GPU_BUCKET, rounded))
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """The ZeRO communication settings a run uses, after defaults and the deepspeed section."""
+    overlap_comm: bool
+    contiguous_gradients: bool
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    communication_data_type: Optional[str]  # None: the model's precision
+    stage3_max_reuse_distance: int
+
+    def zero_keys(self) -> Dict[str, Any]:
+        """What the generated zero_optimization block states explicitly (ZeRO 1-3)."""
+        return {"overlap_comm": self.overlap_comm,
+                "contiguous_gradients": self.contiguous_gradients,
+                "reduce_bucket_size": self.reduce_bucket_size,
+                "allgather_bucket_size": self.allgather_bucket_size}
+
+
+def deepspeed_settings(zero_stage: int, pipeline_parallel_size: int, tensor_parallel_size: int,
+                       hidden_size: int, device_type: str = "cpu",
+                       section: Optional[Mapping] = None) -> DeepSpeedSettings:
+    """device_type: torch's device type ("cpu", or "cuda" for CUDA and ROCm alike); anything
+    but "cpu" is a GPU. section: the config's validated `deepspeed:` mapping."""
+    section = section or {}
+    zero = section.get("zero_optimization", {})
+    gpu = device_type != "cpu"
+    overlap = gpu and zero_stage > 0 and pipeline_parallel_size == 1
+    bucket = gpu_bucket_size(hidden_size, tensor_parallel_size) if gpu else DEEPSPEED_BUCKET
+    return DeepSpeedSettings(
+        overlap_comm=zero.get("overlap_comm", overlap),
+        contiguous_gradients=zero.get("contiguous_gradients", True),
+        reduce_bucket_size=zero.get("reduce_bucket_size", bucket),
+        allgather_bucket_size=zero.get("allgather_bucket_size", DEEPSPEED_BUCKET),
+        communication_data_type=section.get("communication_data_type"),
+        stage3_max_reuse_distance=zero.get("stage3_max_reuse_distance",
+                                           DEEPSPEED_REUSE_DISTANCE))
+
+
+def config_settings(cfg, device_type: str = "cpu") -> DeepSpeedSettings:
+    p = cfg.parallel
+    return deepspeed_settings(p.zero_stage, p.pipeline_parallel_size, p.tensor_parallel_size,
+                              cfg.model.hidden_size, device_type, cfg.deepspeed)
+
+
+def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, Any]:
+    """device_type: the run's torch device type (DeviceInfo.device.type); the default "cpu"
+    keeps the CPU defaults."""
     t = cfg.training
     gas = t.global_batch_size // (t.micro_batch_size * dp_size)
     ds: Dict[str, Any] = {
@@ -20,7 +105,7 @@ def deepspeed_config(cfg, dp_size: int) -> Dict[str, Any]:
         "zero_allow_untested_optimizer": True,
     }
     if cfg.parallel.zero_stage > 0:
-        ds["zero_optimization"].update({"overlap_comm": False, "contiguous_gradients": True})
+        ds["zero_optimization"].update(config_settings(cfg, device_type).zero_keys())
     if t.precision == "bf16":
         ds["bf16"] = {"enabled": True}
     elif t.precision == "fp16":
@@ -33,4 +118,13 @@ def deepspeed_config(cfg, dp_size: int) -> Dict[str, Any]:
         # restoring the tensor-parallel RNG streams too; DeepSpeed's own checkpointing would
         # also wrap the embedding stage, whose integer inputs carry no gradient, and fail.
         ds["pipeline"] = {"activation_checkpoint_interval": 0}
-    return ds
+    return merge(ds, cfg.deepspeed)
+
+
+def overlap_problem(section: Optional[Mapping], pipeline_parallel_size: int) -> Optional[str]:
+    """Why an explicit overlap_comm cannot be honoured with this layout, or None."""
+    zero = (section or {}).get("zero_optimization", {})
+    if zero.get("overlap_comm") and pipeline_parallel_size > 1:
+        return ("DeepSpeed's pipeline engine turns overlap_comm off (it reduces after the last "
+                "micro-batch)")
+    return None

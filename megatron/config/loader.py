@@ -1,6 +1,7 @@
 """Strict YAML loading with repeated `--set section.key=value` overrides."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import typing
@@ -9,10 +10,13 @@ from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
-from megatron.config import strict_yaml
+from megatron.config import deepspeed_section, strict_yaml
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.sections import SECTIONS, DataConfig, KernelsConfig, ModelConfig, \
     OptimizerConfig, ParallelConfig, RunConfig, TrainingConfig
+
+# The dataclass sections, then the free-form deepspeed section.
+ALL_SECTIONS = (*SECTIONS, deepspeed_section.SECTION)
 
 
 @dataclass
@@ -24,9 +28,17 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    # Expert DeepSpeed keys merged into deepspeed.json: a mapping checked against an allow-list
+    # (deepspeed_section.py), not a dataclass, because it mirrors DeepSpeed's own nested JSON.
+    deepspeed: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.deepspeed = deepspeed_section.check_section(self.deepspeed)
 
     def to_dict(self) -> Dict[str, Dict[str, Any]]:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        out[deepspeed_section.SECTION] = copy.deepcopy(self.deepspeed)
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -117,15 +129,21 @@ def _build_section(name: str, values: Dict[str, Any]):
 
 
 def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
-    """['model.hidden_size=128', ...] -> {'model': {'hidden_size': 128}} with typed values."""
+    """['model.hidden_size=128', ...] -> {'model': {'hidden_size': 128}} with typed values.
+    The deepspeed section takes dotted paths: deepspeed.zero_optimization.overlap_comm=true."""
     out: Dict[str, Dict[str, Any]] = {}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError("--set", item, "section.key=value, for example model.hidden_size=128")
         key, text = item.split("=", 1)
         section, name = key.strip().split(".", 1)
+        if section == deepspeed_section.SECTION:
+            out[section] = deepspeed_section.merge(
+                out.get(section, {}), deepspeed_section.parse_override(name, text),
+                unset=False)
+            continue
         if section not in SECTIONS:
-            raise ConfigError(key, text, f"a section among {', '.join(SECTIONS)}")
+            raise ConfigError(key, text, f"a section among {', '.join(ALL_SECTIONS)}")
         types = _field_types(SECTIONS[section])
         if name not in types:
             raise ConfigError(key, text, f"a known key of section '{section}' "
@@ -145,10 +163,10 @@ def _read_yaml(path: str) -> Dict[str, Any]:
         raise InputError(f"config file {path!r} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise InputError(f"config file {path!r} must hold a mapping of sections "
-                         f"({', '.join(SECTIONS)}), found {type(raw).__name__}")
+                         f"({', '.join(ALL_SECTIONS)}), found {type(raw).__name__}")
     for section, values in raw.items():
-        if section not in SECTIONS:
-            raise ConfigError(str(section), "...", f"a section among {', '.join(SECTIONS)}",
+        if section not in ALL_SECTIONS:
+            raise ConfigError(str(section), "...", f"a section among {', '.join(ALL_SECTIONS)}",
                               f"remove or rename it in {path}")
         if not isinstance(values, dict):
             raise ConfigError(str(section), values, "a mapping of keys to values", f"fix {path}")
@@ -157,10 +175,15 @@ def _read_yaml(path: str) -> Dict[str, Any]:
 
 def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Config:
     """YAML file (optional) then overrides; every section is validated on construction."""
-    merged: Dict[str, Dict[str, Any]] = {name: {} for name in SECTIONS}
+    merged: Dict[str, Dict[str, Any]] = {name: {} for name in ALL_SECTIONS}
     if path:
         for section, values in _read_yaml(path).items():
             merged[section].update(values)
+    ds = deepspeed_section.SECTION
     for section, values in parse_overrides(overrides).items():
-        merged[section].update(values)
-    return Config(**{name: _build_section(name, merged[name]) for name in SECTIONS})
+        if section == ds:
+            merged[ds] = deepspeed_section.merge(merged[ds], values)
+        else:
+            merged[section].update(values)
+    return Config(**{name: _build_section(name, merged[name]) for name in SECTIONS},
+                  deepspeed=merged[ds])

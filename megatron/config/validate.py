@@ -1,6 +1,7 @@
 """Checks that need several sections or the world size. Each raises one ConfigError."""
 from __future__ import annotations
 
+from megatron.config.deepspeed_json import overlap_problem
 from megatron.config.errors import ConfigError
 
 
@@ -55,11 +56,22 @@ def check_batch(cfg, world_size: int) -> None:
                           f"({mb} x {dp} = {mb * dp})")
 
 
+def check_deepspeed(cfg) -> None:
+    """An explicit deepspeed-section value the layout cannot honour."""
+    problem = overlap_problem(cfg.deepspeed, cfg.parallel.pipeline_parallel_size)
+    if problem:
+        raise ConfigError("deepspeed.zero_optimization.overlap_comm", True,
+                          f"false or unset with parallel.pipeline_parallel_size="
+                          f"{cfg.parallel.pipeline_parallel_size}: {problem}",
+                          "remove it, or set parallel.pipeline_parallel_size=1")
+
+
 def validate_for_world(cfg, world_size: int) -> int:
     """Runs every cross-section check; returns the derived data-parallel size."""
     check_world(cfg, world_size)
     check_tensor_parallel(cfg)
     check_pipeline(cfg)
+    check_deepspeed(cfg)
     check_batch(cfg, world_size)
     return data_parallel_size(cfg, world_size)
 

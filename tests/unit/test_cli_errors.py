@@ -63,6 +63,16 @@ WORLD_1 = [
     ("malformed_set", ["--set", "hidden_size"], ["--set='hidden_size'", "section.key=value"]),
     ("hidden_not_multiple_of_heads", sets("model.hidden_size=62"),
      ["model.hidden_size=62", "num_attention_heads=4"]),
+    ("deepspeed_owned_batch_size", sets("deepspeed.train_batch_size=64"),
+     ["deepspeed.train_batch_size=64", "set training.global_batch_size instead"]),
+    ("deepspeed_owned_zero_stage", sets("deepspeed.zero_optimization.stage=2"),
+     ["deepspeed.zero_optimization.stage=2", "set parallel.zero_stage instead"]),
+    ("deepspeed_owned_precision", sets("deepspeed.bf16={enabled: true}"),
+     ["deepspeed.bf16=", "set training.precision instead"]),
+    ("deepspeed_unknown_key", sets("deepspeed.zero_optimization.overlap_com=true"),
+     ["deepspeed.zero_optimization.overlap_com=True", "overlap_comm", "fix its spelling"]),
+    ("deepspeed_bad_bucket", sets("deepspeed.zero_optimization.reduce_bucket_size=big"),
+     ["deepspeed.zero_optimization.reduce_bucket_size='big'", "a whole number"]),
 ]
 
 WORLD_2 = [
@@ -85,6 +95,9 @@ WORLD_2 = [
     ("global_batch_not_multiple_of_micro_x_dp2", sets("training.global_batch_size=6",
                                                       "training.micro_batch_size=2"),
      ["training.global_batch_size=6", "(2 x 2 = 4)"]),
+    ("overlap_comm_with_pp", sets("parallel.pipeline_parallel_size=2",
+                                  "deepspeed.zero_optimization.overlap_comm=true"),
+     ["deepspeed.zero_optimization.overlap_comm=True", "pipeline_parallel_size=2"]),
 ]
 
 
@@ -115,6 +128,17 @@ def test_yaml_unknown_key_and_missing_file(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("model: [\n")
     assert_clean_error(run_cli(["--config", str(broken)], clean_env()), "not valid YAML")
+
+
+def test_yaml_deepspeed_section_refusal_is_one_line(tmp_path):
+    """A key the project owns, in the YAML's deepspeed section: exit 2 and a single line that
+    names the key and the project's own setting."""
+    bad = tmp_path / "ds.yaml"
+    bad.write_text(open(TINY).read() + "deepspeed:\n  gradient_clipping: 0.5\n")
+    proc = run_cli(["--config", str(bad)], clean_env())
+    assert_clean_error(proc, "deepspeed.gradient_clipping=0.5", "set training.clip_grad instead")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_bad_launcher_environment_is_one_message():
