@@ -5,8 +5,10 @@ step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/com
 latency, per-micro-batch and per-step overheads). Calibration fits theta by least squares.
 
 Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
-(Megatron-style TP, DeepSpeed's synchronous pipeline engine); DP reduction runs after the last
-micro-batch and is hidden only by the dp_overlap share; nothing overlaps the optimizer step.
+(Megatron-style TP, DeepSpeed's synchronous pipeline engine); the DP gradient reduction hides
+the dp_overlap share behind the backward (DeepSpeed's overlap_comm), at most one micro-batch's
+backward (every micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are
+exposed.
 1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
 a bubble of (p - 1)/(m + p - 1)."""
 from __future__ import annotations
@@ -119,8 +121,26 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     return f
 
 
-def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool) -> np.ndarray:
-    """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer."""
+def backward_window(x: _Ctx, stage_f: np.ndarray) -> float:
+    """Seconds of one micro-batch's backward on a stage, its recompute included: the window in
+    which DeepSpeed's overlap_comm reduces the buckets the layers above have already filled."""
+    r = 1.0 if x.lay.recompute == "full" else 0.0
+    return (2 + r) / (3 + r) * float(theta(x.c) @ stage_f)
+
+
+def hidden_share(claimed: float, reduce_s: float, window_s: float) -> float:
+    """Share of a gradient reduction hidden behind the backward: what the settings claim (with
+    overlap_comm, every bucket but the last; 0 without it or under the pipeline engine, which
+    reduces after the last micro-batch), at most what the backward window can cover."""
+    if claimed <= 0 or reduce_s <= 0:
+        return 0.0
+    return min(claimed, window_s / reduce_s)
+
+
+def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
+                       window_s: float = 0.0) -> np.ndarray:
+    """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer.
+    window_s: one micro-batch's backward on the stage (backward_window)."""
     f = np.zeros(len(FEATURES))
     lay, n, d = x.lay, sp.total, x.lay.dp
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
@@ -128,11 +148,18 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool) -> np.ndar
     weights = x.e * n
     share = (d - 1) / d
     if d > 1:
-        # bus bytes of all-reduce (ZeRO-0), reduce-scatter + all-gather (1-3), and the calls
-        volume, calls = {0: (2 * grads, 1), 1: (grads + weights, 2),
-                         2: (lay.grad_accum * grads + weights, lay.grad_accum + 1),
-                         3: (lay.grad_accum * (2 * weights + grads), 3 * lay.grad_accum)}[lay.zero]
-        x.collective(f, share * volume * (1 - x.c.dp_overlap), x.spec.link(d, lay.tp), calls)
+        ga, link = lay.grad_accum, x.spec.link(d, lay.tp)
+        # bus bytes and calls: the gradient reduction (all-reduce at ZeRO-0, reduce-scatter
+        # once at ZeRO-1, every micro-batch at 2-3), then the weight all-gathers
+        grad_v, grad_n, other_v, other_n = {0: (2 * grads, 1, 0, 0), 1: (grads, 1, weights, 1),
+                                            2: (ga * grads, ga, weights, 1),
+                                            3: (ga * grads, ga, ga * 2 * weights, 2 * ga)}[lay.zero]
+        reduce = np.zeros(len(FEATURES))
+        x.collective(reduce, share * grad_v, link, grad_n)
+        per_window = float(theta(x.c) @ reduce) / (ga if lay.zero >= 2 else 1)
+        f += reduce * (1 - hidden_share(x.c.dp_overlap, per_window, window_s))
+        if other_n:
+            x.collective(f, share * other_v, link, other_n)
     if first_or_last and lay.pp > 1 and x.m.tie_embeddings:
         reach = x.spec.link(2, (lay.pp - 1) * lay.tp * d)
         x.allreduce(f, x.e * sp.word_embedding + x.e * sp.output_layer, 2, reach)
@@ -154,13 +181,17 @@ def _stage_kinds(m, lay) -> List[Tuple[int, bool, bool, int]]:
 def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dict]:
     x = _Ctx(job, lay, prof)
     th = theta(prof.constants)
-    stages = [(stage_features(x, layers, first, last), n)
-              for layers, first, last, n in _stage_kinds(job.model, lay)]
+    kinds = _stage_kinds(job.model, lay)
+    stages = [(stage_features(x, layers, first, last), n) for layers, first, last, n in kinds]
     slowest = max((f for f, _ in stages), key=lambda f: float(th @ f))
     pipe = (lay.grad_accum - 1) * slowest + sum(f * n for f, n in stages)
     params = all_stage_params(job.model, lay.tp, lay.pp)
-    ends = {0, lay.pp - 1}
-    reductions = [reduction_features(x, params[i], True) for i in sorted(ends)]
+    ends = sorted({0, lay.pp - 1})
+    # the first and last stage's own per-micro-batch features, for their backward windows
+    ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
+                      if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
+    reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]))
+                  for i in ends]
     reduce = max(reductions, key=lambda f: float(th @ f))
     step = np.zeros(len(FEATURES))
     step[STEP] = 1

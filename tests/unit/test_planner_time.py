@@ -121,3 +121,40 @@ def test_gemm_curve_passes_through_the_published_best_rate(cluster, tflops, shap
     assert rate * c.gemm_eff / 1e12 == pytest.approx(tflops, rel=1e-9)
     small = (2048, 1536, 4096)
     assert 2 * 2048 * 1536 * 4096 / gemm_seconds(small, peak, c.gemm_half_dim) < rate
+
+
+def _dp_layout(zero, ga=4):
+    return Layout(tp=1, pp=1, dp=64, micro_batch=2, grad_accum=ga, zero=zero, recompute="none",
+                  flash=True)
+
+
+def _with(prof, **constants):
+    return dataclasses.replace(prof, constants=prof.constants.replace(**constants))
+
+
+def test_overlap_comm_hides_the_gradient_reduction_behind_the_backward():
+    # DeepSpeed's overlap_comm (dp_overlap = the share the settings let it hide): on A100s the
+    # 1.3B model's reduce-scatter is shorter than one micro-batch's backward, so all of the
+    # claimed share hides; the weight all-gather after the step stays exposed.
+    job, a100 = Job(preset_model("gpt3-1.3b"), 512, "bf16"), load_profile("a100")
+    off = step_time(job, _dp_layout(1), a100)
+    on = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0))
+    half = step_time(job, _dp_layout(1), _with(a100, dp_overlap=0.5))
+    optimizer = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0, comm_eff=1e9)).reduce_s
+    gathered = (off.reduce_s - optimizer) / 2  # reduce-scatter and all-gather move equal bytes
+    assert on.reduce_s == pytest.approx(optimizer + gathered, rel=0.05)
+    assert half.reduce_s == pytest.approx((off.reduce_s + on.reduce_s) / 2, rel=1e-6)
+
+
+def test_overlap_is_bounded_by_the_backward_window():
+    # Slow NICs: the reduction outlasts the backward it overlaps, and only the backward's
+    # length of it hides (once at ZeRO-1, behind every micro-batch at ZeRO-2).
+    job = Job(preset_model("gpt3-1.3b"), 512, "bf16")
+    slow = load_profile("a100")
+    slow = dataclasses.replace(slow, spec=dataclasses.replace(slow.spec, inter_node_gbps=2))
+    for zero in (1, 2):
+        off = step_time(job, _dp_layout(zero), slow)
+        on = step_time(job, _dp_layout(zero), _with(slow, dp_overlap=1.0))
+        hidden = off.reduce_s - on.reduce_s
+        window = on.pipeline_s / 4 * 2 / 3  # one micro-batch's backward of four
+        assert hidden == pytest.approx(window * (1 if zero == 1 else 4), rel=0.02)
