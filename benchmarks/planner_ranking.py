@@ -9,6 +9,7 @@ stopped. Results: benchmarks/results/planner_ranking.json and .md.
 
     .venv/bin/python benchmarks/planner_ranking.py            # 8 layouts, ~5 minutes
     .venv/bin/python benchmarks/planner_ranking.py --layouts 10 --steps 10
+    .venv/bin/python benchmarks/planner_ranking.py --fit-only  # refit stored trials, run none
 
 Run it on a quiet machine: other processes on the 2 cores distort the step times."""
 from __future__ import annotations
@@ -50,6 +51,8 @@ def parse_args():
     p.add_argument("--results", default=os.path.join(HERE, "results", "planner_trials.jsonl"))
     p.add_argument("--run-root", default="runs/planner-ranking")
     p.add_argument("--threshold", type=float, default=0.8)
+    p.add_argument("--fit-only", action="store_true",
+                   help="refit the stored trials only (after a change to the time model)")
     return p.parse_args()
 
 
@@ -82,7 +85,7 @@ def main() -> int:
     store = TrialStore(args.results)
     runner = TorchrunRunner(args.config, job, args.nproc, args.run_root, steps=args.steps,
                             overrides=args.set, warmup=args.warmup, job_note=job_note(job))
-    done = run_trials(runner, layouts, store)
+    done = store.load() if args.fit_only else run_trials(runner, layouts, store)
     # every stored trial of this job counts, including those of earlier, resumed runs
     trials = sorted((t for t in done.values() if t.ok and t.job in ("", job_note(job))),
                     key=lambda t: t.key)
