@@ -3,7 +3,7 @@
 # same script and arguments, until training.train_iters is reached. Each job continues from the
 # newest complete checkpoint on the node count it was given. The chain stops when the run is
 # finished, when a job made no progress (the newest complete checkpoint is where the job found
-# it), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. The rules: megatron/launch/chain.py.
+# it), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. The rules: megatron/training/chain.py.
 #
 #   source chain.sh
 #   megatron_chain_init "$@"        # first, before env.sh: the batch script's own arguments and
@@ -33,7 +33,7 @@ megatron_chain_init() {
 megatron_chain_begin() {
   _MEGATRON_CHAIN_TRAIN_ARGS=("$@")
   local out action
-  out=$(python -m megatron.launch.chain begin "$@")
+  out=$(python -m megatron.cli.chain begin "$@")
   read -r action _MEGATRON_CHAIN_START <<< "$out"
   if [ "$action" = stop ]; then
     rm -f "$_MEGATRON_CHAIN_ENV"
@@ -43,7 +43,7 @@ megatron_chain_begin() {
 
 megatron_chain_end() {
   local rc=0
-  python -m megatron.launch.chain end --start-step "$_MEGATRON_CHAIN_START" \
+  python -m megatron.cli.chain end --start-step "$_MEGATRON_CHAIN_START" \
     --exit-status "$1" --submit-env "$_MEGATRON_CHAIN_ENV" "${_MEGATRON_CHAIN_TRAIN_ARGS[@]}" \
     -- "${_MEGATRON_CHAIN_SCRIPT_ARGS[@]}" || rc=$?
   rm -f "$_MEGATRON_CHAIN_ENV"

@@ -185,4 +185,5 @@ srun {sys.executable} -m megatron.cli.train --config {TINY} --set training.train
     assert len(stop) == 1 and stop[0]["reason"] == "deadline"
     assert saves and saves[-1]["step"] == stop[0]["step"] > 1
     assert (run_dir / "checkpoints" / f"step_{stop[0]['step']:07d}" / "meta.json").is_file()
-    assert elapsed < 75, f"took {elapsed:.0f} s"
+    # COMPLETED, not TIMEOUT, is the proof it stopped before the limit; no wall-clock bound here,
+    # since a loaded machine delays the job's start.

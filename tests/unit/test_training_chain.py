@@ -1,4 +1,4 @@
-"""Chained Slurm jobs (megatron/launch/chain.py, examples/frontier/chain.sh) without Slurm: the
+"""Chained Slurm jobs (megatron/training/chain.py, examples/frontier/chain.sh) without Slurm: the
 progress read from the run directory, the begin/end decisions (finished, no progress, bound on
 jobs, chaining off), the next job's sbatch line and environment, and chain.sh driving the module
 against stand-in squeue/sbatch. The chain under a real Slurm: tests/e2e/test_slurm_chain.py."""
@@ -11,7 +11,7 @@ import pytest
 
 from megatron.checkpoint.store import FORMAT, META
 from megatron.config.errors import InputError
-from megatron.launch import chain
+from megatron.training import chain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHAIN_SH = os.path.join(ROOT, "examples", "frontier", "chain.sh")

@@ -1,0 +1,86 @@
+"""python -m megatron.cli.chain: the batch scripts' entry point to chained Slurm jobs
+(megatron/training/chain.py has the rules; examples/frontier/chain.sh calls this)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+from megatron.config import load_config
+from megatron.config.errors import ConfigError, InputError
+from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, progress, read_env_file,
+                                     settings, submit_next, _where)
+
+EPILOG = """examples:
+  # where a run stands: its resolved config names run.dir and training.train_iters
+  python -m megatron.cli.chain status --config runs/175b/config.yaml
+
+  # begin and end are called by batch scripts through examples/frontier/chain.sh
+"""
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m megatron.cli.chain",
+                                description=__doc__.split("\n")[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    helps = {"status": "print the run's newest complete step and whether it is finished",
+             "begin": "before training: print 'train STEP' or 'stop STEP' (run finished)",
+             "end": "after training: submit the batch script again if the chain goes on"}
+    for name, text in helps.items():
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--config", help="the run's YAML config, as given to megatron-train")
+        c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="the same overrides as given to megatron-train")
+        if name == "end":
+            c.add_argument("--start-step", type=int, required=True,
+                           help="the step printed by begin")
+            c.add_argument("--exit-status", type=int, required=True,
+                           help="the training step's exit status (for the log)")
+            c.add_argument("--submit-env", required=True,
+                           help="`env -0` of the job before env.sh was sourced")
+            c.add_argument("script_args", nargs="*",
+                           help="after --: the batch script's own arguments")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse(argv)
+    env = os.environ
+    try:
+        cfg = load_config(args.config, args.set)
+        p = progress(cfg.run.dir, cfg.training.train_iters)
+        for line in p.skipped:
+            _say(f"skipped (does not validate): {line}")
+        if args.command == "status":
+            print(f"{_where(p)}: {'finished' if p.finished else 'not finished'}")
+            return 0
+        s = settings(env, cfg.training.save)
+        if args.command == "begin":
+            d = begin(p, s)
+            _say(d.message)
+            print(f"{'train' if d.go else 'stop'} {p.step}")
+            return 0
+        d = end(p, args.start_step, args.exit_status, s)
+        _say(d.message)
+        if d.go:
+            job = submit_next(env["SLURM_JOB_ID"], args.script_args,
+                              read_env_file(args.submit_env), s.attempt, env.get(SCRIPT))
+            _say(f"submitted job {job} ({ATTEMPT}={s.attempt + 1}), to start when this one "
+                 "ends")
+        return 0
+    except (ConfigError, InputError) as e:
+        _say(f"error: {e}")
+        return 2
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"chain: {line}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="chain: %(message)s")
+    sys.exit(main())

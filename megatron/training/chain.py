@@ -1,0 +1,227 @@
+"""Chained Slurm jobs: a training longer than one job's time limit is a series of batch jobs, each
+continuing from the newest complete checkpoint (training.load=auto) on the node count it was
+given, each submitting the next one until training.train_iters is reached.
+
+A chain stops when the run is finished, when a job left the newest complete checkpoint where it
+found it (no progress: a job that fails at start, a run directory locked by another run, a time
+limit too short for one save), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. Progress is the step of
+the newest checkpoint that validates, the same one the next job would continue from
+(megatron.checkpoint.store), so a job that trained steps it could not commit made none.
+
+examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
+
+    python -m megatron.cli.chain status --config C [--set k=v ...]
+    python -m megatron.cli.chain begin  --config C [--set k=v ...]
+    python -m megatron.cli.chain end    --start-step S --exit-status RC --submit-env FILE \\
+        --config C [--set k=v ...] -- BATCH SCRIPT ARGUMENTS
+
+begin (before the training step) prints `train START` or `stop START`; end (after it) submits
+the batch script again with the same arguments, behind the running job (afterany), from the
+environment the job was submitted with. This is job orchestration, above the trainer, so it
+lives with the loop in megatron.training; nothing here prints or exits."""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from megatron.checkpoint.store import newest_complete
+from megatron.config.errors import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_ATTEMPTS = 20
+ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT = (
+    "MEGATRON_CHAIN", "MEGATRON_CHAIN_ATTEMPT", "MEGATRON_CHAIN_MAX_ATTEMPTS",
+    "MEGATRON_CHAIN_SCRIPT")
+
+
+@dataclass(frozen=True)
+class Progress:
+    run_dir: str
+    step: int  # of the newest complete checkpoint; 0 when there is none
+    train_iters: int
+    skipped: Tuple[str, ...] = ()  # newer step_N folders that do not validate, why
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.train_iters
+
+
+def progress(run_dir: str, train_iters: int) -> Progress:
+    found, skipped = newest_complete(os.path.join(run_dir, "checkpoints"))
+    return Progress(run_dir, found.step if found else 0, train_iters, tuple(skipped))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The chain's knobs, from the job's environment (and training.save, which must be on)."""
+    enabled: bool
+    attempt: int  # 1 for the job a person submitted, n+1 for the job job n submitted
+    max_attempts: int
+    off_reason: str = ""
+
+
+def settings(env: Mapping[str, str], final_save: bool = True) -> Settings:
+    attempt = _count(env, ATTEMPT, 1)
+    most = _count(env, MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS)
+    flag = env.get(ENABLE, "1").strip().lower()
+    if flag not in ("0", "1", "no", "yes", "off", "on", "false", "true"):
+        raise InputError(f"{ENABLE}={env[ENABLE]!r} is invalid: expected 1 (chain jobs, the "
+                         f"default) or 0 (one job, no resubmission)")
+    if flag in ("0", "no", "off", "false"):
+        return Settings(False, attempt, most, f"chaining is off ({ENABLE}={env[ENABLE]})")
+    if not final_save:
+        return Settings(False, attempt, most, "chaining is off: training.save=false, so the "
+                        "end of the run leaves no checkpoint to tell the chain it finished "
+                        "(set training.save=true)")
+    if "SLURM_JOB_ID" not in env:
+        return Settings(False, attempt, most, "chaining is off: not inside a Slurm job")
+    return Settings(True, attempt, most)
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"{name}={env[name]!r} is invalid: expected a whole number >= 1")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Decision:
+    go: bool  # begin: train in this job; end: submit the next one
+    message: str
+
+
+def _where(p: Progress) -> str:
+    return f"{p.run_dir}: step {p.step} of training.train_iters={p.train_iters}"
+
+
+def begin(p: Progress, s: Settings) -> Decision:
+    """Before training: in a chain, a finished run trains no more (a person submitting it
+    again, or a job submitted by hand behind the chain's last one)."""
+    if not s.enabled:
+        return Decision(True, f"{_where(p)}; {s.off_reason}")
+    if p.finished:
+        return Decision(False, f"{_where(p)}: the run is finished, nothing to train")
+    start = f"continuing from step {p.step}" if p.step else "starting (no checkpoint yet)"
+    return Decision(True, f"job {s.attempt} of at most {s.max_attempts} "
+                          f"({MAX_ATTEMPTS}): {p.run_dir}: {start}, "
+                          f"training.train_iters={p.train_iters}")
+
+
+def end(p: Progress, start_step: int, exit_status: int, s: Settings) -> Decision:
+    """After training: submit the next job only if this one moved the newest complete checkpoint
+    forward and the run is not finished, within the bound on jobs."""
+    if p.finished:
+        jobs = f" after {s.attempt} job(s) of this chain" if s.enabled else ""
+        return Decision(False, f"{_where(p)}: the run is finished{jobs}")
+    if not s.enabled:
+        return Decision(False, f"{_where(p)}; {s.off_reason}: not submitting the next job")
+    if p.step <= start_step:
+        return Decision(False, f"{_where(p)}: no progress in this job (it started from step "
+                               f"{start_step}; exit status {exit_status}): not submitting the "
+                               "next job. Fix the cause (see above in this log), then submit "
+                               "again")
+    if s.attempt >= s.max_attempts:
+        return Decision(False, f"{_where(p)}: this was job {s.attempt} of at most "
+                               f"{s.max_attempts} ({MAX_ATTEMPTS}): not submitting the next "
+                               "job. Submit again to continue (the count starts over)")
+    return Decision(True, f"{_where(p)} (this job trained from step {start_step}, exit status "
+                          f"{exit_status}): submitting job {s.attempt + 1}")
+
+
+# --- The next job: its sbatch command line and environment ------------------------------------
+
+# squeue's fields for the job's own submission options; %o (the command) last, since it may
+# hold anything. Unit separator between fields: it appears in no name or path.
+SQUEUE_FIELDS = ("%j", "%a", "%q", "%P", "%l", "%D", "%f", "%v", "%Z", "%o")
+_SEP = "\x1f"
+_UNSET = ("", "(null)", "N/A", "UNLIMITED", "NOT_SET", "INVALID")
+
+
+def squeue_command(job_id: str) -> List[str]:
+    return ["squeue", "-h", "-j", job_id, "-o", _SEP.join(SQUEUE_FIELDS)]
+
+
+def sbatch_command(job_id: str, squeue_line: str, script_args: Sequence[str],
+                   script: Optional[str] = None) -> List[str]:
+    """sbatch for the next job: behind this one (afterany: never two jobs of the chain at
+    once), on this job's node count, with its time limit, account, QOS, partition, constraint,
+    reservation, name and working directory; the batch script and its arguments again. Options
+    given on the first sbatch line other than these (e.g. --output) are not carried: put them in
+    the script's #SBATCH lines."""
+    values = squeue_line.rstrip("\n").split(_SEP)
+    if len(values) != len(SQUEUE_FIELDS):
+        raise InputError(f"squeue gave {len(values)} fields for job {job_id}, expected "
+                         f"{len(SQUEUE_FIELDS)}: {squeue_line!r}")
+    name, account, qos, partition, limit, nodes, features, reservation, workdir, command = values
+    cmd = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}", f"--nodes={nodes}"]
+    for option, value in (("--time", limit), ("--account", account), ("--qos", qos),
+                          ("--partition", partition), ("--constraint", features),
+                          ("--reservation", reservation), ("--job-name", name),
+                          ("--chdir", workdir)):
+        if value.strip() not in _UNSET:
+            cmd.append(f"{option}={value}")
+    return cmd + ["--", script or script_path(command, script_args), *script_args]
+
+
+def script_path(command: str, script_args: Sequence[str]) -> str:
+    """The batch script's path from Slurm's record of the command, which is the path and the
+    arguments joined by single spaces (their quoting lost): the known arguments are cut off."""
+    tail = "".join(" " + a for a in script_args)
+    if command not in _UNSET and command.endswith(tail) and len(command) > len(tail):
+        return command[:len(command) - len(tail)]
+    raise InputError(f"cannot tell the batch script's path from Slurm's command {command!r} "
+                     f"and the arguments {shlex.join(script_args)!r}; set {SCRIPT} to the "
+                     "script to submit again")
+
+
+def next_env(submitted: Mapping[str, str], attempt: int) -> Dict[str, str]:
+    """The next job's environment: the one this job was submitted with (before env.sh changed
+    it: NCCL_NET depends on the node count, MEGATRON_JOB_END_TIME on the job), without this job's
+    SLURM_* variables
+    (Slurm sets the next job's; SLURM_CONF names the cluster and stays), with the attempt."""
+    env = {k: v for k, v in submitted.items()
+           if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env[ATTEMPT] = str(attempt + 1)
+    return env
+
+
+def read_env_file(path: str) -> Dict[str, str]:
+    """`env -0` output (chain.sh writes it before env.sh is sourced)."""
+    try:
+        with open(path, "rb") as f:
+            items = f.read().decode(errors="surrogateescape").split("\0")
+    except OSError as e:
+        raise InputError(f"cannot read the job's submission environment {path!r} "
+                         f"({e.strerror}); chain.sh's megatron_chain_init writes it") from None
+    return dict(item.split("=", 1) for item in items if "=" in item)
+
+
+def submit_next(job_id: str, script_args: Sequence[str], submitted: Mapping[str, str],
+                attempt: int, script: Optional[str] = None) -> str:
+    """Submits the next job; returns its id. Raises InputError with Slurm's message."""
+    query = _run(squeue_command(job_id))
+    if query.returncode != 0 or not query.stdout.strip():
+        raise InputError(f"squeue found no record of job {job_id}: {query.stderr.strip()}")
+    cmd = sbatch_command(job_id, query.stdout.splitlines()[0], script_args, script)
+    log.info("submitting: %s", shlex.join(cmd))
+    done = _run(cmd, env=next_env(submitted, attempt))
+    if done.returncode != 0:
+        raise InputError(f"sbatch refused the next job (exit status {done.returncode}): "
+                         f"{done.stderr.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def _run(cmd: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    except OSError as e:
+        raise InputError(f"cannot run {cmd[0]} ({e.strerror}): chained jobs need Slurm's "
+                         "commands on PATH inside the batch job") from None
