@@ -58,7 +58,8 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
         raw["training"]["clip_grad"] = 1.0
     if run_dir:
         raw["run"]["dir"] = run_dir
-    cfg = Config(**{name: SECTIONS[name](**raw[name]) for name in SECTIONS})
+    cfg = Config(**{name: SECTIONS[name](**raw[name]) for name in SECTIONS},
+                 deepspeed=raw["deepspeed"])
     validate_for_world(cfg, lay.world)
     return cfg
 

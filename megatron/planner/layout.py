@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from megatron.config import ModelConfig
+from megatron.config.deepspeed_json import overlap_problem
 from megatron.config.errors import ConfigError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -16,6 +17,9 @@ class Job:
     model: ModelConfig
     global_batch: int
     precision: str = "bf16"
+    # The config's validated `deepspeed:` section (Config.deepspeed): the bucket, overlap and
+    # communication settings the trainer will merge into deepspeed.json (zero_settings.py).
+    deepspeed: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def seq(self) -> int:
@@ -71,6 +75,9 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return f"PP {lay.pp} exceeds the layer count {m.num_layers}"
     if lay.pp > 1 and lay.zero > 1:
         return "DeepSpeed's pipeline engine allows ZeRO 0 or 1 only"
+    overlap = overlap_problem(job.deepspeed, lay.pp)
+    if overlap:
+        return f"deepspeed.zero_optimization.overlap_comm=true with PP {lay.pp}: {overlap}"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return None

@@ -1,11 +1,14 @@
 """Memory per device: model states by precision and ZeRO stage, activations under 1F1B.
 
 Model states follow what DeepSpeed 0.19 allocates for the config this project generates
-(megatron/config/deepspeed_json.py: a torch Adam, contiguous_gradients, overlap_comm off):
+(megatron/config/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
+overlap settings zero_settings.py reads from the same function that writes deepspeed.json):
 - ZeRO 1-3 (DeepSpeedZeroOptimizer / stage 3): an fp32 master partition (a copy even for fp32
   models) and fp32 Adam moments, both 1/dp; gradients in the model dtype, whole for ZeRO-1, a
-  1/dp partition for ZeRO-2/3, plus one contiguous bucket of reduce_bucket_size elements
-  (on a CPU, where only touched pages are resident, just what ZeRO-3 copies through it).
+  1/dp partition for ZeRO-2/3, plus the contiguous buckets of reduce_bucket_size elements: two
+  for ZeRO-1/2 with overlap_comm (the GPU default without pipelining), else one; ZeRO-3's in
+  the communication dtype (on a CPU, where only touched pages are resident, just what ZeRO-3
+  copies through it).
 - ZeRO-0: fp32 uses the torch optimizer as is (no master copy); fp16, and bf16 without
   pipelining, use the FP16 optimizer (whole fp32 master and moments); bf16 with pipelining uses
   DeepSpeed's BF16 optimizer, which shards master and moments over DP like ZeRO-1.
@@ -14,12 +17,14 @@ working set) and the optimizer step (states + the fp32 gradient partition it fla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
+from megatron.config.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
 from megatron.planner.profile import Constants
+from megatron.planner.zero_settings import bucket_buffers, comm_bytes, device_of, settings_for
 
 GIB = float(2 ** 30)
 
@@ -43,26 +48,27 @@ def optimizer_kind(precision: str, zero: int, pp: int) -> str:
     return "bf16" if precision == "bf16" and pp > 1 else "fp16"
 
 
-# DeepSpeed's stage3_max_reuse_distance (this project leaves it at its default): a gathered
-# parameter is not released while it recurs within this many parameter elements of the
-# upcoming module trace.
-ZERO3_REUSE_ELEMS = 1e9
-
-
-def zero3_gathered_elems(n: int, layer_params: int) -> float:
+def zero3_gathered_elems(n: int, layer_params: int,
+                         reuse_distance: float = DEEPSPEED_REUSE_DISTANCE) -> float:
     """Elements ZeRO-3 holds gathered whole at the backward peak, besides its partition. Once the
     trace is recorded (from the second step on) DeepSpeed releases a parameter only if it does
-    not recur within max_reuse_distance elements; backward revisits the forward's modules in
-    reverse, so up to that distance of the stage stays gathered from forward into backward,
-    plus the layer in use and the one being prefetched. A stage under 1e9 parameters per rank
-    therefore holds all its weights whole."""
-    return min(float(n), ZERO3_REUSE_ELEMS + 2 * layer_params)
+    not recur within stage3_max_reuse_distance elements (1e9 unless the deepspeed section sets
+    it); backward revisits the forward's modules in reverse, so up to that distance of the stage
+    stays gathered from forward into backward, plus the layer in use and the one being
+    prefetched. At the default, a stage under 1e9 parameters per rank therefore holds all its
+    weights whole."""
+    return min(float(n), reuse_distance + 2 * layer_params)
 
 
 def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, dp: int,
-                bucket_elems: float, bucket_touched: bool = False) -> StateBytes:
+                bucket_elems: float, bucket_touched: bool = False, *, buffers: int = 1,
+                bucket_dtype_bytes: Optional[float] = None,
+                reuse_distance: float = DEEPSPEED_REUSE_DISTANCE) -> StateBytes:
     """Bytes of weights, gradients and optimizer states one rank holds for its n parameters.
-    bucket_touched: count only the bucket pages gradients write (Constants.bucket_touched)."""
+    buffers: contiguous buckets of bucket_elems (zero_settings.bucket_buffers);
+    bucket_dtype_bytes: ZeRO-3's bucket element size (its communication dtype; default the
+    model's); bucket_touched: count only the bucket pages gradients write
+    (Constants.bucket_touched)."""
     lp = act.act_bytes(precision)
     kind = optimizer_kind(precision, zero, pp)
     if kind == "torch":
@@ -71,12 +77,14 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
         return StateBytes(lp * n, lp * n, 12 * n, 4 * n, 0, False)
     if kind == "bf16":
         return StateBytes(lp * n, lp * n, 12 * n / dp, 4 * n / dp, 0, False)
-    bucket = bucket_elems * lp
+    # ZeRO-1/2 buckets hold gradients in the model dtype; ZeRO-3's one per communication dtype.
+    elem = (bucket_dtype_bytes or lp) if zero == 3 else lp
+    bucket = buffers * bucket_elems * elem
     if bucket_touched:
-        bucket = lp * min(bucket_elems, float(n)) if zero == 3 else 0.0
+        bucket = elem * min(bucket_elems, float(n)) if zero == 3 and buffers else 0.0
     weights = lp * n / dp if zero == 3 else lp * n
     if zero == 3:
-        weights += lp * zero3_gathered_elems(n, layer_params)
+        weights += lp * zero3_gathered_elems(n, layer_params, reuse_distance)
     grads = lp * n if zero == 1 else lp * n / dp
     # ZeRO-1 under the pipeline engine allocates its bucket in reduce_gradients, after the last
     # micro-batch; otherwise the bucket exists from the first backward on.
@@ -130,9 +138,21 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     return stored * c.act_scale, working * c.act_scale
 
 
-def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants) -> StageMemory:
-    states = state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
-                         c.bucket_elems, bool(c.bucket_touched))
+def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
+                 device: Optional[str] = None) -> StateBytes:
+    """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
+    ("gpu" or "cpu"; None: the profile's, zero_settings.device_of)."""
+    ds = settings_for(job, lay, device or device_of(c))
+    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
+                       ds.reduce_bucket_size, bool(c.bucket_touched),
+                       buffers=bucket_buffers(ds, lay.zero),
+                       bucket_dtype_bytes=comm_bytes(ds, act.act_bytes(job.precision)),
+                       reuse_distance=ds.stage3_max_reuse_distance)
+
+
+def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,
+                 device: Optional[str] = None) -> StageMemory:
+    states = stage_states(job, lay, sp, c, device)
     stored, working = _stage_activations(job, lay, sp, stage, c)
     base = states.weights + states.optimizer + c.fixed_gb * GIB
     backward = base + states.grads + stored + working
@@ -147,15 +167,17 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
                        working, states.step_transient, states.bucket, peak, reserved)
 
 
-def memory_per_stage(job: Job, lay: Layout, c: Constants) -> List[StageMemory]:
+def memory_per_stage(job: Job, lay: Layout, c: Constants,
+                     device: Optional[str] = None) -> List[StageMemory]:
     params = all_stage_params(job.model, lay.tp, lay.pp)
-    return [stage_memory(job, lay, sp, i, c) for i, sp in enumerate(params)]
+    return [stage_memory(job, lay, sp, i, c, device) for i, sp in enumerate(params)]
 
 
-def peak_memory(job: Job, lay: Layout, c: Constants) -> StageMemory:
+def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = None) -> StageMemory:
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
     flight and the embedding; the last stage has the logits and the output layer."""
     ends = sorted({0, lay.pp - 1})
-    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c) for i in ends]
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device)
+              for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

@@ -1,0 +1,135 @@
+"""The planner reads the DeepSpeed communication settings the trainer writes: the same function
+(megatron.config.deepspeed_json.deepspeed_settings) with the config's deepspeed section carried
+by the Job. A failure names which reader drifted: zero_settings (device, settings), the memory
+model's bucket term (size, double buffer, dtype, ZeRO-3 reuse distance), the layout rules, or
+the emitted config."""
+import os
+
+import pytest
+
+from megatron.config import deepspeed_config, load_config
+from megatron.config.deepspeed_json import config_settings
+from megatron.planner import zero_settings as zs
+from megatron.planner.emit import layout_config
+from megatron.planner.layout import Job, Layout, layout_problem
+from megatron.planner.memory import peak_memory, stage_states
+from megatron.planner.models import preset_model
+from megatron.planner.params import stage_params
+from megatron.planner.profile import Constants
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+M13 = preset_model("gpt3-1.3b")
+GPU, CPU = Constants(), Constants(bucket_touched=1.0)
+
+
+def lay(**kw):
+    base = dict(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=2, recompute="none",
+                flash=True, sequence_parallel=False)
+    base.update(kw)
+    return Layout(**base)
+
+
+def bucket_bytes(job, layout, c=GPU, device=None):
+    sp = stage_params(job.model, layout.tp, layout.pp, 0)
+    return stage_states(job, layout, sp, c, device).bucket
+
+
+def test_profile_device():
+    assert zs.device_of(GPU) == "gpu" and zs.device_of(CPU) == "cpu"
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["parallel.zero_stage=2"], ["parallel.zero_stage=3", "training.precision=bf16"],
+    ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+    ["parallel.zero_stage=2", "deepspeed.zero_optimization.reduce_bucket_size=3e6",
+     "deepspeed.zero_optimization.overlap_comm=false", "deepspeed.communication_data_type=fp32"],
+])
+@pytest.mark.parametrize("device, torch_device", [("gpu", "cuda"), ("cpu", "cpu")])
+def test_planner_settings_equal_the_trainers(overrides, device, torch_device):
+    cfg = load_config(TINY, overrides)
+    p = cfg.parallel
+    job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision,
+              deepspeed=cfg.deepspeed)
+    layout = Layout(p.tensor_parallel_size, p.pipeline_parallel_size, 1, 2, 8, p.zero_stage)
+    got = zs.settings_for(job, layout, device)
+    assert got == config_settings(cfg, torch_device)
+    block = deepspeed_config(cfg, 1, torch_device)["zero_optimization"]
+    assert {k: block[k] for k in got.zero_keys()} == got.zero_keys()
+
+
+def test_gpu_zero12_double_the_bucket_and_cpu_or_pipelines_do_not():
+    job = Job(M13, 64, "bf16")
+    size = zs.settings_for(job, lay(), "gpu").reduce_bucket_size
+    assert size == 12 * 2048 ** 2
+    assert bucket_bytes(job, lay(zero=1)) == bucket_bytes(job, lay(zero=2)) == 2 * 2 * size
+    assert bucket_bytes(job, lay(zero=3)) == 2 * size  # ZeRO-3: one buffer, overlap or not
+    assert bucket_bytes(job, lay(zero=2), device="cpu") == 2 * 5e8  # one 5e8 bucket
+    assert bucket_bytes(job, lay(zero=1, pp=2, dp=4, grad_accum=16)) == 2 * size  # no overlap
+    assert bucket_bytes(job, lay(zero=0)) == 0
+
+
+def test_the_jobs_deepspeed_section_reaches_the_memory_model():
+    base = Job(M13, 64, "bf16")
+    small = Job(M13, 64, "bf16", deepspeed={"zero_optimization": {"reduce_bucket_size": 10 ** 6}})
+    assert bucket_bytes(small, lay()) == 2 * 2 * 10 ** 6
+    assert peak_memory(small, lay(), GPU).peak_bytes < peak_memory(base, lay(), GPU).peak_bytes
+    off = Job(M13, 64, "bf16", deepspeed={"zero_optimization": {"overlap_comm": False}})
+    assert bucket_bytes(off, lay()) == bucket_bytes(base, lay()) / 2
+    flat = Job(M13, 64, "bf16", deepspeed={"zero_optimization": {"contiguous_gradients": False}})
+    assert bucket_bytes(flat, lay()) == 0
+    fp32 = Job(M13, 64, "bf16", deepspeed={"communication_data_type": "fp32"})
+    assert bucket_bytes(fp32, lay(zero=3)) == 2 * bucket_bytes(base, lay(zero=3))
+    assert bucket_bytes(fp32, lay(zero=2)) == bucket_bytes(base, lay(zero=2))  # model dtype
+
+
+def test_zero3_reuse_distance_is_read():
+    layout = lay(zero=3)
+    sp = stage_params(M13, 1, 1, 0)
+    base = stage_states(Job(M13, 64, "bf16"), layout, sp, GPU)
+    short = stage_states(Job(M13, 64, "bf16", deepspeed={"zero_optimization": {
+        "stage3_max_reuse_distance": 0}}), layout, sp, GPU)
+    # gathered: up to the reuse distance (default 1e9) plus the layer in use and the next one
+    partition = 2 * sp.total / 8
+    assert base.weights == pytest.approx(partition + 2 * min(sp.total, 1e9 + 2 * sp.max_layer))
+    assert short.weights == pytest.approx(partition + 2 * 2 * sp.max_layer)
+
+
+def test_cpu_profile_counts_touched_pages_only():
+    job = Job(M13, 64, "bf16")
+    assert bucket_bytes(job, lay(zero=2), CPU) == 0
+    n = stage_params(M13, 1, 1, 0).total
+    assert bucket_bytes(job, lay(zero=3), CPU) == 2 * min(5e8, n)
+
+
+def test_overlap_claims_all_but_the_last_bucket():
+    job = Job(M13, 64, "bf16")
+    s = zs.settings_for(job, lay(), "gpu")
+    n = stage_params(M13, 1, 1, 0).total
+    assert zs.overlap_claim(s, 2, n) == pytest.approx(1 - s.reduce_bucket_size / n)
+    assert zs.overlap_claim(s, 1, n) == zs.overlap_claim(s, 3, n) > 0.9
+    assert zs.overlap_claim(s, 0, n) == 0
+    assert zs.overlap_claim(zs.settings_for(job, lay(), "cpu"), 2, n) == 0
+    assert zs.overlap_claim(s, 2, s.reduce_bucket_size // 2) == 0  # one bucket: nothing hides
+
+
+def test_comm_bytes_follow_communication_data_type():
+    job = Job(M13, 64, "bf16", deepspeed={"communication_data_type": "fp32"})
+    assert zs.comm_bytes(zs.settings_for(job, lay(), "gpu"), 2) == 4
+    assert zs.comm_bytes(zs.settings_for(Job(M13, 64, "bf16"), lay(), "gpu"), 2) == 2
+
+
+def test_layouts_with_explicit_overlap_and_pipelining_are_refused():
+    job = Job(M13, 64, "bf16", deepspeed={"zero_optimization": {"overlap_comm": True}})
+    assert "overlap_comm" in layout_problem(job, lay(zero=1, pp=2, dp=4, grad_accum=16))
+    assert layout_problem(job, lay(zero=1)) is None
+
+
+def test_emitted_config_keeps_the_deepspeed_section(tmp_path):
+    base = load_config(TINY, ["deepspeed.zero_optimization.reduce_bucket_size=4e6"])
+    job = Job(base.model, 16, "fp32", deepspeed=base.deepspeed)
+    cfg = layout_config(base, job, Layout(1, 2, 2, 2, 4, 1), flash_backend="sdpa")
+    assert cfg.deepspeed == {"zero_optimization": {"reduce_bucket_size": 4_000_000}}
+    path = tmp_path / "best.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(str(path)).deepspeed == cfg.deepspeed
