@@ -24,7 +24,7 @@ from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
 from megatron.planner.profile import Constants
-from megatron.planner.zero_settings import bucket_buffers, comm_bytes, device_of, settings_for
+from megatron.planner.zero_settings import bucket_buffers, comm_bytes, profile_settings
 
 GIB = float(2 ** 30)
 
@@ -141,8 +141,8 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
 def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
                  device: Optional[str] = None) -> StateBytes:
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
-    ("gpu" or "cpu"; None: the profile's, zero_settings.device_of)."""
-    ds = settings_for(job, lay, device or device_of(c))
+    ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings)."""
+    ds = profile_settings(job, lay, c, device)
     return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
                        buffers=bucket_buffers(ds, lay.zero),

@@ -38,8 +38,8 @@ class Constants:
     # bookkeeping, Python) and per step (optimizer bookkeeping, logging).
     microbatch_overhead_s: float = 2e-3
     step_overhead_s: float = 0.05
-    # Share of DP gradient reduction hidden behind compute (0: DeepSpeed with overlap_comm off,
-    # the pipeline engine reducing after the last micro-batch).
+    # Share of each DP gradient reduction claimed hidden behind the backward at least; the run's
+    # overlap_comm claims its own share (zero_settings.overlap_claim), so 0 leaves it to that.
     dp_overlap: float = 0.0
     # Memory: activation formulas times act_scale, plus fixed_gb the allocator sees (BLAS and
     # communication workspaces); the caching allocator reserves (1 + frag) of what is allocated
@@ -48,8 +48,10 @@ class Constants:
     fixed_gb: float = 0.25
     frag: float = 0.05
     framework_gb: float = 1.0
-    # DeepSpeed's contiguous gradient bucket (reduce_bucket_size, elements).
-    bucket_elems: float = 5e8
+    # DeepSpeed's contiguous gradient bucket (reduce_bucket_size, elements). None: the run's
+    # own, from the training config (megatron/config/deepspeed_json.py, zero_settings.py); a
+    # number overrides it, for what-if studies.
+    bucket_elems: Optional[float] = None
     # 0: the allocator counts the whole bucket (a GPU's allocated memory). 1: only the pages the
     # gradients touch count (resident memory on a CPU): ZeRO-3 copies every gradient of the
     # stage through it, ZeRO-1/2 move theirs in, so only ZeRO-3 adds min(bucket, parameters).
@@ -134,9 +136,16 @@ def constants_from_dict(raw: Dict[str, Any], source: str) -> Constants:
         if key not in known:
             raise ConfigError(f"constants.{key}", value, f"a known constant ({', '.join(sorted(known))})",
                               f"remove or rename it in {source}")
+        if value is None and key == "bucket_elems":
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"constants.{key}", value, "a non-negative number", f"fix {source}")
-    return Constants(**{k: float(v) for k, v in raw.items()})
+    if raw.get("bucket_elems") is not None:
+        # Profiles written before the bucket came from the training config carry 5e8 here.
+        log.warning("%s: constants.bucket_elems=%g overrides the run's reduce_bucket_size; "
+                    "remove it to use the config's (its deepspeed section or the defaults)",
+                    source, raw["bucket_elems"])
+    return Constants(**{k: None if v is None else float(v) for k, v in raw.items()})
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -6,9 +6,9 @@ latency, per-micro-batch and per-step overheads). Calibration fits theta by leas
 
 Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
 (Megatron-style TP, DeepSpeed's synchronous pipeline engine); the DP gradient reduction hides
-the dp_overlap share behind the backward (DeepSpeed's overlap_comm), at most one micro-batch's
-backward (every micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are
-exposed.
+the share the run's overlap_comm claims (zero_settings.overlap_claim: every bucket but the
+last; at least dp_overlap) behind the backward, at most one micro-batch's backward (every
+micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are exposed.
 1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
 a bubble of (p - 1)/(m + p - 1)."""
 from __future__ import annotations
@@ -25,6 +25,7 @@ from megatron.planner.layout import Job, Layout, stage_layers
 from megatron.planner.memory import optimizer_kind
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Constants, Profile, shape_curve
+from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
 
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step")
 GEMM, ATTN, MEM, COMM, LAT, MB, STEP = range(len(FEATURES))
@@ -54,6 +55,8 @@ class _Ctx:
         self.tokens = self.m.seq_length * lay.micro_batch
         self.tp_link = prof.spec.link(lay.tp, 1)
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
+        # overlap_comm, bucket and communication dtype as the trainer will run this layout
+        self.ds = profile_settings(job, lay, prof.constants)
 
     @staticmethod
     def collective(f: np.ndarray, bus_bytes: float, link: Link, calls: float = 1):
@@ -145,19 +148,21 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     lay, n, d = x.lay, sp.total, x.lay.dp
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
     grads = (4 if kind == "torch" else x.e) * n
+    wire = comm_bytes(x.ds, 4 if kind == "torch" else x.e) * n  # communication_data_type
     weights = x.e * n
     share = (d - 1) / d
     if d > 1:
         ga, link = lay.grad_accum, x.spec.link(d, lay.tp)
         # bus bytes and calls: the gradient reduction (all-reduce at ZeRO-0, reduce-scatter
         # once at ZeRO-1, every micro-batch at 2-3), then the weight all-gathers
-        grad_v, grad_n, other_v, other_n = {0: (2 * grads, 1, 0, 0), 1: (grads, 1, weights, 1),
-                                            2: (ga * grads, ga, weights, 1),
-                                            3: (ga * grads, ga, ga * 2 * weights, 2 * ga)}[lay.zero]
+        grad_v, grad_n, other_v, other_n = {0: (2 * wire, 1, 0, 0), 1: (wire, 1, weights, 1),
+                                            2: (ga * wire, ga, weights, 1),
+                                            3: (ga * wire, ga, ga * 2 * weights, 2 * ga)}[lay.zero]
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
         per_window = float(theta(x.c) @ reduce) / (ga if lay.zero >= 2 else 1)
-        f += reduce * (1 - hidden_share(x.c.dp_overlap, per_window, window_s))
+        claim = max(x.c.dp_overlap, overlap_claim(x.ds, lay.zero, n))
+        f += reduce * (1 - hidden_share(claim, per_window, window_s))
         if other_n:
             x.collective(f, share * other_v, link, other_n)
     if first_or_last and lay.pp > 1 and x.m.tie_embeddings:

@@ -7,6 +7,9 @@ buffer under overlap_comm and the ZeRO-3 reuse distance from here; the time mode
 overlap_comm, the bucket size and communication_data_type (overlap_claim, comm_bytes)."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 from megatron.config.deepspeed_json import DeepSpeedSettings, deepspeed_settings
 from megatron.planner.activations import act_bytes
 from megatron.planner.layout import Job, Layout
@@ -22,6 +25,16 @@ def device_of(c: Constants) -> str:
 def settings_for(job: Job, lay: Layout, device: str = "gpu") -> DeepSpeedSettings:
     return deepspeed_settings(lay.zero, lay.pp, lay.tp, job.model.hidden_size, device,
                               job.deepspeed)
+
+
+def profile_settings(job: Job, lay: Layout, c: Constants,
+                     device: Optional[str] = None) -> DeepSpeedSettings:
+    """settings_for on the profile's device (device_of), with Constants.bucket_elems, when
+    set, as reduce_bucket_size: what the memory and time models read."""
+    s = settings_for(job, lay, device or device_of(c))
+    if c.bucket_elems is not None:
+        s = dataclasses.replace(s, reduce_bucket_size=int(c.bucket_elems))
+    return s
 
 
 def bucket_buffers(s: DeepSpeedSettings, zero: int) -> int:

@@ -133,3 +133,30 @@ def test_emitted_config_keeps_the_deepspeed_section(tmp_path):
     path = tmp_path / "best.yaml"
     path.write_text(cfg.to_yaml())
     assert load_config(str(path)).deepspeed == cfg.deepspeed
+
+
+def test_communication_dtype_sets_the_gradient_bytes_on_the_wire():
+    from megatron.planner.profile import load_profile
+    from megatron.planner.timing import step_time
+    a100 = load_profile("a100")
+    off = {"overlap_comm": False}
+    layout = lay(zero=1, dp=64, grad_accum=4, micro_batch=2)
+    times = {dt: step_time(Job(M13, 512, "bf16", deepspeed={
+        "zero_optimization": off, **({"communication_data_type": dt} if dt else {})}),
+        layout, a100).reduce_s for dt in (None, "bf16", "fp32")}
+    assert times[None] == times["bf16"] < times["fp32"]
+
+
+def test_bucket_elems_constant_overrides_the_runs_bucket(tmp_path, caplog):
+    from megatron.planner.profile import load_profile
+    job = Job(M13, 64, "bf16")
+    assert bucket_bytes(job, lay(), Constants(bucket_elems=1e6)) == 2 * 2 * 1e6
+    spec = "gpu_memory_gb: 80\npeak_tflops: 312\ngpus_per_node: 8\nintra_node_gbps: 300\n" \
+           "inter_node_gbps: 200\n"
+    follow = tmp_path / "follow.yaml"
+    follow.write_text(spec + "constants:\n  bucket_elems: null\n")
+    assert load_profile(str(follow)).constants.bucket_elems is None
+    old = tmp_path / "old.yaml"
+    old.write_text(spec + "constants:\n  bucket_elems: 500000000.0\n")
+    assert load_profile(str(old)).constants.bucket_elems == 5e8
+    assert "overrides the run's reduce_bucket_size" in caplog.text

@@ -132,11 +132,16 @@ def _with(prof, **constants):
     return dataclasses.replace(prof, constants=prof.constants.replace(**constants))
 
 
+# overlap_comm off in the run's deepspeed section: only dp_overlap claims a hidden share
+NO_OVERLAP = {"zero_optimization": {"overlap_comm": False}}
+
+
 def test_overlap_comm_hides_the_gradient_reduction_behind_the_backward():
-    # DeepSpeed's overlap_comm (dp_overlap = the share the settings let it hide): on A100s the
-    # 1.3B model's reduce-scatter is shorter than one micro-batch's backward, so all of the
-    # claimed share hides; the weight all-gather after the step stays exposed.
-    job, a100 = Job(preset_model("gpt3-1.3b"), 512, "bf16"), load_profile("a100")
+    # DeepSpeed's overlap_comm (dp_overlap = the share claimed hidden): on A100s the 1.3B
+    # model's reduce-scatter is shorter than one micro-batch's backward, so all of the claimed
+    # share hides; the weight all-gather after the step stays exposed.
+    job = Job(preset_model("gpt3-1.3b"), 512, "bf16", deepspeed=NO_OVERLAP)
+    a100 = load_profile("a100")
     off = step_time(job, _dp_layout(1), a100)
     on = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0))
     half = step_time(job, _dp_layout(1), _with(a100, dp_overlap=0.5))
@@ -149,7 +154,7 @@ def test_overlap_comm_hides_the_gradient_reduction_behind_the_backward():
 def test_overlap_is_bounded_by_the_backward_window():
     # Slow NICs: the reduction outlasts the backward it overlaps, and only the backward's
     # length of it hides (once at ZeRO-1, behind every micro-batch at ZeRO-2).
-    job = Job(preset_model("gpt3-1.3b"), 512, "bf16")
+    job = Job(preset_model("gpt3-1.3b"), 512, "bf16", deepspeed=NO_OVERLAP)
     slow = load_profile("a100")
     slow = dataclasses.replace(slow, spec=dataclasses.replace(slow.spec, inter_node_gbps=2))
     for zero in (1, 2):
@@ -158,3 +163,21 @@ def test_overlap_is_bounded_by_the_backward_window():
         hidden = off.reduce_s - on.reduce_s
         window = on.pipeline_s / 4 * 2 / 3  # one micro-batch's backward of four
         assert hidden == pytest.approx(window * (1 if zero == 1 else 4), rel=0.02)
+
+
+def test_gpu_runs_claim_what_their_overlap_comm_hides():
+    # The settings the trainer writes (overlap_comm on for ZeRO-1/2 on GPUs, one-layer
+    # buckets) claim every bucket but the last; a CPU profile, or overlap_comm off, none.
+    from megatron.planner.params import stage_params
+    from megatron.planner.zero_settings import overlap_claim, settings_for
+    m = preset_model("gpt3-1.3b")
+    default, off = Job(m, 512, "bf16"), Job(m, 512, "bf16", deepspeed=NO_OVERLAP)
+    a100 = load_profile("a100")
+    for zero in (1, 2):
+        lay = _dp_layout(zero)
+        claim = overlap_claim(settings_for(default, lay, "gpu"), zero, stage_params(m, 1, 1, 0).total)
+        assert 0.9 < claim < 1
+        assert step_time(default, lay, a100).reduce_s == pytest.approx(
+            step_time(off, lay, _with(a100, dp_overlap=claim)).reduce_s, rel=1e-9)
+        cpu = _with(a100, bucket_touched=1.0)  # a profile of CPU runs: overlap_comm off
+        assert step_time(default, lay, cpu).reduce_s == step_time(off, lay, cpu).reduce_s
