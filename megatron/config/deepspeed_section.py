@@ -135,7 +135,7 @@ def _child(schema: Mapping, path: str, name: str, value):
         shown = "{...}" if isinstance(value, dict) else value
         raise ConfigError(full, shown, f"a DeepSpeed key this project passes through "
                           f"({', '.join(sorted(schema))} under {path})",
-                          "remove it or fix its spelling (README: the deepspeed section)")
+                          "remove it or fix its spelling")
     return schema[name]
 
 
