@@ -79,7 +79,7 @@ def main() -> int:
     # A fixed nominal CPU, not a probe: the layout choice then never changes between runs, so
     # an interrupted benchmark resumes on the same layouts (the fit absorbs the scale).
     prior = Profile(ClusterSpec(f"cpu-{args.nproc}", 8, 0.05, args.nproc, 5, 5, hbm_gbps=5,
-                                fp32_tflops=0.05), Constants(bucket_elems=0.0))
+                                fp32_tflops=0.05), Constants(bucket_touched=1.0))
     layouts = calibration_layouts(job, prior, space, args.layouts)
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
     store = TrialStore(args.results)

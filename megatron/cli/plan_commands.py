@@ -30,7 +30,7 @@ def load_job(args) -> Tuple[Job, Config, bool]:
                                         max_position_embeddings=max(args.seq_length,
                                                                     model.max_position_embeddings))
         job = Job(model, args.global_batch or cfg.training.global_batch_size,
-                  args.precision or cfg.training.precision)
+                  args.precision or cfg.training.precision, deepspeed=cfg.deepspeed)
         preset = False
     else:
         if args.set:

@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="megatron-train", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML file with sections model, parallel, training, "
-                   "optimizer, data, kernels, run (unknown keys are errors)")
+                   "optimizer, data, kernels, run, deepspeed (unknown keys are errors)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable")
     p.add_argument("--print-config", action="store_true",
