@@ -29,20 +29,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from megatron.config import devices  # noqa: E402
 from megatron.kernels import fused, loader, reference  # noqa: E402
 from megatron.launch.device import gpu_arch, torch_toolkit  # noqa: E402
 
-# Peak HBM bandwidth per device, GB/s (vendor data sheets; an MI250X GCD is half the card).
-PEAK_GBPS = {"mi250x": 1638, "mi250": 1638, "mi300x": 5300, "mi300a": 5300, "a100": 2039,
-             "h100": 3350, "h200": 4800, "gh200": 4000, "b200": 8000}
-
-
 def peak_gbps(name: str):
-    lowered = name.lower().replace(" ", "")
-    for key in sorted(PEAK_GBPS, key=len, reverse=True):
-        if key in lowered:
-            return PEAK_GBPS[key]
-    return None
+    """HBM GB/s of the named device (megatron/config/devices.py), None when unknown."""
+    return devices.lookup(devices.PEAK_HBM_GBPS, name)
 
 
 def timed(fn, reps: int) -> float:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from megatron.config import model_math
+
 log = logging.getLogger(__name__)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    multiple = divisible_by * tp
-    padded = -(-vocab_size // multiple) * multiple
+    """config.model_math's rule, logged when it pads."""
+    padded = model_math.padded_vocab_size(vocab_size, divisible_by, tp)
     if padded != vocab_size:
         log.info("vocabulary padded from %d to %d (%d dummy tokens, a multiple of %d x TP %d)",
                  vocab_size, padded, padded - vocab_size, divisible_by, tp)

@@ -12,21 +12,13 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.config import devices
 from megatron.launch.env import LaunchEnv
 from megatron.launch.lifetime import follow_launcher
 from megatron.launch.preflight import check_network
 
 log = logging.getLogger(__name__)
 
-# Dense bf16/fp16 matrix peak per device, TFLOPs. An MI250X has two GCDs; each is one device.
-PEAK_TFLOPS = {
-    "mi250x": 191.5,
-    "mi250": 181.0,
-    "mi300x": 1307.0,
-    "a100": 312.0,
-    "h100": 989.0,
-    "h200": 989.0,
-}
 
 
 @dataclass(frozen=True)
@@ -48,11 +40,8 @@ class DeviceInfo:
 
 
 def lookup_peak(name: str) -> Optional[float]:
-    lowered = name.lower().replace(" ", "")
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in lowered:
-            return PEAK_TFLOPS[key]
-    return None
+    """Dense bf16 TFLOP/s of the named device (config/devices.py), None when unknown."""
+    return devices.lookup(devices.PEAK_TFLOPS, name)
 
 
 def gpu_arch(index: int = 0) -> Optional[str]:

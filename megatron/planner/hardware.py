@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from megatron.config import devices
 from megatron.config.errors import ConfigError
 
 # Environment of a Frontier job (REFERENCE.md): RCCL over the four Slingshot NICs through the
@@ -113,28 +114,35 @@ class ClusterSpec:
 
 # Link fits (docs/planner.md, "Collectives", cites each figure; "approximate" ones are marked
 # there). Bus efficiency = nccl-tests busbw of a large all-reduce / nominal per-direction link.
+# Device peaks come from the one table the trainer and the benchmarks read too.
+_TF, _HBM = devices.PEAK_TFLOPS, devices.PEAK_HBM_GBPS
 PRESETS: Dict[str, ClusterSpec] = {
     # One MI250X GCD is one device; two GCDs of a package share 200 GB/s, other pairs 50-100;
     # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node. No rccl-tests bandwidth table
     # for a Frontier node was at hand: 0.6 is the share the paper's 175B figure was fitted
     # with; 25 us is RCCL's small all-reduce on 16 MI250X GCDs before its 1-shot kernel.
-    "frontier": ClusterSpec("frontier", 64, 191.5, 8, 50, 100, pair_gbps=200, hbm_gbps=1600,
+    "frontier": ClusterSpec("frontier", 64, _TF["mi250x"], 8, 50, 100, pair_gbps=200,
+                            hbm_gbps=_HBM["mi250x"],
                             fp32_tflops=47.9, cpus_per_task=7, launcher_env=dict(FRONTIER_ENV),
                             intra_bus_eff=0.6, inter_bus_eff=0.6, intra_latency_us=25,
                             inter_latency_us=30),
     # 7 xGMI links of 64 GB/s per direction; 8 x 400 Gb/s NICs.
-    "mi300x": ClusterSpec("mi300x", 192, 1307, 8, 64 * 7, 400, hbm_gbps=5300, fp32_tflops=163.4,
+    "mi300x": ClusterSpec("mi300x", 192, _TF["mi300x"], 8, 64 * 7, 400,
+                          hbm_gbps=_HBM["mi300x"], fp32_tflops=163.4,
                           intra_bus_eff=0.67, inter_bus_eff=0.9, intra_latency_us=25,
                           inter_latency_us=30),
     # NVLink 3: 300 GB/s per direction through NVSwitch; 8 x HDR 200 Gb/s (DGX A100).
-    "a100": ClusterSpec("a100", 80, 312, 8, 300, 200, hbm_gbps=2039, fp32_tflops=19.5,
+    "a100": ClusterSpec("a100", 80, _TF["a100"], 8, 300, 200, hbm_gbps=_HBM["a100"],
+                        fp32_tflops=19.5,
                         intra_bus_eff=0.73, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
     # NVLink 4: 450 GB/s per direction; 8 x NDR 400 Gb/s.
-    "h100": ClusterSpec("h100", 80, 989, 8, 450, 400, hbm_gbps=3350, fp32_tflops=67,
+    "h100": ClusterSpec("h100", 80, _TF["h100"], 8, 450, 400, hbm_gbps=_HBM["h100"],
+                        fp32_tflops=67,
                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
-    "h200": ClusterSpec("h200", 140, 989, 8, 450, 400, hbm_gbps=4800, fp32_tflops=67,
+    "h200": ClusterSpec("h200", 140, _TF["h200"], 8, 450, 400, hbm_gbps=_HBM["h200"],
+                        fp32_tflops=67,
                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
 }

@@ -15,15 +15,14 @@ from functools import lru_cache
 from typing import List
 
 from megatron.config import ModelConfig
+from megatron.config.model_math import padded_vocab_size
 from megatron.planner.layout import stage_layers
 
 
 @lru_cache(maxsize=256)
 def padded_vocab(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """megatron.data.vocab.padded_vocab_size's rule (a test holds them equal), restated here so
-    that planning never imports megatron.data, which imports torch (seconds per command)."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
+    """config.model_math.padded_vocab_size, cached (the search asks for it per layout)."""
+    return padded_vocab_size(vocab_size, divisible_by, tp)
 
 
 def _norm(m: ModelConfig) -> int:

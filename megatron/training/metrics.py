@@ -10,22 +10,9 @@ import resource
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from megatron.config.model_math import model_flops_per_token  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-
-def model_flops_per_token(m, vocab_size: int) -> float:
-    """Training FLOPs per token (forward + backward = 3 x forward), counting only model math:
-    recomputation adds hardware FLOPs, not model FLOPs. Reduces to Narayanan et al.'s
-    72*L*h^2*(1 + s/(6h) + V/(12*L*h)) per token for MHA with a 4h GeLU MLP."""
-    h, s, d = m.hidden_size, m.seq_length, m.head_dim
-    qkv = 2 * h * (m.num_attention_heads + 2 * m.kv_heads) * d
-    attention = 2 * 2 * s * m.num_attention_heads * d  # scores and context, causal not halved
-    proj = 2 * m.num_attention_heads * d * h
-    mlp = (3 if m.activation == "swiglu" else 2) * 2 * h * m.ffn_hidden_size
-    per_layer = qkv + attention + proj + mlp
-    logits = 2 * h * vocab_size
-    return 3.0 * (m.num_layers * per_layer + logits)
 
 
 def memory_gb(device: torch.device) -> float:

@@ -1,0 +1,40 @@
+"""Arithmetic on a model config that the trainer, the planner and the benchmarks share, kept here
+once and free of torch (planning must not pay for importing it): vocabulary padding and training
+FLOPs per token.
+
+FLOPs (Narayanan et al. 2021): 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) for a GPT with MHA and a 4h
+GeLU MLP. Written per token and layer it is 3 * (2 * matmul parameters + 4*s*h attention) plus the
+logits' 3 * 2*h*V, which extends exactly to GQA (smaller K/V projections), SwiGLU (three FFN
+matrices) and any FFN width; the attention-score term depends on the query heads only, and the
+causal mask is not halved (as Megatron counts)."""
+from __future__ import annotations
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """As Megatron pads: a multiple of make_vocab_size_divisible_by x TP, so each tensor-parallel
+    rank holds an equal, GEMM-friendly slice of the embedding."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def layer_matmul_params(m) -> int:
+    h, d = m.hidden_size, m.head_dim
+    qkv = h * (m.num_attention_heads + 2 * m.kv_heads) * d
+    proj = h * m.num_attention_heads * d
+    mlp = (3 if m.activation == "swiglu" else 2) * h * m.ffn_hidden_size
+    return qkv + proj + mlp
+
+
+def attention_forward_flops_per_token(m) -> float:
+    """Scores and context: 2 matmuls of 2*s*d per query head."""
+    return 4 * m.seq_length * m.num_attention_heads * m.head_dim
+
+
+def layer_forward_flops_per_token(m) -> float:
+    return 2 * layer_matmul_params(m) + attention_forward_flops_per_token(m)
+
+
+def model_flops_per_token(m, vocab_size: int) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward), counting only model math:
+    recomputation adds hardware FLOPs, not model FLOPs (MFU)."""
+    return 3.0 * (m.num_layers * layer_forward_flops_per_token(m) + 2 * m.hidden_size * vocab_size)
