@@ -122,7 +122,8 @@ def cmd_search(args) -> int:
     if args.out_sbatch:
         config_path = args.out_config or "best.yaml"
         with open(args.out_sbatch, "w") as f:
-            f.write(emit.sbatch_script(prof.spec, args.nodes, config_path))
+            f.write(emit.sbatch_script(prof.spec, args.nodes, config_path,
+                                       step_s=best.time.step_s if best.time else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
     return 0
 

@@ -35,12 +35,33 @@ def ranks_per_node() -> int:
     return int(match.group(1))
 
 
-def launch_nodes(recipe: str) -> int:
-    match = re.search(r"^# launch: sbatch --nodes=(\d+) examples/frontier/train\.sbatch "
+def launch_line(recipe: str):
+    """(nodes, SIGUSR1 margin in seconds) of the recipe's '# launch:' line."""
+    match = re.search(r"^# launch: sbatch --nodes=(\d+) --signal=USR1@(\d+) "
+                      r"examples/frontier/train\.sbatch "
                       rf"examples/frontier/{re.escape(recipe)}$", read(os.path.join(FRONTIER, recipe)),
                       re.MULTILINE)
-    assert match, f"{recipe} has no '# launch: sbatch --nodes=N ...' line"
-    return int(match.group(1))
+    assert match, f"{recipe} has no '# launch: sbatch --nodes=N --signal=USR1@S ...' line"
+    return int(match.group(1)), int(match.group(2))
+
+
+def launch_nodes(recipe: str) -> int:
+    return launch_line(recipe)[0]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_signal_margin_holds_two_predicted_steps_and_a_save(recipe):
+    """A step of these models takes minutes: --signal's margin must let the step under way end
+    and a save fit (planner/emit.signal_margin_s of the planner's predicted step, within 20%)."""
+    import subprocess
+    import sys
+    from megatron.planner.emit import signal_margin_s
+    nodes, margin = launch_line(recipe)
+    out = subprocess.run([sys.executable, "-m", "megatron.cli.plan", "memory", "--config",
+                          os.path.join(FRONTIER, recipe), "--cluster", "frontier", "--nodes",
+                          str(nodes)], capture_output=True, text=True, timeout=120).stdout
+    step = float(re.search(r"^step ([0-9.]+) s", out, re.MULTILINE).group(1))
+    assert margin >= 0.8 * signal_margin_s(step), (recipe, step, margin)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

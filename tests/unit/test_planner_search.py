@@ -79,3 +79,10 @@ def test_frontier_sbatch_script():
     assert "AWS_OFI_RCCL_LIB" not in text
     assert "RUN_DIR=${RUN_DIR:-$(megatron_run_root)/best}" in text
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_the_signal_margin_covers_two_predicted_steps_and_a_save():
+    from megatron.planner.emit import signal_margin_s
+    assert signal_margin_s(None) == 300
+    assert signal_margin_s(10.0) == 360            # 300 + 20 s, whole minutes
+    assert signal_margin_s(240.0) == 780           # a 175B-scale step: 300 + 480 s
