@@ -6,7 +6,10 @@ DeepSpeed's PipeModelDataParallelTopology order (axes pipe, data, model), so our
 pipeline engine's agree. An object passed to layers explicitly; never a module global."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
 from typing import List, Optional
 
 import torch.distributed as dist
@@ -37,17 +40,21 @@ class ParallelState:
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
+    @cached_property
+    def _coords(self):
+        return grid_coords(self.rank, self.tp, self.dp, self.pp)
+
     @property
     def tp_rank(self) -> int:
-        return grid_coords(self.rank, self.tp, self.dp, self.pp)[0]
+        return self._coords[0]
 
     @property
     def dp_rank(self) -> int:
-        return grid_coords(self.rank, self.tp, self.dp, self.pp)[1]
+        return self._coords[1]
 
     @property
     def pp_rank(self) -> int:
-        return grid_coords(self.rank, self.tp, self.dp, self.pp)[2]
+        return self._coords[2]
 
     @property
     def is_first_stage(self) -> bool:
@@ -63,36 +70,50 @@ class ParallelState:
         return cls()
 
     @classmethod
-    def build(cls, tp: int, pp: int) -> "ParallelState":
-        """Creates every group; all ranks must call it in the same order (collective)."""
+    def build(cls, tp: int, pp: int, timeout: Optional[timedelta] = None) -> "ParallelState":
+        """Creates every group; all ranks must call it in the same order (collective).
+        timeout: for collectives on these groups (torch's new groups do not inherit the world
+        group's; parallel.timeout_minutes)."""
         world, rank = dist.get_world_size(), dist.get_rank()
-        dp = world // (tp * pp)
-        state = cls(tp=tp, pp=pp, dp=dp, rank=rank)
-        tp_r, dp_r, pp_r = grid_coords(rank, tp, dp, pp)
-        for p in range(pp):
-            for d in range(dp):
-                ranks = [grid_rank(t, d, p, tp, dp) for t in range(tp)]
-                group = dist.new_group(ranks)
-                if p == pp_r and d == dp_r:
-                    state.tp_group = group
-        for p in range(pp):
-            for t in range(tp):
-                ranks = [grid_rank(t, d, p, tp, dp) for d in range(dp)]
-                group = dist.new_group(ranks)
-                if p == pp_r and t == tp_r:
-                    state.dp_group = group
-        for d in range(dp):
-            for t in range(tp):
-                ranks = [grid_rank(t, d, p, tp, dp) for p in range(pp)]
-                group = dist.new_group(ranks)
-                if d == dp_r and t == tp_r:
-                    state.pp_group, state.pp_ranks = group, ranks
-        for d in range(dp):
-            ranks = [grid_rank(t, d, p, tp, dp) for p in range(pp) for t in range(tp)]
-            group = dist.new_group(ranks)
-            if d == dp_r:
-                state.mp_group = group
+        if tp < 1 or pp < 1 or world % (tp * pp):
+            raise ValueError(f"a world of {world} ranks does not split into tensor parallel "
+                             f"{tp} x pipeline parallel {pp} x a data-parallel size")
+        state = cls(tp=tp, pp=pp, dp=world // (tp * pp), rank=rank)
+        kwargs = {"timeout": timeout} if timeout is not None else {}
+
+        def mine(axes: str):
+            """new_group for every set of ranks that differ only along `axes` (of t, d, p);
+            returns (this rank's group, its ranks)."""
+            found = None
+            for ranks in _rank_sets(tp, state.dp, pp, axes):
+                group = dist.new_group(ranks, **kwargs)
+                if rank in ranks:
+                    found = (group, ranks)
+            return found
+
+        state.tp_group = mine("t")[0]
+        state.dp_group = mine("d")[0]
+        state.pp_group, state.pp_ranks = mine("p")
+        # With one stage a replica is its tensor-parallel group: no second group of the same ranks.
+        state.mp_group = state.tp_group if pp == 1 else mine("tp")[0]
         return state
+
+
+def _rank_sets(tp: int, dp: int, pp: int, axes: str) -> List[List[int]]:
+    """Every list of global ranks that share their coordinates outside `axes` (a string of the
+    letters t, d, p), in a fixed order, each list ordered pipeline-major then tensor."""
+    sizes = {"t": tp, "d": dp, "p": pp}
+    fixed = [a for a in "pdt" if a not in axes]
+    varying = [a for a in "pdt" if a in axes]
+    out = []
+    for outer in itertools.product(*(range(sizes[a]) for a in fixed)):
+        coord = dict(zip(fixed, outer))
+        ranks = []
+        for inner in itertools.product(*(range(sizes[a]) for a in varying)):
+            coord.update(zip(varying, inner))
+            ranks.append(grid_rank(coord["t"], coord["d"], coord["p"], tp, dp))
+        out.append(ranks)
+    return out
 
 
 class DeepSpeedMPU:
