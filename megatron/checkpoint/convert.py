@@ -27,7 +27,6 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron.config import Config, InputError, load_config
-from megatron.config.sections import SECTIONS
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.checkpoint import store
@@ -181,7 +180,7 @@ def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:
     if not isinstance(blob, dict) or blob.get("format") != SINGLE_FORMAT:
         raise InputError(f"{path!r} is not a {SINGLE_FORMAT} file written by megatron-convert "
                          "to-single")
-    cfg = Config(**{name: cls(**blob["config"][name]) for name, cls in SECTIONS.items()})
+    cfg = Config.from_dict(blob["config"])
     return MergedCheckpoint(cfg, blob["state_dict"], blob["vocab_size"],
                             blob["padded_vocab_size"], blob["source"])
 

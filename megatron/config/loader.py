@@ -43,6 +43,13 @@ class Config:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    @classmethod
+    def from_dict(cls, d: Dict[str, Dict[str, Any]]) -> "Config":
+        """The inverse of to_dict (a section or the deepspeed mapping may be absent: defaults);
+        values are taken as typed, not parsed as YAML text is."""
+        return cls(**{name: section(**d.get(name, {})) for name, section in SECTIONS.items()},
+                   deepspeed=copy.deepcopy(d.get(deepspeed_section.SECTION, {})))
+
 
 def _coerce(field_name: str, text: str, annotation) -> Any:
     """Turn an override string into the field's type; YAML syntax is accepted for lists."""

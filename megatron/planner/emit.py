@@ -7,7 +7,6 @@ import shlex
 from typing import Dict, List, Optional
 
 from megatron.config import Config, validate_for_world
-from megatron.config.sections import SECTIONS
 from megatron.launch import frontier_env
 from megatron.planner.hardware import ClusterSpec
 from megatron.planner.layout import Job, Layout
@@ -58,8 +57,7 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
         raw["training"]["clip_grad"] = 1.0
     if run_dir:
         raw["run"]["dir"] = run_dir
-    cfg = Config(**{name: SECTIONS[name](**raw[name]) for name in SECTIONS},
-                 deepspeed=raw["deepspeed"])
+    cfg = Config.from_dict(raw)
     validate_for_world(cfg, lay.world)
     return cfg
 
