@@ -13,9 +13,9 @@ from torch import nn
 
 from megatron.kernels import KernelSelection
 from megatron.model.embedding import Embedding, OutputLayer
+from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, token_losses
 from megatron.model.norm import Norm
 from megatron.model.transformer import TransformerLayer
-from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.parallel.random import RNGTracker
 from megatron.parallel.state import ParallelState
 
@@ -33,7 +33,7 @@ class ModelContext:
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """logits [s, b, V/t]; labels [b, s] -> mean token loss (fp32)."""
-    return vocab_parallel_cross_entropy(logits, labels.transpose(0, 1), state).mean()
+    return token_losses(logits, labels.transpose(0, 1), state).mean()
 
 
 class FinalNorm(Norm):
@@ -66,12 +66,17 @@ class GPTModel(nn.Module):
         self.layers = nn.ModuleList(LayerStage(cfg, ctx, i) for i in range(cfg.model.num_layers))
         self.final_norm = FinalNorm(cfg, ctx)
         self.output = None if cfg.model.tie_embeddings else OutputStage(cfg, ctx)
+        self.head_workspace = HeadWorkspace()
 
     def forward(self, tokens: torch.Tensor, labels: Optional[torch.Tensor] = None):
         x = self.embedding(tokens)  # [s, b, h]
         for layer in self.layers:
             x = layer(x)
         x = self.final_norm(x)
+        head = self.embedding.word_embeddings if self.output is None else self.output.head
+        if labels is not None and fused_head_applies(x, head.weight, self.state):
+            target = labels.transpose(0, 1)
+            return head_loss(x, head.weight, target, self.head_workspace).mean()
         logits = self.embedding.logits(x) if self.output is None else self.output(x)
         return logits if labels is None else lm_loss(logits, labels, self.state)
 
