@@ -260,9 +260,10 @@ def _decisions(stop: _StopFlag, clock: SaveClock, deadline: Deadline, verdict: V
     """(stop signalled, save due, deadline reached, guard action), agreed by every rank in one
     small all-reduce; the clocks are rank 0's, the guard's action the most severe of any rank."""
     rank0 = dist.get_rank() == 0
-    flags = torch.tensor([1.0 if stop.raised else 0.0, 1.0 if rank0 and clock.due() else 0.0,
-                          1.0 if rank0 and deadline.reached() else 0.0, float(verdict.action)],
-                         device=device)
+    mine = (stop.raised, rank0 and clock.due(), rank0 and deadline.reached(), verdict.action)
+    if dist.get_world_size() == 1:  # nobody to agree with: the same answer without a collective
+        return bool(mine[0]), bool(mine[1]), bool(mine[2]), int(mine[3])
+    flags = torch.tensor([float(x) for x in mine], device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return bool(flags[0].item()), bool(flags[1].item()), bool(flags[2].item()), int(flags[3])
 
