@@ -70,11 +70,14 @@ def _pipeline_module(deepspeed, cfg, state: ParallelState, ctx):
 
 class Engine:
     def __init__(self, cfg, state: ParallelState, vocab_size: int, device: torch.device,
-                 dp_size: int, init_text_vocab: Optional[int] = None):
+                 dp_size: int, init_text_vocab: Optional[int] = None, startup=None):
         """init_text_vocab: set to the tokenizer's vocabulary to copy training.init_from into
-        the model before DeepSpeed wraps it (None: keep the seeded initialisation)."""
+        the model before DeepSpeed wraps it (None: keep the seeded initialisation).
+        startup: a launch.startup.StartupTimer that gets a mark per phase, or None."""
+        mark = startup.mark if startup is not None else (lambda name: None)
         deepspeed = _import_deepspeed()
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        mark("deepspeed import")
         self.cfg, self.state, self.device = cfg, state, device
         self.pipeline = state.pp > 1
         self.ds_config = deepspeed_config(cfg, dp_size)
@@ -89,12 +92,15 @@ class Engine:
         else:
             model = GPTModel(cfg, ctx)
         self.module = model
+        mark("model build")
         if init_text_vocab is not None:
             from megatron.checkpoint.init_from import load_initial_weights
             load_initial_weights(self.named_parameters(), cfg, state, vocab_size,
                                  init_text_vocab)
+            mark("init_from")
         self.optimizer = build_optimizer(model, cfg.optimizer, device)
         self.scheduler = WarmupDecayLR(self.optimizer, cfg.optimizer, cfg.training.train_iters)
+        mark("optimizer")
         kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
@@ -106,6 +112,7 @@ class Engine:
             # optimizer's own buffers, so they stay.)
             self.engine.enable_backward_allreduce = False
             self.engine.pipeline_enable_backward_allreduce = False
+        mark("deepspeed initialize")
 
     def parameters_on_rank(self) -> int:
         return sum(p.numel() for p in self.module.parameters())

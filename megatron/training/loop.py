@@ -1,13 +1,16 @@
 """The training loop: set up the job, train, evaluate, log, checkpoint, stop cleanly on signals."""
 from __future__ import annotations
 
-import json
-import logging
-import os
-import signal
 import time
-from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+
+_IMPORTS_BEGAN = time.time()  # the start-up log counts this module's imports (torch) apart
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch
 import torch.distributed as dist
@@ -18,6 +21,7 @@ from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.launch import detect_device, discover, init_distributed
+from megatron.launch.startup import StartupTimer
 from megatron.parallel.state import ParallelState
 from megatron.checkpoint import sharded, store
 from megatron.checkpoint.layout import (Resume, check_model, find_resume, layout_record,
@@ -31,6 +35,8 @@ from megatron.training.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
 
 log = logging.getLogger(__name__)
+_IMPORTS_DONE = time.time()
+_first_run_in_process = True
 
 
 @dataclass
@@ -42,6 +48,11 @@ class RunSummary:
     step_times: List[float] = field(default_factory=list)
     stopped_early: bool = False
     test_loss: Optional[float] = None
+    # Whole loop iterations (the step and everything after it: agreement, evaluation, saves,
+    # metrics), wall and process CPU seconds; what the trainer benchmark compares with peers.
+    iteration_times: List[float] = field(default_factory=list)
+    iteration_cpu_times: List[float] = field(default_factory=list)
+    startup: Dict[str, Any] = field(default_factory=dict)  # StartupTimer.record()
 
 
 class _StopFlag:
@@ -122,8 +133,8 @@ class _Job:
     lock: Optional[RunLock]  # rank 0's hold on run.dir
 
 
-def _start(cfg: Config) -> _Job:
-    """Joins the job and builds the engine."""
+def _start(cfg: Config, timer: StartupTimer) -> _Job:
+    """Joins the job and builds the engine; `timer` gets a mark per phase."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
     # Validate before joining the process group: a bad layout must fail fast on every rank,
@@ -135,21 +146,26 @@ def _start(cfg: Config) -> _Job:
                           "an existing single-file model", "write one with megatron-convert "
                           "to-single --run-dir <run> --output <file>")
     tp = cfg.parallel.tensor_parallel_size
+    timer.mark("device")
     text_vocab = tokenizer_vocab_size(cfg)
     vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by, tp)
     layout = layout_record(cfg, dp, vocab, text_vocab)
+    timer.mark("tokenizer")
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
+    timer.mark("process group")
     lock = _claim_run_dir(cfg, launch.rank)
     try:
         resume = _agreed_resume(cfg, layout)
+        timer.mark("run directory")
         state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
+        timer.mark("parallel groups")
         init = cfg.training.init_from
         if init is not None and resume is not None:
             log.info("training.init_from=%s is not used: this run resumes from its checkpoint",
                      init)
             init = None
         engine = Engine(cfg, state, vocab, device_info.device, dp,
-                        init_text_vocab=text_vocab if init is not None else None)
+                        init_text_vocab=text_vocab if init is not None else None, startup=timer)
     except BaseException:
         if lock:
             lock.release()
@@ -268,22 +284,42 @@ def _decisions(stop: _StopFlag, clock: SaveClock, deadline: Deadline, verdict: V
     return bool(flags[0].item()), bool(flags[1].item()), bool(flags[2].item()), int(flags[3])
 
 
+def _startup_timer(started: float) -> StartupTimer:
+    """Counts from the process's launch for the first run in a process (the entry points), from
+    `started` for any later one (tests and tools that train several times in one process)."""
+    global _first_run_in_process
+    if not _first_run_in_process:
+        return StartupTimer(started)
+    _first_run_in_process = False
+    timer = StartupTimer()
+    timer.mark("python and CLI", _IMPORTS_BEGAN)
+    timer.mark("imports", _IMPORTS_DONE)
+    timer.mark("other", started)
+    return timer
+
+
 def train(cfg: Config) -> RunSummary:
     started = time.time()  # exit_duration_minutes counts start-up too
-    job = _start(cfg)
+    timer = _startup_timer(started)
+    job = _start(cfg, timer)
     try:
-        return _train(cfg, job, started)
+        return _train(cfg, job, started, timer)
     finally:
         if job.lock:
             job.lock.release()
 
 
-def _train(cfg: Config, job: _Job, started: float) -> RunSummary:
+def _train(cfg: Config, job: _Job, started: float, timer: StartupTimer) -> RunSummary:
     step, consumed = _resume(job, cfg)
+    if job.resume is not None:
+        timer.mark("checkpoint load")
     data = build_iterators(cfg, job.state.dp_rank, job.dp, consumed, vocab_size=job.text_vocab)
+    timer.mark("data")
     if job.launch.rank == 0:
         _write_run_files(cfg, job.dp)
-    return _Loop(cfg, job, started, step, consumed).run(data)
+    loop = _Loop(cfg, job, started, step, consumed)
+    timer.mark("run files and metrics")
+    return loop.run(data, timer)
 
 
 class _Loop:
@@ -302,20 +338,18 @@ class _Loop:
         self.stop, self.clock = _StopFlag(), SaveClock(t.save_interval_minutes)
         self.deadline = Deadline(t.exit_duration_minutes, started)
         self.guard, self.rollbacks = DivergenceGuard(t, t.precision == "fp16"), 0
+        self.startup: Optional[StartupTimer] = None
+        self._startup_written = False
 
-    def run(self, data) -> RunSummary:
+    def run(self, data, startup: Optional[StartupTimer] = None) -> RunSummary:
         t, summary = self.t, self.summary
+        self.startup = startup
         while self.step < t.train_iters:
-            result = self._train_step(data.train)
-            verdict = self.guard.observe(self.step, result.loss, result.skipped)
-            signalled, clock_due, out_of_time, action = _decisions(
-                self.stop, self.clock, self.deadline, verdict, self.device)
-            if self._guarded(verdict, action):
-                continue
-            if t.eval_interval and self.step % t.eval_interval == 0:
-                summary.valid_losses.append(_evaluate(self.cfg, self.job.engine, data.valid,
-                                                      self.step, self.writer))
-            if self._checkpoint(signalled, clock_due, out_of_time):
+            wall, cpu = time.perf_counter(), time.process_time()
+            stopping = self._iteration(data)
+            summary.iteration_times.append(time.perf_counter() - wall)
+            summary.iteration_cpu_times.append(time.process_time() - cpu)
+            if stopping:
                 summary.stopped_early = True
                 break
         summary.steps = self.step
@@ -325,6 +359,19 @@ class _Loop:
         if self.writer:
             self.writer.close()
         return summary
+
+    def _iteration(self, data) -> bool:
+        """One step and what follows from it; True when the run stops here."""
+        result = self._train_step(data.train)
+        verdict = self.guard.observe(self.step, result.loss, result.skipped)
+        signalled, clock_due, out_of_time, action = _decisions(
+            self.stop, self.clock, self.deadline, verdict, self.device)
+        if self._guarded(verdict, action):
+            return False
+        if self.t.eval_interval and self.step % self.t.eval_interval == 0:
+            self.summary.valid_losses.append(_evaluate(self.cfg, self.job.engine, data.valid,
+                                                       self.step, self.writer))
+        return self._checkpoint(signalled, clock_due, out_of_time)
 
     def _train_step(self, batches):
         _sync(self.device)
@@ -337,9 +384,16 @@ class _Loop:
         self.consumed += self.t.global_batch_size
         self.summary.losses.append(result.loss)
         self.summary.step_times.append(dt)
+        if self.startup is not None and not self.summary.startup:
+            self.summary.startup = dict(self.startup.record(), first_step_s=round(dt, 3))
+            log.info("start-up: %s; the first step took %.2f s", self.startup.text(), dt)
         if self.writer and self.step % self.t.log_interval == 0:
-            self.writer.write(_record(self.step, result, dt, self.step_flops, self.tokens_step,
-                                      self.job.launch.world_size, self.peak, self.device))
+            record = _record(self.step, result, dt, self.step_flops, self.tokens_step,
+                             self.job.launch.world_size, self.peak, self.device)
+            if self.summary.startup and not self._startup_written:
+                record["startup"] = self.summary.startup
+                self._startup_written = True
+            self.writer.write(record)
             log.info("step %d loss %.4f lr %.3g %.3fs", self.step, result.loss, result.lr, dt)
         return result
 
