@@ -7,7 +7,10 @@ No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collecti
 JIT-compile C++ at run time, so we hand DeepSpeed a torch AdamW and switch the shm op off."""
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional
 
@@ -25,7 +28,47 @@ from megatron.training.optimizer import WarmupDecayLR, build_optimizer
 log = logging.getLogger(__name__)
 
 
+_MUON = "deepspeed.runtime.zero.muon"
+
+
+class _NotMuon:
+    """Stands in for DeepSpeed's Muon optimizer classes: nothing is an instance of it."""
+
+
+def _muon_update(*args, **kwargs):
+    raise RuntimeError("DeepSpeed's Muon update was called, but this project trains with AdamW")
+
+
+def _stand_in(name: str, **attrs) -> None:
+    """Puts a module named `name` holding `attrs` into sys.modules; asking it for any other name
+    imports the real module in its place."""
+    if name in sys.modules:
+        return
+    module = types.ModuleType(name)
+
+    def real(attr):
+        if attr.startswith("__"):  # the import system probes __path__ and the like
+            raise AttributeError(attr)
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+        return getattr(importlib.import_module(name), attr)
+
+    module.__dict__.update(attrs, __getattr__=real)
+    sys.modules[name] = module
+
+
+def _stand_ins_for_muon() -> None:
+    """DeepSpeed's ZeRO and bf16 optimizers import its Muon optimizer to ask whether the optimizer
+    they wrap is one, and ZeRO-1/2 import its update function on every step to call it on
+    parameters marked use_muon. Importing Muon compiles its kernels with torch.compile, which
+    loads torch._inductor: about 1 s per rank here, before the first step. This project always
+    hands DeepSpeed a torch AdamW and marks no parameter, so stand-ins give the same answers."""
+    _stand_in(f"{_MUON}.original_muon", MuonWithAuxAdam=_NotMuon, muon_update=_muon_update)
+    _stand_in(f"{_MUON}.muon_optimizer", MuonWithAuxAdam=_NotMuon)
+
+
 def _import_deepspeed():
+    _stand_ins_for_muon()
     import deepspeed
     import deepspeed.ops
     # Setting the attribute directly also skips DeepSpeed's compatibility probe, which spawns
