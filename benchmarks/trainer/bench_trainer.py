@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""The trainer's own overhead: megatron-train against a plain PyTorch loop and Hugging Face
+transformers on the same work, in one run, alternating; then parallel efficiency on 2 cores and
+start-up time to the first step.
+
+    python benchmarks/trainer/bench_trainer.py [--out DIR] [--rounds 5] [--tiny]
+        [--sections single,layouts,startup] [--layouts tp2,pp2,dp2] [--startup-ranks 1,4]
+
+Sections (facts.py holds what the programs share):
+- single: the issue's GPT-2-shaped model (4 layers, hidden 256, 4 heads, sequence 256,
+  vocabulary 8192, batch 8; 5.3M parameters), fp32, one thread, AdamW, clipping 1.0. Programs:
+  megatron (the trainer, TP=PP=1, ZeRO-0, synthetic tokens), plain (peer_plain.py: nn.Linear,
+  F.scaled_dot_product_attention, F.cross_entropy) and hf (peer_hf.py: GPT2LMHeadModel, SDPA).
+  Each round runs every program once, each in a fresh process, in an order that rotates from
+  round to round. A program's tokens/s is the tokens of a step over the median of its whole-loop
+  iteration times after the warm-up; ratios are the trainer's tokens/s over a peer's in the same
+  round; reported as median and range over rounds, in wall time and in process CPU time (the
+  latter is less sensitive to other work on the machine).
+- layouts: examples/local/tiny.yaml on one process (one thread) and under TP2, PP2, DP2 (two
+  ranks, one thread each, torchrun); efficiency = tokens/s of the two ranks / (2 x tokens/s of
+  one process), per round. tiny.yaml trains with ZeRO-1; single_zero0 and dp2_zero0 show what
+  DeepSpeed's ZeRO-1 bookkeeping costs at this size.
+- startup: megatron-train as a user runs it (one process, and torchrun with 4 ranks as
+  TP2 x PP2) for one step on tiny.yaml; the phases from launch to the first step that the run
+  logs (and writes into its first metrics line), and the launcher's share (torchrun). The first
+  step of the single section's peers gives the same measure for plain PyTorch and transformers.
+
+Writes DIR/trainer_overhead.json and DIR/trainer_overhead_tables.md (default
+benchmarks/results) after every section. --tiny: a tiny shape, one round, few steps (the test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import facts  # noqa: E402
+import report  # noqa: E402
+
+PROGRAMS = ("megatron", "plain", "hf")
+PEERS = ("plain", "hf")
+# name: (ranks, overrides of tiny.yaml). A name's suffix after "_" (e.g. dp2_zero0) compares it
+# with the one-process run of the same suffix (single_zero0).
+LAYOUTS = {"single": (1, []), "tp2": (2, ["parallel.tensor_parallel_size=2"]),
+           "pp2": (2, ["parallel.pipeline_parallel_size=2"]), "dp2": (2, []),
+           "single_zero0": (1, ["parallel.zero_stage=0"]),
+           "dp2_zero0": (2, ["parallel.zero_stage=0"])}
+TINY_YAML = "examples/local/tiny.yaml"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
+                   help="directory for trainer_overhead.json and trainer_overhead_tables.md")
+    p.add_argument("--name", default="trainer_overhead", help="file name stem of the results")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the single section")
+    p.add_argument("--layout-rounds", type=int, default=3, help="rounds of the layouts section")
+    p.add_argument("--startup-rounds", type=int, default=3, help="launches per start-up case")
+    p.add_argument("--sections", default="single,layouts,startup",
+                   help="comma-separated: single, layouts, startup, profile")
+    p.add_argument("--layouts", default="tp2,pp2,dp2",
+                   help=f"two-rank layouts to measure, of: {', '.join(LAYOUTS)}")
+    p.add_argument("--startup-ranks", default="1,4", help="rank counts of the start-up section")
+    p.add_argument("--warmup", type=int, default=3, help="single: steps not timed")
+    p.add_argument("--steps", type=int, default=10, help="single: timed steps per run")
+    p.add_argument("--layout-warmup", type=int, default=5)
+    p.add_argument("--layout-steps", type=int, default=25)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny shape, one round, few steps: checks the benchmark runs (the test)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.rounds = args.layout_rounds = args.startup_rounds = 1
+        args.warmup, args.steps, args.layout_warmup, args.layout_steps = 1, 2, 1, 2
+    return args
+
+
+# ---------------------------------------------------------------------------------- running
+
+
+def _worker_cmd(ranks: int) -> List[str]:
+    if ranks == 1:
+        return [sys.executable, str(HERE / "worker.py")]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+            f"--master_port={_free_port()}", str(HERE / "worker.py")]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: List[str], log: Path, timeout: float) -> float:
+    """Runs cmd (one thread per process) with its output in `log`; returns the Unix time it was
+    launched. A failure raises with the log's tail."""
+    with open(log, "w") as f:
+        launched = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                              env=facts.one_thread_env(), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n"
+                           f"{log.read_text()[-3000:]}")
+    return launched
+
+
+def run_program(program: str, work: Path, tag: str, steps: int, timeout: float,
+                shape: Optional[facts.Shape] = None, ranks: int = 1, config: str = None,
+                overrides=(), profile: Optional[Path] = None) -> dict:
+    result = work / f"{tag}.json"
+    cmd = _worker_cmd(ranks) + ["--program", program, "--steps", str(steps),
+                                "--result", str(result)]
+    if shape is not None:
+        cmd += ["--shape", json.dumps(shape.as_dict())]
+    if config:
+        cmd += ["--config", config]
+    if program == "megatron":
+        cmd += ["--run-dir", str(work / f"{tag}_run")]
+    for item in overrides:
+        cmd += ["--set", item]
+    if profile is not None:
+        cmd += ["--profile", str(profile)]
+    launched = _run(cmd, work / f"{tag}.log", timeout)
+    out = json.loads(result.read_text())
+    out["launched_at"] = launched
+    return out
+
+
+def _spread(values: List[float]) -> Dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def _rates(raw: dict, warmup: int, tokens: int) -> dict:
+    """tokens/s from the median whole-iteration time after `warmup`, wall and CPU."""
+    wall = raw["iteration_times"][warmup:]
+    cpu = raw["iteration_cpu_times"][warmup:]
+    out = {"tokens_per_s": tokens / statistics.median(wall),
+           "cpu_tokens_per_s": tokens / statistics.median(cpu),
+           "median_iteration_s": statistics.median(wall),
+           "iteration_times_s": [round(t, 4) for t in raw["iteration_times"]],
+           "first_loss": raw["losses"][0], "last_loss": raw["losses"][-1]}
+    if raw.get("first_step_at") and raw.get("launched_at"):
+        out["launch_to_first_step_s"] = raw["first_step_at"] - raw["launched_at"]
+    return out
+
+
+# ---------------------------------------------------------------------------------- sections
+
+
+def section_single(args, work: Path, shape: facts.Shape) -> dict:
+    steps = args.warmup + args.steps
+    rounds = []
+    for r in range(args.rounds):
+        order = PROGRAMS[r % 3:] + PROGRAMS[:r % 3]
+        entry = {"order": list(order)}
+        for program in order:
+            raw = run_program(program, work, f"single_r{r}_{program}", steps, args.timeout,
+                              shape=shape)
+            entry[program] = _rates(raw, args.warmup, shape.tokens_per_step)
+            print(f"single round {r + 1}/{args.rounds} {program}: "
+                  f"{entry[program]['tokens_per_s']:.0f} tokens/s", flush=True)
+        rounds.append(entry)
+    return {"shape": shape.as_dict(), "tokens_per_step": shape.tokens_per_step,
+            "warmup_steps": args.warmup, "timed_steps": args.steps, "rounds": rounds,
+            **report.single_summary(rounds, PROGRAMS, PEERS)}
+
+
+def _layout_names(args) -> List[str]:
+    """The requested layouts, each after the one-process run it is compared with."""
+    names = []
+    for name in ["single"] + [x for x in args.layouts.split(",") if x]:
+        if name not in LAYOUTS:
+            raise SystemExit(f"unknown layout {name!r}: {', '.join(LAYOUTS)}")
+        names += [n for n in (report.baseline_of(name), name) if n not in names]
+    return names
+
+
+def section_layouts(args, work: Path) -> dict:
+    names = _layout_names(args)
+    steps = args.layout_warmup + args.layout_steps
+    rounds = []
+    for r in range(args.layout_rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        entry = {"order": order}
+        for name in order:
+            ranks, overrides = LAYOUTS[name]
+            raw = run_program("megatron", work, f"layout_r{r}_{name}", steps, args.timeout,
+                              ranks=ranks, config=TINY_YAML, overrides=overrides)
+            entry[name] = dict(_rates(raw, args.layout_warmup, raw["tokens_per_step"]),
+                               layout=raw["layout"])
+            print(f"layouts round {r + 1}/{args.layout_rounds} {name}: "
+                  f"{entry[name]['tokens_per_s']:.0f} tokens/s", flush=True)
+        rounds.append(entry)
+    return {"config": TINY_YAML, "warmup_steps": args.layout_warmup,
+            "timed_steps": args.layout_steps, "rounds": rounds,
+            **report.layout_summary(rounds, names)}
+
+
+def _startup_once(work: Path, tag: str, ranks: int, timeout: float) -> dict:
+    run_dir = work / f"{tag}_run"
+    cmd = [sys.executable, "-m", "megatron.cli.train"] if ranks == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+         f"--master_port={_free_port()}", "-m", "megatron.cli.train"]
+    cmd += ["--config", TINY_YAML, "--set", "training.train_iters=1", "--set",
+            f"run.dir={run_dir}"]
+    if ranks == 4:
+        cmd += ["--set", "parallel.tensor_parallel_size=2",
+                "--set", "parallel.pipeline_parallel_size=2"]
+    launched = _run(cmd, work / f"{tag}.log", timeout)
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    startup = first["startup"]
+    return {"launch_to_first_step_s": startup["first_step_at"] - launched,
+            "rank0_process_to_first_step_s": startup["total_s"],
+            "phases": startup["phases"], "first_step_s": startup["first_step_s"]}
+
+
+def section_startup(args, work: Path) -> dict:
+    out = {"config": TINY_YAML, "cases": {}}
+    for ranks in [int(x) for x in args.startup_ranks.split(",") if x]:
+        runs = []
+        for r in range(args.startup_rounds):
+            runs.append(_startup_once(work, f"startup_{ranks}_r{r}", ranks, args.timeout))
+            print(f"startup {ranks} rank(s) {r + 1}/{args.startup_rounds}: "
+                  f"{runs[-1]['launch_to_first_step_s']:.2f} s", flush=True)
+        out["cases"][str(ranks)] = report.startup_summary(runs)
+    return out
+
+
+def section_profile(args, work: Path, shape: facts.Shape) -> dict:
+    """torch.profiler tables (steps 4-6, rank 0) of each program and layout, into DIR/profiles."""
+    where = Path(args.out) / "profiles"
+    done = {}
+    for program in PROGRAMS:
+        target = where / f"single_{program}"
+        run_program(program, work, f"profile_{program}", 7, args.timeout, shape=shape,
+                    profile=target)
+        done[f"single_{program}"] = str(target / "profile.txt")
+    for name in _layout_names(args):
+        target = where / f"tiny_{name}"
+        ranks, overrides = LAYOUTS[name]
+        run_program("megatron", work, f"profile_tiny_{name}", 7, args.timeout, ranks=ranks,
+                    config=TINY_YAML, overrides=overrides, profile=target)
+        done[f"tiny_{name}"] = str(target / "profile.txt")
+    return done
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def machine() -> dict:
+    import torch
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cores": os.cpu_count(), "torch": torch.__version__, "threads_per_process": 1}
+    for name in ("deepspeed", "transformers"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as e:  # reported, not fatal: the section that needs it fails later
+            info[name] = f"unavailable ({type(e).__name__})"
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f
+                               if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    return info
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shape = facts.TINY if args.tiny else facts.ISSUE
+    sections = [s for s in args.sections.split(",") if s]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "trainer_overhead", "tiny": args.tiny,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": machine(), "load_average_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
+        work = Path(tmp)
+        for name in sections:
+            if name == "single":
+                result["single"] = section_single(args, work, shape)
+            elif name == "layouts":
+                result["layouts"] = section_layouts(args, work)
+            elif name == "startup":
+                result["startup"] = section_startup(args, work)
+            elif name == "profile":
+                result["profiles"] = section_profile(args, work, shape)
+            else:
+                raise SystemExit(f"unknown section {name!r}: single, layouts, startup, profile")
+            result["load_average_end"] = os.getloadavg()
+            report.write(result, out_dir, args.name)
+    print(report.markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
