@@ -123,7 +123,7 @@ class Engine:
         mark("deepspeed import")
         self.cfg, self.state, self.device = cfg, state, device
         self.pipeline = state.pp > 1
-        self.ds_config = deepspeed_config(cfg, dp_size)
+        self.ds_config = deepspeed_config(cfg, dp_size, device.type)
         self.gas = self.ds_config["gradient_accumulation_steps"]
         ctx = build_context(cfg, state, vocab_size, device)
         self.backend, self.tracker = ctx.backend, ctx.tracker

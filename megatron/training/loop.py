@@ -10,6 +10,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from datetime import timedelta  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch
@@ -73,11 +74,11 @@ class _StopFlag:
 
 
 
-def _write_run_files(cfg: Config, dp: int) -> None:
+def _write_run_files(cfg: Config, dp: int, device_type: str) -> None:
     """config.yaml (the file to resume with) is replaced only once the run has started: a start
     that fails leaves the previous one in place. Written whole, then renamed."""
-    for name, text in (("config.yaml", cfg.to_yaml()),
-                       ("deepspeed.json", json.dumps(deepspeed_config(cfg, dp), indent=2))):
+    ds = deepspeed_config(cfg, dp, device_type)
+    for name, text in (("config.yaml", cfg.to_yaml()), ("deepspeed.json", json.dumps(ds, indent=2))):
         path = os.path.join(cfg.run.dir, name)
         with open(path + ".tmp", "w") as f:
             f.write(text)
@@ -157,7 +158,8 @@ def _start(cfg: Config, timer: StartupTimer) -> _Job:
     try:
         resume = _agreed_resume(cfg, layout)
         timer.mark("run directory")
-        state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size)
+        state = ParallelState.build(tp, cfg.parallel.pipeline_parallel_size,
+                                    timedelta(minutes=cfg.parallel.timeout_minutes))
         timer.mark("parallel groups")
         init = cfg.training.init_from
         if init is not None and resume is not None:
@@ -316,7 +318,7 @@ def _train(cfg: Config, job: _Job, started: float, timer: StartupTimer) -> RunSu
     data = build_iterators(cfg, job.state.dp_rank, job.dp, consumed, vocab_size=job.text_vocab)
     timer.mark("data")
     if job.launch.rank == 0:
-        _write_run_files(cfg, job.dp)
+        _write_run_files(cfg, job.dp, job.device_info.device.type)
     loop = _Loop(cfg, job, started, step, consumed)
     timer.mark("run files and metrics")
     return loop.run(data, timer)
