@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
@@ -85,10 +84,11 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
 
 
 class PendingSave:
-    """One checkpoint on its way to disk. begin() snapshots this rank's state into CPU memory
-    (collective: rank 0 prepares the staging folder first); write() streams it to its file and
-    flushes it (local I/O only, so it may run in a thread while training goes on); finish()
-    commits (collective: every rank's outcome to rank 0, which commits or refuses)."""
+    """One checkpoint on its way to disk, in three parts: the constructor snapshots this rank's
+    state into CPU memory (collective: rank 0 prepares the staging folder first); write()
+    streams it to its file and flushes it (local I/O only: the part an asynchronous save would
+    run in a thread, not done yet); finish() commits (collective: every rank's outcome to
+    rank 0, which commits or refuses)."""
 
     def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
                  keep_last: int):
@@ -106,7 +106,6 @@ class PendingSave:
         self.payload = _rank_payload(rs)  # a copy: training may change the state from now on
         self.description = _describe(rs, self.rel)
         self.error, self.size = None, 0
-        self._thread: Optional[threading.Thread] = None
 
     def write(self) -> None:
         try:
@@ -119,18 +118,8 @@ class PendingSave:
             self.error = f"rank {dist.get_rank()}: {e}"
         self.payload = None  # the host memory goes back as soon as the file is written
 
-    def write_in_background(self) -> None:
-        self._thread = threading.Thread(target=self.write, name=f"save-{self.step}",
-                                        daemon=True)
-        self._thread.start()
-
-    def written(self) -> bool:
-        return self._thread is None or not self._thread.is_alive()
-
     def finish(self) -> Dict[str, float]:
         """Collective. Returns seconds (from begin) and bytes of the committed checkpoint."""
-        if self._thread is not None:
-            self._thread.join()
         rank = dist.get_rank()
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         mine = (self.error, self.rel, self.size, {} if self.error else self.description)
