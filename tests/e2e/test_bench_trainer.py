@@ -35,6 +35,7 @@ def test_tiny_benchmark_reports_ratios_efficiency_and_startup(tmp_path):
         for clock in ("wall", "cpu"):
             ratio = single["ratios"][peer][clock]
             assert ratio["n"] == 1 and ratio["min"] <= ratio["median"] <= ratio["max"]
+            assert ratio["best_rounds"] == pytest.approx(ratio["median"])  # one round
     faster = max(round_["plain"]["tokens_per_s"], round_["hf"]["tokens_per_s"])
     assert single["ratios"]["faster_peer"]["wall"]["median"] == pytest.approx(
         round_["megatron"]["tokens_per_s"] / faster)
