@@ -27,6 +27,12 @@ Sections (facts.py holds what the programs share):
   ZeRO runs started before the engine stood in for them). The first step of the single
   section's peers gives the same measure for plain PyTorch and transformers.
 
+Other people's jobs share the development machine: each run first waits (up to --quiet-wait s)
+for the rest of the machine to be idle, and a run during which other processes used more than
+0.15 cores on average is run once more, keeping the quieter of the two (each result records
+what it saw under "quiet"). Beside the per-round medians, the tables give ratios of each
+program's best round: other work only ever slows a run down.
+
 Writes DIR/trainer_overhead.json and DIR/trainer_overhead_tables.md (default
 benchmarks/results) after every section. --tiny: a tiny shape, one round, few steps (the test).
 """
@@ -36,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,26 +121,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _cpu_ticks():
+    """(all CPU time, idle CPU time) of the machine so far, in seconds (Linux /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return sum(fields) / hz, (fields[3] + fields[4]) / hz  # idle + iowait
+
+
 def _busy_cores(seconds: float = 1.0) -> float:
-    """Cores' worth of CPU time used on the machine over `seconds` (Linux /proc/stat)."""
-    def ticks():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-    total0, idle0 = ticks()
+    """Cores' worth of CPU time used on the machine over `seconds`."""
+    total0, idle0 = _cpu_ticks()
     time.sleep(seconds)
-    total1, idle1 = ticks()
-    cores = os.cpu_count() or 1
-    return cores * (1.0 - (idle1 - idle0) / max(1, total1 - total0))
+    total1, idle1 = _cpu_ticks()
+    return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / max(1e-9, total1 - total0))
 
 
-QUIET = {"max_wait_s": 120.0, "busy_cores": 0.3}  # --quiet-wait and its threshold
+# Other people's jobs share this machine. Before each run: wait up to max_wait_s (--quiet-wait)
+# for the rest of the machine to use under busy_cores. After it: a run during which other
+# processes used more than foreign_cores on average is run again once, keeping the quieter one.
+QUIET = {"max_wait_s": 120.0, "busy_cores": 0.3, "foreign_cores": 0.15}
 
 
 def _wait_for_quiet() -> dict:
-    """Waits (up to QUIET["max_wait_s"]) until the rest of the machine is idle, so that a run
-    starts with both cores to itself; other people's jobs share this machine. Returns what it
-    saw, which goes into the results."""
     waited, start = 0.0, time.time()
     busy = _busy_cores() if QUIET["max_wait_s"] > 0 else 0.0
     while busy > QUIET["busy_cores"] and waited < QUIET["max_wait_s"]:
@@ -143,70 +153,69 @@ def _wait_for_quiet() -> dict:
     return {"busy_cores_before": round(busy, 2), "waited_s": round(waited, 1)}
 
 
-def _run(cmd: List[str], log: Path, timeout: float) -> float:
-    """Runs cmd (one thread per process) with its output in `log`; returns the Unix time it was
-    launched. A failure raises with the log's tail."""
+def _run(cmd: List[str], log: Path, timeout: float) -> Dict[str, float]:
+    """Runs cmd (one thread per process) with its output in `log`, after waiting for quiet.
+    Returns when it was launched and how many cores other processes used meanwhile (the
+    machine's busy CPU time less this run's: its processes are this one's only children).
+    A failure raises with the log's tail."""
+    info = _wait_for_quiet()
     with open(log, "w") as f:
+        children0, (total0, idle0) = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_ticks()
         launched = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                               env=facts.one_thread_env(), timeout=timeout)
+        wall = time.time() - launched
+        children1, (total1, idle1) = resource.getrusage(resource.RUSAGE_CHILDREN), _cpu_ticks()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n"
                            f"{log.read_text()[-3000:]}")
-    return launched
+    ours = sum(getattr(children1, k) - getattr(children0, k) for k in ("ru_utime", "ru_stime"))
+    busy = (total1 - total0) - (idle1 - idle0)
+    info.update(launched_at=launched, foreign_cores=round(max(0.0, busy - ours) / wall, 3))
+    return info
+
+
+def _attempts(tag: str, launch) -> dict:
+    """launch(suffix) -> result dict with "quiet" info. One retry when the run fails (a gloo
+    rank can abort at interpreter exit after a finished run: "terminate called without an
+    active exception", rare, seen under heavy load); one more run when other processes took
+    more than QUIET["foreign_cores"] meanwhile, keeping the run with less foreign load."""
+    def once(suffix):
+        try:
+            return launch(suffix)
+        except RuntimeError as e:
+            print(f"{tag}{suffix} failed, retrying once: {str(e).splitlines()[-1][:200]}",
+                  flush=True)
+            return dict(launch(suffix + "_retry"), retried_after=str(e)[-2000:])
+    out = once("")
+    if out["quiet"]["foreign_cores"] > QUIET["foreign_cores"] and QUIET["max_wait_s"] > 0:
+        again = once("_again")
+        out, dropped = sorted((out, again), key=lambda r: r["quiet"]["foreign_cores"])
+        out["quiet"]["disturbed_run_dropped"] = dropped["quiet"]["foreign_cores"]
+    return out
 
 
 def run_program(program: str, work: Path, tag: str, steps: int, timeout: float,
                 shape: Optional[facts.Shape] = None, ranks: int = 1, config: str = None,
                 overrides=(), profile: Optional[Path] = None) -> dict:
-    result = work / f"{tag}.json"
-    cmd = _worker_cmd(ranks) + ["--program", program, "--steps", str(steps),
-                                "--result", str(result)]
-    if shape is not None:
-        cmd += ["--shape", json.dumps(shape.as_dict())]
-    if config:
-        cmd += ["--config", config]
-    if program == "megatron":
-        cmd += ["--run-dir", str(work / f"{tag}_run")]
-    for item in overrides:
-        cmd += ["--set", item]
-    if profile is not None:
-        cmd += ["--profile", str(profile)]
-    quiet = _wait_for_quiet()
-    try:
-        launched = _run(cmd, work / f"{tag}.log", timeout)
-        retried = None
-    except RuntimeError as e:
-        # One retry: a gloo rank can abort at interpreter exit after a finished run
-        # ("terminate called without an active exception", rare, seen under heavy load).
-        print(f"{tag} failed, retrying once: {str(e).splitlines()[-1][:200]}", flush=True)
-        retried = str(e)[-2000:]
-        launched = _run(cmd, work / f"{tag}_retry.log", timeout)
-    out = json.loads(result.read_text())
-    out["launched_at"] = launched
-    out["quiet"] = quiet
-    if retried:
-        out["retried_after"] = retried
-    return out
-
-
-def run_single(program: str, work: Path, tag: str, steps: int, warmup: int, timeout: float,
-               shape: facts.Shape) -> dict:
-    """A one-process run; run again once when it was descheduled (its median iteration took
-    over 10% more wall than CPU time: another job took the core), keeping the quieter one."""
-    raw = run_program(program, work, tag, steps, timeout, shape=shape)
-    if _descheduled(raw, warmup) > 1.10:
-        again = run_program(program, work, f"{tag}_again", steps, timeout, shape=shape)
-        kept, dropped = sorted((raw, again), key=lambda r: _descheduled(r, warmup))
-        kept["disturbed_run_dropped"] = {"wall_over_cpu": round(_descheduled(dropped, warmup), 3),
-                                         "iteration_times": dropped["iteration_times"]}
-        raw = kept
-    return raw
-
-
-def _descheduled(raw: dict, warmup: int) -> float:
-    return statistics.median(raw["iteration_times"][warmup:]) / \
-        statistics.median(raw["iteration_cpu_times"][warmup:])
+    def launch(suffix):
+        result = work / f"{tag}{suffix}.json"
+        cmd = _worker_cmd(ranks) + ["--program", program, "--steps", str(steps),
+                                    "--result", str(result)]
+        if shape is not None:
+            cmd += ["--shape", json.dumps(shape.as_dict())]
+        if config:
+            cmd += ["--config", config]
+        if program == "megatron":
+            cmd += ["--run-dir", str(work / f"{tag}{suffix}_run")]
+        for item in overrides:
+            cmd += ["--set", item]
+        if profile is not None:
+            cmd += ["--profile", str(profile)]
+        info = _run(cmd, work / f"{tag}{suffix}.log", timeout)
+        return dict(json.loads(result.read_text()), launched_at=info.pop("launched_at"),
+                    quiet=info)
+    return _attempts(tag, launch)
 
 
 def _spread(values: List[float]) -> Dict[str, float]:
@@ -225,7 +234,7 @@ def _rates(raw: dict, warmup: int, tokens: int) -> dict:
            "first_loss": raw["losses"][0], "last_loss": raw["losses"][-1]}
     if raw.get("first_step_at") and raw.get("launched_at"):
         out["launch_to_first_step_s"] = raw["first_step_at"] - raw["launched_at"]
-    for key in ("retried_after", "quiet", "disturbed_run_dropped"):
+    for key in ("retried_after", "quiet"):
         if raw.get(key):
             out[key] = raw[key]
     out["wall_over_cpu"] = statistics.median(wall) / statistics.median(cpu)
@@ -242,8 +251,8 @@ def section_single(args, work: Path, shape: facts.Shape) -> dict:
         order = PROGRAMS[r % 3:] + PROGRAMS[:r % 3]
         entry = {"order": list(order)}
         for program in order:
-            raw = run_single(program, work, f"single_r{r}_{program}", steps, args.warmup,
-                             args.timeout, shape)
+            raw = run_program(program, work, f"single_r{r}_{program}", steps, args.timeout,
+                              shape=shape)
             entry[program] = _rates(raw, args.warmup, shape.tokens_per_step)
             print(f"single round {r + 1}/{args.rounds} {program}: "
                   f"{entry[program]['tokens_per_s']:.0f} tokens/s", flush=True)
@@ -293,22 +302,23 @@ STARTUP_VARIANTS = {"megatron-train": ["-m", "megatron.cli.train"],
 
 
 def _startup_once(work: Path, tag: str, ranks: int, variant: str, timeout: float) -> dict:
-    run_dir = work / f"{tag}_run"
-    cmd = [sys.executable] if ranks == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-         f"--master_port={_free_port()}"]
-    cmd += STARTUP_VARIANTS[variant] + ["--config", TINY_YAML, "--set", "training.train_iters=1",
-                                        "--set", f"run.dir={run_dir}"]
-    if ranks == 4:
-        cmd += ["--set", "parallel.tensor_parallel_size=2",
-                "--set", "parallel.pipeline_parallel_size=2"]
-    _wait_for_quiet()
-    launched = _run(cmd, work / f"{tag}.log", timeout)
-    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
-    startup = first["startup"]
-    return {"launch_to_first_step_s": startup["first_step_at"] - launched,
-            "rank0_process_to_first_step_s": startup["total_s"],
-            "phases": startup["phases"], "first_step_s": startup["first_step_s"]}
+    def launch(suffix):
+        run_dir = work / f"{tag}{suffix}_run"
+        cmd = [sys.executable] if ranks == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+             f"--master_port={_free_port()}"]
+        cmd += STARTUP_VARIANTS[variant] + ["--config", TINY_YAML, "--set",
+                                            "training.train_iters=1", "--set", f"run.dir={run_dir}"]
+        if ranks == 4:
+            cmd += ["--set", "parallel.tensor_parallel_size=2",
+                    "--set", "parallel.pipeline_parallel_size=2"]
+        info = _run(cmd, work / f"{tag}{suffix}.log", timeout)
+        startup = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["startup"]
+        return {"launch_to_first_step_s": startup["first_step_at"] - info.pop("launched_at"),
+                "rank0_process_to_first_step_s": startup["total_s"],
+                "phases": startup["phases"], "first_step_s": startup["first_step_s"],
+                "quiet": info}
+    return _attempts(tag, launch)
 
 
 def section_startup(args, work: Path) -> dict:
