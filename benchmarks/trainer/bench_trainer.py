@@ -23,8 +23,8 @@ Sections (facts.py holds what the programs share):
 - startup: megatron-train as a user runs it (one process, and torchrun with 4 ranks as
   TP2 x PP2) for one step on tiny.yaml; the phases from launch to the first step that the run
   logs (and writes into its first metrics line), and the launcher's share (torchrun). Alternating
-  with it, the same run with DeepSpeed's Muon modules imported first (train_with_muon.py: how
-  ZeRO runs started before the engine stood in for them). The first step of the single
+  with it, the same run with the engine's stand-ins for DeepSpeed's Muon modules switched off
+  (train_without_stand_ins.py: how ZeRO runs started before them). The first step of the single
   section's peers gives the same measure for plain PyTorch and transformers.
 
 Other people's jobs share the development machine: each run first waits (up to --quiet-wait s)
@@ -295,10 +295,10 @@ def section_layouts(args, work: Path) -> dict:
             **report.layout_summary(rounds, names)}
 
 
-# Start-up variants: as the CLI runs now, and with DeepSpeed's Muon modules imported first (how
-# every ZeRO or bf16 run started before the engine's stand-ins).
+# Start-up variants: as the CLI runs now, and with the engine's stand-ins for DeepSpeed's Muon
+# modules switched off (how every ZeRO or bf16 run started before them).
 STARTUP_VARIANTS = {"megatron-train": ["-m", "megatron.cli.train"],
-                    "with DeepSpeed's Muon import": [str(HERE / "train_with_muon.py")]}
+                    "without the Muon stand-ins": [str(HERE / "train_without_stand_ins.py")]}
 
 
 def _startup_once(work: Path, tag: str, ranks: int, variant: str, timeout: float) -> dict:
@@ -334,7 +334,7 @@ def section_startup(args, work: Path) -> dict:
                 print(f"startup {ranks} rank(s) {r + 1}/{args.startup_rounds} {variant}: "
                       f"{runs[variant][-1]['launch_to_first_step_s']:.2f} s", flush=True)
         for variant in variants:
-            key = str(ranks) if variant == "megatron-train" else f"{ranks} muon"
+            key = str(ranks) if variant == "megatron-train" else f"{ranks} without stand-ins"
             out["cases"][key] = dict(report.startup_summary(runs[variant]), ranks=ranks,
                                      variant=variant)
     return out
