@@ -84,9 +84,10 @@ def run_megatron(args) -> dict:
     import tempfile
     import torch
     torch.set_num_threads(1)
-    from megatron.cli.common import env_rank, setup_logging
+    from megatron.cli.common import setup_logging
     from megatron.config import load_config
-    rank = env_rank()
+    from megatron.launch.env import discover
+    rank = discover().rank
     setup_logging(rank)
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="bench_trainer_")
     overrides = [] if args.shape is None else facts.megatron_overrides(

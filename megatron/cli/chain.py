@@ -9,7 +9,7 @@ import sys
 from typing import Optional, Sequence
 
 from megatron.config import load_config
-from megatron.config.errors import ConfigError, InputError
+from megatron.cli.common import entry_point
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, progress, read_env_file,
                                      settings, submit_next, _where)
 
@@ -46,34 +46,31 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@entry_point("chain")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
     env = os.environ
-    try:
-        cfg = load_config(args.config, args.set)
-        p = progress(cfg.run.dir, cfg.training.train_iters)
-        for line in p.skipped:
-            _say(f"skipped (does not validate): {line}")
-        if args.command == "status":
-            print(f"{_where(p)}: {'finished' if p.finished else 'not finished'}")
-            return 0
-        s = settings(env, cfg.training.save)
-        if args.command == "begin":
-            d = begin(p, s)
-            _say(d.message)
-            print(f"{'train' if d.go else 'stop'} {p.step}")
-            return 0
-        d = end(p, args.start_step, args.exit_status, s)
-        _say(d.message)
-        if d.go:
-            job = submit_next(env["SLURM_JOB_ID"], args.script_args,
-                              read_env_file(args.submit_env), s.attempt, env.get(SCRIPT))
-            _say(f"submitted job {job} ({ATTEMPT}={s.attempt + 1}), to start when this one "
-                 "ends")
+    cfg = load_config(args.config, args.set)
+    p = progress(cfg.run.dir, cfg.training.train_iters)
+    for line in p.skipped:
+        _say(f"skipped (does not validate): {line}")
+    if args.command == "status":
+        print(f"{_where(p)}: {'finished' if p.finished else 'not finished'}")
         return 0
-    except (ConfigError, InputError) as e:
-        _say(f"error: {e}")
-        return 2
+    s = settings(env, cfg.training.save)
+    if args.command == "begin":
+        d = begin(p, s)
+        _say(d.message)
+        print(f"{'train' if d.go else 'stop'} {p.step}")
+        return 0
+    d = end(p, args.start_step, args.exit_status, s)
+    _say(d.message)
+    if d.go:
+        job = submit_next(env["SLURM_JOB_ID"], args.script_args,
+                          read_env_file(args.submit_env), s.attempt, env.get(SCRIPT))
+        _say(f"submitted job {job} ({ATTEMPT}={s.attempt + 1}), to start when this one "
+             "ends")
+    return 0
 
 
 def _say(line: str) -> None:

@@ -1,13 +1,19 @@
-"""Shared pieces of the console entry points: logging setup and turning bad input into one clear
-message and a non-zero exit instead of a traceback."""
+"""Shared pieces of the console entry points: logging setup, and one way for every entry point to
+turn bad input into a single clear message and a non-zero exit instead of a traceback."""
 from __future__ import annotations
 
 import functools
 import logging
 import os
 import sys
+from typing import Callable
 
 from megatron.config.errors import ConfigError, Diverged, InputError
+
+# Exit statuses shared by every entry point (README's troubleshooting table names them).
+EXIT_BAD_INPUT = 2      # a config value, a file or the environment is wrong; the message says which
+EXIT_DIVERGED = 3       # the run stopped itself on divergence (megatron-train)
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
 def setup_logging(rank: int = 0) -> None:
@@ -16,34 +22,52 @@ def setup_logging(rank: int = 0) -> None:
                         datefmt="%H:%M:%S")
 
 
-def env_rank() -> int:
-    for key in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
+def entry_point(prog: str, interrupted: str = "interrupted") -> Callable:
+    """Wraps an entry point's main(argv) -> int so that every command reports failures alike:
+
+    ConfigError / InputError -> "<prog>: error: <message>" on stderr, exit 2
+    OSError (a file that cannot be read or written) -> the same with the file's name, exit 2
+    Diverged (megatron-train stopped itself) -> the same, exit 3
+    KeyboardInterrupt -> "<prog>: <interrupted>", exit 130
+
+    Anything else is a bug and keeps its traceback. With a process group open the process leaves
+    at once (os._exit): sys.exit could block in exit-time teardown waiting for peers that are
+    themselves stuck in a collective."""
+    def wrap(main):
+        @functools.wraps(main)
+        def wrapper(argv=None) -> int:
+            try:
+                return main(argv)
+            except (ConfigError, InputError, Diverged) as e:
+                code = EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_BAD_INPUT
+                return _leave(code, f"{prog}: error: {e}")
+            except OSError as e:
+                return _leave(EXIT_BAD_INPUT, f"{prog}: error: {_os_message(e)}")
+            except KeyboardInterrupt:
+                return _leave(EXIT_INTERRUPTED, f"{prog}: {interrupted}")
+        return wrapper
+    return wrap
 
 
-def friendly_errors(fn):
-    """ConfigError / InputError -> 'error: <message>' on stderr and exit code 2; a run that
-    stopped itself on divergence (Diverged) -> the same, exit code 3."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigError, InputError, Diverged) as e:
-            code = 3 if isinstance(e, Diverged) else 2
-            sys.stderr.write(f"error: {e}\n")
-            sys.stderr.flush()
-            os._exit(code) if _distributed_started() else sys.exit(code)
-    return wrapper
+def _os_message(e: OSError) -> str:
+    what = e.strerror or str(e)
+    return f"{what}: {e.filename}" if e.filename else what
+
+
+def _leave(code: int, message: str) -> int:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    if _distributed_started():
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 def _distributed_started() -> bool:
-    # With a process group open, sys.exit can block in atexit teardown waiting for peers that
-    # are themselves stuck in a collective: leave at once instead of hanging.
     # Looked up, not imported: an error found before torch was loaded must not pay for loading it.
     dist = sys.modules.get("torch.distributed")
     try:
         return dist is not None and dist.is_available() and dist.is_initialized()
     except Exception:
         return False
+

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron.cli.common import friendly_errors, setup_logging
+from megatron.cli.common import entry_point, setup_logging
 
 EPILOG = """examples:
   # merge the latest checkpoint of any TP x PP layout into one file (TP=1, PP=1 names)
@@ -57,7 +57,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-@friendly_errors
+@entry_point("megatron-convert")
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from megatron.cli.common import friendly_errors, setup_logging
+from megatron.cli.common import entry_point, setup_logging
 from megatron.config.errors import InputError
 
 log = logging.getLogger("megatron.generate")
@@ -51,7 +51,7 @@ def check_args(args) -> None:
                          f"--temperature 0.8")
 
 
-@friendly_errors
+@entry_point("megatron-generate")
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_args(args)

@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import List, Optional
 
+from megatron.cli.common import entry_point
+
 EXAMPLES = """\
 examples:
   # what is built, for which architectures, and whether it runs on this GPU and torch:
@@ -70,6 +72,7 @@ def _text(report) -> List[str]:
     return lines
 
 
+@entry_point("megatron-kernels")
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.config.errors import ConfigError, InputError
+from megatron.cli.common import entry_point
 
 EXAMPLES = """\
 examples:
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@entry_point("megatron-plan")
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -163,18 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     level = logging.INFO if args.verbose or args.command == "calibrate" else logging.WARNING
     logging.basicConfig(level=level, format="megatron-plan: %(message)s")
     from megatron.cli import plan_commands  # after parsing: --help stays instant
-    try:
-        return plan_commands.COMMANDS[args.command](args)
-    except (ConfigError, InputError) as e:
-        print(f"megatron-plan: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"megatron-plan: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "),
-              file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("megatron-plan: interrupted", file=sys.stderr)
-        return 130
+    return plan_commands.COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

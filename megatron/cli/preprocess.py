@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.config.errors import ConfigError, InputError
+from megatron.cli.common import entry_point
 
 EXAMPLES = """\
 examples:
@@ -149,22 +149,16 @@ def _run_train(argv: List[str]) -> None:
     print(f"wrote {path}")
 
 
+@entry_point("megatron-preprocess", interrupted="interrupted; no output was renamed into place")
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     commands = {"merge": _run_merge, "train-tokenizer": _run_train}
     run = commands.get(argv[0]) if argv else None
-    try:
-        if run is not None:
-            run(argv[1:])
-        else:
-            _run_encode(argv)
-    except (InputError, ConfigError) as e:
-        sys.stderr.write(f"megatron-preprocess: error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("megatron-preprocess: interrupted; no output was renamed into place\n")
-        return 130
+    if run is not None:
+        run(argv[1:])
+    else:
+        _run_encode(argv)
     return 0
 
 

@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from megatron.cli.common import env_rank, friendly_errors, setup_logging
+from megatron.cli.common import entry_point, setup_logging
 from megatron.config import load_config, validate_for_world
 from megatron.launch.env import discover
 
@@ -48,17 +48,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-@friendly_errors
+@entry_point("megatron-train")
 def main(argv=None) -> int:
     args = parse_args(argv)
-    setup_logging(env_rank())
+    launch = discover()
+    setup_logging(launch.rank)
     cfg = load_config(args.config, args.set)
     if args.print_config:
         sys.stdout.write(cfg.to_yaml())
         return 0
     # The layout checks again here, before torch is imported or a process group joined, so a
     # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
-    validate_for_world(cfg, discover().world_size)
+    validate_for_world(cfg, launch.world_size)
     from megatron.training.loop import train
     summary = train(cfg)
     _leave_process_group()

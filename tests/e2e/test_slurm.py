@@ -104,10 +104,11 @@ srun {sys.executable} -m megatron.cli.train --config {TINY} --set training.train
 """, tmp_path, timeout=180)
     assert state == "FAILED", log[-4000:]
     assert f"NCCL_NET=OFI NCCL_NET_PLUGIN={tmp_path}/no-such-plugin/lib/librccl-net.so" in log
-    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    prefix = "megatron-train: error: "
+    errors = [line for line in log.splitlines() if line.startswith(prefix)]
     assert len(errors) == 2, log[-4000:]  # one message per rank
     # Which library is reported first (libfabric, then the plugin) depends on this machine.
-    assert all(e.startswith("error: network preflight: NCCL_NET=OFI asks for the libfabric "
+    assert all(e.startswith(prefix + "network preflight: NCCL_NET=OFI asks for the libfabric "
                             "network plugin, but ") and "cannot be loaded" in e for e in errors)
     assert "Traceback" not in log, log[-4000:]
     assert "joining" not in log  # nobody reached the rendezvous

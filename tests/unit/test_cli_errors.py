@@ -173,10 +173,8 @@ def test_config_errors_stop_before_torch_is_imported():
     """A mistake in the config costs a fraction of a second: torch is never loaded for it."""
     code = ("import sys\n"
             "from megatron.cli.train import main\n"
-            "try:\n"
-            f"    main(['--config', {TINY!r}, '--set', 'training.global_batch_size=15'])\n"
-            "except SystemExit as e:\n"
-            "    print('exit', e.code, 'torch' in sys.modules)\n")
+            f"code = main(['--config', {TINY!r}, '--set', 'training.global_batch_size=15'])\n"
+            "print('exit', code, 'torch' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=clean_env(), timeout=60)
     assert proc.stdout.strip() == "exit 2 False", proc.stdout + proc.stderr
