@@ -25,17 +25,19 @@ BUILD_INFO = "_build_info.json"
 DEFAULT_ROCM_ARCH = "gfx90a"
 DEFAULT_CUDA_ARCH = "8.0;9.0"
 
+
+
+def _catalog() -> dict:
+    """megatron/kernels/catalog.py, the one table of extension modules, sources and ops, loaded
+    by path: importing the megatron package from its own build would need torch and more."""
+    namespace: dict = {}
+    path = ROOT / "megatron" / "kernels" / "catalog.py"
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["MODULES"]
+
+
 # Extension module -> its two translation units (relative to csrc/) and the ops it provides.
-# megatron/kernels/loader.py keeps the same table; a unit test checks that they agree.
-MODULES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
-    "_fused_softmax": (("bindings/softmax.cpp", "kernels/instantiate/softmax.cu"),
-                       ("scaled_masked_softmax", "scaled_causal_softmax")),
-    "_fused_norm": (("bindings/norm.cpp", "kernels/instantiate/norm.cu"),
-                    ("layer_norm", "rms_norm")),
-    "_fused_rotary": (("bindings/rotary.cpp", "kernels/instantiate/rotary.cu"), ("rotary",)),
-    "_fused_activation": (("bindings/activation.cpp", "kernels/instantiate/activation.cu"),
-                          ("bias_gelu", "swiglu")),
-}
+MODULES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = _catalog()
 
 
 class KernelBuildError(ValueError):

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from megatron.config import devices  # noqa: E402
-from megatron.kernels import fused, loader, reference  # noqa: E402
+from megatron.kernels import catalog, fused, loader, reference  # noqa: E402
 from megatron.launch.device import gpu_arch, torch_toolkit  # noqa: E402
 
 def peak_gbps(name: str):
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    missing = {op: loader.unavailable_reason(op, dev) for op in loader.MODULE_OF}
+    missing = {op: loader.unavailable_reason(op, dev) for op in catalog.MODULE_OF}
     missing = {op: why for op, why in missing.items() if why}
     if missing:
         print(f"bench_kernels: fused kernels unavailable here: {missing}", file=sys.stderr)

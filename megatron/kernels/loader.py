@@ -11,23 +11,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
+from megatron.kernels.catalog import MODULE_OF
 from megatron.launch.device import gpu_arch, torch_toolkit
 
 BUILD_INFO_PATH = Path(__file__).with_name("_build_info.json")
 PACKAGE = "megatron.kernels"
 
-# Extension module -> ops, as in tools/kernel_build.py (a unit test keeps the two equal).
-MODULES: Dict[str, Tuple[str, ...]] = {
-    "_fused_softmax": ("scaled_masked_softmax", "scaled_causal_softmax"),
-    "_fused_norm": ("layer_norm", "rms_norm"),
-    "_fused_rotary": ("rotary",),
-    "_fused_activation": ("bias_gelu", "swiglu"),
-}
-MODULE_OF = {op: module for module, ops in MODULES.items() for op in ops}
 
 REBUILD = ("rebuild with `pip install --no-build-isolation -e .` (set PYTORCH_ROCM_ARCH or "
            "TORCH_CUDA_ARCH_LIST to this GPU's architecture)")

@@ -14,12 +14,11 @@ import torch.nn.functional as F
 
 from megatron.config.errors import ConfigError
 from megatron.kernels import fused, reference
+from megatron.kernels.catalog import OPS
 from megatron.kernels.loader import unavailable_reason
 
 log = logging.getLogger(__name__)
 
-OPS = ("layer_norm", "rms_norm", "scaled_masked_softmax", "scaled_causal_softmax", "rotary",
-       "bias_gelu", "swiglu")
 
 
 def fused_available(op: str, device: torch.device) -> Optional[str]:

@@ -12,7 +12,8 @@ from typing import List, Optional
 import torch
 
 from megatron.kernels import loader
-from megatron.kernels.loader import (MODULE_OF, BuildInfo, build_mismatch, load_build_info,
+from megatron.kernels.catalog import MODULE_OF
+from megatron.kernels.loader import (BuildInfo, build_mismatch, load_build_info,
                                      unavailable_reason)
 from megatron.launch.device import gpu_arch, torch_toolkit
 

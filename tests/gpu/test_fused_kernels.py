@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron.kernels import fused, loader, ops, reference
+from megatron.kernels import catalog, fused, loader, ops, reference
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]
@@ -24,7 +24,7 @@ def built():
     if loader.load_build_info() is None:
         pytest.skip("no fused kernel build installed (pip install --no-build-isolation -e .)")
     dev = torch.device("cuda", torch.cuda.current_device())
-    reasons = {op: loader.unavailable_reason(op, dev) for op in loader.MODULE_OF}
+    reasons = {op: loader.unavailable_reason(op, dev) for op in catalog.MODULE_OF}
     broken = {op: why for op, why in reasons.items() if why}
     assert not broken, f"the installed build cannot run here: {broken}"
 

@@ -1,0 +1,22 @@
+"""The fused-op catalog, in one place: each extension module, the two translation units it is
+compiled from (relative to csrc/) and the ops it provides.
+
+Read by megatron.kernels (loading and the op list) and by tools/kernel_build.py at build time,
+which loads this file by path: it imports nothing, so the build never imports the package it is
+building."""
+
+MODULES = {
+    "_fused_softmax": (("bindings/softmax.cpp", "kernels/instantiate/softmax.cu"),
+                       ("scaled_masked_softmax", "scaled_causal_softmax")),
+    "_fused_norm": (("bindings/norm.cpp", "kernels/instantiate/norm.cu"),
+                    ("layer_norm", "rms_norm")),
+    "_fused_rotary": (("bindings/rotary.cpp", "kernels/instantiate/rotary.cu"), ("rotary",)),
+    "_fused_activation": (("bindings/activation.cpp", "kernels/instantiate/activation.cu"),
+                          ("bias_gelu", "swiglu")),
+}
+
+# Every fused op, in catalog order.
+OPS = tuple(op for _, ops in MODULES.values() for op in ops)
+
+# Op -> the extension module that provides it.
+MODULE_OF = {op: module for module, (_, ops) in MODULES.items() for op in ops}
