@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 
-from megatron.config import load_config
+from megatron.config import build_config
 from megatron.config.errors import InputError
 from megatron.checkpoint.convert import MergedCheckpoint
 
@@ -50,8 +50,8 @@ def _unsupported(field: str, value, expected: str):
                       f"{expected}")
 
 
-def model_overrides(hf: Dict[str, Any]) -> List[str]:
-    """`--set model.*` items for the model a Hugging Face config describes."""
+def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """The `model:` section (typed values) for the model a Hugging Face config describes."""
     kind = hf.get("model_type")
     if kind == "gpt2":
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -60,15 +60,14 @@ def model_overrides(hf: Dict[str, Any]) -> List[str]:
         if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
             raise _unsupported("scale_attn_by_inverse_layer_idx", True, "false")
         h = hf["n_embd"]
-        return [f"model.num_layers={hf['n_layer']}", f"model.hidden_size={h}",
-                f"model.num_attention_heads={hf['n_head']}",
-                f"model.ffn_hidden_size={hf.get('n_inner') or 4 * h}",
-                f"model.max_position_embeddings={hf['n_positions']}",
-                f"model.vocab_size={hf['vocab_size']}",
-                f"model.norm_epsilon={hf.get('layer_norm_epsilon', 1e-5)}",
-                "model.position_embedding_type=learned", "model.normalization=layernorm",
-                "model.activation=gelu", "model.add_bias_linear=true",
-                "model.tie_embeddings=true"]
+        return {"num_layers": hf["n_layer"], "hidden_size": h,
+                "num_attention_heads": hf["n_head"],
+                "ffn_hidden_size": hf.get("n_inner") or 4 * h,
+                "max_position_embeddings": hf["n_positions"],
+                "vocab_size": hf["vocab_size"],
+                "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
+                "position_embedding_type": "learned", "normalization": "layernorm",
+                "activation": "gelu", "add_bias_linear": True, "tie_embeddings": True}
     if kind != "llama":
         raise _unsupported("model_type", kind, "gpt2 or llama")
     h, heads = hf["hidden_size"], hf["num_attention_heads"]
@@ -86,17 +85,16 @@ def model_overrides(hf: Dict[str, Any]) -> List[str]:
         raise _unsupported("mlp_bias", hf.get("mlp_bias"), f"equal to attention_bias ({bias}): "
                            f"one setting covers every linear layer here")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    kv = hf.get("num_key_value_heads") or heads
-    return [f"model.num_layers={hf['num_hidden_layers']}", f"model.hidden_size={h}",
-            f"model.num_attention_heads={heads}", f"model.num_query_groups={kv}",
-            f"model.ffn_hidden_size={hf['intermediate_size']}",
-            f"model.max_position_embeddings={hf['max_position_embeddings']}",
-            f"model.vocab_size={hf['vocab_size']}",
-            f"model.norm_epsilon={hf.get('rms_norm_eps', 1e-6)}",
-            f"model.rotary_base={theta}", "model.position_embedding_type=rotary",
-            "model.normalization=rmsnorm", "model.activation=swiglu",
-            f"model.add_bias_linear={str(bias).lower()}",
-            f"model.tie_embeddings={str(bool(hf.get('tie_word_embeddings', False))).lower()}"]
+    return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
+            "num_attention_heads": heads,
+            "num_query_groups": hf.get("num_key_value_heads") or heads,
+            "ffn_hidden_size": hf["intermediate_size"],
+            "max_position_embeddings": hf["max_position_embeddings"],
+            "vocab_size": hf["vocab_size"],
+            "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+            "rotary_base": float(theta), "position_embedding_type": "rotary",
+            "normalization": "rmsnorm", "activation": "swiglu", "add_bias_linear": bias,
+            "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m) -> torch.Tensor:
@@ -170,7 +168,7 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     """The folder's model as a MergedCheckpoint (TP = PP = 1 names, the folder's dtype, no
     vocabulary padding: the run pads as its own TP size requires)."""
     hf = _read_config(hf_dir)
-    cfg = load_config(None, model_overrides(hf))
+    cfg = build_config({"model": model_section(hf)})
     sd = _read_weights(hf_dir)
     convert = _from_gpt2 if hf["model_type"] == "gpt2" else _from_llama
     state = {k: v.contiguous() for k, v in convert(sd, cfg.model, hf_dir).items()}

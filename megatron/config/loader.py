@@ -192,5 +192,14 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
             merged[ds] = deepspeed_section.merge(merged[ds], values)
         else:
             merged[section].update(values)
-    return Config(**{name: _build_section(name, merged[name]) for name in SECTIONS},
-                  deepspeed=merged[ds])
+    return build_config(merged)
+
+
+def build_config(sections: Dict[str, Dict[str, Any]]) -> Config:
+    """A Config from typed values per section (absent sections and keys take their defaults),
+    checked as a YAML file is: unknown keys, types, nulls and each section's own rules."""
+    for section in sections:
+        if section not in ALL_SECTIONS:
+            raise ConfigError(str(section), "...", f"a section among {', '.join(ALL_SECTIONS)}")
+    return Config(**{name: _build_section(name, sections.get(name, {})) for name in SECTIONS},
+                  deepspeed=dict(sections.get(deepspeed_section.SECTION, {})))

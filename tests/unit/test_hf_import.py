@@ -92,16 +92,16 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
 def test_init_from_an_imported_model_pads_the_vocabulary_for_the_run(tmp_path):
     """training.init_from with an imported file (300 rows) into a model whose run pads the
     vocabulary to 512: real ids keep transformers' logits, padding rows start at zero."""
-    from megatron.config import load_config
+    from megatron.config import build_config
     from megatron.model import build_model
     from megatron.parallel.state import ParallelState
-    from megatron.checkpoint.hf_import import model_overrides
+    from megatron.checkpoint.hf_import import model_section
     from megatron.checkpoint.init_from import load_initial_weights
     hf, folder = saved(tmp_path, "llama_gqa")
     out = str(tmp_path / "llama.pt")
     assert convert_main(["from-hf", "--hf-dir", folder, "--output", out]) == 0
-    overrides = model_overrides(json.loads((tmp_path / "llama_gqa" / "config.json").read_text()))
-    cfg = load_config(None, overrides + [f"training.init_from={out}"])
+    section = model_section(json.loads((tmp_path / "llama_gqa" / "config.json").read_text()))
+    cfg = build_config({"model": section, "training": {"init_from": out}})
     model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
     copied = load_initial_weights(list(model.named_parameters()), cfg, ParallelState.single(),
                                   512, 300)
