@@ -3,7 +3,7 @@ optimizer, clipping, the schedule and the thread count. The peers are written fr
 not from the trainer's code.
 
 Trainer side: fp32, AdamW over two groups (weight decay on matrices and embeddings, none on norms
-and biases; torch's foreach implementation, which is what megatron/training/optimizer.py uses on
+and biases; torch's foreach implementation, which is what megatron/engine/optimizer.py uses on
 a CPU), gradient clipping at global norm 1.0, linear warm-up then cosine decay, GPT-2 flavour
 (learned positions, pre-LayerNorm, tanh-GeLU 4h MLP, biases, tied input/output embedding, no
 dropout), one thread."""

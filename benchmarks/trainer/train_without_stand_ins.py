@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import megatron.training.engine as engine  # noqa: E402
+import megatron.engine.engine as engine  # noqa: E402
 from megatron.cli.train import main  # noqa: E402
 
 engine._stand_ins_for_muon = lambda: None

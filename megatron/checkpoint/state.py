@@ -1,7 +1,7 @@
 """What a rank hands to the checkpoint code: its parameters and the pieces of the optimizer
 state it owns, described without reference to the layout, so another layout can read them.
 
-The engine (training/engine_state.py) builds these from DeepSpeed's optimizers; everything in
+The engine (engine/state.py) builds these from DeepSpeed's optimizers; everything in
 megatron/checkpoint works on them only."""
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ sections (batch sizes, optimizer, precision, ZeRO stage, clipping, ...) are refu
 name of the project's key; any other key is refused as unknown. A null value unsets a key, so
 `--set deepspeed.zero_optimization.overlap_comm=null` returns to the project's default.
 
+The schema lives here rather than in megatron/engine because Config checks the section when it
+is built and config imports nothing above it; engine/deepspeed_json.py merges it into the JSON.
+
     deepspeed:
       communication_data_type: fp32
       zero_optimization:
@@ -213,3 +216,12 @@ def allowed_keys() -> List[str]:
             else:
                 yield f"{prefix}{name}"
     return sorted(walk(SCHEMA, ""))
+
+
+def overlap_problem(section: Optional[Mapping], pipeline_parallel_size: int) -> Optional[str]:
+    """Why an explicit overlap_comm cannot be honoured with this layout, or None."""
+    zero = (section or {}).get("zero_optimization", {})
+    if zero.get("overlap_comm") and pipeline_parallel_size > 1:
+        return ("DeepSpeed's pipeline engine turns overlap_comm off (it reduces after the last "
+                "micro-batch)")
+    return None

@@ -1,7 +1,7 @@
 """Checks that need several sections or the world size. Each raises one ConfigError."""
 from __future__ import annotations
 
-from megatron.config.deepspeed_json import overlap_problem
+from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 
 

@@ -67,10 +67,8 @@ def shard(full: torch.Tensor, dim: int, rank: int, size: int, stride: int = 1) -
 def mark_tp(param: nn.Parameter, dim: int, stride: int = 1, vocab: bool = False) -> nn.Parameter:
     """How `param` is split over TP, kept on the parameter itself: checkpoints, merges and
     init_from read it (checkpoint/state.Partition) instead of guessing from names. stride: blocks
-    along dim split separately (SwiGLU's [gate; up]); vocab: rows are the padded vocabulary."""
-    # DeepSpeed reads these to count a sharded parameter once per TP rank in the gradient norm.
-    param.tensor_model_parallel = True
-    param.model_parallel = True
+    along dim split separately (SwiGLU's [gate; up]); vocab: rows are the padded vocabulary.
+    The engine derives DeepSpeed's own markers from these (engine/model.mark_tensor_parallel)."""
     param.partition_dim = dim
     param.partition_stride = stride
     param.vocab_rows = vocab

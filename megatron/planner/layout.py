@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from megatron.config import ModelConfig
-from megatron.config.deepspeed_json import overlap_problem
+from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 
 RECOMPUTE = ("none", "selective", "full")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from megatron.config.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
+from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params

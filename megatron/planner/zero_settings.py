@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from megatron.config.deepspeed_json import DeepSpeedSettings, deepspeed_settings
+from megatron.engine.deepspeed_json import DeepSpeedSettings, deepspeed_settings
 from megatron.planner.activations import act_bytes
 from megatron.planner.layout import Job, Layout
 from megatron.planner.profile import Constants

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 import torch
 import torch.distributed as dist
 
-from megatron.config import Config, ConfigError, deepspeed_config, validate_for_world
+from megatron.config import Config, ConfigError, validate_for_world
 from megatron.config.errors import Diverged
 from megatron.config.validate import check_device
 from megatron.data import build_iterators, tokenizer_vocab_size
@@ -32,7 +32,8 @@ from megatron.parallel.agree import rank0_decides
 from megatron.training.clock import Deadline, SaveClock
 from megatron.training.health import ROLLBACK, STOP, DivergenceGuard, Verdict
 from megatron.parallel.random import reseed
-from megatron.training.engine import Engine
+from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.engine.engine import Engine
 from megatron.training.metrics import MetricsWriter, memory_gb, mfu, model_flops_per_token
 
 log = logging.getLogger(__name__)

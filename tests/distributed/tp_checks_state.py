@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import build_tracker, dropout
-from megatron.parallel.state import DeepSpeedMPU, ParallelState
+from megatron.engine.mpu import DeepSpeedMPU
+from megatron.parallel.state import ParallelState
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_check_support import (B, IN, OUT, S, Report, gather_group, leaf,  # noqa: E402

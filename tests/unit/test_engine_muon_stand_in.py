@@ -1,4 +1,4 @@
-"""The engine's stand-ins for DeepSpeed's Muon modules (training/engine.py): DeepSpeed's ZeRO and
+"""The engine's stand-ins for DeepSpeed's Muon modules (engine/engine.py): DeepSpeed's ZeRO and
 bf16 optimizers only ask whether our AdamW is a Muon optimizer, and get the real answer without
 loading torch._inductor.compile_fx; anything else asked of the modules loads the real ones."""
 import subprocess
@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 SCRIPT = """
 import sys
 import torch
-from megatron.training.engine import _import_deepspeed
+from megatron.engine.engine import _import_deepspeed
 _import_deepspeed()
 from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 from deepspeed.runtime.zero.muon.original_muon import muon_update

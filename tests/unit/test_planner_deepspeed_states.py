@@ -45,7 +45,7 @@ def _measure_case(rank, zero, precision, tp, pp):
     from megatron.config import load_config
     from megatron.data import build_iterators
     from megatron.parallel.state import ParallelState
-    from megatron.training.engine import Engine
+    from megatron.engine.engine import Engine
 
     cfg = load_config("examples/local/tiny.yaml", [
         f"parallel.zero_stage={zero}", f"training.precision={precision}",
@@ -96,7 +96,7 @@ def _free_port():
 @pytest.mark.slow
 def test_state_bytes_equal_deepspeed_tensors(tmp_path):
     pytest.importorskip("deepspeed")
-    pytest.importorskip("megatron.training.engine")
+    pytest.importorskip("megatron.engine.engine")
     import torch.multiprocessing as mp
     from megatron.config import load_config
 

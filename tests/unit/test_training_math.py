@@ -12,7 +12,7 @@ from megatron.data.vocab import padded_vocab_size
 from megatron.model import build_model
 from megatron.parallel.state import ParallelState
 from megatron.training.metrics import model_flops_per_token
-from megatron.training.optimizer import lr_at, param_groups
+from megatron.engine.optimizer import lr_at, param_groups
 
 
 def opt(**kw):

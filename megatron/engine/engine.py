@@ -1,7 +1,7 @@
 """The only module that imports deepspeed. Builds the DeepSpeed engine (plain for PP=1, the
 PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule, and
 exposes a small interface to the loop: train_step, eval_step, and the training state for
-checkpoints (engine_state.py says where DeepSpeed keeps it).
+checkpoints (state.py says where DeepSpeed keeps it; model.py how DeepSpeed sees the model).
 
 No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collective op would both
 JIT-compile C++ at run time, so we hand DeepSpeed a torch AdamW and switch the shm op off."""
@@ -19,11 +19,13 @@ import torch.distributed as dist
 
 from megatron.checkpoint.convert import pipeline_prefixes
 from megatron.checkpoint.state import RankState
-from megatron.config import deepspeed_config
-from megatron.model import GPTModel, build_context, lm_loss, pipeline_layers
-from megatron.parallel.state import DeepSpeedMPU, ParallelState
-from megatron.training import engine_state
-from megatron.training.optimizer import WarmupDecayLR, build_optimizer
+from megatron.engine import state as engine_state
+from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.engine.model import mark_tensor_parallel, pipeline_module
+from megatron.engine.mpu import DeepSpeedMPU
+from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
+from megatron.model import GPTModel, build_context
+from megatron.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
 
@@ -89,28 +91,6 @@ class StepResult:
     skipped: bool
 
 
-def _pipeline_module(deepspeed, cfg, state: ParallelState, ctx):
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-    specs = []
-    for layer in pipeline_layers(cfg, ctx):
-        if layer.tie_key:
-            specs.append(TiedLayerSpec(layer.tie_key, layer.cls, *layer.args,
-                                       forward_fn=layer.forward_fn,
-                                       tied_weight_attr=layer.tied_attr))
-        else:
-            specs.append(LayerSpec(layer.cls, *layer.args))
-    topo = PipeModelDataParallelTopology(num_pp=state.pp, num_mp=state.tp, num_dp=state.dp)
-    method = {"uniform": "type:LayerStage", "parameters": "parameters"}[
-        cfg.parallel.pipeline_partition_method]
-
-    def loss_fn(logits, labels):
-        return lm_loss(logits, labels.to(logits.device), state)
-
-    return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn, partition_method=method,
-                          activation_checkpoint_interval=0)
-
-
 class Engine:
     def __init__(self, cfg, state: ParallelState, vocab_size: int, device: torch.device,
                  dp_size: int, init_text_vocab: Optional[int] = None, startup=None):
@@ -131,9 +111,10 @@ class Engine:
             # DeepSpeed broadcasts the tied embedding in place while building the module (and
             # again when loading): under no_grad that copy stays out of the autograd graph.
             with torch.no_grad():
-                model = _pipeline_module(deepspeed, cfg, state, ctx)
+                model = pipeline_module(cfg, state, ctx)
         else:
             model = GPTModel(cfg, ctx)
+        mark_tensor_parallel(model)
         self.module = model
         mark("model build")
         if init_text_vocab is not None:

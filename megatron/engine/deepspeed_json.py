@@ -11,7 +11,9 @@ function, so its memory and time models see the values the trainer runs with):
   allgather_bucket_size DeepSpeed's 5e8.
 - communication_data_type is left to DeepSpeed, which communicates in the model's precision.
 
-The `deepspeed:` section (deepspeed_section.py) is merged in last, key by key."""
+The `deepspeed:` section (config/deepspeed_section.py, which keeps its schema because the config
+validates it at load time) is merged in last, key by key. Torch- and DeepSpeed-free: the planner
+imports it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -120,11 +122,3 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
         ds["pipeline"] = {"activation_checkpoint_interval": 0}
     return merge(ds, cfg.deepspeed)
 
-
-def overlap_problem(section: Optional[Mapping], pipeline_parallel_size: int) -> Optional[str]:
-    """Why an explicit overlap_comm cannot be honoured with this layout, or None."""
-    zero = (section or {}).get("zero_optimization", {})
-    if zero.get("overlap_comm") and pipeline_parallel_size > 1:
-        return ("DeepSpeed's pipeline engine turns overlap_comm off (it reduces after the last "
-                "micro-batch)")
-    return None

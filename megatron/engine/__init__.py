@@ -1,0 +1,13 @@
+"""The DeepSpeed adapter: the only package that imports deepspeed or knows its internals.
+
+    engine.py         Engine: deepspeed.initialize around our model; train/eval steps; the
+                      training state for checkpoints
+    model.py          how DeepSpeed sees the model: pipeline layer specs, tensor-parallel markers
+    state.py          where DeepSpeed's optimizers keep master weights and Adam moments
+    optimizer.py      the torch AdamW and LR schedule handed to DeepSpeed
+    mpu.py            the mpu object DeepSpeed asks for process groups
+    deepspeed_json.py the generated deepspeed.json (torch- and DeepSpeed-free: the planner
+                      imports it)
+
+Importing this package imports nothing else: the planner, which is torch-free, reads
+deepspeed_json from it."""
