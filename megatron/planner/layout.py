@@ -37,6 +37,10 @@ class Layout:
     recompute: str = "none"
     flash: bool = True
     sequence_parallel: bool = False
+    # Model chunks per pipeline stage (Megatron-LM's interleaved 1F1B schedule, Narayanan et al.
+    # 2021 section 2.2.2). 1 is the plain 1F1B schedule DeepSpeed's pipeline engine runs; more
+    # is a comparison option only: this trainer cannot run it (INTERLEAVED_UNAVAILABLE).
+    interleave: int = 1
 
     @property
     def world(self) -> int:
@@ -49,7 +53,8 @@ class Layout:
     def key(self) -> str:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-ga{self.grad_accum}"
                 f"-z{self.zero}-{self.recompute}-{'flash' if self.flash else 'noflash'}"
-                f"{'-sp' if self.sequence_parallel else ''}")
+                f"{'-sp' if self.sequence_parallel else ''}"
+                f"{f'-v{self.interleave}' if self.interleave > 1 else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,6 +85,25 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return f"deepspeed.zero_optimization.overlap_comm=true with PP {lay.pp}: {overlap}"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
+    return interleave_problem(m.num_layers, lay)
+
+
+INTERLEAVED_UNAVAILABLE = ("the interleaved schedule is not available in this trainer "
+                           "(DeepSpeed's pipeline engine runs plain 1F1B): a comparison only")
+
+
+def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
+    """Megatron-LM's conditions for the interleaved schedule: v chunks of equal layer count
+    on every stage, and micro-batches in multiples of the stage count."""
+    v = lay.interleave
+    if v == 1:
+        return None
+    if v < 1 or lay.pp < 2:
+        return f"interleave {v} needs PP > 1 and at least one chunk per stage"
+    if num_layers % (lay.pp * v):
+        return f"interleave {v} x PP {lay.pp} does not divide the {num_layers} layers"
+    if lay.grad_accum % lay.pp:
+        return f"interleaving needs micro-batches ({lay.grad_accum}) in multiples of PP {lay.pp}"
     return None
 
 

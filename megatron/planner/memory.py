@@ -119,9 +119,16 @@ class StageMemory:
         return (self.weights + self.grads + self.optimizer) / GIB
 
 
-def in_flight(lay: Layout, stage: int) -> int:
-    """Micro-batches whose activations stage `stage` holds at once under 1F1B."""
-    return max(1, min(lay.pp - stage, lay.grad_accum))
+def in_flight(lay: Layout, stage: int) -> float:
+    """Micro-batches whose activations stage `stage` holds at once under 1F1B. Interleaved
+    (v chunks of 1/v of the stage), Megatron-LM warms up 2 (p - i - 1) + (v - 1) p chunks
+    before its first backward: p + (p - 1)/v stage-equivalents on the first stage, the
+    (1 + (p - 1)/(p v)) factor of Korthikanti et al. 2022 section 4.2.3."""
+    v = lay.interleave
+    if v == 1:
+        return max(1, min(lay.pp - stage, lay.grad_accum))
+    chunks = 2 * (lay.pp - stage - 1) + (v - 1) * lay.pp + 1
+    return max(1.0, min(chunks / v, float(lay.grad_accum)))
 
 
 def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants):
@@ -129,7 +136,8 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
     last = stage == lay.pp - 1
     if not last:
-        per_mb += act.boundary_bytes(m, lay, prec)  # the stage output kept for its backward
+        # the stage output kept for its backward (one per chunk when interleaved)
+        per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
     stored = in_flight(lay, stage) * per_mb
     working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
     if last:

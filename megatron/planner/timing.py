@@ -10,7 +10,8 @@ the share the run's overlap_comm claims (zero_settings.overlap_claim: every buck
 last; at least dp_overlap) behind the backward, at most one micro-batch's backward (every
 micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are exposed.
 1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
-a bubble of (p - 1)/(m + p - 1)."""
+a bubble of (p - 1)/(m + p - 1); the interleaved schedule (a comparison option, not run by this
+trainer) divides the fill and drain by its chunks per stage v."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -117,7 +118,11 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         f[MEM] += 3 * tok * x.vocab / t * (x.e + 8) / x.hbm
         x.allreduce(f, tok * h * x.e, t, x.tp_link)
     if x.lay.pp > 1:
-        hops = (0 if last else 2) + (0 if first else 2)
+        # each model chunk sends its output forward and its input gradient back; interleaved,
+        # every stage holds v chunks and only the first chunk's input and last one's output
+        # stay put
+        v = x.lay.interleave
+        hops = 4 * v - (2 if last else 0) - (2 if first else 0)
         link = x.spec.link(2, x.lay.tp * x.lay.dp)
         x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
@@ -189,7 +194,11 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     kinds = _stage_kinds(job.model, lay)
     stages = [(stage_features(x, layers, first, last), n) for layers, first, last, n in kinds]
     slowest = max((f for f, _ in stages), key=lambda f: float(th @ f))
-    pipe = (lay.grad_accum - 1) * slowest + sum(f * n for f, n in stages)
+    # 1F1B: m slots of the slowest stage plus the fill and drain of the others; interleaved
+    # with v chunks per stage, the fill and drain pass chunks of 1/v of a stage each
+    # (bubble (p - 1)/(v m + p - 1), Narayanan et al. 2021 section 2.2.2)
+    fill = sum(f * n for f, n in stages) - slowest
+    pipe = lay.grad_accum * slowest + fill / lay.interleave
     params = all_stage_params(job.model, lay.tp, lay.pp)
     ends = sorted({0, lay.pp - 1})
     # the first and last stage's own per-micro-batch features, for their backward windows
@@ -202,6 +211,12 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     step[STEP] = 1
     parts = {"pipeline": pipe, "reduce": reduce, "step": step}
     return pipe + reduce + step, parts
+
+
+def pipeline_bubble(lay: Layout) -> float:
+    """Idle share of a balanced pipeline: (p - 1)/(m + p - 1) for 1F1B, (p - 1)/(v m + p - 1)
+    interleaved with v chunks per stage."""
+    return (lay.pp - 1) / (lay.interleave * lay.grad_accum + lay.pp - 1)
 
 
 @dataclass(frozen=True)
@@ -225,7 +240,7 @@ def step_time(job: Job, lay: Layout, prof: Profile) -> TimeEstimate:
     peak = prof.spec.matmul_tflops(job.precision) * 1e12
     mf = model_flops(job.model, job.global_batch) / step_s / lay.world
     hf = hardware_flops(job.model, job.global_batch, lay.recompute) / step_s / lay.world
-    bubble = (lay.pp - 1) / (lay.grad_accum + lay.pp - 1)
+    bubble = pipeline_bubble(lay)
     return TimeEstimate(step_s, float(th @ parts["pipeline"]), float(th @ parts["reduce"]), bubble,
                         job.global_batch * job.model.seq_length / step_s, mf / 1e12, hf / 1e12,
                         mf / peak, hf / peak, tuple(float(v) for v in feats))

@@ -1,0 +1,130 @@
+"""The planner against published training runs (megatron/planner/published.yaml).
+
+Leave-one-out: every case is predicted by a fit of the other cases only. A failure of the error
+bounds names the case and its source; a failure of an ordering names the publication's
+comparison the planner no longer reproduces."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from megatron.planner import validation as v
+from megatron.planner.layout import Layout, layout_problem
+from megatron.planner.memory import in_flight
+from megatron.planner.timing import pipeline_bubble, step_time
+
+
+@pytest.fixture(scope="module")
+def published():
+    return v.load_published()
+
+
+@pytest.fixture(scope="module")
+def rows(published):
+    return v.leave_one_out(published.cases)
+
+
+def _table(rows):
+    return "\n".join(f"{r.case.id} ({r.case.source}): published {r.published_tflops:.1f}, "
+                     f"held out {r.tflops(r.loo_step_s):.1f} TFLOP/s ({100 * r.loo_error:+.1f}%)"
+                     for r in rows)
+
+
+def test_cases_cover_the_sources_the_issue_names(published):
+    sources = {c.source for c in published.cases}
+    assert {"narayanan21", "korthikanti22", "mtnlg22", "bloom22", "dash23"} <= sources
+    assert len(published.cases) >= 25
+    for c in published.cases:
+        assert c.published_step_s > 0, c.id
+
+
+def test_published_flops_are_narayanans(published):
+    """The sources' FLOP count: meg-1008b at its published 163 TFLOP/s per GPU is the 502
+    PFLOP/s aggregate Table 1 reports."""
+    case = published.by_id()["meg-1008b"]
+    aggregate = v.published_hw_flops(case.job, case.layout) / case.published_step_s
+    assert aggregate == pytest.approx(502e15, rel=0.01)
+
+
+def test_leave_one_out_error_is_within_bounds(rows):
+    errors = np.abs([r.loo_error for r in rows])
+    assert np.median(errors) <= 0.15, _table(rows)
+    worst = max(rows, key=lambda r: abs(r.loo_error))
+    assert abs(worst.loo_error) <= 0.25, _table(rows)
+
+
+def test_fit_improves_on_the_prior(rows):
+    s = v.summary(rows)
+    assert s["loo_median"] < s["prior_median"]
+
+
+def test_no_fit_sees_its_held_out_case(published):
+    """The held-out prediction changes when the case is added to the fit (it was not in it)."""
+    cases = published.cases
+    held = cases[-1]
+    without = v.predict(held, v.fit_factors(cases[:-1]))
+    with_it = v.predict(held, v.fit_factors(cases))
+    assert without != pytest.approx(with_it, rel=1e-9)
+
+
+def test_frontier_prior_is_not_the_fitted_preset(published):
+    """The frontier preset's efficiencies were set from the 175B case; validation must not use
+    them, or that case would predict itself."""
+    case = published.by_id()["frontier-175b"]
+    assert case.profile.constants == v.VALIDATION_PRIOR["frontier"]
+
+
+@pytest.mark.parametrize("factors", ["prior", "fitted"])
+def test_published_orderings_hold(published, factors):
+    f = None if factors == "prior" else v.fit_factors(published.cases)
+    cases = published.by_id()
+    failed = []
+    for comp in published.comparisons:
+        ok, rates = v.ordering_holds(comp, cases, f)
+        if not ok:
+            failed.append(f"{comp.source}: {comp.what}: {dict(zip(comp.order, rates))}")
+    assert not failed, "\n".join(failed)
+
+
+def test_selective_recompute_gain_is_near_korthikanti(published):
+    """Table 5: selective recompute + SP is 29-32% faster than full recompute."""
+    cases = published.by_id()
+    for size in ("22b", "175b", "530b", "1t"):
+        gain = v.predict(cases[f"sel-{size}-full"]) / v.predict(cases[f"sel-{size}-sel"]) - 1
+        assert 0.2 <= gain <= 0.45, (size, gain)
+
+
+def test_interleaving_gain_shrinks_with_batch(published):
+    """Narayanan et al. Figure 12: the interleaved schedule's advantage narrows as the batch
+    (the number of micro-batches) grows."""
+    c = published.by_id()
+    gain = {b: v.predict(c[f"il-175b-b{b}-1f1b"]) / v.predict(c[f"il-175b-b{b}-v2"]) - 1
+            for b in (12, 60)}
+    assert gain[12] > gain[60] > 0
+
+
+def test_interleaved_bubble_and_memory():
+    """(p - 1)/(v m + p - 1) idle; the first stage holds p + (p - 1)/v micro-batches' worth
+    of activations (Korthikanti et al. section 4.2.3), more than 1F1B's p."""
+    plain = Layout(8, 12, 1, 1, 24)
+    inter = Layout(8, 12, 1, 1, 24, interleave=2)
+    assert pipeline_bubble(plain) == pytest.approx(11 / 35)
+    assert pipeline_bubble(inter) == pytest.approx(11 / 59)
+    assert in_flight(plain, 0) == 12
+    assert in_flight(inter, 0) == pytest.approx(12 + 11 / 2)
+    assert in_flight(inter, 11) == pytest.approx(13 / 2)  # (v - 1) p + 1 chunks
+
+
+def test_interleaving_needs_megatrons_divisibility(published):
+    job = published.by_id()["il-175b-b12-v2"].job
+    assert layout_problem(job, Layout(8, 12, 1, 1, 12, interleave=2)) is None
+    assert "divide" in layout_problem(job, Layout(8, 12, 1, 1, 12, interleave=3))
+    small = dataclasses.replace(job, global_batch=6)
+    assert "multiples" in layout_problem(small, Layout(8, 12, 1, 1, 6, interleave=2))
+    assert "PP > 1" in layout_problem(job, Layout(8, 1, 12, 1, 1, interleave=2))
+
+
+def test_step_time_reports_the_interleaved_bubble(published):
+    case = published.by_id()["il-175b-b12-v2"]
+    t = step_time(case.job, case.layout, case.profile)
+    assert t.bubble == pytest.approx(pipeline_bubble(case.layout))
