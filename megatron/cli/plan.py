@@ -87,6 +87,9 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help="sequence parallelism")
     g.add_argument("--no-sp", dest="sp", action="store_const", const=False,
                    help="no sequence parallelism")
+    g.add_argument("--interleave", type=int, metavar="V",
+                   help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
+                        "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")
 
 
 def _add_search(sub, fmt) -> None:

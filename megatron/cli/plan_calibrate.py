@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from megatron.cli.plan_commands import load_job, load_space
+from megatron.cli.plan_args import load_job, load_space
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit
 from megatron.planner.calibrate import calibrate, calibration_layouts, job_note

@@ -2,87 +2,21 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-from typing import List, Optional, Tuple
+from typing import Optional
 
-from megatron.config import Config, load_config
+from megatron.cli.plan_args import (layout_from_args, load_job, load_space, overridden_flags,
+                                    profile_from_args)
+from megatron.config import Config
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit, scaling
-from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
+from megatron.planner.jobs import ints
+from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
 from megatron.planner.memory import GIB, memory_per_stage
-from megatron.planner.models import preset_model
 from megatron.planner.params import model_params
-from megatron.planner.profile import Profile, load_profile
-from megatron.planner.search import SearchSpace, search
+from megatron.planner.profile import Profile
+from megatron.planner.search import search
 from megatron.planner.timing import step_time
-
-
-def load_job(args) -> Tuple[Job, Config, bool]:
-    """(job, base config, whether the model is a preset) from --model or --config."""
-    if args.model and args.config:
-        raise InputError("pass either --model PRESET or --config FILE, not both")
-    if args.config:
-        cfg = load_config(args.config, args.set)
-        model = cfg.model
-        if args.seq_length:
-            model = dataclasses.replace(model, seq_length=args.seq_length,
-                                        max_position_embeddings=max(args.seq_length,
-                                                                    model.max_position_embeddings))
-        job = Job(model, args.global_batch or cfg.training.global_batch_size,
-                  args.precision or cfg.training.precision, deepspeed=cfg.deepspeed)
-        preset = False
-    else:
-        if args.set:
-            raise InputError("--set overrides fields of --config FILE; pass a config file too")
-        if not args.model:
-            raise InputError("name the model: --model PRESET (22b, 175b, 1t, gpt3-...) or "
-                             "--config FILE.yaml")
-        job = Job(preset_model(args.model, args.seq_length or 2048), args.global_batch or 1280,
-                  args.precision or "bf16")
-        cfg, preset = Config(), True
-    if job.global_batch < 1:
-        raise ConfigError("--global-batch", job.global_batch, "a positive integer")
-    return job, cfg, preset
-
-
-def _ints(flag: str, text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(flag, text, "comma-separated integers, e.g. 1,2,4") from None
-    if not values or min(values) < 0:
-        raise ConfigError(flag, text, "comma-separated non-negative integers, e.g. 1,2,4")
-    return values
-
-
-def _both(value: str) -> Tuple[bool, ...]:
-    return {"both": (True, False), "on": (True,), "off": (False,)}[value]
-
-
-def load_space(args) -> SearchSpace:
-    recompute = tuple(v.strip() for v in args.recompute_values.split(","))
-    bad = [v for v in recompute if v not in RECOMPUTE]
-    if bad:
-        raise ConfigError("--recompute-values", args.recompute_values, f"values among {RECOMPUTE}")
-    zero = _ints("--zero-stages", args.zero_stages)
-    if any(z > 3 for z in zero):
-        raise ConfigError("--zero-stages", args.zero_stages, "stages among 0,1,2,3")
-    if not 0 < args.memory_fraction <= 1:
-        raise ConfigError("--memory-fraction", args.memory_fraction, "a share in (0, 1]")
-    return SearchSpace(tp=_ints("--tp-values", args.tp_values) if args.tp_values else None,
-                       pp=_ints("--pp-values", args.pp_values) if args.pp_values else None,
-                       micro_batch=_ints("--micro-batches", args.micro_batches), zero=zero,
-                       recompute=recompute, flash=_both(args.flash),
-                       sequence_parallel=_both(args.sequence_parallel), max_tp=args.max_tp,
-                       memory_fraction=args.memory_fraction)
-
-
-def profile_from_args(args) -> Profile:
-    if not args.cluster:
-        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, h100, h200) "
-                         "or --cluster FILE.yaml (docs/planner.md); there is no default")
-    return load_profile(args.cluster)
 
 
 def _check_nodes(nodes: int) -> None:
@@ -128,51 +62,10 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _layout_values(args, cfg: Optional[Config]) -> Tuple[dict, List[str]]:
-    """The layout the flags give, completed from --config FILE; and the flags that override
-    a value the config sets (named in the output, so nothing is silently replaced)."""
-    from_cfg = {}
-    if cfg is not None:
-        p, t = cfg.parallel, cfg.training
-        from_cfg = {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
-                    "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
-                    "recompute": t.activation_checkpointing,
-                    "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel}
-    defaults = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                "flash": True, "sp": False}
-    values, overridden = {}, []
-    for name, default in defaults.items():
-        flag = getattr(args, name, None)
-        if flag is None:
-            values[name] = from_cfg.get(name, default)
-        else:
-            values[name] = flag
-            if name in from_cfg and from_cfg[name] != flag:
-                overridden.append(f"--{name.replace('_', '-')}")
-    return values, overridden
-
-
-def layout_from_args(args, job: Job, world: int, cfg: Optional[Config] = None) -> Layout:
-    v, _ = _layout_values(args, cfg)
-    tp, pp, mb = v["tp"], v["pp"], v["micro_batch"]
-    if tp < 1 or pp < 1 or mb < 1:
-        raise ConfigError("--tp/--pp/--micro-batch", (tp, pp, mb), "positive integers")
-    if world % (tp * pp):
-        raise ConfigError("--tp x --pp", tp * pp, f"a divisor of the {world} devices")
-    dp = world // (tp * pp)
-    if job.global_batch % (mb * dp):
-        raise ConfigError("--global-batch", job.global_batch,
-                          f"a multiple of micro-batch x DP ({mb} x {dp})")
-    lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), v["zero"], v["recompute"],
-                 v["flash"], v["sp"])
-    check_layout(job, lay)
-    return lay
-
-
 def _layout_source(args, cfg: Optional[Config]) -> str:
     if cfg is None:
         return ""
-    _, overridden = _layout_values(args, cfg)
+    overridden = overridden_flags(args, cfg)
     note = f" (from {args.config}"
     return note + (f"; {', '.join(overridden)} from the command line)" if overridden else ")")
 
@@ -201,7 +94,11 @@ def cmd_memory(args) -> int:
     cfg = None if preset else cfg
     lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg)
     print(_describe(job, prof, args.nodes))
-    print(f"layout: {lay.key()}{_layout_source(args, cfg)}\n")
+    print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
+    if lay.interleave > 1:
+        print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
+              f"{INTERLEAVED_UNAVAILABLE}")
+    print()
     stages = memory_per_stage(job, lay, prof.constants)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
     header = ("stage", "params M", "weights", "grads", "optimizer", "activations", "working",
@@ -227,7 +124,7 @@ def cmd_scaling(args) -> int:
     job, cfg, preset = load_job(args)
     prof = profile_from_args(args)
     cfg = None if preset else cfg
-    nodes = _ints("--nodes", args.nodes)
+    nodes = ints("--nodes", args.nodes)
     if min(nodes) < 1:
         raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
     smallest = min(nodes)
@@ -239,7 +136,11 @@ def cmd_scaling(args) -> int:
     points = [p for mode in modes for p in scaling.project(job, base, prof, nodes, mode)]
     print(_describe(job, prof, smallest))
     source = "" if args.best else _layout_source(args, cfg)
-    print(f"layout at {smallest} node(s): {base.key()}{source}; DP grows with the nodes\n")
+    print(f"layout at {smallest} node(s): {base.key()}{source}; DP grows with the nodes")
+    if base.interleave > 1:
+        print(f"schedule: interleaved 1F1B, {base.interleave} chunks per stage: "
+              f"{INTERLEAVED_UNAVAILABLE}")
+    print()
     print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
     if args.plot:
         scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "

@@ -140,3 +140,36 @@ def test_search_reports_where_the_config_layout_ranks(capsys, tmp_path):
                        "--nodes", "32", "--top", "3")
     assert code == 0
     assert f"the layout {path} sets, tp8-pp1-dp32-mb1-ga32-z0-full-noflash, ranks " in out
+
+
+def test_memory_compares_the_interleaved_schedule_and_says_it_is_unavailable(capsys):
+    """--interleave prices Megatron-LM's schedule for comparison and says so on the output."""
+    base = ("memory", "--model", "175b", "--cluster", "frontier", "--nodes", "16",
+            "--global-batch", "1280", "--tp", "4", "--pp", "16", "--recompute", "full")
+    code, plain, _ = run(capsys, *base)
+    assert code == 0 and "interleaved" not in plain
+    code, out, _ = run(capsys, *base, "--interleave", "2")
+    assert code == 0
+    assert "-v2" in out and "not available in this trainer" in out
+    assert "bubble 1.2%" in out  # 15 / (2 x 640 + 15)
+    code, _, err = run(capsys, *base, "--interleave", "5")
+    assert code == 2 and "does not divide the 96 layers" in err
+
+
+def test_interleaved_layout_is_never_written_as_a_config():
+    from megatron.config import Config
+    from megatron.config.errors import ConfigError
+    from megatron.planner.emit import layout_config
+    from megatron.planner.layout import Job, Layout
+    from megatron.planner.models import preset_model
+    job = Job(preset_model("175b"), 1280)
+    with pytest.raises(ConfigError, match="not available in this trainer"):
+        layout_config(Config(), job, Layout(4, 16, 2, 1, 640, interleave=2))
+
+
+def test_calibrate_does_not_import_the_subcommands():
+    """plan_calibrate and plan_commands share plan_args; neither imports the other at load."""
+    code = ("import sys; import megatron.cli.plan_calibrate; "
+            "assert 'megatron.cli.plan_commands' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,47 @@
+"""megatron-plan's flags as calls into the planner library (megatron/planner/jobs.py): the one
+place the subcommands (plan_commands.py, plan_calibrate.py) read argparse namespaces from."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from megatron.config import Config
+from megatron.config.errors import InputError
+from megatron.planner import jobs
+from megatron.planner.layout import Job, Layout
+from megatron.planner.profile import Profile, load_profile
+from megatron.planner.search import SearchSpace
+
+_LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave")
+
+
+def load_job(args) -> Tuple[Job, Config, bool]:
+    return jobs.load_job(args.model, args.config, args.set, args.global_batch, args.seq_length,
+                         args.precision)
+
+
+def load_space(args) -> SearchSpace:
+    return jobs.search_space(args.tp_values, args.pp_values, args.micro_batches,
+                             args.zero_stages, args.recompute_values, args.flash,
+                             args.sequence_parallel, args.max_tp, args.memory_fraction)
+
+
+def layout_overrides(args) -> dict:
+    return {name: getattr(args, name, None) for name in _LAYOUT_FLAGS}
+
+
+def layout_from_args(args, job: Job, world: int, cfg: Optional[Config] = None) -> Layout:
+    values, _ = jobs.layout_values(layout_overrides(args), cfg)
+    return jobs.layout_for(job, world, values)
+
+
+def overridden_flags(args, cfg: Optional[Config]) -> List[str]:
+    """The flags that replace a layout value --config FILE sets."""
+    _, replaced = jobs.layout_values(layout_overrides(args), cfg)
+    return [f"--{name.replace('_', '-')}" for name in replaced]
+
+
+def profile_from_args(args) -> Profile:
+    if not args.cluster:
+        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, h100, h200) "
+                         "or --cluster FILE.yaml (docs/planner.md); there is no default")
+    return load_profile(args.cluster)

@@ -1,0 +1,134 @@
+"""What the planner is asked about: the job (a model preset or a training config), the layout a
+config sets with explicit overrides, and the search space, from plain values.
+
+megatron/cli/plan_args.py turns command-line flags into these calls; nothing here parses argv."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from megatron.config import Config, load_config
+from megatron.config.errors import ConfigError, InputError
+from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
+from megatron.planner.models import preset_model
+from megatron.planner.search import SearchSpace
+
+# The layout a job runs when neither a config nor an override sets a value.
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
+                   "flash": True, "sp": False, "interleave": 1}
+
+
+def load_job(model: Optional[str] = None, config: Optional[str] = None,
+             overrides: Sequence[str] = (), global_batch: Optional[int] = None,
+             seq_length: Optional[int] = None,
+             precision: Optional[str] = None) -> Tuple[Job, Config, bool]:
+    """(job, base config, whether the model is a preset) from a preset name or a config file
+    (with --set style overrides); batch, sequence and precision override either."""
+    if model and config:
+        raise InputError("pass either --model PRESET or --config FILE, not both")
+    if config:
+        cfg = load_config(config, list(overrides))
+        m = cfg.model
+        if seq_length:
+            m = dataclasses.replace(m, seq_length=seq_length,
+                                    max_position_embeddings=max(seq_length,
+                                                                m.max_position_embeddings))
+        job = Job(m, global_batch or cfg.training.global_batch_size,
+                  precision or cfg.training.precision, deepspeed=cfg.deepspeed)
+        preset = False
+    else:
+        if overrides:
+            raise InputError("--set overrides fields of --config FILE; pass a config file too")
+        if not model:
+            raise InputError("name the model: --model PRESET (22b, 175b, 1t, gpt3-...) or "
+                             "--config FILE.yaml")
+        job = Job(preset_model(model, seq_length or 2048), global_batch or 1280,
+                  precision or "bf16")
+        cfg, preset = Config(), True
+    if job.global_batch < 1:
+        raise ConfigError("--global-batch", job.global_batch, "a positive integer")
+    return job, cfg, preset
+
+
+def config_layout(cfg: Config) -> Dict[str, object]:
+    """The layout values a training config sets (its attention backend `math` is the math
+    path, any other is flash)."""
+    p, t = cfg.parallel, cfg.training
+    return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
+            "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
+            "recompute": t.activation_checkpointing,
+            "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel}
+
+
+def layout_values(overrides: Dict[str, object],
+                  cfg: Optional[Config] = None) -> Tuple[Dict[str, object], List[str]]:
+    """The layout `overrides` give (None: not given), completed from the config, then the
+    defaults; and the names of the overrides that replace a value the config sets."""
+    from_cfg = config_layout(cfg) if cfg is not None else {}
+    values, replaced = {}, []
+    for name, default in LAYOUT_DEFAULTS.items():
+        given = overrides.get(name)
+        if given is None:
+            values[name] = from_cfg.get(name, default)
+        else:
+            values[name] = given
+            if name in from_cfg and from_cfg[name] != given:
+                replaced.append(name)
+    return values, replaced
+
+
+def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
+    """The Layout of `values` (layout_values) on `world` devices, checked as the trainer would
+    (the interleaved schedule only by Megatron-LM's rules: the trainer cannot run it)."""
+    tp, pp, mb = values["tp"], values["pp"], values["micro_batch"]
+    if tp < 1 or pp < 1 or mb < 1:
+        raise ConfigError("--tp/--pp/--micro-batch", (tp, pp, mb), "positive integers")
+    if world % (tp * pp):
+        raise ConfigError("--tp x --pp", tp * pp, f"a divisor of the {world} devices")
+    dp = world // (tp * pp)
+    if job.global_batch % (mb * dp):
+        raise ConfigError("--global-batch", job.global_batch,
+                          f"a multiple of micro-batch x DP ({mb} x {dp})")
+    lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
+                 values["recompute"], values["flash"], values["sp"], values["interleave"])
+    check_layout(job, lay)
+    return lay
+
+
+def ints(flag: str, text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(flag, text, "comma-separated integers, e.g. 1,2,4") from None
+    if not values or min(values) < 0:
+        raise ConfigError(flag, text, "comma-separated non-negative integers, e.g. 1,2,4")
+    return values
+
+
+def _both(flag: str, value: str) -> Tuple[bool, ...]:
+    choices = {"both": (True, False), "on": (True,), "off": (False,)}
+    if value not in choices:
+        raise ConfigError(flag, value, "both, on or off")
+    return choices[value]
+
+
+def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = None,
+                 micro_batches: str = "1,2,4,8,16", zero_stages: str = "0,1,2,3",
+                 recompute_values: str = "none,selective,full", flash: str = "both",
+                 sequence_parallel: str = "both", max_tp: Optional[int] = None,
+                 memory_fraction: float = 1.0) -> SearchSpace:
+    """A SearchSpace from the comma-separated lists the command line takes."""
+    recompute = tuple(v.strip() for v in recompute_values.split(","))
+    if any(v not in RECOMPUTE for v in recompute):
+        raise ConfigError("--recompute-values", recompute_values, f"values among {RECOMPUTE}")
+    zero = ints("--zero-stages", zero_stages)
+    if any(z > 3 for z in zero):
+        raise ConfigError("--zero-stages", zero_stages, "stages among 0,1,2,3")
+    if not 0 < memory_fraction <= 1:
+        raise ConfigError("--memory-fraction", memory_fraction, "a share in (0, 1]")
+    return SearchSpace(tp=ints("--tp-values", tp_values) if tp_values else None,
+                       pp=ints("--pp-values", pp_values) if pp_values else None,
+                       micro_batch=ints("--micro-batches", micro_batches), zero=zero,
+                       recompute=recompute, flash=_both("--flash", flash),
+                       sequence_parallel=_both("--sequence-parallel", sequence_parallel),
+                       max_tp=max_tp, memory_fraction=memory_fraction)
