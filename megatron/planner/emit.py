@@ -7,9 +7,10 @@ import shlex
 from typing import Dict, List, Optional
 
 from megatron.config import Config, validate_for_world
+from megatron.config.errors import ConfigError
 from megatron.launch import frontier_env
 from megatron.planner.hardware import ClusterSpec
-from megatron.planner.layout import Job, Layout
+from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job, Layout
 from megatron.planner.search import Candidate
 
 # The paper's optimizer (REFERENCE.md), used when the model comes from a preset.
@@ -45,6 +46,9 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                   run_dir: Optional[str] = None, paper_optimizer: bool = False) -> Config:
     """`base` with the layout applied; validated for the layout's world size exactly as the
     trainer will validate it (raises ConfigError otherwise)."""
+    if lay.interleave > 1:
+        raise ConfigError("layout", lay.key(), "a schedule this trainer runs (plain 1F1B)",
+                          INTERLEAVED_UNAVAILABLE)
     raw: Dict[str, Dict] = base.to_dict()
     raw["model"] = dataclasses.asdict(job.model)
     raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"

@@ -13,20 +13,6 @@ from typing import Any, Dict, Optional
 from megatron.config import devices
 from megatron.config.errors import ConfigError
 
-# Environment of a Frontier job (REFERENCE.md): RCCL over the four Slingshot NICs through the
-# aws-ofi-rccl plugin, a CXI completion queue large enough for many-rank collectives, a
-# node-local MIOpen database (a shared one on Lustre serialises every rank's first kernel).
-FRONTIER_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
-    "NCCL_NET_GDR_LEVEL": "3",
-    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
-    "FI_MR_CACHE_MONITOR": "userfaultfd",
-    "MIOPEN_USER_DB_PATH": "/tmp/${USER}-miopen-${SLURM_JOB_ID}",
-    "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/${USER}-miopen-${SLURM_JOB_ID}",
-}
-
-
 @dataclass(frozen=True)
 class Link:
     """A collective over one link class as an alpha-beta fit to nccl-tests/rccl-tests output:
@@ -118,12 +104,14 @@ class ClusterSpec:
 _TF, _HBM = devices.PEAK_TFLOPS, devices.PEAK_HBM_GBPS
 PRESETS: Dict[str, ClusterSpec] = {
     # One MI250X GCD is one device; two GCDs of a package share 200 GB/s, other pairs 50-100;
-    # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node. No rccl-tests bandwidth table
+    # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node. Its job environment is not a
+    # launcher_env here: emit.sbatch_script writes megatron/launch/frontier_env.py's, the
+    # one source examples/frontier/env.sh shares. No rccl-tests bandwidth table
     # for a Frontier node was at hand: 0.6 is the share the paper's 175B figure was fitted
     # with; 25 us is RCCL's small all-reduce on 16 MI250X GCDs before its 1-shot kernel.
     "frontier": ClusterSpec("frontier", 64, _TF["mi250x"], 8, 50, 100, pair_gbps=200,
                             hbm_gbps=_HBM["mi250x"],
-                            fp32_tflops=47.9, cpus_per_task=7, launcher_env=dict(FRONTIER_ENV),
+                            fp32_tflops=47.9, cpus_per_task=7,
                             intra_bus_eff=0.6, inter_bus_eff=0.6, intra_latency_us=25,
                             inter_latency_us=30),
     # 7 xGMI links of 64 GB/s per direction; 8 x 400 Gb/s NICs.
