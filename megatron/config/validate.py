@@ -1,6 +1,8 @@
 """Checks that need several sections or the world size. Each raises one ConfigError."""
 from __future__ import annotations
 
+from typing import Optional
+
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 
@@ -18,33 +20,66 @@ def check_world(cfg, world_size: int) -> None:
                           "launch a multiple of that many ranks or change the layout")
 
 
-def check_tensor_parallel(cfg) -> None:
-    tp, m = cfg.parallel.tensor_parallel_size, cfg.model
+def tensor_parallel_error(m, tp: int, sequence_parallel: bool) -> Optional[ConfigError]:
     if m.num_attention_heads % tp:
-        raise ConfigError("model.num_attention_heads", m.num_attention_heads,
-                          f"a multiple of parallel.tensor_parallel_size={tp}")
+        return ConfigError("model.num_attention_heads", m.num_attention_heads,
+                           f"a multiple of parallel.tensor_parallel_size={tp}")
     if m.kv_heads % tp:
-        raise ConfigError("model.num_query_groups", m.kv_heads,
-                          f"a multiple of parallel.tensor_parallel_size={tp} (each tensor-parallel "
-                          "rank holds whole key/value groups)")
+        return ConfigError("model.num_query_groups", m.kv_heads,
+                           f"a multiple of parallel.tensor_parallel_size={tp} (each tensor-parallel "
+                           "rank holds whole key/value groups)")
     if m.ffn_hidden_size % tp:
-        raise ConfigError("model.ffn_hidden_size", m.ffn_hidden_size,
-                          f"a multiple of parallel.tensor_parallel_size={tp}")
-    if cfg.parallel.sequence_parallel and m.seq_length % tp:
-        raise ConfigError("model.seq_length", m.seq_length,
-                          f"a multiple of parallel.tensor_parallel_size={tp} with sequence parallelism")
+        return ConfigError("model.ffn_hidden_size", m.ffn_hidden_size,
+                           f"a multiple of parallel.tensor_parallel_size={tp}")
+    if sequence_parallel and m.seq_length % tp:
+        return ConfigError("model.seq_length", m.seq_length,
+                           f"a multiple of parallel.tensor_parallel_size={tp} with sequence parallelism")
+    return None
+
+
+def pipeline_error(m, pp: int, zero: int) -> Optional[ConfigError]:
+    if pp > 1 and zero > 1:
+        return ConfigError("parallel.zero_stage", zero,
+                           f"0 or 1 with pipeline parallelism (pipeline_parallel_size={pp}): "
+                           "DeepSpeed's pipeline engine refuses ZeRO-2/3",
+                           "set parallel.zero_stage=1 or parallel.pipeline_parallel_size=1")
+    if m.num_layers < pp:
+        return ConfigError("model.num_layers", m.num_layers,
+                           f"at least parallel.pipeline_parallel_size={pp} (one layer per stage)")
+    return None
+
+
+def deepspeed_error(deepspeed, pp: int) -> Optional[ConfigError]:
+    """An explicit deepspeed-section value the layout cannot honour."""
+    problem = overlap_problem(deepspeed, pp)
+    if problem:
+        return ConfigError("deepspeed.zero_optimization.overlap_comm", True,
+                           f"false or unset with parallel.pipeline_parallel_size={pp}: {problem}",
+                           "remove it, or set parallel.pipeline_parallel_size=1")
+    return None
+
+
+def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
+                 deepspeed=None) -> Optional[ConfigError]:
+    """The first rule a layout of model section `m` breaks, or None: the one home of the layout
+    rules, read by validate_for_world and by the planner (megatron/planner/layout.py), which
+    prices only layouts the trainer accepts."""
+    return (tensor_parallel_error(m, tp, sequence_parallel) or pipeline_error(m, pp, zero)
+            or deepspeed_error(deepspeed or {}, pp))
+
+
+def _raise(error: Optional[ConfigError]) -> None:
+    if error is not None:
+        raise error
+
+
+def check_tensor_parallel(cfg) -> None:
+    _raise(tensor_parallel_error(cfg.model, cfg.parallel.tensor_parallel_size,
+                                 cfg.parallel.sequence_parallel))
 
 
 def check_pipeline(cfg) -> None:
-    pp, zero = cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage
-    if pp > 1 and zero > 1:
-        raise ConfigError("parallel.zero_stage", zero,
-                          f"0 or 1 with pipeline parallelism (pipeline_parallel_size={pp}): "
-                          "DeepSpeed's pipeline engine refuses ZeRO-2/3",
-                          "set parallel.zero_stage=1 or parallel.pipeline_parallel_size=1")
-    if cfg.model.num_layers < pp:
-        raise ConfigError("model.num_layers", cfg.model.num_layers,
-                          f"at least parallel.pipeline_parallel_size={pp} (one layer per stage)")
+    _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
 
 
 def check_batch(cfg, world_size: int) -> None:
@@ -57,13 +92,7 @@ def check_batch(cfg, world_size: int) -> None:
 
 
 def check_deepspeed(cfg) -> None:
-    """An explicit deepspeed-section value the layout cannot honour."""
-    problem = overlap_problem(cfg.deepspeed, cfg.parallel.pipeline_parallel_size)
-    if problem:
-        raise ConfigError("deepspeed.zero_optimization.overlap_comm", True,
-                          f"false or unset with parallel.pipeline_parallel_size="
-                          f"{cfg.parallel.pipeline_parallel_size}: {problem}",
-                          "remove it, or set parallel.pipeline_parallel_size=1")
+    _raise(deepspeed_error(cfg.deepspeed, cfg.parallel.pipeline_parallel_size))
 
 
 def validate_for_world(cfg, world_size: int) -> int:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from megatron.config import ModelConfig
-from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
+from megatron.config.validate import layout_error
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -66,23 +66,18 @@ class Layout:
 
 
 def layout_problem(job: Job, lay: Layout) -> Optional[str]:
-    """Why the trainer would refuse this layout (config/validate.py's rules), or None."""
+    """Why the trainer would refuse this layout, or None: the trainer's own rules
+    (megatron/config/validate.py, layout_error) plus what a Layout adds (its batch split,
+    recompute name, the interleaved schedule's divisibility)."""
     m = job.model
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
-    for name, value in (("attention heads", m.num_attention_heads), ("key/value heads", m.kv_heads),
-                        ("FFN width", m.ffn_hidden_size)):
-        if value % lay.tp:
-            return f"TP {lay.tp} does not divide the {name} ({value})"
-    if lay.sequence_parallel and (lay.tp == 1 or m.seq_length % lay.tp):
-        return "sequence parallelism needs TP > 1 dividing the sequence length"
-    if lay.pp > m.num_layers:
-        return f"PP {lay.pp} exceeds the layer count {m.num_layers}"
-    if lay.pp > 1 and lay.zero > 1:
-        return "DeepSpeed's pipeline engine allows ZeRO 0 or 1 only"
-    overlap = overlap_problem(job.deepspeed, lay.pp)
-    if overlap:
-        return f"deepspeed.zero_optimization.overlap_comm=true with PP {lay.pp}: {overlap}"
+    error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed)
+    if error is not None:
+        return str(error)
+    # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
+    if lay.sequence_parallel and lay.tp == 1:
+        return "sequence parallelism needs TP > 1"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return interleave_problem(m.num_layers, lay)

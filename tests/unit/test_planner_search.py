@@ -1,6 +1,7 @@
 """The layout search and what it writes. Failures name the part: enumeration rules, the paper's
 layout lessons, the emitted config (must load and validate as the trainer does) or sbatch."""
 import subprocess
+import sys
 
 import pytest
 
@@ -8,7 +9,7 @@ from megatron.config import load_config, validate_for_world
 from megatron.config.errors import InputError
 from megatron.launch import frontier_env
 from megatron.planner import emit
-from megatron.planner.layout import Job, layout_problem
+from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.models import preset_model
 from megatron.planner.profile import load_profile
 from megatron.planner.search import SearchSpace, enumerate_layouts, search
@@ -86,3 +87,22 @@ def test_the_signal_margin_covers_two_predicted_steps_and_a_save():
     assert signal_margin_s(None) == 300
     assert signal_margin_s(10.0) == 360            # 300 + 20 s, whole minutes
     assert signal_margin_s(240.0) == 780           # a 175B-scale step: 300 + 480 s
+
+
+def test_layout_rules_have_one_home():
+    """The planner refuses a layout with the trainer's own message (config/validate.py)."""
+    from megatron.config.validate import layout_error
+    job = Job(preset_model("gpt3-1.3b"), 64)
+    lay = Layout(tp=3, pp=1, dp=1, micro_batch=1, grad_accum=64)
+    expected = layout_error(job.model, 3, 1, lay.zero, False)
+    assert expected is not None and layout_problem(job, lay) == str(expected)
+
+
+def test_planner_imports_neither_torch_nor_deepspeed():
+    """The planner (and the DeepSpeed knowledge it reads from megatron/engine) stays torch-free:
+    megatron-plan runs on a login node without a GPU stack."""
+    code = ("import sys; import megatron.planner.search, megatron.planner.validation, "
+            "megatron.planner.jobs, megatron.engine.optimizers; "
+            "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]; assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
