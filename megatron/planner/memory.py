@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
+from megatron.engine.optimizers import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
@@ -37,15 +38,6 @@ class StateBytes:
     step_transient: float   # what the optimizer step adds (flattened fp32 gradient partition)
     bucket: float           # DeepSpeed's contiguous gradient bucket
     bucket_in_backward: bool
-
-
-def optimizer_kind(precision: str, zero: int, pp: int) -> str:
-    """Which DeepSpeed optimizer wrapper engine._configure_optimizer picks."""
-    if zero > 0:
-        return "zero"
-    if precision == "fp32":
-        return "torch"
-    return "bf16" if precision == "bf16" and pp > 1 else "fp16"
 
 
 def zero3_gathered_elems(n: int, layer_params: int,

@@ -19,11 +19,11 @@ from typing import List, Tuple
 
 import numpy as np
 
+from megatron.engine.optimizers import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, stage_layers
-from megatron.planner.memory import optimizer_kind
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Constants, Profile, shape_curve
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
