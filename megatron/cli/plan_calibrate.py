@@ -70,7 +70,9 @@ def _print_report(report, out: str, failed: int) -> None:
           f"{100 * report.rel_rmse_before:.0f}% before, {100 * report.rel_rmse_after:.0f}% after "
           f"fitting; Spearman rank correlation {report.spearman:.2f}")
     print(f"fitted: gemm_eff {c.gemm_eff:.3g}, gemm_half_dim {c.gemm_half_dim:g}, hbm_eff "
-          f"{c.hbm_eff:.3g}, comm_eff {c.comm_eff:.3g}, latency x{c.latency_scale:.3g}, "
+          f"{c.hbm_eff:.3g}, links in a node: comm_eff {c.comm_eff:.3g}, latency "
+          f"x{c.latency_scale:.3g}; across nodes: comm_eff {c.inter_comm_eff:.3g}, latency "
+          f"x{c.inter_latency_scale:.3g}; "
           f"micro-batch overhead "
           f"{c.microbatch_overhead_s * 1e3:.3g} ms, step overhead {c.step_overhead_s:.3g} s, "
           f"act_scale {c.act_scale:.3g}, fixed {c.fixed_gb:.3g} GB")

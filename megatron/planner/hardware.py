@@ -21,6 +21,9 @@ class Link:
     all-gather, the buffer for a send; so one bus bandwidth serves every collective."""
     alpha_s: float
     bus_bytes_per_s: float
+    # which class's calibration factors apply: inside a node (comm_eff, latency_scale) or
+    # across nodes (inter_comm_eff, inter_latency_scale)
+    inter: bool = False
 
     def seconds(self, bus_bytes: float) -> float:
         return self.alpha_s + bus_bytes / self.bus_bytes_per_s
@@ -92,7 +95,7 @@ class ClusterSpec:
         if size * stride <= self.gpus_per_node:
             return Link(self.intra_latency_us * 1e-6, nominal * self.intra_bus_eff * 1e9)
         bus = min(self.intra_node_gbps * self.intra_bus_eff, nominal * self.inter_bus_eff)
-        return Link(self.inter_latency_us * 1e-6, bus * 1e9)
+        return Link(self.inter_latency_us * 1e-6, bus * 1e9, inter=True)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

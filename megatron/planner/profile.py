@@ -30,10 +30,14 @@ class Constants:
     flash_attn_eff: float = 0.55
     # Memory-bound kernels (norms, GeLU, dropout, softmax, Adam) reach this share of HBM.
     hbm_eff: float = 0.7
-    # Collectives: the cluster's alpha-beta link fits (hardware.Link), scaled by these two
-    # calibration factors (1: the fits as published; a fitted profile moves them).
+    # Collectives: the cluster's alpha-beta link fits (hardware.Link), scaled per link class by
+    # these calibration factors (1: the fits as published; a fitted profile moves them):
+    # bandwidth (comm_eff divides the bus time) and alpha (latency_scale multiplies it) inside
+    # a node, and the same two for groups that cross nodes.
     comm_eff: float = 1.0
     latency_scale: float = 1.0
+    inter_comm_eff: float = 1.0
+    inter_latency_scale: float = 1.0
     # Fixed costs the FLOP and byte counts miss: per micro-batch (kernel launches, pipeline
     # bookkeeping, Python) and per step (optimizer bookkeeping, logging).
     microbatch_overhead_s: float = 2e-3

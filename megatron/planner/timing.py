@@ -2,7 +2,7 @@
 
 The model is linear in a handful of constants once the GEMM-efficiency curve is fixed:
 step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/comm_eff,
-latency, per-micro-batch and per-step overheads). Calibration fits theta by least squares.
+latency, per-micro-batch and per-step overheads, and the two link factors across nodes). Calibration fits theta by least squares.
 
 Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
 (Megatron-style TP, DeepSpeed's synchronous pipeline engine); the DP gradient reduction hides
@@ -28,13 +28,16 @@ from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Constants, Profile, shape_curve
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
 
-FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step")
-GEMM, ATTN, MEM, COMM, LAT, MB, STEP = range(len(FEATURES))
+# comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
+FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
+            "latency_inter")
+GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X = range(len(FEATURES))
 
 
 def theta(c: Constants) -> np.ndarray:
     return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
-                     c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s])
+                     c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
+                     1 / c.inter_comm_eff, c.inter_latency_scale])
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
@@ -63,8 +66,8 @@ class _Ctx:
     def collective(f: np.ndarray, bus_bytes: float, link: Link, calls: float = 1):
         """`calls` collectives of `bus_bytes` each (nccl-tests' bus bytes) over `link`."""
         if link.bus_bytes_per_s != float("inf"):
-            f[COMM] += calls * bus_bytes / link.bus_bytes_per_s
-            f[LAT] += calls * link.alpha_s
+            f[COMM_X if link.inter else COMM] += calls * bus_bytes / link.bus_bytes_per_s
+            f[LAT_X if link.inter else LAT] += calls * link.alpha_s
 
     def allreduce(self, f: np.ndarray, nbytes: float, size: int, link: Link, calls: float = 1):
         if size > 1:

@@ -23,7 +23,8 @@ from megatron.planner.calibrate import nnls
 from megatron.planner.hardware import PRESETS
 from megatron.planner.layout import Job, Layout, check_layout
 from megatron.planner.profile import PRESET_CONSTANTS, Constants, Profile, from_mamf
-from megatron.planner.timing import ATTN, COMM, GEMM, LAT, MB, MEM, step_features, theta
+from megatron.planner.timing import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MB, MEM, step_features,
+                                     theta)
 
 DATA = os.path.join(os.path.dirname(__file__), "published.yaml")
 
@@ -37,7 +38,7 @@ VALIDATION_PRIOR: Dict[str, Constants] = {
 # (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, the cost per
 # micro-batch slot in ms (the prior's microbatch_overhead_s, 2 ms, for Megatron-LM's own
 # schedule). The step overhead keeps its prior.
-GROUPS = {"compute": (GEMM, ATTN), "memory": (MEM,), "comm": (COMM, LAT),
+GROUPS = {"compute": (GEMM, ATTN), "memory": (MEM,), "comm": (COMM, LAT, COMM_X, LAT_X),
           "deepspeed_mb_ms": (MB,)}
 PRIOR = np.array([1.0, 1.0, 1.0, 2.0])
 # Pull towards the prior: firm on the factors, weak on the DeepSpeed slot cost (no published

@@ -76,8 +76,8 @@ def test_profile_round_trips_through_yaml(tmp_path):
 
 def test_a_profile_fitted_to_the_per_hop_latency_still_loads(tmp_path, caplog):
     path = tmp_path / "old.yaml"
-    path.write_text(Profile(CPU, TRUTH).to_yaml().replace("latency_scale: 1.0",
-                                                          "comm_latency_s: 2.0e-05"))
+    path.write_text(Profile(CPU, TRUTH).to_yaml().replace("\n  latency_scale: 1.0",
+                                                          "\n  comm_latency_s: 2.0e-05"))
     back = load_profile(str(path))
     assert back.constants.latency_scale == 1.0
     assert "comm_latency_s is ignored" in caplog.text and "--fit-only" in caplog.text
@@ -147,3 +147,23 @@ def test_recorded_cpu_trials_fit(tmp_path):
     assert report.trials >= 6
     assert report.rel_rmse_after < report.rel_rmse_before
     assert report.spearman >= 0.8
+
+
+def test_fit_separates_the_link_classes():
+    """Two nodes of two ranks: collectives inside a node and across nodes have their own
+    factors (comm_eff, inter_comm_eff), and the fit recovers both, not one overall scale."""
+    from megatron.planner.search import search
+    spec = ClusterSpec("two-nodes", 8, 0.05, 2, 2, 0.5, hbm_gbps=5, fp32_tflops=0.05)
+    truth = TRUTH.replace(comm_eff=0.5, inter_comm_eff=0.15)
+    job = cpu_job()
+    prior = Profile(spec, Constants())
+    ranked = [c.layout for c in search(job, 2, prior, SearchSpace()).ranked]
+    layouts = ranked[::max(1, len(ranked) // 16)]
+    true_prof = Profile(spec, truth)
+    trials = [TrialResult(lay.key(), lay.to_dict(), "ok",
+                          step_time_s=step_time(job, lay, true_prof).step_s, steps=5)
+              for lay in layouts]
+    fitted, report = calibrate(job, prior, trials)
+    assert report.rel_rmse_after < 0.02
+    assert fitted.constants.comm_eff == pytest.approx(0.5, rel=0.25)
+    assert fitted.constants.inter_comm_eff == pytest.approx(0.15, rel=0.25)

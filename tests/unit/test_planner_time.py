@@ -145,7 +145,8 @@ def test_overlap_comm_hides_the_gradient_reduction_behind_the_backward():
     off = step_time(job, _dp_layout(1), a100)
     on = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0))
     half = step_time(job, _dp_layout(1), _with(a100, dp_overlap=0.5))
-    optimizer = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0, comm_eff=1e9)).reduce_s
+    optimizer = step_time(job, _dp_layout(1), _with(a100, dp_overlap=1.0, comm_eff=1e9,
+                                                    inter_comm_eff=1e9)).reduce_s
     gathered = (off.reduce_s - optimizer) / 2  # reduce-scatter and all-gather move equal bytes
     assert on.reduce_s == pytest.approx(optimizer + gathered, rel=0.05)
     assert half.reduce_s == pytest.approx((off.reduce_s + on.reduce_s) / 2, rel=1e-6)
