@@ -105,7 +105,9 @@ PRESET_CONSTANTS: Dict[str, Constants] = {
                       hbm_eff=0.85),
     "h200": Constants(gemm_eff=from_mamf(794.5, 989, (2048, 2048, 13312)), flash_attn_eff=0.6,
                       hbm_eff=0.85),
-    "mi300x": Constants(gemm_eff=from_mamf(781.9, 1307, (4096, 10240, 4864))),
+    # hbm_eff: ScalarLM's MI300X memcpy sweep levels off at 2000-3000 of 5300 GB/s above 10 MB
+    # (approximate: read one of its plotted curves).
+    "mi300x": Constants(gemm_eff=from_mamf(781.9, 1307, (4096, 10240, 4864)), hbm_eff=0.5),
 }
 # Constants of earlier versions of the time model, ignored (with a warning) when a profile
 # carrying them is loaded: they were fitted to terms that no longer exist.
