@@ -46,6 +46,7 @@ def main() -> int:
         ok_prior, _ = v.ordering_holds(comp, cases)
         ok_fit, rates = v.ordering_holds(comp, cases, factors)
         orderings.append({"source": comp.source, "what": comp.what, "order": list(comp.order),
+                          "best_of": comp.best, "known_failure": comp.known_failure,
                           "holds_prior": ok_prior, "holds_fitted": ok_fit,
                           "tokens_per_device_s": [round(r, 1) for r in rates]})
     header = ("case", "source", "layout", "devices", "published", "prior", "held out", "error")
@@ -62,7 +63,7 @@ def main() -> int:
           f"{100 * summary['loo_max']:.1f}% over {summary['cases']} cases; prior alone: median "
           f"{100 * summary['prior_median']:.1f}%, max {100 * summary['prior_max']:.1f}%.", "",
           "Fit on all cases: " + ", ".join(f"{n} {x:.3g}" for n, x in zip(names, factors)), "",
-          "Orderings (fastest first): "]
+          "Orderings (fastest first, or the first against each of the others): "]
     md += [f"- {o['source']}: {o['what']}: prior {'holds' if o['holds_prior'] else 'FAILS'}, "
            f"fitted {'holds' if o['holds_fitted'] else 'FAILS'} "
            f"({', '.join(f'{i} {r}' for i, r in zip(o['order'], o['tokens_per_device_s']))} "

@@ -78,12 +78,21 @@ def test_frontier_prior_is_not_the_fitted_preset(published):
 def test_published_orderings_hold(published, factors):
     f = None if factors == "prior" else v.fit_factors(published.cases)
     cases = published.by_id()
-    failed = []
+    failed, fixed = [], []
     for comp in published.comparisons:
         ok, rates = v.ordering_holds(comp, cases, f)
-        if not ok:
+        if not ok and not comp.known_failure:
             failed.append(f"{comp.source}: {comp.what}: {dict(zip(comp.order, rates))}")
+        if ok and comp.known_failure:
+            fixed.append(f"{comp.what} now holds: drop known_failure in published.yaml")
     assert not failed, "\n".join(failed)
+    assert not fixed, "\n".join(fixed)
+
+
+def test_known_failures_are_few(published):
+    """The orderings the planner does not reproduce stay an exception (docs/planner.md)."""
+    known = [c for c in published.comparisons if c.known_failure]
+    assert len(known) <= 1 and len(published.comparisons) >= 10
 
 
 def test_selective_recompute_gain_is_near_korthikanti(published):
