@@ -5,9 +5,10 @@ planner predicts its step time with the run's own settings (recompute, attention
 sequence parallelism, ZeRO, precision) on the run's cluster. The prior is every device's
 published single-device and single-node curves (profile.PRESET_CONSTANTS, except Frontier, whose
 preset was fitted to one of these cases: its prior is its GEMM measurement instead,
-VALIDATION_PRIOR). Leave-one-out: three factors on the prior's terms (compute, memory-bound
-kernels, communication) are fitted to every case but one by least squares on relative errors,
-and the held-out case is predicted with them; no case is predicted by a fit that saw it."""
+VALIDATION_PRIOR). Leave-one-out: factors on the prior's compute, memory-bound and
+communication terms and the per-micro-batch cost of DeepSpeed's pipeline engine (GROUPS) are
+fitted to every case but one by least squares on relative errors, and the held-out case is
+predicted with them; no case is predicted by a fit that saw it."""
 from __future__ import annotations
 
 import dataclasses
@@ -165,11 +166,12 @@ def group_seconds(case: Case) -> np.ndarray:
     slot cost per ms), plus the unfitted rest at the prior."""
     feats, _ = step_features(case.job, case.layout, case.profile)
     parts = theta(case.profile.constants) * feats
-    groups = [sum(parts[i] for i in idx) for idx in GROUPS.values()]
-    groups[-1] = feats[MB] * 1e-3 if case.framework == "deepspeed" else 0.0
-    rest = float(parts.sum()) - sum(groups[:-1]) - \
-        (parts[MB] if case.framework == "deepspeed" else 0.0)
-    return np.array(groups + [rest])
+    factors = [float(sum(parts[i] for i in idx)) for idx in list(GROUPS.values())[:-1]]
+    deepspeed = case.framework == "deepspeed"
+    # DeepSpeed runs: the slot count in ms replaces the prior's per-micro-batch cost
+    slot_ms = float(feats[MB]) * 1e-3 if deepspeed else 0.0
+    rest = float(parts.sum()) - sum(factors) - (float(parts[MB]) if deepspeed else 0.0)
+    return np.array(factors + [slot_ms, rest])
 
 
 def fit_factors(cases: Sequence[Case]) -> np.ndarray:
