@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -85,16 +85,6 @@ def checkpoint_folder(run_dir: str, tag: Optional[str] = None) -> str:
     return folder
 
 
-def pipeline_prefixes(cfg: Config) -> List[str]:
-    """GPTModel name prefix of each pipeline layer (index = pipeline layer): 0 embedding,
-    1..L transformer layers, L+1 final norm, L+2 output head (untied only)."""
-    n = cfg.model.num_layers
-    prefixes = ["embedding."] + [f"layers.{i}." for i in range(n)] + ["final_norm."]
-    if not cfg.model.tie_embeddings:
-        prefixes.append("output.")
-    return prefixes
-
-
 def read_checkpoint(folder: str):
     """(meta, index) of a committed checkpoint; InputError when it cannot be read."""
     try:
@@ -104,9 +94,9 @@ def read_checkpoint(folder: str):
 
 
 def single_config(cfg: Config, tp: int = 1) -> Config:
-    """The same model with tensor_parallel_size=tp, pipeline_parallel_size=1."""
-    par = dataclasses.replace(cfg.parallel, tensor_parallel_size=tp, pipeline_parallel_size=1,
-                              sequence_parallel=cfg.parallel.sequence_parallel and tp > 1)
+    """The same model with tensor_parallel_size=tp, pipeline_parallel_size=1. The run's
+    sequence_parallel is kept: the model applies it only where TP > 1 (model.build_context)."""
+    par = dataclasses.replace(cfg.parallel, tensor_parallel_size=tp, pipeline_parallel_size=1)
     return dataclasses.replace(cfg, parallel=par)
 
 

@@ -17,14 +17,13 @@ from typing import Any, Dict, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.convert import pipeline_prefixes
 from megatron.checkpoint.state import RankState
 from megatron.engine import state as engine_state
 from megatron.engine.deepspeed_json import deepspeed_config
 from megatron.engine.model import mark_tensor_parallel, pipeline_module
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
-from megatron.model import GPTModel, build_context
+from megatron.model import GPTModel, build_context, pipeline_layers
 from megatron.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -107,13 +106,17 @@ class Engine:
         self.gas = self.ds_config["gradient_accumulation_steps"]
         ctx = build_context(cfg, state, vocab_size, device)
         self.backend, self.tracker = ctx.backend, ctx.tracker
+        # Each pipeline layer's GPTModel name prefix (PP=1: the GPTModel names its own).
+        self._prefixes = []
         if self.pipeline:
+            layers = pipeline_layers(cfg.model, ctx)
+            self._prefixes = [layer.name for layer in layers]
             # DeepSpeed broadcasts the tied embedding in place while building the module (and
             # again when loading): under no_grad that copy stays out of the autograd graph.
             with torch.no_grad():
-                model = pipeline_module(cfg, state, ctx)
+                model = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
         else:
-            model = GPTModel(cfg, ctx)
+            model = GPTModel(cfg.model, ctx)
         mark_tensor_parallel(model)
         self.module = model
         mark("model build")
@@ -189,8 +192,7 @@ class Engine:
 
     def named_parameters(self):
         """This rank's parameters under their GPTModel (TP=1, PP=1) names."""
-        return list(engine_state.global_named_parameters(self.module,
-                                                         pipeline_prefixes(self.cfg)))
+        return list(engine_state.global_named_parameters(self.module, self._prefixes))
 
     def checkpoint_state(self, rng: Optional[dict]) -> RankState:
         """What this rank owns of the training state, as the checkpoint code reads and fills it."""

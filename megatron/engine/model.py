@@ -2,30 +2,38 @@
 the attributes DeepSpeed reads on tensor-parallel parameters."""
 from __future__ import annotations
 
+from typing import List
+
 from torch import nn
 
-from megatron.model import lm_loss, pipeline_layers
+from megatron.model import PipeLayer, lm_loss
 from megatron.parallel.state import ParallelState
+
+# DeepSpeed's "uniform" partitioning balances the layers whose class name matches this.
+_BALANCED_LAYER = "type:TransformerLayer"
 
 
 def mark_tensor_parallel(module: nn.Module) -> None:
-    """DeepSpeed's gradient norm counts a parameter once per TP rank when it carries
-    `tensor_model_parallel` or `model_parallel`, and once in all otherwise. Those are the
-    parameters the layers split over TP (parallel/layers.mark_tp sets partition_dim on them)."""
+    """DeepSpeed's gradient norm (and its bf16 optimizer's) takes a parameter's gradient from
+    every TP rank when it carries `tensor_model_parallel` or `model_parallel`, and from TP rank 0
+    only otherwise, so a replicated parameter counts once. Those markers belong on the
+    parameters the layers split over TP: the ones parallel/layers.mark_tp gave a partition_dim.
+    Called before deepspeed.initialize."""
     for param in module.parameters():
         if getattr(param, "partition_dim", None) is not None:
             param.tensor_model_parallel = True
             param.model_parallel = True
 
 
-def pipeline_module(cfg, state: ParallelState, ctx):
-    """DeepSpeed's PipelineModule over our pipeline layers, with the token embedding tied
-    between the first and the last stage. Build it under torch.no_grad(): DeepSpeed broadcasts
-    the tied weight in place while building."""
+def pipeline_module(layers: List[PipeLayer], partition_method: str, state: ParallelState):
+    """DeepSpeed's PipelineModule over model.pipeline_layers, with the token embedding tied
+    between the first and the last stage. partition_method: parallel.pipeline_partition_method.
+    Build it under torch.no_grad(): DeepSpeed broadcasts the tied weight in place while
+    building."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     specs = []
-    for layer in pipeline_layers(cfg, ctx):
+    for layer in layers:
         if layer.tie_key:
             specs.append(TiedLayerSpec(layer.tie_key, layer.cls, *layer.args,
                                        forward_fn=layer.forward_fn,
@@ -33,8 +41,7 @@ def pipeline_module(cfg, state: ParallelState, ctx):
         else:
             specs.append(LayerSpec(layer.cls, *layer.args))
     topo = PipeModelDataParallelTopology(num_pp=state.pp, num_mp=state.tp, num_dp=state.dp)
-    method = {"uniform": "type:LayerStage", "parameters": "parameters"}[
-        cfg.parallel.pipeline_partition_method]
+    method = {"uniform": _BALANCED_LAYER, "parameters": "parameters"}[partition_method]
 
     def loss_fn(logits, labels):
         return lm_loss(logits, labels.to(logits.device), state)

@@ -27,7 +27,8 @@ _SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis
 def global_named_parameters(model: nn.Module, prefixes: List[str]
                             ) -> Iterator[Tuple[str, nn.Parameter]]:
     """This rank's parameters under their GPTModel (TP=1, PP=1) names. `prefixes`: the GPTModel
-    name prefix of each pipeline layer (checkpoint.convert.pipeline_prefixes)."""
+    name prefix of each pipeline layer (model.PipeLayer.name), indexed as DeepSpeed numbers them
+    (this stage's forward_funcs start at _local_start)."""
     if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
         yield from model.named_parameters()
         return

@@ -5,25 +5,29 @@ import torch
 
 from megatron.kernels import KernelSelection
 from megatron.model.attention import resolve_attention_backend
-from megatron.model.gpt import GPTModel, ModelContext, PipeLayer, lm_loss, pipeline_layers
+from megatron.model.context import ModelContext
+from megatron.model.gpt import GPTModel, PipeLayer, lm_loss, pipeline_layers
 from megatron.parallel.random import build_tracker
 from megatron.parallel.state import ParallelState
 
 
 def build_context(cfg, state: ParallelState, vocab_size: int,
                   device: torch.device = torch.device("cpu")) -> ModelContext:
-    """Resolves the attention backend and kernels once and seeds the dropout streams."""
-    backend = resolve_attention_backend(cfg.model.attention_backend, device,
-                                        cfg.training.precision)
+    """The one place the model reads the job config beyond its own section: resolves the
+    attention backend, kernels and sequence parallelism once and seeds the dropout streams."""
+    t = cfg.training
+    backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision)
     sel = KernelSelection(cfg.kernels.mode, device)
-    tracker = build_tracker(cfg.training.seed, state.tp_rank, state.pp_rank, device)
-    return ModelContext(state, vocab_size, backend, sel, tracker)
+    tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
+    return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
+                        recompute=t.activation_checkpointing,
+                        sequence_parallel=cfg.parallel.sequence_parallel and state.tp > 1)
 
 
 def build_model(cfg, state: ParallelState, vocab_size: int,
                 device: torch.device = torch.device("cpu")) -> GPTModel:
     """The whole model for PP=1 (all layers on this rank; TP slices per the state)."""
-    return GPTModel(cfg, build_context(cfg, state, vocab_size, device))
+    return GPTModel(cfg.model, build_context(cfg, state, vocab_size, device))
 
 
 __all__ = ["GPTModel", "ModelContext", "PipeLayer", "build_context", "build_model", "lm_loss",

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron import kernels
+from megatron.config import ModelConfig
 from megatron.config.errors import ConfigError
+from megatron.model.context import ModelContext
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
@@ -46,17 +48,17 @@ def resolve_attention_backend(requested: str, device: torch.device, precision: s
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg, state, layer_number: int, backend: str, sel, tracker):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
-        m, seq_par = cfg.model, cfg.parallel.sequence_parallel
-        self.state, self.sel, self.tracker, self.backend = state, sel, tracker, backend
+        state, seq_par = ctx.state, ctx.sequence_parallel
+        self.state, self.sel, self.tracker, self.backend = state, ctx.sel, ctx.tracker, ctx.backend
         self.head_dim = m.head_dim
         self.groups_local = m.kv_heads // state.tp
         self.q_per_group = m.num_attention_heads // m.kv_heads
         self.dropout = m.attention_dropout
-        self.selective = cfg.training.activation_checkpointing == "selective"
+        self.selective = ctx.recompute == "selective"
         qkv_out = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
-        seed, std = cfg.training.seed, m.init_method_std
+        seed, std = ctx.seed, m.init_method_std
         self.qkv = ColumnParallelLinear(m.hidden_size, qkv_out, state, bias=m.add_bias_linear,
                                         sequence_parallel=seq_par, init_std=std,
                                         init_seed=seed_for(seed, f"layer{layer_number}.qkv"))

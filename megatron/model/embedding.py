@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron.config import ModelConfig
+from megatron.model.context import ModelContext
 from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, parallel_lm_logits,
                                       replicated_param)
 from megatron.parallel.mappings import (reduce_from_tp_region,
@@ -15,12 +17,12 @@ from megatron.parallel.random import dropout, seed_for
 class Embedding(nn.Module):
     """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism)."""
 
-    def __init__(self, cfg, state, vocab_size: int, tracker, with_positions: bool = True):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, with_positions: bool = True):
         super().__init__()
-        m, seed = cfg.model, cfg.training.seed
-        self.state, self.tracker, self.p = state, tracker, m.hidden_dropout
-        self.seq_par = cfg.parallel.sequence_parallel and state.tp > 1
-        self.word_embeddings = VocabParallelEmbedding(vocab_size, m.hidden_size, state,
+        state, seed = ctx.state, ctx.seed
+        self.state, self.tracker, self.p = state, ctx.tracker, m.hidden_dropout
+        self.seq_par = ctx.sequence_parallel
+        self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
         self.position_embeddings = None
@@ -53,13 +55,13 @@ class Embedding(nn.Module):
 class OutputLayer(nn.Module):
     """Untied output head with its own vocab-parallel weight."""
 
-    def __init__(self, cfg, state, vocab_size: int):
+    def __init__(self, m: ModelConfig, ctx: ModelContext):
         super().__init__()
-        self.state = state
-        self.seq_par = cfg.parallel.sequence_parallel and state.tp > 1
-        self.head = VocabParallelEmbedding(vocab_size, cfg.model.hidden_size, state,
-                                           init_std=cfg.model.init_method_std,
-                                           init_seed=seed_for(cfg.training.seed, "output_layer"))
+        self.state = ctx.state
+        self.seq_par = ctx.sequence_parallel
+        self.head = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, ctx.state,
+                                           init_std=m.init_method_std,
+                                           init_seed=seed_for(ctx.seed, "output_layer"))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par)

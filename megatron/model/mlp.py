@@ -6,15 +6,17 @@ import math
 from torch import nn
 
 from megatron import kernels
+from megatron.config import ModelConfig
+from megatron.model.context import ModelContext
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg, state, layer_number: int, sel):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
-        m, seq_par, seed = cfg.model, cfg.parallel.sequence_parallel, cfg.training.seed
-        self.swiglu, self.sel = m.activation == "swiglu", sel
+        state, seq_par, seed = ctx.state, ctx.sequence_parallel, ctx.seed
+        self.swiglu, self.sel = m.activation == "swiglu", ctx.sel
         width = 2 * m.ffn_hidden_size if self.swiglu else m.ffn_hidden_size
         # stride 2 for SwiGLU: each rank holds its slice of gate and its slice of up.
         self.fc1 = ColumnParallelLinear(m.hidden_size, width, state, bias=m.add_bias_linear,

@@ -5,18 +5,21 @@ import torch
 from torch import nn
 
 from megatron import kernels
+from megatron.config import ModelConfig
+from megatron.model.context import ModelContext
 from megatron.parallel.layers import replicated_param
-from megatron.parallel.state import ParallelState
 
 
 class Norm(nn.Module):
-    def __init__(self, kind: str, hidden: int, eps: float, state: ParallelState,
-                 sequence_parallel: bool, sel: kernels.KernelSelection):
+    """model.normalization over the hidden size; the decoder layers' norms and the final one."""
+
+    def __init__(self, m: ModelConfig, ctx: ModelContext):
         super().__init__()
-        self.kind, self.eps, self.state, self.sel = kind, eps, state, sel
-        self.sequence_parallel = sequence_parallel
-        self.weight = nn.Parameter(torch.ones(hidden))
-        self.bias = nn.Parameter(torch.zeros(hidden)) if kind == "layernorm" else None
+        self.kind, self.eps = m.normalization, m.norm_epsilon
+        self.state, self.sel = ctx.state, ctx.sel
+        self.sequence_parallel = ctx.sequence_parallel
+        self.weight = nn.Parameter(torch.ones(m.hidden_size))
+        self.bias = nn.Parameter(torch.zeros(m.hidden_size)) if self.kind == "layernorm" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = replicated_param(self.weight, self.state, self.sequence_parallel)

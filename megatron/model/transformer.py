@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from megatron.config import ModelConfig
 from megatron.model.attention import SelfAttention
+from megatron.model.context import ModelContext
 from megatron.model.mlp import MLP
 from megatron.model.norm import Norm
 from megatron.parallel.checkpointing import recompute
@@ -11,16 +13,14 @@ from megatron.parallel.random import dropout
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, cfg, state, layer_number: int, backend: str, sel, tracker):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
-        m = cfg.model
-        seq_par = cfg.parallel.sequence_parallel and state.tp > 1
-        self.seq_par, self.tracker, self.p = seq_par, tracker, m.hidden_dropout
-        self.recompute = cfg.training.activation_checkpointing == "full"
-        self.norm1 = Norm(m.normalization, m.hidden_size, m.norm_epsilon, state, seq_par, sel)
-        self.attention = SelfAttention(cfg, state, layer_number, backend, sel, tracker)
-        self.norm2 = Norm(m.normalization, m.hidden_size, m.norm_epsilon, state, seq_par, sel)
-        self.mlp = MLP(cfg, state, layer_number, sel)
+        self.seq_par, self.tracker, self.p = ctx.sequence_parallel, ctx.tracker, m.hidden_dropout
+        self.recompute = ctx.recompute == "full"
+        self.norm1 = Norm(m, ctx)
+        self.attention = SelfAttention(m, ctx, layer_number)
+        self.norm2 = Norm(m, ctx)
+        self.mlp = MLP(m, ctx, layer_number)
 
     def _forward(self, x):
         # Under sequence parallelism the residual stream is sharded, so its dropout masks must

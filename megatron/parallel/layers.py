@@ -3,7 +3,9 @@ tensor drawn from a seed named by the model, so all layouts start from the same 
 line of that tensor has its own seed, so a rank draws only the lines it keeps.
 
 Activations are [s, b, h] (sequence first, as Megatron). With sequence parallelism the input and
-output of the TP region are sharded along s: [s/t, b, h]."""
+output of the TP region are sharded along s: [s/t, b, h]. `sequence_parallel` arguments are the
+resolved setting (model.ModelContext.sequence_parallel: asked for and TP > 1); with one TP rank
+every mapping is the identity, so the flag changes nothing there."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -94,7 +96,7 @@ class ColumnParallelLinear(nn.Module):
         if out_features % state.tp:
             raise ValueError(f"output size {out_features} is not divisible by TP={state.tp}")
         self.state, self.gather_output = state, gather_output
-        self.sequence_parallel = sequence_parallel and state.tp > 1
+        self.sequence_parallel = sequence_parallel
         self.skip_bias_add = skip_bias_add
         weight = sharded_normal((out_features, in_features), init_std, init_seed, 0,
                                 state.tp_rank, state.tp, stride)
@@ -126,7 +128,7 @@ class RowParallelLinear(nn.Module):
         if in_features % state.tp:
             raise ValueError(f"input size {in_features} is not divisible by TP={state.tp}")
         self.state = state
-        self.sequence_parallel = sequence_parallel and state.tp > 1
+        self.sequence_parallel = sequence_parallel
         weight = sharded_normal((out_features, in_features), init_std, init_seed, 1,
                                 state.tp_rank, state.tp)
         self.weight = mark_tp(nn.Parameter(weight), 1)
@@ -171,7 +173,7 @@ class VocabParallelEmbedding(nn.Module):
 def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, state: ParallelState,
                        sequence_parallel: bool, bias: Optional[torch.Tensor] = None):
     """hidden [s(/t), b, h] -> this rank's vocabulary slice of the logits [s, b, V/t]."""
-    if sequence_parallel and state.tp > 1:
+    if sequence_parallel:
         hidden = gather_from_sequence_parallel_region(hidden, state.tp_group)
     else:
         hidden = copy_to_tp_region(hidden, state.tp_group)

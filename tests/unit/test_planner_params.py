@@ -91,7 +91,7 @@ VARIANTS = [(), ("model.activation=swiglu", "model.num_query_groups=2",
 
 def _measured_stage_params(cfg, tp, pp, rank):
     """Parameters the real model puts on `rank`: build_model for PP=1; for PP>1 the pipeline
-    layer list cut where DeepSpeed's `type:LayerStage` partitioning cuts it."""
+    layer list cut where DeepSpeed's `type:TransformerLayer` partitioning cuts it."""
     from deepspeed.runtime import utils as ds_utils
     from megatron.model import build_context, build_model, pipeline_layers
     from megatron.parallel.state import ParallelState
@@ -101,8 +101,8 @@ def _measured_stage_params(cfg, tp, pp, rank):
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     if pp == 1:
         return sum(p.numel() for p in build_model(cfg, state, vocab).parameters())
-    layers = pipeline_layers(cfg, build_context(cfg, state, vocab))
-    weights = [1 if re.search("LayerStage", layer.cls.__name__) else 0 for layer in layers]
+    layers = pipeline_layers(m, build_context(cfg, state, vocab))
+    weights = [1 if re.search("TransformerLayer", layer.cls.__name__) else 0 for layer in layers]
     parts = ds_utils.partition_balanced(weights=weights, num_parts=pp)
     stage = state.pp_rank
     mods = [layer.cls(*layer.args) for layer in layers[parts[stage]:parts[stage + 1]]]
