@@ -1,6 +1,6 @@
-"""The only module that imports deepspeed. Builds the DeepSpeed engine (plain for PP=1, the
-PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule, and
-exposes a small interface to the loop: train_step, eval_step, and the training state for
+"""Imports deepspeed (with the Muon stand-ins below) and builds the DeepSpeed engine (plain for
+PP=1, the PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule,
+and exposes a small interface to the loop: train_step, eval_step, and the training state for
 checkpoints (state.py says where DeepSpeed keeps it; model.py how DeepSpeed sees the model).
 
 No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collective op would both

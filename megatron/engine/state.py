@@ -9,7 +9,8 @@ layout-free pieces megatron/checkpoint reads and writes (checkpoint/state.py).
     ZeRO-3                             each parameter's flattened shard split over data-parallel
                                        ranks; `grad_position` locates it in the flat fp32 group
 
-Like engine.py, this module knows DeepSpeed's internals; nothing else does."""
+Like the rest of megatron/engine, this module knows DeepSpeed's internals; nothing outside the
+package does."""
 from __future__ import annotations
 
 import functools
