@@ -125,6 +125,14 @@ def test_wheel_holds_every_module_and_the_build_record(wheel, cuda_venv):
         "_fused_activation": {"bias_gelu", "swiglu"}}
 
 
+def test_wheel_holds_the_data_the_package_reads(wheel):
+    """The planner's published runs (megatron-plan's validation) and the kernel catalog, which
+    tools/kernel_build.py reads by path, travel in the wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assert {"megatron/planner/published.yaml", "megatron/kernels/catalog.py"} <= names
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_fatbin_holds_sm80_and_sm90_with_every_kernel(wheel, module):
     unit = MODULES[module][0]
