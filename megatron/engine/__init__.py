@@ -8,6 +8,8 @@
     mpu.py            the mpu object DeepSpeed asks for process groups
     deepspeed_json.py the generated deepspeed.json (torch- and DeepSpeed-free: the planner
                       imports it)
+    optimizer_kind.py which optimizer wrapper DeepSpeed runs for a precision, ZeRO stage and
+                      pipeline size (torch- and DeepSpeed-free: the planner imports it)
 
 Importing this package imports nothing else: the planner, which is torch-free, reads
-deepspeed_json from it."""
+deepspeed_json and optimizer_kind from it."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
-from megatron.engine.optimizers import optimizer_kind
+from megatron.engine.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
