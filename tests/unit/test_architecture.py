@@ -1,0 +1,129 @@
+"""The import direction of docs/architecture.md, enforced: each package of megatron/ imports only
+the packages below it, deepspeed is imported only by megatron/engine/, and the planner and the
+config stay importable without torch. Lazy imports inside functions count as imports."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "megatron"
+
+# Package -> the packages it may import (docs/architecture.md draws the same layers).
+BELOW: Dict[str, Set[str]] = {
+    "config": set(),
+    "launch": {"config"},
+    "data": {"config"},
+    "parallel": {"config", "launch"},
+    "kernels": {"config", "launch"},
+    "model": {"config", "launch", "parallel", "kernels"},
+    "checkpoint": {"config", "launch", "parallel", "kernels", "model", "data"},
+    "engine": {"config", "launch", "parallel", "kernels", "model", "checkpoint"},
+    "planner": {"config", "launch", "engine"},
+    "training": {"config", "launch", "parallel", "kernels", "model", "data", "checkpoint",
+                 "engine"},
+    "cli": {"config", "launch", "parallel", "kernels", "model", "data", "checkpoint", "engine",
+            "planner", "training"},
+}
+# The planner is torch-free: of the engine it may read only the modules that are torch-free too.
+PLANNER_MAY_READ = {"megatron.engine.deepspeed_json", "megatron.engine.optimizer_kind"}
+
+
+def imports(path: Path) -> Iterator[Tuple[str, int]]:
+    """(module, line) for every absolute import in the file, at any depth."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module, node.lineno
+            for alias in node.names:  # "from megatron import x" names a package
+                if node.module == "megatron":
+                    yield f"megatron.{alias.name}", node.lineno
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def sources():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_package_has_a_place_in_the_layers():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(BELOW), ("a package was added or removed: give it its row in BELOW "
+                                    "and in docs/architecture.md")
+    for name, allowed in BELOW.items():
+        assert allowed <= set(BELOW) - {name}
+
+
+def test_packages_import_only_what_lies_below_them():
+    wrong = []
+    for path in sources():
+        own = package_of(path)
+        for module, line in imports(path):
+            parts = module.split(".")
+            if parts[0] != "megatron" or len(parts) < 2 or parts[1] == own or not own:
+                continue
+            target = parts[1]
+            if target not in BELOW.get(own, set()):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}: '{own}' may "
+                             f"import only {sorted(BELOW[own]) or 'nothing of megatron'}")
+            elif own == "planner" and target == "engine" and module not in PLANNER_MAY_READ:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}: the planner "
+                             f"reads only {sorted(PLANNER_MAY_READ)} of the engine")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_engine_imports_deepspeed():
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in sources() if package_of(path) != "engine"
+             for module, line in imports(path) if module.split(".")[0] == "deepspeed"]
+    assert not wrong, "only megatron/engine/ may import deepspeed:\n" + "\n".join(wrong)
+
+
+def test_the_layers_have_no_cycle():
+    seen: Dict[str, int] = {}
+
+    def depth(name: str, path: Tuple[str, ...] = ()) -> int:
+        assert name not in path, f"cycle: {' -> '.join(path + (name,))}"
+        if name not in seen:
+            seen[name] = 1 + max((depth(d, path + (name,)) for d in BELOW[name]), default=0)
+        return seen[name]
+
+    for name in BELOW:
+        depth(name)
+
+
+def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
+    """The check itself: a config module importing the model is reported."""
+    fake = tmp_path / "megatron"
+    (fake / "config").mkdir(parents=True)
+    (fake / "config" / "__init__.py").write_text("")
+    (fake / "config" / "bad.py").write_text("def f():\n    from megatron.model import gpt\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match=r"config/bad.py:2 imports megatron.model"):
+        test_packages_import_only_what_lies_below_them()
+
+
+@pytest.mark.parametrize("package", ["config", "planner"])
+def test_torch_free_packages_import_without_torch(package):
+    """megatron-plan and config checks run on a login node without torch: importing every
+    module of these packages loads neither torch nor deepspeed."""
+    code = ("import importlib, pkgutil, sys\n"
+            f"import megatron.{package} as p\n"
+            "for m in pkgutil.iter_modules(p.__path__):\n"
+            f"    importlib.import_module('megatron.{package}.' + m.name)\n"
+            "print(sorted(k for k in ('torch', 'deepspeed') if k in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
