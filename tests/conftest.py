@@ -1,26 +1,8 @@
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, script: str, *args: str, timeout: int = 600, env=None):
-    """Launches `script` on `nproc` CPU ranks (gloo) through torchrun; returns CompletedProcess."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", script, *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=full_env)
+from tests.support.paths import ROOT
+# Not used here: tests/unit/test_planner_measured_peak.py still imports torchrun from this module.
+from tests.support.procs import torchrun  # noqa: F401
 
 
 @pytest.fixture

@@ -12,9 +12,10 @@ import os
 
 import pytest
 
-from tests.conftest import ROOT, torchrun
+from tests.support.paths import ROOT
+from tests.support.procs import torchrun
 
-WORKER = os.path.join(ROOT, "tests", "distributed", "checkpoint_layouts_worker.py")
+WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
          ("dp2_zero2", "dp4_zero1")]
 FLAVOURS = ["gpt2", "llama"]

@@ -22,10 +22,10 @@ from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import build_single_model, load_single, merge_run, single_config
 from megatron.checkpoint.state import Partition
 from megatron.checkpoint.export import load_run
-from tests.conftest import ROOT, torchrun
+from tests.support.procs import torchrun
+from tests.support.paths import ROOT, TINY
 
-WORKER = os.path.join(ROOT, "tests", "distributed", "convert_worker.py")
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+WORKER = os.path.join(ROOT, "tests", "support", "convert_worker.py")
 RUNS = ["tp2pp2-gpt2", "tp2pp2-llama", "single-gpt2"]
 LLAMA = ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
          "model.activation=swiglu", "model.num_query_groups=2", "model.add_bias_linear=false",

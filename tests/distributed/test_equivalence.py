@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torchrun
+from tests.support.paths import ROOT
+from tests.support.procs import torchrun
 
-WORKER = os.path.join(ROOT, "tests", "distributed", "run_layouts.py")
+WORKER = os.path.join(ROOT, "tests", "support", "run_layouts.py")
 TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # recomputation must replay the forward exactly, so it is held to the same bound
             "tp2_recompute_full", "pp2_recompute_full", "pp2_recompute_selective",

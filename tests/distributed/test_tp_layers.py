@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.conftest import free_port
-from tests.distributed import tp_layers_worker
+from tests.support.procs import free_port
+from tests.support import tp_layers_worker
 
 WORKER = tp_layers_worker.__file__
 WORLD = 4

@@ -4,11 +4,11 @@ import json
 import os
 import sys
 
-from tests.conftest import ROOT, free_port
+from tests.support.procs import free_port
+from tests.support.paths import ROOT, TINY
 
 __all__ = ["ROOT", "TINY", "RunEnv", "free_port", "set_args", "train_steps"]
 
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 COMPILERS = ("ninja", "cc", "c++", "gcc", "g++", "clang", "clang++", "nvcc", "hipcc", "ld",
              "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.codeobjects import EXPECTED_KERNELS, check_kernels, cuda_cubins, defined_kernels
+from tests.support.codeobjects import EXPECTED_KERNELS, check_kernels, cuda_cubins, defined_kernels
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc")
 CUDA_TORCH = os.environ.get("MEGATRON_CUDA_TORCH", "torch==2.14.1")
 ARCHS = ("sm_80", "sm_90")
@@ -63,7 +63,7 @@ def _cuda_home() -> str:
 @pytest.fixture(scope="module")
 def cuda_venv():
     """A venv with the CUDA torch; kept under build/ so local reruns skip the install."""
-    venv = ROOT / "build" / "cuda-torch-venv"
+    venv = Path(ROOT, "build", "cuda-torch-venv")
     py = venv / "bin" / "python"
     probe = "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
     if not py.exists() or subprocess.run([str(py), "-c", probe]).returncode != 0:
@@ -83,9 +83,9 @@ def wheel(cuda_venv, tmp_path_factory):
     files = _run(["git", "ls-files", "-co", "--exclude-standard"], 60, cwd=ROOT).stdout.split()
     src = work / "src"
     for name in files:
-        if (ROOT / name).is_file():
+        if Path(ROOT, name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
+            shutil.copy2(Path(ROOT, name), src / name)
     env = dict(os.environ, CUDA_HOME=_cuda_home(), TORCH_CUDA_ARCH_LIST="8.0;9.0", MAX_JOBS="2")
     begin = time.monotonic()
     proc = _run([str(cuda_venv), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
@@ -186,6 +186,6 @@ def test_a_cuda_home_without_headers_is_named(cuda_venv, tmp_path):
     env = dict(os.environ, CUDA_HOME=str(tmp_path))
     script = "import kernel_build; kernel_build.kernel_extensions()"
     proc = subprocess.run([str(cuda_venv), "-c", script], capture_output=True, text=True,
-                          timeout=300, env=dict(env, PYTHONPATH=str(ROOT / "tools")))
+                          timeout=300, env=dict(env, PYTHONPATH=os.path.join(ROOT, "tools")))
     assert proc.returncode != 0
     assert f"CUDA_HOME='{tmp_path}' has no include/cuda_runtime.h" in proc.stderr

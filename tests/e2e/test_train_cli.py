@@ -9,7 +9,8 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import ROOT, free_port
+from tests.support.paths import ROOT
+from tests.support.procs import free_port
 
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "tflops_per_gpu", "mfu", "mem_gb",
         "loss_scale", "skipped"}
@@ -49,7 +50,7 @@ def test_real_data_run_evaluates_valid_and_test_splits(tmp_path):
     """Pre-tokenized MMIDIDX data with the null tokenizer: validation during training, the test
     split once at the end, each logged with its split."""
     import numpy as np
-    from tests.unit._data_support import write_tokens
+    from tests.support.data import write_tokens
     rng = np.random.default_rng(0)
     prefix = str(tmp_path / "corpus")
     write_tokens(prefix, [rng.integers(0, 511, size=int(rng.integers(20, 200))).tolist()

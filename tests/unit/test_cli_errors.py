@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, free_port
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+from tests.support.procs import free_port
+from tests.support.paths import ROOT, TINY
+
 BIN = os.path.dirname(sys.executable)
 ENTRY = (os.path.join(BIN, "megatron-train") if os.path.exists(os.path.join(BIN, "megatron-train"))
          else None)

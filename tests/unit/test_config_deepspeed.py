@@ -12,9 +12,8 @@ from megatron.engine.deepspeed_json import (DEEPSPEED_BUCKET, MIN_GPU_BUCKET, co
                                             deepspeed_config, gpu_bucket_size)
 from megatron.config.deepspeed_section import OWNED, allowed_keys
 from megatron.config.validate import validate_for_world
+from tests.support.paths import ROOT, TINY
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 
 SECTION_YAML = """\
 deepspeed:

@@ -7,9 +7,7 @@ import pytest
 from megatron.config import (Config, ConfigError, InputError, load_config, parse_overrides,
                              validate_for_world)
 from megatron.engine.deepspeed_json import deepspeed_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+from tests.support.paths import ROOT, TINY
 
 
 def write(tmp_path, text: str) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch.distributed  # noqa: F401 -- imported once here, inherited by forked ranks
 
-from tests.unit._data_support import write_tokens
+from tests.support.data import write_tokens
 from megatron.config.errors import InputError
 from megatron.data import gpt_dataset, index_cache
 from megatron.data.gpt_dataset import GPTDataset

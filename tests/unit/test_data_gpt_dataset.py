@@ -3,7 +3,7 @@ data-parallel slicing, vocabulary checks."""
 import numpy as np
 import pytest
 
-from tests.unit._data_support import write_tokens
+from tests.support.data import write_tokens
 from megatron.config import load_config
 from megatron.config.errors import ConfigError, InputError
 from megatron.data import build_iterators
@@ -47,7 +47,7 @@ def test_samples_are_consecutive_tokens_of_the_shuffled_document_stream(corpus, 
 
 def test_a_sequence_range_of_several_sequences_per_document(tmp_path):
     """A split is a range of sequences, as Megatron's GPT dataset takes it (not of documents)."""
-    from tests.unit._data_support import spec_write
+    from tests.support.data import spec_write
     prefix = str(tmp_path / "multi")
     spec_write(prefix, 4, [[[1, 2, 3], [4, 5]], [[6]], [[7, 8], [9, 10, 11, 12]]])
     ds = GPTDataset(IndexedDataset(prefix), "train", (1, 3), 3, 2, 0, str(tmp_path / "cache"))

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from tests.unit._data_support import spec_write, write_tokens
+from tests.support.data import spec_write, write_tokens
 from megatron.config.errors import InputError
 from megatron.data.indexed_dataset import IndexedDataset
 

@@ -3,7 +3,7 @@ random configurations), blending proportions."""
 import numpy as np
 import pytest
 
-from tests.unit._data_support import require_helpers
+from tests.support.data import require_helpers
 from megatron.config.errors import ConfigError
 from megatron.data import index_math as im
 

@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
-from tests.unit._data_support import spec_read, spec_write, spm_model
+from tests.support.paths import ROOT
+from tests.support.data import spec_read, spec_write, spm_model
 from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.data import build_iterators

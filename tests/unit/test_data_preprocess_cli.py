@@ -9,11 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from tests.unit._data_support import documents, spm_model, spec_read
+from tests.support.data import documents, spm_model, spec_read
 from megatron.data.indexed_dataset import IndexedDataset
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.paths import ROOT
 
 
 def run(*args, ok=True):

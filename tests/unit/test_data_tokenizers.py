@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from tests.unit._data_support import bytelevel_bpe, corpus_lines, spm_model
+from tests.support.data import bytelevel_bpe, corpus_lines, spm_model
 from megatron.config.errors import InputError
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
 from megatron.data.tokenizers.gpt2_bpe import GPT2BPETokenizer, bytes_to_unicode, pretokenize

@@ -4,7 +4,7 @@ loading torch._inductor.compile_fx; anything else asked of the modules loads the
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 SCRIPT = """
 import sys

@@ -9,8 +9,8 @@ import pytest
 
 from megatron.config import load_config, validate_for_world
 from megatron.launch import frontier_env
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FRONTIER = os.path.join(ROOT, "examples", "frontier")
 SBATCH = os.path.join(FRONTIER, "train.sbatch")
 ENV_SH = os.path.join(FRONTIER, "env.sh")

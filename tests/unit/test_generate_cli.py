@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from megatron.cli import generate
 from megatron.data.tokenizers.null import NullTokenizer
 

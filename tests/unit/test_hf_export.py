@@ -100,7 +100,7 @@ def test_bpe_tokenizers_are_exported_and_encode_like_ours(kind, tmp_path, root):
     tokenizer from the folder gives our ids and our end-of-document id."""
     pytest.importorskip("tokenizers")
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    from tests.unit._data_support import bytelevel_bpe, corpus_lines
+    from tests.support.data import bytelevel_bpe, corpus_lines
     texts = corpus_lines(300, seed=5) + ["  two leading spaces", "tab\tand\nnewline", "Ünï ☃"]
     bytelevel_bpe(tmp_path, texts, vocab_size=500)
     files = ([f"data.vocab_file={tmp_path / 'vocab.json'}",

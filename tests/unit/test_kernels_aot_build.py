@@ -19,15 +19,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+from tests.support.paths import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hipify_build  # noqa: E402
 
-from tests.codeobjects import (EF_AMDGPU_MACH_GFX90A, EM_AMDGPU,  # noqa: E402
-                               EXPECTED_KERNELS, amd_code_objects, check_kernels, cuda_cubins,
-                               defined_kernels)
+from tests.support.codeobjects import (EF_AMDGPU_MACH_GFX90A, EM_AMDGPU,  # noqa: E402
+                                       EXPECTED_KERNELS, amd_code_objects, check_kernels,
+                                       cuda_cubins, defined_kernels)
 
-INSTANTIATE = ROOT / "csrc" / "kernels" / "instantiate"
+INSTANTIATE = Path(ROOT, "csrc", "kernels", "instantiate")
 UNITS = sorted(p.stem for p in INSTANTIATE.glob("*.cu"))
 HIPCC = shutil.which("hipcc")
 NVCC = shutil.which("nvcc")
@@ -93,7 +94,7 @@ def _check_compiled(results, unit, target):
 
 
 def test_units_cover_every_kernel_header():
-    headers = {p.stem for p in (ROOT / "csrc" / "kernels").glob("*.cuh")}
+    headers = {p.stem for p in Path(ROOT, "csrc", "kernels").glob("*.cuh")}
     assert headers - {"compat", "common"} == set(UNITS) == set(EXPECTED_KERNELS)
 
 

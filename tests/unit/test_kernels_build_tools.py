@@ -4,6 +4,7 @@ names no 32-lane literal, and the build settings parse (and reject) architecture
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+from tests.support.paths import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import hipify_build  # noqa: E402
 import kernel_build  # noqa: E402
 
-CSRC = ROOT / "csrc"
+CSRC = Path(ROOT, "csrc")
 
 
 def digest(tree: Path) -> dict:
@@ -72,7 +74,7 @@ def test_survivors_fail_the_build(tmp_path):
 
 
 def test_standalone_command(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "hipify_build.py"), "--out",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "hipify_build.py"), "--out",
                            str(tmp_path / "hip")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "hipify: csrc/kernels/instantiate/norm.cu -> hip/kernels/instantiate/norm.hip" \

@@ -11,7 +11,7 @@ import torch
 
 from megatron.kernels import fused, loader, ops, reference
 
-from tests.unit.kernel_emulation import MODULES
+from tests.support.kernel_emulation import MODULES
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +14,8 @@ import torch
 from megatron.cli import kernels as cli
 from megatron.config.errors import ConfigError
 from megatron.kernels import catalog, loader, ops
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 GPU = torch.device("cuda", 0)
 
 
@@ -84,7 +84,7 @@ def test_build_info_file_round_trip(tmp_path):
 def test_the_build_tool_reads_the_one_catalog():
     """tools/kernel_build.py builds exactly the catalog's modules from the catalog's sources, and
     every op the selection knows is in it."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import kernel_build
     assert kernel_build.MODULES == catalog.MODULES
     assert ops.OPS == catalog.OPS and set(catalog.MODULE_OF) == set(ops.OPS)

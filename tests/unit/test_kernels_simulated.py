@@ -1,5 +1,5 @@
 """The real device code of csrc/kernels, executed on the CPU by a SIMT simulator
-(tests/unit/kernel_sim): every block's threads are real threads, __syncthreads a barrier, lane
+(tests/support/kernel_sim): every block's threads are real threads, __syncthreads a barrier, lane
 shuffles a per-warp exchange. Built at warp widths 32 (NVIDIA) and 64 (CDNA), the launchers and
 kernels must reproduce the torch references forward and backward, for every dtype, odd and long
 rows (each register width and the streaming softmax), masks and mixed norm dtypes. A failure
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from megatron.kernels import reference
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-SIM = Path(__file__).resolve().parent / "kernel_sim"
+SIM = Path(ROOT, "tests", "support", "kernel_sim")
 CXX = shutil.which("g++")
 WIDTHS = (32, 64)
 CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -57,7 +57,7 @@ def libs(tmp_path_factory):
     """Copies csrc/kernels, swaps in the simulator's compat header, turns each <<<...>>> launch
     into mf_sim::launch(...), and builds one library per warp width (in parallel)."""
     work = tmp_path_factory.mktemp("sim")
-    shutil.copytree(ROOT / "csrc" / "kernels", work / "kernels")
+    shutil.copytree(Path(ROOT, "csrc", "kernels"), work / "kernels")
     shutil.copyfile(SIM / "compat_sim.h", work / "kernels" / "compat.cuh")
     (work / "shim").mkdir()
     shutil.copyfile(SIM / "cuda_runtime.h", work / "shim" / "cuda_runtime.h")

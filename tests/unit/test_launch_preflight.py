@@ -13,8 +13,7 @@ import pytest
 from megatron.config.errors import InputError
 from megatron.launch.env import LaunchEnv
 from megatron.launch.preflight import check_network
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.paths import ROOT
 
 
 def launch(world=16, nodes=2, rank=0):

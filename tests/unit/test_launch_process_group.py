@@ -16,9 +16,7 @@ from megatron.launch import device as device_mod
 from megatron.launch.device import DeviceInfo, init_distributed, passes_device_id
 from megatron.launch.env import LaunchEnv
 from megatron.launch.lifetime import follow_launcher
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+from tests.support.paths import ROOT, TINY
 
 
 @pytest.mark.parametrize("version, accepts, world, expected", [

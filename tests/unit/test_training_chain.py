@@ -12,8 +12,8 @@ import pytest
 from megatron.checkpoint.store import FORMAT, META
 from megatron.config.errors import InputError
 from megatron.training import chain
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHAIN_SH = os.path.join(ROOT, "examples", "frontier", "chain.sh")
 SBATCH = os.path.join(ROOT, "examples", "frontier", "train.sbatch")
 

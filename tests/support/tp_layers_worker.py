@@ -7,7 +7,7 @@ Each check compares the sharded computation against the unsharded reference comp
 each rank's weight gradient against the matching slice of the reference's. Checks never raise
 before their collectives are done, so one failing check does not desynchronise the ranks.
 
-    python -m torch.distributed.run --nproc_per_node 4 tests/distributed/tp_layers_worker.py OUT
+    python -m torch.distributed.run --nproc_per_node 4 tests/support/tp_layers_worker.py OUT
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// The portability layer for the CPU simulator (tests/unit/kernel_sim/cuda_runtime.h): the same
+// The portability layer for the CPU simulator (tests/support/kernel_sim/cuda_runtime.h): the same
 // names as csrc/kernels/compat.cuh and csrc/hip/compat_hip.h, with MF_WARP_SIZE from -D.
 #pragma once
 

@@ -7,7 +7,7 @@ import re
 import struct
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 # Kernel instantiations each unit must define, per target: the product of its template axes.
 EXPECTED_KERNELS = {
@@ -29,7 +29,7 @@ BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 
 def kernel_templates(unit: str) -> list:
     """The __global__ template names declared in the header a unit instantiates."""
-    text = (ROOT / "csrc" / "kernels" / f"{unit}.cuh").read_text()
+    text = Path(ROOT, "csrc", "kernels", f"{unit}.cuh").read_text()
     bounds = r"__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*"  # one level of nested parens
     return re.findall(rf"__global__\s+void\s+(?:{bounds})?(\w+)\(", text)
 

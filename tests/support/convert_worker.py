@@ -3,7 +3,7 @@ for 2 steps as TP2 x PP2 (GPT-2 and Llama flavours) and as TP1/PP1 (DP4, GPT-2),
 checkpoint, and records the validation loss the (sharded) engine computes on one fixed global
 batch with the saved weights, as JSON (rank 0).
 
-    torchrun --nproc_per_node 4 tests/distributed/convert_worker.py --workdir W --out r.json
+    torchrun --nproc_per_node 4 tests/support/convert_worker.py --workdir W --out r.json
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 from megatron.config import load_config
 from megatron.training.loop import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from paths import TINY  # noqa: E402
 
 # Evaluation at the last step, before the save, sees exactly the weights the checkpoint holds.
 COMMON = ["training.train_iters=2", "training.save=true", "training.tensorboard=false",

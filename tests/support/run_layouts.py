@@ -2,7 +2,7 @@
 single-process reference), trains each requested layout x flavour for a few steps in this one
 process launch, and writes the per-step losses as JSON (rank 0).
 
-    torchrun --nproc_per_node 2 tests/distributed/run_layouts.py --out r.json --layouts tp2,pp2
+    torchrun --nproc_per_node 2 tests/support/run_layouts.py --out r.json --layouts tp2,pp2
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 from megatron.config import load_config
 from megatron.training.loop import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from paths import TINY  # noqa: E402
 
 # fp32, no dropout, clipping active, warmup then cosine: every part of the update is exercised.
 COMMON = ["training.precision=fp32", "training.train_iters=10", "training.global_batch_size=8",
