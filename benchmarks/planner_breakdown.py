@@ -97,12 +97,14 @@ def main() -> int:
         t = r["terms"]
         share = {k: 100 * v / t["step"] for k, v in t.items() if k != "step"}
         terms.append([name, *(f"{share[k]:.1f}" for k in ("gemm", "attn", "mem", "comm",
-                                                             "latency", "microbatch")),
+                                                             "latency", "microbatch",
+                                                             "pipe_slot")),
                       f"{share['reduce+optimizer']:.1f}", f"{t['step']:.3g}"])
     table = format_table(("model", "GPUs", "TP8 layout", "HW TFLOP/s", "rank", "best layout",
                           "best HW TFLOP/s"), rows)
     split = format_table(("model", "GEMM %", "attn %", "mem-bound %", "comm bw %",
-                          "comm latency %", "per-mb %", "DP+opt %", "step s"), terms)
+                          "comm latency %", "per-mb %", "pipe-slot %", "DP+opt %", "step s"),
+                         terms)
     print(table + "\n\n" + split)
     out = os.path.join(HERE, "results", "planner_breakdown.json")
     saved = {}

@@ -2,9 +2,11 @@
 
 For every case of megatron/planner/published.yaml: the published hardware TFLOP/s per device
 (recomputed FLOPs counted, as the sources count them), the prediction from the per-device
-priors alone, and the prediction of a fit of all other cases (leave-one-out); then the fit on
-all cases and the published orderings. Writes benchmarks/results/planner_validation.{json,md};
-docs/planner.md quotes the table. Runs in a few seconds on a CPU (no measurement).
+curves alone, the prediction of a fit of all other cases (leave-one-out), and what the shipped
+preset predicts (in sample: the presets carry the fit of all cases); then the fit on all cases,
+the published orderings, and where each published layout ranks among all fitting layouts of
+its settings. Writes benchmarks/results/planner_validation.{json,md}; docs/planner.md quotes
+the tables. Runs in a few seconds on a CPU (no measurement).
 
     .venv/bin/python benchmarks/planner_validation.py"""
 from __future__ import annotations
@@ -18,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from megatron.planner import validation as v  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
+from megatron.planner.timing import step_time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,10 +52,24 @@ def main() -> int:
                           "best_of": comp.best, "known_failure": comp.known_failure,
                           "holds_prior": ok_prior, "holds_fitted": ok_fit,
                           "tokens_per_device_s": [round(r, 1) for r in rates]})
-    header = ("case", "source", "layout", "devices", "published", "prior", "held out", "error")
+    preset = {r.case.id: step_time(r.case.job, r.case.layout, v.in_sample_profile(r.case)).step_s
+              for r in rows}
+    in_sample = [r.case.published_step_s / preset[r.case.id] - 1 for r in rows]
+    header = ("case", "source", "layout", "devices", "published", "prior", "held out", "error",
+              "preset (in sample)", "error")
     table = [[r.case.id, r.case.source, _layout(r.case), str(r.case.layout.world),
               f"{r.published_tflops:.1f}", f"{r.tflops(r.prior_step_s):.1f}",
-              f"{r.tflops(r.loo_step_s):.1f}", f"{100 * r.loo_error:+.1f}%"] for r in rows]
+              f"{r.tflops(r.loo_step_s):.1f}", f"{100 * r.loo_error:+.1f}%",
+              f"{r.tflops(preset[r.case.id]):.1f}", f"{100 * e:+.1f}%"]
+             for r, e in zip(rows, in_sample)]
+    ranks = [v.rank_published_layout(c) for c in pub.cases]
+    rank_rows = [[k.case.id, "yes" if k.case.source in v.CHOSEN_FOR_SPEED else "no",
+                  f"TP{k.case.layout.tp} PP{k.case.layout.pp} DP{k.case.layout.dp}",
+                  "does not fit" if k.rank is None else f"{k.rank}/{k.fitting}",
+                  f"TP{k.best.tp} PP{k.best.pp} DP{k.best.dp}" if k.best else "-",
+                  "-" if k.behind is None else f"{100 * k.behind:.1f}%"] for k in ranks]
+    chosen = [k.behind for k in ranks if k.case.source in v.CHOSEN_FOR_SPEED]
+    abs_in = sorted(abs(e) for e in in_sample)
     names = list(v.GROUPS)
     md = ["# Planner validation against published runs (leave-one-out)", "",
           "Hardware TFLOP/s per device (recomputed FLOPs counted). prior: the per-device "
@@ -61,13 +78,24 @@ def main() -> int:
           format_table(header, table), "",
           f"|error| held out: median {100 * summary['loo_median']:.1f}%, max "
           f"{100 * summary['loo_max']:.1f}% over {summary['cases']} cases; prior alone: median "
-          f"{100 * summary['prior_median']:.1f}%, max {100 * summary['prior_max']:.1f}%.", "",
+          f"{100 * summary['prior_median']:.1f}%, max {100 * summary['prior_max']:.1f}%; "
+          f"shipped presets (in sample): median {100 * abs_in[len(abs_in) // 2]:.1f}%, max "
+          f"{100 * abs_in[-1]:.1f}%.", "",
           "Fit on all cases: " + ", ".join(f"{n} {x:.3g}" for n, x in zip(names, factors)), "",
           "Orderings (fastest first, or the first against each of the others): "]
     md += [f"- {o['source']}: {o['what']}: prior {'holds' if o['holds_prior'] else 'FAILS'}, "
            f"fitted {'holds' if o['holds_fitted'] else 'FAILS'} "
            f"({', '.join(f'{i} {r}' for i, r in zip(o['order'], o['tokens_per_device_s']))} "
            "tokens/s per device)" for o in orderings]
+    md += ["", "Published layouts among all fitting layouts of their settings (shipped presets, "
+           "Megatron-LM runs without the pipeline engine's slot cost; behind: predicted "
+           "tokens/s of the best over the published layout's, minus 1):", "",
+           format_table(("case", "chosen for speed", "published", "rank", "predicted best",
+                         "behind"), rank_rows), "",
+           f"Chosen for speed: {len(chosen)} layouts, behind the predicted best by median "
+           f"{100 * sorted(chosen)[len(chosen) // 2]:.1f}%, max {100 * max(chosen):.1f}%; "
+           f"{sum(b == 0 for b in chosen)} ranked first, "
+           f"{sum(b <= 0.10 for b in chosen)} within 10%."]
     out = os.path.join(HERE, "results", "planner_validation")
     with open(out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
@@ -78,7 +106,15 @@ def main() -> int:
                         "prior_hw_tflops": round(r.tflops(r.prior_step_s), 2),
                         "held_out_hw_tflops": round(r.tflops(r.loo_step_s), 2),
                         "held_out_error": round(r.loo_error, 4),
-                        "held_out_fit": [round(x, 4) for x in r.factors]} for r in rows],
+                        "held_out_fit": [round(x, 4) for x in r.factors],
+                        "preset_in_sample_hw_tflops": round(r.tflops(preset[r.case.id]), 2),
+                        "preset_in_sample_error": round(e, 4)}
+                       for r, e in zip(rows, in_sample)],
+              "ranks": [{"id": k.case.id, "chosen_for_speed": k.case.source in v.CHOSEN_FOR_SPEED,
+                         "rank": k.rank, "fitting": k.fitting,
+                         "best": k.best.key() if k.best else None,
+                         "behind": None if k.behind is None else round(k.behind, 4)}
+                        for k in ranks],
               "orderings": orderings}
     with open(out + ".json", "w") as f:
         json.dump(record, f, indent=1)

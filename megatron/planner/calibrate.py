@@ -31,7 +31,8 @@ HALF_DIMS = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 _FROM_THETA = {0: ("gemm_eff", True), 1: ("flash_attn_eff", True), 2: ("hbm_eff", True),
                3: ("comm_eff", True), 4: ("latency_scale", False),
                5: ("microbatch_overhead_s", False), 6: ("step_overhead_s", False),
-               7: ("inter_comm_eff", True), 8: ("inter_latency_scale", False)}
+               7: ("inter_comm_eff", True), 8: ("inter_latency_scale", False),
+               9: ("pipe_slot_s", False)}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

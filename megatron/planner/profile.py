@@ -2,8 +2,10 @@
 
 A profile is a cluster YAML (hardware.py's fields) plus a `constants` mapping and, when it came
 from `megatron-plan calibrate`, a `fitted` record of what it was fitted on. The defaults below
-are the uncalibrated starting point; the Frontier preset's compute efficiency is set so that
-the paper's 175B recipe lands near its published 36% of peak (docs/planner.md)."""
+are the uncalibrated starting point. The presets are each device's published curves
+(CURVE_CONSTANTS) times the factors fitted to published training runs (PUBLISHED_FIT); the
+Frontier preset's compute efficiency is instead set so that the paper's 175B recipe lands near
+its published 36% of peak (docs/planner.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +44,10 @@ class Constants:
     # bookkeeping, Python) and per step (optimizer bookkeeping, logging).
     microbatch_overhead_s: float = 2e-3
     step_overhead_s: float = 0.05
+    # Extra cost per micro-batch slot of a stage under DeepSpeed's pipeline engine (PP > 1),
+    # on top of microbatch_overhead_s: what runs of that engine lose against Megatron-LM's own
+    # schedule at the same layout, fitted to published runs (validation.py). 0: none.
+    pipe_slot_s: float = 0.0
     # Share of each DP gradient reduction claimed hidden behind the backward at least; the run's
     # overlap_comm claims its own share (zero_settings.overlap_claim), so 0 leaves it to that.
     dp_overlap: float = 0.0
@@ -85,7 +91,8 @@ def from_mamf(tflops: float, peak: float, best_shape, half: float = 48.0) -> flo
     return tflops / peak / shape_curve(best_shape, half)
 
 
-# Per device, from public measurements (docs/planner.md, "Per-device efficiencies"):
+# Per device, from public measurements (docs/planner.md, "Per-device efficiencies"): the
+# curves alone, before any end-to-end fit. validation.py predicts published runs from these.
 # - gemm_eff: Bekman's MAMF table (ml-engineering, compute/accelerator/README.md, BF16):
 #   A100 SXM 271.2 TFLOPS at 1024x10240x5120, H100 SXM 794.5 at 2048x2048x13312 ("H200 is
 #   the same"), MI300X 781.9 of 1300 at 4096x10240x4864 (ROCm 6.2; 668.4 on a later row).
@@ -96,7 +103,7 @@ def from_mamf(tflops: float, peak: float, best_shape, half: float = 48.0) -> flo
 #   0.85 leaves room for unfused elementwise kernels (approximate on A100 and H100).
 # Frontier's follow the paper (its 175B run at 36.14% of peak, the one end-to-end Frontier
 # figure): rocBLAS on its 2023 ROCm reached less than MAMF's 147.0 TFLOPS per GCD (ROCm 6.2).
-PRESET_CONSTANTS: Dict[str, Constants] = {
+CURVE_CONSTANTS: Dict[str, Constants] = {
     "frontier": Constants(gemm_eff=0.52, flash_attn_eff=0.45),
     "mi250x": Constants(gemm_eff=0.52, flash_attn_eff=0.45),
     "a100": Constants(gemm_eff=from_mamf(271.2, 312, (1024, 10240, 5120)), flash_attn_eff=1.0,
@@ -109,6 +116,36 @@ PRESET_CONSTANTS: Dict[str, Constants] = {
     # (approximate: read one of its plotted curves).
     "mi300x": Constants(gemm_eff=from_mamf(781.9, 1307, (4096, 10240, 4864)), hbm_eff=0.5),
 }
+
+# The fit of validation.py on all published runs (docs/planner.md, "Validation"): factors on
+# the curves' compute (GEMMs and attention), memory-bound and communication seconds, and
+# DeepSpeed's pipeline-engine cost per slot in ms. Stored rounded; test_planner_validation.py
+# checks that it is what validation.fit_factors gives, so the two cannot drift apart.
+PUBLISHED_FIT = {"compute": 1.168, "memory": 1.023, "comm": 1.074, "pipe_slot_ms": 18.66}
+# Presets that take it: the NVIDIA and MI300X curves are single-device and single-node
+# measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
+# an end-to-end figure of its own device (the fit, mostly A100 runs, puts that run 15% high).
+FITTED_PRESETS = ("a100", "h100", "h200", "mi300x")
+
+
+def apply_fit(c: Constants, fit: Dict[str, float]) -> Constants:
+    """The curves' constants with the fitted factors folded in: compute and memory-bound
+    seconds times their factor (efficiencies divided by it), both link classes' bandwidth and
+    alpha times the communication factor, and the pipeline engine's slot cost."""
+    k = fit["comm"]
+    return c.replace(gemm_eff=c.gemm_eff / fit["compute"],
+                     flash_attn_eff=c.flash_attn_eff / fit["compute"],
+                     hbm_eff=c.hbm_eff / fit["memory"],
+                     comm_eff=c.comm_eff / k, latency_scale=c.latency_scale * k,
+                     inter_comm_eff=c.inter_comm_eff / k,
+                     inter_latency_scale=c.inter_latency_scale * k,
+                     pipe_slot_s=fit["pipe_slot_ms"] * 1e-3)
+
+
+# What `--cluster PRESET` uses.
+PRESET_CONSTANTS: Dict[str, Constants] = {
+    name: apply_fit(c, PUBLISHED_FIT) if name in FITTED_PRESETS else c
+    for name, c in CURVE_CONSTANTS.items()}
 # Constants of earlier versions of the time model, ignored (with a warning) when a profile
 # carrying them is loaded: they were fitted to terms that no longer exist.
 RETIRED = {"comm_latency_s": "the per-hop latency became per-link alpha-beta fits; refit the "

@@ -2,7 +2,8 @@
 
 The model is linear in a handful of constants once the GEMM-efficiency curve is fixed:
 step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/comm_eff,
-latency, per-micro-batch and per-step overheads, and the two link factors across nodes). Calibration fits theta by least squares.
+latency, per-micro-batch and per-step overheads, the two link factors across nodes, and the
+pipeline engine's cost per slot). Calibration fits theta by least squares.
 
 Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
 (Megatron-style TP, DeepSpeed's synchronous pipeline engine); the DP gradient reduction hides
@@ -29,15 +30,16 @@ from megatron.planner.profile import Constants, Profile, shape_curve
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
 
 # comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
+# pipe_slot: micro-batch slots run by DeepSpeed's pipeline engine (PP > 1)
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
-            "latency_inter")
-GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X = range(len(FEATURES))
+            "latency_inter", "pipe_slot")
+GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
 
 
 def theta(c: Constants) -> np.ndarray:
     return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
                      c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
-                     1 / c.inter_comm_eff, c.inter_latency_scale])
+                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_slot_s])
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
@@ -129,6 +131,8 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         link = x.spec.link(2, x.lay.tp * x.lay.dp)
         x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
+    if x.lay.pp > 1:
+        f[PIPE] += 1
     return f
 
 

@@ -3,12 +3,13 @@
 Each case is a published run: model shape, layout, device count and what it achieved. The
 planner predicts its step time with the run's own settings (recompute, attention path,
 sequence parallelism, ZeRO, precision) on the run's cluster. The prior is every device's
-published single-device and single-node curves (profile.PRESET_CONSTANTS, except Frontier, whose
-preset was fitted to one of these cases: its prior is its GEMM measurement instead,
-VALIDATION_PRIOR). Leave-one-out: factors on the prior's compute, memory-bound and
-communication terms and the per-micro-batch cost of DeepSpeed's pipeline engine (GROUPS) are
-fitted to every case but one by least squares on relative errors, and the held-out case is
-predicted with them; no case is predicted by a fit that saw it."""
+published single-device and single-node curves (profile.CURVE_CONSTANTS, not the presets, which
+carry this module's fit; Frontier's curves were fitted to one of these cases, so its prior is
+its GEMM measurement instead, VALIDATION_PRIOR). Leave-one-out: factors on the prior's compute,
+memory-bound and communication terms and the per-slot cost of DeepSpeed's pipeline engine
+(GROUPS) are fitted to every case but one by least squares on relative errors, and the held-out
+case is predicted with them; no case is predicted by a fit that saw it. The fit on all cases is
+what the GPU presets carry (profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +24,11 @@ from megatron.config.errors import InputError
 from megatron.planner.calibrate import nnls
 from megatron.planner.hardware import PRESETS
 from megatron.planner.layout import Job, Layout, check_layout
-from megatron.planner.profile import PRESET_CONSTANTS, Constants, Profile, from_mamf
-from megatron.planner.timing import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MB, MEM, step_features,
-                                     theta)
+from megatron.planner.search import SearchSpace, search
+from megatron.planner.profile import (CURVE_CONSTANTS, PRESET_CONSTANTS, Constants, Profile,
+                                      from_mamf)
+from megatron.planner.timing import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MEM, PIPE,
+                                     step_features, theta)
 
 DATA = os.path.join(os.path.dirname(__file__), "published.yaml")
 
@@ -36,12 +39,12 @@ VALIDATION_PRIOR: Dict[str, Constants] = {
     "frontier": Constants(gemm_eff=from_mamf(147.0, 191.5, (4096, 4096, 4096))),
 }
 # Fitted: factors on compute (GEMMs and attention), memory-bound kernels and communication
-# (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, the cost per
-# micro-batch slot in ms (the prior's microbatch_overhead_s, 2 ms, for Megatron-LM's own
-# schedule). The step overhead keeps its prior.
+# (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, its cost per
+# micro-batch slot in ms on top of the prior's 2 ms (Megatron-LM's own schedule: none). The
+# per-micro-batch and step overheads keep their priors. Names as in profile.PUBLISHED_FIT.
 GROUPS = {"compute": (GEMM, ATTN), "memory": (MEM,), "comm": (COMM, LAT, COMM_X, LAT_X),
-          "deepspeed_mb_ms": (MB,)}
-PRIOR = np.array([1.0, 1.0, 1.0, 2.0])
+          "pipe_slot_ms": (PIPE,)}
+PRIOR = np.array([1.0, 1.0, 1.0, 0.0])
 # Pull towards the prior: firm on the factors, weak on the DeepSpeed slot cost (no published
 # measurement of it), in units of the squared relative step-time error.
 RIDGE = np.array([0.05, 0.05, 0.05, 1e-4])
@@ -82,7 +85,7 @@ def _profile(cluster) -> Profile:
         changes = dict(cluster)
         name = changes.pop("preset")
     spec = dataclasses.replace(PRESETS[name], **changes)
-    return Profile(spec, VALIDATION_PRIOR.get(name, PRESET_CONSTANTS.get(name, Constants())))
+    return Profile(spec, VALIDATION_PRIOR.get(name, CURVE_CONSTANTS.get(name, Constants())))
 
 
 def _case(raw: Dict, defaults: Dict) -> Case:
@@ -162,15 +165,14 @@ def load_cases(path: str = DATA) -> List[Case]:
 
 
 def group_seconds(case: Case) -> np.ndarray:
-    """Seconds of the predicted step per unit of each fitted value (GROUPS order; the DeepSpeed
-    slot cost per ms), plus the unfitted rest at the prior."""
+    """Seconds of the predicted step per unit of each fitted value (GROUPS order; the pipeline
+    engine's slot cost per ms), plus the unfitted rest at the prior."""
     feats, _ = step_features(case.job, case.layout, case.profile)
     parts = theta(case.profile.constants) * feats
     factors = [float(sum(parts[i] for i in idx)) for idx in list(GROUPS.values())[:-1]]
-    deepspeed = case.framework == "deepspeed"
-    # DeepSpeed runs: the slot count in ms replaces the prior's per-micro-batch cost
-    slot_ms = float(feats[MB]) * 1e-3 if deepspeed else 0.0
-    rest = float(parts.sum()) - sum(factors) - (float(parts[MB]) if deepspeed else 0.0)
+    # only runs of DeepSpeed's pipeline engine pay its slot cost; the prior's is 0
+    slot_ms = float(feats[PIPE]) * 1e-3 if case.framework == "deepspeed" else 0.0
+    rest = float(parts.sum()) - sum(factors) - float(parts[PIPE])
     return np.array(factors + [slot_ms, rest])
 
 
@@ -226,6 +228,22 @@ def leave_one_out(cases: Sequence[Case]) -> List[Row]:
     return out
 
 
+def published_fit(cases: Sequence[Case]) -> Dict[str, float]:
+    """The fit on all `cases` under profile.PUBLISHED_FIT's names (what the presets carry)."""
+    return dict(zip(GROUPS, (float(x) for x in fit_factors(cases))))
+
+
+def in_sample_profile(case: Case) -> Profile:
+    """The profile `megatron-plan --cluster PRESET` uses for this case's device (the curves
+    with the all-case fit folded in: in sample, the case was part of that fit), with the
+    pipeline engine's slot cost dropped for Megatron-LM's own runs, which do not use it."""
+    name = case.profile.spec.name
+    c = PRESET_CONSTANTS.get(name, Constants())
+    if case.framework != "deepspeed":
+        c = c.replace(pipe_slot_s=0.0)
+    return Profile(case.profile.spec, c)
+
+
 def summary(rows: Sequence[Row]) -> Dict[str, float]:
     loo = np.abs([r.loo_error for r in rows])
     prior = np.abs([r.prior_error for r in rows])
@@ -247,3 +265,40 @@ def ordering_holds(comp: Comparison, cases: Dict[str, Case],
     if comp.best:
         return all(rates[0] > r for r in rates[1:]), rates
     return all(a > b for a, b in zip(rates, rates[1:])), rates
+
+
+# Sources whose layouts were chosen for throughput, so the planner's search should put them at
+# or near the top: Narayanan et al.'s weak-scaling and PTD-P runs, MT-NLG, BLOOM, Frontier.
+# Korthikanti et al.'s layouts (DP 1, batches of 4-512) were set to compare recompute
+# strategies, not tuned, and are ranked for information only.
+CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23")
+
+
+@dataclass(frozen=True)
+class LayoutRank:
+    case: Case
+    rank: Optional[int]     # 1: the predicted fastest fitting layout; None: predicted not to fit
+    fitting: int            # fitting layouts of the same settings
+    best: Optional[Layout]
+    behind: Optional[float]  # predicted tokens/s of the best / of the published layout - 1
+
+
+def rank_published_layout(case: Case, prof: Optional[Profile] = None) -> LayoutRank:
+    """Where the published layout ranks among every fitting TP x PP x DP layout of the same
+    model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
+    attention path, sequence parallelism and schedule (1F1B). PP divides the layers for
+    Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them unevenly
+    (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default."""
+    lay = case.layout
+    prof = prof or in_sample_profile(case)
+    space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
+                        recompute=(lay.recompute,), flash=(lay.flash,),
+                        sequence_parallel=(lay.sequence_parallel,),
+                        uneven_pp=case.framework == "deepspeed")
+    ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
+    keys = [c.layout.key() for c in ranked]
+    if lay.key() not in keys:
+        return LayoutRank(case, None, len(ranked), ranked[0].layout if ranked else None, None)
+    i = keys.index(lay.key())
+    behind = ranked[0].time.tokens_per_s / ranked[i].time.tokens_per_s - 1
+    return LayoutRank(case, i + 1, len(ranked), ranked[0].layout, behind)

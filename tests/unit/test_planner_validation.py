@@ -11,6 +11,8 @@ import pytest
 from megatron.planner import validation as v
 from megatron.planner.layout import Layout, layout_problem
 from megatron.planner.memory import in_flight
+from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, PRESET_CONSTANTS,
+                                      PUBLISHED_FIT, apply_fit, load_profile)
 from megatron.planner.timing import pipeline_bubble, step_time
 
 
@@ -65,6 +67,51 @@ def test_no_fit_sees_its_held_out_case(published):
     without = v.predict(held, v.fit_factors(cases[:-1]))
     with_it = v.predict(held, v.fit_factors(cases))
     assert without != pytest.approx(with_it, rel=1e-9)
+
+
+def test_leave_one_out_starts_from_the_curves_not_the_presets(published):
+    """The presets carry the fit of all cases, the held-out case included; leave-one-out must
+    start from the curves alone (or each case would leak into its own prediction)."""
+    case = published.by_id()["meg-18.4b"]
+    assert case.profile.constants == CURVE_CONSTANTS["a100"]
+    assert case.profile.constants != PRESET_CONSTANTS["a100"]
+
+
+def test_presets_carry_the_fit_of_all_cases(published):
+    """profile.PUBLISHED_FIT is what validation.py fits on every case (stored rounded), and
+    the GPU presets are the curves with it folded in; Frontier keeps its paper calibration."""
+    fit = v.published_fit(published.cases)
+    assert set(fit) == set(PUBLISHED_FIT)
+    for name, value in fit.items():
+        assert PUBLISHED_FIT[name] == pytest.approx(value, rel=1e-3), (name, value)
+    for name in FITTED_PRESETS:
+        assert load_profile(name).constants == apply_fit(CURVE_CONSTANTS[name], PUBLISHED_FIT)
+    assert load_profile("frontier").constants == CURVE_CONSTANTS["frontier"]
+
+
+def test_presets_predict_every_published_case_in_sample(published):
+    """In sample (each case was part of the presets' fit): what `megatron-plan --cluster
+    PRESET` predicts for each published layout, Megatron-LM's runs without the pipeline
+    engine's slot cost, is within 25% of what was published; median within 6%."""
+    errors = {}
+    for case in published.cases:
+        step = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
+        errors[case.id] = case.published_step_s / step - 1
+    assert max(abs(e) for e in errors.values()) <= 0.25, errors
+    assert np.median(np.abs(list(errors.values()))) <= 0.06, errors
+
+
+def test_published_layouts_rank_near_the_predicted_best(published):
+    """Layouts the publications chose for speed, searched among every fitting layout with the
+    same micro-batch, ZeRO, recompute, attention path and SP (docs/planner.md, "Ranking"):
+    each fits and is within 25% of the predicted best, the median within 5%."""
+    ranks = [v.rank_published_layout(c) for c in published.cases
+             if c.source in v.CHOSEN_FOR_SPEED]
+    table = "\n".join(f"{r.case.id}: rank {r.rank}/{r.fitting}, best {r.best.key()}, "
+                      f"{100 * (r.behind or 0):.1f}% behind" for r in ranks)
+    assert all(r.rank is not None for r in ranks), table
+    assert max(r.behind for r in ranks) <= 0.25, table
+    assert np.median([r.behind for r in ranks]) <= 0.05, table
 
 
 def test_frontier_prior_is_not_the_fitted_preset(published):
