@@ -1,19 +1,17 @@
 """The commit protocol on disk (store.py), which checkpoint a run continues from (layout.py), the
-run-directory lock and checks (rundir.py). Each test is one way a checkpoint or run directory
-goes wrong; a failure names the guarantee that broke: visibility, skipping, refusal, or lock."""
+run-directory checks (rundir.py). Each test is one way a checkpoint or run directory goes wrong;
+a failure names the guarantee that broke: visibility, skipping, refusal, or lock (the lock and
+read-only checks that need other processes are tests/integration/test_checkpoint_run_dir.py)."""
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from megatron.checkpoint import store
 from megatron.checkpoint.layout import check_model, find_resume, layout_record
-from megatron.checkpoint.rundir import RunLock, check_run_dir
+from megatron.checkpoint.rundir import check_run_dir
 from megatron.config import load_config
 from megatron.config.errors import ConfigError, InputError
 
@@ -139,33 +137,6 @@ def test_keep_last_removes_only_older_complete_checkpoints(tmp_path):
     assert [os.path.isdir(f) for f in folders] == [True, False, True, True]
 
 
-def test_a_second_run_on_the_directory_is_refused_with_the_holder(tmp_path):
-    first = RunLock(str(tmp_path))
-    first.acquire()
-    # Another process (flock is per open file, so a second process is the real case).
-    code = (f"from megatron.checkpoint.rundir import RunLock\n"
-            f"RunLock({str(tmp_path)!r}).acquire()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    first.release()
-    assert proc.returncode != 0
-    assert "is in use by another run" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
-
-
-def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
-    code = (f"import time\nfrom megatron.checkpoint.rundir import RunLock\n"
-            f"RunLock({str(tmp_path)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(timeout=30)
-    lock = RunLock(str(tmp_path))
-    with caplog.at_level(logging.INFO):
-        lock.acquire()
-    lock.release()
-    assert f"pid {holder.pid}" in caplog.text and "has ended" in caplog.text
-
-
 def test_run_dir_that_is_a_file_or_under_a_file(tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")
@@ -173,24 +144,6 @@ def test_run_dir_that_is_a_file_or_under_a_file(tmp_path):
         check_run_dir(str(a_file))
     with pytest.raises(InputError, match="a part of .* is a file"):
         check_run_dir(str(a_file / "run"))
-
-
-def test_read_only_run_dir(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    os.chmod(ro, 0o555)
-    try:
-        if os.access(str(ro), os.W_OK) and os.geteuid() == 0:
-            # root writes through permissions: a read-only bind mount is the real case
-            mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)],
-                                     capture_output=True).returncode == 0
-            if not mounted:
-                pytest.skip("running as root without a way to make a read-only directory")
-        with pytest.raises(InputError, match="not writable"):
-            check_run_dir(str(ro))
-    finally:
-        subprocess.run(["umount", str(ro)], capture_output=True)
-        os.chmod(ro, 0o755)
 
 
 def test_a_save_over_a_skipped_folder_of_the_same_step_keeps_both(tmp_path):

@@ -1,5 +1,6 @@
 """megatron/data is library code: it imports only megatron.config and itself (never training,
-model or parallel), never prints, never exits, never parses argv."""
+model or parallel), never prints, never exits, never parses argv. That preprocessing never
+imports torch is tests/integration/test_data_preprocess_imports.py."""
 import ast
 import pathlib
 
@@ -35,13 +36,3 @@ def test_data_never_prints_exits_or_parses_argv():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert "argparse" not in mods, f"{path}: argparse belongs in megatron/cli"
-
-
-def test_preprocessing_does_not_import_torch():
-    """megatron-preprocess and its workers start in a fraction of a second without torch."""
-    import subprocess
-    import sys
-    code = ("import sys, megatron.cli.preprocess, megatron.data.preprocess, "
-            "megatron.data.indexed_dataset, megatron.data.tokenizers.gpt2_bpe; "
-            "sys.exit('torch' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], cwd=DATA.parents[1]).returncode == 0

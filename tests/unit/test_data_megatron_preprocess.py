@@ -4,15 +4,13 @@ ends the document's last sequence, a document without tokens is kept as an empty
 document-index entry and no sequence), and tokens are uint16 below 65500 ids, else int32. The
 expected files come from the independent spec writer fed with Megatron-LM's rules. Then the GPT
 data pipeline reads such a file: splits over sequences (as Megatron's GPT dataset) and samples
-that walk the shuffled sequence stream across empty and multi-sequence documents."""
+that walk the shuffled sequence stream across empty and multi-sequence documents. The command's
+own report is tests/integration/test_data_megatron_preprocess_cli.py."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support.paths import ROOT
 from tests.support.data import spec_read, spec_write, spm_model
 from megatron.config import load_config
 from megatron.config.errors import InputError
@@ -110,17 +108,6 @@ def test_values_that_are_not_texts_are_one_message(tmp_path, rows, spec, fragmen
         _run(tmp_path, rows, spec)
     assert f"{tmp_path / 'out.jsonl'}:1: key 'text'" in str(e.value)
     assert fragment in str(e.value)
-
-
-def test_cli_reports_empty_documents(tmp_path):
-    src = _write_rows(tmp_path / "in.jsonl", ROWS)
-    proc = subprocess.run([sys.executable, "-m", "megatron.cli.preprocess", "--input", src,
-                           "--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "null",
-                           "--vocab-size", "200"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "3 documents had no tokens: kept as empty documents" in proc.stdout
-    assert IndexedDataset(str(tmp_path / "o_text_document")).num_documents == len(ROWS)
 
 
 # ---- the GPT data pipeline over empty and multi-sequence documents --------------------------

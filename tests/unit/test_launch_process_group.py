@@ -1,13 +1,8 @@
 """Joining the process group (megatron/launch/device.py) and a torchrun worker's tie to its agent
 (megatron/launch/lifetime.py): device_id only where torch accepts it and does not hang with it,
-the timeout from parallel.timeout_minutes, the preflight before the rendezvous, and a worker
-that is told (SIGTERM) when its agent dies instead of training on as an orphan."""
-import os
-import signal
-import subprocess
-import sys
-import time
-
+the timeout from parallel.timeout_minutes, the preflight before the rendezvous, and when a
+worker follows its launcher (the agent's death, with real processes, is
+tests/integration/test_launch_agent_death.py)."""
 import pytest
 import torch
 
@@ -16,7 +11,7 @@ from megatron.launch import device as device_mod
 from megatron.launch.device import DeviceInfo, init_distributed, passes_device_id
 from megatron.launch.env import LaunchEnv
 from megatron.launch.lifetime import follow_launcher
-from tests.support.paths import ROOT, TINY
+from tests.support.paths import TINY
 
 
 @pytest.mark.parametrize("version, accepts, world, expected", [
@@ -105,47 +100,3 @@ def test_follow_launcher_only_under_torchrun():
     torchrun = LaunchEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun")
     assert not follow_launcher(torchrun, {"RANK": "0"})  # RANK without torchrun's agent
     assert not follow_launcher(TWO, {"TORCHELASTIC_RUN_ID": "x"})
-
-
-# A parent that starts a worker and is then killed, as SIGUSR1 kills torchrun's agent. The
-# worker arms follow_launcher, records SIGTERM when it arrives, and otherwise would sleep on.
-AGENT = """
-import os, subprocess, sys, time
-worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
-time.sleep(60)
-"""
-WORKER = """
-import os, signal, sys, time
-from megatron.launch.env import LaunchEnv
-from megatron.launch.lifetime import follow_launcher
-marker = sys.argv[1]
-def on_term(signum, frame):
-    open(marker, "w").write("SIGTERM")
-    sys.exit(0)
-signal.signal(signal.SIGTERM, on_term)
-armed = follow_launcher(LaunchEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun"))
-open(marker + ".armed", "w").write(str(armed))
-time.sleep(60)
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux")
-def test_worker_is_signalled_when_its_agent_dies(tmp_path):
-    marker = str(tmp_path / "worker")
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCHELASTIC_RUN_ID="test")
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, WORKER, marker], env=env)
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(marker + ".armed") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert open(marker + ".armed").read() == "True"
-        agent.send_signal(signal.SIGUSR1)  # default action: the agent dies, nothing forwarded
-        agent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert os.path.exists(marker), "the orphaned worker was not told its agent died"
-        assert open(marker).read() == "SIGTERM"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
