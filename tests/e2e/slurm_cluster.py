@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from tests.e2e.e2e_helpers import ROOT, free_port
+from tests.support.paths import ROOT
+from tests.support.procs import free_port
 
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "sinfo", "scontrol", "scancel")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
