@@ -5,28 +5,41 @@ import time
 
 import numpy as np
 import pytest
-import torch.distributed  # noqa: F401 -- imported once here, inherited by forked ranks
+import torch.distributed
 
 from megatron.config.errors import InputError
 from megatron.data import index_cache
 from tests.support.procs import free_port
 
 
-def _build_marked(directory, marks, _):
+def _build_marked(directory, marks, start, results):
     def build():
         with open(marks, "a") as f:
             f.write("built\n")
         time.sleep(0.3)
         return {"x": np.arange(5)}
-    return index_cache.load_or_build(directory, "entry", ["x"], build)["x"].tolist()
+    start.wait(timeout=120)  # every process has imported what it needs: they race from here
+    results.put(index_cache.load_or_build(directory, "entry", ["x"], build)["x"].tolist())
+
+
+# Spawned, not forked: by the time these run, earlier tests have left threads in this process
+# (torch's pools, gloo's), and a fork copies whatever lock one of them held into a child that
+# then waits on it forever.
+CONTEXT = multiprocessing.get_context("spawn")
 
 
 def test_concurrent_processes_build_once(tmp_path):
     marks = str(tmp_path / "marks")
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(3) as pool:
-        results = pool.starmap(_build_marked, [(str(tmp_path / "c"), marks, i) for i in range(3)])
-    assert results == [[0, 1, 2, 3, 4]] * 3
+    start, results = CONTEXT.Barrier(3), CONTEXT.Queue()
+    procs = [CONTEXT.Process(target=_build_marked,
+                             args=(str(tmp_path / "c"), marks, start, results))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert got == [[0, 1, 2, 3, 4]] * 3
     assert open(marks).read() == "built\n"
 
 
@@ -52,9 +65,8 @@ def _rank(rank, port, directory, fail, queue):
 @pytest.mark.parametrize("fail", [False, True])
 def test_distributed_rank0_builds_and_errors_reach_every_rank(tmp_path, fail):
     port = free_port()
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path / "c"), fail, queue))
+    queue = CONTEXT.Queue()
+    procs = [CONTEXT.Process(target=_rank, args=(r, port, str(tmp_path / "c"), fail, queue))
              for r in (0, 1)]
     for p in procs:
         p.start()
