@@ -17,6 +17,7 @@ from megatron.planner.profile import Constants, Profile, load_profile
 from megatron.planner.search import SearchSpace
 from megatron.planner.timing import step_time
 from megatron.planner.trials import TrialResult, TrialStore, summarize_metrics
+from tests.support.paths import ROOT
 
 CPU = ClusterSpec("cpu-test", 8, 0.05, 4, 5, 5, hbm_gbps=5, fp32_tflops=0.05)
 TRUTH = Constants(gemm_eff=0.35, gemm_half_dim=32, hbm_eff=0.5, comm_eff=0.3,
@@ -136,10 +137,10 @@ def test_bayes_spends_the_budget_and_resumes(tmp_path):
 
 
 def test_recorded_cpu_trials_fit(tmp_path):
-    """Trials recorded from real 2-rank CPU runs of the tiny config (tests/unit/data, from
+    """Trials recorded from real 2-rank CPU runs of the tiny config (tests/support/data, from
     benchmarks/planner_ranking.py): the fit must rank them as they ran."""
     import os
-    path = os.path.join(os.path.dirname(__file__), "data", "planner_trials_cpu.jsonl")
+    path = os.path.join(ROOT, "tests", "support", "data", "planner_trials_cpu.jsonl")
     trials = list(TrialStore(path).load().values())
     job = Job(load_config("examples/local/tiny.yaml").model, 16, "fp32")
     spec = dataclasses.replace(CPU, gpus_per_node=2)

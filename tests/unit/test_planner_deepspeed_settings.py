@@ -3,8 +3,6 @@
 by the Job. A failure names which reader drifted: zero_settings (device, settings), the memory
 model's bucket term (size, double buffer, dtype, ZeRO-3 reuse distance), the layout rules, or
 the emitted config."""
-import os
-
 import pytest
 
 from megatron.config import load_config
@@ -16,9 +14,8 @@ from megatron.planner.memory import peak_memory, stage_states
 from megatron.planner.models import preset_model
 from megatron.planner.params import stage_params
 from megatron.planner.profile import Constants
+from tests.support.paths import TINY
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 M13 = preset_model("gpt3-1.3b")
 GPU, CPU = Constants(), Constants(bucket_touched=1.0)
 

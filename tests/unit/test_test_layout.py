@@ -8,16 +8,8 @@ from tests.support.paths import ROOT
 
 TESTS = Path(ROOT, "tests")
 UNIT = TESTS / "unit"
-# The lead's layering test (one subprocess: importing without torch) and the planner's tests,
-# which their owners keep.
-UNIT_MAY_LAUNCH = {"test_architecture.py"}
 # Helpers that only the e2e tests use stay beside them.
 E2E_HELPERS = {"e2e/e2e_helpers.py", "e2e/slurm_cluster.py"}
-# Owned elsewhere and not moved yet: ROOT in the lead's test_architecture.py and in the planner's
-# files; the planner's torchrun worker in tests/unit.
-ROOT_NOT_YET = {"unit/test_architecture.py", "unit/test_planner_deepspeed_settings.py",
-                "unit/planner_mem_worker.py"}
-SUPPORT_NOT_YET = {"unit/planner_mem_worker.py"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "torch.multiprocessing",
                    "tests.support.procs"}
 
@@ -26,10 +18,6 @@ def _modules():
     for path in sorted(TESTS.rglob("*.py")):
         if "__pycache__" not in path.parts:
             yield path.relative_to(TESTS).as_posix(), ast.parse(path.read_text(), str(path))
-
-
-def _planner(rel: str) -> bool:
-    return rel.startswith("unit/test_planner_")
 
 
 def _launches(tree) -> list:
@@ -63,8 +51,7 @@ def _assigns_root(tree) -> bool:
 def test_unit_tests_start_no_process():
     launching = {}
     for rel, tree in _modules():
-        if (rel.startswith("unit/") and not _planner(rel)
-                and Path(rel).name not in UNIT_MAY_LAUNCH):
+        if rel.startswith("unit/"):
             found = _launches(tree)
             if found:
                 launching[rel] = found
@@ -75,13 +62,13 @@ def test_unit_tests_start_no_process():
 def test_root_is_defined_once():
     defining = [rel for rel, tree in _modules() if _assigns_root(tree)]
     assert "support/paths.py" in defining
-    others = sorted(set(defining) - {"support/paths.py"} - ROOT_NOT_YET)
+    others = sorted(set(defining) - {"support/paths.py"})
     assert not others, f"import ROOT from tests.support.paths instead of defining it: {others}"
 
 
 def test_every_module_that_is_not_a_test_lives_in_support():
     stray = [rel for rel, _ in _modules()
-             if not rel.startswith("support/") and rel not in E2E_HELPERS | SUPPORT_NOT_YET
+             if not rel.startswith("support/") and rel not in E2E_HELPERS
              and Path(rel).name not in ("conftest.py", "__init__.py")
              and not Path(rel).name.startswith("test_")]
     assert not stray, f"helpers, workers and fixture modules belong in tests/support/: {stray}"

@@ -1,6 +1,6 @@
 """The planner's peak memory against a measured one on this CPU (the planner issue's acceptance
 criterion): one 2-rank torchrun launch trains a ~29.5M-parameter fp32 GPT under several layouts
-(tests/unit/planner_mem_worker.py) and measures, per rank and layout, the peak resident memory
+(tests/support/planner_mem_worker.py) and measures, per rank and layout, the peak resident memory
 the run adds over the process's baseline (VmHWM after the run minus VmRSS before it, the peak
 reset through /proc/self/clear_refs). The largest rank's figure must be within 20% of
 memory.peak_memory's prediction.
@@ -12,7 +12,6 @@ all of a ZeRO-3 stage's gradients are copied through it). Other layouts:
 MEGATRON_MEASURED_LAYOUTS=tp2,pp2,dp2_zero1,dp2_zero3."""
 import json
 import os
-import sys
 
 import pytest
 
@@ -21,10 +20,9 @@ from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.profile import Constants
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from planner_mem_worker import LAYOUTS, TINY, layout_overrides  # noqa: E402
-
-from tests.conftest import torchrun  # noqa: E402
+from tests.support.paths import ROOT
+from tests.support.planner_mem_worker import LAYOUTS, TINY, layout_overrides
+from tests.support.procs import torchrun
 
 # DeepSpeed's bucket (5e8 elements) counted as resident only where gradients touch it.
 CPU_CONSTANTS = Constants(act_scale=1.0, fixed_gb=0.0, bucket_touched=1.0)
@@ -46,7 +44,7 @@ def predicted_gb(layout: str, world: int = 2) -> float:
 def test_predicted_peak_is_within_20_percent_of_measured(tmp_path):
     layouts = os.environ.get("MEGATRON_MEASURED_LAYOUTS", DEFAULT_LAYOUTS).split(",")
     assert all(name in LAYOUTS and name != "single" for name in layouts), layouts
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "planner_mem_worker.py")
+    worker = os.path.join(ROOT, "tests", "support", "planner_mem_worker.py")
     # Fixed mmap threshold: glibc serves large tensors with mmap and unmaps them on free, so
     # one layout's freed memory does not pad the next one's baseline and hide its growth.
     proc = torchrun(2, worker, "--out", str(tmp_path), "--layouts", ",".join(layouts),

@@ -4,12 +4,12 @@ gradients and optimizer states they hold must equal memory.state_bytes' predicti
 names the layout and the quantity, and points at memory.state_bytes (or a DeepSpeed change)."""
 import json
 import os
-import socket
 
 import pytest
 
 from megatron.planner.memory import state_bytes, zero3_gathered_elems
 from megatron.planner.params import padded_vocab, stage_params
+from tests.support.procs import free_port
 
 # (zero, precision, tp, pp) on 2 ranks
 CASES = [(0, "fp32", 1, 1), (0, "bf16", 1, 1), (1, "bf16", 1, 1), (2, "bf16", 1, 1),
@@ -87,12 +87,6 @@ def _worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_state_bytes_equal_deepspeed_tensors(tmp_path):
     pytest.importorskip("deepspeed")
@@ -100,7 +94,7 @@ def test_state_bytes_equal_deepspeed_tensors(tmp_path):
     import torch.multiprocessing as mp
     from megatron.config import load_config
 
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2)
     model = load_config("examples/local/tiny.yaml").model
     for rank in (0, 1):
         for got in json.loads((tmp_path / f"rank{rank}.json").read_text()):

@@ -9,7 +9,7 @@ tensors, the optimizer and the activations took at their peak. Each rank writes 
 large tensors with mmap and returns them on free: otherwise one layout's freed heap is reused
 by the next and the delta under-counts.
 
-    torchrun --nproc_per_node 2 tests/unit/planner_mem_worker.py --out DIR --layouts tp2,pp2
+    torchrun --nproc_per_node 2 tests/support/planner_mem_worker.py --out DIR --layouts tp2,pp2
 """
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 
 from megatron.config import load_config
 from megatron.training.loop import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from paths import TINY  # noqa: E402
 
 # ~29.5M parameters (8 x 3.15M per layer + a 8192 x 512 tied embedding + 256 x 512 positions):
 # fp32 weights, gradients and Adam states are hundreds of MB, well above allocator noise.
