@@ -1,7 +1,7 @@
 """Memory per device: model states by precision and ZeRO stage, activations under 1F1B.
 
 Model states follow what DeepSpeed 0.19 allocates for the config this project generates
-(megatron/config/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
+(megatron/engine/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
 overlap settings zero_settings.py reads from the same function that writes deepspeed.json):
 - ZeRO 1-3 (DeepSpeedZeroOptimizer / stage 3): an fp32 master partition (a copy even for fp32
   models) and fp32 Adam moments, both 1/dp; gradients in the model dtype, whole for ZeRO-1, a
