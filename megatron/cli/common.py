@@ -30,21 +30,24 @@ def entry_point(prog: str, interrupted: str = "interrupted") -> Callable:
     Diverged (megatron-train stopped itself) -> the same, exit 3
     KeyboardInterrupt -> "<prog>: <interrupted>", exit 130
 
-    Anything else is a bug and keeps its traceback. With a process group open the process leaves
-    at once (os._exit): sys.exit could block in exit-time teardown waiting for peers that are
-    themselves stuck in a collective."""
+    Anything else is a bug and keeps its traceback. When the command itself opened a process
+    group, the process leaves at once (os._exit): sys.exit could block in exit-time teardown
+    waiting for peers that are themselves stuck in a collective. A group that was open before the
+    command started belongs to its caller (a program that calls main() as a function), which gets
+    the status back instead."""
     def wrap(main):
         @functools.wraps(main)
         def wrapper(argv=None) -> int:
+            caller_group = _distributed_started()
             try:
                 return main(argv)
             except (ConfigError, InputError, Diverged) as e:
                 code = EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_BAD_INPUT
-                return _leave(code, f"{prog}: error: {e}")
+                return _leave(code, f"{prog}: error: {e}", caller_group)
             except OSError as e:
-                return _leave(EXIT_BAD_INPUT, f"{prog}: error: {_os_message(e)}")
+                return _leave(EXIT_BAD_INPUT, f"{prog}: error: {_os_message(e)}", caller_group)
             except KeyboardInterrupt:
-                return _leave(EXIT_INTERRUPTED, f"{prog}: {interrupted}")
+                return _leave(EXIT_INTERRUPTED, f"{prog}: {interrupted}", caller_group)
         return wrapper
     return wrap
 
@@ -54,10 +57,10 @@ def _os_message(e: OSError) -> str:
     return f"{what}: {e.filename}" if e.filename else what
 
 
-def _leave(code: int, message: str) -> int:
+def _leave(code: int, message: str, caller_group: bool) -> int:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
-    if _distributed_started():
+    if _distributed_started() and not caller_group:
         sys.stdout.flush()
         os._exit(code)
     return code
