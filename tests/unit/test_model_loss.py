@@ -93,9 +93,14 @@ def test_fused_head_applies_only_to_fp32_on_one_cpu_rank():
 
 @pytest.fixture
 def one_rank_group():
-    if not dist.is_initialized():
+    """A world of one for the test, closed after it: a group left open would change what later
+    tests in this process see (dist.is_initialized())."""
+    opened = not dist.is_initialized()
+    if opened:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     yield
+    if opened:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("tied", [True, False])
