@@ -152,8 +152,9 @@ def test_real_torchrun_two_ranks(tmp_path):
     """The ranks print the message and exit 2; torchrun fails. Only the ranks' stderr is read
     (torchrun prints its own agent traceback), and a rank may be empty: torchrun terminates the
     other rank as soon as the first one exits."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    # --standalone: the rendezvous port is the one the OS hands out when torchrun binds it, not a
+    # port probed beforehand that another process can take in between (seen once under load).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
            "--log-dir", str(tmp_path), "--redirects", "3"]
     cmd += train_cmd("--config", TINY, *sets("model.hidden_size=48",
                                             "model.num_attention_heads=3",
