@@ -3,7 +3,6 @@ default scale and from one that must overflow; bf16 with the auto attention back
 when installed) and fused kernels under kernels.mode=auto. Each run is a subprocess so the
 CUDA/ROCm context and DeepSpeed state stay isolated."""
 import json
-import os
 import subprocess
 import sys
 

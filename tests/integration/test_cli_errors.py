@@ -6,49 +6,15 @@ Layout mistakes that need a world of 2 run as rank 0 of a torchrun-style environ
 joins the process group, so the process must stop at once. One case runs under a real torchrun
 with two ranks, whose per-rank stderr is read from torchrun's log directory."""
 import glob
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.cli import (ENTRY, assert_clean_error, clean_env, run_cli, sets,
+                               train_cmd)
+from tests.support.paths import TINY
 from tests.support.procs import free_port
-from tests.support.paths import ROOT, TINY
-
-BIN = os.path.dirname(sys.executable)
-ENTRY = (os.path.join(BIN, "megatron-train") if os.path.exists(os.path.join(BIN, "megatron-train"))
-         else None)
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def clean_env(**extra) -> dict:
-    """The caller's environment without launcher variables (pytest may itself run in a job)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    env.update(extra)
-    return env
-
-
-def train_cmd(*args) -> list:
-    head = [ENTRY] if ENTRY else [sys.executable, "-m", "megatron.cli.train"]
-    return head + list(args)
-
-
-def run_cli(args, env) -> subprocess.CompletedProcess:
-    return subprocess.run(train_cmd(*args), capture_output=True, text=True, env=env,
-                          timeout=60, cwd=ROOT)
-
-
-def assert_clean_error(proc, *fragments):
-    assert proc.returncode != 0, f"expected failure, got exit 0:\n{proc.stderr[-2000:]}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, f"{fragment!r} not in stderr:\n{proc.stderr}"
-
-
-def sets(*items):
-    return [a for item in items for a in ("--set", item)]
-
 
 WORLD_1 = [
     ("global_batch_not_multiple_of_micro_x_dp", sets("training.global_batch_size=15"),

@@ -2,7 +2,7 @@
 message naming the field (each float field in process: tests/unit/test_config_nonfinite.py)."""
 import pytest
 
-from tests.integration.test_cli_errors import assert_clean_error, clean_env, run_cli, sets
+from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
 from tests.support.paths import TINY
 
 CLI_CASES = [

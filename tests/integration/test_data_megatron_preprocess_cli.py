@@ -1,15 +1,15 @@
-"""megatron-preprocess run as a command on the rows of tests/unit/test_data_megatron_preprocess.py
-(Megatron-LM's cases): it reports the documents without tokens and keeps them as empty ones."""
+"""megatron-preprocess run as a command on Megatron-LM's cases (tests/support/data.ROWS)
+: it reports the documents without tokens and keeps them as empty ones."""
 import subprocess
 import sys
 
 from megatron.data.indexed_dataset import IndexedDataset
 from tests.support.paths import ROOT
-from tests.unit.test_data_megatron_preprocess import ROWS, _write_rows
+from tests.support.data import ROWS, write_rows
 
 
 def test_cli_reports_empty_documents(tmp_path):
-    src = _write_rows(tmp_path / "in.jsonl", ROWS)
+    src = write_rows(tmp_path / "in.jsonl", ROWS)
     proc = subprocess.run([sys.executable, "-m", "megatron.cli.preprocess", "--input", src,
                            "--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "null",
                            "--vocab-size", "200"], cwd=ROOT, capture_output=True, text=True,

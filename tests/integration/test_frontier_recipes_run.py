@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from megatron.launch import frontier_env
-from tests.unit.test_frontier_recipes import ENV_SH, FRONTIER, RECIPES, SBATCH, launch_line, read
+from tests.support.frontier import ENV_SH, FRONTIER, RECIPES, SBATCH, launch_line, read
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

@@ -7,7 +7,7 @@ import sys
 
 from megatron.checkpoint.store import FORMAT, META
 from tests.support.paths import ROOT
-from tests.unit.test_training_chain import SEP, commit
+from tests.support.chain import SEP, commit
 
 CHAIN_SH = os.path.join(ROOT, "examples", "frontier", "chain.sh")
 SBATCH = os.path.join(ROOT, "examples", "frontier", "train.sbatch")

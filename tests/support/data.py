@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import shutil
 import struct
@@ -136,3 +137,22 @@ def bytelevel_bpe(folder, texts: List[str], vocab_size: int = 700):
     tok.model.save(str(folder))
     tok.save(str(folder / "tokenizer.json"))
     return tok
+
+
+# Megatron-LM's preprocessing cases (tests/unit/test_data_megatron_preprocess.py and its command's
+# test in tests/integration): one JSON row each.
+ROWS = [
+    {"text": "1 2 3"},
+    {"text": ["4 5", "", "6"]},  # an empty sentence is no sequence
+    {"text": ""},  # empty document
+    {"text": []},  # empty document
+    {"text": [[7, 8], [9]]},  # null tokenizer: a list of id lists, one sequence each
+    {"text": [10, 11]},  # null tokenizer: one list of ids is one sequence
+    {"text": ["", " "]},  # empty document
+    {"text": "12"},
+]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)

@@ -2,10 +2,8 @@
 run-directory checks (rundir.py). Each test is one way a checkpoint or run directory goes wrong;
 a failure names the guarantee that broke: visibility, skipping, refusal, or lock (the lock and
 read-only checks that need other processes are tests/integration/test_checkpoint_run_dir.py)."""
-import json
 import logging
 import os
-import time
 
 import pytest
 

@@ -3,7 +3,6 @@
 A failure here localizes to megatron/config/deepspeed_section.py (allow-list, refusals, --set
 paths, merging) or megatron/engine/deepspeed_json.py (device defaults, the bucket rule, the
 merge into the generated JSON); the DeepSpeed tests fail when DeepSpeed renames a key we allow."""
-import os
 
 import pytest
 
@@ -12,7 +11,7 @@ from megatron.engine.deepspeed_json import (DEEPSPEED_BUCKET, MIN_GPU_BUCKET, co
                                             deepspeed_config, gpu_bucket_size)
 from megatron.config.deepspeed_section import OWNED, allowed_keys
 from megatron.config.validate import validate_for_world
-from tests.support.paths import ROOT, TINY
+from tests.support.paths import TINY
 
 
 SECTION_YAML = """\

@@ -1,13 +1,12 @@
 """Strict config loading: YAML file + --set overrides, typed, unknown keys rejected, and the
 cross-section checks of validate_for_world, each naming the field and value."""
-import os
 
 import pytest
 
 from megatron.config import (Config, ConfigError, InputError, load_config, parse_overrides,
                              validate_for_world)
 from megatron.engine.deepspeed_json import deepspeed_config
-from tests.support.paths import ROOT, TINY
+from tests.support.paths import TINY
 
 
 def write(tmp_path, text: str) -> str:

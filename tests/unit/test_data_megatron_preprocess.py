@@ -6,12 +6,10 @@ expected files come from the independent spec writer fed with Megatron-LM's rule
 data pipeline reads such a file: splits over sequences (as Megatron's GPT dataset) and samples
 that walk the shuffled sequence stream across empty and multi-sequence documents. The command's
 own report is tests/integration/test_data_megatron_preprocess_cli.py."""
-import json
-
 import numpy as np
 import pytest
 
-from tests.support.data import spec_read, spec_write, spm_model
+from tests.support.data import ROWS, spec_read, spec_write, spm_model, write_rows
 from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.data import build_iterators
@@ -20,18 +18,6 @@ from megatron.data.index_math import split_ranges
 from megatron.data.indexed_dataset import IndexedDataset
 from megatron.data.preprocess import PreprocessJob, preprocess
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
-
-ROWS = [
-    {"text": "1 2 3"},
-    {"text": ["4 5", "", "6"]},  # an empty sentence is no sequence
-    {"text": ""},  # empty document
-    {"text": []},  # empty document
-    {"text": [[7, 8], [9]]},  # null tokenizer: a list of id lists, one sequence each
-    {"text": [10, 11]},  # null tokenizer: one list of ids is one sequence
-    {"text": ["", " "]},  # empty document
-    {"text": "12"},
-]
-
 
 def _megatron_documents(eod):
     """ROWS as Megatron-LM's Encoder.encode turns them into sequences (eod on the last one)."""
@@ -43,13 +29,8 @@ def _megatron_documents(eod):
     return docs
 
 
-def _write_rows(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def _run(tmp_path, rows, spec, append_eod=False, workers=1, name="out"):
-    src = _write_rows(tmp_path / f"{name}.jsonl", rows)
+    src = write_rows(tmp_path / f"{name}.jsonl", rows)
     job = PreprocessJob([src], str(tmp_path / name), spec, ("text",), append_eod, workers)
     (prefix,), stats = preprocess(job, progress=lambda s: None)
     return prefix, stats

@@ -3,22 +3,11 @@ progress read from the run directory, the begin/end decisions (finished, no prog
 jobs, chaining off), the next job's sbatch line and environment. chain.sh driving the module
 against stand-in squeue/sbatch: tests/integration/test_training_chain_sh.py; the chain under a
 real Slurm: tests/e2e/test_slurm_chain.py."""
-import json
-
 import pytest
 
-from megatron.checkpoint.store import FORMAT, META
 from megatron.config.errors import InputError
 from megatron.training import chain
-
-
-def commit(run_dir, step, complete=True):
-    folder = run_dir / "checkpoints" / f"step_{step:07d}"
-    folder.mkdir(parents=True)
-    files = {"shards/a.pt": 3}
-    (folder / "shards").mkdir()
-    (folder / "shards" / "a.pt").write_bytes(b"abc" if complete else b"ab")
-    (folder / META).write_text(json.dumps({"format": FORMAT, "step": step, "files": files}))
+from tests.support.chain import SEP, commit
 
 
 def test_progress_is_the_newest_complete_checkpoint(tmp_path):
@@ -93,9 +82,6 @@ def test_end_stops_at_the_bound_on_jobs():
 def test_end_with_chaining_off_never_submits():
     d = chain.end(at(4), 2, 0, chain.Settings(False, 1, 20, "chaining is off (MEGATRON_CHAIN=0)"))
     assert not d.go and "MEGATRON_CHAIN=0" in d.message
-
-
-SEP = "\x1f"
 
 
 def squeue_line(**over):
