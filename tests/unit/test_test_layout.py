@@ -74,6 +74,18 @@ def test_every_module_that_is_not_a_test_lives_in_support():
     assert not stray, f"helpers, workers and fixture modules belong in tests/support/: {stray}"
 
 
+def test_tests_import_helpers_from_support_not_from_other_tests():
+    """A helper two test files share lives in tests/support/, not in one of them."""
+    borrowing = {}
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("tests.")
+                    and node.module.split(".")[-1].startswith("test_")):
+                borrowing.setdefault(rel, []).append(node.module)
+    assert not borrowing, f"move what these import into tests/support/: {borrowing}"
+
+
 def test_the_rules_catch_a_launch_and_a_root():
     tree = ast.parse("import subprocess\nfrom tests.support.procs import torchrun\n"
                      "torchrun(2, 'w.py')\nROOT = '/'\n")
