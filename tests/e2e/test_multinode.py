@@ -17,19 +17,25 @@ def test_two_torchrun_nodes_on_loopback(tmp_path):
            "--rdzv-id=two-nodes", "-m", "megatron.cli.train", "--config", TINY]
     cmd += set_args("training.train_iters=2", "training.global_batch_size=4",
                     "training.tensorboard=false", f"run.dir={run_dir}")
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=run_env.env, cwd=ROOT) for _ in range(2)]
-    outputs = []
+    # Each node writes to its own file: read through pipes one after the other, the node not
+    # being read could fill its pipe, block on a write mid-step and stall the other in a
+    # collective.
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    files = [open(log, "w") for log in logs]
+    nodes = [subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                              env=run_env.env, cwd=ROOT) for f in files]
     try:
         for node in nodes:
-            outputs.append(node.communicate(timeout=300)[0])
+            node.wait(timeout=300)
     finally:
-        for node in nodes:
+        for node, f in zip(nodes, files):
             if node.poll() is None:
                 node.kill()
                 node.wait()
-    for node, out in zip(nodes, outputs):
-        assert node.returncode == 0, out[-4000:]
+            f.close()
+    outputs = [log.read_text() for log in logs]
+    for i, (node, out) in enumerate(zip(nodes, outputs)):
+        assert node.returncode == 0, f"node {i}:\n{out[-4000:]}\nother node:\n{outputs[1 - i][-2000:]}"
     joined = "\n".join(outputs)
     assert "rank 0 of 2" in joined, joined[-4000:]
     run_env.assert_compiled_nothing(joined)
