@@ -2,6 +2,7 @@
 rendezvous as two real nodes would. The run must train and compile nothing."""
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,11 +23,19 @@ def test_two_torchrun_nodes_on_loopback(tmp_path):
     # collective.
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
     files = [open(log, "w") for log in logs]
-    nodes = [subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
-                              env=run_env.env, cwd=ROOT) for f in files]
+    # PYTHONFAULTHANDLER: a process that gets SIGABRT prints every thread's Python stack.
+    env = dict(run_env.env, PYTHONFAULTHANDLER="1")
+    nodes = [subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=ROOT) for f in files]
     try:
         for node in nodes:
             node.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        # A hang (seen once in many runs, not reproduced): have the ranks print where they
+        # wait, into the node logs the failure below shows.
+        for node in nodes:
+            subprocess.run(["pkill", "-ABRT", "-P", str(node.pid)], check=False)
+        time.sleep(3)
     finally:
         for node, f in zip(nodes, files):
             if node.poll() is None:
