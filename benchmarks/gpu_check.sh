@@ -3,7 +3,7 @@
 #   1. install the carried wheels (DeepSpeed and the dependencies the machine lacks);
 #   2. build the fused kernels in place for this GPU (python setup.py build_ext --inplace, in the
 #      background: meanwhile the GPU runs what does not need them);
-#   3. tests/gpu/test_train_gpu.py (fp16 dynamic loss scaling, bf16 with MFU);
+#   3. tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU);
 #   4. the end-to-end benchmark (benchmarks/e2e/bench_e2e.py): the 1.3B GPT, bf16, ZeRO-1, fused
 #      kernels on and off, a plain PyTorch peer, the planner's prediction;
 #   5. megatron-kernels --require, the GPU parity tests, the kernel benchmark (GB/s as a share of
@@ -144,7 +144,7 @@ building() { [ ! -f "$WORK/build.rc" ]; }
 E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$LOGS/e2e" --merge --timeout 200)
 step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
 excerpt e2e_peer grep '^e2e \|error'
-step train_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_train_gpu.py
+step train_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_training_gpu.py
 excerpt train_tests tail 6
 torch_done=0
 if building; then
@@ -166,8 +166,8 @@ runs=fused
 (( torch_done )) || runs=fused,torch
 step e2e_fused 240 $PY "${E2E[@]}" --runs $runs
 excerpt e2e_fused grep '^e2e \|error'
-step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_fused_kernels.py \
-    tests/gpu/test_native_norm_fallback.py
+step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_kernels_fused.py \
+    tests/gpu/test_kernels_native_norm_fallback.py
 excerpt kernel_tests tail 8
 QUICK=""
 (( $(left) < 150 )) && QUICK=--quick  # smaller shapes and fewer repetitions when time is short

@@ -1,6 +1,6 @@
 """examples/frontier/chain.sh driving megatron/training/chain.py in bash, against stand-in squeue
 and sbatch (the module's decisions alone: tests/unit/test_training_chain.py; the chain under a
-real Slurm: tests/e2e/test_slurm_chain.py)."""
+real Slurm: tests/e2e/test_training_slurm_chain.py)."""
 import os
 import subprocess
 import sys

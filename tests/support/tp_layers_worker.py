@@ -1,6 +1,6 @@
-"""Worker for test_tp_layers.py: run under one `torchrun --nproc_per_node 4` (or 2) launch, it
-runs every tensor-parallel check in this process and writes {check: {"ok", "detail"}} for its rank
-to OUT_DIR/rank<R>.json.
+"""Worker for test_parallel_tp_layers.py: run under one `torchrun --nproc_per_node 4` (or 2)
+launch, it runs every tensor-parallel check in this process and writes {check: {"ok", "detail"}}
+for its rank to OUT_DIR/rank<R>.json.
 
 Each check compares the sharded computation against the unsharded reference computed locally
 (every rank draws the same full inputs and weights), forward and backward: input gradients, and

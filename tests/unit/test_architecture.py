@@ -1,7 +1,7 @@
 """The import direction of docs/architecture.md, enforced: each package of megatron/ imports only
 the packages below it, and deepspeed is imported only by megatron/engine/. Lazy imports inside
 functions count as imports. (That config and planner import without torch is checked in a fresh
-process: tests/integration/test_torch_free_imports.py.)"""
+process: tests/integration/test_planner_torch_free_imports.py.)"""
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,6 @@
 """The torch references in megatron/kernels/reference.py against independent float64 formulas
 on the CPU. A failure names the op, dtype and case; the fused GPU kernels are held to these
-references by tests/gpu/test_fused_kernels.py."""
+references by tests/gpu/test_kernels_fused.py."""
 from __future__ import annotations
 
 import math
@@ -52,7 +52,7 @@ def test_rms_norm(dtype, wdtype):
 
 def test_norms_on_the_cpu_keep_the_exact_upcast_reference():
     """The dispatch's torch path on the CPU is the reference itself, bit for bit; torch's own
-    kernels are used only on a GPU (tests/gpu/test_fused_kernels.py holds them to it there)."""
+    kernels are used only on a GPU (tests/gpu/test_kernels_fused.py holds them to it there)."""
     from megatron.kernels import ops
     x = torch.randn(5, 2).to(torch.bfloat16)
     w, b = torch.ones(2, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.bfloat16)

@@ -2,7 +2,7 @@
 progress read from the run directory, the begin/end decisions (finished, no progress, bound on
 jobs, chaining off), the next job's sbatch line and environment. chain.sh driving the module
 against stand-in squeue/sbatch: tests/integration/test_training_chain_sh.py; the chain under a
-real Slurm: tests/e2e/test_slurm_chain.py."""
+real Slurm: tests/e2e/test_training_slurm_chain.py."""
 import pytest
 
 from megatron.config.errors import InputError

@@ -2,7 +2,7 @@
 keys/values, tied or not, with biases) becomes a single file whose unsharded model gives
 transformers' logits; export then import gives back our exact tensors; unsupported options are
 refused with the field. Training from the file in another layout is covered by init_from's
-end-to-end test (tests/e2e/test_layout_change.py)."""
+end-to-end test (tests/e2e/test_checkpoint_layout_change.py)."""
 import json
 
 import pytest

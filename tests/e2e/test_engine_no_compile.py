@@ -1,6 +1,7 @@
 """A training run compiles nothing: neither our code nor DeepSpeed's op builders (which JIT the
 shm collective and the CPU Adam unless told otherwise) may start a compiler. The multi-rank runs
-(tests/e2e/test_multinode.py, test_slurm.py) make the same check under their launchers."""
+(tests/e2e/test_launch_multinode.py, test_launch_slurm.py) make the same check under their
+launchers."""
 import socket
 import subprocess
 import sys

@@ -1,6 +1,7 @@
 """examples/frontier run: the planner's command on each recipe's launch line, train.sbatch and
 env.sh through bash (syntax, strict sourcing, module loads, run root, striping, the environment
-tarball). The recipes and scripts read in this process: tests/unit/test_frontier_recipes.py."""
+tarball). The recipes and scripts read in this process:
+tests/unit/test_config_frontier_recipes.py."""
 import os
 import re
 import subprocess

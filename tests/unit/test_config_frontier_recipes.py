@@ -1,7 +1,7 @@
 """examples/frontier: every recipe loads strictly and validates for the world its launch line
 implies (nodes x ranks per node of train.sbatch), carries the paper's shapes and optimizer, and
 env.sh cites a source for every setting. The scripts run through bash (the Frontier conventions
-of train.sbatch and env.sh): tests/integration/test_frontier_recipes_run.py."""
+of train.sbatch and env.sh): tests/integration/test_launch_frontier_recipes_run.py."""
 import os
 import re
 
