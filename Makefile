@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo toolchains clean
+.PHONY: setup test test-fast demo toolchains clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*.cuh tools/*.py)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,11 @@ toolchains:
 
 test: setup toolchains
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
+
+# Under 5 minutes on 2 cores: unit tests and the integration tests not marked slow (no
+# distributed, e2e or GPU tests, no CUDA wheel build). `make test` still runs everything.
+test-fast: setup toolchains
+	MEGATRON_SKIP_CUDA_WHEEL=1 $(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests/unit tests/integration
 
 demo: setup
 	bash examples/local/demo.sh
