@@ -1,3 +1,5 @@
-"""Checkpoints: the commit protocol (store), the layout-free format any layout reads (sharded,
-state), which checkpoint a run continues from (layout), the run-directory lock (rundir), and
-conversions to one file and to/from Hugging Face (convert, init_from, hf_export, hf_import)."""
+"""Checkpoints and the run directory: the directory's owner (rundir: its files, its lock, which
+checkpoint continues a run), the records written into it (records: meta.json, metrics.jsonl), the
+commit protocol (store), the layout-free format any layout reads (sharded, state), the layout
+record and resume choice (layout), and conversions to one file and to/from Hugging Face
+(convert, init_from, hf_export, hf_import). rundir, records and store are standard library only."""

@@ -30,6 +30,7 @@ from megatron.config import Config, InputError, load_config
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.checkpoint import store
+from megatron.checkpoint.rundir import RunDir, checkpoint_in
 from megatron.checkpoint.sharded import Reader
 from megatron.checkpoint.state import resize_rows
 
@@ -51,38 +52,19 @@ class MergedCheckpoint:
 # --- where the checkpoint is ------------------------------------------------------------------
 
 def read_run_config(run_dir: str) -> Config:
-    if not os.path.isdir(run_dir):
-        raise InputError(f"run directory {run_dir!r} does not exist; pass a directory written by "
-                         "megatron-train (it holds config.yaml and checkpoints/)")
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        raise InputError(f"{path!r} is missing: {run_dir!r} is not a run directory written by "
-                         "megatron-train (it holds config.yaml and checkpoints/)")
-    return load_config(path)
+    run = RunDir(run_dir)
+    run.require()
+    return load_config(run.config)
 
 
 def latest_checkpoint(ckpt_dir: str) -> str:
-    """The newest complete checkpoint folder under `ckpt_dir` (store.py's commit protocol)."""
-    found, skipped = store.newest_complete(ckpt_dir)
-    for line in skipped:
-        log.warning("skipping checkpoint %s", line)
-    if found is None:
-        raise InputError(f"no complete checkpoint in {ckpt_dir!r}"
-                         + (f" ({'; '.join(skipped)})" if skipped else "")
-                         + "; train with training.save=true or point --run-dir at a run that "
-                         "saved one")
-    return found.folder
+    """The newest complete checkpoint folder under a checkpoints folder (rundir.continuation)."""
+    return checkpoint_in(ckpt_dir)
 
 
 def checkpoint_folder(run_dir: str, tag: Optional[str] = None) -> str:
     """<run_dir>/checkpoints/<tag>, the newest complete one when tag is None."""
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    folder = latest_checkpoint(ckpt_dir) if tag is None else os.path.join(ckpt_dir, tag)
-    if not os.path.isdir(folder):
-        found = sorted(os.path.basename(f) for _, f in store.committed(ckpt_dir))
-        raise InputError(f"checkpoint folder {folder!r} does not exist; tags found in "
-                         f"{ckpt_dir!r}: {', '.join(found) or 'none'}")
-    return folder
+    return RunDir(run_dir).checkpoint(tag)
 
 
 def read_checkpoint(folder: str):
@@ -105,8 +87,7 @@ def merge_checkpoint(cfg: Config, folder: str, vocab_size: Optional[int] = None,
     """The checkpoint in `folder` (any layout) as one unsharded model of the fp32 masters.
     vocab_size: the tokenizer's vocabulary (read from the run's tokenizer when None)."""
     meta, index = read_checkpoint(folder)
-    layout = meta["layout"]
-    tp, pp = layout["tensor_parallel_size"], layout["pipeline_parallel_size"]
+    tp, pp = meta.layout.tensor_parallel_size, meta.layout.pipeline_parallel_size
     vocab = tokenizer_vocab_size(cfg) if vocab_size is None else vocab_size
     log.info("merging %s (written by tp=%d pp=%d)", folder, tp, pp)
     reader = Reader(folder, index)
@@ -119,7 +100,7 @@ def merge_checkpoint(cfg: Config, folder: str, vocab_size: Optional[int] = None,
                          "match the one this run trained with")
     merged = MergedCheckpoint(single_config(cfg), full, vocab, rows, {
         "run_dir": cfg.run.dir, "tag": os.path.basename(os.path.normpath(folder)),
-        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "step": meta["step"]})
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "step": meta.step})
     return resize_vocab(merged, vocab) if trim_vocab else merged
 
 

@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron.checkpoint import store
+from megatron.checkpoint.records import CheckpointMeta, LayoutRecord
+from megatron.checkpoint.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
 
 log = logging.getLogger(__name__)
@@ -43,19 +45,12 @@ def shape_differences(theirs: Dict[str, Any], ours: Dict[str, Any], what: str) -
             for k, v in ours.items() if theirs.get(k) != v]
 
 
-def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> Dict[str, Any]:
+def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> LayoutRecord:
     """The layout that writes a checkpoint and the model it holds (which must match on resume;
     the layout may change)."""
     p = cfg.parallel
-    return {"tensor_parallel_size": p.tensor_parallel_size,
-            "pipeline_parallel_size": p.pipeline_parallel_size, "data_parallel_size": dp,
-            "zero_stage": p.zero_stage, "padded_vocab_size": padded_vocab,
-            "vocab_size": text_vocab, "model": model_shape(cfg.model)}
-
-
-def layout_text(r: Dict[str, Any]) -> str:
-    return (f"TP{r['tensor_parallel_size']} PP{r['pipeline_parallel_size']} "
-            f"DP{r['data_parallel_size']} ZeRO-{r['zero_stage']}")
+    return LayoutRecord(p.tensor_parallel_size, p.pipeline_parallel_size, dp, p.zero_stage,
+                        padded_vocab, text_vocab, model_shape(cfg.model))
 
 
 @dataclass
@@ -64,34 +59,20 @@ class Resume:
     a file of the chosen one turns out damaged)."""
     folder: str
     step: int
-    meta: Dict[str, Any]
+    meta: CheckpointMeta
     last_good: Optional[str] = None
 
 
 def _complete(ckpt_dir: str, where: str) -> Optional[Resume]:
-    found, skipped = store.newest_complete(ckpt_dir)
-    for line in skipped:
-        log.warning("skipping checkpoint %s", line)
-    for folder in store.leftovers(ckpt_dir):
-        log.warning("ignoring %s: a save that never committed (a killed job); delete it when no "
-                    "job is writing to %s", folder, ckpt_dir)
-    if found is None:
-        if skipped:
-            raise InputError(f"{where}: no complete checkpoint in {ckpt_dir} (" +
-                             "; ".join(skipped) + "); restore the missing files, or move the "
+    c = continuation(ckpt_dir)
+    c.warn()
+    if c.found is None:
+        if c.skipped:
+            raise InputError(f"{where}: no complete checkpoint in {ckpt_dir} ("
+                             f"{c.only_broken()}); restore the missing files, or move the "
                              "folders away to start afresh")
         return None
-    older = [f for s, f in store.committed(ckpt_dir) if s < found.step]
-    last_good = next((f for f in older if _valid(f)), None)
-    return Resume(found.folder, found.step, found.meta, last_good)
-
-
-def _valid(folder: str) -> bool:
-    try:
-        store.validate(folder)
-        return True
-    except (store.Incomplete, OSError):
-        return False
+    return Resume(c.found.folder, c.found.step, c.found.meta, c.last_good)
 
 
 def find_resume(cfg) -> Optional[Resume]:
@@ -102,13 +83,13 @@ def find_resume(cfg) -> Optional[Resume]:
     if load is None:
         return None
     if load == "auto":
-        return _complete(os.path.join(cfg.run.dir, "checkpoints"), "training.load=auto")
+        return _complete(RunDir(cfg.run.dir).checkpoints, "training.load=auto")
     if os.path.isfile(os.path.join(load, store.META)):
         try:
             meta = store.validate(load)
         except (store.Incomplete, OSError) as e:
             raise InputError(f"training.load={load!r} cannot be resumed: {e}") from None
-        return Resume(load, int(meta["step"]), meta)
+        return Resume(load, meta.step, meta)
     resume = _complete(load, f"training.load={load!r}") if os.path.isdir(load) else None
     if resume is None:
         raise ConfigError("training.load", load,
@@ -118,13 +99,13 @@ def find_resume(cfg) -> Optional[Resume]:
     return resume
 
 
-def check_model(resume: Resume, current: Dict[str, Any]) -> None:
+def check_model(resume: Resume, current: LayoutRecord) -> None:
     """Refuses a checkpoint of another model; any other parallel layout is fine."""
-    saved = resume.meta["layout"]
-    shape = shape_differences(saved["model"], current["model"], "checkpoint")
-    if saved.get("vocab_size", current.get("vocab_size")) != current.get("vocab_size"):
-        shape.append(f"vocabulary: checkpoint {saved['vocab_size']}, this run's tokenizer "
-                     f"{current['vocab_size']}")
+    saved = resume.meta.layout
+    shape = shape_differences(saved.model, current.model, "checkpoint")
+    if saved.vocab_size != current.vocab_size:
+        shape.append(f"vocabulary: checkpoint {saved.vocab_size}, this run's tokenizer "
+                     f"{current.vocab_size}")
     if shape:
         raise InputError(f"checkpoint {resume.folder} holds another model than this run's "
                          f"config ({'; '.join(shape)}); resume with the config it was trained "

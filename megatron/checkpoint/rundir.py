@@ -1,4 +1,15 @@
-"""The run directory: usable before anything is written, and owned by one run at a time.
+"""The run directory's owner: the one module that names its files, checks it is usable before
+anything is written, holds its lock, and answers which checkpoint continues the run.
+
+    <run.dir>/
+      config.yaml      the resolved config (the file to resume with), replaced once a run starts
+      deepspeed.json   the DeepSpeed config generated from it
+      metrics.jsonl    one record per line (checkpoint/records.py)
+      tensorboard/     the same scalars as TensorBoard events
+      checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
+      .lock            held by rank 0 of the run that uses the directory
+
+Standard library only (the planner and the job chain read run directories without torch).
 
 The lock is an flock on <run.dir>/.lock held by rank 0 for the whole run. The kernel releases it
 when the process dies, however it dies, so a lock left by a killed job is stale by construction:
@@ -14,13 +25,136 @@ import logging
 import os
 import socket
 import time
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
 
+from megatron.checkpoint import store
 from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
-LOCK = ".lock"
+CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK = (
+    "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock")
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The one answer to "which checkpoint continues this run": the newest folder that
+    validates, the newer ones skipped with their reasons, the newest complete one before it
+    (named if a file of the chosen one turns out damaged), and saves that never committed."""
+    ckpt_dir: str
+    found: Optional[store.Found]
+    skipped: Tuple[str, ...] = ()
+    last_good: Optional[str] = None
+    leftovers: Tuple[str, ...] = field(default=())
+
+    @property
+    def step(self) -> int:
+        return self.found.step if self.found else 0
+
+    def warn(self) -> None:
+        """Logs each skipped folder and each leftover staging folder once."""
+        for line in self.skipped:
+            log.warning("skipping checkpoint %s", line)
+        for folder in self.leftovers:
+            log.warning("ignoring %s: a save that never committed (a killed job); delete it "
+                        "when no job is writing to %s", folder, self.ckpt_dir)
+
+    def only_broken(self) -> str:
+        """Why nothing continues although checkpoints exist ('' when none exist at all)."""
+        return "; ".join(self.skipped)
+
+
+def continuation(ckpt_dir: str) -> Continuation:
+    """Continuation of a checkpoints folder (any folder laid out as store.py writes)."""
+    found, skipped = store.newest_complete(ckpt_dir)
+    last_good = None
+    if found is not None:
+        older = [f for s, f in store.committed(ckpt_dir) if s < found.step]
+        last_good = next((f for f in older if store.is_valid(f)), None)
+    return Continuation(ckpt_dir, found, tuple(skipped), last_good,
+                        tuple(store.leftovers(ckpt_dir)))
+
+
+class RunDir:
+    """A run directory by path; nothing is created until check() or a write."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def config(self) -> str:
+        return self.file(CONFIG)
+
+    @property
+    def deepspeed_json(self) -> str:
+        return self.file(DEEPSPEED)
+
+    @property
+    def metrics(self) -> str:
+        return self.file(METRICS)
+
+    @property
+    def tensorboard(self) -> str:
+        return self.file(TENSORBOARD)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.file(CHECKPOINTS)
+
+    def check(self) -> None:
+        check_run_dir(self.path)
+
+    def lock(self) -> "RunLock":
+        return RunLock(self.path)
+
+    def require(self) -> None:
+        """One message when this is not a run directory megatron-train wrote."""
+        what = "it holds config.yaml and checkpoints/"
+        if not os.path.isdir(self.path):
+            raise InputError(f"run directory {self.path!r} does not exist; pass a directory "
+                             f"written by megatron-train ({what})")
+        if not os.path.isfile(self.config):
+            raise InputError(f"{self.config!r} is missing: {self.path!r} is not a run directory "
+                             f"written by megatron-train ({what})")
+
+    def write_run_files(self, config_yaml: str, deepspeed_json: str) -> None:
+        """config.yaml and deepspeed.json, each written whole and then renamed into place."""
+        for path, text in ((self.config, config_yaml), (self.deepspeed_json, deepspeed_json)):
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+
+    def continuation(self) -> Continuation:
+        return continuation(self.checkpoints)
+
+    def checkpoint(self, tag: Optional[str] = None) -> str:
+        """The folder of checkpoint `tag`, or of the newest complete one; InputError when there
+        is none."""
+        return checkpoint_in(self.checkpoints, tag)
+
+
+def checkpoint_in(ckpt_dir: str, tag: Optional[str] = None) -> str:
+    """checkpoint() of any checkpoints folder."""
+    if tag is None:
+        c = continuation(ckpt_dir)
+        for line in c.skipped:
+            log.warning("skipping checkpoint %s", line)
+        if c.found is None:
+            raise InputError(f"no complete checkpoint in {ckpt_dir!r}"
+                             + (f" ({c.only_broken()})" if c.skipped else "")
+                             + "; train with training.save=true or point --run-dir at a "
+                             "run that saved one")
+        return c.found.folder
+    folder = os.path.join(ckpt_dir, tag)
+    if not os.path.isdir(folder):
+        tags = sorted(os.path.basename(f) for _, f in store.committed(ckpt_dir))
+        raise InputError(f"checkpoint folder {folder!r} does not exist; tags found in "
+                         f"{ckpt_dir!r}: {', '.join(tags) or 'none'}")
+    return folder
 
 
 def check_run_dir(path: str) -> None:

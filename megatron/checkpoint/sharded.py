@@ -11,6 +11,7 @@ meta.json                  format, step, layout, client state (data position, sc
                             scale, Adam step), files and sizes (store.py)"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -23,17 +24,18 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint import store
+from megatron.checkpoint.records import CheckpointMeta
 from megatron.checkpoint.state import Partition, RankState, resize_rows
 from megatron.config.errors import InputError
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.layers import shard
+from megatron.parallel.state import RankCoord
 
 log = logging.getLogger(__name__)
 
 
-def shard_file(coords: Tuple[int, int, int]) -> str:
-    tp, pp, dp = coords
-    return f"{store.SHARDS}/tp{tp:02d}_pp{pp:03d}_dp{dp:05d}.pt"
+def shard_file(c: RankCoord) -> str:
+    return f"{store.SHARDS}/tp{c.tp:02d}_pp{c.pp:03d}_dp{c.dp:05d}.pt"
 
 
 # --- save -------------------------------------------------------------------------------------
@@ -53,7 +55,7 @@ def _rank_payload(rs: RankState) -> Dict[str, Any]:
 
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
     return {p.name: {"shape": list(p.shape), **asdict(p.partition),
-                     "pieces": [[rel, rs.coords[0], f.start, f.numel] for f in p.fragments]
+                     "pieces": [[rel, rs.coords.tp, f.start, f.numel] for f in p.fragments]
                      if rs.writes else []} for p in rs.params}
 
 
@@ -90,7 +92,7 @@ class PendingSave:
     run in a thread, not done yet); finish() commits (collective: every rank's outcome to
     rank 0, which commits or refuses)."""
 
-    def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
+    def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
                  keep_last: int):
         self.t0 = time.perf_counter()
         self.ckpt_dir, self.step, self.meta, self.keep_last = ckpt_dir, step, meta, keep_last
@@ -135,7 +137,7 @@ class PendingSave:
         return {"seconds": time.perf_counter() - self.t0, "bytes": float(info)}
 
 
-def save(ckpt_dir: str, step: int, rs: RankState, meta: Dict[str, Any],
+def save(ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
          keep_last: int = 0) -> Dict[str, float]:
     """Collective: every rank writes its file into the staging folder, rank 0 checks that the
     pieces are complete, writes index and meta, and commits. Returns seconds and bytes."""
@@ -149,13 +151,13 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
     if errors:
         return "failed", "; ".join(errors) + f" (the staging folder {staging} is left as it is)"
     try:
-        index = _build_index([g[3] for g in gathered], meta["layout"]["tensor_parallel_size"])
+        index = _build_index([g[3] for g in gathered], meta.layout.tensor_parallel_size)
         files = {g[1]: g[2] for g in gathered}
         index_bytes = json.dumps(index, sort_keys=True).encode()
         store.write_durable(os.path.join(staging, store.INDEX), index_bytes)
         files[store.INDEX] = len(index_bytes)
         store.write_json(os.path.join(staging, store.META),
-                         {**meta, "format": store.FORMAT, "files": files})
+                         dataclasses.replace(meta, files=files).to_json())
         if os.path.exists(final):
             # A folder of this step that resume skipped (damaged), or one a run that resumed
             # from an older step wrote before: set aside under a name resume never reads.
@@ -253,7 +255,7 @@ class Reader:
         return piece.reshape(-1)
 
 
-def read_meta(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def read_meta(folder: str) -> Tuple[CheckpointMeta, Dict[str, Any]]:
     """meta.json and index.json of a committed checkpoint (rank 0 reads, all receive)."""
     def read():
         try:
@@ -265,7 +267,7 @@ def read_meta(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 @torch.no_grad()
 def load(folder: str, rs: RankState, tp: int, pp: int, last_good: Optional[str] = None
-         ) -> Tuple[Dict[str, Any], Optional[dict]]:
+         ) -> Tuple[CheckpointMeta, Optional[dict]]:
     """Collective: fills this rank's parameters, masters and moments from `folder` whatever its
     layout. Returns (meta, this rank's saved RNG state or None when the layout changed)."""
     meta, index = read_meta(folder)
@@ -273,7 +275,7 @@ def load(folder: str, rs: RankState, tp: int, pp: int, last_good: Optional[str] 
     error = None
     try:
         for p in rs.params:
-            _load_param(reader, p, tp, rs.coords[0])
+            _load_param(reader, p, tp, rs.coords.tp)
         rng = _rng_for(reader, meta, rs, tp, pp)
     except InputError as e:
         error, rng = str(e), None
@@ -306,13 +308,13 @@ def _load_param(reader: Reader, p, tp: int, tp_rank: int) -> None:
             f.weight.copy_(f.master.to(f.weight.dtype))
 
 
-def _rng_for(reader: Reader, meta: Dict[str, Any], rs: RankState, tp: int, pp: int
+def _rng_for(reader: Reader, meta: CheckpointMeta, rs: RankState, tp: int, pp: int
              ) -> Optional[dict]:
     """The RNG state this rank saved when TP and PP are unchanged (data-parallel replicas share
     their streams); None otherwise: the caller re-derives the streams."""
-    lay = meta["layout"]
-    if (lay["tensor_parallel_size"], lay["pipeline_parallel_size"]) != (tp, pp):
+    lay = meta.layout
+    if (lay.tensor_parallel_size, lay.pipeline_parallel_size) != (tp, pp):
         return None
-    t, p, d = rs.coords
-    return reader.file(shard_file((t, p, min(d, lay["data_parallel_size"] - 1))))["rng"]
+    c = rs.coords
+    return reader.file(shard_file(c._replace(dp=min(c.dp, lay.data_parallel_size - 1))))["rng"]
 

@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.parallel.state import RankCoord
+
 # The optimizer state carried per element, beside the fp32 master weight (AdamW).
 MOMENTS = ("exp_avg", "exp_avg_sq")
 KEYS = ("master",) + MOMENTS
@@ -61,6 +63,6 @@ class RankState:
     """Everything one rank contributes to a checkpoint."""
     params: List[LocalParam]
     writes: bool                       # False: a data-parallel replica of what rank dp=0 writes
-    coords: Tuple[int, int, int]       # (tp_rank, pp_rank, dp_rank)
+    coords: RankCoord
     rng: dict
     adam_step: int = 0

@@ -8,6 +8,8 @@
       .staging-step_0000120/     a save in progress, or one a killed job left: never read
       latest                     the newest committed tag, for people and scripts
 
+meta.json is the typed record of records.py (CheckpointMeta); validate() parses it.
+
 A folder named step_N exists only after rank 0 renamed a complete staging folder to it, so a kill
 at any moment leaves either the old set of checkpoints or the new one. Nothing here deletes a
 checkpoint it cannot prove complete; keep_last removes only older committed ones, after a newer
@@ -22,10 +24,12 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from megatron.checkpoint.records import FORMAT, CheckpointMeta, RecordError
+
 log = logging.getLogger(__name__)
 
-FORMAT = "megatron-frontier/sharded-v1"
-META, INDEX, SHARDS = "meta.json", "index.json", "shards"
+__all__ = ["FORMAT", "META", "INDEX", "SHARDS", "LATEST", "CheckpointMeta"]
+META, INDEX, SHARDS, LATEST = "meta.json", "index.json", "shards", "latest"
 _TAG = re.compile(r"^step_(\d{7,})$")
 _STAGING = ".staging-"
 
@@ -67,7 +71,7 @@ def commit(staging: str, final: str) -> None:
     os.rename(staging, final)
     parent = os.path.dirname(final)
     fsync_dir(parent)
-    write_durable(os.path.join(parent, "latest"), os.path.basename(final).encode())
+    write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode())
 
 
 class Incomplete(Exception):
@@ -84,7 +88,7 @@ def _read_json(path: str) -> Any:
         raise Incomplete(f"{os.path.basename(path)} is not valid JSON ({e})") from None
 
 
-def validate(folder: str) -> Dict[str, Any]:
+def validate(folder: str) -> CheckpointMeta:
     """meta.json of a committed checkpoint, after checking that every file it lists is there
     with the size it was written with. Raises Incomplete with the reason."""
     if not os.path.isfile(os.path.join(folder, META)) and any(
@@ -92,10 +96,11 @@ def validate(folder: str) -> Dict[str, Any]:
         raise Incomplete("it is a DeepSpeed checkpoint of an older version of this project "
                          "(no meta.json); continue from its weights with megatron-convert "
                          "to-single and training.init_from")
-    meta = _read_json(os.path.join(folder, META))
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise Incomplete(f"meta.json is not a {FORMAT} record")
-    for name, size in meta.get("files", {}).items():
+    try:
+        meta = CheckpointMeta.from_json(_read_json(os.path.join(folder, META)))
+    except RecordError as e:
+        raise Incomplete(f"meta.json is not a {FORMAT} record: {e}") from None
+    for name, size in meta.files.items():
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             raise Incomplete(f"{name} is missing")
@@ -105,7 +110,15 @@ def validate(folder: str) -> Dict[str, Any]:
     return meta
 
 
-def read(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def is_valid(folder: str) -> bool:
+    try:
+        validate(folder)
+        return True
+    except (Incomplete, OSError):
+        return False
+
+
+def read(folder: str) -> Tuple[CheckpointMeta, Dict[str, Any]]:
     """(meta, index) of a committed checkpoint after validate(); raises Incomplete."""
     meta = validate(folder)
     return meta, _read_json(os.path.join(folder, INDEX))
@@ -115,7 +128,7 @@ def read(folder: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 class Found:
     folder: str
     step: int
-    meta: Dict[str, Any]
+    meta: CheckpointMeta
 
 
 def committed(ckpt_dir: str) -> List[Tuple[int, str]]:
@@ -158,9 +171,7 @@ def prune(ckpt_dir: str, keep_last: int) -> List[str]:
         return []
     kept, removed = 0, []
     for _, folder in committed(ckpt_dir):
-        try:
-            validate(folder)
-        except (Incomplete, OSError):
+        if not is_valid(folder):
             continue
         kept += 1
         if kept > keep_last:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron.checkpoint.state import MOMENTS, Fragment, LocalParam, Partition, RankState
+from megatron.parallel.state import RankCoord
 
 _SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
@@ -106,7 +107,8 @@ def _fp32_copies(opt) -> Optional[Dict[int, Tuple[torch.Tensor, int]]]:
     return None
 
 
-def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict) -> RankState:
+def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord, rng: dict
+               ) -> RankState:
     """The pieces of state this rank owns, for every parameter it holds."""
     opt = engine.optimizer
     base = _base(opt)
@@ -130,16 +132,16 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords, rng: dict)
                 lp.fragments = [Fragment(m.lp_fragment_address.start,
                                          m.lp_fragment_address.numel, master, moments)]
         elif fp16 is not None:
-            writes = coords[2] == 0
+            writes = coords.dp == 0
             flat, offset = fp16[id(p)]
             lp.full = p.data
             master, moments = _views(base, flat, offset, p.numel())
             lp.fragments = [Fragment(0, p.numel(), master, moments)]
         else:  # torch AdamW on the parameters themselves, replicated over data parallelism
-            writes = coords[2] == 0
+            writes = coords.dp == 0
             lp.fragments = [Fragment(0, p.numel(), *_views(base, p, 0, p.numel()))]
         params.append(lp)
-    return RankState(params, writes, tuple(coords), rng, adam_step(engine))
+    return RankState(params, writes, coords, rng, adam_step(engine))
 
 
 def adam_step(engine) -> int:

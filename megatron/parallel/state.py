@@ -10,14 +10,22 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch.distributed as dist
 
 
-def grid_coords(rank: int, tp: int, dp: int, pp: int):
-    """(tp_rank, dp_rank, pp_rank) of a global rank."""
-    return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+class RankCoord(NamedTuple):
+    """A rank's position on the grid, one coordinate per parallel axis. The one order used
+    wherever a position is stored or passed (checkpoint shard files name it tp, pp, dp)."""
+    tp: int
+    pp: int
+    dp: int
+
+
+def grid_coords(rank: int, tp: int, dp: int, pp: int) -> RankCoord:
+    """The position of a global rank on a grid of these sizes."""
+    return RankCoord(tp=rank % tp, pp=rank // (tp * dp), dp=(rank // tp) % dp)
 
 
 def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int:
@@ -41,20 +49,20 @@ class ParallelState:
         return self.tp * self.pp * self.dp
 
     @cached_property
-    def _coords(self):
+    def coord(self) -> RankCoord:
         return grid_coords(self.rank, self.tp, self.dp, self.pp)
 
     @property
     def tp_rank(self) -> int:
-        return self._coords[0]
+        return self.coord.tp
 
     @property
     def dp_rank(self) -> int:
-        return self._coords[1]
+        return self.coord.dp
 
     @property
     def pp_rank(self) -> int:
-        return self._coords[2]
+        return self.coord.pp
 
     @property
     def is_first_stage(self) -> bool:

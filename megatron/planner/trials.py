@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from megatron.checkpoint.records import RecordError, read_metrics, steps
+from megatron.checkpoint.rundir import RunDir
 from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.planner.emit import layout_config
@@ -88,24 +90,21 @@ def summarize_metrics(path: str, warmup: int = 1,
     without step_time_s gets it from tokens_per_sec when tokens_per_step is known."""
     if not os.path.exists(path):
         raise InputError(f"the trainer wrote no {path}; the run failed before its first logged step")
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                if "split" not in row and "event" not in row:  # steps only, not saves
-                    rows.append(row)
-    timed = [r for r in rows if r.get("step", 0) > warmup] or rows[-1:]
+    try:
+        rows = steps(read_metrics(path))
+    except RecordError as e:
+        raise InputError(str(e)) from None
+    timed = [r for r in rows if r.step > warmup] or rows[-1:]
     if not timed:
         raise InputError(f"{path} holds no training step")
 
-    def values(key):
-        return [float(r[key]) for r in timed if r.get(key) is not None]
-    times = values("step_time_s")
+    def values(of):
+        return [float(of(r)) for r in timed if of(r) is not None]
+    times = values(lambda r: r.step_time_s)
     if not times and tokens_per_step:
-        times = [tokens_per_step / v for v in values("tokens_per_sec") if v > 0]
-    mems = [float(r["mem_gb"]) for r in rows if r.get("mem_gb") is not None]
-    tps, tflops = values("tokens_per_sec"), values("tflops_per_gpu")
+        times = [tokens_per_step / v for v in values(lambda r: r.tokens_per_sec) if v > 0]
+    mems = [float(r.mem_gb) for r in rows if r.mem_gb is not None]
+    tps, tflops = values(lambda r: r.tokens_per_sec), values(lambda r: r.tflops_per_gpu)
     return {"step_time_s": min(times) if times else None,
             "step_time_median_s": statistics.median(times) if times else None,
             "tokens_per_sec": max(tps) if tps else None,
@@ -156,7 +155,7 @@ class TorchrunRunner:
     def _run(self, lay: Layout) -> TrialResult:
         cmd = self.command(self.write_config(lay))
         run_dir = os.path.join(self.run_root, lay.key())
-        metrics = os.path.join(run_dir, "metrics.jsonl")
+        metrics = RunDir(run_dir).metrics
         if os.path.exists(metrics):
             os.remove(metrics)  # the trainer appends: a rerun must not read an old attempt
         env = dict(os.environ)

@@ -100,7 +100,7 @@ def test_kills_during_saves_always_resume_from_a_complete_checkpoint(tmp_path, e
         ckpt = str(run_dir / "checkpoints")
         found, skipped = store.newest_complete(ckpt)
         assert found is not None and not skipped, (found, skipped)
-        for name in found.meta["files"]:
+        for name in found.meta.files:
             if name.endswith(".pt"):
                 torch.load(os.path.join(found.folder, name), weights_only=True)
         # Continue on one process (another layout): the newest complete checkpoint is taken.

@@ -1,11 +1,13 @@
 """examples/frontier/chain.sh driving megatron/training/chain.py in bash, against stand-in squeue
 and sbatch (the module's decisions alone: tests/unit/test_training_chain.py; the chain under a
 real Slurm: tests/e2e/test_training_slurm_chain.py)."""
+import json
 import os
 import subprocess
 import sys
 
-from megatron.checkpoint.store import FORMAT, META
+from megatron.checkpoint.store import META
+from tests.support.checkpoints import meta_json
 from tests.support.paths import ROOT
 from tests.support.chain import SEP, commit
 
@@ -36,11 +38,11 @@ def run_job(tmp_path, steps_after, extra_env=None, srun_rc=0):
     at each step in steps_after; returns (exit status, stderr)."""
     run = tmp_path / "run"
     commits = "".join(f"commit {s}\n" for s in steps_after)
-    meta = '{"format": "%s", "step": %d, "files": {"shards/a.pt": 3}}'
+    meta = json.dumps(meta_json(999, {"shards/a.pt": 3})).replace('"step": 999', '"step": %d')
     script = f"""set -euo pipefail
 commit() {{
   local d={run}/checkpoints/$(printf step_%07d "$1")
-  mkdir -p "$d/shards"; printf abc > "$d/shards/a.pt"; printf '{meta}' {FORMAT} "$1" > "$d/{META}"
+  mkdir -p "$d/shards"; printf abc > "$d/shards/a.pt"; printf '{meta}' "$1" > "$d/{META}"
 }}
 source {CHAIN_SH}
 megatron_chain_init tiny.yaml --set x=1

@@ -2,7 +2,9 @@
 separator of the stand-in squeue lines."""
 import json
 
-from megatron.checkpoint.store import FORMAT, META
+from megatron.checkpoint.store import META
+
+from tests.support.checkpoints import meta_json
 
 SEP = "\x1f"
 
@@ -13,4 +15,4 @@ def commit(run_dir, step, complete=True):
     files = {"shards/a.pt": 3}
     (folder / "shards").mkdir()
     (folder / "shards" / "a.pt").write_bytes(b"abc" if complete else b"ab")
-    (folder / META).write_text(json.dumps({"format": FORMAT, "step": step, "files": files}))
+    (folder / META).write_text(json.dumps(meta_json(step, files)))

@@ -26,14 +26,16 @@ BELOW: Dict[str, Set[str]] = {
     "model": {"config", "launch", "parallel", "kernels"},
     "checkpoint": {"config", "launch", "parallel", "kernels", "model", "data"},
     "engine": {"config", "launch", "parallel", "kernels", "model", "checkpoint"},
-    "planner": {"config", "launch", "engine"},
+    "planner": {"config", "launch", "engine", "checkpoint"},
     "training": {"config", "launch", "parallel", "kernels", "model", "data", "checkpoint",
                  "engine"},
     "cli": {"config", "launch", "parallel", "kernels", "model", "data", "checkpoint", "engine",
             "planner", "training"},
 }
-# The planner is torch-free: of the engine it may read only the modules that are torch-free too.
-PLANNER_MAY_READ = {"megatron.engine.deepspeed_json", "megatron.engine.optimizer_kind"}
+# The planner is torch-free: of the engine and the checkpoint package it may read only the modules
+# that are torch-free too (the run directory's owner and its records, for measured trials).
+PLANNER_MAY_READ = {"megatron.engine.deepspeed_json", "megatron.engine.optimizer_kind",
+                    "megatron.checkpoint.rundir", "megatron.checkpoint.records"}
 
 
 def imports(path: Path) -> Iterator[Tuple[str, int]]:
@@ -78,9 +80,10 @@ def test_packages_import_only_what_lies_below_them():
             if target not in BELOW.get(own, set()):
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {module}: '{own}' may "
                              f"import only {sorted(BELOW[own]) or 'nothing of megatron'}")
-            elif own == "planner" and target == "engine" and module not in PLANNER_MAY_READ:
+            elif (own == "planner" and target in ("engine", "checkpoint")
+                  and module not in PLANNER_MAY_READ):
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {module}: the planner "
-                             f"reads only {sorted(PLANNER_MAY_READ)} of the engine")
+                             f"reads only {sorted(PLANNER_MAY_READ)} of those packages")
     assert not wrong, "\n".join(wrong)
 
 
@@ -114,3 +117,18 @@ def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     with pytest.raises(AssertionError, match=r"config/bad.py:2 imports megatron.model"):
         test_packages_import_only_what_lies_below_them()
+
+
+def test_the_loop_reads_in_one_sitting():
+    """training/loop.py keeps train() and the loop (the components own their policies); no
+    function of the training package runs past 40 lines."""
+    loop = PACKAGE / "training" / "loop.py"
+    assert len(loop.read_text().splitlines()) <= 200, "training/loop.py grew past 200 lines"
+    long = []
+    for path in sorted((PACKAGE / "training").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 40:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines}")
+    assert not long, "functions over 40 lines:\n" + "\n".join(long)

@@ -12,6 +12,8 @@ from megatron.checkpoint.layout import check_model, find_resume, layout_record
 from megatron.checkpoint.rundir import check_run_dir
 from megatron.config import load_config
 from megatron.config.errors import ConfigError, InputError
+from megatron.checkpoint.records import CheckpointMeta
+from tests.support.checkpoints import meta_json
 
 
 def record(dp=1, **sets):
@@ -29,8 +31,7 @@ def committed(ckpt_dir, step, payload=b"weights", layout=None):
     store.write_json(os.path.join(staging, store.INDEX), {})
     files = {f"{store.SHARDS}/r.pt": len(payload), store.INDEX: 2}
     store.write_json(os.path.join(staging, store.META),
-                     {"format": store.FORMAT, "step": step, "files": files,
-                      "layout": layout or record()})
+                     meta_json(step, files, layout or record()))
     store.commit(staging, os.path.join(str(ckpt_dir), tag))
     return os.path.join(str(ckpt_dir), tag)
 
@@ -155,7 +156,7 @@ def test_a_save_over_a_skipped_folder_of_the_same_step_keeps_both(tmp_path):
     os.makedirs(os.path.join(staging, store.SHARDS))
     open(os.path.join(staging, "shards", "x.pt"), "wb").close()
     status, _ = _commit(staging, damaged, [(None, "shards/x.pt", 0, {})],
-                        {"layout": record(), "step": 10}, 0, str(ckpt))
+                        CheckpointMeta.from_json(meta_json(10, {}, record())), 0, str(ckpt))
     assert status == "ok"
-    assert store.validate(damaged)["step"] == 10
+    assert store.validate(damaged).step == 10
     assert any(".superseded-" in n for n in os.listdir(ckpt))

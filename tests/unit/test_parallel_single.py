@@ -83,5 +83,5 @@ def test_grid_matches_deepspeed_topology(tp, dp, pp):
     topo = topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
     for rank in range(tp * dp * pp):
         coord = topo.get_coord(rank)
-        assert grid_coords(rank, tp, dp, pp) == (coord.model, coord.data, coord.pipe)
+        assert grid_coords(rank, tp, dp, pp) == (coord.model, coord.pipe, coord.data)
         assert grid_rank(coord.model, coord.data, coord.pipe, tp, dp) == rank

@@ -13,9 +13,9 @@ def test_rank_sets_cover_each_axis_once():
         assert all(len(s) == size for s in sets), axes
         for s in sets:  # members differ only along the named axes
             coords = [grid_coords(r, tp, dp, pp) for r in s]
-            for i, name in enumerate("tdp"):
+            for name, field in (("t", "tp"), ("d", "dp"), ("p", "pp")):
                 if name not in axes:
-                    assert len({c[i] for c in coords}) == 1, (axes, s)
+                    assert len({getattr(c, field) for c in coords}) == 1, (axes, s)
 
 
 def test_tensor_parallel_groups_are_consecutive_ranks():

@@ -1,0 +1,305 @@
+"""The records a run writes and others read back, defined once: a checkpoint's meta.json and the
+lines of metrics.jsonl. Writers build these types; every reader (resume, conversion, the job
+chain, the planner's trials, benchmarks, tests) parses through them, so a key is named here and
+nowhere else (tests/unit/test_checkpoint_records.py holds that).
+
+Standard library only: the planner reads metrics on a login node without torch.
+
+meta.json (one per committed checkpoint, written last by rank 0):
+    format            "megatron-frontier/sharded-v1": the version of this record and the layout
+                      of the files beside it; a reader refuses one it does not know
+    step              the optimizer steps taken
+    consumed_samples  samples the data iterator has handed out (the data position)
+    layout            what wrote it: TP, PP, DP, ZeRO stage, padded and tokenizer vocabulary,
+                      and the model fields that decide a weight's shape (LayoutRecord)
+    saved_at          Unix time of the save
+    scheduler         the LR schedule's state_dict
+    adam_step         AdamW's step count
+    engine            DeepSpeed's counters (global_steps, global_samples, skipped_steps, the
+                      fp16 loss scaler)
+    files             every file of the checkpoint and its size in bytes
+
+metrics.jsonl (one JSON object per line, appended): StepRecord for each logged step,
+EvalRecord for evaluations, and one line per event (save, stop, diverged, spike, rollback)
+carrying "event". Non-finite numbers are written as null and named in "nonfinite"."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
+
+
+class RecordError(ValueError):
+    """A record that does not fit its definition; the message names the key."""
+
+
+def _check_keys(obj: Any, cls, what: str, optional: Tuple[str, ...] = ()) -> None:
+    if not isinstance(obj, dict):
+        raise RecordError(f"{what} is a {type(obj).__name__}, not a JSON object")
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in obj and n not in optional]
+    unknown = sorted(set(obj) - set(names))
+    if missing:
+        raise RecordError(f"{what} lacks the key(s) {', '.join(missing)}")
+    if unknown:
+        raise RecordError(f"{what} has unknown key(s) {', '.join(unknown)} (written by another "
+                          "version of megatron-frontier?)")
+
+
+# --- the checkpoint record --------------------------------------------------------------------
+
+FORMAT = "megatron-frontier/sharded-v1"
+FORMATS = (FORMAT,)  # every version this code reads
+
+
+@dataclass(frozen=True)
+class LayoutRecord:
+    """The layout that wrote a checkpoint and the model it holds: on resume the model must match,
+    the layout may change."""
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    zero_stage: int
+    padded_vocab_size: int
+    vocab_size: int
+    model: Dict[str, Any]  # checkpoint.layout.SHAPE_FIELDS by name
+
+    def text(self) -> str:
+        return (f"TP{self.tensor_parallel_size} PP{self.pipeline_parallel_size} "
+                f"DP{self.data_parallel_size} ZeRO-{self.zero_stage}")
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "LayoutRecord":
+        _check_keys(obj, cls, "its layout")
+        return cls(**obj)
+
+
+@dataclass(frozen=True)
+class OptimizerRecord:
+    """The engine's part of a checkpoint beside the tensors: the same on every rank."""
+    scheduler: Dict[str, Any]
+    adam_step: int
+    engine: Dict[str, Any]  # DeepSpeed's counters (engine/state.py)
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    step: int
+    consumed_samples: int
+    layout: LayoutRecord
+    saved_at: float
+    optimizer: OptimizerRecord
+    files: Dict[str, int] = field(default_factory=dict)
+    format: str = FORMAT
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {"format": self.format, "step": self.step, "consumed_samples": self.consumed_samples,
+               "layout": dataclasses.asdict(self.layout), "saved_at": self.saved_at,
+               "files": dict(self.files)}
+        out.update(dataclasses.asdict(self.optimizer))  # flat on disk, as v1 was written
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "CheckpointMeta":
+        """Raises RecordError naming the key that is missing or unknown."""
+        if not isinstance(obj, dict):
+            raise RecordError("it is not a JSON object")
+        fmt = obj.get("format")
+        if fmt not in FORMATS:
+            raise RecordError(f"its format is {fmt!r}; this version of megatron-frontier reads "
+                              f"{', '.join(FORMATS)}")
+        opt_keys = [f.name for f in dataclasses.fields(OptimizerRecord)]
+        top = {k: v for k, v in obj.items() if k not in opt_keys}
+        top["optimizer"] = None
+        _check_keys(top, cls, "it")
+        missing = [k for k in opt_keys if k not in obj]
+        if missing:
+            raise RecordError(f"it lacks the key(s) {', '.join(missing)}")
+        return cls(step=int(obj["step"]), consumed_samples=int(obj["consumed_samples"]),
+                   layout=LayoutRecord.from_json(obj["layout"]), saved_at=float(obj["saved_at"]),
+                   optimizer=OptimizerRecord(obj["scheduler"], int(obj["adam_step"]),
+                                             obj["engine"]),
+                   files={str(k): int(v) for k, v in obj["files"].items()}, format=fmt)
+
+    def size_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+# --- metrics.jsonl ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StartupRecord:
+    """Where the time from this rank's launch to its first step went (launch/startup.py)."""
+    total_s: float
+    phases: Dict[str, float]  # in order, seconds each
+    first_step_at: float      # Unix time the first step began
+    first_step_s: float       # how long it took
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "the startup record") -> "StartupRecord":
+        _check_keys(obj, cls, where)
+        return cls(**obj)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One logged training step."""
+    step: int
+    loss: Optional[float]
+    lr: float
+    grad_norm: Optional[float]
+    tokens_per_sec: float
+    tflops_per_gpu: float
+    mfu: Optional[float]      # None when the device's peak is unknown
+    mem_gb: float             # peak device memory; the process's peak RSS on the CPU
+    loss_scale: Optional[float]  # fp16 only
+    skipped: bool             # the optimizer skipped the update (fp16 overflow)
+    step_time_s: float
+    startup: Optional[StartupRecord] = None  # the first line written only
+    nonfinite: Optional[List[str]] = None
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    step: int
+    split: str  # "valid" during training, "test" once after it
+    loss: Optional[float]
+    nonfinite: Optional[List[str]] = None
+
+
+@dataclass(frozen=True)
+class SaveEvent:
+    step: int
+    seconds: float
+    gb: float
+    gb_per_s: Optional[float]
+    event: str = "save"
+
+
+@dataclass(frozen=True)
+class StopEvent:
+    """The run stops before training.train_iters with a checkpoint (reason: deadline)."""
+    step: int
+    reason: str
+    event: str = "stop"
+
+
+@dataclass(frozen=True)
+class DivergedEvent:
+    step: int
+    reason: str
+    event: str = "diverged"
+
+
+@dataclass(frozen=True)
+class SpikeEvent:
+    step: int
+    reason: str
+    event: str = "spike"
+
+
+@dataclass(frozen=True)
+class RollbackEvent:
+    step: int
+    to_step: int
+    reason: str
+    event: str = "rollback"
+
+
+EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
+                                                SpikeEvent, RollbackEvent)}
+MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
+                      RollbackEvent]
+_OPTIONAL = ("startup", "nonfinite")
+
+
+def record_json(record: MetricsRecord) -> Dict[str, Any]:
+    """The line's object (before strict-JSON cleaning): an event's kind first, optional keys
+    only when set."""
+    obj = {k: v for k, v in dataclasses.asdict(record).items()
+           if not (k in _OPTIONAL and v is None)}
+    if "event" in obj:
+        obj = {"event": obj.pop("event"), **obj}
+    return obj
+
+
+def is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def strict_json_record(record: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """The record with NaN and +-infinity replaced by None, and the keys replaced (dotted for
+    nested dicts). Python's json writes NaN/Infinity, which strict readers (jq, JavaScript,
+    most JSON libraries) reject; one bad step must not make the whole file unreadable."""
+    nonfinite: List[str] = []
+
+    def clean(value, key):
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if not is_number(value):
+            return value
+        if isinstance(value, numbers.Integral):
+            return int(value)  # numpy scalars are not JSON-serializable
+        if not math.isfinite(value):
+            nonfinite.append(key)
+            return None
+        return float(value)
+
+    line = clean(record, "")
+    if nonfinite:
+        line["nonfinite"] = nonfinite
+    return line, nonfinite
+
+
+def parse_metrics_line(obj: Any, where: str = "a metrics line") -> MetricsRecord:
+    """The record of one line. Step and evaluation lines of older versions may lack keys added
+    since (step_time_s, ...): those read as None. An unknown key or event is an error naming
+    `where`."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"{where} is not a JSON object")
+    if "event" in obj:
+        cls = EVENTS.get(obj["event"])
+        if cls is None:
+            raise RecordError(f"{where}: unknown event {obj['event']!r}; known: "
+                              f"{', '.join(EVENTS)}")
+        _check_keys(obj, cls, where)
+        return cls(**obj)
+    cls = EvalRecord if "split" in obj else StepRecord
+    names = [f.name for f in dataclasses.fields(cls)]
+    _check_keys(obj, cls, where, optional=tuple(n for n in names if n != "step"))
+    values = {n: obj.get(n) for n in names}
+    if values.get("startup") is not None:
+        values["startup"] = StartupRecord.from_json(values["startup"], f"{where}: startup")
+    return cls(**values)
+
+
+def read_metrics(path: str) -> List[MetricsRecord]:
+    """Every line of a metrics.jsonl; RecordError naming the file and line for a bad one. A
+    last line cut short (the run was killed while writing it) is left out."""
+    out: List[MetricsRecord] = []
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for i, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            if i == len(lines):  # no newline after it: a partial last line
+                break
+            raise RecordError(f"{path}:{i} is not JSON ({e})") from None
+        out.append(parse_metrics_line(obj, f"{path}:{i}"))
+    return out
+
+
+def steps(records: List[MetricsRecord]) -> List[StepRecord]:
+    return [r for r in records if isinstance(r, StepRecord)]
+
+
+def events(records: List[MetricsRecord], kind: str) -> list:
+    return [r for r in records if getattr(r, "event", None) == kind]
