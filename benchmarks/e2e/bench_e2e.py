@@ -43,6 +43,8 @@ import torch  # noqa: E402
 
 import e2e_plan  # noqa: E402
 import e2e_report  # noqa: E402
+from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
+from megatron.checkpoint.rundir import RunDir  # noqa: E402
 from megatron.config import ModelConfig  # noqa: E402
 from megatron.data.vocab import padded_vocab_size  # noqa: E402
 from megatron.launch.device import lookup_peak  # noqa: E402
@@ -110,14 +112,13 @@ def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: fl
     cmd = [sys.executable, "-m", "megatron.cli.train",
            *megatron_overrides(shape, kernels, iters, str(run_dir))]
     error = _run(cmd, timeout, log_path)
-    metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-    rows = [r for r in rows if "split" not in r]
+    metrics = RunDir(str(run_dir)).metrics
+    rows = steps(read_metrics(metrics)) if os.path.exists(metrics) else []
     text = log_path.read_text(errors="replace")
     backend = re.search(r"attention=(\w+)\)", text)
     params = re.search(r"training (\d+) parameters", text)
-    return {"step_times": [r["step_time_s"] for r in rows], "losses": [r["loss"] for r in rows],
-            "peak_mem_gb": max((r["mem_gb"] for r in rows), default=None),
+    return {"step_times": [r.step_time_s for r in rows], "losses": [r.loss for r in rows],
+            "peak_mem_gb": max((r.mem_gb for r in rows), default=None),
             "attention": backend.group(1) if backend else None,
             "parameters": int(params.group(1)) if params else None,
             "precision_policy": "DeepSpeed bf16 + ZeRO-1: bf16 weights and gradients, fp32 master "

@@ -57,6 +57,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import facts  # noqa: E402
+from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
+from megatron.checkpoint.rundir import RunDir  # noqa: E402
 import report  # noqa: E402
 
 PROGRAMS = ("megatron", "plain", "hf")
@@ -313,10 +315,11 @@ def _startup_once(work: Path, tag: str, ranks: int, variant: str, timeout: float
             cmd += ["--set", "parallel.tensor_parallel_size=2",
                     "--set", "parallel.pipeline_parallel_size=2"]
         info = _run(cmd, work / f"{tag}{suffix}.log", timeout)
-        startup = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["startup"]
-        return {"launch_to_first_step_s": startup["first_step_at"] - info.pop("launched_at"),
-                "rank0_process_to_first_step_s": startup["total_s"],
-                "phases": startup["phases"], "first_step_s": startup["first_step_s"],
+        first = steps(read_metrics(RunDir(str(run_dir)).metrics))[0]
+        startup = first.startup
+        return {"launch_to_first_step_s": startup.first_step_at - info.pop("launched_at"),
+                "rank0_process_to_first_step_s": startup.total_s,
+                "phases": startup.phases, "first_step_s": startup.first_step_s,
                 "quiet": info}
     return _attempts(tag, launch)
 

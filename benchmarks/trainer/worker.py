@@ -100,9 +100,9 @@ def run_megatron(args) -> dict:
     if prof is not None:
         step = loop._Loop._train_step
 
-        def stepped(self, batches):
+        def stepped(self):
             prof.step()
-            return step(self, batches)
+            return step(self)
         loop._Loop._train_step = stepped
     summary = loop.train(cfg)
     _write_profile(prof, args.profile, rank)
@@ -114,9 +114,10 @@ def run_megatron(args) -> dict:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    return {"iteration_times": summary.iteration_times,
-            "iteration_cpu_times": summary.iteration_cpu_times, "losses": summary.losses,
-            "startup": summary.startup, "first_step_at": summary.startup.get("first_step_at"),
+    timing = summary.timing
+    return {"iteration_times": timing.iteration_s,
+            "iteration_cpu_times": timing.iteration_cpu_s, "losses": summary.losses,
+            "startup": timing.startup, "first_step_at": timing.startup.get("first_step_at"),
             "tokens_per_step": cfg.training.global_batch_size * cfg.model.seq_length,
             "layout": layout, "rank": rank}
 

@@ -8,6 +8,7 @@ import sys
 from megatron.cli.common import entry_point, setup_logging
 from megatron.config import load_config, validate_for_world
 from megatron.launch.env import discover
+from megatron.launch.startup import StartupTimer
 
 EPILOG = """examples:
   # one process on the CPU, the tiny reference model on synthetic tokens
@@ -50,6 +51,8 @@ def parse_args(argv=None):
 
 @entry_point("megatron-train")
 def main(argv=None) -> int:
+    timer = StartupTimer()  # from this process's launch
+    timer.mark("python and CLI")
     args = parse_args(argv)
     launch = discover()
     setup_logging(launch.rank)
@@ -60,23 +63,15 @@ def main(argv=None) -> int:
     # The layout checks again here, before torch is imported or a process group joined, so a
     # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
     validate_for_world(cfg, launch.world_size)
-    from megatron.training.loop import train
-    summary = train(cfg)
-    _leave_process_group()
+    from megatron.training.loop import train  # torch, DeepSpeed's dependencies, the model
+    from megatron.launch.device import leave_distributed
+    timer.mark("imports")
+    summary = train(cfg, startup=timer)
+    leave_distributed()
     logging.getLogger("megatron.train").info(
         "done: %d steps, final loss %.4f, run directory %s", summary.steps,
         summary.losses[-1] if summary.losses else float("nan"), summary.run_dir)
     return 0
-
-
-def _leave_process_group() -> None:
-    """Tears the process group down before the interpreter exits: left to exit-time destructors,
-    a gloo rank can abort ("terminate called without an active exception") after a run that
-    succeeded, and the launcher then reports a failure."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

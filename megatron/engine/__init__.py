@@ -1,7 +1,8 @@
 """The DeepSpeed adapter: the only package that imports deepspeed or knows its internals.
 
-    engine.py         Engine: deepspeed.initialize around our model; train/eval steps; the
-                      training state for checkpoints
+    engine.py         Engine: deepspeed.initialize around the module it is given (built by
+                      training/startup.py); train/eval steps; the training state for
+                      checkpoints
     model.py          how DeepSpeed sees the model: pipeline layer specs, tensor-parallel markers
     state.py          where DeepSpeed's optimizers keep master weights and Adam moments
     optimizer.py      the torch AdamW and LR schedule handed to DeepSpeed

@@ -1,7 +1,8 @@
-"""Imports deepspeed (with the Muon stand-ins below) and builds the DeepSpeed engine (plain for
-PP=1, the PipelineEngine for PP>1) around our model, with a torch optimizer and our LR schedule,
-and exposes a small interface to the loop: train_step, eval_step, and the training state for
-checkpoints (state.py says where DeepSpeed keeps it; model.py how DeepSpeed sees the model).
+"""Imports deepspeed (with the Muon stand-ins below) and wraps the model it is given in the
+DeepSpeed engine (plain for PP=1, the PipelineEngine for PP>1), with a torch optimizer and our LR
+schedule, and exposes a small interface to the loop: train_step, eval_step, and the training
+state for checkpoints (state.py says where DeepSpeed keeps it; model.py how DeepSpeed sees the
+model). The model is built before, by whoever trains (training/startup.py).
 
 No run-time compilation: DeepSpeed's own Adam and its CPU shared-memory collective op would both
 JIT-compile C++ at run time, so we hand DeepSpeed a torch AdamW and switch the shm op off."""
@@ -12,18 +13,18 @@ import logging
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from megatron.checkpoint.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.engine import state as engine_state
-from megatron.engine.deepspeed_json import deepspeed_config
-from megatron.engine.model import mark_tensor_parallel, pipeline_module
+from megatron.engine.model import mark_tensor_parallel
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
-from megatron.model import GPTModel, build_context, pipeline_layers
 from megatron.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -90,49 +91,44 @@ class StepResult:
     skipped: bool
 
 
+def join_deepspeed():
+    """Imports deepspeed (with the stand-ins above) and hands it our process group; before any
+    DeepSpeed object is built (the pipeline module among them). Returns the module."""
+    deepspeed = _import_deepspeed()
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+    return deepspeed
+
+
+def wrappable(module: nn.Module) -> None:
+    """What DeepSpeed needs on a model before it wraps it: the TP markers (model.py)."""
+    mark_tensor_parallel(module)
+
+
 class Engine:
-    def __init__(self, cfg, state: ParallelState, vocab_size: int, device: torch.device,
-                 dp_size: int, init_text_vocab: Optional[int] = None, startup=None):
-        """init_text_vocab: set to the tokenizer's vocabulary to copy training.init_from into
-        the model before DeepSpeed wraps it (None: keep the seeded initialisation).
-        startup: a launch.startup.StartupTimer that gets a mark per phase, or None."""
-        mark = startup.mark if startup is not None else (lambda name: None)
+    def __init__(self, module: nn.Module, layer_names: List[str], state: ParallelState,
+                 device: torch.device, ds_config: Dict[str, Any], optimizer_cfg,
+                 train_iters: int, mark: Optional[Callable[[str], None]] = None):
+        """Wraps `module` (a GPTModel, or for PP > 1 the PipelineModule of
+        training.startup.build_model) in DeepSpeed with a torch AdamW and our LR schedule.
+        layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1).
+        ds_config: the generated deepspeed.json (engine.deepspeed_json), the one the run files
+        also write. mark: called with the name of each phase as it ends (start-up timing)."""
+        mark = mark or (lambda name: None)
         deepspeed = _import_deepspeed()
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-        mark("deepspeed import")
-        self.cfg, self.state, self.device = cfg, state, device
+        self.state, self.device, self.module = state, device, module
         self.pipeline = state.pp > 1
-        self.ds_config = deepspeed_config(cfg, dp_size, device.type)
-        self.gas = self.ds_config["gradient_accumulation_steps"]
-        ctx = build_context(cfg, state, vocab_size, device)
-        self.backend, self.tracker = ctx.backend, ctx.tracker
-        # Each pipeline layer's GPTModel name prefix (PP=1: the GPTModel names its own).
-        self._prefixes = []
-        if self.pipeline:
-            layers = pipeline_layers(cfg.model, ctx)
-            self._prefixes = [layer.name for layer in layers]
-            # DeepSpeed broadcasts the tied embedding in place while building the module (and
-            # again when loading): under no_grad that copy stays out of the autograd graph.
-            with torch.no_grad():
-                model = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
-        else:
-            model = GPTModel(cfg.model, ctx)
-        mark_tensor_parallel(model)
-        self.module = model
-        mark("model build")
-        if init_text_vocab is not None:
-            from megatron.checkpoint.init_from import load_initial_weights
-            load_initial_weights(self.named_parameters(), cfg, state, vocab_size,
-                                 init_text_vocab)
-            mark("init_from")
-        self.optimizer = build_optimizer(model, cfg.optimizer, device)
-        self.scheduler = WarmupDecayLR(self.optimizer, cfg.optimizer, cfg.training.train_iters)
+        self.ds_config = ds_config
+        self.gas = ds_config["gradient_accumulation_steps"]
+        self.fp16 = ds_config.get("fp16", {}).get("enabled", False)
+        self._prefixes = list(layer_names)
+        self.optimizer = build_optimizer(module, optimizer_cfg, device)
+        self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, train_iters)
         mark("optimizer")
         kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
-            config=self.ds_config, dist_init_required=False, **kwargs)
-        if dp_size == 1 and cfg.parallel.zero_stage == 0:
+            model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+            config=ds_config, dist_init_required=False, **kwargs)
+        if state.dp == 1 and ds_config["zero_optimization"]["stage"] == 0:
             # Averaging gradients over a data-parallel group of one rank changes nothing, but
             # DeepSpeed still copies them all into one flat buffer, all-reduces it and copies
             # them back: 2% of a step of issue 15's model. (ZeRO's reductions also fill the
@@ -174,7 +170,7 @@ class Engine:
                           self.engine.skipped_steps > skipped_before)
 
     def _loss_scale(self) -> Optional[float]:
-        if self.cfg.training.precision != "fp16":
+        if not self.fp16:
             return None
         opt = self.engine.optimizer
         scale = getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None)
@@ -192,21 +188,26 @@ class Engine:
 
     def named_parameters(self):
         """This rank's parameters under their GPTModel (TP=1, PP=1) names."""
-        return list(engine_state.global_named_parameters(self.module, self._prefixes))
+        return named_parameters(self.module, self._prefixes)
 
     def checkpoint_state(self, rng: Optional[dict]) -> RankState:
         """What this rank owns of the training state, as the checkpoint code reads and fills it."""
-        coords = (self.state.tp_rank, self.state.pp_rank, self.state.dp_rank)
-        return engine_state.rank_state(self.engine, self.named_parameters(), coords, rng)
+        return engine_state.rank_state(self.engine, self.named_parameters(), self.state.coord,
+                                       rng)
 
-    def checkpoint_meta(self) -> Dict[str, Any]:
+    def checkpoint_meta(self) -> OptimizerRecord:
         """The schedule, Adam's step and DeepSpeed's counters (the same on every rank)."""
-        return {"scheduler": self.scheduler.state_dict(),
-                "adam_step": engine_state.adam_step(self.engine),
-                "engine": engine_state.counters(self.engine)}
+        return OptimizerRecord(self.scheduler.state_dict(), engine_state.adam_step(self.engine),
+                               engine_state.counters(self.engine))
 
-    def restore_meta(self, meta: Dict[str, Any]) -> None:
+    def restore_meta(self, meta: OptimizerRecord) -> None:
         """After checkpoint.sharded.load has filled the tensors: the rest of checkpoint_meta."""
-        self.scheduler.load_state_dict(meta["scheduler"])
-        engine_state.set_adam_step(self.engine, int(meta["adam_step"]))
-        engine_state.set_counters(self.engine, meta.get("engine", {}))
+        self.scheduler.load_state_dict(meta.scheduler)
+        engine_state.set_adam_step(self.engine, meta.adam_step)
+        engine_state.set_counters(self.engine, meta.engine)
+
+
+def named_parameters(module: nn.Module, layer_names: List[str]):
+    """A module's parameters under their GPTModel (TP=1, PP=1) names, before or after DeepSpeed
+    wrapped it (layer_names as for Engine)."""
+    return list(engine_state.global_named_parameters(module, layer_names))

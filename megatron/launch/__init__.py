@@ -9,6 +9,7 @@ import importlib
 _EXPORTS = {
     "LaunchEnv": "env", "discover": "env", "expand_nodelist": "env",
     "DeviceInfo": "device", "detect_device": "device", "init_distributed": "device",
+    "leave_distributed": "device",
     "check_network": "preflight", "follow_launcher": "lifetime",
 }
 

@@ -128,3 +128,14 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
         kwargs["store"] = dist.HashStore()
     dist.init_process_group(device.backend, rank=launch.rank, world_size=launch.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
+def leave_distributed() -> None:
+    """Leaves the process group init_distributed joined, before the interpreter exits: left to
+    exit-time destructors, a gloo rank can abort ("terminate called without an active
+    exception") after a run that succeeded, and the launcher then reports a failure. The group
+    is joined once per process (a process may train several runs in it), so the one who ends the
+    process leaves it."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -6,7 +6,7 @@ A chain stops when the run is finished, when a job left the newest complete chec
 found it (no progress: a job that fails at start, a run directory locked by another run, a time
 limit too short for one save), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. Progress is the step of
 the newest checkpoint that validates, the same one the next job would continue from
-(megatron.checkpoint.store), so a job that trained steps it could not commit made none.
+(megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it could not commit made none.
 
 examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
 
@@ -22,13 +22,12 @@ lives with the loop in megatron.training; nothing here prints or exits."""
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from megatron.checkpoint.store import newest_complete
+from megatron.checkpoint.rundir import RunDir
 from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -52,8 +51,8 @@ class Progress:
 
 
 def progress(run_dir: str, train_iters: int) -> Progress:
-    found, skipped = newest_complete(os.path.join(run_dir, "checkpoints"))
-    return Progress(run_dir, found.step if found else 0, train_iters, tuple(skipped))
+    c = RunDir(run_dir).continuation()
+    return Progress(run_dir, c.step, train_iters, c.skipped)
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ def _measure_case(rank, zero, precision, tp, pp):
     import torch
     from megatron.config import load_config
     from megatron.data import build_iterators
+    from megatron.engine.deepspeed_json import deepspeed_config
     from megatron.parallel.state import ParallelState
-    from megatron.engine.engine import Engine
+    from megatron.training.startup import build_model, wrap
 
     cfg = load_config("examples/local/tiny.yaml", [
         f"parallel.zero_stage={zero}", f"training.precision={precision}",
@@ -53,7 +54,9 @@ def _measure_case(rank, zero, precision, tp, pp):
         "training.global_batch_size=8", "training.micro_batch_size=2"])
     state = ParallelState.build(tp, pp)
     dp = 2 // (tp * pp)
-    engine = Engine(cfg, state, padded_vocab(512, 128, tp), torch.device("cpu"), dp)
+    device = torch.device("cpu")
+    model = build_model(cfg, state, padded_vocab(512, 128, tp), device)
+    engine = wrap(cfg, model, state, device, deepspeed_config(cfg, dp, device.type))
     params = list(engine.module.parameters())
     weights = sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel())
                   * p.element_size() for p in params)

@@ -67,7 +67,7 @@ def _resumed(run_dir, overrides):
                                                  "training.save=true"]))
     second = train(load_config(TINY, overrides + [f"run.dir={run_dir}", "training.load=auto"]))
     assert first.steps == 5 and second.steps == 10, (first.steps, second.steps)
-    return first.losses + second.losses, first.step_times + second.step_times
+    return first.losses + second.losses, first.timing.step_s + second.timing.step_s
 
 
 def main() -> int:
@@ -90,7 +90,7 @@ def main() -> int:
                 cfg = load_config(TINY, COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
                                   + [f"run.dir={run_dir}"])
                 summary = train(cfg)
-                losses, times = summary.losses, summary.step_times
+                losses, times = summary.losses, summary.timing.step_s
             results.setdefault(layout, {})[flavour] = {
                 "losses": losses, "seconds": time.perf_counter() - t0,
                 "step_time_s": sorted(times)[len(times) // 2]}

@@ -1,0 +1,195 @@
+"""A run's start-up, in the order it happens: where this process sits and on which device, the
+checks that must fail on every rank alike before any rendezvous, the process group, the run
+directory (its check and lock, and the checkpoint that continues it), the parallel groups, the
+model (and training.init_from), then the engine that wraps it. Each phase gets a mark on the
+start-up timer (launch/startup.py), which the first metrics line carries.
+
+Data flows one way: config -> model -> engine; the loop gets a Job and nothing here is read back
+from the engine."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from megatron.checkpoint.layout import Resume, check_model, find_resume, layout_record
+from megatron.checkpoint.records import LayoutRecord
+from megatron.checkpoint.rundir import RunDir, RunLock
+from megatron.config import Config, ConfigError, validate_for_world
+from megatron.config.validate import check_device
+from megatron.data import tokenizer_vocab_size
+from megatron.data.vocab import padded_vocab_size
+from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.engine.engine import Engine, join_deepspeed, named_parameters, wrappable
+from megatron.engine.model import pipeline_module
+from megatron.launch import detect_device, discover, init_distributed
+from megatron.launch.startup import StartupTimer
+from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
+from megatron.parallel.agree import rank0_decides
+from megatron.parallel.state import ParallelState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuiltModel:
+    """The model before an engine wraps it, and the context its modules share (the attention
+    backend, the kernels, the dropout random streams)."""
+    ctx: ModelContext
+    module: nn.Module   # GPTModel (PP=1) or DeepSpeed's PipelineModule of this stage
+    layer_names: List[str]  # each pipeline layer's GPTModel name prefix; [] for PP=1
+
+    def named_parameters(self):
+        return named_parameters(self.module, self.layer_names)
+
+
+@dataclass
+class Job:
+    """What start() sets up for the loop."""
+    launch: Any
+    device_info: Any
+    state: ParallelState
+    run: RunDir
+    text_vocab: int  # the tokenizer's vocabulary
+    vocab: int       # the model's, padded for TP
+    layout: LayoutRecord  # written into each checkpoint
+    resume: Optional[Resume]  # the checkpoint to continue from, if any
+    model: BuiltModel
+    ds_config: Dict[str, Any]  # deepspeed.json
+    engine: Engine
+    lock: Optional[RunLock]  # rank 0's hold on run.dir
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_info.device
+
+    @property
+    def dp(self) -> int:
+        return self.state.dp
+
+
+def start(cfg: Config, timer: StartupTimer) -> Job:
+    """Joins the job and builds model and engine; `timer` gets a mark per phase."""
+    launch = discover()
+    device_info = detect_device(launch.local_rank)
+    dp = _check_before_joining(cfg, launch.world_size, device_info.device.type)
+    timer.mark("device")
+    text_vocab = tokenizer_vocab_size(cfg)
+    vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by,
+                              cfg.parallel.tensor_parallel_size)
+    layout = layout_record(cfg, dp, vocab, text_vocab)
+    timer.mark("tokenizer")
+    init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
+    timer.mark("process group")
+    run = RunDir(cfg.run.dir)
+    lock = _claim(run, launch.rank)
+    try:
+        resume = _agreed_resume(cfg, layout)
+        timer.mark("run directory")
+        state = ParallelState.build(cfg.parallel.tensor_parallel_size,
+                                    cfg.parallel.pipeline_parallel_size,
+                                    timedelta(minutes=cfg.parallel.timeout_minutes))
+        timer.mark("parallel groups")
+        ds_config = deepspeed_config(cfg, dp, device_info.device.type)
+        model = build_model(cfg, state, vocab, device_info.device, timer)
+        _init_from(cfg, model, state, vocab, text_vocab, resume, timer)
+        engine = wrap(cfg, model, state, device_info.device, ds_config, timer)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
+    log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
+             engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
+    return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
+               ds_config, engine, lock)
+
+
+def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
+    """A bad layout or input must fail fast on every rank, not leave some ranks waiting in a
+    rendezvous. Returns the data-parallel size."""
+    dp = validate_for_world(cfg, world)
+    check_device(cfg, device_type)
+    if cfg.training.init_from is not None and not os.path.isfile(cfg.training.init_from):
+        raise ConfigError("training.init_from", cfg.training.init_from,
+                          "an existing single-file model", "write one with megatron-convert "
+                          "to-single --run-dir <run> --output <file>")
+    return dp
+
+
+def _claim(run: RunDir, rank: int) -> Optional[RunLock]:
+    """Rank 0 checks run.dir and takes its lock before anything is written there."""
+    lock = run.lock() if rank == 0 else None
+
+    def claim():
+        run.check()
+        lock.acquire()
+    rank0_decides(claim)
+    return lock
+
+
+def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
+    """The checkpoint every rank continues from, chosen once by rank 0."""
+    def choose():
+        resume = find_resume(cfg)
+        if resume is not None:
+            check_model(resume, layout)
+        return resume
+    return rank0_decides(choose)
+
+
+def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.device,
+                timer: Optional[StartupTimer] = None) -> BuiltModel:
+    """This rank's part of the model: the whole GPTModel for PP=1, else DeepSpeed's pipeline
+    module of this stage over model.pipeline_layers (DeepSpeed builds only the local layers)."""
+    mark = timer.mark if timer is not None else (lambda name: None)
+    join_deepspeed()
+    mark("deepspeed import")
+    ctx = build_context(cfg, state, vocab, device)
+    names: List[str] = []
+    if state.pp > 1:
+        layers = pipeline_layers(cfg.model, ctx)
+        names = [layer.name for layer in layers]
+        # DeepSpeed broadcasts the tied embedding in place while building the module (and
+        # again when loading): under no_grad that copy stays out of the autograd graph.
+        with torch.no_grad():
+            module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
+    else:
+        module = GPTModel(cfg.model, ctx)
+    wrappable(module)
+    mark("model build")
+    return BuiltModel(ctx, module, names)
+
+
+def _init_from(cfg: Config, model: BuiltModel, state: ParallelState, vocab: int,
+               text_vocab: int, resume: Optional[Resume], timer: StartupTimer) -> None:
+    """training.init_from's weights into the model before an engine wraps it, so the
+    optimizer's fp32 masters start from them; not when the run resumes its own checkpoint."""
+    path = cfg.training.init_from
+    if path is None:
+        return
+    if resume is not None:
+        log.info("training.init_from=%s is not used: this run resumes from its checkpoint", path)
+        return
+    from megatron.checkpoint.init_from import load_initial_weights
+    load_initial_weights(model.named_parameters(), cfg, state, vocab, text_vocab)
+    timer.mark("init_from")
+
+
+def wrap(cfg: Config, model: BuiltModel, state: ParallelState, device: torch.device,
+         ds_config: Dict[str, Any], timer: Optional[StartupTimer] = None) -> Engine:
+    """The engine around the model, with the optimizer settings and deepspeed.json."""
+    return Engine(model.module, model.layer_names, state, device, ds_config, cfg.optimizer,
+                  cfg.training.train_iters, timer.mark if timer is not None else None)
+
+
+def write_run_files(job: Job, cfg: Config) -> None:
+    """config.yaml (the file to resume with) is replaced only once the run has started: a start
+    that fails leaves the previous one in place. Rank 0 only."""
+    if job.launch.rank == 0:
+        job.run.write_run_files(cfg.to_yaml(), json.dumps(job.ds_config, indent=2))
