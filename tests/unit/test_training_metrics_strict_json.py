@@ -1,10 +1,15 @@
 """metrics.jsonl stays strict JSON when a step diverges: NaN/Infinity become null and are named
-in "nonfinite"; TensorBoard still receives the true values."""
+in "nonfinite"; TensorBoard still receives the true values; and what the writer wrote reads back
+as the same records (checkpoint/records.py)."""
 import json
 import math
 
 import numpy as np
 
+from megatron.checkpoint.records import (EvalRecord, SaveEvent, StartupRecord, StepRecord,
+                                         read_metrics,
+                                         strict_json_record)
+from megatron.checkpoint.rundir import RunDir
 from megatron.training.metrics import MetricsWriter
 
 
@@ -31,36 +36,55 @@ def _lines(tmp_path):
         return [_strict_loads(line) for line in f]
 
 
+def step(n, **values):
+    base = dict(step=n, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_sec=100.0,
+                tflops_per_gpu=1.0, mfu=None, mem_gb=0.1, loss_scale=None, skipped=False,
+                step_time_s=0.2)
+    return StepRecord(**{**base, **values})
+
+
 def test_nonfinite_values_are_null_and_named(tmp_path):
-    w = MetricsWriter(str(tmp_path), tensorboard=False)
-    w.write({"step": 1, "loss": 2.5, "grad_norm": 0.5, "mfu": None, "skipped": False})
-    w.write({"step": 2, "loss": float("nan"), "grad_norm": float("inf"),
-             "lr": -float("inf"), "mfu": None, "skipped": True})
-    w.write({"step": 3, "split": "valid", "loss": np.float32("nan")})
+    w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
+    w.write(step(1))
+    w.write(step(2, loss=float("nan"), grad_norm=float("inf"), lr=-float("inf"), skipped=True))
+    w.write(EvalRecord(3, "valid", np.float32("nan")))
     w.close()
     first, second, valid = _lines(tmp_path)
-    assert first == {"step": 1, "loss": 2.5, "grad_norm": 0.5, "mfu": None, "skipped": False}
-    assert "nonfinite" not in first  # ordinary lines are unchanged
+    assert first["loss"] == 2.5 and first["grad_norm"] == 0.5 and first["mfu"] is None
+    assert "nonfinite" not in first and "startup" not in first  # ordinary lines are unchanged
     assert second["loss"] is None and second["grad_norm"] is None and second["lr"] is None
-    assert second["nonfinite"] == ["loss", "grad_norm", "lr"]
+    assert second["nonfinite"] == ["loss", "lr", "grad_norm"]
     assert second["mfu"] is None and second["skipped"] is True
     assert valid == {"step": 3, "split": "valid", "loss": None, "nonfinite": ["loss"]}
 
 
-def test_numpy_scalars_and_nested_values(tmp_path):
-    w = MetricsWriter(str(tmp_path), tensorboard=False)
-    w.write({"step": np.int64(4), "loss": np.float32(1.5), "extra": {"a": float("nan")}})
+def test_what_the_writer_wrote_reads_back_as_the_same_records(tmp_path):
+    w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
+    written = [step(1, startup=StartupRecord(1.0, {"imports": 0.5}, 5.0, 0.25)),
+               EvalRecord(1, "valid", 2.0),
+               SaveEvent(1, 0.5, 0.01, 0.02)]
+    for record in written:
+        w.write(record)
     w.close()
-    (line,) = _lines(tmp_path)
+    assert read_metrics(str(tmp_path / "metrics.jsonl")) == written
+    assert _lines(tmp_path)[2]["event"] == "save"
+
+
+def test_numpy_scalars_and_nested_values():
+    line, nonfinite = strict_json_record({"step": np.int64(4), "loss": np.float32(1.5),
+                                          "extra": {"a": float("nan")}})
+    assert json.dumps(line) and type(line["step"]) is int
     assert line == {"step": 4, "loss": 1.5, "extra": {"a": None}, "nonfinite": ["extra.a"]}
+    assert nonfinite == ["extra.a"]
 
 
 def test_tensorboard_gets_the_true_values(tmp_path):
-    w = MetricsWriter(str(tmp_path), tensorboard=False)
-    w.tb = _FakeTB()
-    w.write({"step": 7, "loss": float("nan"), "grad_norm": 1.0, "mfu": None, "skipped": True})
+    w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
+    tb = w.tb = _FakeTB()
+    w.write(step(7, loss=float("nan"), grad_norm=1.0, skipped=True))
     w.close()
-    tags = {tag: value for tag, value, step in w.tb.scalars}
-    assert set(tags) == {"train/loss", "train/grad_norm"}  # no None, no booleans, no step
+    tags = {tag: value for tag, value, step in tb.scalars}
+    assert "train/step" not in tags and "train/skipped" not in tags  # no booleans, no step
+    assert "train/mfu" not in tags and "train/loss_scale" not in tags  # no None
     assert math.isnan(tags["train/loss"]) and tags["train/grad_norm"] == 1.0
-    assert all(step == 7 for _, _, step in w.tb.scalars)
+    assert all(s == 7 for _, _, s in tb.scalars)

@@ -1,0 +1,172 @@
+"""The records of a run (checkpoint/records.py) and the run directory's owner
+(checkpoint/rundir.py) are the only homes of their names, the way test_architecture.py holds the
+import rules: a failure names the file and line that names a run-directory file or reads a
+record key by string instead of asking RunDir or the records. Also: meta.json refuses a missing
+or unknown key with one message naming the file, and the README's table of metrics.jsonl lines
+is the records' definition."""
+import ast
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from megatron.checkpoint import records, rundir, store
+from megatron.checkpoint.layout import find_resume
+from megatron.config import load_config
+from megatron.config.errors import InputError
+from tests.support.checkpoints import meta_json
+from tests.support.paths import ROOT
+
+REPO = Path(ROOT)
+# Code that reads or writes run directories: the package and the benchmarks (tests may poke at
+# files directly: that is what they check).
+SCANNED = [p for d in ("megatron", "benchmarks", "tools") for p in sorted((REPO / d).rglob("*.py"))]
+
+RUN_FILES = {rundir.CONFIG, rundir.DEEPSPEED, rundir.METRICS, rundir.TENSORBOARD,
+             rundir.CHECKPOINTS, rundir.LOCK}
+CHECKPOINT_FILES = {store.META, store.INDEX, store.LATEST}
+HOMES = {REPO / "megatron/checkpoint/rundir.py": RUN_FILES,
+         REPO / "megatron/checkpoint/store.py": CHECKPOINT_FILES}
+
+# Keys of the records that no other record or config of this project shares; reading one by
+# string (x["key"], x.get("key"), "key" in x) outside records.py is reading a record around it.
+# (first_step_at is not among them: the trainer benchmark's workers report it under that name.)
+RECORD_KEYS = {"consumed_samples", "saved_at", "adam_step", "step_time_s", "tokens_per_sec",
+               "grad_norm", "loss_scale", "gb_per_s", "to_step", "nonfinite", "event",
+               "first_step_s", "split"}
+# Benchmarks that read the JSON results they wrote themselves (not a run's records), by module.
+OWN_RESULTS = {"benchmarks/trainer/report.py", "benchmarks/kernels/bench_kernels.py",
+               "benchmarks/e2e/e2e_report.py"}
+
+
+def _path_arguments(tree):
+    """String constants passed to a call or joined with `/`: how a file name becomes a path."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    yield arg.value, arg.lineno
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                    yield side.value, side.lineno
+
+
+def _key_reads(tree):
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop") and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
+            key = node.left.value
+        if isinstance(key, str):
+            yield key, node.lineno
+
+
+def test_only_the_run_directory_owner_names_its_files():
+    wrong = []
+    for path in SCANNED:
+        allowed = HOMES.get(path, set())
+        for value, line in _path_arguments(ast.parse(path.read_text(), str(path))):
+            if value in (RUN_FILES | CHECKPOINT_FILES) - allowed:
+                wrong.append(f"{path.relative_to(REPO)}:{line} names {value!r}: ask "
+                             "megatron.checkpoint.rundir.RunDir (or store.py inside a checkpoint)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_records_read_record_keys():
+    wrong = []
+    for path in SCANNED:
+        rel = str(path.relative_to(REPO))
+        if path.name == "records.py" or rel in OWN_RESULTS:
+            continue
+        for key, line in _key_reads(ast.parse(path.read_text(), rel)):
+            if key in RECORD_KEYS:
+                wrong.append(f"{rel}:{line} reads {key!r} by string: parse the line or meta.json "
+                             "with megatron.checkpoint.records and read the field")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_scans_see_what_they_look_for():
+    """The two rules would pass vacuously if the scanners found nothing."""
+    tree = ast.parse('os.path.join(d, "metrics.jsonl")\nrow["step_time_s"]\nr.get("event")\n'
+                     'Path(d) / "checkpoints"')
+    assert {"metrics.jsonl", "checkpoints"} <= {v for v, _ in _path_arguments(tree)}
+    assert {k for k, _ in _key_reads(tree)} == {"step_time_s", "event"}
+
+
+# --- meta.json ------------------------------------------------------------------------------
+
+def _checkpoint(tmp_path, edit):
+    folder = tmp_path / "checkpoints" / "step_0000004"
+    (folder / "shards").mkdir(parents=True)
+    (folder / "shards" / "a.pt").write_bytes(b"abc")
+    meta = meta_json(4, {"shards/a.pt": 3})
+    edit(meta)
+    (folder / store.META).write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m.pop("consumed_samples"), "lacks the key(s) consumed_samples"),
+    (lambda m: m.pop("adam_step"), "lacks the key(s) adam_step"),
+    (lambda m: m.update(surprise=1), "unknown key(s) surprise"),
+    (lambda m: m["layout"].pop("zero_stage"), "its layout lacks the key(s) zero_stage"),
+    (lambda m: m.update(format="megatron-frontier/sharded-v9"), "sharded-v9"),
+])
+def test_a_meta_record_that_does_not_fit_is_one_error_naming_the_file(tmp_path, edit, words):
+    folder = _checkpoint(tmp_path, edit)
+    with pytest.raises(store.Incomplete, match=re.escape(words)):
+        store.validate(str(folder))
+    cfg = load_config(None, [f"run.dir={tmp_path}", "training.load=auto"])
+    with pytest.raises(InputError) as e:
+        find_resume(cfg)
+    assert str(folder) in str(e.value) and words in str(e.value)
+
+
+def test_meta_json_round_trips_and_keeps_the_v1_layout_on_disk(tmp_path):
+    fixture = REPO / "tests/support/data/checkpoint_v1_tp2/checkpoints/step_0000004"
+    raw = json.loads((fixture / store.META).read_text())
+    meta = store.validate(str(fixture))
+    assert meta.step == 4 and meta.layout.tensor_parallel_size == 2
+    assert meta.to_json() == raw  # what today's writer writes is what main wrote
+
+
+# --- the README's table of metrics.jsonl lines ------------------------------------------------
+
+def _readme_rows():
+    text = (REPO / "README.md").read_text()
+    section = text.split("metrics.jsonl lines", 1)[1]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("| ") and not line.startswith("| line"):
+            kind, keys = [c.strip() for c in line.strip().strip("|").split("|")][:2]
+            rows[kind] = set(re.findall(r"`([a-z_]+)`", keys))
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def _record_for(kind: str):
+    if kind == "a training step":
+        return records.StepRecord
+    if kind == "an evaluation":
+        return records.EvalRecord
+    event = re.fullmatch(r'`"event": "(\w+)"`', kind)
+    assert event, f"README row {kind!r} names no record"
+    return records.EVENTS[event.group(1)]
+
+
+def test_the_readme_describes_metrics_lines_as_the_records_define_them():
+    rows = _readme_rows()
+    assert len(rows) == 2 + len(records.EVENTS), sorted(rows)
+    for kind, keys in rows.items():
+        cls = _record_for(kind)
+        fields = {f.name for f in dataclasses.fields(cls)} - {"event"}
+        assert keys == fields, f"README row {kind!r}: {sorted(keys ^ fields)} differ"
