@@ -2,6 +2,7 @@
 carries (step, consumed samples, random streams), and which checkpoint a run continues from."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron.checkpoint import store
-from megatron.checkpoint.records import CheckpointMeta, LayoutRecord
+from megatron.checkpoint.records import CheckpointMeta, DataRecord, LayoutRecord
 from megatron.checkpoint.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
 
@@ -53,6 +54,39 @@ def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> LayoutRec
                         padded_vocab, text_vocab, model_shape(cfg.model))
 
 
+def data_record(cfg) -> DataRecord:
+    """The settings that define the sample stream consumed_samples counts in."""
+    d = cfg.data
+    return DataRecord(cfg.model.seq_length, d.synthetic, list(d.paths), d.split,
+                      d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merges_file, d.seed)
+
+
+def check_data(resume: "Resume", current: DataRecord, new_stream: bool) -> bool:
+    """Refuses a checkpoint whose sample stream differs from this run's, field by field, unless
+    training.new_data_stream; returns whether the stream starts afresh. A v1 checkpoint did not
+    record its stream: nothing to compare."""
+    saved = resume.meta.data
+    if saved is None:
+        log.info("checkpoint %s does not record its data stream (written before format v2); "
+                 "continuing at its data position as is", resume.folder)
+        return False
+    names = {"seq_length": "model.seq_length"}
+    changed = [f"{names.get(k, 'data.' + k)}: checkpoint {v!r}, this run {getattr(current, k)!r}"
+               for k, v in dataclasses.asdict(saved).items() if getattr(current, k) != v]
+    if not changed:
+        return False
+    if new_stream:
+        log.warning("training.new_data_stream=true: resuming %s with another sample stream (%s); "
+                    "the new stream starts at its first sample", resume.folder, "; ".join(changed))
+        return True
+    raise InputError(f"checkpoint {resume.folder} was trained on another sample stream than "
+                     f"this run's config ({'; '.join(changed)}): its data position "
+                     f"(consumed_samples={resume.meta.consumed_samples}) means nothing in this "
+                     "one. Resume with the settings it was trained with (its run directory "
+                     "keeps config.yaml), or set training.new_data_stream=true to keep its "
+                     "weights, optimizer and step and start the new stream from its first sample")
+
+
 @dataclass
 class Resume:
     """The checkpoint a run continues from, and the newest complete one before it (named when
@@ -61,6 +95,7 @@ class Resume:
     step: int
     meta: CheckpointMeta
     last_good: Optional[str] = None
+    new_stream: bool = False  # training.new_data_stream let another sample stream resume it
 
 
 def _complete(ckpt_dir: str, where: str) -> Optional[Resume]:

@@ -6,8 +6,9 @@ nowhere else (tests/unit/test_checkpoint_records.py holds that).
 Standard library only: the planner reads metrics on a login node without torch.
 
 meta.json (one per committed checkpoint, written last by rank 0):
-    format            "megatron-frontier/sharded-v1": the version of this record and the layout
-                      of the files beside it; a reader refuses one it does not know
+    format            "megatron-frontier/sharded-v2" (v1: the same without "data"): the version
+                      of this record and the layout of the files beside it; a reader refuses
+                      one it does not know
     step              the optimizer steps taken
     consumed_samples  samples the data iterator has handed out (the data position)
     layout            what wrote it: TP, PP, DP, ZeRO stage, padded and tokenizer vocabulary,
@@ -18,6 +19,7 @@ meta.json (one per committed checkpoint, written last by rank 0):
     engine            DeepSpeed's counters (global_steps, global_samples, skipped_steps, the
                       fp16 loss scaler)
     files             every file of the checkpoint and its size in bytes
+    data              what defines the sample stream consumed_samples counts in (DataRecord)
 
 metrics.jsonl (one JSON object per line, appended): StepRecord for each logged step,
 EvalRecord for evaluations, and one line per event (save, stop, diverged, spike, rollback)
@@ -49,10 +51,27 @@ def _check_keys(obj: Any, cls, what: str, optional: Tuple[str, ...] = ()) -> Non
                           "version of megatron-frontier?)")
 
 
+def _typed(obj: Dict[str, Any], what: str, **kinds) -> None:
+    """Refuses a value of the wrong JSON type: kinds maps a key to int, float, str, bool, dict,
+    list or (type, None) for a nullable one. A bool is not a number here."""
+    for key, kind in kinds.items():
+        value, nullable = obj.get(key), isinstance(kind, tuple)
+        kind = kind[0] if nullable else kind
+        if value is None and nullable:
+            continue
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise RecordError(f"{what}: {key} is {value!r}, expected "
+                              f"{'null or ' if nullable else ''}a JSON {kind.__name__}")
+
+
 # --- the checkpoint record --------------------------------------------------------------------
 
-FORMAT = "megatron-frontier/sharded-v1"
-FORMATS = (FORMAT,)  # every version this code reads
+FORMAT_V1 = "megatron-frontier/sharded-v1"  # before the data stream was recorded
+FORMAT = "megatron-frontier/sharded-v2"     # written now: v1 and the data record
+FORMATS = (FORMAT_V1, FORMAT)  # every version this code reads
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,32 @@ class LayoutRecord:
     @classmethod
     def from_json(cls, obj: Any) -> "LayoutRecord":
         _check_keys(obj, cls, "its layout")
+        _typed(obj, "its layout", tensor_parallel_size=int, pipeline_parallel_size=int,
+               data_parallel_size=int, zero_stage=int, padded_vocab_size=int, vocab_size=int,
+               model=dict)
+        return cls(**obj)
+
+
+@dataclass(frozen=True)
+class DataRecord:
+    """What defines the stream of samples that consumed_samples counts: a resume that changes
+    one of these would continue at a position of another stream (checkpoint.layout.check_data)."""
+    seq_length: int
+    synthetic: bool
+    paths: List[str]
+    split: str
+    tokenizer_type: str
+    tokenizer_model: Optional[str]
+    vocab_file: Optional[str]
+    merges_file: Optional[str]
+    seed: int  # data.seed: the document and sample shuffles
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "DataRecord":
+        _check_keys(obj, cls, "its data record")
+        _typed(obj, "its data record", seq_length=int, synthetic=bool, paths=list, split=str,
+               tokenizer_type=str, tokenizer_model=(str, None), vocab_file=(str, None),
+               merges_file=(str, None), seed=int)
         return cls(**obj)
 
 
@@ -93,6 +138,7 @@ class CheckpointMeta:
     saved_at: float
     optimizer: OptimizerRecord
     files: Dict[str, int] = field(default_factory=dict)
+    data: Optional[DataRecord] = None  # None only in v1 checkpoints
     format: str = FORMAT
 
     def to_json(self) -> Dict[str, Any]:
@@ -100,6 +146,8 @@ class CheckpointMeta:
                "layout": dataclasses.asdict(self.layout), "saved_at": self.saved_at,
                "files": dict(self.files)}
         out.update(dataclasses.asdict(self.optimizer))  # flat on disk, as v1 was written
+        if self.data is not None:
+            out["data"] = dataclasses.asdict(self.data)
         return out
 
     @classmethod
@@ -114,15 +162,21 @@ class CheckpointMeta:
         opt_keys = [f.name for f in dataclasses.fields(OptimizerRecord)]
         top = {k: v for k, v in obj.items() if k not in opt_keys}
         top["optimizer"] = None
-        _check_keys(top, cls, "it")
+        _check_keys(top, cls, "it", optional=("data",) if fmt == FORMAT_V1 else ())
+        if fmt == FORMAT_V1 and "data" in obj:
+            raise RecordError(f"it has the key data, which a {FORMAT_V1} record does not")
         missing = [k for k in opt_keys if k not in obj]
         if missing:
             raise RecordError(f"it lacks the key(s) {', '.join(missing)}")
-        return cls(step=int(obj["step"]), consumed_samples=int(obj["consumed_samples"]),
+        _typed(obj, "it", step=int, consumed_samples=int, saved_at=float, files=dict,
+               scheduler=dict, adam_step=int, engine=dict)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in obj["files"].values()):
+            raise RecordError("it: files holds a size that is not a whole number")
+        return cls(step=obj["step"], consumed_samples=obj["consumed_samples"],
                    layout=LayoutRecord.from_json(obj["layout"]), saved_at=float(obj["saved_at"]),
-                   optimizer=OptimizerRecord(obj["scheduler"], int(obj["adam_step"]),
-                                             obj["engine"]),
-                   files={str(k): int(v) for k, v in obj["files"].items()}, format=fmt)
+                   optimizer=OptimizerRecord(obj["scheduler"], obj["adam_step"], obj["engine"]),
+                   files=dict(obj["files"]),
+                   data=DataRecord.from_json(obj["data"]) if "data" in obj else None, format=fmt)
 
     def size_bytes(self) -> int:
         return sum(self.files.values())
@@ -181,7 +235,8 @@ class SaveEvent:
 
 @dataclass(frozen=True)
 class StopEvent:
-    """The run stops before training.train_iters with a checkpoint (reason: deadline)."""
+    """The run stops with a checkpoint before training.train_iters (reason: "deadline", or
+    "signal": SIGTERM, SIGUSR1, SIGHUP, SIGQUIT or a first Ctrl-C)."""
     step: int
     reason: str
     event: str = "stop"

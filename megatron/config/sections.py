@@ -162,6 +162,10 @@ class TrainingConfig:
     # start when there is none), in whatever layout it was written; or a checkpoints folder, or
     # one checkpoint folder (step_N).
     load: Optional[str] = None
+    # A resume refuses a checkpoint whose sample stream (model.seq_length, the data section's
+    # corpus, split, tokenizer and seed) differs from this run's. true: resume weights, optimizer
+    # and step anyway, and start the new stream at its first sample.
+    new_data_stream: bool = False
     # A single-file model (megatron-convert to-single) to start from when no checkpoint is
     # resumed: weights only, in any layout; optimizer, step and data position start fresh.
     init_from: Optional[str] = None
@@ -180,6 +184,9 @@ class TrainingConfig:
     loss_spike_window: int = 50
     loss_spike_action: str = "log"
     max_rollbacks: int = 3
+    # Before anything is allocated, megatron-train refuses a job the planner predicts will not
+    # fit the device's memory (megatron/planner/fit.py); false logs a warning and starts anyway.
+    check_memory: bool = True
 
     def __post_init__(self):
         s = "training"

@@ -10,7 +10,7 @@ import time
 from typing import Optional, Tuple
 
 from megatron.checkpoint import sharded
-from megatron.checkpoint.layout import rng_state, set_rng_state
+from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
 from megatron.checkpoint.records import CheckpointMeta, SaveEvent, StopEvent
 from megatron.checkpoint.store import Found
 from megatron.config import Config
@@ -28,6 +28,7 @@ class Checkpointer:
         """writer: rank 0's MetricsWriter (None elsewhere); started: Unix time the run began
         (the deadline counts start-up too)."""
         self.t, self.seed, self.job, self.writer = cfg.training, cfg.training.seed, job, writer
+        self.data = data_record(cfg)
         self.clock = SaveClock(self.t.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
 
@@ -45,6 +46,9 @@ class Checkpointer:
             log.warning("stopping after step %d with a checkpoint: %s", step,
                         self.deadline.reason())
             self._event(StopEvent(step, "deadline"))
+        if agreed.signalled:
+            log.warning("stopping after step %d with a checkpoint: a stop signal", step)
+            self._event(StopEvent(step, "signal"))
         stopping = agreed.signalled or out_of_time or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = (t.save_interval and step % t.save_interval == 0) or agreed.save_due
@@ -57,7 +61,8 @@ class Checkpointer:
         engine = self.job.engine
         rs = engine.checkpoint_state(rng_state(self.job.model.ctx.tracker))
         meta = CheckpointMeta(step=step, consumed_samples=consumed, layout=self.job.layout,
-                              saved_at=time.time(), optimizer=engine.checkpoint_meta())
+                              saved_at=time.time(), optimizer=engine.checkpoint_meta(),
+                              data=self.data)
         info = sharded.save(self.job.run.checkpoints, step, rs, meta, self.t.keep_last)
         gb, seconds = info["bytes"] / 1e9, info["seconds"]
         log.info("step %d: checkpoint committed, %.3f GB in %.2f s", step, gb, seconds)
@@ -78,6 +83,9 @@ class Checkpointer:
         log.info("resumed from %s at step %d (%d samples consumed%s); loaded %.3f GB checkpoint "
                  "in %.2f s", resume.folder, meta.step, meta.consumed_samples, moved,
                  meta.size_bytes() / 1e9, seconds)
+        if resume.new_stream:
+            log.info("the new sample stream starts at its first sample (training.new_data_stream)")
+            return meta.step, 0
         return meta.step, meta.consumed_samples
 
     def load(self, folder: str, last_good: Optional[str]) -> CheckpointMeta:

@@ -1,15 +1,28 @@
-"""Signals that ask the run to checkpoint and stop at the next step boundary: SIGTERM (what
-Slurm and torchrun send first) and SIGUSR1 (Slurm's warning before the time limit, with
---signal). The handlers are installed for one train() and the previous ones put back after it."""
+"""Signals that ask the run to checkpoint and stop at the next step boundary, and the one that
+may still mean "stop now". Installed for one train(); the previous handlers are put back after it.
+
+    SIGTERM  Slurm at the time limit and scancel, torchrun forwarding its own SIGTERM
+    SIGUSR1  Slurm's warning before the time limit (--signal=USR1@S), scancel -s USR1
+    SIGHUP   the terminal or ssh session went away (and torchrun forwarding it)
+    SIGQUIT  Ctrl-\\ (and torchrun forwarding it)
+    SIGINT   Ctrl-C: the first checkpoints and stops like the others; a second one before the
+             run has stopped stops at once, without a checkpoint (KeyboardInterrupt: exit 130).
+             One within REPEAT_S of the first is the same Ctrl-C arriving twice (under torchrun
+             the terminal signals the workers and the agent forwards it again) and is ignored
+
+A run stopped by a signal saves at the next step boundary, writes {"event": "stop", "reason":
+"signal"} and exits 0 (the chain and training.load=auto continue from that checkpoint)."""
 from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import Dict
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
+REPEAT_S = 2.0
 
 
 class StopFlag:
@@ -18,6 +31,7 @@ class StopFlag:
 
     def __init__(self):
         self.raised = False
+        self._first_int = None
         self._previous: Dict[int, object] = {}
 
     def __enter__(self) -> "StopFlag":
@@ -34,5 +48,15 @@ class StopFlag:
         self._previous.clear()
 
     def _handler(self, signum, frame):
-        log.warning("signal %d received: checkpointing and stopping after this step", signum)
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_int is not None:
+                if now - self._first_int < REPEAT_S:
+                    return
+                log.warning("%s again: stopping now, without a checkpoint", name)
+                raise KeyboardInterrupt
+            self._first_int = now
+        log.warning("%s received: checkpointing and stopping after this step%s", name,
+                    " (Ctrl-C again: stop now, without one)" if signum == signal.SIGINT else "")
         self.raised = True

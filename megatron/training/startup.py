@@ -8,6 +8,7 @@ Data flows one way: config -> model -> engine; the loop gets a Job and nothing h
 from the engine."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
-from megatron.checkpoint.layout import Resume, check_model, find_resume, layout_record
+from megatron.checkpoint.layout import (Resume, check_data, check_model, data_record,
+                                        find_resume, layout_record)
 from megatron.checkpoint.records import LayoutRecord
 from megatron.checkpoint.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
@@ -139,6 +141,8 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
         resume = find_resume(cfg)
         if resume is not None:
             check_model(resume, layout)
+            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream)
+            resume = dataclasses.replace(resume, new_stream=new)
         return resume
     return rank0_decides(choose)
 

@@ -119,6 +119,12 @@ def _checkpoint(tmp_path, edit):
     (lambda m: m.update(surprise=1), "unknown key(s) surprise"),
     (lambda m: m["layout"].pop("zero_stage"), "its layout lacks the key(s) zero_stage"),
     (lambda m: m.update(format="megatron-frontier/sharded-v9"), "sharded-v9"),
+    (lambda m: m.update(step="six"), "step is 'six', expected a JSON int"),
+    (lambda m: m.update(consumed_samples=None), "consumed_samples is None"),
+    (lambda m: m["layout"].update(tensor_parallel_size=2.5), "tensor_parallel_size is 2.5"),
+    (lambda m: m["files"].update({"shards/a.pt": "3"}), "not a whole number"),
+    (lambda m: m.pop("data"), "lacks the key(s) data"),
+    (lambda m: m["data"].update(seed=True), "seed is True"),
 ])
 def test_a_meta_record_that_does_not_fit_is_one_error_naming_the_file(tmp_path, edit, words):
     folder = _checkpoint(tmp_path, edit)
@@ -128,6 +134,19 @@ def test_a_meta_record_that_does_not_fit_is_one_error_naming_the_file(tmp_path, 
     with pytest.raises(InputError) as e:
         find_resume(cfg)
     assert str(folder) in str(e.value) and words in str(e.value)
+
+
+def test_a_newer_checkpoint_whose_record_does_not_fit_is_skipped_for_the_older_one(tmp_path,
+                                                                                   caplog):
+    older = _checkpoint(tmp_path, lambda m: None)
+    newer = tmp_path / "checkpoints" / "step_0000006"
+    newer.mkdir()
+    meta = json.loads((older / store.META).read_text())
+    meta.update(step="six")
+    (newer / store.META).write_text(json.dumps(meta))
+    cfg = load_config(None, [f"run.dir={tmp_path}", "training.load=auto"])
+    assert find_resume(cfg).folder == str(older)
+    assert str(newer) in caplog.text and "step is 'six'" in caplog.text
 
 
 def test_meta_json_round_trips_and_keeps_the_v1_layout_on_disk(tmp_path):
