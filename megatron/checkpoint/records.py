@@ -30,6 +30,7 @@ import dataclasses
 import json
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
@@ -349,6 +350,28 @@ def read_metrics(path: str) -> List[MetricsRecord]:
                 break
             raise RecordError(f"{path}:{i} is not JSON ({e})") from None
         out.append(parse_metrics_line(obj, f"{path}:{i}"))
+    return out
+
+
+def read_metrics_tail(path: str, max_bytes: int = 1 << 20) -> List[MetricsRecord]:
+    """The records of the last `max_bytes` of a metrics.jsonl (a long run's file is large; the
+    first line read whole after the cut). [] when the file does not exist."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return []
+    if size > max_bytes:
+        data = data.split("\n", 1)[1] if "\n" in data else ""
+    out: List[MetricsRecord] = []
+    for i, text in enumerate(data.split("\n")):
+        try:
+            out.append(parse_metrics_line(json.loads(text), f"{path} (tail line {i + 1})"))
+        except (ValueError, RecordError):
+            continue  # a cut or foreign line: the tail is a hint, not a record to refuse
     return out
 
 

@@ -6,12 +6,14 @@ asks it after each step; nothing else decides about saves."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Optional, Tuple
 
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
-from megatron.checkpoint.records import CheckpointMeta, SaveEvent, StopEvent
+from megatron.checkpoint.records import (CheckpointMeta, SaveEvent, StopEvent, events,
+                                         read_metrics_tail)
 from megatron.checkpoint.store import Found
 from megatron.config import Config
 from megatron.parallel.agree import rank0_decides
@@ -31,6 +33,8 @@ class Checkpointer:
         self.data = data_record(cfg)
         self.clock = SaveClock(self.t.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
+        if self.deadline.at is not None and job.launch.rank == 0:
+            self.deadline.expect_save(*self._expected_save())
 
     def due(self, step_seconds: float) -> Tuple[bool, bool]:
         """(a save is due by the clock, the deadline is reached), as this rank sees them after a
@@ -105,6 +109,46 @@ class Checkpointer:
         """The newest complete checkpoint of this run, as rank 0 sees it (every rank gets it)."""
         return rank0_decides(lambda: self.job.run.continuation().found)
 
+    def _expected_save(self) -> Tuple[float, str]:
+        """(seconds, why) a save should take before this job has made one: the slowest of the
+        run's last three saves (metrics.jsonl), else the bytes this rank will write over the
+        disk's measured write speed. Never one step's time: a stop save that does not fit before
+        the deadline loses the job's only checkpoint."""
+        saves = events(read_metrics_tail(self.job.run.metrics), "save")[-3:]
+        if saves:
+            return max(e.seconds for e in saves), f"the run's last {len(saves)} save(s)"
+        resume, engine, state = self.job.resume, self.job.engine, self.job.state
+        if resume is not None:
+            nbytes = resume.meta.size_bytes() / state.world_size  # the ranks write in parallel
+        else:  # fp32 master and two Adam moments per element this rank owns
+            shards = state.dp if self.job.ds_config["zero_optimization"]["stage"] > 0 else 1
+            nbytes = 12.0 * engine.parameters_on_rank() / shards
+        speed = _write_speed(self.job.run.checkpoints)
+        return COMMIT_S + nbytes / speed, (f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s "
+                                          "measured, plus the commit")
+
     def _event(self, record) -> None:
         if self.writer:
             self.writer.write(record)
+
+
+PROBE_BYTES = 16 << 20
+COMMIT_S = 1.0  # the gather, index and meta, rename: seconds at scale on a parallel file system
+
+
+def _write_speed(folder: str) -> float:
+    """Bytes per second of one flushed write of PROBE_BYTES into `folder` (done only when the
+    run has a deadline and has not saved yet)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f".write-probe-{os.getpid()}")
+    data = os.urandom(PROBE_BYTES)  # incompressible, made before the clock starts
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return PROBE_BYTES / max(time.perf_counter() - t0, 1e-6)

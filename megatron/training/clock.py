@@ -3,7 +3,7 @@ the job's deadline (training.exit_duration_minutes, or the batch job's end time)
 commits a checkpoint and exits 0 while there is still time, whatever the signal margin.
 
 Rank 0's clock decides; the loop agrees every decision in the one all-reduce it already makes
-per step (loop._decisions)."""
+per step (training/agree.py)."""
 from __future__ import annotations
 
 import logging
@@ -65,6 +65,7 @@ class Deadline:
                                        started)
         self.steps: deque = deque(maxlen=8)
         self.save: Optional[float] = None
+        self.expected_save: Optional[float] = None  # before this job has saved (expect_save)
         if self.at is not None:
             log.info("the run stops with a checkpoint before %s (%s)",
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at)), self.source)
@@ -75,11 +76,20 @@ class Deadline:
     def save_took(self, seconds: float) -> None:
         self.save = seconds if self.save is None else max(self.save, seconds)
 
+    def expect_save(self, seconds: float, source: str) -> None:
+        """What a save should take before this job has saved one: the run's last saves, or an
+        estimate from the checkpoint's size and the disk's write speed."""
+        self.expected_save = seconds
+        if self.at is not None:
+            log.info("until this job has saved, a save is taken to need %.1f s (%s)", seconds,
+                     source)
+
     def needed(self) -> float:
         """Seconds one more step and a save take, with room (the slowest recent step; a save
-        not yet measured is taken as long as a step)."""
+        this job has not made yet as expect_save said, else as long as a step)."""
         step = max(self.steps)
-        return SAFETY * (step + (self.save if self.save is not None else step))
+        save = self.save if self.save is not None else self.expected_save
+        return SAFETY * (step + (save if save is not None else step))
 
     def reached(self) -> bool:
         if self.at is None or not self.steps:

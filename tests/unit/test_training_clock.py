@@ -54,3 +54,18 @@ def test_no_deadline_never_stops():
     d = Deadline(0, 0.0, {}, FakeTime(1e12))
     d.step_took(1.0)
     assert not d.reached()
+
+
+def test_a_save_this_job_has_not_made_yet_counts_as_expected_not_as_a_step():
+    """Issue 20 item 5: with 20 s saves and 0.15 s steps, a save taken as one step started the
+    stop save 0.3 s before the deadline and committed 19.5 s after it."""
+    now = FakeTime(1000.0)
+    d = Deadline(0, 0.0, {"MEGATRON_JOB_END_TIME": "1030"}, now)
+    d.step_took(0.15)
+    assert not d.reached()  # one step as the save: 0.36 s needed, 30 s left
+    d.expect_save(20.0, "the run's last save")
+    assert d.needed() == pytest.approx(SAFETY * 20.15)
+    now.t = 1030 - SAFETY * 20.15 + 0.01
+    assert d.reached()
+    d.save_took(5.0)  # a save this job measured replaces the expectation
+    assert d.needed() == pytest.approx(SAFETY * 5.15)

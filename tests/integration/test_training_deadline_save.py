@@ -1,0 +1,38 @@
+"""The deadline knows what a save costs before the job has saved (issue 20 item 5): a job whose
+run last took 40 s to save, with 30 s until its deadline, stops after its first step with a
+checkpoint instead of training on until a save no longer fits; without a previous save the
+estimate comes from the checkpoint's size and the disk's measured write speed."""
+import json
+
+from megatron.checkpoint import store
+from megatron.checkpoint.records import SaveEvent, events, read_metrics, record_json, steps
+from megatron.checkpoint.rundir import RunDir
+from tests.support.cli import clean_env, run_cli, sets
+from tests.support.paths import TINY
+
+FAST = ["training.train_iters=1000", "training.tensorboard=false", "model.num_layers=2",
+        "training.global_batch_size=4", "training.micro_batch_size=2",
+        "training.exit_duration_minutes=0.5"]
+
+
+def test_the_runs_last_save_time_stops_the_job_in_time(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    tmp_path.joinpath("run").mkdir()
+    with open(run.metrics, "w") as f:  # an earlier job of this run: its save took 40 s
+        f.write(json.dumps(record_json(SaveEvent(0, 40.0, 1.0, 0.025))) + "\n")
+    proc = run_cli(["--config", TINY, *sets(f"run.dir={run.path}", *FAST)], clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a save is taken to need 40.0 s (the run's last 1 save(s))" in proc.stderr
+    lines = read_metrics(run.metrics)
+    assert [r.step for r in steps(lines)] == [1]
+    assert [e.reason for e in events(lines, "stop")] == ["deadline"]
+    assert store.validate(str(tmp_path / "run" / "checkpoints" / store.tag_for(1))).step == 1
+
+
+def test_without_a_previous_save_the_size_and_write_speed_give_the_estimate(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    proc = run_cli(["--config", TINY, *sets(f"run.dir={run.path}", *FAST,
+                                           "training.train_iters=3")], clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GB/s measured, plus the commit" in proc.stderr
+    assert [r.step for r in steps(read_metrics(run.metrics))] == [1, 2, 3]
