@@ -124,9 +124,17 @@ class RunDir:
     def write_run_files(self, config_yaml: str, deepspeed_json: str) -> None:
         """config.yaml and deepspeed.json, each written whole and then renamed into place."""
         for path, text in ((self.config, config_yaml), (self.deepspeed_json, deepspeed_json)):
-            with open(path + ".tmp", "w") as f:
-                f.write(text)
-            os.replace(path + ".tmp", path)
+            try:
+                with open(path + ".tmp", "w") as f:
+                    f.write(text)
+                os.replace(path + ".tmp", path)
+            except OSError as e:
+                store.remove_quietly(path + ".tmp")
+                full = store.disk_full(path, "the run's " + os.path.basename(path), e,
+                                       len(text.encode()))
+                if full is None:
+                    raise
+                raise full from None
 
     def continuation(self) -> Continuation:
         return continuation(self.checkpoints)
@@ -177,6 +185,10 @@ def check_run_dir(path: str) -> None:
             f.write("ok")
         os.remove(probe)
     except OSError as e:
+        store.remove_quietly(probe)
+        full = store.disk_full(path, f"a probe file ({where})", e)
+        if full is not None:
+            raise full from None
         raise InputError(f"{where} is not writable ({e.strerror}); choose a writable location "
                          "or fix its permissions") from None
 

@@ -12,6 +12,7 @@ meta.json                  format, step, layout, client state (data position, sc
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -51,6 +52,28 @@ def _rank_payload(rs: RankState) -> Dict[str, Any]:
                               for k, v in f.moments.items()})
                 pieces[p.name] = entry
     return {"pieces": pieces, "rng": rs.rng, "coords": list(rs.coords)}
+
+
+def _payload_bytes(payload: Dict[str, Any]) -> int:
+    """The tensor bytes of a rank's payload: what its file needs at least (asked on failure)."""
+    return sum(t.numel() * t.element_size() for piece in payload["pieces"].values()
+               for t in piece.values() if isinstance(t, torch.Tensor))
+
+
+def _write_failure(path: str, error: Exception, payload: Dict[str, Any]) -> str:
+    """Why this rank's file could not be written, a full disk named as such. torch.save into a
+    file object raises RuntimeError ("unexpected pos ...") with the file's ENOSPC OSError as its
+    context (torch 2.13); should a torch lose that context, a torch write failure with less space
+    free than the tensors need is a full disk too."""
+    what, needed = f"the checkpoint shard of rank {dist.get_rank()}", _payload_bytes(payload)
+    full = store.disk_full(path, what, error, needed, at_least=True)
+    if full is None and isinstance(error, RuntimeError) and any(
+            s in str(error) for s in ("unexpected pos", "file write failed")):
+        free = store.free_bytes(path)
+        if free is not None and free < needed:
+            full = store.disk_full(path, what, OSError(errno.ENOSPC, "disk full"), needed,
+                                   at_least=True)
+    return str(full or error)
 
 
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
@@ -101,6 +124,7 @@ class PendingSave:
                                                                                     tag)
         if dist.get_rank() == 0:
             os.makedirs(ckpt_dir, exist_ok=True)
+            store.finish_deletions(ckpt_dir)  # before writing: a full disk may be their doing
             store.remove_stale_staging(self.staging)
             os.makedirs(os.path.join(self.staging, store.SHARDS))
         dist.barrier()
@@ -110,14 +134,18 @@ class PendingSave:
         self.error, self.size = None, 0
 
     def write(self) -> None:
+        path = os.path.join(self.staging, self.rel)
         try:
-            with open(os.path.join(self.staging, self.rel), "wb") as f:
+            # Into a Python file, not a path: then a full disk reaches us as the file's OSError
+            # (the context of torch's "unexpected pos" RuntimeError), not a bare iostream error.
+            with open(path, "wb") as f:
                 torch.save(self.payload, f)
                 f.flush()
                 os.fsync(f.fileno())
                 self.size = f.tell()
-        except OSError as e:
-            self.error = f"rank {dist.get_rank()}: {e}"
+        except (OSError, RuntimeError) as e:
+            store.remove_quietly(path)  # rank 0 removes the staging folder once all have reported
+            self.error = f"rank {dist.get_rank()}: {_write_failure(path, e, self.payload)}"
         self.payload = None  # the host memory goes back as soon as the file is written
 
     def finish(self) -> Dict[str, float]:
@@ -147,17 +175,25 @@ def save(ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
 
 
 def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
+    """Rank 0: commits the staging folder when every rank wrote its file, else removes it.
+    Returns ("ok", bytes) or ("failed", the reason in one line)."""
     errors = [g[0] for g in gathered if g[0]]
     if errors:
-        return "failed", "; ".join(errors) + f" (the staging folder {staging} is left as it is)"
+        n = len(errors) - 1
+        more = f" ({n} other rank{'s' if n > 1 else ''} failed too)" if n else ""
+        return "failed", errors[0] + more + _discard(staging)
     try:
         index = _build_index([g[3] for g in gathered], meta.layout.tensor_parallel_size)
         files = {g[1]: g[2] for g in gathered}
         index_bytes = json.dumps(index, sort_keys=True).encode()
-        store.write_durable(os.path.join(staging, store.INDEX), index_bytes)
+        store.write_durable(os.path.join(staging, store.INDEX), index_bytes,
+                            "the checkpoint's index")
         files[store.INDEX] = len(index_bytes)
         store.write_json(os.path.join(staging, store.META),
-                         dataclasses.replace(meta, files=files).to_json())
+                         dataclasses.replace(meta, files=files).to_json(), "the checkpoint's meta")
+    except (OSError, RuntimeError, InputError) as e:
+        return "failed", str(e) + _discard(staging)
+    try:
         if os.path.exists(final):
             # A folder of this step that resume skipped (damaged), or one a run that resumed
             # from an older step wrote before: set aside under a name resume never reads.
@@ -169,8 +205,17 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
         for gone in store.prune(ckpt_dir, keep_last):
             log.info("removed %s (training.keep_last=%d)", gone, keep_last)
         return "ok", sum(files.values())
-    except (OSError, RuntimeError) as e:
-        return "failed", str(e)
+    except (OSError, RuntimeError, InputError) as e:
+        done = "" if os.path.exists(staging) else f" ({final} itself is complete and committed)"
+        return "failed", str(e) + done
+
+
+def _discard(staging: str) -> str:
+    """Removes the staging folder of a save that will not commit; the clause for its message."""
+    store.remove_quietly(staging)
+    if os.path.exists(staging):
+        return f"; the staging folder {staging} could not be removed: delete it"
+    return f"; the staging folder {staging} was removed"
 
 
 # --- load -------------------------------------------------------------------------------------

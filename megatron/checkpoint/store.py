@@ -6,6 +6,8 @@
         index.json               where the pieces of every parameter are (sharded.py)
         shards/tp00_pp000_dp00000.pt   one file per rank
       .staging-step_0000120/     a save in progress, or one a killed job left: never read
+      .deleting-step_0000080/    a pruned checkpoint whose deletion a kill cut short: removed
+                                 by the next save (finish_deletions)
       latest                     the newest committed tag, for people and scripts
 
 meta.json is the typed record of records.py (CheckpointMeta); validate() parses it.
@@ -13,9 +15,14 @@ meta.json is the typed record of records.py (CheckpointMeta); validate() parses 
 A folder named step_N exists only after rank 0 renamed a complete staging folder to it, so a kill
 at any moment leaves either the old set of checkpoints or the new one. Nothing here deletes a
 checkpoint it cannot prove complete; keep_last removes only older committed ones, after a newer
-commit. No torch.distributed here: sharded.py decides when every rank agrees."""
+commit. No torch.distributed here: sharded.py decides when every rank agrees.
+
+A full disk (ENOSPC, or EDQUOT for a quota) is bad input, not a bug: disk_full() turns it into one
+InputError naming the path, what was being written, the bytes it needed and the bytes free, and
+the writer removes what it left half-written."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,13 +32,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.checkpoint.records import FORMAT, CheckpointMeta, RecordError
+from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FORMAT", "META", "INDEX", "SHARDS", "LATEST", "CheckpointMeta"]
 META, INDEX, SHARDS, LATEST = "meta.json", "index.json", "shards", "latest"
 _TAG = re.compile(r"^step_(\d{7,})$")
-_STAGING = ".staging-"
+_STAGING, _DELETING = ".staging-", ".deleting-"
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
 def tag_for(step: int) -> str:
@@ -50,19 +59,79 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_durable(path: str, data: bytes) -> None:
-    """Writes `data` to `path` through a temporary name, flushed, then renamed into place."""
+def free_bytes(path: str) -> Optional[int]:
+    """Bytes an unprivileged writer may still use on the file system that holds `path` (or its
+    nearest existing parent); None when that cannot be asked."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path or ".")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _full_cause(error: BaseException) -> Optional[OSError]:
+    """The ENOSPC/EDQUOT OSError behind `error`: itself, or one it was raised from or while
+    handling. torch.save into a Python file raises RuntimeError ("unexpected pos ...") with the
+    file's OSError as its context; into a path the cause is lost (an iostream error)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def disk_full(path: str, what: str, error: BaseException, needed: Optional[int] = None,
+              at_least: bool = False) -> Optional[InputError]:
+    """The one-line InputError for a write of `what` to `path` that failed because the disk (or
+    the quota) is full; None when `error` is another failure. Asked only after a write failed."""
+    cause = _full_cause(error)
+    if cause is None:
+        return None
+    need = "" if needed is None else f"needs {'at least ' if at_least else ''}{needed:,} bytes, "
+    free = free_bytes(path)
+    room = "free space unknown" if free is None else f"{free:,} bytes free"
+    return InputError(f"{path}: {_FULL[cause.errno]} while writing {what} ({need}{room}); free "
+                      f"space on that file system (or raise the quota) or write elsewhere")
+
+
+def remove_quietly(path: str) -> None:
+    """Removes a half-written file or folder after a failed write; a failure to remove it must
+    not hide the error that caused it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def write_durable(path: str, data: bytes, what: str = "a checkpoint file") -> None:
+    """Writes `data` to `path` through a temporary name, flushed, then renamed into place. A full
+    disk is an InputError naming `what`, and the temporary file is removed."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        remove_quietly(tmp)
+        full = disk_full(path, what, e, len(data))
+        if full is None:
+            raise
+        raise full from None
     fsync_dir(os.path.dirname(path) or ".")
 
 
-def write_json(path: str, obj: Any) -> None:
-    write_durable(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+def write_json(path: str, obj: Any, what: Optional[str] = None) -> None:
+    write_durable(path, json.dumps(obj, indent=1, sort_keys=True).encode(),
+                  what or os.path.basename(path))
 
 
 def commit(staging: str, final: str) -> None:
@@ -71,7 +140,8 @@ def commit(staging: str, final: str) -> None:
     os.rename(staging, final)
     parent = os.path.dirname(final)
     fsync_dir(parent)
-    write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode())
+    write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
+                  f"the pointer to the newest checkpoint ({LATEST})")
 
 
 class Incomplete(Exception):
@@ -164,9 +234,33 @@ def leftovers(ckpt_dir: str) -> List[str]:
                   if n.startswith(_STAGING))
 
 
+def finish_deletions(ckpt_dir: str) -> List[str]:
+    """Removes the .deleting-* folders of prunes a kill cut short: each was renamed out of sight
+    before its deletion began, so nothing resumes from it, and left alone it would keep a whole
+    checkpoint's space forever. Logs one line for each; returns the removed folders."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    removed = []
+    for name in sorted(os.listdir(ckpt_dir)):
+        doomed = os.path.join(ckpt_dir, name)
+        if not name.startswith(_DELETING) or not os.path.isdir(doomed):
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        if os.path.exists(doomed):
+            log.warning("could not remove %s, a pruned checkpoint whose deletion was cut short; "
+                        "delete it by hand", doomed)
+        else:
+            log.warning("removed %s: a pruned checkpoint whose deletion was cut short (a killed "
+                        "job)", doomed)
+            removed.append(doomed)
+    return removed
+
+
 def prune(ckpt_dir: str, keep_last: int) -> List[str]:
-    """Removes committed checkpoints older than the newest `keep_last` complete ones; folders
-    that do not validate are left for a person to look at. Returns the removed folders."""
+    """Finishes deletions cut short (finish_deletions), then removes committed checkpoints older
+    than the newest `keep_last` complete ones; folders that do not validate are left for a
+    person to look at. Returns the folders removed for keep_last."""
+    finish_deletions(ckpt_dir)
     if keep_last <= 0:
         return []
     kept, removed = 0, []
@@ -176,7 +270,7 @@ def prune(ckpt_dir: str, keep_last: int) -> List[str]:
         kept += 1
         if kept > keep_last:
             # Renamed first, so a deletion cut short never looks like a committed checkpoint.
-            doomed = os.path.join(ckpt_dir, ".deleting-" + os.path.basename(folder))
+            doomed = os.path.join(ckpt_dir, _DELETING + os.path.basename(folder))
             os.rename(folder, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(folder)
