@@ -3,7 +3,8 @@
 An entry is a directory NAME/ holding one .npy per array. NAME carries a hash of everything that
 determines the arrays, so a change of data, split, sample count, sequence length or seed selects
 another entry instead of reusing a stale one. An entry is written under a temporary name and
-renamed into place, so a reader never sees a half-written one.
+renamed into place, so a reader never sees a half-written one; a full disk removes it and is
+one InputError naming the entry, the bytes it needs and the bytes free.
 
 Who builds: with torch.distributed initialized, global rank 0 builds while the others wait in a
 broadcast that also carries rank 0's error, if any (a failure there must not leave the other ranks
@@ -24,6 +25,7 @@ from typing import Callable, Dict, Iterable
 import numpy as np
 
 from megatron.config.errors import InputError
+from megatron.data.indexed_builder import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +72,15 @@ def load_or_build(directory: str, name: str, names: Iterable[str],
         if dist.get_rank() == 0:
             try:
                 _build_if_missing(path, names, build)
+            except InputError as e:  # whole already (a full disk): every rank says the same
+                error = str(e)
             except Exception as e:  # re-raised below on every rank, with its message
-                error = f"{type(e).__name__}: {e}"
+                error = f"building the data index {path} on rank 0 failed: " \
+                        f"{type(e).__name__}: {e}"
         status = [error]
         dist.broadcast_object_list(status, src=0)
         if status[0]:
-            raise InputError(f"building the data index {path} on rank 0 failed: {status[0]}")
+            raise InputError(status[0])
         if not _complete(path, names):
             raise InputError(f"data index {path}, built by rank 0, is not visible on rank "
                              f"{dist.get_rank()}: expected data.cache_dir on a filesystem shared "
@@ -103,11 +108,13 @@ def _build_if_missing(path: str, names, build: Callable[[], Arrays]) -> None:
             log.warning("removing incomplete index cache entry %s", path)
             shutil.rmtree(path)
         log.info("building data index %s", path)
-        _write_atomically(path, build())
-        # Safe while holding it: the entry is complete before the lock goes, and whoever holds
-        # or next creates a lock file re-checks completeness before building.
-        with contextlib.suppress(OSError):
-            os.remove(path + ".lock")
+        try:
+            _write_atomically(path, build())
+        finally:
+            # Safe while holding it, built or not: whoever holds or next creates a lock file
+            # re-checks completeness before building.
+            with contextlib.suppress(OSError):
+                os.remove(path + ".lock")
 
 
 def _write_atomically(path: str, arrays: Arrays) -> None:
@@ -121,6 +128,13 @@ def _write_atomically(path: str, arrays: Arrays) -> None:
         except OSError:
             if not os.path.isdir(path):  # not a lost race: a real failure
                 raise
+    except OSError as e:
+        # .npy headers are under 1 KiB an array: the arrays' bytes are what the entry needs.
+        full = disk_full(path, "the data index cache", e,
+                         sum(a.nbytes for a in arrays.values()), at_least=True)
+        if full is None:
+            raise
+        raise full from None
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp)

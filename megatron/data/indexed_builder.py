@@ -2,10 +2,13 @@
 
 Both files are written under temporary names in the destination directory and renamed into place
 by `finalize`, so a reader never sees a half-written dataset and a crash leaves no file under the
-final names. The .bin is renamed before the .idx: a present .idx means a complete pair."""
+final names. The .bin is renamed before the .idx: a present .idx means a complete pair. A full disk
+(ENOSPC, or EDQUOT for a quota) removes the temporary files and is one InputError naming the file,
+the bytes it needed at least and the bytes free."""
 from __future__ import annotations
 
 import array
+import errno
 import os
 import uuid
 from typing import Iterable, Optional, Sequence
@@ -17,6 +20,24 @@ from megatron.data.indexed_dataset import HEADER_SIZE, MAGIC, VERSION, IndexedDa
     dtype_code
 
 _INT32_MAX = (1 << 31) - 1
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def disk_full(path: str, what: str, error: BaseException, needed: Optional[int] = None,
+              at_least: bool = False) -> Optional[InputError]:
+    """The one-line InputError for a write that failed because the disk or the quota is full
+    (None for any other failure); the same message as checkpoint.store.disk_full, which data
+    cannot import (it is a layer above). Asked only after a write failed."""
+    if not (isinstance(error, OSError) and error.errno in _FULL):
+        return None
+    need = "" if needed is None else f"needs {'at least ' if at_least else ''}{needed:,} bytes, "
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        room = f"{st.f_bavail * st.f_frsize:,} bytes free"
+    except OSError:
+        room = "free space unknown"
+    return InputError(f"{path}: {_FULL[error.errno]} while writing {what} ({need}{room}); free "
+                      f"space on that file system (or raise the quota) or write elsewhere")
 
 
 class IndexedDatasetBuilder:
@@ -56,8 +77,26 @@ class IndexedDatasetBuilder:
         if len(arr) > _INT32_MAX:
             raise InputError(f"a sequence of {len(arr)} tokens for {self.prefix} exceeds the "
                              f"int32 size field of the MMIDIDX index; split the document")
-        self._bin.write(arr.tobytes(order="C"))
+        self._write(arr.tobytes(order="C"))
         self._sizes.append(len(arr))
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._bin.write(data)
+        except OSError as e:
+            self._fail(e, self._tmp_bin, "the dataset's tokens", len(data))
+
+    def _fail(self, error: OSError, path: str, what: str, pending: int) -> None:
+        """Removes the temporary files; a full disk becomes the one-line InputError. `pending`:
+        the bytes of the write that failed, beyond what the file already holds."""
+        tokens = sum(self._sizes) * self.dtype.itemsize  # what the .bin holds before `pending`
+        needed = tokens + pending if path == self._tmp_bin else pending
+        self.abort()
+        final = self.prefix + (".bin" if path == self._tmp_bin else ".idx")  # not the tmp name
+        full = disk_full(final, what, error, needed, at_least=path == self._tmp_bin)
+        if full is None:
+            raise error
+        raise full from None
 
     def end_document(self) -> None:
         self._doc_index.append(len(self._sizes))
@@ -102,24 +141,34 @@ class IndexedDatasetBuilder:
                              f"{self.prefix} ({self.dtype}): expected datasets made with one "
                              f"tokenizer; preprocess them again with the same tokenizer")
         base = len(self._sizes)
-        self._sizes.frombytes(np.ascontiguousarray(other.sizes, np.int32).tobytes())
-        self._doc_index.frombytes((other.document_index[1:] + base).astype(np.int64).tobytes())
         # The reader checked that the sequences fill its .bin back to back: copy it whole.
         with open(other.bin_path, "rb") as src:
-            _copy_bytes(src, self._bin, other.num_tokens * self.dtype.itemsize)
+            _copy_bytes(src, self._write, other.num_tokens * self.dtype.itemsize)
+        self._sizes.frombytes(np.ascontiguousarray(other.sizes, np.int32).tobytes())
+        self._doc_index.frombytes((other.document_index[1:] + base).astype(np.int64).tobytes())
 
     def finalize(self) -> None:
-        self._bin.close()
         sizes = np.frombuffer(self._sizes, dtype=np.int32) if len(self._sizes) \
             else np.zeros(0, np.int32)
         doc_index = np.frombuffer(self._doc_index, dtype=np.int64)
-        write_index(self._tmp_idx, self.dtype, sizes, doc_index)
+        try:
+            self._bin.close()  # flushes the last of the tokens
+        except OSError as e:
+            self._fail(e, self._tmp_bin, "the dataset's tokens", 0)
+        try:
+            write_index(self._tmp_idx, self.dtype, sizes, doc_index)
+        except OSError as e:
+            self._fail(e, self._tmp_idx, "the dataset's index",
+                       index_bytes(len(sizes), len(doc_index)))
         os.replace(self._tmp_bin, self.prefix + ".bin")
         os.replace(self._tmp_idx, self.prefix + ".idx")
         self._done = True
 
     def abort(self) -> None:
-        self._bin.close()
+        try:
+            self._bin.close()
+        except OSError:  # the buffer's last flush failed (a full disk): the file goes anyway
+            pass
         for path in (self._tmp_bin, self._tmp_idx):
             if os.path.exists(path):
                 os.remove(path)
@@ -142,17 +191,23 @@ def write_index(path: str, dtype, sizes: np.ndarray, doc_index: np.ndarray) -> N
         f.write(sizes.astype("<i4").tobytes())
         f.write(pointers.astype("<i8").tobytes())
         f.write(doc_index.astype("<i8").tobytes())
-    assert os.path.getsize(path) == HEADER_SIZE + 12 * len(sizes) + 8 * len(doc_index)
+    assert os.path.getsize(path) == index_bytes(len(sizes), len(doc_index))
 
 
-def _copy_bytes(src, dst, count: int) -> None:
-    """Copy the first `count` bytes of src in chunks of at most 16 MiB."""
+def index_bytes(sequences: int, documents: int) -> int:
+    """The size of an .idx: the header, then sizes (4 bytes) and pointers (8) per sequence and
+    one 8-byte document-index entry per document boundary."""
+    return HEADER_SIZE + 12 * sequences + 8 * documents
+
+
+def _copy_bytes(src, write, count: int) -> None:
+    """Copy the first `count` bytes of src to `write` in chunks of at most 16 MiB."""
     remaining = count
     while remaining:
         chunk = src.read(min(remaining, 1 << 24))
         if not chunk:
             break
-        dst.write(chunk)
+        write(chunk)
         remaining -= len(chunk)
 
 
