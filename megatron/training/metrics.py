@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from megatron.checkpoint import store
 from megatron.checkpoint.records import (MetricsRecord, StepRecord, is_number, record_json,
                                          strict_json_record)
 from megatron.checkpoint.rundir import RunDir
@@ -46,18 +47,54 @@ class MetricsWriter:
         "nonfinite". TensorBoard gets the true values, so a diverged loss shows there as NaN."""
         obj = record_json(record)
         line, _ = strict_json_record(obj)
-        self.file.write(json.dumps(line, allow_nan=False) + "\n")
+        text = json.dumps(line, allow_nan=False) + "\n"
+        try:
+            self.file.write(text)
+        except OSError as e:
+            self._failed(e, len(text.encode()))
         if self.tb is not None:
             prefix = getattr(record, "split", "train")
             for key, value in obj.items():
                 if is_number(value) and key != "step":
                     self.tb.add_scalar(f"{prefix}/{key}", float(value), record.step)
 
+    def _failed(self, error: OSError, needed: int) -> None:
+        """A write that failed (only then is this asked): the part of the line that reached the
+        file is cut off, so metrics.jsonl stays whole lines; a full disk is one InputError."""
+        try:
+            self.file.close()  # its last flush fails again; the file is closed all the same
+        except OSError:
+            pass
+        _cut_partial_line(self.path)
+        full = store.disk_full(self.path, "a metrics line", error, needed)
+        if full is None:
+            raise error
+        raise full from None
+
     def close(self) -> None:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def _cut_partial_line(path: str) -> None:
+    """Truncates `path` after its last newline."""
+    try:
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            at = end
+            while at > 0:
+                start = max(0, at - 65536)
+                f.seek(start)
+                block = f.read(at - start)
+                if b"\n" in block:
+                    f.truncate(start + block.rindex(b"\n") + 1)
+                    return
+                at = start
+            f.truncate(0)
+    except OSError:
+        pass
 
 
 def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:

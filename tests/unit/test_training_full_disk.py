@@ -1,0 +1,70 @@
+"""metrics.jsonl on a full disk: the write that fails is one InputError naming the file, 'no space
+left on device' and the bytes of the line, and the part of the line that reached the disk is cut
+off, so the file stays whole lines that read back. Simulated ENOSPC, then a real 64 KiB tmpfs
+where mounting one is allowed (skipped with the reason otherwise)."""
+import errno
+import io
+import os
+import subprocess
+
+import pytest
+
+from megatron.checkpoint.records import StepRecord, read_metrics
+from megatron.checkpoint.rundir import RunDir
+from megatron.config.errors import InputError
+from megatron.training.metrics import MetricsWriter
+
+
+def step(n):
+    return StepRecord(step=n, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_sec=100.0,
+                      tflops_per_gpu=1.0, mfu=None, mem_gb=0.1, loss_scale=None, skipped=False,
+                      step_time_s=0.2)
+
+
+class FullRaw(io.FileIO):
+    room = 0
+
+    def write(self, b):
+        b = bytes(b)
+        left = self.room - os.fstat(self.fileno()).st_size
+        if len(b) > left:
+            super().write(b[:max(left, 0)])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(b)
+
+
+def test_a_metrics_line_on_a_full_disk_is_one_message_and_no_partial_line(tmp_path):
+    w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
+    w.write(step(1))
+    w.file.close()
+    raw = FullRaw(w.path, "a")
+    FullRaw.room = os.path.getsize(w.path) + 20  # 20 bytes of the next line fit
+    w.file = io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True)
+    with pytest.raises(InputError) as e:
+        w.write(step(2))
+    msg = str(e.value)
+    assert msg.startswith(w.path + ": no space left on device while writing a metrics line"), msg
+    assert "(needs " in msg and "bytes free" in msg and "\n" not in msg, msg
+    w.close()
+    assert [r.step for r in read_metrics(w.path)] == [1]
+    assert open(w.path).read().endswith("\n")
+
+
+def test_a_real_full_disk_under_metrics_jsonl(tmp_path):
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for a real full disk (needs root or CAP_SYS_ADMIN): "
+                    f"{proc.stderr.strip()}")
+    try:
+        w = MetricsWriter(RunDir(str(mnt)), tensorboard=False)
+        with pytest.raises(InputError, match="metrics.jsonl: no space left on device"):
+            for n in range(1, 10000):
+                w.write(step(n))
+        w.close()
+        steps = [r.step for r in read_metrics(w.path)]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) > 100
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
