@@ -104,9 +104,12 @@ def sbatch_script(spec: ClusterSpec, nodes: int, config_path: str, job_name: str
     step_s: the predicted step time, which sizes the SIGUSR1 margin (signal_margin_s)."""
     g = spec.gpus_per_node
     frontier = spec.name == "frontier"
+    # --kill-on-bad-exit: a rank that fails (a collective timed out on a hung peer) ends the
+    # whole step at once instead of leaving srun waiting for the hung rank until the time limit.
     srun = [f"--ntasks-per-node={g}", f"--gpus-per-node={g}", "--gpu-bind=closest"]
     if spec.cpus_per_task:
         srun.append(f"-c {spec.cpus_per_task}")
+    srun.append("--kill-on-bad-exit=1")
     lines = ["#!/bin/bash", f"#SBATCH -J {job_name}", f"#SBATCH -A {account}",
              f"#SBATCH -N {nodes}", f"#SBATCH -t {hours:02d}:00:00", "#SBATCH -o %x-%j.out",
              f"#SBATCH --signal=USR1@{signal_margin_s(step_s)}"]

@@ -71,7 +71,7 @@ def test_frontier_sbatch_script():
     text = emit.sbatch_script(FRONTIER.spec, 16, "best.yaml")
     assert "#SBATCH -N 16" in text and "#SBATCH --network=disable_rdzv_get" in text
     assert ("srun --ntasks-per-node=8 --gpus-per-node=8 --gpu-bind=closest -c 7 "
-            "python -m megatron.cli.train --config best.yaml --set run.dir=\"$RUN_DIR\"") in text
+            "--kill-on-bad-exit=1 python -m megatron.cli.train --config best.yaml --set run.dir=\"$RUN_DIR\"") in text
     # One source with examples/frontier/env.sh: the same text, embedded whole.
     assert frontier_env.env_script().rstrip("\n") in text
     assert "AWS_OFI_RCCL_LIB" not in text
