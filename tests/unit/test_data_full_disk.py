@@ -1,10 +1,9 @@
 """A full disk while data files are written (the index cache, megatron-preprocess's .bin/.idx):
 one InputError naming the file, 'no space left on device', the bytes needed and free, and no
-temporary file or folder left. Simulated with a file whose writes fail, and once on a real
-1 MiB tmpfs where mounting one is allowed (skipped with the reason otherwise)."""
+temporary file or folder left. Simulated with a file whose writes fail; the real full disk (a tmpfs)
+is tests/integration/test_data_full_disk_tmpfs.py."""
 import errno
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -82,24 +81,3 @@ def test_another_os_error_stays_itself(tmp_path):
             b._bin.write = lambda data: (_ for _ in ()).throw(PermissionError(errno.EACCES, "no"))
             b.add_document(np.arange(10))
     assert os.listdir(tmp_path) == []
-
-
-def test_a_real_full_disk_during_preprocessing(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for a real full disk (needs root or CAP_SYS_ADMIN): "
-                    f"{proc.stderr.strip()}")
-    try:
-        prefix = str(mnt / "corpus_text_document")
-        with pytest.raises(InputError, match=r"corpus_text_document\.bin: no space left on "
-                                             r"device while writing the dataset's tokens \(needs "
-                                             r"at least [\d,]+ bytes, [\d,]+ bytes free\)"):
-            with IndexedDatasetBuilder(prefix, np.uint16) as b:
-                for _ in range(200):
-                    b.add_document(np.arange(1000))  # 400 KB in all
-        assert os.listdir(mnt) == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
