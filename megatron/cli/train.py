@@ -6,9 +6,12 @@ import logging
 import sys
 
 from megatron.cli.common import entry_point, setup_logging
-from megatron.config import load_config, validate_for_world
-from megatron.launch.env import discover
+from megatron.config import InputError, load_config, validate_for_world
+from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
+from megatron.planner import fit
+
+log = logging.getLogger("megatron.train")
 
 EPILOG = """examples:
   # one process on the CPU, the tiny reference model on synthetic tokens
@@ -30,6 +33,10 @@ EPILOG = """examples:
       --set training.load=auto --set parallel.tensor_parallel_size=2 \\
       --set parallel.pipeline_parallel_size=2
 
+  # a model predicted not to fit the device's memory is refused before it is built;
+  # this starts it anyway (a warning names the prediction)
+  megatron-train --config big.yaml --set training.check_memory=false
+
   # start another run from a run's weights only (fresh optimizer, step 0)
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   megatron-train --config examples/local/tiny.yaml --set run.dir=runs/tiny-pp2 \\
@@ -49,6 +56,39 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def device_memory(launch: LaunchEnv):
+    """This rank's device memory (fit.DeviceMemory): a GPU's total, or the CPU's available
+    memory shared by the ranks on this node; None where it cannot be read. torch is loaded."""
+    from megatron.launch.device import detect_device
+    info = detect_device(launch.local_rank)
+    if info.is_gpu:
+        import torch
+        total = float(torch.cuda.get_device_properties(info.device).total_memory)
+        return fit.DeviceMemory("gpu", total, f"{info.name}, {total / fit.GIB:.1f} GB")
+    return fit.read_cpu_memory(-(-launch.world_size // max(1, launch.num_nodes)))
+
+
+def check_memory(cfg, launch: LaunchEnv) -> None:
+    """Refuses a job predicted not to fit before anything is allocated (training.check_memory
+    false: a warning); a config the planner cannot model is let through with a note."""
+    memory = device_memory(launch)
+    if memory is None:
+        log.info("memory check skipped: this machine's memory is unknown")
+        return
+    verdict = fit.check(cfg, launch.world_size, memory)
+    if verdict.status == fit.UNKNOWN:
+        log.info("memory check skipped: %s", verdict.reason)
+    elif verdict.status == fit.FITS:
+        log.info("memory check: predicted %.2f GB per rank of %.1f GB (%s)", verdict.needed_gb,
+                 verdict.available_gb, memory.source)
+    elif cfg.training.check_memory:
+        raise InputError(fit.misfit_message(cfg, verdict) + "; to start anyway, --set "
+                         "training.check_memory=false")
+    else:
+        log.warning("training.check_memory=false, starting anyway: %s",
+                    fit.misfit_message(cfg, verdict))
+
+
 @entry_point("megatron-train")
 def main(argv=None) -> int:
     timer = StartupTimer()  # from this process's launch
@@ -66,11 +106,12 @@ def main(argv=None) -> int:
     from megatron.training.loop import train  # torch, DeepSpeed's dependencies, the model
     from megatron.launch.device import leave_distributed
     timer.mark("imports")
+    check_memory(cfg, launch)
+    timer.mark("memory check")
     summary = train(cfg, startup=timer)
     leave_distributed()
-    logging.getLogger("megatron.train").info(
-        "done: %d steps, final loss %.4f, run directory %s", summary.steps,
-        summary.losses[-1] if summary.losses else float("nan"), summary.run_dir)
+    log.info("done: %d steps, final loss %.4f, run directory %s", summary.steps,
+             summary.losses[-1] if summary.losses else float("nan"), summary.run_dir)
     return 0
 
 
