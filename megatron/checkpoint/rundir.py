@@ -7,6 +7,7 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       metrics.jsonl    one record per line (checkpoint/records.py)
       tensorboard/     the same scalars as TensorBoard events
       checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
+      chain.log        the job chain's decisions, one line each (training/chain.py)
       .lock            held by rank 0 of the run that uses the directory
 
 Standard library only (the planner and the job chain read run directories without torch).
@@ -33,8 +34,9 @@ from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
-CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK = (
-    "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock")
+CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG = (
+    "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
+    "chain.log")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,11 @@ class RunDir:
     @property
     def checkpoints(self) -> str:
         return self.file(CHECKPOINTS)
+
+    @property
+    def chain_log(self) -> str:
+        """One line per decision of the job chain (training/chain.py)."""
+        return self.file(CHAIN_LOG)
 
     def check(self) -> None:
         check_run_dir(self.path)

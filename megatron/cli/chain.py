@@ -6,8 +6,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 from typing import Optional, Sequence
 
+from megatron.checkpoint.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import entry_point
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, progress, read_env_file,
@@ -65,12 +67,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     d = end(p, args.start_step, args.exit_status, s)
     _say(d.message)
+    _record(cfg.run.dir, env, d.message)
     if d.go:
         job = submit_next(env["SLURM_JOB_ID"], args.script_args,
-                          read_env_file(args.submit_env), s.attempt, env.get(SCRIPT))
+                          read_env_file(args.submit_env), s.attempt, env.get(SCRIPT), d.failures)
         _say(f"submitted job {job} ({ATTEMPT}={s.attempt + 1}), to start when this one "
              "ends")
     return 0
+
+
+def _record(run_dir: str, env, message: str) -> None:
+    """The decision in <run.dir>/chain.log with its job and nodes (skipped if it cannot be
+    written: the job's output has the line too)."""
+    line = (f"{time.strftime('%Y-%m-%d %H:%M:%S')} job {env.get('SLURM_JOB_ID', '?')} on "
+            f"{env.get('SLURM_JOB_NODELIST', '?')}: {message}\n")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(RunDir(run_dir).chain_log, "a") as f:
+            f.write(line)
+    except OSError as e:
+        _say(f"cannot append to the run's chain log ({e})")
 
 
 def _say(line: str) -> None:

@@ -2,11 +2,16 @@
 continuing from the newest complete checkpoint (training.load=auto) on the node count it was
 given, each submitting the next one until training.train_iters is reached.
 
-A chain stops when the run is finished, when a job left the newest complete checkpoint where it
-found it (no progress: a job that fails at start, a run directory locked by another run, a time
-limit too short for one save), or after MEGATRON_CHAIN_MAX_ATTEMPTS jobs. Progress is the step of
-the newest checkpoint that validates, the same one the next job would continue from
-(megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it could not commit made none.
+A chain stops when the run is finished, after MEGATRON_CHAIN_MAX_ATTEMPTS jobs, or when a job
+left the newest complete checkpoint where it found it (no progress) and trying again would not
+help: it exited 0 (a time limit too short for one save), or with a status the next job would
+repeat (2: a bad config or input, a run directory locked by another run; 3: diverged), or it is
+the MEGATRON_CHAIN_MAX_FAILURES-th (3) such failure in a row. A job that failed before its first
+checkpoint otherwise (a node lost at start-up, a hang, a killed rank) is submitted again.
+Progress is the step of the newest checkpoint that validates, the same one the next job would
+continue from (megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it
+could not commit made none. Each decision is one line in the job's output and in
+<run.dir>/chain.log.
 
 examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
 
@@ -33,9 +38,13 @@ from megatron.config.errors import InputError
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 20
-ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT = (
+DEFAULT_MAX_FAILURES = 3
+ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT, FAILURES, MAX_FAILURES = (
     "MEGATRON_CHAIN", "MEGATRON_CHAIN_ATTEMPT", "MEGATRON_CHAIN_MAX_ATTEMPTS",
-    "MEGATRON_CHAIN_SCRIPT")
+    "MEGATRON_CHAIN_SCRIPT", "MEGATRON_CHAIN_FAILURES", "MEGATRON_CHAIN_MAX_FAILURES")
+# Exit statuses of megatron-train that the same job would repeat: a bad config or input (2), a
+# run that stopped itself on divergence (3). Anything else is taken for the machine's failure.
+REPEATS = {2: "a configuration or input error", 3: "the run diverged"}
 
 
 @dataclass(frozen=True)
@@ -62,32 +71,38 @@ class Settings:
     attempt: int  # 1 for the job a person submitted, n+1 for the job job n submitted
     max_attempts: int
     off_reason: str = ""
+    failures: int = 0  # jobs in a row before this one that failed without progress
+    max_failures: int = DEFAULT_MAX_FAILURES
 
 
 def settings(env: Mapping[str, str], final_save: bool = True) -> Settings:
     attempt = _count(env, ATTEMPT, 1)
     most = _count(env, MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS)
+    failed = _count(env, FAILURES, 0, least=0)
+    most_failed = _count(env, MAX_FAILURES, DEFAULT_MAX_FAILURES)
     flag = env.get(ENABLE, "1").strip().lower()
     if flag not in ("0", "1", "no", "yes", "off", "on", "false", "true"):
         raise InputError(f"{ENABLE}={env[ENABLE]!r} is invalid: expected 1 (chain jobs, the "
                          f"default) or 0 (one job, no resubmission)")
     if flag in ("0", "no", "off", "false"):
-        return Settings(False, attempt, most, f"chaining is off ({ENABLE}={env[ENABLE]})")
+        return Settings(False, attempt, most, f"chaining is off ({ENABLE}={env[ENABLE]})",
+                        failed, most_failed)
     if not final_save:
         return Settings(False, attempt, most, "chaining is off: training.save=false, so the "
                         "end of the run leaves no checkpoint to tell the chain it finished "
-                        "(set training.save=true)")
+                        "(set training.save=true)", failed, most_failed)
     if "SLURM_JOB_ID" not in env:
-        return Settings(False, attempt, most, "chaining is off: not inside a Slurm job")
-    return Settings(True, attempt, most)
+        return Settings(False, attempt, most, "chaining is off: not inside a Slurm job", failed,
+                        most_failed)
+    return Settings(True, attempt, most, "", failed, most_failed)
 
 
-def _count(env: Mapping[str, str], name: str, default: int) -> int:
+def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> int:
     text = env.get(name, "").strip()
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
-        raise InputError(f"{name}={env[name]!r} is invalid: expected a whole number >= 1")
+    if not text.isdigit() or int(text) < least:
+        raise InputError(f"{name}={env[name]!r} is invalid: expected a whole number >= {least}")
     return int(text)
 
 
@@ -95,6 +110,7 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
 class Decision:
     go: bool  # begin: train in this job; end: submit the next one
     message: str
+    failures: int = 0  # end: the next job's MEGATRON_CHAIN_FAILURES
 
 
 def _where(p: Progress) -> str:
@@ -115,24 +131,48 @@ def begin(p: Progress, s: Settings) -> Decision:
 
 
 def end(p: Progress, start_step: int, exit_status: int, s: Settings) -> Decision:
-    """After training: submit the next job only if this one moved the newest complete checkpoint
-    forward and the run is not finished, within the bound on jobs."""
+    """After training: submit the next job if this one moved the newest complete checkpoint
+    forward, or if it failed before it could (a node lost, a hang before the first save) fewer
+    than max_failures times in a row; within the bound on jobs, and never after a failure the
+    next job would repeat (REPEATS) or a clean exit without progress."""
     if p.finished:
         jobs = f" after {s.attempt} job(s) of this chain" if s.enabled else ""
         return Decision(False, f"{_where(p)}: the run is finished{jobs}")
     if not s.enabled:
         return Decision(False, f"{_where(p)}; {s.off_reason}: not submitting the next job")
+    failures = 0
     if p.step <= start_step:
-        return Decision(False, f"{_where(p)}: no progress in this job (it started from step "
-                               f"{start_step}; exit status {exit_status}): not submitting the "
-                               "next job. Fix the cause (see above in this log), then submit "
-                               "again")
+        stop = _no_progress(p, start_step, exit_status, s)
+        if stop is not None:
+            return stop
+        failures = s.failures + 1
     if s.attempt >= s.max_attempts:
         return Decision(False, f"{_where(p)}: this was job {s.attempt} of at most "
                                f"{s.max_attempts} ({MAX_ATTEMPTS}): not submitting the next "
                                "job. Submit again to continue (the count starts over)")
-    return Decision(True, f"{_where(p)} (this job trained from step {start_step}, exit status "
-                          f"{exit_status}): submitting job {s.attempt + 1}")
+    why = (f"this job trained from step {start_step}" if not failures else
+           f"no progress in this job, failure {failures} of at most {s.max_failures} in a row "
+           f"({MAX_FAILURES}): trying again")
+    return Decision(True, f"{_where(p)} ({why}, exit status {exit_status}): submitting job "
+                          f"{s.attempt + 1}", failures)
+
+
+def _no_progress(p: Progress, start_step: int, exit_status: int, s: Settings
+                 ) -> Optional[Decision]:
+    """The stop for a job that left the newest checkpoint where it was, or None to try again."""
+    head = (f"{_where(p)}: no progress in this job (it started from step {start_step}; exit "
+            f"status {exit_status}): not submitting the next job")
+    if exit_status == 0:
+        return Decision(False, f"{head}. It ended cleanly without a checkpoint (a time limit "
+                               "too short for one save?); fix the cause, then submit again")
+    if exit_status in REPEATS:
+        return Decision(False, f"{head}: {REPEATS[exit_status]} fails the same way again. Fix "
+                               "the cause (see above in this log), then submit again")
+    if s.failures + 1 >= s.max_failures:
+        return Decision(False, f"{head}: {s.failures + 1} jobs in a row failed without progress "
+                               f"({MAX_FAILURES}={s.max_failures}). Fix the cause (see above in "
+                               "this log), then submit again")
+    return None
 
 
 # --- The next job: its sbatch command line and environment ------------------------------------
@@ -181,7 +221,7 @@ def script_path(command: str, script_args: Sequence[str]) -> str:
                      "script to submit again")
 
 
-def next_env(submitted: Mapping[str, str], attempt: int) -> Dict[str, str]:
+def next_env(submitted: Mapping[str, str], attempt: int, failures: int = 0) -> Dict[str, str]:
     """The next job's environment: the one this job was submitted with (before env.sh changed
     it: NCCL_NET depends on the node count, MEGATRON_JOB_END_TIME on the job), without this job's
     SLURM_* variables
@@ -189,6 +229,7 @@ def next_env(submitted: Mapping[str, str], attempt: int) -> Dict[str, str]:
     env = {k: v for k, v in submitted.items()
            if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     env[ATTEMPT] = str(attempt + 1)
+    env[FAILURES] = str(failures)
     return env
 
 
@@ -204,14 +245,14 @@ def read_env_file(path: str) -> Dict[str, str]:
 
 
 def submit_next(job_id: str, script_args: Sequence[str], submitted: Mapping[str, str],
-                attempt: int, script: Optional[str] = None) -> str:
+                attempt: int, script: Optional[str] = None, failures: int = 0) -> str:
     """Submits the next job; returns its id. Raises InputError with Slurm's message."""
     query = _run(squeue_command(job_id))
     if query.returncode != 0 or not query.stdout.strip():
         raise InputError(f"squeue found no record of job {job_id}: {query.stderr.strip()}")
     cmd = sbatch_command(job_id, query.stdout.splitlines()[0], script_args, script)
     log.info("submitting: %s", shlex.join(cmd))
-    done = _run(cmd, env=next_env(submitted, attempt))
+    done = _run(cmd, env=next_env(submitted, attempt, failures))
     if done.returncode != 0:
         raise InputError(f"sbatch refused the next job (exit status {done.returncode}): "
                          f"{done.stderr.strip()}")

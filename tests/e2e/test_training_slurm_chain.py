@@ -12,8 +12,10 @@ training.exit_interval=2 of training.train_iters=6 and submits the script again.
 If a chain breaks, look first at the job logs the assertion prints (lines starting `chain:`)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -154,3 +156,56 @@ def test_chain_stops_when_a_job_makes_no_progress(slurm, tmp_path):
     assert "no progress in this job (it started from step 0; exit status 2): not submitting" \
         in log, log[-3000:]
     assert not (run_dir / "checkpoints").exists() or not os.listdir(run_dir / "checkpoints")
+
+
+def _kill_rank_once(run_dir: str, procid: str, done: threading.Event, killed: list):
+    """kill -9 the first training task of this run with SLURM_PROCID=procid (a node lost)."""
+    while not done.is_set() and not killed:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if ("megatron.cli.train" in cmd and f"run.dir={run_dir}" in cmd
+                    and f"SLURM_PROCID={procid}" in env):
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+                return
+        time.sleep(0.05)
+
+
+def test_a_job_that_loses_a_rank_before_its_first_checkpoint_is_followed(slurm, tmp_path):
+    """Issue 20 item 6: the chain goes on after a job that failed before its first checkpoint
+    (rank 1 killed at start-up; --kill-on-bad-exit ends the step), and finishes the run with an
+    uninterrupted run's losses; chain.log in the run directory records both decisions."""
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    c = Chain(slurm, tmp_path, run_dir, f"lost-{tmp_path.name}")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "megatron.cli.train", "--config", TINY, *TRAIN,
+         *set_args(f"run.dir={ref_dir}")], cwd=ROOT, env=c.run_env.env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_rank_once, args=(str(run_dir), "1", done, killed))
+    killer.start()
+    try:
+        jobs = c.run(2, *TRAIN, timeout=240)
+    finally:
+        done.set()
+        killer.join()
+        ref_out = reference.communicate(timeout=300)[0]
+    assert killed, "no rank 1 was found to kill"
+    states = [s for _, s, _ in jobs]
+    assert len(states) == 2 and states[0].startswith("FAILED") and states[1] == "COMPLETED 0:0", \
+        c.logs()
+    assert "failure 1 of at most 3 in a row" in jobs[0][2], jobs[0][2][-3000:]
+    assert "the run is finished after 2 job(s)" in jobs[1][2], jobs[1][2][-3000:]
+    chain_log = (run_dir / "chain.log").read_text()
+    assert "submitting job 2" in chain_log and "the run is finished" in chain_log, chain_log
+    assert reference.returncode == 0, ref_out[-3000:]
+    got, want = losses(run_dir), losses(ref_dir)
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)

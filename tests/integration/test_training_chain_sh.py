@@ -76,11 +76,24 @@ def test_chain_sh_submits_the_same_script_again(tmp_path):
     assert not list(tmp_path.glob("megatron-chain-env.*"))  # the snapshot is removed
 
 
-def test_chain_sh_stops_without_progress(tmp_path):
+def test_chain_sh_stops_without_progress_after_a_failure_that_would_repeat(tmp_path):
+    rc, err = run_job(tmp_path, [], srun_rc=2)
+    assert rc == 0, err
+    assert "no progress in this job" in err and "exit status 2" in err, err
+    assert "a configuration or input error fails the same way again" in err, err
+    assert not (tmp_path / "sbatch.argv").exists()
+    assert "not submitting" in (tmp_path / "run" / "chain.log").read_text()
+
+
+def test_chain_sh_tries_again_after_a_failure_before_the_first_checkpoint(tmp_path):
     rc, err = run_job(tmp_path, [], srun_rc=1)
     assert rc == 0, err
-    assert "no progress in this job" in err and "exit status 1" in err, err
-    assert not (tmp_path / "sbatch.argv").exists()
+    assert "failure 1 of at most 3 in a row" in err, err
+    env = dict(line.split("=", 1) for line in
+               (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
+    assert env["MEGATRON_CHAIN_FAILURES"] == "1"
+    log = (tmp_path / "run" / "chain.log").read_text()
+    assert "submitting job 2" in log and "job " in log
 
 
 def test_chain_sh_ends_a_job_of_a_finished_run_before_training(tmp_path):

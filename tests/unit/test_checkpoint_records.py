@@ -25,7 +25,7 @@ REPO = Path(ROOT)
 SCANNED = [p for d in ("megatron", "benchmarks", "tools") for p in sorted((REPO / d).rglob("*.py"))]
 
 RUN_FILES = {rundir.CONFIG, rundir.DEEPSPEED, rundir.METRICS, rundir.TENSORBOARD,
-             rundir.CHECKPOINTS, rundir.LOCK}
+             rundir.CHECKPOINTS, rundir.LOCK, rundir.CHAIN_LOG}
 CHECKPOINT_FILES = {store.META, store.INDEX, store.LATEST}
 HOMES = {REPO / "megatron/checkpoint/rundir.py": RUN_FILES,
          REPO / "megatron/checkpoint/store.py": CHECKPOINT_FILES}

@@ -31,6 +31,8 @@ def test_settings_from_the_environment():
     s = chain.settings({**job, "MEGATRON_CHAIN_ATTEMPT": "3",
                         "MEGATRON_CHAIN_MAX_ATTEMPTS": "5"})
     assert (s.enabled, s.attempt, s.max_attempts) == (True, 3, 5)
+    s = chain.settings({**job, "MEGATRON_CHAIN_FAILURES": "0", "MEGATRON_CHAIN_MAX_FAILURES": "5"})
+    assert (s.failures, s.max_failures) == (0, 5)
     off = chain.settings({**job, "MEGATRON_CHAIN": "0"})
     assert not off.enabled and "MEGATRON_CHAIN=0" in off.off_reason
     assert "training.save=false" in chain.settings(job, final_save=False).off_reason
@@ -67,10 +69,27 @@ def test_end_submits_only_after_progress():
     assert chain.end(at(4), 2, 1, ON).go  # a job that failed after committing steps
     d = chain.end(at(6), 4, 0, ON)
     assert not d.go and "finished after 1 job(s) of this chain" in d.message
+    d = chain.end(at(0), 0, 0, ON)  # ended cleanly before its first save
+    assert not d.go and "no progress" in d.message and "too short for one save" in d.message
+
+
+def test_a_job_that_failed_before_its_first_checkpoint_is_tried_again_within_a_bound():
+    """Issue 20 item 6: a node lost at start-up, a hang before the first save or a rank killed
+    (exit 1, 137, ...) no longer ends the chain; the failures in a row stay under a bound."""
     d = chain.end(at(2), 2, 1, ON)
-    assert not d.go and "no progress" in d.message and "exit status 1" in d.message
-    d = chain.end(at(0), 0, 0, ON)  # stopped before its first save
-    assert not d.go and "no progress" in d.message
+    assert d.go and d.failures == 1 and "failure 1 of at most 3 in a row" in d.message
+    d = chain.end(at(2), 2, 137, chain.Settings(True, 2, 20, "", failures=1))
+    assert d.go and d.failures == 2
+    d = chain.end(at(2), 2, 1, chain.Settings(True, 3, 20, "", failures=2))
+    assert not d.go and "3 jobs in a row failed without progress" in d.message
+    assert chain.end(at(4), 2, 1, chain.Settings(True, 3, 20, "", failures=2)).failures == 0
+
+
+@pytest.mark.parametrize("status, words", [(2, "a configuration or input error"),
+                                           (3, "the run diverged")])
+def test_a_failure_the_next_job_would_repeat_stops_at_once(status, words):
+    d = chain.end(at(2), 2, status, ON)
+    assert not d.go and f"exit status {status}" in d.message and words in d.message
 
 
 def test_end_stops_at_the_bound_on_jobs():
@@ -124,9 +143,9 @@ def test_script_path_needs_the_known_arguments():
 def test_next_env_is_the_submission_environment():
     env = chain.next_env({"PATH": "/venv/bin", "SLURM_JOB_ID": "5", "SLURM_NNODES": "2",
                           "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "abc",
-                          "MEGATRON_CHAIN_ATTEMPT": "2"}, attempt=2)
+                          "MEGATRON_CHAIN_ATTEMPT": "2"}, attempt=2, failures=1)
     assert env == {"PATH": "/venv/bin", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "abc",
-                   "MEGATRON_CHAIN_ATTEMPT": "3"}
+                   "MEGATRON_CHAIN_ATTEMPT": "3", "MEGATRON_CHAIN_FAILURES": "1"}
 
 
 def test_the_library_part_neither_prints_nor_exits():
