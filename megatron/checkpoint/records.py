@@ -265,10 +265,23 @@ class RollbackEvent:
     event: str = "rollback"
 
 
+@dataclass(frozen=True)
+class HangEvent:
+    """A rank's watchdog found a phase past its limit (training/watchdog.py); written by that
+    rank, whichever it is. The stacks of its threads are in <run.dir>/hangs/."""
+    step: int
+    rank: int
+    host: str
+    phase: str      # start-up, step, agreement, evaluation, save, load
+    seconds: float  # in the phase so far
+    limit_s: float
+    event: str = "hang"
+
+
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
-                                                SpikeEvent, RollbackEvent)}
+                                                SpikeEvent, RollbackEvent, HangEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
-                      RollbackEvent]
+                      RollbackEvent, HangEvent]
 _OPTIONAL = ("startup", "nonfinite")
 
 

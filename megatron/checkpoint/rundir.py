@@ -8,6 +8,7 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       tensorboard/     the same scalars as TensorBoard events
       checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
       chain.log        the job chain's decisions, one line each (training/chain.py)
+      hangs/           rank<N>.txt: every thread's stack when that rank's watchdog fired
       .lock            held by rank 0 of the run that uses the directory
 
 Standard library only (the planner and the job chain read run directories without torch).
@@ -34,9 +35,9 @@ from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
-CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG = (
+CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS = (
     "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
-    "chain.log")
+    "chain.log", "hangs")
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ class RunDir:
     @property
     def checkpoints(self) -> str:
         return self.file(CHECKPOINTS)
+
+    @property
+    def hangs(self) -> str:
+        """Where a rank's hang watchdog writes its threads' stacks (training/watchdog.py)."""
+        return self.file(HANGS)
 
     @property
     def chain_log(self) -> str:

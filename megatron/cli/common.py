@@ -14,6 +14,7 @@ from megatron.config.errors import ConfigError, Diverged, InputError
 EXIT_BAD_INPUT = 2      # a config value, a file or the environment is wrong; the message says which
 EXIT_DIVERGED = 3       # the run stopped itself on divergence (megatron-train)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+# 4: a rank's hang watchdog ended it (training/watchdog.py EXIT_HANG; it exits from its thread).
 
 
 def setup_logging(rank: int = 0) -> None:

@@ -187,6 +187,13 @@ class TrainingConfig:
     # Before anything is allocated, megatron-train refuses a job the planner predicts will not
     # fit the device's memory (megatron/planner/fit.py); false logs a warning and starts anyway.
     check_memory: bool = True
+    # The hang watchdog (training/watchdog.py): a rank whose step, agreement, evaluation, save or
+    # load runs past its limit dumps every thread's stack into <run.dir>/hangs/, writes a hang
+    # event and exits 4, so srun (--kill-on-bad-exit) or torchrun ends the job. Until the first
+    # step is done the limit is startup_timeout_minutes (rendezvous, model, first step); then
+    # the larger of hang_timeout_minutes and 5x the slowest such phase measured. 0: off.
+    startup_timeout_minutes: float = 30.0
+    hang_timeout_minutes: float = 5.0
 
     def __post_init__(self):
         s = "training"
@@ -202,6 +209,8 @@ class TrainingConfig:
                               "a number of minutes >= 0", "use 0 to save by steps only")
         _positive(s, "exit_interval", self.exit_interval, allow_zero=True)
         _positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
+        _positive(s, "startup_timeout_minutes", self.startup_timeout_minutes, allow_zero=True)
+        _positive(s, "hang_timeout_minutes", self.hang_timeout_minutes, allow_zero=True)
         for name in ("max_skipped_steps", "max_loss_scale_skips", "max_rollbacks"):
             _positive(s, name, getattr(self, name), allow_zero=True)
         _positive(s, "loss_spike_window", self.loss_spike_window)

@@ -13,8 +13,10 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron.checkpoint.records import EvalRecord, StartupRecord
+from megatron.checkpoint.rundir import RunDir
 from megatron.config import Config
 from megatron.data import build_iterators
+from megatron.launch.env import discover
 from megatron.launch.startup import StartupTimer
 from megatron.training.agree import Decisions, agree
 from megatron.training.checkpointer import Checkpointer
@@ -22,6 +24,7 @@ from megatron.training.divergence import Divergence
 from megatron.training.metrics import MetricsWriter, model_flops_per_token, step_record
 from megatron.training.signals import StopFlag
 from megatron.training.startup import Job, start, write_run_files
+from megatron.training.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +58,25 @@ def train(cfg: Config, startup: Optional[StartupTimer] = None) -> RunSummary:
     in this process, and launch.leave_distributed ends it."""
     started = time.time()  # exit_duration_minutes counts start-up too
     timer = startup if startup is not None else StartupTimer(started)
-    job = start(cfg, timer)
-    try:
-        with StopFlag() as stop:
-            return _Loop(cfg, job, started, stop).run(timer)
-    finally:
-        if job.lock:
-            job.lock.release()
+    t = cfg.training
+    with Watchdog(RunDir(cfg.run.dir), discover().rank, 60 * t.startup_timeout_minutes,
+                  60 * t.hang_timeout_minutes) as watchdog:
+        job = start(cfg, timer)
+        try:
+            with StopFlag() as stop:
+                return _Loop(cfg, job, started, stop, watchdog).run(timer)
+        finally:
+            if job.lock:
+                job.lock.release()
 
 
 class _Loop:
     """One run of the loop: a step, then what every rank agreed follows from it."""
 
-    def __init__(self, cfg: Config, job: Job, started: float, stop: StopFlag):
+    def __init__(self, cfg: Config, job: Job, started: float, stop: StopFlag, watchdog: Watchdog):
         t = self.t = cfg.training
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
+        self.watchdog = watchdog
         self.writer = MetricsWriter(job.run, t.tensorboard) if job.launch.rank == 0 else None
         self.checkpointer = Checkpointer(cfg, job, self.writer, started)
         self.divergence = Divergence(t, self.checkpointer, self.writer)
@@ -97,7 +104,9 @@ class _Loop:
 
     def _begin(self, timer: StartupTimer) -> None:
         job = self.job
+        self.watchdog.enter("load")
         self.step, self.consumed = self.checkpointer.resume()
+        self.watchdog.done()
         self.summary.steps = self.step
         if job.resume is not None:
             timer.mark("checkpoint load")
@@ -110,18 +119,29 @@ class _Loop:
 
     def _iteration(self) -> bool:
         """One step and what follows from it; True when the run stops here."""
+        dog = self.watchdog
+        dog.enter("step", self.step + 1)
         result, dt = self._train_step()
+        dog.enter("agreement")
         verdict = self.divergence.observe(self.step, result.loss, result.skipped)
         save_due, out_of_time = self.checkpointer.due(dt)
         agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action),
                        self.device)
+        dog.done()
+        dog.enter("rollback")
         back = self.divergence.act(self.step, verdict, agreed.action)
+        dog.done()
         if back is not None:
             self.step = back
             return False
         if self.t.eval_interval and self.step % self.t.eval_interval == 0:
+            dog.enter("evaluation")
             self.summary.valid_losses.append(self._evaluate(self.data.valid, "valid"))
-        return self.checkpointer.after_step(self.step, self.consumed, agreed)
+            dog.done()
+        dog.enter("save")
+        stopping = self.checkpointer.after_step(self.step, self.consumed, agreed)
+        dog.done()
+        return stopping
 
     def _train_step(self):
         _sync(self.device)
@@ -129,6 +149,7 @@ class _Loop:
         result = self.job.engine.train_step(self.data.train)
         _sync(self.device)
         dt = time.perf_counter() - t0
+        self.watchdog.done()
         self.step += 1
         self.consumed += self.t.global_batch_size
         self.summary.losses.append(result.loss)
