@@ -15,26 +15,12 @@ from megatron.checkpoint.records import read_metrics, steps
 from megatron.checkpoint.rundir import RunDir
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv
 from tests.e2e.slurm_cluster import tail, wait_job
+from tests.support.procs import pid_of
 
 pytestmark = pytest.mark.slow
 
 SBATCH = os.path.join(ROOT, "examples", "frontier", "train.sbatch")
 KILL = "--kill-on-bad-exit=1"
-
-
-def _task_pid(run_dir: str, procid: str):
-    """The pid of the training task with SLURM_PROCID=procid of this run, or None."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "megatron.cli.train" in cmd and run_dir in cmd and f"SLURM_PROCID={procid}" in env:
-            return int(pid)
-    return None
 
 
 def _wait_steps(run: RunDir, n: int, timeout: float):
@@ -72,7 +58,7 @@ srun {KILL} {sys.executable} -m megatron.cli.train --config {TINY} \\
     job = int(proc.stdout.strip().split(";")[0])
     try:
         _wait_steps(run, 3, timeout=240)
-        pid = _task_pid(run.path, "1")
+        pid = pid_of("megatron.cli.train", run.path, env_has="SLURM_PROCID=1")
         assert pid is not None, "no task with SLURM_PROCID=1 found"
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()

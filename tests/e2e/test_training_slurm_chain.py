@@ -23,6 +23,7 @@ import pytest
 from megatron.checkpoint.rundir import RunLock
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
 from tests.e2e.slurm_cluster import ENDED
+from tests.support.procs import pid_of
 
 pytestmark = pytest.mark.slow
 
@@ -161,19 +162,11 @@ def test_chain_stops_when_a_job_makes_no_progress(slurm, tmp_path):
 def _kill_rank_once(run_dir: str, procid: str, done: threading.Event, killed: list):
     """kill -9 the first training task of this run with SLURM_PROCID=procid (a node lost)."""
     while not done.is_set() and not killed:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().decode(errors="replace")
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if ("megatron.cli.train" in cmd and f"run.dir={run_dir}" in cmd
-                    and f"SLURM_PROCID={procid}" in env):
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
-                return
+        pid = pid_of("megatron.cli.train", f"run.dir={run_dir}", env_has=f"SLURM_PROCID={procid}")
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
         time.sleep(0.05)
 
 

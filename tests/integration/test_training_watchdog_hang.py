@@ -14,20 +14,7 @@ from megatron.checkpoint.records import events, read_metrics, steps
 from megatron.checkpoint.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
-
-
-def _rank_pid(run_dir: str, rank: str):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "megatron.cli.train" in cmd and run_dir in cmd and f"RANK={rank}" in env:
-            return int(pid)
-    return None
+from tests.support.procs import pid_of
 
 
 def test_a_stopped_rank_ends_the_job_in_the_hang_limit_with_stacks_and_an_event(tmp_path):
@@ -51,7 +38,7 @@ def test_a_stopped_rank_ends_the_job_in_the_hang_limit_with_stacks_and_an_event(
             except FileNotFoundError:
                 pass
             time.sleep(0.2)
-        stopped = _rank_pid(run.path, "1")
+        stopped = pid_of("megatron.cli.train", run.path, env_has="RANK=1")
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)
         t0 = time.monotonic()
