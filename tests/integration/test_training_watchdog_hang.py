@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from megatron.checkpoint.records import events, read_metrics, steps
 from megatron.checkpoint.rundir import RunDir
 from tests.support.cli import clean_env, sets
@@ -17,6 +19,7 @@ from tests.support.paths import ROOT, TINY
 from tests.support.procs import pid_of
 
 
+@pytest.mark.slow  # torchrun, two ranks and the teardown after the hang: about 45 s
 def test_a_stopped_rank_ends_the_job_in_the_hang_limit_with_stacks_and_an_event(tmp_path):
     run = RunDir(str(tmp_path / "run"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
