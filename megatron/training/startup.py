@@ -87,6 +87,8 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
                               cfg.parallel.tensor_parallel_size)
     layout = layout_record(cfg, dp, vocab, text_vocab)
     timer.mark("tokenizer")
+    if device_info.is_gpu:
+        flight_recorder_env(RunDir(cfg.run.dir), os.environ)
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
     timer.mark("process group")
     run = RunDir(cfg.run.dir)
@@ -110,6 +112,24 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
                ds_config, engine, lock)
+
+
+# PyTorch's NCCL/RCCL flight recorder: a ring of the last collectives per rank, dumped when the
+# process group's own watchdog times out (docs: torch_nccl_environment_variables).
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def flight_recorder_env(run: RunDir, environ) -> None:
+    """Turns the flight recorder on for a GPU run, dumping into <run.dir>/hangs/ beside the
+    hang watchdog's stacks; a value the user set wins."""
+    for key, value in FLIGHT_RECORDER.items():
+        environ.setdefault(key, value)
+    environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+                       os.path.join(run.hangs, "nccl_trace_rank_"))
+    try:
+        os.makedirs(run.hangs, exist_ok=True)
+    except OSError:  # run.dir's own check names the problem, after the rendezvous
+        pass
 
 
 def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:

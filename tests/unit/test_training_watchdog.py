@@ -51,3 +51,13 @@ def test_a_phase_within_its_limit_never_fires(tmp_path):
             dog.done()
     assert not exits and not (tmp_path / "hangs").exists()
     assert wd.POLL_S >= 0.5  # the thread wakes rarely in real runs
+
+
+def test_gpu_runs_turn_the_flight_recorder_on_into_the_hangs_folder(tmp_path):
+    from megatron.training.startup import flight_recorder_env
+    run = RunDir(str(tmp_path / "run"))
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}  # the user's choice stays
+    flight_recorder_env(run, env)
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(run.hangs)
+    assert (tmp_path / "run" / "hangs").is_dir()
