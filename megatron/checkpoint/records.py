@@ -278,10 +278,22 @@ class HangEvent:
     event: str = "hang"
 
 
+@dataclass(frozen=True)
+class StragglerEvent:
+    """A rank whose own forward time over the last training.straggler_interval steps was
+    `ratio` times the median rank's (training/stragglers.py)."""
+    step: int
+    rank: int
+    host: str
+    ratio: float
+    event: str = "straggler"
+
+
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
-                                                SpikeEvent, RollbackEvent, HangEvent)}
+                                                SpikeEvent, RollbackEvent, HangEvent,
+                                                StragglerEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
-                      RollbackEvent, HangEvent]
+                      RollbackEvent, HangEvent, StragglerEvent]
 _OPTIONAL = ("startup", "nonfinite")
 
 

@@ -194,6 +194,10 @@ class TrainingConfig:
     # the larger of hang_timeout_minutes and 5x the slowest such phase measured. 0: off.
     startup_timeout_minutes: float = 30.0
     hang_timeout_minutes: float = 5.0
+    # Every straggler_interval steps (0: never) the ranks compare their own forward time; one
+    # above straggler_factor x the median is named in a warning and a straggler event.
+    straggler_interval: int = 50
+    straggler_factor: float = 1.2
 
     def __post_init__(self):
         s = "training"
@@ -211,6 +215,10 @@ class TrainingConfig:
         _positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
         _positive(s, "startup_timeout_minutes", self.startup_timeout_minutes, allow_zero=True)
         _positive(s, "hang_timeout_minutes", self.hang_timeout_minutes, allow_zero=True)
+        _positive(s, "straggler_interval", self.straggler_interval, allow_zero=True)
+        if self.straggler_factor <= 1.0:
+            raise ConfigError("training.straggler_factor", self.straggler_factor,
+                              "a factor above 1", "e.g. 1.2: 20% slower than the median rank")
         for name in ("max_skipped_steps", "max_loss_scale_skips", "max_rollbacks"):
             _positive(s, name, getattr(self, name), allow_zero=True)
         _positive(s, "loss_spike_window", self.loss_spike_window)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import time
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -82,6 +83,39 @@ def _import_deepspeed():
     return deepspeed
 
 
+class ComputeTimer:
+    """Seconds this rank spends in its own forward passes (no collective of a data-parallel
+    layout waits there), summed until take(): what names a slow rank (training/stragglers.py).
+    On a GPU the span is timed with CUDA events read at take(), so no step synchronizes for it."""
+
+    def __init__(self, device: torch.device):
+        self.gpu = device.type == "cuda"
+        self.seconds, self.pending, self._began = 0.0, [], None
+
+    def start(self) -> None:
+        if self.gpu:
+            self._began = torch.cuda.Event(enable_timing=True)
+            self._began.record()
+        else:
+            self._began = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.gpu:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pending.append((self._began, end))
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+    def take(self) -> float:
+        if self.pending:
+            self.pending[-1][1].synchronize()
+            self.seconds += sum(a.elapsed_time(b) for a, b in self.pending) / 1e3
+            self.pending = []
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 @dataclass
 class StepResult:
     loss: float
@@ -121,6 +155,7 @@ class Engine:
         self.gas = ds_config["gradient_accumulation_steps"]
         self.fp16 = ds_config.get("fp16", {}).get("enabled", False)
         self._prefixes = list(layer_names)
+        self.compute = ComputeTimer(device)  # forward passes; not measured under PP (DeepSpeed's)
         self.optimizer = build_optimizer(module, optimizer_cfg, device)
         self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, train_iters)
         mark("optimizer")
@@ -159,7 +194,10 @@ class Engine:
         else:
             total = torch.zeros((), device=self.device)
             for _ in range(self.gas):
-                out = self.engine(*self._batch(it))
+                batch = self._batch(it)
+                self.compute.start()
+                out = self.engine(*batch)
+                self.compute.stop()
                 self.engine.backward(out)
                 self.engine.step()
                 total += out.detach().float()

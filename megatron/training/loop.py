@@ -24,6 +24,7 @@ from megatron.training.divergence import Divergence
 from megatron.training.metrics import MetricsWriter, model_flops_per_token, step_record
 from megatron.training.signals import StopFlag
 from megatron.training.startup import Job, start, write_run_files
+from megatron.training.stragglers import Stragglers
 from megatron.training.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class _Loop:
         self.writer = MetricsWriter(job.run, t.tensorboard) if job.launch.rank == 0 else None
         self.checkpointer = Checkpointer(cfg, job, self.writer, started)
         self.divergence = Divergence(t, self.checkpointer, self.writer)
+        self.stragglers = Stragglers(t, job.engine, job.state.pp > 1, job.device, self.writer)
         self.tokens_step = t.global_batch_size * cfg.model.seq_length
         self.step_flops = model_flops_per_token(cfg.model, job.vocab) * self.tokens_step
         self.peak = t.peak_tflops or job.device_info.peak_tflops
@@ -123,6 +125,7 @@ class _Loop:
         dog.enter("step", self.step + 1)
         result, dt = self._train_step()
         dog.enter("agreement")
+        self.stragglers.after_step(self.step)
         verdict = self.divergence.observe(self.step, result.loss, result.skipped)
         save_due, out_of_time = self.checkpointer.due(dt)
         agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action),

@@ -6,10 +6,10 @@ waits for the process group's timeout, which must be long enough for the rendezv
 of ranks, and then dies with a bare backend traceback. The watchdog gives each phase its own
 limit instead: training.startup_timeout_minutes for start-up (rendezvous, model) and for the first
 phase of each kind (the first step, save, evaluation, load); after that, the larger of
-training.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind. Past it, the rank writes every thread's Python stack to
-<run.dir>/hangs/rank<N>.txt, appends {"event": "hang", rank, host, phase, ...} to metrics.jsonl
-and exits EXIT_HANG, so srun --kill-on-bad-exit or torchrun ends the whole job, and the chain
-submits the next one.
+training.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind.
+Past it, the rank writes every thread's Python stack to <run.dir>/hangs/rank<N>.txt, appends
+{"event": "hang", rank, host, phase, ...} to metrics.jsonl and exits EXIT_HANG, so srun
+--kill-on-bad-exit or torchrun ends the whole job, and the chain submits the next one.
 
 The loop's cost is two attribute writes per phase; the thread wakes every POLL_S seconds."""
 from __future__ import annotations

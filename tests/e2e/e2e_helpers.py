@@ -1,11 +1,12 @@
 """Shared pieces of the end-to-end tests: a clean launch environment in which every compiler is a
 stub that records its call and fails, and what a finished run left behind."""
-import json
 import os
 import sys
 
 from tests.support.procs import free_port
 from tests.support.paths import ROOT, TINY
+from megatron.checkpoint.records import read_metrics, steps
+from megatron.checkpoint.rundir import RunDir
 
 __all__ = ["ROOT", "TINY", "RunEnv", "free_port", "set_args", "train_steps"]
 
@@ -45,9 +46,7 @@ class RunEnv:
 
 def train_steps(run_dir: str):
     """Training steps logged in run_dir/metrics.jsonl (evaluation lines excluded)."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    return [x["step"] for x in lines if "split" not in x and "event" not in x]
+    return [r.step for r in steps(read_metrics(RunDir(str(run_dir)).metrics))]
 
 
 def set_args(*items):

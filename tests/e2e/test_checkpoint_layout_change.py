@@ -12,6 +12,8 @@ import pytest
 
 from megatron.cli.convert import main as convert_main
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args
+from megatron.checkpoint.records import read_metrics, steps
+from megatron.checkpoint.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 EXE = shutil.which("megatron-train") or os.path.join(os.path.dirname(sys.executable),
@@ -43,9 +45,7 @@ def train(tmp_path, nproc, run_dir, *items):
 
 
 def losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [r["loss"] for r in rows if "split" not in r and "event" not in r]
+    return [r.loss for r in steps(read_metrics(RunDir(str(run_dir)).metrics))]
 
 
 def test_resume_continues_in_another_layout_and_init_from_starts_any(tmp_path):

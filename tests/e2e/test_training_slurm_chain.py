@@ -10,7 +10,6 @@ training.exit_interval=2 of training.train_iters=6 and submits the script again.
 - A job that makes no progress (its run directory is locked by another run) does not submit
   another.
 If a chain breaks, look first at the job logs the assertion prints (lines starting `chain:`)."""
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ from megatron.checkpoint.rundir import RunLock
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
 from tests.e2e.slurm_cluster import ENDED
 from tests.support.procs import pid_of
+from megatron.checkpoint.records import read_metrics, steps
+from megatron.checkpoint.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +98,7 @@ class Chain:
 
 
 def losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    return {x["step"]: x["loss"] for x in lines if "split" not in x and "event" not in x}
+    return {r.step: r.loss for r in steps(read_metrics(RunDir(str(run_dir)).metrics))}
 
 
 def test_chain_resubmits_until_train_iters_with_an_uninterrupted_runs_losses(slurm, tmp_path):

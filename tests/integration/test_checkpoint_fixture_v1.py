@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.cli import clean_env, run_cli, sets
 from tests.support.paths import ROOT
+from megatron.checkpoint.records import read_metrics, steps
 
 FIXTURE = os.path.join(ROOT, "tests", "support", "data", "checkpoint_v1_tp2")
 
@@ -24,8 +25,7 @@ def old_run(tmp_path):
 
 
 def _step_lines(path):
-    lines = [json.loads(line) for line in open(path)]
-    return {r["step"]: r for r in lines if "event" not in r and "split" not in r}
+    return {r.step: r for r in steps(read_metrics(str(path)))}
 
 
 def test_a_checkpoint_of_the_previous_format_continues_with_the_same_losses(old_run):
@@ -40,4 +40,4 @@ def test_a_checkpoint_of_the_previous_format_continues_with_the_same_losses(old_
     for step, want in expected.items():
         line = got[int(step)]
         for key in ("loss", "lr", "grad_norm"):
-            assert line[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
+            assert getattr(line, key) == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
