@@ -9,6 +9,7 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
       chain.log        the job chain's decisions, one line each (training/chain.py)
       hangs/           rank<N>.txt: every thread's stack when that rank's watchdog fired
+      bad_nodes        nodes that failed their health check, for the chain to leave out
       .lock            held by rank 0 of the run that uses the directory
 
 Standard library only (the planner and the job chain read run directories without torch).
@@ -35,9 +36,9 @@ from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
-CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS = (
+CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS, BAD_NODES = (
     "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
-    "chain.log", "hangs")
+    "chain.log", "hangs", "bad_nodes")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,30 @@ class RunDir:
     def hangs(self) -> str:
         """Where a rank's hang watchdog writes its threads' stacks (training/watchdog.py)."""
         return self.file(HANGS)
+
+    @property
+    def bad_nodes(self) -> str:
+        """Nodes that failed their health check, one "node<TAB>why" line each (launch/health.py);
+        the job chain leaves them out of the next job."""
+        return self.file(BAD_NODES)
+
+    def add_bad_node(self, node: str, why: str) -> None:
+        """Appends one line with a single write (several ranks of a node may fail at once)."""
+        os.makedirs(self.path, exist_ok=True)
+        fd = os.open(self.bad_nodes, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{node}\t{why}\n".encode())
+        finally:
+            os.close(fd)
+
+    def read_bad_nodes(self) -> list:
+        """The nodes named in bad_nodes, each once, in the order they first failed."""
+        try:
+            with open(self.bad_nodes) as f:
+                names = [line.split("\t", 1)[0].strip() for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+        return list(dict.fromkeys(n for n in names if n))
 
     @property
     def chain_log(self) -> str:

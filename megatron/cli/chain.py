@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 from megatron.checkpoint.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import entry_point
-from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, progress, read_env_file,
-                                     settings, submit_next, _where)
+from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,
+                                     read_env_file, settings, submit_next, _where)
 
 EPILOG = """examples:
   # where a run stands: its resolved config names run.dir and training.train_iters
@@ -69,8 +69,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _say(d.message)
     _record(cfg.run.dir, env, d.message)
     if d.go:
+        exclude = excluded_nodes(RunDir(cfg.run.dir).read_bad_nodes(), env)
+        if exclude:
+            _say(f"leaving out the node(s) that failed their health check: {', '.join(exclude)}")
         job = submit_next(env["SLURM_JOB_ID"], args.script_args,
-                          read_env_file(args.submit_env), s.attempt, env.get(SCRIPT), d.failures)
+                          read_env_file(args.submit_env), s.attempt, env.get(SCRIPT), d.failures,
+                          exclude)
         _say(f"submitted job {job} ({ATTEMPT}={s.attempt + 1}), to start when this one "
              "ends")
     return 0

@@ -8,13 +8,14 @@ import os
 import sys
 from typing import Callable
 
-from megatron.config.errors import ConfigError, Diverged, InputError
+from megatron.config.errors import BadNode, ConfigError, Diverged, InputError
 
 # Exit statuses shared by every entry point (README's troubleshooting table names them).
 EXIT_BAD_INPUT = 2      # a config value, a file or the environment is wrong; the message says which
 EXIT_DIVERGED = 3       # the run stopped itself on divergence (megatron-train)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 # 4: a rank's hang watchdog ended it (training/watchdog.py EXIT_HANG; it exits from its thread).
+EXIT_BAD_NODE = 5       # this rank's node failed its health check (launch/health.py)
 
 
 def setup_logging(rank: int = 0) -> None:
@@ -29,6 +30,7 @@ def entry_point(prog: str, interrupted: str = "interrupted") -> Callable:
     ConfigError / InputError -> "<prog>: error: <message>" on stderr, exit 2
     OSError (a file that cannot be read or written) -> the same with the file's name, exit 2
     Diverged (megatron-train stopped itself) -> the same, exit 3
+    BadNode (the node failed its health check before training) -> the same, exit 5
     KeyboardInterrupt -> "<prog>: <interrupted>", exit 130
 
     Anything else is a bug and keeps its traceback. When the command itself opened a process
@@ -42,8 +44,9 @@ def entry_point(prog: str, interrupted: str = "interrupted") -> Callable:
             caller_group = _distributed_started()
             try:
                 return main(argv)
-            except (ConfigError, InputError, Diverged) as e:
-                code = EXIT_DIVERGED if isinstance(e, Diverged) else EXIT_BAD_INPUT
+            except (ConfigError, InputError, Diverged, BadNode) as e:
+                code = (EXIT_DIVERGED if isinstance(e, Diverged) else
+                        EXIT_BAD_NODE if isinstance(e, BadNode) else EXIT_BAD_INPUT)
                 return _leave(code, f"{prog}: error: {e}", caller_group)
             except OSError as e:
                 return _leave(EXIT_BAD_INPUT, f"{prog}: error: {_os_message(e)}", caller_group)

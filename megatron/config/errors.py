@@ -17,3 +17,8 @@ class InputError(ValueError):
 class Diverged(RuntimeError):
     """Training stopped itself: the loss or the gradients stopped being finite, or a loss spike
     asked for a stop. The message names the step, the cause and the last good checkpoint."""
+
+
+class BadNode(RuntimeError):
+    """This rank's node failed its health check before training (launch/health.py): the message
+    names the node and the check. The job chain leaves such nodes out of the next job."""

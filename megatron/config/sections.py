@@ -198,6 +198,10 @@ class TrainingConfig:
     # above straggler_factor x the median is named in a warning and a straggler event.
     straggler_interval: int = 50
     straggler_factor: float = 1.2
+    # Each rank checks its node before joining the job (launch/health.py: GPUs visible, a GEMM
+    # against its float64 reference, free memory, MEGATRON_HEALTH_CHECK); a failing node ends
+    # the job at once (exit 5) and the job chain leaves it out of the next job.
+    check_node: bool = True
 
     def __post_init__(self):
         s = "training"

@@ -11,7 +11,10 @@ checkpoint otherwise (a node lost at start-up, a hang, a killed rank) is submitt
 Progress is the step of the newest checkpoint that validates, the same one the next job would
 continue from (megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it
 could not commit made none. Each decision is one line in the job's output and in
-<run.dir>/chain.log.
+<run.dir>/chain.log. Nodes that failed their health check (launch/health.py, listed in
+<run.dir>/bad_nodes) are left out of every later job (sbatch --exclude), up to
+MEGATRON_CHAIN_MAX_EXCLUDED (8) of them; ask for a few more nodes than the layout needs (spares),
+and the chain keeps the job's node count.
 
 examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
 
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_MAX_FAILURES = 3
+DEFAULT_MAX_EXCLUDED = 8
+MAX_EXCLUDED = "MEGATRON_CHAIN_MAX_EXCLUDED"
 ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT, FAILURES, MAX_FAILURES = (
     "MEGATRON_CHAIN", "MEGATRON_CHAIN_ATTEMPT", "MEGATRON_CHAIN_MAX_ATTEMPTS",
     "MEGATRON_CHAIN_SCRIPT", "MEGATRON_CHAIN_FAILURES", "MEGATRON_CHAIN_MAX_FAILURES")
@@ -188,8 +193,22 @@ def squeue_command(job_id: str) -> List[str]:
     return ["squeue", "-h", "-j", job_id, "-o", _SEP.join(SQUEUE_FIELDS)]
 
 
+def excluded_nodes(bad: Sequence[str], env: Mapping[str, str]) -> List[str]:
+    """The nodes the next job leaves out: those that failed their health check along the chain
+    (<run.dir>/bad_nodes). More than MEGATRON_CHAIN_MAX_EXCLUDED (8) is a fault no node
+    exclusion cures (a broken module, a file system): InputError, and the chain stops."""
+    most = _count(env, MAX_EXCLUDED, DEFAULT_MAX_EXCLUDED)
+    if len(bad) > most:
+        raise InputError(f"{len(bad)} nodes failed their health check along this chain "
+                         f"({', '.join(bad)}), more than {MAX_EXCLUDED}={most}: a systematic "
+                         "fault, not bad nodes; not submitting the next job. Look at the "
+                         "reasons in the run directory's bad_nodes file, fix the cause, then "
+                         "remove the file and submit again")
+    return list(bad)
+
+
 def sbatch_command(job_id: str, squeue_line: str, script_args: Sequence[str],
-                   script: Optional[str] = None) -> List[str]:
+                   script: Optional[str] = None, exclude: Sequence[str] = ()) -> List[str]:
     """sbatch for the next job: behind this one (afterany: never two jobs of the chain at
     once), on this job's node count, with its time limit, account, QOS, partition, constraint,
     reservation, name and working directory; the batch script and its arguments again. Options
@@ -207,6 +226,8 @@ def sbatch_command(job_id: str, squeue_line: str, script_args: Sequence[str],
                           ("--chdir", workdir)):
         if value.strip() not in _UNSET:
             cmd.append(f"{option}={value}")
+    if exclude:
+        cmd.append(f"--exclude={','.join(exclude)}")
     return cmd + ["--", script or script_path(command, script_args), *script_args]
 
 
@@ -245,12 +266,13 @@ def read_env_file(path: str) -> Dict[str, str]:
 
 
 def submit_next(job_id: str, script_args: Sequence[str], submitted: Mapping[str, str],
-                attempt: int, script: Optional[str] = None, failures: int = 0) -> str:
+                attempt: int, script: Optional[str] = None, failures: int = 0,
+                exclude: Sequence[str] = ()) -> str:
     """Submits the next job; returns its id. Raises InputError with Slurm's message."""
     query = _run(squeue_command(job_id))
     if query.returncode != 0 or not query.stdout.strip():
         raise InputError(f"squeue found no record of job {job_id}: {query.stderr.strip()}")
-    cmd = sbatch_command(job_id, query.stdout.splitlines()[0], script_args, script)
+    cmd = sbatch_command(job_id, query.stdout.splitlines()[0], script_args, script, exclude)
     log.info("submitting: %s", shlex.join(cmd))
     done = _run(cmd, env=next_env(submitted, attempt, failures))
     if done.returncode != 0:

@@ -24,6 +24,7 @@ from megatron.checkpoint.layout import (Resume, check_data, check_model, data_re
 from megatron.checkpoint.records import LayoutRecord
 from megatron.checkpoint.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
+from megatron.config.errors import BadNode
 from megatron.config.validate import check_device
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
@@ -31,6 +32,7 @@ from megatron.engine.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters, wrappable
 from megatron.engine.model import pipeline_module
 from megatron.launch import detect_device, discover, init_distributed
+from megatron.launch.health import check_node, node_name
 from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
@@ -81,6 +83,8 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     launch = discover()
     device_info = detect_device(launch.local_rank)
     dp = _check_before_joining(cfg, launch.world_size, device_info.device.type)
+    if cfg.training.check_node:
+        _check_node(cfg, launch, device_info.device)
     timer.mark("device")
     text_vocab = tokenizer_vocab_size(cfg)
     vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by,
@@ -142,6 +146,20 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
                           "an existing single-file model", "write one with megatron-convert "
                           "to-single --run-dir <run> --output <file>")
     return dp
+
+
+def _check_node(cfg: Config, launch, device: torch.device) -> None:
+    """This rank's node before it joins: a failure is named in <run.dir>/bad_nodes and ends the
+    rank with BadNode (exit 5), so the job ends in seconds and the chain leaves the node out."""
+    local = max(1, launch.world_size // max(1, launch.num_nodes))
+    problems = check_node(device, local, os.environ)
+    if not problems:
+        return
+    node, why = node_name(os.environ), "; ".join(problems)
+    RunDir(cfg.run.dir).add_bad_node(node, why)
+    raise BadNode(f"node {node} (rank {launch.rank}) failed its health check: {why}. It is named "
+                  f"in {RunDir(cfg.run.dir).bad_nodes}, which the job chain excludes from the next "
+                  "job; training.check_node=false skips the check")
 
 
 def _claim(run: RunDir, rank: int) -> Optional[RunLock]:

@@ -64,9 +64,9 @@ class Chain:
         self.env = dict(self.run_env.env, SLURM_CONF=slurm["conf"], MEGATRON_HOME=ROOT,
                         MEGATRON_MODULES="", RUN_DIR=str(run_dir), MASTER_ADDR="127.0.0.1")
 
-    def run(self, nodes: int, *args, timeout: float = 150, **env):
+    def run(self, nodes: int, *args, timeout: float = 150, sbatch=(), **env):
         before = set(self.out.iterdir())
-        proc = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}",
+        proc = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", *sbatch,
                                f"--job-name={self.name}", f"--chdir={ROOT}", str(self.script),
                                TINY, *args],
                               capture_output=True, text=True, env=dict(self.env, **env), timeout=60)
@@ -201,3 +201,23 @@ def test_a_job_that_loses_a_rank_before_its_first_checkpoint_is_followed(slurm, 
     assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+
+
+def test_a_node_that_fails_its_health_check_is_left_out_of_the_next_job(slurm, tmp_path):
+    """Issue 20 item 3: job 1 lands on n1, whose health check (MEGATRON_HEALTH_CHECK, the test's
+    stand-in for a faulty GPU) fails; the job ends at start-up with exit 5 naming n1, the chain
+    submits job 2 with --exclude=n1, and job 2 trains the run to its end on n2."""
+    run_dir = tmp_path / "run"
+    c = Chain(slurm, tmp_path, run_dir, f"badnode-{tmp_path.name}")
+    check = 'test "$SLURMD_NODENAME" != n1 || { echo "n1: GPU 0 ECC errors" >&2; exit 1; }'
+    jobs = c.run(1, *TRAIN, sbatch=["--nodelist=n1"], timeout=240, MEGATRON_HEALTH_CHECK=check)
+    states = [s for _, s, _ in jobs]
+    assert len(states) == 2 and states[0] == "FAILED 5:0" and states[1] == "COMPLETED 0:0", \
+        c.logs()
+    first, second = jobs[0][2], jobs[1][2]
+    assert "node n1 (rank 0) failed its health check" in first and "ECC errors" in first, first
+    assert "leaving out the node(s) that failed their health check: n1" in first, first[-3000:]
+    assert "the run is finished" in second, second[-3000:]
+    assert RunDir(str(run_dir)).read_bad_nodes() == ["n1"]
+    assert " on n2: " in (run_dir / "chain.log").read_text()  # job 2's decision, made on n2
+    assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,74 @@
+"""A node checked before it trains: each rank, before it joins the process group, runs a few
+seconds of checks on its own device and node, so a faulty GPU or node ends the job at start-up
+with its name instead of hanging a rendezvous, diverging an hour later or slowing every step.
+
+    devices   a GPU rank sees at least as many GPUs as its node has ranks
+    GEMM      a seeded 512 x 512 matrix product on the device matches its float64 reference
+    memory    most of the device's memory is free (another process holding it would not be)
+    command   MEGATRON_HEALTH_CHECK, when set: a shell command run on the rank's node; a
+              non-zero exit fails the node (site checks, and tests)
+
+The node is named as Slurm names it (SLURMD_NODENAME), else by its host name. What fails raises
+config.errors.BadNode (exit 5); the job chain then leaves the node out of the next job
+(training/chain.py, <run.dir>/bad_nodes)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+from typing import List, Mapping
+
+import torch
+
+HEALTH_COMMAND = "MEGATRON_HEALTH_CHECK"
+GEMM_N = 512
+# fp32 GEMMs may run as TF32 on NVIDIA GPUs (10-bit mantissa): a relative error well below 1e-2
+# is arithmetic; a faulty unit is off by far more.
+GEMM_TOLERANCE = 1e-2
+MIN_FREE = 0.5  # of the device's memory
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def check_node(device: torch.device, local_ranks: int, environ: Mapping[str, str]) -> List[str]:
+    """What is wrong with this rank's node, one line each; [] when it is healthy."""
+    problems = []
+    if device.type == "cuda":
+        seen = torch.cuda.device_count()
+        if seen < local_ranks:
+            problems.append(f"{seen} GPU(s) visible for {local_ranks} rank(s) on the node")
+        free, total = torch.cuda.mem_get_info(device)
+        if free < MIN_FREE * total:
+            problems.append(f"only {free / 2**30:.1f} of {total / 2**30:.1f} GiB of GPU memory "
+                            "free: another process holds it")
+    problems += _gemm(device)
+    command = environ.get(HEALTH_COMMAND, "").strip()
+    if command:
+        problems += _command(command)
+    return problems
+
+
+def _gemm(device: torch.device) -> List[str]:
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64)
+    b = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64)
+    got = (a.float().to(device) @ b.float().to(device)).double().cpu()
+    want = a @ b
+    error = float((got - want).abs().max() / want.abs().max())
+    if not error < GEMM_TOLERANCE:  # also catches NaN
+        return [f"a {GEMM_N}x{GEMM_N} GEMM on {device} is off its float64 reference by "
+                f"{error:.3g} (relative; at most {GEMM_TOLERANCE} expected)"]
+    return []
+
+
+def _command(command: str) -> List[str]:
+    try:
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return [f"the health check {HEALTH_COMMAND}={command!r} did not finish in 120 s"]
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+        return [f"the health check {HEALTH_COMMAND}={command!r} exited {done.returncode}"
+                + (f": {said[0]}" if said[0] else "")]
+    return []
