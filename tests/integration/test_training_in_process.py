@@ -5,6 +5,7 @@ through the records. In a fresh process: train() joins a process group that outl
 import subprocess
 import sys
 
+from tests.support.cli import clean_env
 from tests.support.paths import ROOT, TINY
 
 SCRIPT = r"""
@@ -40,5 +41,5 @@ print("OK")
 
 def test_train_twice_in_one_process_restores_handlers_and_resumes(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run"), TINY], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=clean_env())
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
