@@ -155,11 +155,14 @@ def _check_node(cfg: Config, launch, device: torch.device) -> None:
     problems = check_node(device, local, os.environ)
     if not problems:
         return
-    node, why = node_name(os.environ), "; ".join(problems)
-    RunDir(cfg.run.dir).add_bad_node(node, why)
-    raise BadNode(f"node {node} (rank {launch.rank}) failed its health check: {why}. It is named "
-                  f"in {RunDir(cfg.run.dir).bad_nodes}, which the job chain excludes from the next "
-                  "job; training.check_node=false skips the check")
+    node, why, run = node_name(os.environ), "; ".join(problems), RunDir(cfg.run.dir)
+    try:
+        run.add_bad_node(node, why)
+        where = f"It is named in {run.bad_nodes}, which the job chain excludes from the next job"
+    except OSError as e:  # the node's fault comes first; run.dir's own check names the rest
+        where = f"It could not be named in {run.bad_nodes} ({e.strerror})"
+    raise BadNode(f"node {node} (rank {launch.rank}) failed its health check: {why}. {where}; "
+                  "training.check_node=false skips the check")
 
 
 def _claim(run: RunDir, rank: int) -> Optional[RunLock]:
