@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.checkpoint import store
 from megatron.checkpoint.records import CheckpointMeta
 from megatron.checkpoint.state import Partition, RankState, resize_rows
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, free_bytes
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.layers import shard
 from megatron.parallel.state import RankCoord
@@ -69,7 +69,7 @@ def _write_failure(path: str, error: Exception, payload: Dict[str, Any]) -> str:
     full = store.disk_full(path, what, error, needed, at_least=True)
     if full is None and isinstance(error, RuntimeError) and any(
             s in str(error) for s in ("unexpected pos", "file write failed")):
-        free = store.free_bytes(path)
+        free = free_bytes(path)
         if free is not None and free < needed:
             full = store.disk_full(path, what, OSError(errno.ENOSPC, "disk full"), needed,
                                    at_least=True)

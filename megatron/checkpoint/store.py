@@ -17,12 +17,11 @@ at any moment leaves either the old set of checkpoints or the new one. Nothing h
 checkpoint it cannot prove complete; keep_last removes only older committed ones, after a newer
 commit. No torch.distributed here: sharded.py decides when every rank agrees.
 
-A full disk (ENOSPC, or EDQUOT for a quota) is bad input, not a bug: disk_full() turns it into one
-InputError naming the path, what was being written, the bytes it needed and the bytes free, and
-the writer removes what it left half-written."""
+A full disk (ENOSPC, or EDQUOT for a quota) is bad input, not a bug: config.errors.disk_full()
+turns it into one InputError naming the path, what was being written, the bytes it needed and the
+bytes free, and the writer removes what it left half-written."""
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.checkpoint.records import FORMAT, CheckpointMeta, RecordError
-from megatron.config.errors import InputError
+from megatron.config.errors import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ __all__ = ["FORMAT", "META", "INDEX", "SHARDS", "LATEST", "CheckpointMeta"]
 META, INDEX, SHARDS, LATEST = "meta.json", "index.json", "shards", "latest"
 _TAG = re.compile(r"^step_(\d{7,})$")
 _STAGING, _DELETING = ".staging-", ".deleting-"
-_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
 def tag_for(step: int) -> str:
@@ -57,45 +55,6 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def free_bytes(path: str) -> Optional[int]:
-    """Bytes an unprivileged writer may still use on the file system that holds `path` (or its
-    nearest existing parent); None when that cannot be asked."""
-    while path and not os.path.exists(path):
-        path = os.path.dirname(path)
-    try:
-        st = os.statvfs(path or ".")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _full_cause(error: BaseException) -> Optional[OSError]:
-    """The ENOSPC/EDQUOT OSError behind `error`: itself, or one it was raised from or while
-    handling. torch.save into a Python file raises RuntimeError ("unexpected pos ...") with the
-    file's OSError as its context; into a path the cause is lost (an iostream error)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError) and error.errno in _FULL:
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def disk_full(path: str, what: str, error: BaseException, needed: Optional[int] = None,
-              at_least: bool = False) -> Optional[InputError]:
-    """The one-line InputError for a write of `what` to `path` that failed because the disk (or
-    the quota) is full; None when `error` is another failure. Asked only after a write failed."""
-    cause = _full_cause(error)
-    if cause is None:
-        return None
-    need = "" if needed is None else f"needs {'at least ' if at_least else ''}{needed:,} bytes, "
-    free = free_bytes(path)
-    room = "free space unknown" if free is None else f"{free:,} bytes free"
-    return InputError(f"{path}: {_FULL[cause.errno]} while writing {what} ({need}{room}); free "
-                      f"space on that file system (or raise the quota) or write elsewhere")
 
 
 def remove_quietly(path: str) -> None:

@@ -1,4 +1,13 @@
-"""The one error type for bad user input. Entry points print its message and exit non-zero."""
+"""The one error type for bad user input. Entry points print its message and exit non-zero.
+
+A full disk (ENOSPC, or EDQUOT for a quota) is bad input too, not a bug: disk_full() is the one
+message for it, used by every writer (checkpoints, run files, metrics, data caches, preprocessing
+output). Standard library only."""
+import errno
+import os
+from typing import Optional
+
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
 class ConfigError(ValueError):
@@ -22,3 +31,42 @@ class Diverged(RuntimeError):
 class BadNode(RuntimeError):
     """This rank's node failed its health check before training (launch/health.py): the message
     names the node and the check. The job chain leaves such nodes out of the next job."""
+
+
+def free_bytes(path: str) -> Optional[int]:
+    """Bytes an unprivileged writer may still use on the file system that holds `path` (or its
+    nearest existing parent); None when that cannot be asked."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path or ".")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _full_cause(error: BaseException) -> Optional[OSError]:
+    """The ENOSPC/EDQUOT OSError behind `error`: itself, or one it was raised from or while
+    handling. torch.save into a Python file raises RuntimeError ("unexpected pos ...") with the
+    file's OSError as its context; into a path the cause is lost (an iostream error)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def disk_full(path: str, what: str, error: BaseException, needed: Optional[int] = None,
+              at_least: bool = False) -> Optional[InputError]:
+    """The one-line InputError for a write of `what` to `path` that failed because the disk (or
+    the quota) is full; None when `error` is another failure. Asked only after a write failed."""
+    cause = _full_cause(error)
+    if cause is None:
+        return None
+    need = "" if needed is None else f"needs {'at least ' if at_least else ''}{needed:,} bytes, "
+    free = free_bytes(path)
+    room = "free space unknown" if free is None else f"{free:,} bytes free"
+    return InputError(f"{path}: {_FULL[cause.errno]} while writing {what} ({need}{room}); free "
+                      f"space on that file system (or raise the quota) or write elsewhere")

@@ -24,8 +24,7 @@ from typing import Callable, Dict, Iterable
 
 import numpy as np
 
-from megatron.config.errors import InputError
-from megatron.data.indexed_builder import disk_full
+from megatron.config.errors import InputError, disk_full
 
 log = logging.getLogger(__name__)
 

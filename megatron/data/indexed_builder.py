@@ -8,36 +8,17 @@ the bytes it needed at least and the bytes free."""
 from __future__ import annotations
 
 import array
-import errno
 import os
 import uuid
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, disk_full
 from megatron.data.indexed_dataset import HEADER_SIZE, MAGIC, VERSION, IndexedDataset, \
     dtype_code
 
 _INT32_MAX = (1 << 31) - 1
-_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
-
-
-def disk_full(path: str, what: str, error: BaseException, needed: Optional[int] = None,
-              at_least: bool = False) -> Optional[InputError]:
-    """The one-line InputError for a write that failed because the disk or the quota is full
-    (None for any other failure); the same message as checkpoint.store.disk_full, which data
-    cannot import (it is a layer above). Asked only after a write failed."""
-    if not (isinstance(error, OSError) and error.errno in _FULL):
-        return None
-    need = "" if needed is None else f"needs {'at least ' if at_least else ''}{needed:,} bytes, "
-    try:
-        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
-        room = f"{st.f_bavail * st.f_frsize:,} bytes free"
-    except OSError:
-        room = "free space unknown"
-    return InputError(f"{path}: {_FULL[error.errno]} while writing {what} ({need}{room}); free "
-                      f"space on that file system (or raise the quota) or write elsewhere")
 
 
 class IndexedDatasetBuilder:
