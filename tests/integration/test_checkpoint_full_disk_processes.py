@@ -4,25 +4,18 @@ shard, 'no space left on device' and the bytes it needed, no traceback, and no s
 left on the full disk. Needs permission to mount a tmpfs (root, as CI's VM runs); skipped
 otherwise. The simulated full disk of every writer is tests/unit/test_checkpoint_full_disk.py."""
 import os
-import subprocess
 
 import pytest
 
 from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
+from tests.support.disks import tmpfs
 from tests.support.paths import TINY
 
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MiB tmpfs for a real full disk (needs root or "
-                    f"CAP_SYS_ADMIN): {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # even while a file is open
+    with tmpfs(tmp_path / "disk", "1m") as mnt:
+        yield mnt
 
 
 def test_a_checkpoint_on_a_full_disk_is_one_error_and_leaves_no_staging_folder(tiny_disk):

@@ -3,23 +3,16 @@ overflow gives one InputError naming the .bin, the bytes needed and free, and le
 Mounting needs root or CAP_SYS_ADMIN (CI's VM runs as root); skipped with the reason otherwise.
 The simulated full disks are tests/unit/test_data_full_disk.py."""
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 from megatron.config.errors import InputError
 from megatron.data.indexed_builder import IndexedDatasetBuilder
+from tests.support.disks import tmpfs
 
 def test_a_real_full_disk_during_preprocessing(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for a real full disk (needs root or CAP_SYS_ADMIN): "
-                    f"{proc.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "256k") as mnt:
         prefix = str(mnt / "corpus_text_document")
         with pytest.raises(InputError, match=r"corpus_text_document\.bin: no space left on "
                                              r"device while writing the dataset's tokens \(needs "
@@ -28,5 +21,3 @@ def test_a_real_full_disk_during_preprocessing(tmp_path):
                 for _ in range(200):
                     b.add_document(np.arange(1000))  # 400 KB in all
         assert os.listdir(mnt) == []
-    finally:
-        subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # even while a file is open

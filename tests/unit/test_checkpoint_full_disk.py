@@ -10,7 +10,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron.checkpoint import sharded, store
 from megatron.checkpoint.records import CheckpointMeta
@@ -42,16 +41,6 @@ def full_open(path, mode="r", *args, **kwargs):
         raw = FullFile(path, "w" if "w" in mode else "a")
         return raw if "b" in mode else io.TextIOWrapper(io.BufferedWriter(raw))
     return open(path, mode, *args, **kwargs)
-
-
-@pytest.fixture
-def one_rank_group():
-    opened = not dist.is_initialized()
-    if opened:
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    if opened:
-        dist.destroy_process_group()
 
 
 def rank_state(numel=4096) -> RankState:

@@ -3,7 +3,6 @@ vocabulary-parallel form they replace on one rank. A failure here localizes to t
 log-softmax path (token_losses), the fused head (head_loss) and its reused buffer."""
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.model import loss as L
@@ -89,18 +88,6 @@ def test_fused_head_applies_only_to_fp32_on_one_cpu_rank():
     assert L.fused_head_applies(h, w, SINGLE)
     assert not L.fused_head_applies(h.bfloat16(), w.bfloat16(), SINGLE)
     assert not L.fused_head_applies(h, w, ParallelState(tp=2))
-
-
-@pytest.fixture
-def one_rank_group():
-    """A world of one for the test, closed after it: a group left open would change what later
-    tests in this process see (dist.is_initialized())."""
-    opened = not dist.is_initialized()
-    if opened:
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    if opened:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("tied", [True, False])

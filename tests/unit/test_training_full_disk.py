@@ -8,16 +8,13 @@ import os
 
 import pytest
 
-from megatron.checkpoint.records import StepRecord, read_metrics
+from megatron.checkpoint.records import read_metrics
 from megatron.checkpoint.rundir import RunDir
 from megatron.config.errors import InputError
 from megatron.training.metrics import MetricsWriter
+from tests.support.metrics import step_record
 
 
-def step(n):
-    return StepRecord(step=n, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_sec=100.0,
-                      tflops_per_gpu=1.0, mfu=None, mem_gb=0.1, loss_scale=None, skipped=False,
-                      step_time_s=0.2)
 
 
 class FullRaw(io.FileIO):
@@ -34,13 +31,13 @@ class FullRaw(io.FileIO):
 
 def test_a_metrics_line_on_a_full_disk_is_one_message_and_no_partial_line(tmp_path):
     w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
-    w.write(step(1))
+    w.write(step_record(1))
     w.file.close()
     raw = FullRaw(w.path, "a")
     FullRaw.room = os.path.getsize(w.path) + 20  # 20 bytes of the next line fit
     w.file = io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True)
     with pytest.raises(InputError) as e:
-        w.write(step(2))
+        w.write(step_record(2))
     msg = str(e.value)
     assert msg.startswith(w.path + ": no space left on device while writing a metrics line"), msg
     assert "(needs " in msg and "bytes free" in msg and "\n" not in msg, msg

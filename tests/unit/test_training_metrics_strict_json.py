@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from megatron.checkpoint.records import (EvalRecord, SaveEvent, StartupRecord, StepRecord,
-                                         read_metrics,
+from megatron.checkpoint.records import (EvalRecord, SaveEvent, StartupRecord, read_metrics,
                                          strict_json_record)
 from megatron.checkpoint.rundir import RunDir
 from megatron.training.metrics import MetricsWriter
+from tests.support.metrics import step_record
 
 
 def _strict_loads(line: str):
@@ -36,17 +36,13 @@ def _lines(tmp_path):
         return [_strict_loads(line) for line in f]
 
 
-def step(n, **values):
-    base = dict(step=n, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_sec=100.0,
-                tflops_per_gpu=1.0, mfu=None, mem_gb=0.1, loss_scale=None, skipped=False,
-                step_time_s=0.2)
-    return StepRecord(**{**base, **values})
 
 
 def test_nonfinite_values_are_null_and_named(tmp_path):
     w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
-    w.write(step(1))
-    w.write(step(2, loss=float("nan"), grad_norm=float("inf"), lr=-float("inf"), skipped=True))
+    w.write(step_record(1))
+    w.write(step_record(2, loss=float("nan"), grad_norm=float("inf"), lr=-float("inf"),
+                        skipped=True))
     w.write(EvalRecord(3, "valid", np.float32("nan")))
     w.close()
     first, second, valid = _lines(tmp_path)
@@ -60,7 +56,7 @@ def test_nonfinite_values_are_null_and_named(tmp_path):
 
 def test_what_the_writer_wrote_reads_back_as_the_same_records(tmp_path):
     w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
-    written = [step(1, startup=StartupRecord(1.0, {"imports": 0.5}, 5.0, 0.25)),
+    written = [step_record(1, startup=StartupRecord(1.0, {"imports": 0.5}, 5.0, 0.25)),
                EvalRecord(1, "valid", 2.0),
                SaveEvent(1, 0.5, 0.01, 0.02)]
     for record in written:
@@ -81,7 +77,7 @@ def test_numpy_scalars_and_nested_values():
 def test_tensorboard_gets_the_true_values(tmp_path):
     w = MetricsWriter(RunDir(str(tmp_path)), tensorboard=False)
     tb = w.tb = _FakeTB()
-    w.write(step(7, loss=float("nan"), grad_norm=1.0, skipped=True))
+    w.write(step_record(7, loss=float("nan"), grad_norm=1.0, skipped=True))
     w.close()
     tags = {tag: value for tag, value, step in tb.scalars}
     assert "train/step" not in tags and "train/skipped" not in tags  # no booleans, no step
