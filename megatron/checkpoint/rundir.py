@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from megatron.checkpoint import store
@@ -50,7 +50,7 @@ class Continuation:
     found: Optional[store.Found]
     skipped: Tuple[str, ...] = ()
     last_good: Optional[str] = None
-    leftovers: Tuple[str, ...] = field(default=())
+    leftovers: Tuple[str, ...] = ()
 
     @property
     def step(self) -> int:

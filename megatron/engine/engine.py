@@ -23,7 +23,6 @@ from torch import nn
 from megatron.checkpoint.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.engine import state as engine_state
-from megatron.engine.model import mark_tensor_parallel
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
 from megatron.parallel.state import ParallelState
@@ -131,11 +130,6 @@ def join_deepspeed():
     deepspeed = _import_deepspeed()
     deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
     return deepspeed
-
-
-def wrappable(module: nn.Module) -> None:
-    """What DeepSpeed needs on a model before it wraps it: the TP markers (model.py)."""
-    mark_tensor_parallel(module)
 
 
 class Engine:

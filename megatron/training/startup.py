@@ -29,8 +29,8 @@ from megatron.config.validate import check_device
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.engine.deepspeed_json import deepspeed_config
-from megatron.engine.engine import Engine, join_deepspeed, named_parameters, wrappable
-from megatron.engine.model import pipeline_module
+from megatron.engine.engine import Engine, join_deepspeed, named_parameters
+from megatron.engine.model import mark_tensor_parallel, pipeline_module
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.launch.health import check_node, node_name
 from megatron.launch.startup import StartupTimer
@@ -206,7 +206,7 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
             module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
     else:
         module = GPTModel(cfg.model, ctx)
-    wrappable(module)
+    mark_tensor_parallel(module)  # what DeepSpeed reads on TP parameters before it wraps them
     mark("model build")
     return BuiltModel(ctx, module, names)
 
