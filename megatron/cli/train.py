@@ -65,7 +65,7 @@ def device_memory(launch: LaunchEnv):
         import torch
         total = float(torch.cuda.get_device_properties(info.device).total_memory)
         return fit.DeviceMemory("gpu", total, f"{info.name}, {total / fit.GIB:.1f} GB")
-    return fit.read_cpu_memory(-(-launch.world_size // max(1, launch.num_nodes)))
+    return fit.read_cpu_memory(launch.ranks_per_node)
 
 
 def check_memory(cfg, launch: LaunchEnv) -> None:

@@ -27,6 +27,11 @@ class LaunchEnv:
     source: str  # torchrun | slurm | single
     num_nodes: int = 1  # nodes this launch spans (the step's under Slurm)
 
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on the busiest node (the ranks spread evenly, the first nodes one more)."""
+        return max(1, -(-self.world_size // max(1, self.num_nodes)))
+
 
 # Most specific first: srun sets the step's list in every task; the job's list (SLURM_NODELIST
 # is its old name) names nodes a step on part of the allocation does not use.

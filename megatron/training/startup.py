@@ -151,8 +151,7 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
 def _check_node(cfg: Config, launch, device: torch.device) -> None:
     """This rank's node before it joins: a failure is named in <run.dir>/bad_nodes and ends the
     rank with BadNode (exit 5), so the job ends in seconds and the chain leaves the node out."""
-    local = max(1, launch.world_size // max(1, launch.num_nodes))
-    problems = check_node(device, local, os.environ)
+    problems = check_node(device, launch.ranks_per_node, os.environ)
     if not problems:
         return
     node, why, run = node_name(os.environ), "; ".join(problems), RunDir(cfg.run.dir)
