@@ -202,6 +202,19 @@ class TrainingConfig:
     # against its float64 reference, free memory, MEGATRON_HEALTH_CHECK); a failing node ends
     # the job at once (exit 5) and the job chain leaves it out of the next job.
     check_node: bool = True
+    # Silent data errors told apart from spikes (training/sdc.py): when the divergence guard
+    # sees a spike or a non-finite loss, the step's batch is computed again without an update
+    # and compared on each rank; a rank whose result differs is named ({"event":
+    # "sdc_suspect"}), an identical result is a real spike and the guard's policy applies.
+    rerun_suspect_steps: bool = False
+    # Asynchronous checkpoints (training/checkpointer.py): each rank copies its pieces into host
+    # memory and training goes on while a writer streams and fsyncs them; the commit protocol
+    # is unchanged.
+    async_save: bool = False
+    # A node-local first tier for checkpoints (on Frontier /mnt/bb/$USER with #SBATCH -C nvme):
+    # each rank writes there first, then the checkpoint is drained into run.dir/checkpoints and
+    # committed there. None: write into run.dir directly.
+    save_local_dir: Optional[str] = None
 
     def __post_init__(self):
         s = "training"
