@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 from megatron.checkpoint import store
 from megatron.checkpoint.records import CheckpointMeta
+from megatron.checkpoint.snapshot import Buffers, Snapshot, write_file
 from megatron.checkpoint.state import Partition, RankState, resize_rows
 from megatron.config.errors import InputError, free_bytes
 from megatron.parallel.agree import rank0_decides
@@ -41,31 +43,12 @@ def shard_file(c: RankCoord) -> str:
 
 # --- save -------------------------------------------------------------------------------------
 
-def _rank_payload(rs: RankState) -> Dict[str, Any]:
-    pieces = {}
-    if rs.writes:
-        for p in rs.params:
-            for f in p.fragments:  # a parameter has at most one contiguous piece per rank
-                entry = {"start": f.start, "numel": f.numel,
-                         "master": f.master.detach().to("cpu", torch.float32, copy=True)}
-                entry.update({k: v.detach().to("cpu", torch.float32, copy=True)
-                              for k, v in f.moments.items()})
-                pieces[p.name] = entry
-    return {"pieces": pieces, "rng": rs.rng, "coords": list(rs.coords)}
-
-
-def _payload_bytes(payload: Dict[str, Any]) -> int:
-    """The tensor bytes of a rank's payload: what its file needs at least (asked on failure)."""
-    return sum(t.numel() * t.element_size() for piece in payload["pieces"].values()
-               for t in piece.values() if isinstance(t, torch.Tensor))
-
-
-def _write_failure(path: str, error: Exception, payload: Dict[str, Any]) -> str:
+def _write_failure(path: str, rank: int, error: BaseException, needed: int) -> str:
     """Why this rank's file could not be written, a full disk named as such. torch.save into a
     file object raises RuntimeError ("unexpected pos ...") with the file's ENOSPC OSError as its
     context (torch 2.13); should a torch lose that context, a torch write failure with less space
     free than the tensors need is a full disk too."""
-    what, needed = f"the checkpoint shard of rank {dist.get_rank()}", _payload_bytes(payload)
+    what = f"the checkpoint shard of rank {rank}"
     full = store.disk_full(path, what, error, needed, at_least=True)
     if full is None and isinstance(error, RuntimeError) and any(
             s in str(error) for s in ("unexpected pos", "file write failed")):
@@ -73,7 +56,11 @@ def _write_failure(path: str, error: Exception, payload: Dict[str, Any]) -> str:
         if free is not None and free < needed:
             full = store.disk_full(path, what, OSError(errno.ENOSPC, "disk full"), needed,
                                    at_least=True)
-    return str(full or error)
+    if full is not None:
+        return str(full)
+    if isinstance(error, (OSError, RuntimeError)):
+        return str(error)
+    return f"{type(error).__name__} while writing {path}: {error}"
 
 
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
@@ -108,49 +95,85 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
     return index
 
 
+# A test hook: the rank named here fails its writer with an injected error (fault tests).
+FAIL_WRITER_VAR = "MEGATRON_TEST_FAIL_WRITER"
+
+
 class PendingSave:
-    """One checkpoint on its way to disk, in three parts: the constructor snapshots this rank's
-    state into CPU memory (collective: rank 0 prepares the staging folder first); write()
-    streams it to its file and flushes it (local I/O only: the part an asynchronous save would
-    run in a thread, not done yet); finish() commits (collective: every rank's outcome to
-    rank 0, which commits or refuses)."""
+    """One checkpoint on its way to disk, in three parts: the constructor prepares the staging
+    folder (collective: rank 0 makes it, then a barrier) and starts the snapshot of this rank's
+    state into host memory (snapshot.py); write() streams it to its file and fsyncs it, in the
+    caller's thread or, with start_writer(), in a writer thread while training goes on (local
+    I/O only); finish() commits (collective: every rank's outcome to rank 0, which commits or
+    refuses). Only write() touches the disk of this rank, so a failure there is an outcome to
+    report, never an exception that could leave the other ranks waiting."""
 
     def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
-                 keep_last: int):
+                 keep_last: int, buffers: Optional[Buffers] = None):
         self.t0 = time.perf_counter()
         self.ckpt_dir, self.step, self.meta, self.keep_last = ckpt_dir, step, meta, keep_last
+        self.rank = dist.get_rank()
         tag = store.tag_for(step)
         self.final, self.staging = os.path.join(ckpt_dir, tag), store.staging_folder(ckpt_dir,
                                                                                     tag)
-        if dist.get_rank() == 0:
+        if self.rank == 0:
             os.makedirs(ckpt_dir, exist_ok=True)
             store.finish_deletions(ckpt_dir)  # before writing: a full disk may be their doing
             store.remove_stale_staging(self.staging)
             os.makedirs(os.path.join(self.staging, store.SHARDS))
         dist.barrier()
         self.rel = shard_file(rs.coords)
-        self.payload = _rank_payload(rs)  # a copy: training may change the state from now on
+        # Its own copy: training may change the state as soon as the copies are done.
+        self.snapshot: Optional[Snapshot] = Snapshot(rs, buffers).start()
         self.description = _describe(rs, self.rel)
-        self.error, self.size = None, 0
+        self.error: Optional[str] = None
+        self.size, self.write_s = 0, 0.0
+        self._writer: Optional[threading.Thread] = None
 
     def write(self) -> None:
-        path = os.path.join(self.staging, self.rel)
+        t0, path = time.perf_counter(), os.path.join(self.staging, self.rel)
+        snap = self.snapshot
         try:
-            # Into a Python file, not a path: then a full disk reaches us as the file's OSError
-            # (the context of torch's "unexpected pos" RuntimeError), not a bare iostream error.
-            with open(path, "wb") as f:
-                torch.save(self.payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-                self.size = f.tell()
-        except (OSError, RuntimeError) as e:
-            store.remove_quietly(path)  # rank 0 removes the staging folder once all have reported
-            self.error = f"rank {dist.get_rank()}: {_write_failure(path, e, self.payload)}"
-        self.payload = None  # the host memory goes back as soon as the file is written
+            if os.environ.get(FAIL_WRITER_VAR) == str(self.rank):
+                snap.wait_copied()
+                raise RuntimeError(f"an error injected into the writer ({FAIL_WRITER_VAR})")
+            self.size = write_file(path, snap)
+        except BaseException as e:  # whatever it is, it is this save's outcome to report
+            snap.copied.wait()  # the copy thread must not write into buffers reused later
+            store.remove_quietly(path)  # rank 0 removes the staging folder once all reported
+            self.error = f"rank {self.rank}: {_write_failure(path, self.rank, e, snap.nbytes())}"
+        self.snapshot = None  # the host memory goes back (or to the buffers) once written
+        self.write_s = time.perf_counter() - t0
+
+    def start_writer(self) -> None:
+        """write() in a thread: training goes on while the file is written."""
+        self._writer = threading.Thread(target=self.write, daemon=True,
+                                        name=f"checkpoint-writer-{self.step}")
+        self._writer.start()
+
+    def busy(self) -> bool:
+        return self._writer is not None and self._writer.is_alive()
+
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def wait_copied(self) -> None:
+        """Until the snapshot's copies are done (before the state may change again)."""
+        snap = self.snapshot
+        if snap is not None:
+            snap.copied.wait()
+
+    def join(self) -> float:
+        """Waits for the writer thread; returns the seconds waited."""
+        t0 = time.perf_counter()
+        if self._writer is not None:
+            self._writer.join()
+        return time.perf_counter() - t0
 
     def finish(self) -> Dict[str, float]:
-        """Collective. Returns seconds (from begin) and bytes of the committed checkpoint."""
-        rank = dist.get_rank()
+        """Collective (after write() or join()). Returns seconds (from the start) and bytes of
+        the committed checkpoint; an InputError naming the cause on every rank otherwise."""
+        rank = self.rank
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         mine = (self.error, self.rel, self.size, {} if self.error else self.description)
         dist.gather_object(mine, gathered, dst=0)

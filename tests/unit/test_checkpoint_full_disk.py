@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint import sharded, store
+from megatron.checkpoint import sharded, snapshot, store
 from megatron.checkpoint.records import CheckpointMeta
 from megatron.checkpoint.rundir import RunDir, check_run_dir
 from megatron.checkpoint.state import Fragment, LocalParam, Partition, RankState
@@ -43,6 +43,22 @@ def full_open(path, mode="r", *args, **kwargs):
     return open(path, mode, *args, **kwargs)
 
 
+def full_write(room=100):
+    """os.write on a disk with `room` bytes left: the write that crosses it writes what fits and
+    raises ENOSPC, as write(2) does (the shard's stream, checkpoint/snapshot.py)."""
+    left = [room]
+
+    def write(fd, data):
+        n = min(len(data), left[0])
+        if n < len(data):
+            os.write(fd, bytes(data[:n]))
+            left[0] -= n
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        left[0] -= n
+        return os.write(fd, data)
+    return write
+
+
 def rank_state(numel=4096) -> RankState:
     master = torch.randn(numel)
     frag = Fragment(0, numel, master, {"exp_avg": torch.zeros(numel),
@@ -66,7 +82,7 @@ def test_a_full_disk_while_a_rank_writes_its_shard_is_one_message_and_no_staging
     disk, the shard's path and the bytes its tensors need, and rank 0 removes the staging."""
     ckpt = str(tmp_path / "checkpoints")
     sharded.save(ckpt, 2, rank_state(), meta(2))  # a good save before the disk fills
-    monkeypatch.setattr(sharded, "open", full_open, raising=False)
+    monkeypatch.setattr(snapshot, "_write", full_write())
     with pytest.raises(InputError) as e:
         sharded.save(ckpt, 4, rank_state(), meta(4))
     msg = str(e.value)
