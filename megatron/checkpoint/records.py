@@ -227,10 +227,16 @@ class EvalRecord:
 
 @dataclass(frozen=True)
 class SaveEvent:
+    """A committed checkpoint: seconds from the save's start to its commit, and of those what the
+    loop waited (blocking_s: all of it for a synchronous save; the snapshot, the copy the next
+    optimizer step waited for and the commit for an asynchronous one) and what the writer
+    spent in the background (background_s). Lines written before these two lack them (None)."""
     step: int
     seconds: float
     gb: float
     gb_per_s: Optional[float]
+    blocking_s: Optional[float] = None
+    background_s: Optional[float] = None
     event: str = "save"
 
 
@@ -348,7 +354,8 @@ def parse_metrics_line(obj: Any, where: str = "a metrics line") -> MetricsRecord
         if cls is None:
             raise RecordError(f"{where}: unknown event {obj['event']!r}; known: "
                               f"{', '.join(EVENTS)}")
-        _check_keys(obj, cls, where)
+        added = tuple(f.name for f in dataclasses.fields(cls) if f.default is None)
+        _check_keys(obj, cls, where, optional=added)  # keys added since may be absent
         return cls(**obj)
     cls = EvalRecord if "split" in obj else StepRecord
     names = [f.name for f in dataclasses.fields(cls)]

@@ -95,8 +95,17 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
     return index
 
 
-# A test hook: the rank named here fails its writer with an injected error (fault tests).
+# A test hook for the fault tests: "R" fails rank R's writer with an injected error at every
+# save, "R:S" at the save of step S only.
 FAIL_WRITER_VAR = "MEGATRON_TEST_FAIL_WRITER"
+
+
+def _injected_failure(rank: int, step: int) -> bool:
+    value = os.environ.get(FAIL_WRITER_VAR)
+    if not value:
+        return False
+    who, _, when = value.partition(":")
+    return who == str(rank) and (not when or when == str(step))
 
 
 class PendingSave:
@@ -134,7 +143,7 @@ class PendingSave:
         t0, path = time.perf_counter(), os.path.join(self.staging, self.rel)
         snap = self.snapshot
         try:
-            if os.environ.get(FAIL_WRITER_VAR) == str(self.rank):
+            if _injected_failure(self.rank, self.step):
                 snap.wait_copied()
                 raise RuntimeError(f"an error injected into the writer ({FAIL_WRITER_VAR})")
             self.size = write_file(path, snap)

@@ -184,3 +184,21 @@ def write_file(path: str, snapshot: Snapshot) -> int:
         return stream.at
     finally:
         os.close(fd)
+
+
+WRITER_BYTES = 64 << 20  # what a writer needs beside the snapshot: the pickled header, slack
+
+
+def memory_shortfall(needed: int, ranks_on_node: int,
+                     meminfo_path: str = "/proc/meminfo") -> Tuple[int, Optional[int]]:
+    """(bytes missing, this rank's share of MemAvailable) for a snapshot of `needed` bytes plus
+    WRITER_BYTES, the node's available memory shared by its ranks; (0, None) where the
+    available memory cannot be read (not Linux): nothing is refused on a guess."""
+    try:
+        with open(meminfo_path) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0, None
+    share = available // max(1, ranks_on_node)
+    return max(0, needed + WRITER_BYTES - share), share

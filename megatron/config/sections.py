@@ -250,6 +250,14 @@ class TrainingConfig:
                 ("none", "full", "selective"))
         if self.peak_tflops is not None:
             _positive(s, "peak_tflops", self.peak_tflops)
+        if not isinstance(self.async_save, bool):
+            raise ConfigError("training.async_save", self.async_save, "true or false")
+        if self.save_local_dir is not None and not (
+                isinstance(self.save_local_dir, str) and self.save_local_dir.startswith("/")):
+            raise ConfigError("training.save_local_dir", self.save_local_dir,
+                              "an absolute path on node-local storage (on Frontier /mnt/bb/$USER "
+                              "with #SBATCH -C nvme)", "or leave it unset (null) to write "
+                              "checkpoints into run.dir directly")
 
 
 @dataclass

@@ -2,7 +2,22 @@
 (training.save_interval), the wall clock (save_interval_minutes), the deadline (the job's end,
 exit_duration_minutes), the stop requests (signals, exit_interval) and the final save; the save
 itself, the resume chosen at start-up, and loading an older checkpoint for a rollback. The loop
-asks it after each step; nothing else decides about saves."""
+asks it after each step; nothing else decides about saves.
+
+With training.async_save a save blocks the loop only to start a snapshot of each rank's state
+into host buffers kept from save to save (checkpoint/snapshot.py); a writer thread per rank
+streams and fsyncs its file while training goes on. The copy runs alongside the next step's
+forward and backward: an optimizer step pre-hook (torch's, so every DeepSpeed wrapper's inner
+AdamW is covered) waits for it before the state changes. Each rank's writer state rides on the
+per-step agreement (agree.py, no extra collective); once every rank's writer is done, the ranks
+commit together with the usual protocol (sharded.PendingSave.finish), once any failed, the
+run ends with that rank's message. At most one save is in flight: the next save, a stop, the
+end of training and a rollback wait for it to commit.
+
+A thread, not a process: the writer holds the GIL only for torch.save's few hundred Python-level
+calls per file (the bytes move in os.write and fsync, which release it); a process would need
+the snapshot in shared memory (the same copy) and a second interpreter, and gives back nothing
+on the resource the two compete for, the CPU's cores and memory bandwidth."""
 from __future__ import annotations
 
 import logging
@@ -10,15 +25,19 @@ import os
 import time
 from typing import Optional, Tuple
 
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
 from megatron.checkpoint.records import (CheckpointMeta, SaveEvent, StopEvent, events,
                                          read_metrics_tail)
+from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
 from megatron.checkpoint.store import Found
 from megatron.config import Config
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
-from megatron.training.agree import Decisions
+from megatron.training.agree import (WRITER_BUSY, WRITER_DONE, WRITER_FAILED, WRITER_IDLE,
+                                     Decisions)
 from megatron.training.clock import Deadline, SaveClock
 from megatron.training.startup import Job
 
@@ -35,12 +54,29 @@ class Checkpointer:
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
         if self.deadline.at is not None and job.launch.rank == 0:
             self.deadline.expect_save(*self._expected_save())
+        self.pending: Optional[sharded.PendingSave] = None  # the save in flight
+        self.blocked = 0.0  # seconds the loop has waited for it so far
+        self.background: Optional[bool] = None if self.t.async_save else False
+        self.buffers = Buffers() if self.t.async_save else None
+        self._hook = register_optimizer_step_pre_hook(self._before_update) \
+            if self.t.async_save else None
 
     def due(self, step_seconds: float) -> Tuple[bool, bool]:
         """(a save is due by the clock, the deadline is reached), as this rank sees them after a
-        step of `step_seconds` (the deadline keeps room for one more step and a save)."""
+        step of `step_seconds` (the deadline keeps room for one more step, the wait for a save
+        in flight, and a save)."""
         self.deadline.step_took(step_seconds)
+        self.deadline.in_flight = self.deadline.save_estimate() if self.pending else 0.0
         return self.clock.due(), self.deadline.reached()
+
+    def writer_state(self) -> int:
+        """This rank's background writer, for the agreement (agree.WRITER_*)."""
+        p = self.pending
+        if p is None:
+            return WRITER_IDLE
+        if p.busy():
+            return WRITER_BUSY
+        return WRITER_FAILED if p.failed() else WRITER_DONE
 
     def after_step(self, step: int, consumed: int, agreed: Decisions) -> bool:
         """Saves when a save is due or the run stops here; True when it stops."""
@@ -56,23 +92,86 @@ class Checkpointer:
         stopping = agreed.signalled or out_of_time or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
         periodic = (t.save_interval and step % t.save_interval == 0) or agreed.save_due
+        if self.pending is not None and agreed.writer in (WRITER_DONE, WRITER_FAILED):
+            self.wait()  # every rank's writer is done (or one failed): commit (or fail) now
         if stopping or periodic or (t.save and step == t.train_iters):
             self.save(step, consumed)
+        if stopping or step >= t.train_iters:
+            self.wait()  # a run ends only once its last save is committed
         return stopping
 
     def save(self, step: int, consumed: int) -> None:
-        """Collective: commits a checkpoint of this step on every rank."""
+        """Collective: a checkpoint of this step, committed on every rank before this returns,
+        or, asynchronously, once every rank's writer is done."""
+        self.wait()  # at most one save in flight
+        t0 = time.perf_counter()
         engine = self.job.engine
         rs = engine.checkpoint_state(rng_state(self.job.model.ctx.tracker))
         meta = CheckpointMeta(step=step, consumed_samples=consumed, layout=self.job.layout,
                               saved_at=time.time(), optimizer=engine.checkpoint_meta(),
                               data=self.data)
-        info = sharded.save(self.job.run.checkpoints, step, rs, meta, self.t.keep_last)
-        gb, seconds = info["bytes"] / 1e9, info["seconds"]
-        log.info("step %d: checkpoint committed, %.3f GB in %.2f s", step, gb, seconds)
-        self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None))
-        self.deadline.save_took(seconds)
+        background = self._in_background(rs)
+        pending = sharded.PendingSave(self.job.run.checkpoints, step, rs, meta,
+                                      self.t.keep_last, self.buffers if background else None)
         self.clock.saved()
+        if background:
+            pending.start_writer()
+            self.pending, self.blocked = pending, time.perf_counter() - t0
+            return
+        pending.write()
+        info = pending.finish()
+        self._committed(step, info, info["seconds"], 0.0)
+
+    def wait(self) -> None:
+        """Collective when a save is in flight: waits for this rank's writer, then commits with
+        every rank (or raises the failure of one, on every rank)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        t0 = time.perf_counter()
+        pending.join()
+        info = pending.finish()
+        blocking = self.blocked + time.perf_counter() - t0
+        self._committed(pending.step, info, blocking, pending.write_s)
+
+    def close(self) -> None:
+        """Local: the end of this run's checkpointer; a save still in flight (the run failed)
+        is left uncommitted, its staging folder never read."""
+        self.pending = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _before_update(self, *_) -> None:
+        """Before any optimizer step: the snapshot in flight must be copied out first."""
+        pending = self.pending
+        if pending is not None:
+            t0 = time.perf_counter()
+            pending.wait_copied()
+            self.blocked += time.perf_counter() - t0
+
+    def _in_background(self, rs) -> bool:
+        """Whether this save runs in the background: asynchronous saves are on and host memory
+        holds the snapshot (asked once, before the first: the buffers are kept after it)."""
+        if self.background is None:
+            needed = snapshot_bytes(rs)
+            missing, share = memory_shortfall(needed, self.job.launch.ranks_per_node)
+            self.background = missing == 0
+            if missing:
+                log.warning("training.async_save: host memory is %.2f GB short of a snapshot "
+                            "of this rank's state (%.2f GB: 12 bytes per element it owns, "
+                            "plus the writer's; this rank's share of the node's available "
+                            "memory is %.2f GB); saving synchronously", missing / 1e9,
+                            needed / 1e9, share / 1e9)
+        return self.background
+
+    def _committed(self, step: int, info, blocking: float, background: float) -> None:
+        gb, seconds = info["bytes"] / 1e9, info["seconds"]
+        log.info("step %d: checkpoint committed, %.3f GB in %.2f s (the loop waited %.2f s)",
+                 step, gb, seconds, blocking)
+        self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
+                              round(blocking, 4), round(background, 4)))
+        self.deadline.save_took(seconds)
 
     def resume(self) -> Tuple[int, int]:
         """(step, consumed samples) of the checkpoint start-up chose, or (0, 0)."""
@@ -106,7 +205,9 @@ class Checkpointer:
         return meta
 
     def last_good(self) -> Optional[Found]:
-        """The newest complete checkpoint of this run, as rank 0 sees it (every rank gets it)."""
+        """The newest complete checkpoint of this run, as rank 0 sees it (every rank gets it),
+        once the save in flight has committed."""
+        self.wait()
         return rank0_decides(lambda: self.job.run.continuation().found)
 
     def _expected_save(self) -> Tuple[float, str]:

@@ -66,6 +66,7 @@ class Deadline:
         self.steps: deque = deque(maxlen=8)
         self.save: Optional[float] = None
         self.expected_save: Optional[float] = None  # before this job has saved (expect_save)
+        self.in_flight = 0.0  # seconds a save in flight may still need (asynchronous saves)
         if self.at is not None:
             log.info("the run stops with a checkpoint before %s (%s)",
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at)), self.source)
@@ -84,12 +85,17 @@ class Deadline:
             log.info("until this job has saved, a save is taken to need %.1f s (%s)", seconds,
                      source)
 
-    def needed(self) -> float:
-        """Seconds one more step and a save take, with room (the slowest recent step; a save
-        this job has not made yet as expect_save said, else as long as a step)."""
-        step = max(self.steps)
+    def save_estimate(self) -> float:
+        """Seconds a save takes: the slowest this job made, else expect_save's, else a step's."""
         save = self.save if self.save is not None else self.expected_save
-        return SAFETY * (step + (save if save is not None else step))
+        if save is not None:
+            return save
+        return max(self.steps) if self.steps else 0.0
+
+    def needed(self) -> float:
+        """Seconds one more step, the wait for a save still in flight, and a save take, with
+        room (the slowest recent step; a save as save_estimate says)."""
+        return SAFETY * (max(self.steps) + self.in_flight + self.save_estimate())
 
     def reached(self) -> bool:
         if self.at is None or not self.steps:
@@ -97,5 +103,6 @@ class Deadline:
         return self.now() + self.needed() >= self.at
 
     def reason(self) -> str:
+        flight = " (and the save in flight)" if self.in_flight else ""
         return (f"{self.at - self.now():.1f} s left before the deadline ({self.source}), "
-                f"one more step and a save need about {self.needed():.1f} s")
+                f"one more step and a save{flight} need about {self.needed():.1f} s")

@@ -101,6 +101,7 @@ class _Loop:
                 self.summary.test_loss = self._evaluate(self.data.test, "test")
             return self.summary
         finally:
+            self.checkpointer.close()
             if self.writer:
                 self.writer.close()
 
@@ -128,8 +129,8 @@ class _Loop:
         self.stragglers.after_step(self.step)
         verdict = self.divergence.observe(self.step, result.loss, result.skipped)
         save_due, out_of_time = self.checkpointer.due(dt)
-        agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action),
-                       self.device)
+        agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action,
+                                 self.checkpointer.writer_state()), self.device)
         dog.done()
         dog.enter("rollback")
         back = self.divergence.act(self.step, verdict, agreed.action)
