@@ -295,11 +295,38 @@ class StragglerEvent:
     event: str = "straggler"
 
 
+@dataclass(frozen=True)
+class UnresponsiveEvent:
+    """After a hang, the ranks whose watchdog never reported (a stopped process, a dead node, a
+    rank stuck outside the collective the others wait in), written once per job by the first
+    reporting rank to claim it; their nodes are added to <run.dir>/bad_nodes."""
+    step: int
+    ranks: List[int]
+    nodes: List[str]
+    phase: str     # where the reporting ranks waited
+    reported: int  # how many ranks reported a hang
+    event: str = "unresponsive"
+
+
+@dataclass(frozen=True)
+class SdcSuspectEvent:
+    """A suspect step (a spike or a non-finite loss) computed again on the same weights and
+    batch gave this rank a different result: a silent data error (training/sdc.py)."""
+    step: int
+    rank: int
+    host: str
+    first: float   # the rank's own loss in the step
+    again: float   # the same, computed again
+    event: str = "sdc_suspect"
+
+
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
                                                 SpikeEvent, RollbackEvent, HangEvent,
-                                                StragglerEvent)}
+                                                StragglerEvent, UnresponsiveEvent,
+                                                SdcSuspectEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
-                      RollbackEvent, HangEvent, StragglerEvent]
+                      RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
+                      SdcSuspectEvent]
 _OPTIONAL = ("startup", "nonfinite")
 
 

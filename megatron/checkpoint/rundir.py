@@ -8,7 +8,8 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       tensorboard/     the same scalars as TensorBoard events
       checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
       chain.log        the job chain's decisions, one line each (training/chain.py)
-      hangs/           rank<N>.txt: every thread's stack when that rank's watchdog fired
+      hangs/           <job>/rank<N>.txt: every thread's stack when that rank's watchdog fired;
+                       <job>/unresponsive.txt: the ranks that never reported
       bad_nodes        nodes that failed their health check, for the chain to leave out
       .lock            held by rank 0 of the run that uses the directory
 
@@ -113,6 +114,15 @@ class RunDir:
     def hangs(self) -> str:
         """Where a rank's hang watchdog writes its threads' stacks (training/watchdog.py)."""
         return self.file(HANGS)
+
+    def hang_stacks(self, job: str, rank: int) -> str:
+        """One rank's stacks when its watchdog fired in job `job` (a folder per job of the run,
+        so a chain keeps every job's hangs)."""
+        return os.path.join(self.hangs, job, f"rank{rank:05d}.txt")
+
+    def hang_summary(self, job: str) -> str:
+        """Written once per hung job, by the first rank to claim it: which ranks never reported."""
+        return os.path.join(self.hangs, job, "unresponsive.txt")
 
     @property
     def bad_nodes(self) -> str:

@@ -80,6 +80,12 @@ def check_tensor_parallel(cfg) -> None:
 
 def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
+    if cfg.training.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
+        raise ConfigError("training.rerun_suspect_steps", True,
+                          "false under pipeline parallelism (DeepSpeed's pipeline engine runs "
+                          "a step and its update as one call, so the update cannot wait)",
+                          "set parallel.pipeline_parallel_size=1 or "
+                          "training.rerun_suspect_steps=false")
 
 
 def check_batch(cfg, world_size: int) -> None:

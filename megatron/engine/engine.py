@@ -122,6 +122,7 @@ class StepResult:
     lr: float
     loss_scale: Optional[float]
     skipped: bool
+    withheld: bool = False  # the update was not applied: a silent data error (training/sdc.py)
 
 
 def join_deepspeed():
@@ -179,11 +180,18 @@ class Engine:
             value = value / self.state.dp
         return value.item()
 
-    def train_step(self, it: Iterator) -> StepResult:
+    def train_step(self, it: Iterator, check=None) -> StepResult:
+        """One optimizer step over gradient_accumulation_steps micro-batches. check: a
+        training.sdc.Rerun for this step (training.rerun_suspect_steps), which sees the loss
+        before the update and may withhold it (StepResult.withheld)."""
         self.engine.train()
         skipped_before = self.engine.skipped_steps
         lr = self.scheduler.get_last_lr()[0]
-        if self.pipeline:
+        if check is not None:
+            loss = self._checked_step(it, check)
+            if loss is None:
+                return StepResult(float("nan"), None, lr, self._loss_scale(), True, True)
+        elif self.pipeline:
             loss = float(self.engine.train_batch(data_iter=it))
         else:
             total = torch.zeros((), device=self.device)
@@ -200,6 +208,26 @@ class Engine:
         norm = None if norm is None else float(norm)
         return StepResult(loss, norm, lr, self._loss_scale(),
                           self.engine.skipped_steps > skipped_before)
+
+    def _checked_step(self, it: Iterator, check) -> Optional[float]:
+        """The step with its update held back until check.judge() has seen the loss (PP=1):
+        the mean loss, or None when the update was withheld."""
+        batches = [self._batch(it) for _ in range(self.gas)]
+        check.begin()
+        local = []
+        for i, batch in enumerate(batches):
+            self.compute.start()
+            out = check.corrupt(self.engine(*batch))
+            self.compute.stop()
+            self.engine.backward(out)
+            local.append(out.detach().float())
+            if i < self.gas - 1:
+                self.engine.step()  # within the accumulation: no update
+        loss = self._mean_over_dp(torch.stack(local).sum() / self.gas)
+        if not check.judge(local, loss, lambda: [self.engine(*b).float() for b in batches]):
+            return None
+        self.engine.step()
+        return loss
 
     def _loss_scale(self) -> Optional[float]:
         if not self.fp16:

@@ -1,11 +1,15 @@
 """The only module that knows whether the device is CUDA, ROCm or the CPU."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import functools
 import inspect
 import logging
 import os
 import re
+import socket
+import threading
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -13,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.config import devices
+from megatron.config.errors import InputError
 from megatron.launch.env import LaunchEnv
 from megatron.launch.lifetime import follow_launcher
 from megatron.launch.preflight import check_network
@@ -126,8 +131,89 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
         # A world of one has no peer to meet: an in-memory store instead of a TCP rendezvous on
         # MASTER_PORT, which a second single-process run on the same machine would find taken.
         kwargs["store"] = dist.HashStore()
-    dist.init_process_group(device.backend, rank=launch.rank, world_size=launch.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    join = functools.partial(dist.init_process_group, device.backend, rank=launch.rank,
+                             world_size=launch.world_size,
+                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    if launch.world_size == 1:
+        join()
+    else:  # the address and port torch reads, which the environment may have set before us
+        _join_within(join, dataclasses.replace(
+            launch, master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"])), timeout_s)
+
+
+def rendezvous_deadline(timeout_s: float) -> float:
+    """How long a rank may take to join: the rendezvous timeout and a tenth of it (at least
+    10 s), for torch's own retry delays and the gloo/NCCL connections made after the store."""
+    return timeout_s + max(10.0, timeout_s / 10)
+
+
+def _join_within(join, launch: LaunchEnv, timeout_s: float) -> None:
+    """Runs `join` (init_process_group) in a helper thread and gives it rendezvous_deadline().
+
+    torch bounds the client's connect by the timeout, but not the handshake after it: a client
+    whose MASTER_PORT is held by another program (a listener that never speaks the c10d
+    protocol) waits in TCPStore::ping()'s recv forever (torch 2.13, with or without libuv).
+    The thread is left blocked there; the caller gets one InputError and the process may end."""
+    failure: list = []
+
+    def run():
+        try:
+            join()
+        except BaseException as e:  # handed to the caller's thread below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name="rendezvous", daemon=True)
+    thread.start()
+    deadline = rendezvous_deadline(timeout_s)
+    thread.join(deadline)
+    if thread.is_alive():
+        raise InputError(_unanswered(launch, deadline))
+    if failure and isinstance(failure[0], dist.DistError):
+        raise InputError(_rendezvous_failed(launch, failure[0], timeout_s)) from failure[0]
+    if failure:
+        raise failure[0]
+
+
+def _where(launch: LaunchEnv) -> str:
+    return f"{launch.master_addr}:{launch.master_port}"
+
+
+def _fix(launch: LaunchEnv) -> str:
+    return (f"set another MASTER_PORT for every rank (export MASTER_PORT=...; under Slurm it is "
+            f"derived from the job id unless set), or check node {launch.master_addr}: what "
+            f"holds port {launch.master_port} (ss -ltnp) and whether rank 0 started there")
+
+
+def _listening(launch: LaunchEnv) -> bool:
+    """Whether anything accepts TCP connections on the master's address and port."""
+    try:
+        with socket.create_connection((launch.master_addr, launch.master_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _unanswered(launch: LaunchEnv, waited: float) -> str:
+    what = ("something accepts connections there but does not answer torch's rendezvous: the "
+            "port is held by another program" if _listening(launch) else
+            "nobody answered the rendezvous")
+    return (f"rank {launch.rank} of {launch.world_size} could not join the process group at "
+            f"{_where(launch)} within {waited:.0f} s (parallel.timeout_minutes and a margin): "
+            f"{what}; {_fix(launch)}")
+
+
+def _rendezvous_failed(launch: LaunchEnv, error: BaseException, timeout_s: float) -> str:
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "EADDRINUSE" in said or "address already in use" in said:
+        what = "the port is held by another program (address already in use)"
+    elif launch.rank == 0:
+        what = f"not every rank arrived within {timeout_s:.0f} s (parallel.timeout_minutes)"
+    else:
+        what = (f"nobody answered within {timeout_s:.0f} s (parallel.timeout_minutes): rank 0 "
+                f"did not open the rendezvous there (it failed, or MASTER_ADDR names another node)")
+    return (f"rank {launch.rank} of {launch.world_size} could not join the process group at "
+            f"{_where(launch)}: {what} (torch: {said}); {_fix(launch)}")
 
 
 def leave_distributed() -> None:

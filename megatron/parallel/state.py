@@ -122,3 +122,17 @@ def _rank_sets(tp: int, dp: int, pp: int, axes: str) -> List[List[int]]:
             ranks.append(grid_rank(coord["t"], coord["d"], coord["p"], tp, dp))
         out.append(ranks)
     return out
+
+
+def set_collective_timeout(seconds: float) -> int:
+    """Sets how long a collective of every process group of this process (the world, ours and
+    DeepSpeed's) may wait before its backend gives up; the number of groups set. The hang
+    watchdog keeps it just above its own limit for the phase, so the watchdog, which says
+    where, fires first (training/watchdog.py)."""
+    if not dist.is_initialized():
+        return 0
+    from torch.distributed import distributed_c10d as c10d
+    groups = [g for g in list(c10d._world.pg_map) if not c10d._rank_not_in_group(g)]
+    for group in groups:
+        c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    return len(groups)

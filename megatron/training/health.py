@@ -45,16 +45,27 @@ class DivergenceGuard:
                 "(training.max_skipped_steps=")
         return Verdict(STOP, f"step {step}: {self.skips} consecutive {what}{limit})")
 
-    def _spike(self, step: int, loss: float) -> Verdict:
+    def suspicious(self, loss: float) -> bool:
+        """Whether observe() would call this loss non-finite or a spike; counts nothing
+        (training/sdc.py asks before the step's update)."""
+        return not math.isfinite(loss) or self._median_below(loss) is not None
+
+    def _median_below(self, loss: float):
+        """The running median when `loss` is a spike above it, else None."""
         factor = self.t.loss_spike_factor
-        warm = len(self.history) >= min(10, self.history.maxlen)
-        if factor and warm:
+        if factor and len(self.history) >= min(10, self.history.maxlen):
             median = statistics.median(self.history)
             if loss > factor * median:
-                action = {"log": OK, "stop": STOP, "rollback": ROLLBACK}[self.t.loss_spike_action]
-                return Verdict(action, f"step {step}: loss {loss:.4f} is above "
-                               f"{factor:g} x its running median {median:.4f} "
-                               f"(training.loss_spike_factor)", spike=True)
+                return median
+        return None
+
+    def _spike(self, step: int, loss: float) -> Verdict:
+        median = self._median_below(loss)
+        if median is not None:
+            action = {"log": OK, "stop": STOP, "rollback": ROLLBACK}[self.t.loss_spike_action]
+            return Verdict(action, f"step {step}: loss {loss:.4f} is above "
+                           f"{self.t.loss_spike_factor:g} x its running median {median:.4f} "
+                           f"(training.loss_spike_factor)", spike=True)
         self.history.append(loss)
         return Verdict()
 

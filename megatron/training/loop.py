@@ -18,10 +18,12 @@ from megatron.config import Config
 from megatron.data import build_iterators
 from megatron.launch.env import discover
 from megatron.launch.startup import StartupTimer
+from megatron.parallel.state import set_collective_timeout
 from megatron.training.agree import Decisions, agree
 from megatron.training.checkpointer import Checkpointer
 from megatron.training.divergence import Divergence
 from megatron.training.metrics import MetricsWriter, model_flops_per_token, step_record
+from megatron.training.sdc import Rerun
 from megatron.training.signals import StopFlag
 from megatron.training.startup import Job, start, write_run_files
 from megatron.training.stragglers import Stragglers
@@ -63,6 +65,8 @@ def train(cfg: Config, startup: Optional[StartupTimer] = None) -> RunSummary:
     with Watchdog(RunDir(cfg.run.dir), discover().rank, 60 * t.startup_timeout_minutes,
                   60 * t.hang_timeout_minutes) as watchdog:
         job = start(cfg, timer)
+        watchdog.join(job.nodes, job.started_at, set_collective_timeout,
+                      60 * cfg.parallel.timeout_minutes)
         try:
             with StopFlag() as stop:
                 return _Loop(cfg, job, started, stop, watchdog).run(timer)
@@ -81,7 +85,10 @@ class _Loop:
         self.writer = MetricsWriter(job.run, t.tensorboard) if job.launch.rank == 0 else None
         self.checkpointer = Checkpointer(cfg, job, self.writer, started)
         self.divergence = Divergence(t, self.checkpointer, self.writer)
-        self.stragglers = Stragglers(t, job.engine, job.state.pp > 1, job.device, self.writer)
+        self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
+                           job.launch.rank) if t.rerun_suspect_steps else None
+        self.stragglers = Stragglers(t, job.engine, job.state.pp > 1, job.device, job.nodes,
+                                     self.writer)
         self.tokens_step = t.global_batch_size * cfg.model.seq_length
         self.step_flops = model_flops_per_token(cfg.model, job.vocab) * self.tokens_step
         self.peak = t.peak_tflops or job.device_info.peak_tflops
@@ -150,10 +157,13 @@ class _Loop:
     def _train_step(self):
         _sync(self.device)
         t0 = time.perf_counter()
-        result = self.job.engine.train_step(self.data.train)
+        rerun = self.rerun.for_step(self.step + 1) if self.rerun else None
+        result = self.job.engine.train_step(self.data.train, rerun)
         _sync(self.device)
         dt = time.perf_counter() - t0
         self.watchdog.done()
+        if result.withheld:
+            self.divergence.silent_data_error(rerun, self.job.run)
         self.step += 1
         self.consumed += self.t.global_batch_size
         self.summary.losses.append(result.loss)

@@ -12,11 +12,13 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from megatron.checkpoint.layout import (Resume, check_data, check_model, data_record,
@@ -68,6 +70,8 @@ class Job:
     ds_config: Dict[str, Any]  # deepspeed.json
     engine: Engine
     lock: Optional[RunLock]  # rank 0's hold on run.dir
+    nodes: List[str]  # every rank's node, by rank (Slurm's node name, else the host name)
+    started_at: float  # rank 0's Unix time at the rendezvous: names this job alike on all ranks
 
     @property
     def device(self) -> torch.device:
@@ -94,6 +98,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     if device_info.is_gpu:
         flight_recorder_env(RunDir(cfg.run.dir), os.environ)
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
+    nodes, started_at = _roster(launch.world_size)
     timer.mark("process group")
     run = RunDir(cfg.run.dir)
     lock = _claim(run, launch.rank)
@@ -115,7 +120,17 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
-               ds_config, engine, lock)
+               ds_config, engine, lock, nodes, started_at)
+
+
+def _roster(world: int) -> Tuple[List[str], float]:
+    """Every rank's node and rank 0's clock, gathered once: the watchdog names the nodes of
+    ranks that stop answering, the straggler check names slow ones."""
+    mine = (node_name(os.environ), time.time())
+    every = [mine] if world == 1 else [None] * world
+    if world > 1:
+        dist.all_gather_object(every, mine)
+    return [node for node, _ in every], every[0][1]
 
 
 # PyTorch's NCCL/RCCL flight recorder: a ring of the last collectives per rank, dumped when the

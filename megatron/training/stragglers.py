@@ -1,8 +1,9 @@
 """Slow ranks are named: every training.straggler_interval steps one small all-gather of each
 rank's own forward time over those steps (engine.ComputeTimer: its compute, not the time it waits
 for the others in collectives) names each rank slower than the median of the others by more than
-training.straggler_factor (the first window, with the warm-up steps, is not judged): a warning and {"event": "straggler", "step", "rank", "host",
-"ratio"}. A throttled GPU or a bad node slows the whole job; this says which rank it is.
+training.straggler_factor (the first window, with the warm-up steps, is not judged): a warning
+and {"event": "straggler", "step", "rank", "host", "ratio"}, the host being the rank's node in
+start-up's roster. A throttled GPU or a bad node slows the whole job; this says which rank.
 
 Under tensor parallelism a rank's forward includes its TP group's all-reduces, so a slow rank's
 TP peers wait inside their forward too and are named with it: the group is named, not the rank.
@@ -10,9 +11,8 @@ Under pipeline parallelism DeepSpeed runs the forward passes and nothing is meas
 from __future__ import annotations
 
 import logging
-import socket
 import statistics
-from typing import List, Optional
+from typing import List
 
 import torch
 import torch.distributed as dist
@@ -23,20 +23,21 @@ log = logging.getLogger(__name__)
 
 
 class Stragglers:
-    def __init__(self, t, engine, pipeline: bool, device: torch.device, writer):
-        """t: the training section; writer: rank 0's MetricsWriter (None elsewhere)."""
+    def __init__(self, t, engine, pipeline: bool, device: torch.device, nodes: List[str],
+                 writer):
+        """t: the training section; nodes: every rank's node (startup's roster); writer: rank
+        0's MetricsWriter (None elsewhere)."""
         self.interval = 0 if pipeline else t.straggler_interval
         self.factor, self.engine, self.device = t.straggler_factor, engine, device
-        self.writer = writer
-        self.hosts: Optional[List[str]] = None
+        self.writer, self.hosts = writer, nodes
+        self.warm = False
 
     def after_step(self, step: int) -> List[StragglerEvent]:
         """Collective every `interval` steps (all ranks reach the same steps); the events."""
         if not self.interval or step % self.interval or dist.get_world_size() == 1:
             return []
-        if self.hosts is None:  # the first window holds the warm-up steps: not judged
-            self.hosts = [None] * dist.get_world_size()
-            dist.all_gather_object(self.hosts, socket.gethostname())
+        if not self.warm:  # the first window holds the warm-up steps: not judged
+            self.warm = True
             self.engine.compute.take()
             return []
         mine = torch.tensor([self.engine.compute.take()], device=self.device)

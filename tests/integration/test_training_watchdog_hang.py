@@ -1,8 +1,9 @@
 """A stopped rank under torchrun (issue 20, "hangs end fast and say where"): rank 1 of a 2-rank
 run gets SIGSTOP mid-run; rank 0's watchdog finds its phase past the 6 s floor
 (training.hang_timeout_minutes=0.1) long before the process group's 10-minute timeout, writes
-its threads' stacks to <run.dir>/hangs/ and a hang event naming its rank, host and phase, and
-exits 4, after which torchrun ends the job. Before: nothing until the gloo timeout, then one raw
+its threads' stacks to <run.dir>/hangs/<job>/ and a hang event naming its rank, host and phase,
+names rank 1 as unresponsive after its grace period, and exits 4, after which torchrun ends the
+job. Before: nothing until the gloo timeout, then one raw
 traceback naming no rank and no phase."""
 import os
 import signal
@@ -58,7 +59,11 @@ def test_a_stopped_rank_ends_the_job_in_the_hang_limit_with_stacks_and_an_event(
     assert proc.returncode != 0, out[-3000:]
     assert "rank 0 on" in out and "hung:" in out and "exiting 4" in out, out[-3000:]
     assert elapsed < 6 + 60, f"the job ended {elapsed:.0f} s after the stop"
-    (hang,) = events(read_metrics(run.metrics), "hang")
+    records = read_metrics(run.metrics)
+    (hang,) = events(records, "hang")
     assert hang.rank == 0 and hang.phase in ("step", "agreement") and hang.limit_s == 6.0
-    stacks = open(os.path.join(run.hangs, "rank00000.txt")).read()
+    (job,) = os.listdir(run.hangs)
+    stacks = open(run.hang_stacks(job, 0)).read()
     assert "Current thread" in stacks or "Thread 0x" in stacks, stacks[:2000]
+    (gone,) = events(records, "unresponsive")  # rank 1 never reported: it is named
+    assert gone.ranks == [1] and gone.reported == 1 and run.read_bad_nodes() == gone.nodes

@@ -60,3 +60,24 @@ def test_no_spike_before_the_window_has_history():
 def test_bad_guard_settings_are_refused(key, value):
     with pytest.raises(ConfigError, match=f"training.{key}"):
         load_config(None, [f"training.{key}={value}"])
+
+
+def test_suspicious_says_what_observe_would_call_a_spike_without_counting_it():
+    """training/sdc.py asks before the update; the history observe() keeps is unchanged."""
+    g = guard(loss_spike_factor=2.0, loss_spike_window=10)
+    assert not g.suspicious(100.0)  # not warm yet: no median to compare with
+    for s in range(10):
+        g.observe(s, 1.0, False)
+    history = list(g.history)
+    assert g.suspicious(2.5) and g.suspicious(float("nan")) and not g.suspicious(1.5)
+    assert list(g.history) == history
+    assert g.observe(11, 2.5, False).spike
+
+
+def test_rerun_suspect_steps_is_refused_under_pipeline_parallelism():
+    from megatron.config import validate_for_world
+    cfg = load_config(None, ["training.rerun_suspect_steps=true",
+                             "parallel.pipeline_parallel_size=2", "model.num_layers=2"])
+    with pytest.raises(ConfigError, match="training.rerun_suspect_steps=True is invalid: "
+                                          "expected false under pipeline parallelism"):
+        validate_for_world(cfg, 2)

@@ -11,8 +11,8 @@ from megatron.training.stragglers import Stragglers
 
 def _judge(seconds, factor=1.2):
     t = SimpleNamespace(straggler_interval=10, straggler_factor=factor)
-    s = Stragglers(t, None, False, torch.device("cpu"), None)
-    s.hosts = [f"n{i}" for i in range(len(seconds))]
+    s = Stragglers(t, None, False, torch.device("cpu"), [f"n{i}" for i in range(len(seconds))],
+                   None)
     return [(e.rank, e.host, e.ratio) for e in s._name(10, seconds)]
 
 
@@ -25,7 +25,7 @@ def test_the_slow_rank_is_named_against_the_others():
 
 def test_pipeline_runs_are_not_judged_and_the_timer_sums_spans():
     t = SimpleNamespace(straggler_interval=10, straggler_factor=1.2)
-    assert Stragglers(t, None, True, torch.device("cpu"), None).interval == 0
+    assert Stragglers(t, None, True, torch.device("cpu"), ["n0"], None).interval == 0
     timer = ComputeTimer(torch.device("cpu"))
     for _ in range(3):
         timer.start()

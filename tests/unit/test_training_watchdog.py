@@ -5,10 +5,10 @@ the rank exits EXIT_HANG. The real hang (a stopped peer under torchrun):
 tests/integration/test_training_watchdog_hang.py."""
 import time
 
-from megatron.checkpoint.records import HangEvent, events, read_metrics
+from megatron.checkpoint.records import HangEvent, UnresponsiveEvent, events, read_metrics
 from megatron.checkpoint.rundir import RunDir
 from megatron.training import watchdog as wd
-from megatron.training.watchdog import EXIT_HANG, FACTOR, Watchdog
+from megatron.training.watchdog import EXIT_HANG, FACTOR, MARGIN_S, Watchdog, job_stamp
 
 
 def test_limits_start_up_first_phases_then_measured():
@@ -35,7 +35,7 @@ def test_a_phase_past_its_limit_leaves_stacks_and_an_event_and_exits(tmp_path, m
         while not exits and time.monotonic() < deadline:
             time.sleep(0.05)
     assert exits == [EXIT_HANG]
-    stacks = (tmp_path / "hangs" / "rank00003.txt").read_text()
+    stacks = open(run.hang_stacks(dog.job, 3)).read()
     assert "agreement of step 7" in stacks and "Thread" in stacks and "test_training_watchdog" \
         in stacks  # this test's main thread, where it waited
     (hang,) = events(read_metrics(run.metrics), "hang")
@@ -61,3 +61,74 @@ def test_gpu_runs_turn_the_flight_recorder_on_into_the_hangs_folder(tmp_path):
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(run.hangs)
     assert (tmp_path / "run" / "hangs").is_dir()
+
+
+def _fire_until_exit(dog, phase, step):
+    exits = []
+    dog._exit = exits.append
+    with dog:
+        dog.enter(phase, step)
+        deadline = time.monotonic() + 20
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return exits
+
+
+def test_ranks_that_never_report_are_named_and_their_nodes_left_out(tmp_path, monkeypatch):
+    """Ranks 0 and 2 of 4 hang in one collective and report; rank 1 (stopped) and rank 3 never
+    do: after the grace period rank 0 names them, writes one unresponsive event, and puts their
+    nodes into bad_nodes for the chain."""
+    monkeypatch.setattr(wd, "grace_s", lambda limit: 0.5)
+    run = RunDir(str(tmp_path))
+    dog = Watchdog(run, 0, startup_s=0.3, floor_s=0.3, poll_s=0.05)
+    dog.join(["n1", "n1", "n2", "n3"], 1.8e9)
+    assert dog.job == job_stamp(1.8e9) == "job-20270115T080000Z"
+    other = run.hang_stacks(dog.job, 2)  # rank 2's report, written beside ours
+    import os
+    os.makedirs(os.path.dirname(other))
+    open(other, "w").write("rank 2 ...")
+    assert _fire_until_exit(dog, "agreement", 12) == [EXIT_HANG]
+    records = read_metrics(run.metrics)
+    (gone,) = events(records, "unresponsive")
+    assert isinstance(gone, UnresponsiveEvent)
+    assert (gone.step, gone.ranks, gone.nodes, gone.phase, gone.reported) == \
+        (12, [1, 3], ["n1", "n3"], "agreement", 2)
+    assert run.read_bad_nodes() == ["n1", "n3"]
+    assert "rank(s) 1 stopped answering in step 12" in open(run.bad_nodes).read()
+    summary = open(run.hang_summary(dog.job)).read()
+    assert "1 (n1), 3 (n3) never reported" in summary
+
+
+def test_when_every_rank_reports_no_node_is_blamed(tmp_path, monkeypatch):
+    monkeypatch.setattr(wd, "grace_s", lambda limit: 0.2)
+    run = RunDir(str(tmp_path))
+    dog = Watchdog(run, 1, startup_s=0.3, floor_s=0.3, poll_s=0.05)
+    dog.join(["a", "b"], 1.8e9)
+    import os
+    os.makedirs(os.path.dirname(run.hang_stacks(dog.job, 0)))
+    open(run.hang_stacks(dog.job, 0), "w").write("rank 0 ...")
+    assert _fire_until_exit(dog, "save", 3) == [EXIT_HANG]
+    assert events(read_metrics(run.metrics), "unresponsive") == []
+    assert run.read_bad_nodes() == []
+    assert "all 2 ranks hung in step 3" in open(run.hang_summary(dog.job)).read()
+
+
+def test_the_process_groups_timeout_follows_the_phase_limit():
+    """Start-up and first phases: the start-up allowance plus the margin; once measured, the
+    steady limit plus the margin; set only when it changes (nothing per step in steady state)."""
+    applied = []
+    dog = Watchdog(RunDir("unused"), 0, startup_s=1800, floor_s=300)
+    dog.join(["n"], 0.0, applied.append, base_s=600)
+    dog.enter("step", 1)
+    assert applied == [1800 + MARGIN_S]
+    dog.done()
+    dog.enter("step", 2)
+    assert applied == [1800 + MARGIN_S, 300 + MARGIN_S]
+    for step in range(3, 10):
+        dog.enter("step", step)
+        dog.done()
+    assert len(applied) == 2  # steady state: no call at all
+    off = Watchdog(RunDir("unused"), 0, 0, 0)
+    off.join(["n"], 0.0, applied.append, base_s=600)
+    off.enter("step", 1)
+    assert len(applied) == 2  # the watchdog off: parallel.timeout_minutes stays
