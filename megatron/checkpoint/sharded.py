@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint import store
+from megatron.checkpoint import local_tier, store
 from megatron.checkpoint.records import CheckpointMeta
 from megatron.checkpoint.snapshot import Buffers, Snapshot, write_file
 from megatron.checkpoint.state import Partition, RankState, resize_rows
@@ -98,6 +98,15 @@ def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
 # A test hook for the fault tests: "R" fails rank R's writer with an injected error at every
 # save, "R:S" at the save of step S only.
 FAIL_WRITER_VAR = "MEGATRON_TEST_FAIL_WRITER"
+SLOW_WRITER_VAR = "MEGATRON_TEST_SLOW_WRITER"
+
+
+def _slow_writer() -> None:
+    """A test hook: MEGATRON_TEST_SLOW_WRITER=<seconds> holds each background write and drain
+    back that long, so a fault test can kill a rank while one is in flight."""
+    delay = os.environ.get(SLOW_WRITER_VAR)
+    if delay:
+        time.sleep(float(delay))
 
 
 def _injected_failure(rank: int, step: int) -> bool:
@@ -118,7 +127,8 @@ class PendingSave:
     report, never an exception that could leave the other ranks waiting."""
 
     def __init__(self, ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
-                 keep_last: int, buffers: Optional[Buffers] = None):
+                 keep_last: int, buffers: Optional[Buffers] = None,
+                 local_dir: Optional[str] = None):
         self.t0 = time.perf_counter()
         self.ckpt_dir, self.step, self.meta, self.keep_last = ckpt_dir, step, meta, keep_last
         self.rank = dist.get_rank()
@@ -134,25 +144,59 @@ class PendingSave:
         self.rel = shard_file(rs.coords)
         # Its own copy: training may change the state as soon as the copies are done.
         self.snapshot: Optional[Snapshot] = Snapshot(rs, buffers).start()
+        self.copied = self.snapshot.copied  # kept: the writer lets go of the snapshot
         self.description = _describe(rs, self.rel)
         self.error: Optional[str] = None
         self.size, self.write_s = 0, 0.0
+        self.local: Optional[str] = None
+        if local_dir:
+            try:
+                self.local = local_tier.local_file(local_dir, ckpt_dir, step, self.rel)
+            except OSError as e:
+                self.error = (f"rank {self.rank}: training.save_local_dir={local_dir!r} cannot "
+                              f"take its checkpoint file ({e}); point it at node-local "
+                              "storage this rank can write, or unset it")
         self._writer: Optional[threading.Thread] = None
 
     def write(self) -> None:
+        """The file, into the staging folder; with a local tier, into the local file first
+        (unless write_local() did already) and then drained into the staging folder."""
         t0, path = time.perf_counter(), os.path.join(self.staging, self.rel)
-        snap = self.snapshot
+        if self.local is not None and self.snapshot is not None and self.error is None:
+            self.write_local()
+        if self.error is not None:
+            return
+        try:
+            _slow_writer()
+            if self.local is None:
+                self._write_snapshot(path)
+            else:
+                self.size = local_tier.drain(self.local, path)
+        except BaseException as e:  # whatever it is, it is this save's outcome to report
+            store.remove_quietly(path)  # rank 0 removes the staging folder once all reported
+            self.error = f"rank {self.rank}: {_write_failure(path, self.rank, e, self.size)}"
+        self.write_s += time.perf_counter() - t0
+
+    def write_local(self) -> None:
+        """The file, into the node-local tier (training.save_local_dir); drained by write()."""
+        t0 = time.perf_counter()
+        try:
+            self._write_snapshot(self.local)
+        except BaseException as e:
+            store.remove_quietly(self.local)
+            self.error = f"rank {self.rank}: {_write_failure(self.local, self.rank, e, self.size)}"
+        self.write_s += time.perf_counter() - t0
+
+    def _write_snapshot(self, path: str) -> None:
+        snap, self.snapshot = self.snapshot, None  # the host memory goes back once written
+        self.size = snap.nbytes()  # what the file needs at least, should its write fail
         try:
             if _injected_failure(self.rank, self.step):
                 snap.wait_copied()
                 raise RuntimeError(f"an error injected into the writer ({FAIL_WRITER_VAR})")
             self.size = write_file(path, snap)
-        except BaseException as e:  # whatever it is, it is this save's outcome to report
+        finally:
             snap.copied.wait()  # the copy thread must not write into buffers reused later
-            store.remove_quietly(path)  # rank 0 removes the staging folder once all reported
-            self.error = f"rank {self.rank}: {_write_failure(path, self.rank, e, snap.nbytes())}"
-        self.snapshot = None  # the host memory goes back (or to the buffers) once written
-        self.write_s = time.perf_counter() - t0
 
     def start_writer(self) -> None:
         """write() in a thread: training goes on while the file is written."""
@@ -168,9 +212,7 @@ class PendingSave:
 
     def wait_copied(self) -> None:
         """Until the snapshot's copies are done (before the state may change again)."""
-        snap = self.snapshot
-        if snap is not None:
-            snap.copied.wait()
+        self.copied.wait()
 
     def join(self) -> float:
         """Waits for the writer thread; returns the seconds waited."""

@@ -1,10 +1,13 @@
 """One rank's shard file on its way to disk: a snapshot of its pieces in host memory, and the
 stream that torch.save writes it through.
 
-A snapshot gives each tensor of the file its own host buffer (torch.save writes a view's whole
-storage, and the pieces are views into DeepSpeed's flat partitions). Its copies run in a
-thread, in file order, while the file is written: the stream waits for a storage's copy just
-before writing it, so copying and writing overlap instead of adding up. On a GPU the copies go
+Each tensor of the file needs a storage of its own (torch.save writes a view's whole storage,
+and the pieces are views into DeepSpeed's flat partitions). A synchronous save aliases the
+state's memory (the state does not change until the file is written): no copy at all. An
+asynchronous one copies into host buffers kept from save to save (fresh memory costs a page
+fault per 4 KiB, which on the development VM took longer than the disk write); the copies run
+in a thread, in file order, and the stream waits for a storage's copy just before writing it,
+so copying and writing overlap instead of adding up. On a GPU the copies go
 to pinned buffers on a side stream, and the default stream waits for that stream, so the next
 step's kernels never change a tensor before it is copied.
 
@@ -16,6 +19,7 @@ it cost more than the disk write on the development CPU (0.7 GB/s), and torch.lo
 The bytes written are the same whoever writes them (the loop, a writer thread, a drain)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -57,18 +61,40 @@ def snapshot_bytes(rs: RankState) -> int:
     return sum(4 * f.numel * (1 + len(f.moments)) for p in rs.params for f in p.fragments)
 
 
+def _alias(src: torch.Tensor) -> torch.Tensor:
+    """A tensor with a storage of its own over src's memory, no copy: what a synchronous save
+    writes, since the state does not change before the file is written. Its own storage makes
+    torch.save write exactly these bytes (a view would bring its whole flat partition)."""
+    if src.numel() == 0:
+        return torch.empty(0, dtype=torch.float32)
+    raw = (ctypes.c_char * (src.numel() * src.element_size())).from_address(src.data_ptr())
+    return torch.frombuffer(raw, dtype=torch.float32)
+
+
+def _aliasable(src: torch.Tensor) -> bool:
+    return src.device.type == "cpu" and src.dtype == torch.float32 and src.is_contiguous()
+
+
 class Snapshot:
-    """The payload of this rank's shard file, its tensors filled by a copy thread (start())."""
+    """The payload of this rank's shard file. With buffers (asynchronous saves) its tensors are
+    copies, filled by a copy thread (start()); without, the caller writes the file before the
+    state changes again, and each tensor is an alias of the state's memory (no copy) where it
+    can be (CPU, fp32, contiguous), a copy otherwise."""
 
     def __init__(self, rs: RankState, buffers: Optional[Buffers] = None):
         self._jobs: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._aliases: List[torch.Tensor] = []
         pieces: Dict[str, Any] = {}
         if rs.writes:
             for p in rs.params:
                 for f in p.fragments:  # a parameter has at most one contiguous piece per rank
                     entry: Dict[str, Any] = {"start": f.start, "numel": f.numel}
                     for key, src in (("master", f.master), *f.moments.items()):
-                        src = src.detach()
+                        src = src.detach().reshape(-1)
+                        if buffers is None and _aliasable(src):
+                            entry[key] = _alias(src)
+                            self._aliases.append(src)  # the memory the alias points into
+                            continue
                         dst = (buffers.get(p.name, key, src) if buffers is not None else
                                torch.empty(src.numel(), dtype=torch.float32,
                                            pin_memory=src.device.type == "cuda"))
@@ -84,7 +110,8 @@ class Snapshot:
         self._thread: Optional[threading.Thread] = None
 
     def nbytes(self) -> int:
-        return sum(dst.numel() * dst.element_size() for dst, _ in self._jobs)
+        return sum(t.numel() * t.element_size()
+                   for t in [dst for dst, _ in self._jobs] + self._aliases)
 
     def start(self) -> "Snapshot":
         """Starts the copies; returns at once (on a GPU, once they are queued)."""

@@ -110,11 +110,14 @@ class Checkpointer:
         meta = CheckpointMeta(step=step, consumed_samples=consumed, layout=self.job.layout,
                               saved_at=time.time(), optimizer=engine.checkpoint_meta(),
                               data=self.data)
-        background = self._in_background(rs)
+        background, local = self._in_background(rs), self.t.save_local_dir
         pending = sharded.PendingSave(self.job.run.checkpoints, step, rs, meta,
-                                      self.t.keep_last, self.buffers if background else None)
+                                      self.t.keep_last, self.buffers if background else None,
+                                      local)
         self.clock.saved()
-        if background:
+        if background or local:  # a synchronous save to the local tier drains in the background
+            if not background:
+                pending.write_local()
             pending.start_writer()
             self.pending, self.blocked = pending, time.perf_counter() - t0
             return

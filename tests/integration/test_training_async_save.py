@@ -1,8 +1,9 @@
 """training.async_save through megatron-train, on real processes and disks.
 
 - Two ranks (DP2 ZeRO-1) save at steps 4 and 8 and at the end, synchronously and in the
-  background: every shard and index.json are byte-identical, the losses are equal, and a resume
-  from the background save of step 8 gives the uninterrupted run's losses.
+  background (asynchronous, through the node-local tier, both): every shard and index.json are
+  byte-identical, the losses are equal, and a resume from the background save of step 8 gives
+  the uninterrupted run's losses.
 - An error injected into rank 1's writer at step 8 ends the run non-zero within 60 s, every error
   line naming rank 1 and the cause; the run resumes from step 4 with the uninterrupted losses.
 - The disk filling during a background write (run.dir on a 4 MiB tmpfs: the first checkpoint
@@ -55,9 +56,15 @@ def uninterrupted(tmp_path_factory):
     return run
 
 
-def test_background_saves_are_byte_identical_and_resume_exactly(uninterrupted, tmp_path):
+@pytest.mark.parametrize("mode", ["async", "local", "async+local"])
+def test_background_saves_are_byte_identical_and_resume_exactly(uninterrupted, tmp_path, mode):
+    """async: training.async_save; local: synchronous to training.save_local_dir, drained in
+    the background; both together."""
     run = str(tmp_path / "async")
-    proc = launch(run, "training.async_save=true")
+    items = {"async": ["training.async_save=true"],
+             "local": [f"training.save_local_dir={tmp_path / 'nvme'}"]}
+    items["async+local"] = items["async"] + items["local"]
+    proc = launch(run, *items[mode])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert losses(run) == losses(uninterrupted)
     for step in (4, 8, 10):
@@ -73,7 +80,7 @@ def test_background_saves_are_byte_identical_and_resume_exactly(uninterrupted, t
     assert all(s.blocking_s is not None and s.background_s > 0 for s in saves), saves
     resumed = str(tmp_path / "resumed")
     shutil.copytree(ckpt(run, 8), ckpt(resumed, 8))
-    proc = launch(resumed, "training.async_save=true", "training.load=auto")
+    proc = launch(resumed, "training.load=auto", *items[mode])
     assert proc.returncode == 0, proc.stderr[-4000:]
     got, want = losses(resumed), losses(uninterrupted)
     assert [got[s] for s in (9, 10)] == [want[s] for s in (9, 10)]
