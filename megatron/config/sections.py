@@ -112,9 +112,11 @@ class ParallelConfig:
     sequence_parallel: bool = False
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
-    # How long a rank waits for the others, in the rendezvous and in any collective, before the
-    # job fails instead of hanging (torch's default: 10 minutes). Raise it when one rank may
-    # legitimately lag that long, e.g. writing a large checkpoint while the rest wait.
+    # How long a rank waits for the others in the rendezvous and start-up before the job fails
+    # instead of hanging (torch's default: 10 minutes). From the first step on, the hang
+    # watchdog's limits set the process groups' timeout (training.startup_timeout_minutes for
+    # the first step and save, then hang_timeout_minutes or 5x the slowest phase, plus one
+    # minute); with the watchdog off (both 0) this stays the timeout of every collective.
     timeout_minutes: int = 10
 
     def __post_init__(self):

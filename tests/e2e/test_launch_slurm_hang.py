@@ -1,7 +1,8 @@
 """A hung rank under a real Slurm (issue 20 item 1): one task of a 2-task step is stopped
-(SIGSTOP) mid-run; its peer's collective times out after parallel.timeout_minutes and exits 1,
-and train.sbatch's --kill-on-bad-exit makes Slurm end the stopped task too, so the job ends
-within the timeout plus a margin instead of holding the allocation until its time limit
+(SIGSTOP) mid-run; its peer's hang watchdog fires after training.hang_timeout_minutes, names the
+stopped task and its node after its grace period, and exits 4, and train.sbatch's
+--kill-on-bad-exit makes Slurm end the stopped task too, so the job ends within the limit plus
+a margin instead of holding the allocation until its time limit
 (before: TIMEOUT after 4:28 of a 4-minute limit). The cluster: conftest.py, slurm_cluster.py."""
 import os
 import signal
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from megatron.checkpoint.records import read_metrics, steps
+from megatron.checkpoint.records import events, read_metrics, steps
 from megatron.checkpoint.rundir import RunDir
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv
 from tests.e2e.slurm_cluster import tail, wait_job
@@ -49,7 +50,8 @@ def test_a_stopped_task_ends_the_job_in_the_timeout_not_the_time_limit(slurm, tm
 export MASTER_ADDR=127.0.0.1
 srun {KILL} {sys.executable} -m megatron.cli.train --config {TINY} \\
     --set training.train_iters=100000 --set training.global_batch_size=4 \\
-    --set parallel.timeout_minutes=1 --set training.tensorboard=false --set run.dir={run.path}
+    --set parallel.timeout_minutes=1 --set training.hang_timeout_minutes=0.5 \\
+    --set training.tensorboard=false --set run.dir={run.path}
 """)
     env = dict(run_env.env, SLURM_CONF=slurm["conf"])
     proc = subprocess.run(["sbatch", "--parsable", f"--chdir={ROOT}", str(script)],
@@ -68,4 +70,10 @@ srun {KILL} {sys.executable} -m megatron.cli.train --config {TINY} \\
     elapsed = time.monotonic() - stopped
     log = tail(out, 10 ** 6)
     assert state == "FAILED", f"job ended {state} {code}; output:\n{log[-4000:]}"
-    assert elapsed < 60 + 60, f"the job took {elapsed:.0f} s after the stop to end"
+    assert elapsed < 30 + 60, f"the job took {elapsed:.0f} s after the stop to end"
+    records = read_metrics(run.metrics)
+    # Slurm's termination sends SIGCONT before SIGKILL: the stopped task may run just long
+    # enough for its own watchdog to report too, after rank 0 named it.
+    assert [h.rank for h in events(records, "hang")][0] == 0, log[-4000:]
+    (gone,) = events(records, "unresponsive")  # the stopped task, and its node, are named
+    assert gone.ranks == [1] and run.read_bad_nodes() == gone.nodes and len(gone.nodes) == 1
