@@ -1,4 +1,5 @@
-"""megatron-preprocess: JSON lines -> Megatron .bin/.idx, merging, tokenizer training."""
+"""megatron-preprocess: a corpus (JSON lines, gzip, zstd, parquet, `datasets` folders, folders and
+globs of shards) -> Megatron .bin/.idx, merging, tokenizer training."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,18 @@ examples:
       --append-eod --workers 2
   #   -> data/corpus_text_document.bin and .idx; train with
   #      --set "data.paths=[data/corpus_text_document]"
+
+  # FineWeb: a dump folder of parquet shards (read in path order), the "text" column:
+  megatron-preprocess --input fineweb/data/CC-MAIN-2024-10 --output-prefix data/fw \
+      --tokenizer-type huggingface --tokenizer-model tokenizer.json --append-eod --workers 16
+
+  # Dolma (*.json.gz), the Pile or SmolLM (*.jsonl.zst): a glob, quoted, sorted:
+  megatron-preprocess --input 'pile/train/*.jsonl.zst' --output-prefix data/pile \
+      --tokenizer-type gpt2 --vocab-file vocab.json --merge-file merges.txt --append-eod
+
+  # a folder written by datasets' save_to_disk (a Dataset, or one split of a DatasetDict):
+  megatron-preprocess --input saved/ --split train --output-prefix data/saved \
+      --tokenizer-type sentencepiece --tokenizer-model spm.model
 
   # a SentencePiece model, two JSON keys (one output per key):
   megatron-preprocess --input a.jsonl b.jsonl --output-prefix data/ab --json-keys title text \\
@@ -39,18 +52,25 @@ examples:
 def _encode_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-preprocess",
-        description="Tokenize JSON lines (plain or gzip) into Megatron MMIDIDX datasets,\n"
+        description="Tokenize a corpus into Megatron MMIDIDX datasets,\n"
                     "PREFIX_KEY_document.bin/.idx, readable by Megatron-LM, Megatron-DeepSpeed\n"
                     "and GPT-NeoX, laid out as Megatron-LM's tools/preprocess_data.py lays\n"
                     "them out: each line is one document; a text is one sequence, a list of\n"
                     "texts one sequence per element; a document with no tokens is kept empty;\n"
                     "tokens are uint16 for vocabularies below 65500, else int32.\n"
+                    "Inputs, told apart by content: JSON lines (plain, gzip, zstd), parquet\n"
+                    "(a row is a document, --json-keys name the columns), Arrow streams, folders\n"
+                    "written by datasets' save_to_disk, folders and globs of shards (one corpus,\n"
+                    "in path order). Every route writes the same bytes for the same texts.\n"
                     "Subcommands: merge, train-tokenizer (each has --help).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="JSON-lines files, read in order")
+    p.add_argument("--input", nargs="+", required=True, help="files, folders or globs, read in "
+                   "the order given (a folder's or a glob's files in path order)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx")
-    p.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize "
-                   "(default: text)")
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="keys (JSON) or columns "
+                   "(parquet, Arrow) to tokenize (default: text)")
+    p.add_argument("--split", help="the split of a datasets DatasetDict folder (default: its "
+                   "only split, else train)")
     p.add_argument("--tokenizer-type", required=True, help="sentencepiece | gpt2 | huggingface "
                    "| null (Megatron names such as GPT2BPETokenizer also work)")
     p.add_argument("--tokenizer-model", help="SentencePiece .model or Hugging Face "
@@ -99,14 +119,15 @@ def _train_parser() -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """One self-overwriting line on a terminal, plain lines otherwise (logs, CI)."""
+    """A self-overwriting progress bar on a terminal (share of the input read, documents,
+    tokens, MB/s, ETA), plain lines otherwise (logs, CI)."""
 
     def __init__(self):
         self.tty = sys.stderr.isatty()
 
     def __call__(self, stats) -> None:
         end = "\r" if self.tty else "\n"
-        sys.stderr.write(stats.line() + end)
+        sys.stderr.write(stats.bar() + end)
         sys.stderr.flush()
 
 
@@ -120,11 +141,13 @@ def _run_encode(argv: List[str]) -> None:
              "vocab_size": "--vocab-size"}
     spec = TokenizerSpec(canonical_type(a.tokenizer_type), a.tokenizer_model, a.vocab_file,
                          a.merge_file, a.vocab_size, names)
-    job = PreprocessJob(a.input, a.output_prefix, spec, a.json_keys, a.append_eod, a.workers)
+    job = PreprocessJob(a.input, a.output_prefix, spec, a.json_keys, a.append_eod, a.workers,
+                        split=a.split)
     progress = _Progress()
     prefixes, stats = preprocess(job, progress, a.log_interval)
     if progress.tty:
         sys.stderr.write("\n")
+    print(stats.line())
     for prefix in prefixes:
         print(f"wrote {prefix}.bin and {prefix}.idx")
     if stats.empty:

@@ -1,15 +1,23 @@
-"""JSON lines -> MMIDIDX datasets: one PREFIX_{key}_document.bin/.idx per JSON key, as
+"""A corpus (JSON lines, plain, gzip or zstd; parquet; `datasets` save_to_disk folders; folders
+and globs of shards: megatron/data/readers.py) -> MMIDIDX datasets: one PREFIX_{key}_document.bin/.idx per JSON key, as
 Megatron-LM names them, with tools/preprocess_data.py's semantics so the files are byte for byte
 the same: a JSON line is one document; a text is one sequence, and a list of texts one sequence
 per non-empty element; --append-eod ends the document's last sequence with the eod token; a
 document with no tokens is kept as an empty document (no sequences); tokens are uint16 below
 65500 ids, else int32.
 
-Work split: the main process reads raw lines and writes the outputs; N worker processes (each
-with its own tokenizer, rebuilt from a TokenizerSpec) parse JSON and tokenize, which is where the
-time goes. Results come back in input order, so the output does not depend on N."""
+Every route gives the same files for the same texts: a parquet row or an Arrow row is a
+document exactly as a JSON line holding the same values.
+
+Work split: the main process reads the files (lines, or column batches) and writes the outputs;
+N worker processes (each with its own tokenizer, rebuilt from a TokenizerSpec) parse JSON and
+tokenize, which is where the time goes, in chunks of items from any file. Results come back in
+input order, so the output does not depend on N. At most a fixed number of chunks is in flight
+(a window, not the whole input as Pool.imap would queue), so memory does not grow with the
+input."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import multiprocessing
@@ -22,7 +30,8 @@ import numpy as np
 from megatron.config.errors import InputError
 from megatron.data.indexed_builder import IndexedDatasetBuilder
 from megatron.data.indexed_dataset import optimal_token_dtype
-from megatron.data.jsonl import open_lines, parse_json_line
+from megatron.data.jsonl import parse_json_line
+from megatron.data.readers import Reader, Source, expand_inputs
 from megatron.data.tokenizers import TokenizerSpec, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -36,9 +45,10 @@ class PreprocessJob:
     json_keys: Sequence[str] = ("text",)
     append_eod: bool = False
     workers: int = 1
-    # Lines per message to a worker: amortizes pickling, yet small enough that a few large
-    # documents still spread over all workers.
+    # Items (lines, rows) per message to a worker: amortizes pickling, yet small enough that a
+    # few large documents still spread over all workers; a chunk also ends at _CHUNK_BYTES.
     chunksize: int = 16
+    split: Optional[str] = None  # a `datasets` DatasetDict folder's split (default: train)
 
 
 @dataclass
@@ -46,8 +56,10 @@ class PreprocessStats:
     documents: int = 0  # input lines (JSON objects) read
     empty: int = 0  # (line, key) pairs whose text tokenized to nothing: empty documents
     tokens: int = 0
-    bytes: int = 0  # uncompressed input bytes
+    bytes: int = 0  # uncompressed input bytes (JSON lines; text and token bytes of rows)
     seconds: float = 0.0
+    disk_done: int = 0   # bytes of the input files on disk read so far
+    disk_total: int = 0  # all of them: the ETA is the time for the rest at the rate so far
 
     @property
     def docs_per_s(self) -> float:
@@ -57,10 +69,33 @@ class PreprocessStats:
     def mb_per_s(self) -> float:
         return self.bytes / 1e6 / max(self.seconds, 1e-9)
 
+    @property
+    def fraction(self) -> float:
+        return min(self.disk_done / self.disk_total, 1.0) if self.disk_total else 0.0
+
+    @property
+    def eta_s(self) -> Optional[float]:
+        f = self.fraction
+        return self.seconds * (1 - f) / f if f > 0 else None
+
     def line(self) -> str:
         return (f"{self.documents:,} documents, {self.tokens:,} tokens, {self.bytes / 1e6:,.1f} MB"
                 f" in {self.seconds:.1f} s ({self.docs_per_s:,.0f} docs/s, "
                 f"{self.mb_per_s:.2f} MB/s)")
+
+    def bar(self, width: int = 24) -> str:
+        """A progress bar: share of the input read, documents, tokens, MB/s, ETA."""
+        filled = int(self.fraction * width)
+        eta = self.eta_s
+        return (f"[{'#' * filled}{'.' * (width - filled)}] {self.fraction:4.0%} "
+                f"{self.documents:,} docs {self.tokens:,} tokens {self.docs_per_s:,.0f} docs/s "
+                f"{self.mb_per_s:.1f} MB/s "
+                f"ETA {_clock(eta) if eta is not None else '?'}")
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> List[str]:
@@ -82,11 +117,20 @@ def _init_worker(spec: TokenizerSpec, keys: Sequence[str], append_eod: bool, dty
 Document = Tuple[np.ndarray, List[int]]  # the tokens of all its sequences, and their lengths
 
 
-def _encode(item: Tuple[int, int, bytes]) -> Tuple[int, List[Document]]:
-    """(file number, line number, raw line) -> (bytes, one document per key)."""
-    file_no, line_no, raw = item
-    where = f"{_STATE['inputs'][file_no]}:{line_no}"
-    values = parse_json_line(raw, _STATE["keys"], where)
+def _encode(chunk: List[Tuple[int, int, tuple]]) -> List[Tuple[int, List[Document]]]:
+    return [_encode_one(*item) for item in chunk]
+
+
+def _encode_one(file_no: int, number: int, item: tuple) -> Tuple[int, List[Document]]:
+    """(file number, line or row number, item) -> (bytes, one document per key)."""
+    kind, payload = item
+    path = _STATE["inputs"][file_no]
+    if kind == "json":
+        where = f"{path}:{number}"
+        values, nbytes = parse_json_line(payload, _STATE["keys"], where), len(payload)
+    else:
+        where, values = f"{path} row {number}", payload
+        nbytes = sum(_text_bytes(v) for v in values)
     out = []
     for key, value in zip(_STATE["keys"], values):
         ids: List[int] = []
@@ -100,7 +144,15 @@ def _encode(item: Tuple[int, int, bytes]) -> Tuple[int, List[Document]]:
             ids.append(_STATE["eod"])
             lengths[-1] += 1
         out.append((np.asarray(ids, dtype=_STATE["dtype"]), lengths))
-    return len(raw), out
+    return nbytes, out
+
+
+def _text_bytes(value) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    return 0
 
 
 def _sentences(value, where: str) -> list:
@@ -127,23 +179,62 @@ def _is_ids(value: list) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
-def _lines(inputs: Sequence[str]) -> Iterator[Tuple[int, int, bytes]]:
-    for file_no, path in enumerate(inputs):
-        for line_no, raw in enumerate(open_lines(path), start=1):
-            if raw.strip():
-                yield file_no, line_no, raw
+_CHUNK_BYTES = 1 << 20  # a chunk ends at this many bytes of lines (a few huge documents)
+_WINDOW = 8  # chunks in flight per worker: keeps them busy, bounds what waits in queues
+
+
+class _Chunks:
+    """Chunks of (file number, number, item) over every source in order; `disk_done` follows
+    the bytes read from disk."""
+
+    def __init__(self, sources: Sequence[Source], keys: Sequence[str], chunksize: int):
+        self.sources, self.keys, self.chunksize = sources, keys, chunksize
+        self.finished, self.reader = 0, None
+
+    @property
+    def disk_done(self) -> int:
+        return self.finished + (self.reader.position if self.reader else 0)
+
+    def __iter__(self) -> Iterator[List[Tuple[int, int, tuple]]]:
+        chunk, size = [], 0
+        for file_no, source in enumerate(self.sources):
+            self.reader = Reader(source, self.keys)
+            for number, item in self.reader.items():
+                chunk.append((file_no, number, item))
+                size += len(item[1]) if item[0] == "json" else sum(
+                    len(v) for v in item[1] if isinstance(v, str))
+                if len(chunk) >= self.chunksize or size >= _CHUNK_BYTES:
+                    yield chunk
+                    chunk, size = [], 0
+            self.finished += source.size
+            self.reader = None
+        if chunk:
+            yield chunk
+
+
+def _windowed(pool, chunks, window: int):
+    """pool.imap in order, with at most `window` chunks submitted and not yet taken."""
+    pending: collections.deque = collections.deque()
+    for chunk in chunks:
+        pending.append(pool.apply_async(_encode, (chunk,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 @contextlib.contextmanager
-def _encoded(job: PreprocessJob, dtype: np.dtype):
-    """An iterator of _encode results, in input order, from a pool or from this process."""
-    init = (job.tokenizer, list(job.json_keys), job.append_eod, dtype.str, list(job.inputs))
+def _encoded(job: PreprocessJob, dtype: np.dtype, sources: Sequence[Source], chunks: _Chunks):
+    """An iterator of _encode results (a list per chunk), in input order, from a pool or from
+    this process."""
+    paths = [s.path for s in sources]
+    init = (job.tokenizer, list(job.json_keys), job.append_eod, dtype.str, paths)
     if job.workers <= 1:
         _init_worker(*init)
-        yield map(_encode, _lines(job.inputs))
+        yield map(_encode, chunks)
         return
     with multiprocessing.get_context().Pool(job.workers, _init_worker, init) as pool:
-        yield pool.imap(_encode, _lines(job.inputs), chunksize=job.chunksize)
+        yield _windowed(pool, chunks, _WINDOW * job.workers)
 
 
 def preprocess(job: PreprocessJob, progress: Optional[Callable[[PreprocessStats], None]] = None,
@@ -156,25 +247,32 @@ def preprocess(job: PreprocessJob, progress: Optional[Callable[[PreprocessStats]
     if job.append_eod:
         _ = tokenizer.eod  # raises now, not in a worker, when the tokenizer has none
     dtype = optimal_token_dtype(tokenizer.vocab_size)
+    sources = expand_inputs(job.inputs, job.split)
     prefixes = output_prefixes(job.output_prefix, job.json_keys)
     report = progress or (lambda s: log.info("%s", s.line()))
-    stats, start = PreprocessStats(), time.monotonic()
+    chunks = _Chunks(sources, job.json_keys, job.chunksize)
+    stats, start = PreprocessStats(disk_total=sum(s.size for s in sources)), time.monotonic()
     next_report = start + interval
     with contextlib.ExitStack() as stack:
         builders = [stack.enter_context(IndexedDatasetBuilder(p, dtype)) for p in prefixes]
-        results = stack.enter_context(_encoded(job, dtype))
-        for nbytes, docs in results:
-            stats.documents += 1
-            stats.bytes += nbytes
-            for builder, (tokens, lengths) in zip(builders, docs):
-                builder.add_document(tokens, lengths)
-                stats.tokens += len(tokens)
-                stats.empty += not lengths
+        results = stack.enter_context(_encoded(job, dtype, sources, chunks))
+        for encoded in results:
+            for nbytes, docs in encoded:
+                _add(stats, builders, nbytes, docs)
             now = time.monotonic()
             if now >= next_report:
-                stats.seconds = now - start
+                stats.seconds, stats.disk_done = now - start, chunks.disk_done
                 report(stats)
                 next_report = now + interval
-    stats.seconds = time.monotonic() - start
+    stats.seconds, stats.disk_done = time.monotonic() - start, stats.disk_total
     report(stats)
     return prefixes, stats
+
+
+def _add(stats: PreprocessStats, builders, nbytes: int, docs: List[Document]) -> None:
+    stats.documents += 1
+    stats.bytes += nbytes
+    for builder, (tokens, lengths) in zip(builders, docs):
+        builder.add_document(tokens, lengths)
+        stats.tokens += len(tokens)
+        stats.empty += not lengths
