@@ -12,7 +12,9 @@
 #   megatron_chain_begin --config C --set run.dir="$RUN_DIR" [--set k=v ...]
 #                                   # the trainer's config arguments; ends the job (exit 0) when
 #                                   # the run is already finished
-#   rc=0; srun ... python -m megatron.cli.train ... || rc=$?
+#   rc=0; megatron_chain_srun srun ... python -m megatron.cli.train ... || rc=$?
+#                                   # srun's stderr also kept in a file, for megatron_chain_end:
+#                                   # the node of a task that died first goes into bad_nodes
 #   megatron_chain_end "$rc"        # submits the next job if this one made progress
 #   exit "$rc"
 #
@@ -41,11 +43,23 @@ megatron_chain_begin() {
   fi
 }
 
+# Runs its arguments (the training srun) with their stderr copied to a file as well as to the
+# job's output. With --kill-on-bad-exit=1 srun names there the task that ended first and how
+# ("srun: error: n2: task 1: Killed"); megatron_chain_end reads it. The status is srun's.
+megatron_chain_srun() {
+  _MEGATRON_CHAIN_SRUN_LOG=$(mktemp "${TMPDIR:-/tmp}/megatron-srun-stderr.XXXXXX")
+  local status
+  { "$@" 2>&1 >&3 3>&- | tee "$_MEGATRON_CHAIN_SRUN_LOG" >&2 3>&-; status=("${PIPESTATUS[@]}")
+  } 3>&1
+  return "${status[0]}"
+}
+
 megatron_chain_end() {
   local rc=0
+  MEGATRON_CHAIN_SRUN_LOG="${_MEGATRON_CHAIN_SRUN_LOG:-}" \
   python -m megatron.cli.chain end --start-step "$_MEGATRON_CHAIN_START" \
     --exit-status "$1" --submit-env "$_MEGATRON_CHAIN_ENV" "${_MEGATRON_CHAIN_TRAIN_ARGS[@]}" \
     -- "${_MEGATRON_CHAIN_SCRIPT_ARGS[@]}" || rc=$?
-  rm -f "$_MEGATRON_CHAIN_ENV"
+  rm -f "$_MEGATRON_CHAIN_ENV" "${_MEGATRON_CHAIN_SRUN_LOG:-}"
   return $rc
 }

@@ -11,10 +11,20 @@ checkpoint otherwise (a node lost at start-up, a hang, a killed rank) is submitt
 Progress is the step of the newest checkpoint that validates, the same one the next job would
 continue from (megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it
 could not commit made none. Each decision is one line in the job's output and in
-<run.dir>/chain.log. Nodes that failed their health check (launch/health.py, listed in
-<run.dir>/bad_nodes) are left out of every later job (sbatch --exclude), up to
-MEGATRON_CHAIN_MAX_EXCLUDED (8) of them; ask for a few more nodes than the layout needs (spares),
-and the chain keeps the job's node count.
+<run.dir>/chain.log. Nodes that failed their health check (launch/health.py), whose rank
+stopped answering (training/watchdog.py), or whose task died first (below), all listed in
+<run.dir>/bad_nodes, are left out of every later job (sbatch --exclude), up to
+MEGATRON_CHAIN_MAX_EXCLUDED (8) of them, and never so many that the partition's usable nodes
+(sinfo) could no longer hold the job: then the newest exclusions are dropped for that job, and
+the decision says so. Ask for a few more nodes than the layout needs (spares), and the chain keeps
+the job's node count.
+
+A task that died first: chain.sh's megatron_chain_srun copies srun's stderr to a file
+(MEGATRON_CHAIN_SRUN_LOG for `end`). With --kill-on-bad-exit, srun names each task that ended
+badly ("srun: error: n2: task 1: Killed"), the first ones before its own line about terminating
+the step; the tasks it ends after that are not the cause. A first task that died of a signal
+(Killed, Segmentation fault, Bus error, ...), exited with a status megatron-train does not give
+for a clean failure (CLEAN_EXITS), or whose node failed, puts its node in bad_nodes.
 
 examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
 
@@ -30,6 +40,7 @@ lives with the loop in megatron.training; nothing here prints or exits."""
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -50,6 +61,13 @@ ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT, FAILURES, MAX_FAILURES = (
 # Exit statuses of megatron-train that the same job would repeat: a bad config or input (2), a
 # run that stopped itself on divergence (3). Anything else is taken for the machine's failure.
 REPEATS = {2: "a configuration or input error", 3: "the run diverged"}
+# megatron-train's own ends (cli/common.py, training/watchdog.py): bad input, diverged, a hang
+# seen by this rank's watchdog, a node that failed its health check (already in bad_nodes),
+# interrupted. A first task that ended so is no dead node; nor one that was stopped (SIGTERM,
+# SIGINT: scancel, preemption, the time limit).
+CLEAN_EXITS = {2, 3, 4, 5, 130}
+STOPPED = ("Terminated", "Interrupt")
+SRUN_LOG = "MEGATRON_CHAIN_SRUN_LOG"
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,27 @@ class Settings:
     off_reason: str = ""
     failures: int = 0  # jobs in a row before this one that failed without progress
     max_failures: int = DEFAULT_MAX_FAILURES
+    job: Optional["JobFacts"] = None  # inside a Slurm job: what `end` needs to know of it
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """This job, for `end`: its id, srun's stderr (chain.sh), its partition and node count (the
+    next job's, too) and the bound on excluded nodes."""
+    job_id: str
+    srun_log: str = ""
+    partition: str = ""
+    nodes: int = 0
+    max_excluded: int = DEFAULT_MAX_EXCLUDED
+
+
+def job_facts(env: Mapping[str, str]) -> Optional[JobFacts]:
+    if "SLURM_JOB_ID" not in env:
+        return None
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    return JobFacts(env["SLURM_JOB_ID"], env.get(SRUN_LOG, ""), env.get("SLURM_JOB_PARTITION", ""),
+                    int(nodes) if nodes.isdigit() else 0,
+                    _count(env, MAX_EXCLUDED, DEFAULT_MAX_EXCLUDED))
 
 
 def settings(env: Mapping[str, str], final_save: bool = True) -> Settings:
@@ -99,7 +138,7 @@ def settings(env: Mapping[str, str], final_save: bool = True) -> Settings:
     if "SLURM_JOB_ID" not in env:
         return Settings(False, attempt, most, "chaining is off: not inside a Slurm job", failed,
                         most_failed)
-    return Settings(True, attempt, most, "", failed, most_failed)
+    return Settings(True, attempt, most, "", failed, most_failed, job_facts(env))
 
 
 def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> int:
@@ -145,6 +184,8 @@ def end(p: Progress, start_step: int, exit_status: int, s: Settings) -> Decision
         return Decision(False, f"{_where(p)}: the run is finished{jobs}")
     if not s.enabled:
         return Decision(False, f"{_where(p)}; {s.off_reason}: not submitting the next job")
+    if exit_status != 0 and s.job is not None:
+        record_dead_nodes(p.run_dir, s.job)
     failures = 0
     if p.step <= start_step:
         stop = _no_progress(p, start_step, exit_status, s)
@@ -158,8 +199,12 @@ def end(p: Progress, start_step: int, exit_status: int, s: Settings) -> Decision
     why = (f"this job trained from step {start_step}" if not failures else
            f"no progress in this job, failure {failures} of at most {s.max_failures} in a row "
            f"({MAX_FAILURES}): trying again")
+    try:
+        note = _exclusion_note(p, s)
+    except InputError as e:  # more bad nodes than MEGATRON_CHAIN_MAX_EXCLUDED
+        return Decision(False, f"{_where(p)}: {e}")
     return Decision(True, f"{_where(p)} ({why}, exit status {exit_status}): submitting job "
-                          f"{s.attempt + 1}", failures)
+                          f"{s.attempt + 1}{note}", failures)
 
 
 def _no_progress(p: Progress, start_step: int, exit_status: int, s: Settings
@@ -180,6 +225,133 @@ def _no_progress(p: Progress, start_step: int, exit_status: int, s: Settings
     return None
 
 
+# --- Nodes whose task died first ---------------------------------------------------------------
+
+# srun's report of a task that ended badly, and its lines that start ending the step: what
+# follows them was done by srun (or by scancel, the time limit), not by a fault.
+_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9,\-]+): (.+?)\s*$")
+_NODE_FAIL = re.compile(r"^srun: error: (?:Node failure on|.*failed on node) (\S+?):?(?:\s|$)")
+_STEP_ENDS = re.compile(r"^srun: (?:launch/slurm: _step_signal: Terminating|Force Terminated|"
+                        r"Job step aborted)|\*\*\* (?:STEP|JOB) \S+ .*CANCELLED")
+
+
+@dataclass(frozen=True)
+class DeadTask:
+    node: str
+    tasks: str  # srun's spelling: "1", "0-7", "1,3"
+    how: str    # "Killed", "Segmentation fault", "Exited with exit code 1", "node failure"
+
+
+def first_dead_tasks(srun_stderr: str) -> List[DeadTask]:
+    """The tasks srun reported ending badly before it began ending the step, less those that
+    ended the way megatron-train ends cleanly (CLEAN_EXITS) or were stopped (STOPPED)."""
+    dead = []
+    for line in srun_stderr.splitlines():
+        if _STEP_ENDS.search(line):
+            break
+        task, lost = _TASK_END.match(line), _NODE_FAIL.match(line)
+        if lost:
+            dead.append(DeadTask(lost.group(1), "all", "node failure"))
+        elif task and _is_fault(task.group(3)):
+            dead.append(DeadTask(task.group(1), task.group(2), task.group(3)))
+    return dead
+
+
+def _is_fault(how: str) -> bool:
+    code = re.fullmatch(r"Exited with exit code (\d+)", how)
+    if code:
+        return int(code.group(1)) not in CLEAN_EXITS
+    return not how.startswith(STOPPED)
+
+
+def record_dead_nodes(run_dir: str, job: JobFacts) -> List[DeadTask]:
+    """Adds the node of each task that died first (srun's stderr, job.srun_log) to bad_nodes."""
+    if not job.srun_log:
+        return []
+    try:
+        with open(job.srun_log, errors="replace") as f:
+            dead = first_dead_tasks(f.read())
+    except OSError as e:
+        log.warning("cannot read srun's stderr %s (%s): no node of a dead task is left out",
+                    job.srun_log, e.strerror)
+        return []
+    run = RunDir(run_dir)
+    for d in dead:
+        run.add_bad_node(d.node, f"job {job.job_id}: task {d.tasks} ended first ({d.how})")
+    return dead
+
+
+# --- Which nodes the next job leaves out -------------------------------------------------------
+
+# sinfo's compact states (%t) of nodes that take no new job.
+_UNUSABLE = ("down", "drain", "drng", "fail", "failg", "futr", "inval", "unk", "boot", "npc")
+
+
+def usable_nodes(partition: str) -> Optional[List[str]]:
+    """The nodes of `partition` (every partition when empty) that may take a new job, from sinfo;
+    None when sinfo cannot say."""
+    cmd = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    nodes = {}
+    for line in out.stdout.splitlines():
+        if len(line.split()) == 2:
+            name, state = line.split()
+            nodes[name] = not state.rstrip("*~#!%$@^-+").startswith(_UNUSABLE)
+    return [name for name, ok in nodes.items() if ok]
+
+
+def plan_exclusions(bad: Sequence[str], job: JobFacts,
+                    usable: Optional[Sequence[str]]) -> Tuple[List[str], str]:
+    """(the nodes to exclude, a sentence saying why) for the next job. More bad nodes than
+    job.max_excluded: InputError (a systematic fault). Then the newest are dropped while the
+    partition's usable nodes outside the exclusion could not hold job.nodes."""
+    if len(bad) > job.max_excluded:
+        raise InputError(f"{len(bad)} nodes were found bad along this chain "
+                         f"({', '.join(bad)}), more than {MAX_EXCLUDED}={job.max_excluded}: a "
+                         "systematic fault, not bad nodes; not submitting the next job. Look at "
+                         "the reasons in the run directory's bad_nodes file, fix the cause, then "
+                         "remove the file and submit again")
+    keep = list(bad)
+    if usable is None or not job.nodes:
+        return keep, ""
+    dropped = []
+    while keep and len([n for n in usable if n not in keep]) < job.nodes:
+        dropped.insert(0, keep.pop())
+    if not dropped:
+        return keep, ""
+    free = len([n for n in usable if n not in bad])
+    return keep, (f"leaving out {', '.join(bad)} would leave {free} usable node(s) of partition "
+                  f"{job.partition or '(all)'} for a {job.nodes}-node job, which could never "
+                  f"start: the next job does not leave out {', '.join(dropped)} (ask for fewer "
+                  "nodes than the partition has, or add nodes)")
+
+
+def excluded_nodes(bad: Sequence[str], env: Mapping[str, str]) -> List[str]:
+    """The nodes the next job leaves out (plan_exclusions, with this job's partition from sinfo)."""
+    job = job_facts(env) or JobFacts("", max_excluded=_count(env, MAX_EXCLUDED,
+                                                             DEFAULT_MAX_EXCLUDED))
+    return plan_exclusions(bad, job, usable_nodes(job.partition) if job.nodes else None)[0]
+
+
+def _exclusion_note(p: Progress, s: Settings) -> str:
+    """What end's decision says about the next job's exclusions: the nodes left out, and those
+    the partition's size forbids leaving out."""
+    if s.job is None:
+        return ""
+    bad = RunDir(p.run_dir).read_bad_nodes()
+    if not bad:
+        return ""
+    keep, note = plan_exclusions(bad, s.job, usable_nodes(s.job.partition) if s.job.nodes
+                                 else None)
+    said = f", leaving out {', '.join(keep)} (bad_nodes)" if keep else ""
+    return f"{said}; {note}" if note else said
+
+
 # --- The next job: its sbatch command line and environment ------------------------------------
 
 # squeue's fields for the job's own submission options; %o (the command) last, since it may
@@ -191,20 +363,6 @@ _UNSET = ("", "(null)", "N/A", "UNLIMITED", "NOT_SET", "INVALID")
 
 def squeue_command(job_id: str) -> List[str]:
     return ["squeue", "-h", "-j", job_id, "-o", _SEP.join(SQUEUE_FIELDS)]
-
-
-def excluded_nodes(bad: Sequence[str], env: Mapping[str, str]) -> List[str]:
-    """The nodes the next job leaves out: those that failed their health check along the chain
-    (<run.dir>/bad_nodes). More than MEGATRON_CHAIN_MAX_EXCLUDED (8) is a fault no node
-    exclusion cures (a broken module, a file system): InputError, and the chain stops."""
-    most = _count(env, MAX_EXCLUDED, DEFAULT_MAX_EXCLUDED)
-    if len(bad) > most:
-        raise InputError(f"{len(bad)} nodes failed their health check along this chain "
-                         f"({', '.join(bad)}), more than {MAX_EXCLUDED}={most}: a systematic "
-                         "fault, not bad nodes; not submitting the next job. Look at the "
-                         "reasons in the run directory's bad_nodes file, fix the cause, then "
-                         "remove the file and submit again")
-    return list(bad)
 
 
 def sbatch_command(job_id: str, squeue_line: str, script_args: Sequence[str],

@@ -196,11 +196,47 @@ def test_a_job_that_loses_a_rank_before_its_first_checkpoint_is_followed(slurm, 
     assert "the run is finished after 2 job(s)" in jobs[1][2], jobs[1][2][-3000:]
     chain_log = (run_dir / "chain.log").read_text()
     assert "submitting job 2" in chain_log and "the run is finished" in chain_log, chain_log
+    # srun named n2's task 1 first (--kill-on-bad-exit then ended n1's), so n2 is a bad node;
+    # but a 2-node job on this 2-node partition cannot leave it out, so job 2 keeps it.
+    assert RunDir(str(run_dir)).read_bad_nodes() == ["n2"]
+    assert "task 1 ended first (Killed)" in (run_dir / "bad_nodes").read_text()
+    guard = "would leave 1 usable node(s) of partition debug for a 2-node job"
+    assert guard in jobs[0][2] and guard in chain_log, chain_log
+    assert "does not leave out n2" in chain_log, chain_log
     assert reference.returncode == 0, ref_out[-3000:]
     got, want = losses(run_dir), losses(ref_dir)
     assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+
+
+def test_the_node_of_a_killed_rank_is_left_out_of_the_next_job(slurm, tmp_path):
+    """Issue 20 item 4: job 1 runs 2 ranks on n1 of the 2 nodes (n2 the spare); rank 1 is killed
+    with SIGKILL at start-up (a node lost). srun names n1's task 1 first; the chain puts n1 in
+    bad_nodes and job 2 (1 task a node, as the script says) trains the run to its end on n2."""
+    run_dir = tmp_path / "run"
+    c = Chain(slurm, tmp_path, run_dir, f"dead-{tmp_path.name}")
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_rank_once, args=(str(run_dir), "1", done, killed))
+    killer.start()
+    try:
+        jobs = c.run(1, *TRAIN, sbatch=["--nodelist=n1", "--ntasks-per-node=2"], timeout=240)
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no rank 1 was found to kill"
+    states = [s for _, s, _ in jobs]
+    assert len(states) == 2 and states[0].startswith("FAILED") and states[1] == "COMPLETED 0:0", \
+        c.logs()
+    first, second = jobs[0][2], jobs[1][2]
+    assert "srun: error: n1: task 1: Killed" in first, first[-3000:]
+    assert "leaving out n1 (bad_nodes)" in first, first[-3000:]
+    assert "the run is finished" in second, second[-3000:]
+    with open(RunDir(str(run_dir)).bad_nodes) as f:
+        lines = f.read().splitlines()
+    assert lines == [f"n1\tjob {jobs[0][0]}: task 1 ended first (Killed)"], lines
+    assert " on n2: " in (run_dir / "chain.log").read_text()  # job 2's decision, made on n2
+    assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_node_that_fails_its_health_check_is_left_out_of_the_next_job(slurm, tmp_path):

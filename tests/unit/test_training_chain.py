@@ -2,7 +2,9 @@
 progress read from the run directory, the begin/end decisions (finished, no progress, bound on
 jobs, chaining off), the next job's sbatch line and environment. chain.sh driving the module
 against stand-in squeue/sbatch: tests/integration/test_training_chain_sh.py; the chain under a
-real Slurm: tests/e2e/test_training_slurm_chain.py."""
+real Slurm: tests/e2e/test_training_slurm_chain.py. The nodes of tasks that died first, read from
+srun's stderr as Debian's Slurm writes it under --kill-on-bad-exit=1 (recorded from the e2e
+cluster), and the exclusions a partition can hold."""
 import pytest
 
 from megatron.config.errors import InputError
@@ -27,7 +29,11 @@ ON = chain.Settings(True, 1, 20)
 
 def test_settings_from_the_environment():
     job = {"SLURM_JOB_ID": "7"}
-    assert chain.settings(job) == ON
+    assert chain.settings(job) == chain.Settings(True, 1, 20, job=chain.JobFacts("7"))
+    facts = chain.settings({**job, "SLURM_JOB_PARTITION": "batch", "SLURM_JOB_NUM_NODES": "16",
+                            "MEGATRON_CHAIN_SRUN_LOG": "/tmp/e", "MEGATRON_CHAIN_MAX_EXCLUDED":
+                            "3"}).job
+    assert facts == chain.JobFacts("7", "/tmp/e", "batch", 16, 3)
     s = chain.settings({**job, "MEGATRON_CHAIN_ATTEMPT": "3",
                         "MEGATRON_CHAIN_MAX_ATTEMPTS": "5"})
     assert (s.enabled, s.attempt, s.max_attempts) == (True, 3, 5)
@@ -159,3 +165,78 @@ def test_the_library_part_neither_prints_nor_exits():
                     name = ast.unparse(node.func)
                     assert name not in ("print", "exit", "sys.exit", "sys.stderr.write"), \
                         f"{fn.name} calls {name}"
+
+
+# srun's stderr under --kill-on-bad-exit=1, recorded on the e2e test cluster (two nodes).
+KILLED_ON_N2 = """[rank1] 14:09:30 megatron.training.startup: a warning of the trainer's own
+srun: error: n2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=2070.0
+srun: error: n1: task 0: Terminated
+srun: Force Terminated StepId=2070.0
+"""
+DIVERGED_ON_N1 = """srun: error: n1: task 0: Exited with exit code 3
+srun: launch/slurm: _step_signal: Terminating StepId=2070.1
+srun: error: n2: task 1: Segmentation fault
+srun: Force Terminated StepId=2070.1
+"""
+SEGFAULT_ON_N2 = """srun: error: n2: task 1: Segmentation fault
+srun: launch/slurm: _step_signal: Terminating StepId=2070.2
+slurmstepd-n1: error: *** STEP 2070.2 ON n1 CANCELLED AT 2026-12-01T14:09:31 ***
+srun: error: n1: task 0: Terminated
+"""
+
+
+@pytest.mark.parametrize("text, dead", [
+    (KILLED_ON_N2, [chain.DeadTask("n2", "1", "Killed")]),
+    (SEGFAULT_ON_N2, [chain.DeadTask("n2", "1", "Segmentation fault")]),
+    (DIVERGED_ON_N1, []),  # exit 3 is the run's own clean failure; the segfault came after
+    ("srun: error: n3: tasks 8-15: Exited with exit code 1\nsrun: error: n4: task 16: Bus "
+     "error\nsrun: launch/slurm: _step_signal: Terminating StepId=9.0\n",
+     [chain.DeadTask("n3", "8-15", "Exited with exit code 1"),
+      chain.DeadTask("n4", "16", "Bus error")]),
+    ("srun: error: n1: task 0: Exited with exit code 4\nsrun: error: n2: task 1: Exited with "
+     "exit code 5\nsrun: error: n2: task 2: Terminated\n", []),  # watchdog, health, stopped
+    ("srun: error: Node failure on n7\n", [chain.DeadTask("n7", "all", "node failure")]),
+    ("slurmstepd-n1: error: *** JOB 12 ON n1 CANCELLED AT 2026-12-01T10:00:00 DUE TO TIME "
+     "LIMIT ***\nsrun: error: n1: task 0: Killed\n", []),  # srun's own kill, after the limit
+])
+def test_first_dead_tasks_are_the_ones_srun_names_before_ending_the_step(text, dead):
+    assert chain.first_dead_tasks(text) == dead
+
+
+def test_end_puts_the_node_of_the_first_dead_task_in_bad_nodes(tmp_path):
+    from megatron.checkpoint.rundir import RunDir
+    log = tmp_path / "srun.err"
+    log.write_text(KILLED_ON_N2)
+    s = chain.Settings(True, 1, 20, job=chain.JobFacts("77", str(log)))
+    run = str(tmp_path / "run")
+    d = chain.end(chain.Progress(run, 0, 6), 0, 137, s)
+    assert d.go and "leaving out n2 (bad_nodes)" in d.message, d.message
+    with open(RunDir(run).bad_nodes) as f:
+        assert f.read() == "n2\tjob 77: task 1 ended first (Killed)\n"
+    chain.end(chain.Progress(run, 0, 6), 0, 0, s)  # a clean exit reads nothing
+    assert RunDir(run).read_bad_nodes() == ["n2"]
+
+
+def test_exclusions_never_make_the_next_job_unschedulable():
+    job = chain.JobFacts("1", partition="batch", nodes=2, max_excluded=8)
+    assert chain.plan_exclusions(["n3"], job, ["n1", "n2", "n3"]) == (["n3"], "")
+    keep, note = chain.plan_exclusions(["n1", "n2"], job, ["n1", "n2", "n3"])
+    assert keep == ["n1"]
+    assert "would leave 1 usable node(s) of partition batch for a 2-node job" in note, note
+    assert "does not leave out n2" in note
+    # A node already down counts for nobody; leaving it out costs nothing.
+    assert chain.plan_exclusions(["n9"], job, ["n1", "n2"]) == (["n9"], "")
+    assert chain.plan_exclusions(["n1"], job, None) == (["n1"], "")  # sinfo could not say
+    with pytest.raises(InputError, match="more than MEGATRON_CHAIN_MAX_EXCLUDED=1"):
+        chain.plan_exclusions(["n1", "n2"], chain.JobFacts("1", max_excluded=1), None)
+
+
+def test_more_bad_nodes_than_the_cap_stop_the_chain_with_the_reason(tmp_path):
+    from megatron.checkpoint.rundir import RunDir
+    run = RunDir(str(tmp_path))
+    for node in ("n1", "n2", "n3"):
+        run.add_bad_node(node, "GEMM off")
+    d = chain.end(chain.Progress(str(tmp_path), 2, 6), 0, 0,
+                  chain.Settings(True, 1, 20, job=chain.JobFacts("5", max_excluded=2)))
+    assert not d.go and "3 nodes were found bad" in d.message and "systematic" in d.message
