@@ -1,0 +1,195 @@
+"""megatron-report: one self-contained HTML page and a PNG per panel for one run or several side
+by side (each run a colour in every panel), read from metrics.jsonl through records.read_metrics,
+so a run in progress reports what it has logged (a half-written last line is left out).
+
+Panels: loss (train, valid, test), learning rate, gradient norm, throughput (tokens/s), TFLOP/s
+per GPU, MFU, memory and the fp16 loss scale; save, stop, spike, rollback and divergence events
+are vertical marks in every panel. The page embeds the PNGs (data: URIs, no other file needed)
+and, as JSON in a <script id="series"> element, the x and y of every line as matplotlib holds
+them after plotting, which a test compares with metrics.jsonl. matplotlib runs headless (Agg)."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from megatron.checkpoint.records import (EvalRecord, StepRecord, read_metrics)
+from megatron.checkpoint.rundir import RunDir
+from megatron.config.errors import InputError
+
+# (panel, title, y label, StepRecord field(s)); the loss panel adds the evaluations.
+PANELS: Tuple[Tuple[str, str, str, str], ...] = (
+    ("loss", "Loss", "loss", "loss"),
+    ("lr", "Learning rate", "lr", "lr"),
+    ("grad_norm", "Gradient norm", "grad norm", "grad_norm"),
+    ("throughput", "Throughput", "tokens/s", "tokens_per_sec"),
+    ("tflops", "TFLOP/s per GPU", "TFLOP/s", "tflops_per_gpu"),
+    ("mfu", "MFU", "MFU", "mfu"),
+    ("memory", "Memory", "GB", "mem_gb"),
+    ("loss_scale", "Loss scale (fp16)", "loss scale", "loss_scale"),
+)
+EVENT_KINDS = ("save", "stop", "spike", "rollback", "diverged")
+_EVENT_STYLE = {"save": ("tab:green", ":"), "stop": ("black", "-"), "spike": ("tab:orange", "--"),
+                "rollback": ("tab:red", "-."), "diverged": ("tab:purple", "-")}
+
+
+@dataclass
+class RunSeries:
+    """What one run logged, as plotted: per series a list of (step, value)."""
+    name: str
+    path: str
+    series: Dict[str, List[Tuple[int, float]]] = field(default_factory=dict)
+    events: List[Tuple[str, int, str]] = field(default_factory=list)  # (kind, step, detail)
+    last_step: int = 0
+
+
+def load_run(path: str, name: Optional[str] = None) -> RunSeries:
+    metrics = RunDir(path).metrics
+    if not os.path.isfile(metrics):
+        raise InputError(f"{path} has no metrics.jsonl: expected a run directory (run.dir) of "
+                         f"megatron-train that has logged at least one step; pass its run.dir")
+    run = RunSeries(name or os.path.basename(os.path.normpath(path)), path)
+    for record in read_metrics(metrics):
+        _add(run, record)
+    return run
+
+
+def _add(run: RunSeries, record) -> None:
+    if isinstance(record, StepRecord):
+        run.last_step = max(run.last_step, record.step)
+        for _, _, _, key in PANELS:
+            value = getattr(record, key)
+            if value is not None:
+                run.series.setdefault(f"train/{key}", []).append((record.step, float(value)))
+    elif isinstance(record, EvalRecord):
+        if record.loss is not None:
+            run.series.setdefault(f"{record.split}/loss", []).append((record.step, record.loss))
+    elif getattr(record, "event", None) in EVENT_KINDS:
+        run.events.append((record.event, record.step, _detail(record)))
+
+
+def _detail(event) -> str:
+    if event.event == "save":
+        rate = f", {event.gb_per_s:.2f} GB/s" if event.gb_per_s is not None else ""
+        return f"{event.gb:.2f} GB in {event.seconds:.1f} s{rate}"
+    if event.event == "rollback":
+        return f"to step {event.to_step}: {event.reason}"
+    return str(getattr(event, "reason", ""))
+
+
+def _plot_panel(plt, runs: Sequence[RunSeries], panel: Tuple[str, str, str, str], png: str):
+    """Draws one panel, saves it; returns the plotted lines as {label: [x, y]}."""
+    key, title, ylabel, field_name = panel
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=100)
+    plotted: Dict[str, List[list]] = {}
+    for i, run in enumerate(runs):
+        colour = f"C{i % 10}"
+        names = [f"train/{field_name}"] + (["valid/loss", "test/loss"] if key == "loss" else [])
+        for series, style in zip(names, ("-", "o--", "*")):
+            points = run.series.get(series)
+            if not points:
+                continue
+            label = f"{run.name}: {series}"
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], style,
+                            color=colour, label=label, markersize=5 if style != "-" else 0)
+            plotted[label] = [[float(x) for x in line.get_xdata()],
+                              [float(y) for y in line.get_ydata()]]
+    _mark_events(ax, runs)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if plotted:
+        ax.legend(fontsize=7, loc="best")
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return plotted
+
+
+def _mark_events(ax, runs: Sequence[RunSeries]) -> None:
+    seen = set()
+    for run in runs:
+        for kind, step, _ in run.events:
+            colour, style = _EVENT_STYLE[kind]
+            ax.axvline(step, color=colour, linestyle=style, linewidth=1, alpha=0.7,
+                       label=None if kind in seen else kind)
+            seen.add(kind)
+
+
+def write_report(run_dirs: Sequence[str], output: str) -> str:
+    """Writes OUTPUT/index.html and OUTPUT/<panel>.png; returns the page's path."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("megatron-report needs matplotlib: pip install matplotlib (or pip "
+                         "install 'megatron-frontier[report]')") from None
+    runs = _named(run_dirs)
+    os.makedirs(output, exist_ok=True)
+    plotted, images = {}, {}
+    for panel in PANELS:
+        png = os.path.join(output, f"{panel[0]}.png")
+        plotted[panel[0]] = _plot_panel(plt, runs, panel, png)
+        with open(png, "rb") as f:
+            images[panel[0]] = base64.b64encode(f.read()).decode()
+    page = os.path.join(output, "index.html")
+    with open(page, "w") as f:
+        f.write(_html(runs, plotted, images))
+    return page
+
+
+def _named(run_dirs: Sequence[str]) -> List[RunSeries]:
+    """Runs named by their folder, or by their path where two folders share a name."""
+    bases = [os.path.basename(os.path.normpath(p)) for p in run_dirs]
+    return [load_run(p, b if bases.count(b) == 1 else os.path.normpath(p))
+            for p, b in zip(run_dirs, bases)]
+
+
+def _html(runs: Sequence[RunSeries], plotted, images) -> str:
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(r.name)}</td><td>{esc(r.path)}</td><td>{r.last_step}</td>"
+        f"<td>{_last(r, 'train/loss')}</td><td>{_last(r, 'valid/loss')}</td>"
+        f"<td>{_median(r, 'train/tokens_per_sec')}</td></tr>" for r in runs)
+    events = "".join(f"<tr><td>{esc(r.name)}</td><td>{step}</td><td>{kind}</td>"
+                     f"<td>{esc(detail)}</td></tr>"
+                     for r in runs for kind, step, detail in r.events) or \
+        "<tr><td colspan=4>none</td></tr>"
+    figures = "".join(f"<figure><img alt='{key}' src='data:image/png;base64,{images[key]}'>"
+                      f"<figcaption>{esc(title)}</figcaption></figure>"
+                      for key, title, _, _ in PANELS)
+    data = json.dumps({"runs": [r.name for r in runs], "panels": plotted}).replace("</", "<\\/")
+    return _PAGE.format(title=esc(", ".join(r.name for r in runs)), rows=rows, events=events,
+                        figures=figures, data=data)
+
+
+def _last(run: RunSeries, series: str) -> str:
+    points = run.series.get(series)
+    return f"{points[-1][1]:.4f}" if points else "-"
+
+
+def _median(run: RunSeries, series: str) -> str:
+    values = sorted(v for _, v in run.series.get(series, []))
+    return f"{values[len(values) // 2]:,.0f}" if values else "-"
+
+
+_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>megatron-report: {title}</title>
+<style>body{{font-family:sans-serif;margin:1.5em;background:#fff;color:#222}}
+table{{border-collapse:collapse;margin:.5em 0 1.5em}}td,th{{border:1px solid #bbb;padding:.2em .6em}}
+figure{{display:inline-block;margin:.4em}}img{{max-width:100%}}</style></head>
+<body><h1>megatron-report: {title}</h1>
+<table><tr><th>run</th><th>path</th><th>last step</th><th>train loss</th><th>valid loss</th>
+<th>median tokens/s</th></tr>{rows}</table>
+<h2>Events</h2><table><tr><th>run</th><th>step</th><th>event</th><th>detail</th></tr>{events}
+</table><h2>Panels</h2>{figures}
+<script type="application/json" id="series">{data}</script>
+</body></html>
+"""
