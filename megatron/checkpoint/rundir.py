@@ -10,7 +10,7 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       chain.log        the job chain's decisions, one line each (training/chain.py)
       hangs/           <job>/rank<N>.txt: every thread's stack when that rank's watchdog fired;
                        <job>/unresponsive.txt: the ranks that never reported
-      bad_nodes        nodes that failed their health check, for the chain to leave out
+      bad_nodes        nodes found bad (health check, unresponsive, died first), for the chain
       .lock            held by rank 0 of the run that uses the directory
 
 Standard library only (the planner and the job chain read run directories without torch).
@@ -37,9 +37,9 @@ from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
 
-CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS, BAD_NODES = (
+CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS, BAD_NODES, WANDB = (
     "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
-    "chain.log", "hangs", "bad_nodes")
+    "chain.log", "hangs", "bad_nodes", "wandb")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,12 @@ class RunDir:
         return self.file(TENSORBOARD)
 
     @property
+    def wandb(self) -> str:
+        """W&B's folder with run.wandb=offline or online (wandb.init(dir=) adds its own
+        "wandb" below the directory it is given: pass RunDir.path)."""
+        return self.file(WANDB)
+
+    @property
     def checkpoints(self) -> str:
         return self.file(CHECKPOINTS)
 
@@ -126,7 +132,9 @@ class RunDir:
 
     @property
     def bad_nodes(self) -> str:
-        """Nodes that failed their health check, one "node<TAB>why" line each (launch/health.py);
+        """Nodes found bad, one "node<TAB>why" line each: a failed health check
+        (launch/health.py), ranks that stopped answering (training/watchdog.py) or computed a
+        step differently (training/sdc.py), a task that died first (training/chain_nodes.py);
         the job chain leaves them out of the next job."""
         return self.file(BAD_NODES)
 

@@ -71,7 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if d.go:
         exclude = excluded_nodes(RunDir(cfg.run.dir).read_bad_nodes(), env)
         if exclude:
-            _say(f"leaving out the node(s) that failed their health check: {', '.join(exclude)}")
+            _say(f"leaving out the node(s) named in bad_nodes: {', '.join(exclude)}")
         job = submit_next(env["SLURM_JOB_ID"], args.script_args,
                           read_env_file(args.submit_env), s.attempt, env.get(SCRIPT), d.failures,
                           exclude)

@@ -19,12 +19,7 @@ MEGATRON_CHAIN_MAX_EXCLUDED (8) of them, and never so many that the partition's 
 the decision says so. Ask for a few more nodes than the layout needs (spares), and the chain keeps
 the job's node count.
 
-A task that died first: chain.sh's megatron_chain_srun copies srun's stderr to a file
-(MEGATRON_CHAIN_SRUN_LOG for `end`). With --kill-on-bad-exit, srun names each task that ended
-badly ("srun: error: n2: task 1: Killed"), the first ones before its own line about terminating
-the step; the tasks it ends after that are not the cause. A first task that died of a signal
-(Killed, Segmentation fault, Bus error, ...), exited with a status megatron-train does not give
-for a clean failure (CLEAN_EXITS), or whose node failed, puts its node in bad_nodes.
+Which nodes those are, from srun's stderr and the partition's size: training/chain_nodes.py.
 
 examples/frontier/chain.sh wraps its command line (megatron/cli/chain.py) for batch scripts:
 
@@ -40,7 +35,6 @@ lives with the loop in megatron.training; nothing here prints or exits."""
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -48,25 +42,20 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from megatron.checkpoint.rundir import RunDir
 from megatron.config.errors import InputError
+from megatron.training.chain_nodes import (MAX_EXCLUDED, first_exit_status, plan_exclusions,
+                                           read_srun_log, record_dead_nodes, usable_nodes)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_MAX_EXCLUDED = 8
-MAX_EXCLUDED = "MEGATRON_CHAIN_MAX_EXCLUDED"
 ENABLE, ATTEMPT, MAX_ATTEMPTS, SCRIPT, FAILURES, MAX_FAILURES = (
     "MEGATRON_CHAIN", "MEGATRON_CHAIN_ATTEMPT", "MEGATRON_CHAIN_MAX_ATTEMPTS",
     "MEGATRON_CHAIN_SCRIPT", "MEGATRON_CHAIN_FAILURES", "MEGATRON_CHAIN_MAX_FAILURES")
 # Exit statuses of megatron-train that the same job would repeat: a bad config or input (2), a
 # run that stopped itself on divergence (3). Anything else is taken for the machine's failure.
 REPEATS = {2: "a configuration or input error", 3: "the run diverged"}
-# megatron-train's own ends (cli/common.py, training/watchdog.py): bad input, diverged, a hang
-# seen by this rank's watchdog, a node that failed its health check (already in bad_nodes),
-# interrupted. A first task that ended so is no dead node; nor one that was stopped (SIGTERM,
-# SIGINT: scancel, preemption, the time limit).
-CLEAN_EXITS = {2, 3, 4, 5, 130}
-STOPPED = ("Terminated", "Interrupt")
 SRUN_LOG = "MEGATRON_CHAIN_SRUN_LOG"
 
 
@@ -184,8 +173,12 @@ def end(p: Progress, start_step: int, exit_status: int, s: Settings) -> Decision
         return Decision(False, f"{_where(p)}: the run is finished{jobs}")
     if not s.enabled:
         return Decision(False, f"{_where(p)}; {s.off_reason}: not submitting the next job")
-    if exit_status != 0 and s.job is not None:
-        record_dead_nodes(p.run_dir, s.job)
+    srun_stderr = read_srun_log(s.job) if exit_status != 0 and s.job is not None else None
+    if srun_stderr is not None:
+        record_dead_nodes(p.run_dir, s.job, srun_stderr)
+        first = first_exit_status(srun_stderr)
+        if first in REPEATS:  # srun's status is the task it ended: the first one's says why
+            exit_status = first
     failures = 0
     if p.step <= start_step:
         stop = _no_progress(p, start_step, exit_status, s)
@@ -223,112 +216,6 @@ def _no_progress(p: Progress, start_step: int, exit_status: int, s: Settings
                                f"({MAX_FAILURES}={s.max_failures}). Fix the cause (see above in "
                                "this log), then submit again")
     return None
-
-
-# --- Nodes whose task died first ---------------------------------------------------------------
-
-# srun's report of a task that ended badly, and its lines that start ending the step: what
-# follows them was done by srun (or by scancel, the time limit), not by a fault.
-_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9,\-]+): (.+?)\s*$")
-_NODE_FAIL = re.compile(r"^srun: error: (?:Node failure on|.*failed on node) (\S+?):?(?:\s|$)")
-_STEP_ENDS = re.compile(r"^srun: (?:launch/slurm: _step_signal: Terminating|Force Terminated|"
-                        r"Job step aborted)|\*\*\* (?:STEP|JOB) \S+ .*CANCELLED")
-
-
-@dataclass(frozen=True)
-class DeadTask:
-    node: str
-    tasks: str  # srun's spelling: "1", "0-7", "1,3"
-    how: str    # "Killed", "Segmentation fault", "Exited with exit code 1", "node failure"
-
-
-def first_dead_tasks(srun_stderr: str) -> List[DeadTask]:
-    """The tasks srun reported ending badly before it began ending the step, less those that
-    ended the way megatron-train ends cleanly (CLEAN_EXITS) or were stopped (STOPPED)."""
-    dead = []
-    for line in srun_stderr.splitlines():
-        if _STEP_ENDS.search(line):
-            break
-        task, lost = _TASK_END.match(line), _NODE_FAIL.match(line)
-        if lost:
-            dead.append(DeadTask(lost.group(1), "all", "node failure"))
-        elif task and _is_fault(task.group(3)):
-            dead.append(DeadTask(task.group(1), task.group(2), task.group(3)))
-    return dead
-
-
-def _is_fault(how: str) -> bool:
-    code = re.fullmatch(r"Exited with exit code (\d+)", how)
-    if code:
-        return int(code.group(1)) not in CLEAN_EXITS
-    return not how.startswith(STOPPED)
-
-
-def record_dead_nodes(run_dir: str, job: JobFacts) -> List[DeadTask]:
-    """Adds the node of each task that died first (srun's stderr, job.srun_log) to bad_nodes."""
-    if not job.srun_log:
-        return []
-    try:
-        with open(job.srun_log, errors="replace") as f:
-            dead = first_dead_tasks(f.read())
-    except OSError as e:
-        log.warning("cannot read srun's stderr %s (%s): no node of a dead task is left out",
-                    job.srun_log, e.strerror)
-        return []
-    run = RunDir(run_dir)
-    for d in dead:
-        run.add_bad_node(d.node, f"job {job.job_id}: task {d.tasks} ended first ({d.how})")
-    return dead
-
-
-# --- Which nodes the next job leaves out -------------------------------------------------------
-
-# sinfo's compact states (%t) of nodes that take no new job.
-_UNUSABLE = ("down", "drain", "drng", "fail", "failg", "futr", "inval", "unk", "boot", "npc")
-
-
-def usable_nodes(partition: str) -> Optional[List[str]]:
-    """The nodes of `partition` (every partition when empty) that may take a new job, from sinfo;
-    None when sinfo cannot say."""
-    cmd = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    nodes = {}
-    for line in out.stdout.splitlines():
-        if len(line.split()) == 2:
-            name, state = line.split()
-            nodes[name] = not state.rstrip("*~#!%$@^-+").startswith(_UNUSABLE)
-    return [name for name, ok in nodes.items() if ok]
-
-
-def plan_exclusions(bad: Sequence[str], job: JobFacts,
-                    usable: Optional[Sequence[str]]) -> Tuple[List[str], str]:
-    """(the nodes to exclude, a sentence saying why) for the next job. More bad nodes than
-    job.max_excluded: InputError (a systematic fault). Then the newest are dropped while the
-    partition's usable nodes outside the exclusion could not hold job.nodes."""
-    if len(bad) > job.max_excluded:
-        raise InputError(f"{len(bad)} nodes were found bad along this chain "
-                         f"({', '.join(bad)}), more than {MAX_EXCLUDED}={job.max_excluded}: a "
-                         "systematic fault, not bad nodes; not submitting the next job. Look at "
-                         "the reasons in the run directory's bad_nodes file, fix the cause, then "
-                         "remove the file and submit again")
-    keep = list(bad)
-    if usable is None or not job.nodes:
-        return keep, ""
-    dropped = []
-    while keep and len([n for n in usable if n not in keep]) < job.nodes:
-        dropped.insert(0, keep.pop())
-    if not dropped:
-        return keep, ""
-    free = len([n for n in usable if n not in bad])
-    return keep, (f"leaving out {', '.join(bad)} would leave {free} usable node(s) of partition "
-                  f"{job.partition or '(all)'} for a {job.nodes}-node job, which could never "
-                  f"start: the next job does not leave out {', '.join(dropped)} (ask for fewer "
-                  "nodes than the partition has, or add nodes)")
 
 
 def excluded_nodes(bad: Sequence[str], env: Mapping[str, str]) -> List[str]:

@@ -252,7 +252,7 @@ def test_a_node_that_fails_its_health_check_is_left_out_of_the_next_job(slurm, t
         c.logs()
     first, second = jobs[0][2], jobs[1][2]
     assert "node n1 (rank 0) failed its health check" in first and "ECC errors" in first, first
-    assert "leaving out the node(s) that failed their health check: n1" in first, first[-3000:]
+    assert "leaving out the node(s) named in bad_nodes: n1" in first, first[-3000:]
     assert "the run is finished" in second, second[-3000:]
     assert RunDir(str(run_dir)).read_bad_nodes() == ["n1"]
     assert " on n2: " in (run_dir / "chain.log").read_text()  # job 2's decision, made on n2

@@ -8,7 +8,7 @@ cluster), and the exclusions a partition can hold."""
 import pytest
 
 from megatron.config.errors import InputError
-from megatron.training import chain
+from megatron.training import chain, chain_nodes
 from tests.support.chain import SEP, commit
 
 
@@ -187,21 +187,21 @@ srun: error: n1: task 0: Terminated
 
 
 @pytest.mark.parametrize("text, dead", [
-    (KILLED_ON_N2, [chain.DeadTask("n2", "1", "Killed")]),
-    (SEGFAULT_ON_N2, [chain.DeadTask("n2", "1", "Segmentation fault")]),
+    (KILLED_ON_N2, [chain_nodes.DeadTask("n2", "1", "Killed")]),
+    (SEGFAULT_ON_N2, [chain_nodes.DeadTask("n2", "1", "Segmentation fault")]),
     (DIVERGED_ON_N1, []),  # exit 3 is the run's own clean failure; the segfault came after
     ("srun: error: n3: tasks 8-15: Exited with exit code 1\nsrun: error: n4: task 16: Bus "
      "error\nsrun: launch/slurm: _step_signal: Terminating StepId=9.0\n",
-     [chain.DeadTask("n3", "8-15", "Exited with exit code 1"),
-      chain.DeadTask("n4", "16", "Bus error")]),
+     [chain_nodes.DeadTask("n3", "8-15", "Exited with exit code 1"),
+      chain_nodes.DeadTask("n4", "16", "Bus error")]),
     ("srun: error: n1: task 0: Exited with exit code 4\nsrun: error: n2: task 1: Exited with "
      "exit code 5\nsrun: error: n2: task 2: Terminated\n", []),  # watchdog, health, stopped
-    ("srun: error: Node failure on n7\n", [chain.DeadTask("n7", "all", "node failure")]),
+    ("srun: error: Node failure on n7\n", [chain_nodes.DeadTask("n7", "all", "node failure")]),
     ("slurmstepd-n1: error: *** JOB 12 ON n1 CANCELLED AT 2026-12-01T10:00:00 DUE TO TIME "
      "LIMIT ***\nsrun: error: n1: task 0: Killed\n", []),  # srun's own kill, after the limit
 ])
 def test_first_dead_tasks_are_the_ones_srun_names_before_ending_the_step(text, dead):
-    assert chain.first_dead_tasks(text) == dead
+    assert chain_nodes.first_dead_tasks(text) == dead
 
 
 def test_end_puts_the_node_of_the_first_dead_task_in_bad_nodes(tmp_path):
@@ -220,16 +220,16 @@ def test_end_puts_the_node_of_the_first_dead_task_in_bad_nodes(tmp_path):
 
 def test_exclusions_never_make_the_next_job_unschedulable():
     job = chain.JobFacts("1", partition="batch", nodes=2, max_excluded=8)
-    assert chain.plan_exclusions(["n3"], job, ["n1", "n2", "n3"]) == (["n3"], "")
-    keep, note = chain.plan_exclusions(["n1", "n2"], job, ["n1", "n2", "n3"])
+    assert chain_nodes.plan_exclusions(["n3"], job, ["n1", "n2", "n3"]) == (["n3"], "")
+    keep, note = chain_nodes.plan_exclusions(["n1", "n2"], job, ["n1", "n2", "n3"])
     assert keep == ["n1"]
     assert "would leave 1 usable node(s) of partition batch for a 2-node job" in note, note
     assert "does not leave out n2" in note
     # A node already down counts for nobody; leaving it out costs nothing.
-    assert chain.plan_exclusions(["n9"], job, ["n1", "n2"]) == (["n9"], "")
-    assert chain.plan_exclusions(["n1"], job, None) == (["n1"], "")  # sinfo could not say
+    assert chain_nodes.plan_exclusions(["n9"], job, ["n1", "n2"]) == (["n9"], "")
+    assert chain_nodes.plan_exclusions(["n1"], job, None) == (["n1"], "")  # sinfo could not say
     with pytest.raises(InputError, match="more than MEGATRON_CHAIN_MAX_EXCLUDED=1"):
-        chain.plan_exclusions(["n1", "n2"], chain.JobFacts("1", max_excluded=1), None)
+        chain_nodes.plan_exclusions(["n1", "n2"], chain.JobFacts("1", max_excluded=1), None)
 
 
 def test_more_bad_nodes_than_the_cap_stop_the_chain_with_the_reason(tmp_path):
@@ -240,3 +240,15 @@ def test_more_bad_nodes_than_the_cap_stop_the_chain_with_the_reason(tmp_path):
     d = chain.end(chain.Progress(str(tmp_path), 2, 6), 0, 0,
                   chain.Settings(True, 1, 20, job=chain.JobFacts("5", max_excluded=2)))
     assert not d.go and "3 nodes were found bad" in d.message and "systematic" in d.message
+
+
+def test_a_first_task_that_diverged_stops_the_chain_though_srun_says_143(tmp_path):
+    """srun's own status is that of a task it ended (143); the first task's exit 3 (diverged)
+    is what the next job would repeat, so the chain stops without progress."""
+    log = tmp_path / "srun.err"
+    log.write_text(DIVERGED_ON_N1)
+    assert chain_nodes.first_exit_status(DIVERGED_ON_N1) == 3
+    assert chain_nodes.first_exit_status(KILLED_ON_N2) is None
+    s = chain.Settings(True, 1, 20, job=chain.JobFacts("78", str(log)))
+    d = chain.end(chain.Progress(str(tmp_path / "run"), 2, 6), 2, 143, s)
+    assert not d.go and "the run diverged fails the same way again" in d.message, d.message
