@@ -112,6 +112,10 @@ class ParallelConfig:
     sequence_parallel: bool = False
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
+    # The pipeline schedule (PP > 1): "1f1b" is DeepSpeed's; "zbh1" is the zero-bubble ZB-H1
+    # schedule (Qi et al. 2023): each backward split into an input-gradient pass and a deferred
+    # weight-gradient pass that fills the bubble. The same gradients; docs/pipeline.md.
+    pipeline_schedule: str = "1f1b"
     # How long a rank waits for the others in the rendezvous and start-up before the job fails
     # instead of hanging (torch's default: 10 minutes). From the first step on, the hang
     # watchdog's limits set the process groups' timeout (training.startup_timeout_minutes for
@@ -125,6 +129,7 @@ class ParallelConfig:
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))
+        _choice("parallel", "pipeline_schedule", self.pipeline_schedule, ("1f1b", "zbh1"))
         _positive("parallel", "timeout_minutes", self.timeout_minutes)
 
 

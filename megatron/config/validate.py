@@ -78,8 +78,20 @@ def check_tensor_parallel(cfg) -> None:
                                  cfg.parallel.sequence_parallel))
 
 
+def schedule_error(schedule: str, pp: int) -> Optional[ConfigError]:
+    """zbh1 reorders a pipeline's passes: with one stage there is no pipeline to reorder."""
+    if schedule == "zbh1" and pp == 1:
+        return ConfigError("parallel.pipeline_schedule", schedule,
+                           "1f1b without pipeline parallelism (pipeline_parallel_size=1): the "
+                           "zero-bubble schedule fills a pipeline's bubble and one stage has none",
+                           "set parallel.pipeline_parallel_size>1 or "
+                           "parallel.pipeline_schedule=1f1b")
+    return None
+
+
 def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
+    _raise(schedule_error(cfg.parallel.pipeline_schedule, cfg.parallel.pipeline_parallel_size))
     if cfg.training.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
         raise ConfigError("training.rerun_suspect_steps", True,
                           "false under pipeline parallelism (DeepSpeed's pipeline engine runs "

@@ -5,10 +5,18 @@ line of that tensor has its own seed, so a rank draws only the lines it keeps.
 Activations are [s, b, h] (sequence first, as Megatron). With sequence parallelism the input and
 output of the TP region are sharded along s: [s/t, b, h]. `sequence_parallel` arguments are the
 resolved setting (model.ModelContext.sequence_parallel: asked for and TP > 1); with one TP rank
-every mapping is the identity, so the flag changes nothing there."""
+every mapping is the identity, so the flag changes nothing there.
+
+Deferred weight gradients (the zero-bubble pipeline schedule, engine/zero_bubble.py): once
+`defer_weight_grads` has given a module's TP layers a WeightGradStore, their backward computes
+only the input gradient and leaves the weight-gradient GEMM (and the vocabulary embedding's
+scatter-add) in the store, to run later as that micro-batch's W pass. The products are the ones
+autograd computes, in the same order, so the gradients keep their bits. Biases keep their
+gradient in the backward (a reduction, not a GEMM)."""
 from __future__ import annotations
 
-from typing import List, Optional
+from collections import deque
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +93,130 @@ def replicated_param(param: nn.Parameter, state: ParallelState, sequence_paralle
     return param
 
 
+class WeightGradStore:
+    """The weight-gradient work of the micro-batches whose backward ran and whose W pass did
+    not, oldest first. Between open() and seal() a backward's deferred products join the open
+    micro-batch; run() computes the oldest one's and hands them to autograd's accumulation
+    (torch.autograd.backward on the parameters), so .grad is summed exactly as a full backward
+    would sum it and every gradient hook the optimizer put on a parameter still fires."""
+
+    def __init__(self):
+        self._open: Optional[List[Tuple[nn.Parameter, Callable[[], torch.Tensor]]]] = None
+        self._sealed: deque = deque()
+        self._count = 0
+
+    def put(self, param: nn.Parameter, grad_fn: Callable[[], torch.Tensor]) -> None:
+        if self._open is None:  # a backward outside a pipeline B pass: nothing to defer to
+            torch.autograd.backward([param], [grad_fn()])
+        else:
+            self._open.append((param, grad_fn))
+
+    def open(self) -> None:
+        self._open = []
+
+    def seal(self) -> int:
+        """Closes the open micro-batch; returns its number (0, 1, ... since reset)."""
+        self._sealed.append((self._count, self._open))
+        self._open = None
+        self._count += 1
+        return self._count - 1
+
+    def pending(self) -> int:
+        return len(self._sealed)
+
+    def sealed(self) -> int:
+        """Micro-batches whose B ran since reset."""
+        return self._count
+
+    def reset(self) -> None:
+        """A new step: numbering from 0, and nothing left of a step that failed part-way."""
+        self._open, self._count = None, 0
+        self._sealed.clear()
+
+    def run(self, micro_batch: int) -> None:
+        number, work = self._sealed.popleft()
+        if number != micro_batch:
+            raise RuntimeError(f"W pass of micro-batch {micro_batch}, but the oldest pending "
+                               f"one is {number}")
+        if work:
+            params = [param for param, _ in work]
+            with torch.no_grad():
+                grads = [grad_fn() for _, grad_fn in work]
+            torch.autograd.backward(params, grads)
+
+
+def _store(weight: torch.Tensor) -> Optional[WeightGradStore]:
+    return getattr(weight, "wgrad_store", None)
+
+
+class _LinearDeferred(torch.autograd.Function):
+    """F.linear(x, weight, bias) whose backward returns the input's (and bias's) gradient and
+    defers the weight's, with autograd's own products: dx = dy W, dW = dy^T x over the
+    flattened tokens, db = the sum of dy over them."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, store):
+        ctx.save_for_backward(x, weight)
+        ctx.store, ctx.has_bias = store, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if ctx.needs_input_grad[1]:
+            flat_x = x.reshape(-1, x.shape[-1])
+            ctx.store.put(weight, lambda: flat_grad.t().mm(flat_x))
+        return grad_x, None, grad_bias, None
+
+
+class _EmbeddingDeferred(torch.autograd.Function):
+    """F.embedding(ids, weight) whose weight gradient (the scatter-add of the output gradient
+    into the looked-up rows, autograd's embedding_backward) waits in the store."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, store):
+        ctx.save_for_backward(ids, weight)
+        ctx.store = store
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, weight = ctx.saved_tensors
+        rows = weight.shape[0]
+        ctx.store.put(weight, lambda: torch.ops.aten.embedding_backward(
+            grad, ids, rows, -1, False, False))
+        return None, None, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    """F.linear, with the weight's gradient deferred when the weight has a store."""
+    store = _store(weight)
+    if store is None or not torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    return _LinearDeferred.apply(x, weight, bias, store)
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    store = _store(weight)
+    if store is None or not torch.is_grad_enabled():
+        return F.embedding(ids, weight)
+    return _EmbeddingDeferred.apply(ids, weight, store)
+
+
+def defer_weight_grads(module: nn.Module, store: WeightGradStore) -> int:
+    """Gives the weights of `module`'s TP layers (column-, row-parallel linear, vocabulary
+    embedding and the output head that reuses one) to `store`; returns how many."""
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            sub.weight.wgrad_store = store
+            count += 1
+    return count
+
+
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T + b with A split along its output rows: each rank computes Y[..., its columns]."""
 
@@ -111,7 +243,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = copy_to_tp_region(x, group)
         bias = None if self.skip_bias_add else self.bias
-        y = F.linear(x, self.weight, bias)  # [s, b, out/t]
+        y = linear(x, self.weight, bias)  # [s, b, out/t]
         if self.gather_output:
             y = gather_from_tp_region(y, group)
         return (y, self.bias) if self.skip_bias_add else y
@@ -135,7 +267,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)  # partial sums over this rank's input slice
+        y = linear(x, self.weight)  # partial sums over this rank's input slice
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.state.tp_group)
         else:
@@ -163,10 +295,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def partial(self, ids: torch.Tensor) -> torch.Tensor:
         if self.state.tp == 1:
-            return F.embedding(ids, self.weight)
+            return embedding(ids, self.weight)
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
-        out = F.embedding(local, self.weight)
+        out = embedding(local, self.weight)
         return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
 
@@ -177,4 +309,4 @@ def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, state: Parall
         hidden = gather_from_sequence_parallel_region(hidden, state.tp_group)
     else:
         hidden = copy_to_tp_region(hidden, state.tp_group)
-    return F.linear(hidden, weight, bias)
+    return linear(hidden, weight, bias)
