@@ -356,10 +356,24 @@ class KernelsConfig:
 @dataclass
 class RunConfig:
     dir: str = "runs/default"
+    # Weights & Biases, from rank 0, the same records as metrics.jsonl: "off", "offline" (files
+    # under <run.dir>/wandb, for a later `wandb sync` from a login node) or "online".
+    wandb: str = "off"
+    wandb_project: str = "megatron-frontier"
+    wandb_name: Optional[str] = None  # default: the run directory's name
+    wandb_entity: Optional[str] = None
+    wandb_tags: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.dir:
             raise ConfigError("run.dir", self.dir, "a directory path")
+        _choice("run", "wandb", self.wandb, ("off", "offline", "online"))
+        if not self.wandb_project:
+            raise ConfigError("run.wandb_project", self.wandb_project, "a W&B project name")
+        if not isinstance(self.wandb_tags, list) or not all(
+                isinstance(t, str) and t for t in self.wandb_tags):
+            raise ConfigError("run.wandb_tags", self.wandb_tags, "a list of non-empty strings",
+                              "e.g. --set 'run.wandb_tags=[frontier, 175b]'")
 
 
 SECTIONS = {

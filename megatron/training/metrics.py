@@ -1,11 +1,15 @@
-"""Model FLOPs, MFU, memory, and the metrics.jsonl / TensorBoard writers."""
+"""Model FLOPs, MFU, memory, and the metrics.jsonl / TensorBoard / W&B writers and the human log
+line of each record (log_line.py)."""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import resource
+import time
 from typing import Optional
+
+import yaml
 
 import torch
 
@@ -14,6 +18,8 @@ from megatron.checkpoint.records import (MetricsRecord, StepRecord, is_number, r
                                          strict_json_record)
 from megatron.checkpoint.rundir import RunDir
 from megatron.config.model_math import model_flops_per_token  # noqa: F401 (re-exported)
+from megatron.training.log_line import LogLines
+from megatron.training.wandb_log import WandbLogger
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +33,17 @@ def memory_gb(device: torch.device) -> float:
 
 class MetricsWriter:
     """Appends one record (checkpoint/records.py) per line of metrics.jsonl; mirrors scalars to
-    TensorBoard when available."""
+    TensorBoard when available and to W&B with run.wandb; logs each record as one line for a
+    person (log_line.py). cfg: the run's Config; when not given, it is read from the run's
+    config.yaml at the first record (the loop writes that file before any step)."""
 
-    def __init__(self, run: RunDir, tensorboard: bool):
+    def __init__(self, run: RunDir, tensorboard: bool, cfg=None):
         os.makedirs(run.path, exist_ok=True)
+        self.run, self.cfg, self.started = run, cfg, None
         self.path = run.metrics
         self.file = open(self.path, "a", buffering=1)
+        self.lines: Optional[LogLines] = None
+        self.wandb: Optional[WandbLogger] = None
         self.tb = None
         if tensorboard:
             try:
@@ -41,10 +52,14 @@ class MetricsWriter:
             except ImportError:
                 log.warning("tensorboard is not installed; metrics go to metrics.jsonl only "
                             "(pip install tensorboard)")
+        self.started = time.monotonic()
 
     def write(self, record: MetricsRecord) -> None:
         """One line of strict JSON: non-finite numbers are written as null and named in
-        "nonfinite". TensorBoard gets the true values, so a diverged loss shows there as NaN."""
+        "nonfinite". TensorBoard and W&B get the true values, so a diverged loss shows there as
+        NaN."""
+        if self.lines is None:
+            self._open_mirrors()
         obj = record_json(record)
         line, _ = strict_json_record(obj)
         text = json.dumps(line, allow_nan=False) + "\n"
@@ -57,6 +72,17 @@ class MetricsWriter:
             for key, value in obj.items():
                 if is_number(value) and key != "step":
                     self.tb.add_scalar(f"{prefix}/{key}", float(value), record.step)
+        if self.wandb is not None:
+            self.wandb.write(record)
+        log.info("%s", self.lines.line(record))
+
+    def _open_mirrors(self) -> None:
+        """At the first record: the config (for train_iters and run.wandb), then W&B."""
+        cfg = self.cfg or _saved_config(self.run)
+        total = cfg.training.train_iters if cfg is not None else None
+        self.lines = LogLines(total, self.started)
+        if cfg is not None:
+            self.wandb = WandbLogger.open(self.run, cfg.run, cfg.to_dict())
 
     def _failed(self, error: OSError, needed: int) -> None:
         """A write that failed (only then is this asked): the part of the line that reached the
@@ -76,6 +102,20 @@ class MetricsWriter:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
+
+
+def _saved_config(run: RunDir):
+    """The run's config.yaml as a Config, or None (a writer used outside a run, in tests)."""
+    from megatron.config import Config
+    try:
+        with open(run.config) as f:
+            return Config.from_dict(yaml.safe_load(f) or {})
+    except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
+        log.debug("no readable %s (%s): log lines without the step total", run.config, e)
+        return None
 
 
 def _cut_partial_line(path: str) -> None:
