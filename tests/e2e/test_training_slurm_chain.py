@@ -257,3 +257,63 @@ def test_a_node_that_fails_its_health_check_is_left_out_of_the_next_job(slurm, t
     assert RunDir(str(run_dir)).read_bad_nodes() == ["n1"]
     assert " on n2: " in (run_dir / "chain.log").read_text()  # job 2's decision, made on n2
     assert train_steps(str(run_dir)) == [1, 2, 3, 4, 5, 6]
+
+
+def _stop_rank_once(run_dir: str, procid: str, done: threading.Event, stopped: list):
+    """SIGSTOP this run's training task with SLURM_PROCID=procid once it has logged a step."""
+    run = RunDir(run_dir)
+    while not done.is_set() and not stopped:
+        pid = pid_of("megatron.cli.train", f"run.dir={run_dir}", env_has=f"SLURM_PROCID={procid}")
+        try:
+            trained = pid is not None and len(steps(read_metrics(run.metrics))) >= 1
+        except FileNotFoundError:
+            trained = False
+        if trained:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            return
+        time.sleep(0.02)
+
+
+def test_a_stopped_task_ends_its_job_and_the_chain_goes_on(slurm, tmp_path):
+    """Issue 20: rank 1 of job 1 is stopped (SIGSTOP) mid-run; rank 0's watchdog (30 s) names it
+    unresponsive, --kill-on-bad-exit ends the step, the chain submits job 2 (n2 stays in: the
+    2-node partition cannot spare it), which resumes from the last checkpoint and finishes with
+    an uninterrupted run's losses."""
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    c = Chain(slurm, tmp_path, run_dir, f"stopped-{tmp_path.name}")
+    train = set_args("training.train_iters=30", "training.global_batch_size=4",
+                     "training.save=true", "training.save_interval=2", "training.tensorboard=false",
+                     "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
+                     "training.hang_timeout_minutes=0.5")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "megatron.cli.train", "--config", TINY, *train,
+         *set_args(f"run.dir={ref_dir}")], cwd=ROOT, env=c.run_env.env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done, stopped = threading.Event(), []
+    stopper = threading.Thread(target=_stop_rank_once, args=(str(run_dir), "1", done, stopped))
+    stopper.start()
+    try:
+        jobs = c.run(2, *train, timeout=300)
+    finally:
+        done.set()
+        stopper.join()
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        ref_out = reference.communicate(timeout=300)[0]
+    assert stopped, "no rank 1 was found to stop"
+    states = [s for _, s, _ in jobs]
+    assert len(states) == 2 and states[0].startswith("FAILED") and states[1] == "COMPLETED 0:0", \
+        c.logs()
+    assert "never reported" in jobs[0][2] and "submitting job 2" in jobs[0][2], jobs[0][2][-3000:]
+    (gone,) = [e for e in read_metrics(RunDir(str(run_dir)).metrics)
+               if getattr(e, "event", None) == "unresponsive"]
+    assert gone.ranks == [1] and gone.nodes == ["n2"]
+    assert reference.returncode == 0, ref_out[-3000:]
+    got, want = losses(run_dir), losses(ref_dir)
+    assert sorted(got) == sorted(want) == list(range(1, 31))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
