@@ -7,17 +7,23 @@ with its name instead of hanging a rendezvous, diverging an hour later or slowin
     memory    most of the device's memory is free (another process holding it would not be)
     command   MEGATRON_HEALTH_CHECK, when set: a shell command run on the rank's node; a
               non-zero exit fails the node (site checks, and tests)
+    link      after the rendezvous, the ranks of each node all-reduce COLLECTIVE_MB among
+              themselves; slower than MEGATRON_HEALTH_MIN_GBPS (default MIN_GBPS: far below a
+              working link, so only a broken or degraded one fails) fails the node
 
 The node is named as Slurm names it (SLURMD_NODENAME), else by its host name. What fails raises
 config.errors.BadNode (exit 5); the job chain then leaves the node out of the next job
 (training/chain.py, <run.dir>/bad_nodes)."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
-from typing import List, Mapping
+import time
+from typing import Dict, List, Mapping
 
 import torch
+import torch.distributed as dist
 
 HEALTH_COMMAND = "MEGATRON_HEALTH_CHECK"
 GEMM_N = 512
@@ -25,6 +31,12 @@ GEMM_N = 512
 # is arithmetic; a faulty unit is off by far more.
 GEMM_TOLERANCE = 1e-2
 MIN_FREE = 0.5  # of the device's memory
+COLLECTIVE_MB = 16
+# The slowest node-local all-reduce (algorithm bandwidth: bytes over seconds) taken for a working
+# link: xGMI/NVLink give tens to hundreds of GB/s, shared memory on a CPU node about 1; a link
+# that fell back to the network or a degraded one is an order of magnitude or more below.
+MIN_GBPS = {"cuda": 5.0, "cpu": 0.01}
+MIN_GBPS_ENV = "MEGATRON_HEALTH_MIN_GBPS"
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -72,3 +84,50 @@ def _command(command: str) -> List[str]:
         return [f"the health check {HEALTH_COMMAND}={command!r} exited {done.returncode}"
                 + (f": {said[0]}" if said[0] else "")]
     return []
+
+
+def ranks_by_node(nodes: List[str]) -> Dict[str, List[int]]:
+    """Each node's ranks, in rank order, from start-up's roster (every rank's node)."""
+    by: Dict[str, List[int]] = {}
+    for rank, node in enumerate(nodes):
+        by.setdefault(node, []).append(rank)
+    return by
+
+
+def check_node_link(nodes: List[str], rank: int, device: torch.device,
+                    environ: Mapping[str, str] = os.environ) -> List[str]:
+    """Collective over the whole job (every rank calls it): the ranks of each node all-reduce
+    COLLECTIVE_MB among themselves, timed after a warm-up; what is wrong with this rank's node's
+    link, [] when it is healthy (or the rank is alone on its node)."""
+    by = ranks_by_node(nodes)
+    if len(by) == 1:
+        group = None  # one node: the world is the node
+    else:
+        group, _ = dist.new_subgroups_by_enumeration(list(by.values()))
+    mine = by[nodes[rank]]
+    if len(mine) == 1:
+        return []
+    floor = float(environ.get(MIN_GBPS_ENV) or MIN_GBPS.get(device.type, MIN_GBPS["cuda"]))
+    buf = torch.ones(COLLECTIVE_MB * 2**20 // 4, device=device)
+    dist.all_reduce(buf[:1024], group=group)  # connections and communicators
+    seconds = min(_timed_all_reduce(buf, group, device) for _ in range(2))  # a hiccup is not
+    gbps = buf.numel() * 4 / seconds / 1e9                                  # a broken link
+    if gbps < floor:
+        return [f"an all-reduce of {COLLECTIVE_MB} MiB among the node's {len(mine)} ranks took "
+                f"{seconds:.3f} s ({gbps:.3g} GB/s; at least {floor:g} GB/s expected, "
+                f"{MIN_GBPS_ENV}): a broken or degraded link between its devices"]
+    return []
+
+
+def _timed_all_reduce(buf: torch.Tensor, group, device: torch.device) -> float:
+    dist.barrier(group=group)
+    _sync(device)
+    t0 = time.perf_counter()
+    dist.all_reduce(buf, group=group)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

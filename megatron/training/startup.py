@@ -34,7 +34,7 @@ from megatron.engine.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters
 from megatron.engine.model import mark_tensor_parallel, pipeline_module
 from megatron.launch import detect_device, discover, init_distributed
-from megatron.launch.health import check_node, node_name
+from megatron.launch.health import check_node, check_node_link, node_name
 from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
@@ -100,6 +100,9 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
     nodes, started_at = _roster(launch.world_size)
     timer.mark("process group")
+    if cfg.training.check_node:
+        _refuse_node(cfg, launch, check_node_link(nodes, launch.rank, device_info.device))
+        timer.mark("node link check")
     run = RunDir(cfg.run.dir)
     lock = _claim(run, launch.rank)
     try:
@@ -166,7 +169,10 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
 def _check_node(cfg: Config, launch, device: torch.device) -> None:
     """This rank's node before it joins: a failure is named in <run.dir>/bad_nodes and ends the
     rank with BadNode (exit 5), so the job ends in seconds and the chain leaves the node out."""
-    problems = check_node(device, launch.ranks_per_node, os.environ)
+    _refuse_node(cfg, launch, check_node(device, launch.ranks_per_node, os.environ))
+
+
+def _refuse_node(cfg: Config, launch, problems: List[str]) -> None:
     if not problems:
         return
     node, why, run = node_name(os.environ), "; ".join(problems), RunDir(cfg.run.dir)

@@ -44,3 +44,12 @@ def test_the_next_job_excludes_them_up_to_a_cap():
     assert chain.excluded_nodes(["n1"], {}) == ["n1"]
     with pytest.raises(InputError, match="systematic fault"):
         chain.excluded_nodes(["a", "b", "c"], {chain.MAX_EXCLUDED: "2"})
+
+
+def test_ranks_are_grouped_by_node_in_rank_order():
+    assert health.ranks_by_node(["n1", "n1", "n2", "n1"]) == {"n1": [0, 1, 3], "n2": [2]}
+
+
+def test_a_rank_alone_on_its_node_has_no_link_to_time():
+    """A world of one joins no group and runs no collective."""
+    assert health.check_node_link(["n1"], 0, torch.device("cpu"), {}) == []

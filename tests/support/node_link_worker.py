@@ -1,0 +1,25 @@
+"""A 4-rank worker for tests/integration/test_launch_node_link.py: the link check over a roster of
+two nodes (ranks 0-1 on n0, 2-3 on n1) with the default floor and with an impossible one; each
+rank prints its verdicts as one JSON line."""
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from megatron.launch.health import MIN_GBPS_ENV, check_node_link
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, nodes = dist.get_rank(), ["n0", "n0", "n1", "n1"]
+    cpu = torch.device("cpu")
+    healthy = check_node_link(nodes, rank, cpu, {})
+    broken = check_node_link(nodes, rank, cpu, {MIN_GBPS_ENV: "1e6"})
+    print(json.dumps({"rank": rank, "healthy": healthy, "broken": broken}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
