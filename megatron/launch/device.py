@@ -136,10 +136,19 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
                              timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     if launch.world_size == 1:
         join()
-    else:  # the address and port torch reads, which the environment may have set before us
-        _join_within(join, dataclasses.replace(
-            launch, master_addr=os.environ["MASTER_ADDR"],
-            master_port=int(os.environ["MASTER_PORT"])), timeout_s)
+        return
+    if device.is_gpu:  # the current device is per thread: the joining thread's must be ours
+        join = functools.partial(_on_device, device.device, join)
+    # the address and port torch reads, which the environment may have set before us
+    _join_within(join, dataclasses.replace(
+        launch, master_addr=os.environ["MASTER_ADDR"],
+        master_port=int(os.environ["MASTER_PORT"])), timeout_s)
+
+
+def _on_device(device: torch.device, join) -> None:
+    if torch.cuda.is_available():  # (tests pass a GPU's DeviceInfo on a CPU-only build)
+        torch.cuda.set_device(device)
+    join()
 
 
 def rendezvous_deadline(timeout_s: float) -> float:
