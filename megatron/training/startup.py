@@ -95,14 +95,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
                               cfg.parallel.tensor_parallel_size)
     layout = layout_record(cfg, dp, vocab, text_vocab)
     timer.mark("tokenizer")
-    if device_info.is_gpu:
-        flight_recorder_env(RunDir(cfg.run.dir), os.environ)
-    init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
-    nodes, started_at = _roster(launch.world_size)
-    timer.mark("process group")
-    if cfg.training.check_node:
-        _refuse_node(cfg, launch, check_node_link(nodes, launch.rank, device_info.device))
-        timer.mark("node link check")
+    nodes, started_at = _join(cfg, launch, device_info, timer)
     run = RunDir(cfg.run.dir)
     lock = _claim(run, launch.rank)
     try:
@@ -124,6 +117,19 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
                ds_config, engine, lock, nodes, started_at)
+
+
+def _join(cfg: Config, launch, device_info, timer: StartupTimer) -> Tuple[List[str], float]:
+    """The process group, the roster, and the node's link check (a collective)."""
+    if device_info.is_gpu:
+        flight_recorder_env(RunDir(cfg.run.dir), os.environ)
+    init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
+    nodes, started_at = _roster(launch.world_size)
+    timer.mark("process group")
+    if cfg.training.check_node:
+        _refuse_node(cfg, launch, check_node_link(nodes, launch.rank, device_info.device))
+        timer.mark("node link check")
+    return nodes, started_at
 
 
 def _roster(world: int) -> Tuple[List[str], float]:
@@ -250,7 +256,8 @@ def wrap(cfg: Config, model: BuiltModel, state: ParallelState, device: torch.dev
          ds_config: Dict[str, Any], timer: Optional[StartupTimer] = None) -> Engine:
     """The engine around the model, with the optimizer settings and deepspeed.json."""
     return Engine(model.module, model.layer_names, state, device, ds_config, cfg.optimizer,
-                  cfg.training.train_iters, timer.mark if timer is not None else None)
+                  cfg.training.train_iters, timer.mark if timer is not None else None,
+                  pipeline_schedule=cfg.parallel.pipeline_schedule)
 
 
 def write_run_files(job: Job, cfg: Config) -> None:
