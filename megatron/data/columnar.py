@@ -48,7 +48,10 @@ def _columns_of(schema_names: List[str], keys: Sequence[str], path: str) -> None
 
 
 def _parquet(pa, source, keys, rows, reader) -> Iterator[List[list]]:
-    pf = pa.parquet.ParquetFile(source.path, memory_map=False, buffer_size=1 << 20)
+    # pre_buffer off and a read buffer: pages are read as decoded, not a whole column chunk
+    # (a row group of a 2 GB shard can hold most of it).
+    pf = pa.parquet.ParquetFile(source.path, memory_map=False, buffer_size=1 << 20,
+                                pre_buffer=False)
     _columns_of(pf.schema_arrow.names, keys, source.path)
     meta, done = pf.metadata, 0
     total = max(meta.num_rows, 1)
