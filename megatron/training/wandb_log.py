@@ -7,7 +7,8 @@ install it.
 Each record is one wandb.log call of its numbers and texts: a step as train/<key>, an evaluation
 as <split>/loss (valid, test), an event as event/<kind>/<key> (event/save/gb_per_s, ...), with
 "step" the x axis of every chart (define_metric), so a rollback's repeated steps are still
-logged rather than dropped by W&B's own monotonic step counter."""
+logged rather than dropped by W&B's own monotonic step counter. Each job of a chained run is a
+W&B run of its own, grouped under the run's name (run.wandb_name or the run directory's)."""
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,7 @@ class WandbLogger:
         name = run_cfg.wandb_name or os.path.basename(os.path.normpath(run_dir.path))
         try:
             run = wandb.init(mode=run_cfg.wandb, dir=run_dir.path, project=run_cfg.wandb_project,
-                             name=name, entity=run_cfg.wandb_entity,
+                             name=name, group=name, entity=run_cfg.wandb_entity,
                              tags=list(run_cfg.wandb_tags), config=config,
                              settings=wandb.Settings(console="off", x_disable_stats=True))
         except Exception as e:  # noqa: BLE001 (monitoring must not end a run: wandb's errors vary)

@@ -39,16 +39,31 @@ def records(path: str) -> List[bytes]:
     return out
 
 
-def history(run_dir: str) -> List[Dict[str, object]]:
-    """Every wandb.log call of the (one) offline run under run_dir/wandb, as {key: value}."""
+def _parsed(run_dir: str):
     from wandb.proto import wandb_internal_pb2
 
     files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(files) == 1, f"expected one offline run under {run_dir}/wandb, found {files}"
-    out = []
     for raw in records(files[0]):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
+        yield record
+
+
+def run_info(run_dir: str) -> Dict[str, object]:
+    """The run record: its name, project, group and tags."""
+    for record in _parsed(run_dir):
+        if record.WhichOneof("record_type") == "run":
+            r = record.run
+            return {"name": r.display_name, "project": r.project, "group": r.run_group,
+                    "tags": list(r.tags)}
+    raise AssertionError(f"no run record under {run_dir}/wandb")
+
+
+def history(run_dir: str) -> List[Dict[str, object]]:
+    """Every wandb.log call of the (one) offline run under run_dir/wandb, as {key: value}."""
+    out = []
+    for record in _parsed(run_dir):
         if record.WhichOneof("record_type") == "history":
             items = {}
             for item in record.history.item:
