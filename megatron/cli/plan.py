@@ -13,9 +13,9 @@ examples:
   # fastest layouts of the paper's 175B on 16 Frontier nodes; write the best as config + sbatch
   megatron-plan search --model 175b --cluster frontier --nodes 16 --global-batch 1280 \\
       --out-config best.yaml --out-sbatch best.sbatch
-  # memory and time of one layout (the paper's 175B recipe)
+  # memory and time of one layout (the paper's 175B recipe); --schedule zbh1 prices ZB-H1
   megatron-plan memory --model 175b --cluster frontier --nodes 16 --global-batch 1280 \\
-      --tp 4 --pp 16 --micro-batch 1 --zero 1 --recompute full
+      --tp 4 --pp 16 --micro-batch 1 --zero 1 --recompute full [--schedule zbh1]
   # a model from a training config, on a cluster described in a YAML file
   megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2
   # the layout a training config sets (its TP, PP, ZeRO, recompute, micro-batch, attention)
@@ -68,12 +68,16 @@ def _space_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tp", type=int, help="allow TP beyond one node (for comparison)")
     g.add_argument("--memory-fraction", type=float, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
+    g.add_argument("--schedules", default="1f1b,zbh1",
+                   help="parallel.pipeline_schedule values tried where PP > 1: 1f1b, zbh1 "
+                        "(zero-bubble ZB-H1, priced with its W passes in the bubble and their "
+                        "pending inputs in memory); default both")
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (default: what --config FILE sets, else TP 1, PP 1, "
-                             "micro-batch 1, ZeRO 1, no recompute, flash, no SP; a flag given "
-                             "here overrides the config)")
+                             "micro-batch 1, ZeRO 1, no recompute, flash, no SP, 1f1b; a flag "
+                             "given here overrides the config)")
     g.add_argument("--tp", type=int)
     g.add_argument("--pp", type=int)
     g.add_argument("--micro-batch", type=int)
@@ -87,6 +91,9 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help="sequence parallelism")
     g.add_argument("--no-sp", dest="sp", action="store_const", const=False,
                    help="no sequence parallelism")
+    g.add_argument("--schedule", choices=("1f1b", "zbh1"),
+                   help="parallel.pipeline_schedule (default: the config's, else 1f1b); zbh1 "
+                        "needs --pp > 1")
     g.add_argument("--interleave", type=int, metavar="V",
                    help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
                         "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")

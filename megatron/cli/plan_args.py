@@ -11,7 +11,8 @@ from megatron.planner.layout import Job, Layout
 from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
 
-_LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave")
+_LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
+                 "schedule")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
@@ -22,7 +23,8 @@ def load_job(args) -> Tuple[Job, Config, bool]:
 def load_space(args) -> SearchSpace:
     return jobs.search_space(args.tp_values, args.pp_values, args.micro_batches,
                              args.zero_stages, args.recompute_values, args.flash,
-                             args.sequence_parallel, args.max_tp, args.memory_fraction)
+                             args.sequence_parallel, args.max_tp, args.memory_fraction,
+                             args.schedules)
 
 
 def layout_overrides(args) -> dict:

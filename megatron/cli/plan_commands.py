@@ -19,6 +19,13 @@ from megatron.planner.search import search
 from megatron.planner.timing import step_time
 
 
+# What `megatron-plan memory` says it priced, per parallel.pipeline_schedule
+SCHEDULE_NOTE = {"1f1b": "1f1b (bubble (p - 1)/(m + p - 1) of a balanced pipeline)",
+                 "zbh1": "zbh1 (zero-bubble ZB-H1: W passes fill the bubble; each stage holds "
+                         "up to p micro-batches, those past their B with the inputs and output "
+                         "gradients their W keeps)"}
+
+
 def _check_nodes(nodes: int) -> None:
     if nodes < 1:
         raise ConfigError("--nodes", nodes, "a positive integer")
@@ -57,7 +64,9 @@ def cmd_search(args) -> int:
         config_path = args.out_config or "best.yaml"
         with open(args.out_sbatch, "w") as f:
             f.write(emit.sbatch_script(prof.spec, args.nodes, config_path,
-                                       step_s=best.time.step_s if best.time else None))
+                                       step_s=best.time.step_s if best.time else None,
+                                       schedule=best.layout.schedule if best.layout.pp > 1
+                                       else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
     return 0
 
@@ -95,6 +104,8 @@ def cmd_memory(args) -> int:
     lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg)
     print(_describe(job, prof, args.nodes))
     print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
+    if lay.pp > 1:
+        print(f"schedule priced: {SCHEDULE_NOTE[lay.schedule]}")
     if lay.interleave > 1:
         print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
               f"{INTERLEAVED_UNAVAILABLE}")

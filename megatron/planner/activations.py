@@ -68,6 +68,31 @@ def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     return layer_full_bytes(m, lay, precision, keep_scores)
 
 
+def layer_weight_grad_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """Bytes one layer keeps per micro-batch whose W is pending under zbh1: each linear layer's
+    input X and output gradient dY (dW = dY^T X), everything else freed by its B. Inputs of
+    QKV and fc1 and the gradients at the row-parallel outputs are replicated over TP (divided
+    with SP, as layer_terms counts them); the rest is split. Under full recompute these are the
+    rebuilt tensors, which 1F1B would have freed with the backward."""
+    e, sb, t = act_bytes(precision), m.seq_length * lay.micro_batch, lay.tp
+    h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
+    fc1 = (2 if m.activation == "swiglu" else 1) * f
+    rep = 1.0 / t if lay.sequence_parallel else 1.0
+    # X: QKV and fc1 inputs (replicated); out-projection and fc2 inputs (split)
+    # dY: QKV and fc1 outputs (split); out-projection and fc2 outputs (replicated)
+    replicated = 2 * sb * h + 2 * sb * h
+    split = sb * m.num_attention_heads * m.head_dim + sb * f + sb * (h + 2 * kvh) + sb * fc1
+    return (replicated * rep + split / t) * e
+
+
+def head_weight_grad_bytes(m: ModelConfig, lay: Layout, padded_vocab: int,
+                           precision: str) -> float:
+    """The output head's pending W on the last stage: its input (s*b*h) and the logits'
+    gradient (s*b*V/t), in the activation dtype."""
+    e, sb = act_bytes(precision), m.seq_length * lay.micro_batch
+    return sb * (m.hidden_size + padded_vocab / lay.tp) * e
+
+
 def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """Transient bytes while one layer runs backward: its rebuilt activations under full
     recompute (the math path's scores included) plus the activation gradients in flight."""

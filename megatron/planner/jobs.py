@@ -9,13 +9,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron.config import Config, load_config
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
+from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, check_layout
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
 
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                   "flash": True, "sp": False, "interleave": 1}
+                   "flash": True, "sp": False, "interleave": 1, "schedule": "1f1b"}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -52,12 +52,13 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
 
 def config_layout(cfg: Config) -> Dict[str, object]:
     """The layout values a training config sets (its attention backend `math` is the math
-    path, any other is flash)."""
+    path, any other is flash; parallel.pipeline_schedule is the schedule)."""
     p, t = cfg.parallel, cfg.training
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
             "recompute": t.activation_checkpointing,
-            "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel}
+            "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel,
+            "schedule": p.pipeline_schedule}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -90,7 +91,8 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
         raise ConfigError("--global-batch", job.global_batch,
                           f"a multiple of micro-batch x DP ({mb} x {dp})")
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
-                 values["recompute"], values["flash"], values["sp"], values["interleave"])
+                 values["recompute"], values["flash"], values["sp"], values["interleave"],
+                 values["schedule"])
     check_layout(job, lay)
     return lay
 
@@ -116,7 +118,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  micro_batches: str = "1,2,4,8,16", zero_stages: str = "0,1,2,3",
                  recompute_values: str = "none,selective,full", flash: str = "both",
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
-                 memory_fraction: float = 1.0) -> SearchSpace:
+                 memory_fraction: float = 1.0, schedules: str = "1f1b,zbh1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes."""
     recompute = tuple(v.strip() for v in recompute_values.split(","))
     if any(v not in RECOMPUTE for v in recompute):
@@ -124,6 +126,9 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
     zero = ints("--zero-stages", zero_stages)
     if any(z > 3 for z in zero):
         raise ConfigError("--zero-stages", zero_stages, "stages among 0,1,2,3")
+    schedule_values = tuple(v.strip() for v in schedules.split(",") if v.strip())
+    if not schedule_values or any(v not in SCHEDULES for v in schedule_values):
+        raise ConfigError("--schedules", schedules, f"values among {SCHEDULES}")
     if not 0 < memory_fraction <= 1:
         raise ConfigError("--memory-fraction", memory_fraction, "a share in (0, 1]")
     return SearchSpace(tp=ints("--tp-values", tp_values) if tp_values else None,
@@ -131,4 +136,5 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        micro_batch=ints("--micro-batches", micro_batches), zero=zero,
                        recompute=recompute, flash=_both("--flash", flash),
                        sequence_parallel=_both("--sequence-parallel", sequence_parallel),
-                       max_tp=max_tp, memory_fraction=memory_fraction)
+                       max_tp=max_tp, memory_fraction=memory_fraction,
+                       schedules=schedule_values)

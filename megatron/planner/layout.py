@@ -7,9 +7,10 @@ from typing import Any, Dict, List, Optional
 
 from megatron.config import ModelConfig
 from megatron.config.errors import ConfigError
-from megatron.config.validate import layout_error
+from megatron.config.validate import layout_error, schedule_error
 
 RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "zbh1")  # parallel.pipeline_schedule's values (config/sections.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class Layout:
     # 2021 section 2.2.2). 1 is the plain 1F1B schedule DeepSpeed's pipeline engine runs; more
     # is a comparison option only: this trainer cannot run it (INTERLEAVED_UNAVAILABLE).
     interleave: int = 1
+    # parallel.pipeline_schedule: "1f1b" (DeepSpeed's) or "zbh1" (zero-bubble ZB-H1, PP > 1:
+    # each backward split into B, the input gradient, and a deferred W, the weight gradients)
+    schedule: str = "1f1b"
 
     @property
     def world(self) -> int:
@@ -54,7 +58,8 @@ class Layout:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-ga{self.grad_accum}"
                 f"-z{self.zero}-{self.recompute}-{'flash' if self.flash else 'noflash'}"
                 f"{'-sp' if self.sequence_parallel else ''}"
-                f"{f'-v{self.interleave}' if self.interleave > 1 else ''}")
+                f"{f'-v{self.interleave}' if self.interleave > 1 else ''}"
+                f"{f'-{self.schedule}' if self.schedule != '1f1b' else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,7 +85,20 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return "sequence parallelism needs TP > 1"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
-    return interleave_problem(m.num_layers, lay)
+    return schedule_problem(lay) or interleave_problem(m.num_layers, lay)
+
+
+def schedule_problem(lay: Layout) -> Optional[str]:
+    """The trainer's rule for parallel.pipeline_schedule (zbh1 needs PP > 1), and zbh1 is not
+    priced interleaved (Qi et al.'s ZB-H1 is a plain 1F1B variant; neither runs it here)."""
+    if lay.schedule not in SCHEDULES:
+        return f"pipeline schedule {lay.schedule!r} is not one of {SCHEDULES}"
+    error = schedule_error(lay.schedule, lay.pp)
+    if error is not None:
+        return str(error)
+    if lay.schedule == "zbh1" and lay.interleave > 1:
+        return "zbh1 is priced for plain stages only, not with the interleaved schedule"
+    return None
 
 
 INTERLEAVED_UNAVAILABLE = ("the interleaved schedule is not available in this trainer "

@@ -1,4 +1,4 @@
-"""Memory per device: model states by precision and ZeRO stage, activations under 1F1B.
+"""Memory per device: model states by precision and ZeRO stage, activations under 1F1B or ZB-H1.
 
 Model states follow what DeepSpeed 0.19 allocates for the config this project generates
 (megatron/engine/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
@@ -123,17 +123,36 @@ def in_flight(lay: Layout, stage: int) -> float:
     return max(1.0, min(chunks / v, float(lay.grad_accum)))
 
 
+def zbh1_stored(lay: Layout, stage: int, per_mb: float, per_w: float) -> float:
+    """Bytes stage `stage` holds at its peak under zbh1: micro-batches between F and B keep
+    per_mb (as under 1F1B, at most k = min(p - stage, m) of them), those between B and W keep
+    per_w, and engine/pipe_order holds at most n = min(p, m) in all. The schedule reaches the
+    states (k, n - k) and (k - 1, n - k + 1) (tests/unit/test_planner_zero_bubble.py replays
+    it), so the peak is (k - 1) per_mb + (n - k) per_w + max(per_mb, per_w)."""
+    k = min(lay.pp - stage, lay.grad_accum)
+    n = min(lay.pp, lay.grad_accum)
+    return (k - 1) * per_mb + (n - k) * per_w + max(per_mb, per_w)
+
+
 def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants):
     m, prec = job.model, job.precision
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
-    last = stage == lay.pp - 1
+    first, last = stage == 0, stage == lay.pp - 1
+    vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last:
         # the stage output kept for its backward (one per chunk when interleaved)
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
-    stored = in_flight(lay, stage) * per_mb
+    if lay.schedule == "zbh1":
+        per_w = sp.layers * act.layer_weight_grad_bytes(m, lay, prec)
+        if first:  # the embedding's output gradient, for its scatter-add
+            per_w += act.boundary_bytes(m, lay, prec)
+        if last:
+            per_w += act.head_weight_grad_bytes(m, lay, vocab, prec)
+        stored = zbh1_stored(lay, stage, per_mb, per_w)
+    else:
+        stored = in_flight(lay, stage) * per_mb
     working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
     if last:
-        vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
         working += act.logits_bytes(m, lay, vocab, prec) + act.boundary_bytes(m, lay, prec)
     return stored * c.act_scale, working * c.act_scale
 
@@ -176,8 +195,14 @@ def memory_per_stage(job: Job, lay: Layout, c: Constants,
 def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = None) -> StageMemory:
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
-    flight and the embedding; the last stage has the logits and the output layer."""
-    ends = sorted({0, lay.pp - 1})
+    flight and the embedding; the last stage has the logits and the output layer. Under zbh1 a
+    later stage holds more pending W than stage 0 (zbh1_stored), which outweighs its fewer
+    activations when a pending W keeps more than a micro-batch in flight (full recompute):
+    stage p - 2 and the last of the uneven split's larger stages count too."""
+    ends = {0, lay.pp - 1}
+    if lay.schedule == "zbh1":
+        ends |= {max(0, lay.pp - 2), max(0, job.model.num_layers % lay.pp - 1)}
+    ends = sorted(ends)
     stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device)
               for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence
 
 from megatron.config.errors import InputError
-from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
+from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, layout_problem
 from megatron.planner.memory import GIB, StageMemory, peak_memory
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
@@ -25,6 +25,8 @@ class SearchSpace:
     recompute: Sequence[str] = RECOMPUTE
     flash: Sequence[bool] = (True, False)
     sequence_parallel: Sequence[bool] = (False, True)
+    # parallel.pipeline_schedule values tried where PP > 1 (a single stage runs 1f1b)
+    schedules: Sequence[str] = SCHEDULES
     # TP is kept inside a node unless this allows more (to test that lesson, not to use it).
     max_tp: Optional[int] = None
     uneven_pp: bool = False
@@ -103,7 +105,9 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace) -> I
                     for sp in space.sequence_parallel:
                         if sp and tp == 1:
                             continue
-                        yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp)
+                        for schedule in (space.schedules if pp > 1 else ("1f1b",)):
+                            yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
+                                         schedule=schedule)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -117,11 +121,13 @@ def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSp
 def rank_key(c: Candidate):
     """Fastest first; among equals (to 4 digits) the least memory, then ZeRO-1 (bf16 under the
     pipeline engine takes the same BF16 optimizer path at ZeRO-0 and ZeRO-1; ZeRO-1 is the
-    paper's choice and the one DeepSpeed tests most), then the fewer features switched on."""
+    paper's choice and the one DeepSpeed tests most), then the fewer features switched on
+    (1f1b before zbh1: zbh1 is proposed only where it predicts a faster step or less memory)."""
     lay = c.layout
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
-            RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel)
+            RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
+            lay.schedule != "1f1b")
 
 
 def search(job: Job, nodes: int, prof: Profile, space: SearchSpace = SearchSpace()) -> SearchResult:

@@ -12,9 +12,16 @@ last; at least dp_overlap) behind the backward, at most one micro-batch's backwa
 micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are exposed.
 1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
 a bubble of (p - 1)/(m + p - 1); the interleaved schedule (a comparison option, not run by this
-trainer) divides the fill and drain by its chunks per stage v."""
+trainer) divides the fill and drain by its chunks per stage v.
+ZB-H1 (parallel.pipeline_schedule=zbh1, Qi et al. 2023): each backward is split into B (input
+gradients, the attention core, norms, biases, the TP and pipeline communication, recompute) and
+W (the weight-gradient GEMMs: dW = dY^T X of every linear layer and the output head, and the
+embedding's scatter-add), which fills the slots where the stage would idle; with balanced stages
+step = m (F + B + W) + (p - 1)(F + B - W) + max(0, p - m) W, what engine/pipe_order.makespan
+replays for the schedule the engine runs (tests/unit/test_planner_zero_bubble.py)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -76,15 +83,24 @@ class _Ctx:
             self.collective(f, 2 * (size - 1) / size * nbytes, link, calls)
 
 
-def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
-    """(whole forward, attention core alone) of one layer for one micro-batch on one rank."""
+def linear_gemms(x: _Ctx) -> np.ndarray:
+    """The four linear layers' forward GEMMs of one layer (QKV, out-projection, fc1, fc2) for
+    one micro-batch on one rank; their weight gradients (dW = dY^T X) cost the same again."""
     m, t, tok = x.m, x.lay.tp, x.tokens
     h, f, d = m.hidden_size, m.ffn_hidden_size, m.head_dim
     fc1 = (2 if m.activation == "swiglu" else 1) * f
-    fwd, core = np.zeros(len(FEATURES)), np.zeros(len(FEATURES))
+    out = np.zeros(len(FEATURES))
     for dims in ((tok, (m.num_attention_heads + 2 * m.kv_heads) * d / t, h),
                  (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t)):
-        fwd[GEMM] += gemm_seconds(dims, x.peak, x.c.gemm_half_dim)
+        out[GEMM] += gemm_seconds(dims, x.peak, x.c.gemm_half_dim)
+    return out
+
+
+def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
+    """(whole forward, attention core alone) of one layer for one micro-batch on one rank."""
+    m, t, tok = x.m, x.lay.tp, x.tokens
+    h, d = m.hidden_size, m.head_dim
+    fwd, core = linear_gemms(x), np.zeros(len(FEATURES))
     heads = x.lay.micro_batch * m.num_attention_heads / t
     s = m.seq_length
     if x.lay.flash:
@@ -134,6 +150,38 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     if x.lay.pp > 1:
         f[PIPE] += 1
     return f
+
+
+def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
+    """The W share of stage_features under zbh1: the weight-gradient GEMMs (one forward GEMM's
+    worth per linear layer, the output head's on the last stage) and the embedding's gradient
+    scatter-add (two of the three passes over its output that stage_features counts)."""
+    w = layers * linear_gemms(x)
+    tok, h = x.tokens, x.m.hidden_size
+    if first:
+        w[MEM] += 2 * tok * h * x.e / x.hbm
+    if last:
+        w[GEMM] += gemm_seconds((tok, x.vocab / x.lay.tp, h), x.peak, x.c.gemm_half_dim)
+    return w
+
+
+def pipeline_features(lay: Layout, stages, weights, th: np.ndarray) -> np.ndarray:
+    """The pipeline's share of a step. stages: (features of one micro-batch, count) per stage
+    kind; weights: the W share of each (weight_grad_features; used by zbh1 only).
+    1F1B: m slots of the slowest stage plus the fill and drain of the others; interleaved with
+    v chunks per stage, the fill and drain pass chunks of 1/v of a stage each (bubble
+    (p - 1)/(v m + p - 1), Narayanan et al. 2021 section 2.2.2). ZB-H1: the W of every stage but
+    the slowest moves into the fill and drain, twice (its own slot and the B wave that no longer
+    waits for it): (p - 1)(F + B - W) when balanced; with fewer micro-batches than stages the
+    schedule has only m W passes to place and p - m of the slowest stage's stay exposed."""
+    i = max(range(len(stages)), key=lambda k: float(th @ stages[k][0]))
+    slowest = stages[i][0]
+    fill = sum(f * n for f, n in stages) - slowest
+    if lay.schedule != "zbh1":
+        return lay.grad_accum * slowest + fill / lay.interleave
+    w_fill = sum(w * n for w, (_, n) in zip(weights, stages)) - weights[i]
+    exposed = max(0, lay.pp - lay.grad_accum) * weights[i]
+    return lay.grad_accum * slowest + fill - 2 * w_fill + exposed
 
 
 def backward_window(x: _Ctx, stage_f: np.ndarray) -> float:
@@ -200,12 +248,9 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     th = theta(prof.constants)
     kinds = _stage_kinds(job.model, lay)
     stages = [(stage_features(x, layers, first, last), n) for layers, first, last, n in kinds]
-    slowest = max((f for f, _ in stages), key=lambda f: float(th @ f))
-    # 1F1B: m slots of the slowest stage plus the fill and drain of the others; interleaved
-    # with v chunks per stage, the fill and drain pass chunks of 1/v of a stage each
-    # (bubble (p - 1)/(v m + p - 1), Narayanan et al. 2021 section 2.2.2)
-    fill = sum(f * n for f, n in stages) - slowest
-    pipe = lay.grad_accum * slowest + fill / lay.interleave
+    weights = [weight_grad_features(x, layers, first, last) for layers, first, last, _ in kinds]
+    pipe = pipeline_features(lay, stages, weights, th)
+    slowest = max(range(len(stages)), key=lambda k: float(th @ stages[k][0]))
     params = all_stage_params(job.model, lay.tp, lay.pp)
     ends = sorted({0, lay.pp - 1})
     # the first and last stage's own per-micro-batch features, for their backward windows
@@ -216,14 +261,21 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     reduce = max(reductions, key=lambda f: float(th @ f))
     step = np.zeros(len(FEATURES))
     step[STEP] = 1
-    parts = {"pipeline": pipe, "reduce": reduce, "step": step}
+    parts = {"pipeline": pipe, "reduce": reduce, "step": step, "slowest": stages[slowest][0],
+             "slowest_w": weights[slowest]}
     return pipe + reduce + step, parts
 
 
-def pipeline_bubble(lay: Layout) -> float:
+def pipeline_bubble(lay: Layout, w_share: float = 1 / 3) -> float:
     """Idle share of a balanced pipeline: (p - 1)/(m + p - 1) for 1F1B, (p - 1)/(v m + p - 1)
-    interleaved with v chunks per stage."""
-    return (lay.pp - 1) / (lay.interleave * lay.grad_accum + lay.pp - 1)
+    interleaved with v chunks per stage. ZB-H1, with W taking w_share of a stage's time per
+    micro-batch: (p - 1)(1 - 2w) + max(0, p - m) w idle slots against m busy ones (a third of
+    1F1B's bubble at w = 1/3 and m >= p)."""
+    p, m = lay.pp, lay.grad_accum
+    if lay.schedule != "zbh1":
+        return (p - 1) / (lay.interleave * m + p - 1)
+    idle = (p - 1) * (1 - 2 * w_share) + max(0, p - m) * w_share
+    return idle / (m + idle)
 
 
 @dataclass(frozen=True)
@@ -247,7 +299,15 @@ def step_time(job: Job, lay: Layout, prof: Profile) -> TimeEstimate:
     peak = prof.spec.matmul_tflops(job.precision) * 1e12
     mf = model_flops(job.model, job.global_batch) / step_s / lay.world
     hf = hardware_flops(job.model, job.global_batch, lay.recompute) / step_s / lay.world
-    bubble = pipeline_bubble(lay)
+    slowest_s = float(th @ parts["slowest"])
+    bubble = pipeline_bubble(lay, float(th @ parts["slowest_w"]) / slowest_s if slowest_s else 0)
     return TimeEstimate(step_s, float(th @ parts["pipeline"]), float(th @ parts["reduce"]), bubble,
                         job.global_batch * job.model.seq_length / step_s, mf / 1e12, hf / 1e12,
                         mf / peak, hf / peak, tuple(float(v) for v in feats))
+
+
+def schedule_ratio(job: Job, lay: Layout, prof: Profile) -> float:
+    """Predicted step time of `lay` under zbh1 over the same layout under 1f1b (PP > 1)."""
+    zb, one = (step_time(job, dataclasses.replace(lay, schedule=s), prof).step_s
+               for s in ("zbh1", "1f1b"))
+    return zb / one

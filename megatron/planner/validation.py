@@ -293,7 +293,7 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None) -> LayoutR
     prof = prof or in_sample_profile(case)
     space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
                         recompute=(lay.recompute,), flash=(lay.flash,),
-                        sequence_parallel=(lay.sequence_parallel,),
+                        sequence_parallel=(lay.sequence_parallel,), schedules=("1f1b",),
                         uneven_pp=case.framework == "deepspeed")
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]
