@@ -28,8 +28,9 @@ examples:
       --global-batch 1280 --tp 4 --pp 16 --recompute full --plot scaling.png
 
 models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters (--cluster is required
-for search, memory and scaling; there is no default): frontier (MI250X GCD), mi300x, a100, h100,
-h200, or a YAML file (docs/planner.md)."""
+for search, memory and scaling; there is no default): frontier (MI250X GCD), mi300x, a100,
+a100-40gb, h100, h200, gh200 (4 x 96 GB H100 a node), or a YAML file, which may name a preset as
+its `base` and change only the fields it lists (docs/planner.md)."""
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +50,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
     g = p.add_argument_group("cluster")
     # Required: a silent default (it was frontier) priced A100 or H100 jobs as MI250X GCDs.
-    g.add_argument("--cluster", help="required: a preset (frontier, mi300x, a100, h100, h200) "
+    g.add_argument("--cluster", help="required: a preset (frontier, mi300x, a100, a100-40gb, h100, "
+                   "h200, gh200) "
                    "or a cluster/profile YAML")
     if nodes:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")

@@ -44,6 +44,7 @@ def overridden_flags(args, cfg: Optional[Config]) -> List[str]:
 
 def profile_from_args(args) -> Profile:
     if not args.cluster:
-        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, h100, h200) "
-                         "or --cluster FILE.yaml (docs/planner.md); there is no default")
+        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, "
+                         "a100-40gb, h100, h200, gh200) or --cluster FILE.yaml "
+                         "(docs/planner.md); there is no default")
     return load_profile(args.cluster)

@@ -136,6 +136,19 @@ PRESETS: Dict[str, ClusterSpec] = {
                         fp32_tflops=67,
                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
+    # The 40 GB A100 SXM (DGX A100 40 GB): the 80 GB part's links and peak, 40 GiB of HBM2 at
+    # 1555 GB/s (NVIDIA A100 datasheet; config/devices.py holds the 80 GB part's 2039).
+    "a100-40gb": ClusterSpec("a100-40gb", 40, _TF["a100"], 8, 300, 200, hbm_gbps=1555,
+                             fp32_tflops=19.5,
+                             intra_bus_eff=0.73, inter_bus_eff=0.9, intra_latency_us=25,
+                             inter_latency_us=30),
+    # An H100 node of 96 GB parts: JUPITER's booster node (apps.fz-juelich.de, "JUPITER
+    # Hardware Overview"): 4 GH200, each Hopper with 96 GB HBM3 at 4 TB/s, NVLink 4 between
+    # every pair at 150 GB/s per direction, 4 x InfiniBand NDR200 = 100 GB/s a node.
+    "gh200": ClusterSpec("gh200", 96, _TF["h100"], 4, 150, 100, hbm_gbps=_HBM["gh200"],
+                         fp32_tflops=67,
+                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
+                         inter_latency_us=30),
 }
 PRESETS["mi250x"] = PRESETS["frontier"]
 
@@ -145,7 +158,7 @@ def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
     unknown = sorted(set(raw) - known - {"constants", "fitted"})
     if unknown:
         raise ConfigError(f"cluster.{unknown[0]}", raw[unknown[0]],
-                          f"a known cluster key ({', '.join(sorted(known | {'constants'}))})",
+                          f"a known cluster key ({', '.join(sorted(known | {'base', 'constants'}))})",
                           f"remove or rename it in {source}")
     missing = [k for k in ("gpu_memory_gb", "peak_tflops", "gpus_per_node", "intra_node_gbps",
                            "inter_node_gbps") if k not in raw]

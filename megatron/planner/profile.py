@@ -116,6 +116,10 @@ CURVE_CONSTANTS: Dict[str, Constants] = {
     # (approximate: read one of its plotted curves).
     "mi300x": Constants(gemm_eff=from_mamf(781.9, 1307, (4096, 10240, 4864)), hbm_eff=0.5),
 }
+# The same chips in other nodes: the 40 GB A100 and GH200's Hopper (one MAMF row each is not
+# at hand; the SXM parts' curves stand in, hbm_eff applies to each part's own bandwidth).
+CURVE_CONSTANTS["a100-40gb"] = CURVE_CONSTANTS["a100"]
+CURVE_CONSTANTS["gh200"] = CURVE_CONSTANTS["h100"]
 
 # The fit of validation.py on all published runs (docs/planner.md, "Validation"): factors on
 # the curves' compute (GEMMs and attention), memory-bound and communication seconds, and
@@ -125,7 +129,7 @@ PUBLISHED_FIT = {"compute": 1.168, "memory": 1.023, "comm": 1.074, "pipe_slot_ms
 # Presets that take it: the NVIDIA and MI300X curves are single-device and single-node
 # measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
 # an end-to-end figure of its own device (the fit, mostly A100 runs, puts that run 15% high).
-FITTED_PRESETS = ("a100", "h100", "h200", "mi300x")
+FITTED_PRESETS = ("a100", "a100-40gb", "h100", "h200", "gh200", "mi300x")
 
 
 def apply_fit(c: Constants, fit: Dict[str, float]) -> Constants:
@@ -170,7 +174,10 @@ class Profile:
             f.write(self.to_yaml())
 
 
-def constants_from_dict(raw: Dict[str, Any], source: str) -> Constants:
+def constants_from_dict(raw: Dict[str, Any], source: str,
+                        base: Optional[Constants] = None) -> Constants:
+    """The constants a profile's mapping sets; those it leaves out are `base`'s (a derived
+    cluster file's preset), or the generic defaults without one."""
     known = {f.name for f in dataclasses.fields(Constants)}
     for key in [k for k in raw if k in RETIRED]:
         log.warning("%s: constants.%s is ignored: %s", source, key, RETIRED[key])
@@ -188,11 +195,13 @@ def constants_from_dict(raw: Dict[str, Any], source: str) -> Constants:
         log.warning("%s: constants.bucket_elems=%g overrides the run's reduce_bucket_size; "
                     "remove it to use the config's (its deepspeed section or the defaults)",
                     source, raw["bucket_elems"])
-    return Constants(**{k: None if v is None else float(v) for k, v in raw.items()})
+    values = {k: None if v is None else float(v) for k, v in raw.items()}
+    return (base or Constants()).replace(**values)
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A preset name (frontier, mi300x, a100, h100, h200) or a cluster/profile YAML file."""
+    """A preset name (hardware.PRESETS) or a cluster/profile YAML file. A file that names a
+    `base` preset is that preset with the fields and constants the file lists changed."""
     if name_or_path.lower() in PRESETS:
         key = name_or_path.lower()
         return Profile(PRESETS[key], PRESET_CONSTANTS.get(key, Constants()))
@@ -211,5 +220,19 @@ def load_profile(name_or_path: str) -> Profile:
     if not isinstance(constants, dict):
         raise ConfigError("constants", constants, "a mapping of constant names to numbers",
                           f"fix {name_or_path}")
-    return Profile(spec_from_dict(raw, name_or_path), constants_from_dict(constants, name_or_path),
+    if "base" not in raw:
+        return Profile(spec_from_dict(raw, name_or_path),
+                       constants_from_dict(constants, name_or_path), raw.get("fitted"))
+    base = preset_profile(raw["base"], name_or_path)
+    fields = {k: v for k, v in raw.items() if k not in ("base", "constants", "fitted")}
+    spec = spec_from_dict({**base.spec.to_dict(), **fields}, name_or_path)
+    return Profile(spec, constants_from_dict(constants, name_or_path, base.constants),
                    raw.get("fitted"))
+
+
+def preset_profile(name: Any, source: str) -> Profile:
+    """A derived cluster file's `base`: the preset whose fields and constants it starts from."""
+    if not isinstance(name, str) or name.lower() not in PRESETS:
+        raise ConfigError("base", name, f"a preset ({', '.join(sorted(PRESETS))})",
+                          f"fix {source}")
+    return load_profile(name)

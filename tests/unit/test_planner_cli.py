@@ -155,3 +155,63 @@ def test_interleaved_layout_is_never_written_as_a_config():
     job = Job(preset_model("175b"), 1280)
     with pytest.raises(ConfigError, match="not available in this trainer"):
         layout_config(Config(), job, Layout(4, 16, 2, 1, 640, interleave=2))
+
+
+# --- cluster files derived from a preset (`base:`, issue 26 items 3 and 4) ---
+
+def _derived(tmp_path, text):
+    path = tmp_path / "derived.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_file_naming_only_its_base_is_the_preset(capsys, tmp_path):
+    path = _derived(tmp_path, "base: h100\n")
+    argv = ["memory", "--model", "175b", "--nodes", "16", "--global-batch", "1536", "--tp", "8",
+            "--pp", "8", "--recompute", "full"]
+    code_p, out_p, _ = run(capsys, *argv, "--cluster", "h100")
+    code_f, out_f, _ = run(capsys, *argv, "--cluster", path)
+    assert code_p == code_f == 0 and out_p == out_f
+
+
+def test_a_derived_file_changes_only_the_fields_it_lists(tmp_path):
+    import dataclasses
+    from megatron.planner.layout import Job, Layout
+    from megatron.planner.memory import peak_memory
+    from megatron.planner.models import preset_model
+    from megatron.planner.profile import Profile, load_profile
+    from megatron.planner.timing import step_time
+    path = _derived(tmp_path, "base: a100-40gb\ninter_node_gbps: 100\n"
+                              "constants: {pipe_slot_s: 0}\n")
+    preset, derived = load_profile("a100-40gb"), load_profile(path)
+    expected = Profile(dataclasses.replace(preset.spec, inter_node_gbps=100),
+                       preset.constants.replace(pipe_slot_s=0.0))
+    assert derived == expected
+    job = Job(preset_model("gpt3-6.7b"), 512, "bf16")
+    lay = Layout(4, 2, 16, 1, 32, zero=1, recompute="full")
+    assert step_time(job, lay, derived) == step_time(job, lay, expected)
+    assert peak_memory(job, lay, derived.constants, "gpu") == \
+        peak_memory(job, lay, preset.constants, "gpu")
+    # the changed fields do change the prediction (DP 16 of TP 4 ranks crosses nodes)
+    assert step_time(job, lay, derived).step_s > step_time(
+        job, lay, Profile(preset.spec, expected.constants)).step_s
+    assert step_time(job, lay, derived).step_s != step_time(job, lay, preset).step_s
+
+
+def test_pipe_slot_zero_on_a_base_reproduces_the_megatron_lm_pricing(tmp_path):
+    """docs/planner.md: `base: PRESET` with `constants: {pipe_slot_s: 0}` prices a run as
+    validation.in_sample_profile prices Megatron-LM's own runs (the constants the file leaves
+    out are the preset's, not the generic defaults)."""
+    from megatron.planner.profile import load_profile
+    from megatron.planner.timing import step_time
+    from megatron.planner.validation import in_sample_profile, load_cases
+    case = next(c for c in load_cases() if c.id == "ptdp-175b-384")
+    derived = load_profile(_derived(tmp_path, "base: a100\nconstants: {pipe_slot_s: 0}\n"))
+    assert step_time(case.job, case.layout, derived).step_s == \
+        step_time(case.job, case.layout, in_sample_profile(case)).step_s
+
+
+def test_an_unknown_base_is_one_clear_line(capsys, tmp_path):
+    path = _derived(tmp_path, "base: a100-20gb\n")
+    code, _, err = run(capsys, "search", "--model", "22b", "--cluster", path, "--nodes", "1")
+    assert code == 2 and "base" in err and "a100-40gb" in err and "Traceback" not in err
