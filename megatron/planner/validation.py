@@ -178,16 +178,37 @@ def group_seconds(case: Case) -> np.ndarray:
 
 def fit_factors(cases: Sequence[Case]) -> np.ndarray:
     """Non-negative values of GROUPS minimising the relative step-time errors of `cases`, with
-    a ridge pull towards PRIOR so that a group the cases barely exercise stays put."""
+    a ridge pull towards PRIOR so that a group the cases barely exercise stays put. A group no
+    case exercises (its seconds are zero in every case: no DeepSpeed-engine run among them for
+    the slot cost) is not fitted at all: it keeps PRIOR exactly."""
     rows, rhs = [], []
     for c in cases:
         g = group_seconds(c)
         rows.append(g[:-1] / c.published_step_s)
         rhs.append(1 - g[-1] / c.published_step_s)
-    w = np.sqrt(RIDGE)
-    a = np.vstack([np.array(rows), np.diag(w)])
-    b = np.concatenate([np.array(rhs), w * PRIOR])
-    return nnls(a, b)
+    a0, b0 = np.array(rows), np.array(rhs)
+    free = np.flatnonzero(np.abs(a0).sum(axis=0) > 0)
+    out = PRIOR.astype(float).copy()
+    if not len(free):
+        return out
+    b0 = b0 - a0[:, [i for i in range(len(PRIOR)) if i not in free]] @ \
+        PRIOR[[i for i in range(len(PRIOR)) if i not in free]]
+    w = np.sqrt(RIDGE[free])
+    a = np.vstack([a0[:, free], np.diag(w)])
+    b = np.concatenate([b0, w * PRIOR[free]])
+    out[free] = nnls(a, b)
+    return out
+
+
+def constrained_by(cases: Sequence[Case]) -> Dict[str, Tuple[str, ...]]:
+    """For each fitted group, the sources whose cases exercise it (fit_factors moves a group
+    only where this is not empty)."""
+    out: Dict[str, set] = {name: set() for name in GROUPS}
+    for c in cases:
+        for name, sec in zip(GROUPS, group_seconds(c)[:-1]):
+            if sec > 0:
+                out[name].add(c.source)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def predict(case: Case, factors: Optional[np.ndarray] = None) -> float:
@@ -202,6 +223,14 @@ class Row:
     prior_step_s: float
     loo_step_s: float
     factors: Tuple[float, ...]
+    # leave-one-source-out: fitted without any case of this case's source
+    loso_step_s: Optional[float] = None
+    loso_factors: Tuple[float, ...] = ()
+
+    @property
+    def loso_error(self) -> float:
+        """Predicted / published throughput - 1, the case's whole source held out of the fit."""
+        return self.case.published_step_s / self.loso_step_s - 1
 
     @property
     def published_tflops(self) -> float:
@@ -221,10 +250,17 @@ class Row:
 
 
 def leave_one_out(cases: Sequence[Case]) -> List[Row]:
+    """Every case predicted by a fit without it (leave-one-case-out) and by a fit without any
+    case of its source (leave-one-source-out: cases of one paper share its cluster, software
+    and measurement method, so its other rows in the fit flatter the held-out error)."""
+    by_source = {src: fit_factors([c for c in cases if c.source != src])
+                 for src in dict.fromkeys(c.source for c in cases)}
     out = []
     for i, case in enumerate(cases):
         factors = fit_factors([c for j, c in enumerate(cases) if j != i])
-        out.append(Row(case, predict(case), predict(case, factors), tuple(float(x) for x in factors)))
+        loso = by_source[case.source]
+        out.append(Row(case, predict(case), predict(case, factors), tuple(float(x) for x in factors),
+                       predict(case, loso), tuple(float(x) for x in loso)))
     return out
 
 
@@ -246,9 +282,25 @@ def in_sample_profile(case: Case) -> Profile:
 
 def summary(rows: Sequence[Row]) -> Dict[str, float]:
     loo = np.abs([r.loo_error for r in rows])
+    loso = np.abs([r.loso_error for r in rows])
     prior = np.abs([r.prior_error for r in rows])
-    return {"cases": len(rows), "loo_median": float(np.median(loo)), "loo_max": float(loo.max()),
+    return {"cases": len(rows), "sources": len({r.case.source for r in rows}),
+            "devices": len({r.case.profile.spec.name for r in rows}),
+            "loo_median": float(np.median(loo)), "loo_max": float(loo.max()),
+            "loso_median": float(np.median(loso)), "loso_max": float(loso.max()),
             "prior_median": float(np.median(prior)), "prior_max": float(prior.max())}
+
+
+def by_source(rows: Sequence[Row]) -> Dict[str, Dict[str, float]]:
+    """Per source: its cases' median and largest |error| held out case by case and as a whole."""
+    out = {}
+    for src in dict.fromkeys(r.case.source for r in rows):
+        mine = [r for r in rows if r.case.source == src]
+        loo, loso = np.abs([r.loo_error for r in mine]), np.abs([r.loso_error for r in mine])
+        out[src] = {"cases": len(mine), "loo_median": float(np.median(loo)),
+                    "loo_max": float(loo.max()), "loso_median": float(np.median(loso)),
+                    "loso_max": float(loso.max())}
+    return out
 
 
 def tokens_per_device_s(case: Case, factors: Optional[np.ndarray] = None) -> float:

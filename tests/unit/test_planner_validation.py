@@ -55,6 +55,44 @@ def test_leave_one_out_error_is_within_bounds(rows):
     assert abs(worst.loo_error) <= 0.25, _table(rows)
 
 
+def _loso_table(rows):
+    return "\n".join(f"{r.case.id} ({r.case.source}): published {r.published_tflops:.1f}, "
+                     f"source held out {r.tflops(r.loso_step_s):.1f} TFLOP/s "
+                     f"({100 * r.loso_error:+.1f}%)" for r in rows)
+
+
+def test_leave_one_source_out_error_is_within_bounds(rows):
+    """Each case predicted by a fit that saw no case of its paper. Bounds as measured with 29
+    cases from 5 sources (median 6.8%, max 27.6% on MT-NLG), not yet issue 26's targets
+    (median <= 10%, every case <= 20%, >= 40 cases, >= 8 sources, >= 3 devices)."""
+    errors = np.abs([r.loso_error for r in rows])
+    assert np.median(errors) <= 0.10, _loso_table(rows)
+    assert errors.max() <= 0.30, _loso_table(rows)
+
+
+def test_leave_one_source_out_fits_see_no_case_of_the_source(published, rows):
+    """The factors behind a case's source-held-out prediction are the fit of the other sources'
+    cases, and differ from the fit that includes its source."""
+    cases = published.cases
+    for src in {"narayanan21", "mtnlg22"}:
+        row = next(r for r in rows if r.case.source == src)
+        others = v.fit_factors([c for c in cases if c.source != src])
+        assert np.allclose(row.loso_factors, others)
+        assert not np.allclose(row.loso_factors, v.fit_factors(cases))
+
+
+def test_a_group_no_case_exercises_is_not_fitted(published):
+    """Without a DeepSpeed-engine run in the fit, nothing constrains the pipeline engine's slot
+    cost: it stays at the prior exactly (0), while the other factors move."""
+    megatron_only = [c for c in published.cases if c.framework != "deepspeed"]
+    fit = v.fit_factors(megatron_only)
+    assert fit[list(v.GROUPS).index("pipe_slot_ms")] == 0.0
+    assert not np.allclose(fit[:3], v.PRIOR[:3])
+    assert v.constrained_by(megatron_only)["pipe_slot_ms"] == ()
+    assert set(v.constrained_by(published.cases)["pipe_slot_ms"]) == \
+        {"mtnlg22", "bloom22", "dash23"}
+
+
 def test_fit_improves_on_the_prior(rows):
     s = v.summary(rows)
     assert s["loo_median"] < s["prior_median"]
