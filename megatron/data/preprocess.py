@@ -1,10 +1,10 @@
 """A corpus (JSON lines, plain, gzip or zstd; parquet; `datasets` save_to_disk folders; folders
-and globs of shards: megatron/data/readers.py) -> MMIDIDX datasets: one PREFIX_{key}_document.bin/.idx per JSON key, as
-Megatron-LM names them, with tools/preprocess_data.py's semantics so the files are byte for byte
-the same: a JSON line is one document; a text is one sequence, and a list of texts one sequence
-per non-empty element; --append-eod ends the document's last sequence with the eod token; a
-document with no tokens is kept as an empty document (no sequences); tokens are uint16 below
-65500 ids, else int32.
+and globs of shards: megatron/data/readers.py) -> MMIDIDX datasets: one
+PREFIX_{key}_document.bin/.idx per JSON key, as Megatron-LM names them, with
+tools/preprocess_data.py's semantics so the files are byte for byte the same: a JSON line is
+one document; a text is one sequence, and a list of texts one sequence per non-empty element;
+--append-eod ends the document's last sequence with the eod token; a document with no tokens is
+kept as an empty document (no sequences); tokens are uint16 below 65500 ids, else int32.
 
 Every route gives the same files for the same texts: a parquet row or an Arrow row is a
 document exactly as a JSON line holding the same values.

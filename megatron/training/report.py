@@ -183,7 +183,8 @@ def _median(run: RunSeries, series: str) -> str:
 _PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>megatron-report: {title}</title>
 <style>body{{font-family:sans-serif;margin:1.5em;background:#fff;color:#222}}
-table{{border-collapse:collapse;margin:.5em 0 1.5em}}td,th{{border:1px solid #bbb;padding:.2em .6em}}
+table{{border-collapse:collapse;margin:.5em 0 1.5em}}
+td,th{{border:1px solid #bbb;padding:.2em .6em}}
 figure{{display:inline-block;margin:.4em}}img{{max-width:100%}}</style></head>
 <body><h1>megatron-report: {title}</h1>
 <table><tr><th>run</th><th>path</th><th>last step</th><th>train loss</th><th>valid loss</th>
