@@ -2,6 +2,7 @@
 place the subcommands (plan_commands.py, plan_calibrate.py) read argparse namespaces from."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional, Tuple
 
 from megatron.config import Config
@@ -47,4 +48,8 @@ def profile_from_args(args) -> Profile:
         raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, "
                          "a100-40gb, h100, h200, gh200) or --cluster FILE.yaml "
                          "(docs/planner.md); there is no default")
-    return load_profile(args.cluster)
+    prof = load_profile(args.cluster)
+    framework = getattr(args, "framework", None)
+    if framework and framework != prof.spec.framework:
+        prof = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, framework=framework))
+    return prof

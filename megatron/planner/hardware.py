@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 from megatron.config import devices
 from megatron.config.errors import ConfigError
+from megatron.planner.overlap import FRAMEWORKS
 
 @dataclass(frozen=True)
 class Link:
@@ -49,8 +50,14 @@ class ClusterSpec:
     inter_bus_eff: float = 0.7
     intra_latency_us: float = 20.0
     inter_latency_us: float = 30.0
+    # the engine that runs the job, which decides what communication hides behind compute
+    # (overlap.OVERLAP): deepspeed (this trainer), megatron-lm, megatron-core
+    framework: str = "deepspeed"
 
     def __post_init__(self):
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError("cluster.framework", self.framework, f"one of {', '.join(FRAMEWORKS)}",
+                              "fix the cluster YAML file or --framework")
         for name in ("gpu_memory_gb", "peak_tflops", "intra_node_gbps", "inter_node_gbps",
                      "hbm_gbps", "intra_bus_eff", "inter_bus_eff"):
             if not getattr(self, name) > 0:
@@ -167,7 +174,7 @@ def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
     values = {k: v for k, v in raw.items() if k in known}
     values.setdefault("name", source)
     for key, value in values.items():
-        if key in ("name", "launcher_env") or (value is None and key in ("pair_gbps", "fp32_tflops")):
+        if key in ("name", "launcher_env", "framework") or (value is None and key in ("pair_gbps", "fp32_tflops")):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"cluster.{key}", value, "a number", f"fix {source}")

@@ -5,7 +5,8 @@ step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/com
 latency, per-micro-batch and per-step overheads, the two link factors across nodes, and the
 pipeline engine's cost per slot). Calibration fits theta by least squares.
 
-Overlap assumptions (docs/planner.md): TP collectives and pipeline sends are blocking
+Overlap follows the engine (overlap.py, ClusterSpec.framework; docs/planner.md "Overlap by
+framework"). For this trainer's DeepSpeed: TP collectives and pipeline sends are blocking
 (Megatron-style TP, DeepSpeed's synchronous pipeline engine); the DP gradient reduction hides
 the share the run's overlap_comm claims (zero_settings.overlap_claim: every bucket but the
 last; at least dp_overlap) behind the backward, at most one micro-batch's backward (every
@@ -32,6 +33,7 @@ from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, stage_layers
+from megatron.planner.overlap import OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Constants, Profile, shape_curve
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
@@ -70,6 +72,8 @@ class _Ctx:
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
         # overlap_comm, bucket and communication dtype as the trainer will run this layout
         self.ds = profile_settings(job, lay, prof.constants)
+        self.overlap = OVERLAP[prof.spec.framework]
+        self.th = theta(prof.constants)
 
     @staticmethod
     def collective(f: np.ndarray, bus_bytes: float, link: Link, calls: float = 1):
@@ -111,8 +115,13 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
         core[MEM] = 4 * heads * s * s * x.e / x.hbm
     fwd += core
     fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False) / x.hbm
-    x.allreduce(fwd, tok * h * x.e, t, x.tp_link, calls=2)
-    return fwd, core
+    tp = np.zeros(len(FEATURES))
+    x.allreduce(tp, tok * h * x.e, t, x.tp_link, calls=2)
+    if x.overlap.tp_comm and x.lay.sequence_parallel and t > 1:
+        # Transformer Engine's overlap: the collectives run under the GEMMs they feed; what
+        # the layer's linear GEMMs cannot cover stays exposed
+        tp *= exposed_share(float(x.th @ tp), float(x.th @ linear_gemms(x)))
+    return fwd + tp, core
 
 
 def layer_features(x: _Ctx) -> np.ndarray:
@@ -145,9 +154,10 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         v = x.lay.interleave
         hops = 4 * v - (2 if last else 0) - (2 if first else 0)
         link = x.spec.link(2, x.lay.tp * x.lay.dp)
-        x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
+        if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
+            x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
-    if x.lay.pp > 1:
+    if x.lay.pp > 1 and x.spec.framework == "deepspeed":  # the pipeline engine's own cost
         f[PIPE] += 1
     return f
 
@@ -200,10 +210,22 @@ def hidden_share(claimed: float, reduce_s: float, window_s: float) -> float:
     return min(claimed, window_s / reduce_s)
 
 
+def grad_claim(x: _Ctx, n: float, layers: int) -> float:
+    """Share of the gradient reduction the engine claims to hide (overlap.Overlap.grad_reduce):
+    DeepSpeed's overlap_comm claim, all but one layer's chunk, or nothing."""
+    mode = x.overlap.grad_reduce
+    if mode == "overlap_comm":
+        return max(x.c.dp_overlap, overlap_claim(x.ds, x.lay.zero, n))
+    if mode == "layer":
+        return max(x.c.dp_overlap, 1 - 1 / max(1, layers))
+    return x.c.dp_overlap
+
+
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
-                       window_s: float = 0.0) -> np.ndarray:
+                       window_s: float = 0.0, layers: int = 1) -> np.ndarray:
     """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer.
-    window_s: one micro-batch's backward on the stage (backward_window)."""
+    window_s: one micro-batch's backward on the stage (backward_window); layers: the stage's
+    transformer layers (the chunks an engine that overlaps per layer reduces)."""
     f = np.zeros(len(FEATURES))
     lay, n, d = x.lay, sp.total, x.lay.dp
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
@@ -221,10 +243,17 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
         per_window = float(theta(x.c) @ reduce) / (ga if lay.zero >= 2 else 1)
-        claim = max(x.c.dp_overlap, overlap_claim(x.ds, lay.zero, n))
+        claim = grad_claim(x, n, layers)
         f += reduce * (1 - hidden_share(claim, per_window, window_s))
         if other_n:
-            x.collective(f, share * other_v, link, other_n)
+            gather = np.zeros(len(FEATURES))
+            x.collective(gather, share * other_v, link, other_n)
+            if x.overlap.param_gather and lay.zero == 1:
+                # the distributed optimizer's all-gather, per layer under the next forward
+                # (one micro-batch's, a third of the backward window without recompute)
+                fwd_s = window_s / (2 + (1.0 if lay.recompute == "full" else 0.0))
+                gather *= 1 - hidden_share(1 - 1 / max(1, layers), float(x.th @ gather), fwd_s)
+            f += gather
     if first_or_last and lay.pp > 1 and x.m.tie_embeddings:
         reach = x.spec.link(2, (lay.pp - 1) * lay.tp * d)
         x.allreduce(f, x.e * sp.word_embedding + x.e * sp.output_layer, 2, reach)
@@ -256,8 +285,9 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     # the first and last stage's own per-micro-batch features, for their backward windows
     ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
                       if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
-    reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]))
-                  for i in ends]
+    layers_of = stage_layers(job.model.num_layers, lay.pp)
+    reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]),
+                                     layers_of[i]) for i in ends]
     reduce = max(reductions, key=lambda f: float(th @ f))
     step = np.zeros(len(FEATURES))
     step[STEP] = 1

@@ -48,7 +48,7 @@ PRIOR = np.array([1.0, 1.0, 1.0, 0.0])
 # Pull towards the prior: firm on the factors, weak on the DeepSpeed slot cost (no published
 # measurement of it), in units of the squared relative step-time error.
 RIDGE = np.array([0.05, 0.05, 0.05, 1e-4])
-FRAMEWORKS = ("megatron-lm", "deepspeed")
+from megatron.planner.overlap import FRAMEWORKS  # noqa: E402  (what each engine overlaps)
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,13 @@ def published_hw_flops(job: Job, lay: Layout) -> float:
     return 24 * c * b * s * layers * h * h * (1 + s / (6 * h)) + 6 * b * s * h * m.vocab_size
 
 
-def _profile(cluster) -> Profile:
+def _profile(cluster, framework: str) -> Profile:
     if isinstance(cluster, str):
         name, changes = cluster, {}
     else:
         changes = dict(cluster)
         name = changes.pop("preset")
-    spec = dataclasses.replace(PRESETS[name], **changes)
+    spec = dataclasses.replace(PRESETS[name], framework=framework, **changes)
     return Profile(spec, VALIDATION_PRIOR.get(name, CURVE_CONSTANTS.get(name, Constants())))
 
 
@@ -102,7 +102,10 @@ def _case(raw: Dict, defaults: Dict) -> Case:
     if lay.world != v["gpus"]:
         raise InputError(f"published case {v['id']}: {v['gpus']} devices is not TP x PP x DP")
     check_layout(job, lay)
-    prof = _profile(v["cluster"])
+    if v["framework"] not in FRAMEWORKS:
+        raise InputError(f"published case {v['id']}: framework {v['framework']!r} is not one "
+                         f"of {FRAMEWORKS}")
+    prof = _profile(v["cluster"], v["framework"])
     published = {k: v[k] for k in ("hw_tflops", "hfu", "step_s") if k in v}
     step = None
     if not published:
@@ -114,9 +117,6 @@ def _case(raw: Dict, defaults: Dict) -> Case:
     else:
         peak = prof.spec.matmul_tflops(job.precision) * 1e12
         step = published_hw_flops(job, lay) / (v["hfu"] * peak * lay.world)
-    if v["framework"] not in FRAMEWORKS:
-        raise InputError(f"published case {v['id']}: framework {v['framework']!r} is not one "
-                         f"of {FRAMEWORKS}")
     return Case(v["id"], v["source"], job, lay, prof, step, published,
                 tuple(v.get("assumed", ())), v["framework"])
 

@@ -215,3 +215,17 @@ def test_an_unknown_base_is_one_clear_line(capsys, tmp_path):
     path = _derived(tmp_path, "base: a100-20gb\n")
     code, _, err = run(capsys, "search", "--model", "22b", "--cluster", path, "--nodes", "1")
     assert code == 2 and "base" in err and "a100-40gb" in err and "Traceback" not in err
+
+
+def test_framework_flag_and_cluster_field_select_the_overlap(capsys, tmp_path):
+    argv = ["memory", "--model", "175b", "--nodes", "16", "--global-batch", "1536", "--tp", "8",
+            "--pp", "8", "--sp", "--recompute", "selective"]
+    _, ds, _ = run(capsys, *argv, "--cluster", "h100")
+    _, core, _ = run(capsys, *argv, "--cluster", "h100", "--framework", "megatron-core")
+    path = _derived(tmp_path, "base: h100\nframework: megatron-core\n")
+    _, from_file, _ = run(capsys, *argv, "--cluster", path)
+    step = [line for line in core.splitlines() if line.startswith("step ")]
+    assert step and step == [line for line in from_file.splitlines() if line.startswith("step ")]
+    assert step != [line for line in ds.splitlines() if line.startswith("step ")]
+    code, _, err = run(capsys, *argv, "--cluster", _derived(tmp_path, "base: h100\nframework: x\n"))
+    assert code == 2 and "cluster.framework" in err

@@ -185,3 +185,65 @@ def test_gpu_runs_claim_what_their_overlap_comm_hides():
             step_time(off, lay, _with(a100, dp_overlap=claim)).reduce_s, rel=1e-9)
         cpu = _with(a100, bucket_touched=1.0)  # a profile of CPU runs: overlap_comm off
         assert step_time(default, lay, cpu).reduce_s == step_time(off, lay, cpu).reduce_s
+
+
+# --- overlap by framework (issue 26 item 1; megatron/planner/overlap.py) ---
+
+def _framework(name: str, framework: str):
+    prof = load_profile(name)
+    return dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, framework=framework))
+
+
+def _tp_seconds(job, lay, prof):
+    """Seconds of the step's intra-node communication (TP collectives at PP 1, DP 1)."""
+    import numpy as np
+    from megatron.planner.timing import COMM, LAT, theta
+    feats = np.array(step_time(job, lay, prof).features)
+    th = theta(prof.constants)
+    return float(th[COMM] * feats[COMM] + th[LAT] * feats[LAT])
+
+
+def test_megatron_core_hides_tp_collectives_only_with_sequence_parallelism():
+    job = Job(preset_model("gpt3-13b"), 8, "bf16")
+    sp = Layout(8, 1, 1, 1, 8, zero=0, recompute="selective", sequence_parallel=True)
+    plain = dataclasses.replace(sp, sequence_parallel=False)
+    lm, core = _framework("h100", "megatron-lm"), _framework("h100", "megatron-core")
+    # without SP Transformer Engine's overlap does not apply: the same step
+    assert step_time(job, plain, core).step_s == pytest.approx(step_time(job, plain, lm).step_s)
+    # with SP the collectives hide under the GEMMs, never more than all of them
+    exposed_lm, exposed_core = _tp_seconds(job, sp, lm), _tp_seconds(job, sp, core)
+    assert 0 <= exposed_core < exposed_lm
+    saved = step_time(job, sp, lm).step_s - step_time(job, sp, core).step_s
+    assert saved == pytest.approx(exposed_lm - exposed_core, rel=1e-6)
+
+
+def test_megatron_core_exposes_one_layer_of_the_gradient_reduction():
+    """--overlap-grad-reduce: the DP reduce-scatter is chunked per layer and all but the last
+    chunk hides behind the backward; megatron-lm reduces after it, exposed."""
+    job = Job(preset_model("gpt3-6.7b"), 512, "bf16")
+    lay = Layout(1, 1, 64, 1, 8, zero=1, recompute="none")
+    lm = step_time(job, lay, _framework("h100", "megatron-lm"))
+    core = step_time(job, lay, _framework("h100", "megatron-core"))
+    assert core.reduce_s < lm.reduce_s
+    assert core.step_s < lm.step_s
+    # what stays exposed: the optimizer step and one of 32 layers' gradient chunks plus one
+    # chunk of the weight all-gather, far less than megatron-lm's whole reduction
+    assert core.reduce_s < 0.5 * lm.reduce_s
+
+
+def test_deepspeed_framework_is_this_trainers_pricing():
+    """The presets run DeepSpeed: TP and sends exposed, the pipeline engine's slot cost paid."""
+    job = Job(preset_model("gpt3-13b"), 256, "bf16")
+    lay = Layout(4, 2, 4, 1, 64, zero=1, recompute="full", sequence_parallel=True)
+    ds = load_profile("h100")
+    assert ds.spec.framework == "deepspeed"
+    lm = _framework("h100", "megatron-lm")
+    slots = 64 + 2 - 1
+    gap = step_time(job, lay, ds).step_s - step_time(job, lay, lm).step_s
+    assert gap == pytest.approx(slots * ds.constants.pipe_slot_s, rel=0.05)
+
+
+def test_an_unknown_framework_is_refused():
+    from megatron.config.errors import ConfigError
+    with pytest.raises(ConfigError, match="cluster.framework"):
+        dataclasses.replace(PRESETS["h100"], framework="megatron-ds")

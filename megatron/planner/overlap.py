@@ -1,0 +1,49 @@
+"""What each training engine hides behind compute, by communication kind (docs/planner.md,
+"Overlap by framework"). Defaults are the engines' documented behaviour, not fitted.
+
+- deepspeed (this trainer, DeepSpeed 0.19): tensor-parallel collectives are synchronous in this
+  project's layers; the gradient reduction hides what `overlap_comm` and the bucket size allow
+  (zero_settings.overlap_claim; nothing under the pipeline engine, which reduces after the last
+  micro-batch); ZeRO's weight all-gather and the pipeline engine's sends block.
+- megatron-lm (Megatron-LM as in Narayanan et al. 2021 and Korthikanti et al. 2022): the
+  gradient all-reduce runs after the backward, the sends block: nothing hidden.
+- megatron-core (Megatron-LM/Megatron Core with --tp-comm-overlap, --overlap-grad-reduce,
+  --overlap-param-gather and the distributed optimizer): NVIDIA's "Communication Overlap" pages
+  (NeMo / Megatron Bridge user guides): the DP reduce-scatter and the parameter all-gather are
+  chunked per transformer layer (per layer group of a virtual stage with PP) and overlap
+  compute, exposing one chunk; the TP collectives overlap the GEMMs they feed (Transformer
+  Engine's userbuffers), which needs TP >= 2 and sequence parallelism; pipeline sends overlap
+  compute (overlap_p2p_comm) only with the interleaved schedule, else they are batched and
+  exposed."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+
+@dataclass(frozen=True)
+class Overlap:
+    tp_comm: bool        # TP collectives under the layer's GEMMs (with SP only)
+    grad_reduce: str     # "overlap_comm": DeepSpeed's claim; "layer": all but one layer's chunk;
+    #                      "none": exposed
+    param_gather: bool   # the distributed optimizer's weight all-gather under the next forward
+    pipe_send: bool      # pipeline sends under compute (interleaved schedule only)
+
+
+OVERLAP: Dict[str, Overlap] = {
+    "deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
+                         pipe_send=False),
+    "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
+                           pipe_send=False),
+    "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
+                             pipe_send=True),
+}
+FRAMEWORKS = tuple(OVERLAP)
+
+
+def exposed_share(comm_s: float, cover_s: float) -> float:
+    """Share of `comm_s` seconds of communication left exposed when it runs under `cover_s`
+    seconds of compute: what the compute cannot cover."""
+    if comm_s <= 0:
+        return 1.0
+    return max(0.0, comm_s - cover_s) / comm_s
