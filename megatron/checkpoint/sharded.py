@@ -161,9 +161,9 @@ class PendingSave:
     def write(self) -> None:
         """The file, into the staging folder; with a local tier, into the local file first
         (unless write_local() did already) and then drained into the staging folder."""
-        t0, path = time.perf_counter(), os.path.join(self.staging, self.rel)
-        if self.local is not None and self.snapshot is not None and self.error is None:
+        if self.local is not None and self.snapshot is not None:
             self.write_local()
+        t0, path = time.perf_counter(), os.path.join(self.staging, self.rel)
         if self.error is not None:
             return
         try:
@@ -179,6 +179,8 @@ class PendingSave:
 
     def write_local(self) -> None:
         """The file, into the node-local tier (training.save_local_dir); drained by write()."""
+        if self.error is not None or self.local is None:
+            return
         t0 = time.perf_counter()
         try:
             self._write_snapshot(self.local)

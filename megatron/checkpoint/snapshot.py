@@ -95,9 +95,10 @@ class Snapshot:
                             entry[key] = _alias(src)
                             self._aliases.append(src)  # the memory the alias points into
                             continue
+                        # Pinned only when kept: pinning fresh memory at every save costs more
+                        # than the copy it speeds up.
                         dst = (buffers.get(p.name, key, src) if buffers is not None else
-                               torch.empty(src.numel(), dtype=torch.float32,
-                                           pin_memory=src.device.type == "cuda"))
+                               torch.empty(src.numel(), dtype=torch.float32))
                         entry[key] = dst
                         self._jobs.append((dst, src))
                     pieces[p.name] = entry

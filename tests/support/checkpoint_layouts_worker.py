@@ -39,9 +39,12 @@ LAYOUTS = {
 }
 
 
+EXTRA: list = []  # --set: overrides for every run of this launch (training.async_save=true)
+
+
 def overrides(layout: str, flavour: str, run_dir: str):
     return COMMON + FLAVOURS[flavour] + LAYOUTS[layout] + [f"run.dir={run_dir}",
-                                                           "training.tensorboard=false"]
+                                                           "training.tensorboard=false"] + EXTRA
 
 
 def run_dir(workdir, *parts):
@@ -79,7 +82,10 @@ def main() -> int:
     p.add_argument("--sources", default="", help="comma-separated LAYOUT[:flavour]")
     p.add_argument("--targets", default="", help="comma-separated SRC>DST[:flavour]")
     p.add_argument("--flavours", default="gpt2,llama")
+    p.add_argument("--set", action="append", default=[], dest="extra",
+                   help="section.key=value for every run (repeatable)")
     args = p.parse_args()
+    EXTRA.extend(args.extra)
     logging.basicConfig(level=logging.WARNING)
     results = {}
     for case in filter(None, args.sources.split(",")):

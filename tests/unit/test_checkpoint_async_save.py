@@ -143,3 +143,35 @@ def test_save_lines_written_before_blocking_s_still_read():
     assert parse_metrics_line(old) == SaveEvent(3, 1.5, 0.1, 0.07)
     new = json.loads(json.dumps({**old, "blocking_s": 0.01, "background_s": 1.2}))
     assert parse_metrics_line(new).blocking_s == 0.01
+
+
+def test_the_local_tier_drains_the_same_bytes_and_keeps_nothing_drained(tmp_path, one_rank_group):
+    rs, _ = flat_state()
+    sharded.save(str(tmp_path / "sync"), 5, rs, meta(5))
+    local = str(tmp_path / "nvme")
+    pending = sharded.PendingSave(str(tmp_path / "tiered"), 5, rs, meta(5), 0, None, local)
+    pending.write_local()  # what the loop waits for in a synchronous save to the local tier
+    assert os.path.getsize(pending.local) > 12 * sum(SIZES)
+    pending.start_writer()  # the drain
+    pending.join()
+    pending.finish()
+    assert files_of(str(tmp_path / "sync/step_0000005")) == \
+        files_of(str(tmp_path / "tiered/step_0000005"))
+    assert not os.path.exists(pending.local), "a drained local file was kept"
+
+
+def test_a_local_tier_that_cannot_be_written_is_one_message_naming_the_setting(
+        tmp_path, one_rank_group):
+    rs, _ = flat_state()
+    blocker = tmp_path / "nvme"
+    blocker.write_text("a file where the folder should be")
+    ckpt = str(tmp_path / "ckpt")
+    pending = sharded.PendingSave(ckpt, 5, rs, meta(5), 0, None, str(blocker))
+    pending.write_local()
+    pending.start_writer()
+    pending.join()
+    with pytest.raises(InputError) as e:
+        pending.finish()
+    msg = str(e.value)
+    assert f"rank 0: training.save_local_dir='{blocker}' cannot take its checkpoint file" in msg
+    assert "\n" not in msg and os.listdir(ckpt) == [], msg

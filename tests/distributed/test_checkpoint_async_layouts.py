@@ -1,0 +1,51 @@
+"""The cross-layout continuation of tests/distributed/test_checkpoint_layouts.py with
+training.async_save=true for every run: checkpoints written and read back by asynchronous saves
+continue in another layout with the losses of the source layout continuing uninterrupted
+(fp32, dropout off). Three launches: 2 ranks (sources TP2 and DP2 ZeRO-2), 1 rank (TP2 -> TP1),
+4 ranks (source PP2 x DP2 ZeRO-1; DP2 ZeRO-2 -> DP4 ZeRO-1, TP2 -> TP2 x PP2). A failure names the pair and the flavour."""
+import json
+import os
+
+import pytest
+
+from tests.support.paths import ROOT
+from tests.support.procs import torchrun
+
+WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
+PAIRS = [("tp2", "tp1"), ("dp2_zero2", "dp4_zero1"), ("tp2", "tp2pp2")]
+FLAVOURS = ["gpt2", "llama"]
+TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(tmp, nproc, **lists):
+    out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
+    args = ["--workdir", tmp, "--out", out, "--set", "training.async_save=true"]
+    for key, values in lists.items():
+        args += [f"--{key}", ",".join(values)]
+    proc = torchrun(nproc, WORKER, *args)
+    assert proc.returncode == 0, f"{nproc}-rank launch {lists} failed:\n{proc.stderr[-5000:]}"
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("ckpt_async_layouts"))
+    got = _launch(tmp, 2, sources=["tp2", "dp2_zero2"])
+    got.update(_launch(tmp, 1, targets=["tp2>tp1"]))
+    # A source first: the worker's targets copy on rank 0 of a joined group only.
+    got.update(_launch(tmp, 4, sources=["pp2dp2_zero1:gpt2"],
+                       targets=["dp2_zero2>dp4_zero1", "tp2>tp2pp2"]))
+    return got
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_an_asynchronous_checkpoint_continues_in_another_layout(results, src, dst, flavour):
+    continued, reference = results[f"{src}>{dst}/{flavour}"], results[f"{src}/{flavour}"]
+    assert len(continued) == len(reference) == 5
+    worst = max(abs(a - b) / abs(b) for a, b in zip(continued, reference))
+    assert worst <= TOLERANCE, (f"{src} -> {dst} ({flavour}), async saves: steps 6-10 "
+                                f"{continued} vs uninterrupted {reference}, worst {worst:.2e}")
