@@ -82,7 +82,7 @@ class _Loop:
         t = self.t = cfg.training
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
         self.watchdog = watchdog
-        self.writer = MetricsWriter(job.run, t.tensorboard) if job.launch.rank == 0 else None
+        self.writer = MetricsWriter(job.run, t.tensorboard, cfg) if job.launch.rank == 0 else None
         self.checkpointer = Checkpointer(cfg, job, self.writer, started)
         self.divergence = Divergence(t, self.checkpointer, self.writer)
         self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
@@ -178,8 +178,7 @@ class _Loop:
                 startup = StartupRecord.from_json(self.summary.timing.startup)
                 record = dataclasses.replace(record, startup=startup)
                 self.startup_written = True
-            self.writer.write(record)
-            log.info("step %d loss %.4f lr %.3g %.3fs", self.step, result.loss, result.lr, dt)
+            self.writer.write(record)  # and its log line (training/log_line.py)
         return result, dt
 
     def _evaluate(self, batches, split: str) -> Optional[float]:
@@ -190,8 +189,6 @@ class _Loop:
         loss = sum(losses) / len(losses)
         if self.writer:
             self.writer.write(EvalRecord(self.step, split, loss))
-        log.info("step %d %s loss %.4f", self.step, "validation" if split == "valid" else split,
-                 loss)
         return loss
 
 
