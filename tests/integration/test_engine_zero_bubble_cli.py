@@ -1,6 +1,6 @@
 """parallel.pipeline_schedule reaches the engine through megatron-train (issue 24): PP2 on two
-ranks with zbh1 logs the same per-step losses, bit for bit, as with 1f1b (fp32, dropout off);
-with PP=1 the key is refused by name."""
+ranks with zbh1 logs the same per-step losses, bit for bit, as with 1f1b (fp32, dropout off),
+and a zbh1 checkpoint continues under 1f1b; with PP=1 the key is refused by name."""
 import subprocess
 import sys
 
@@ -11,25 +11,31 @@ from megatron.checkpoint.rundir import RunDir
 from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
 from tests.support.paths import ROOT, TINY
 
-pytestmark = pytest.mark.slow  # two torchrun launches of two ranks: about 40 s
+pytestmark = pytest.mark.slow  # four torchrun launches of two ranks: about 80 s
 
 
-def _losses(run_dir, schedule):
+def _losses(run_dir, schedule, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "megatron.cli.train", "--config", TINY,
            *sets(f"run.dir={run_dir}", "training.train_iters=4", "training.tensorboard=false",
                  "parallel.pipeline_parallel_size=2", f"parallel.pipeline_schedule={schedule}",
-                 "model.hidden_dropout=0.0", "model.attention_dropout=0.0")]
+                 "model.hidden_dropout=0.0", "model.attention_dropout=0.0", *extra)]
     done = subprocess.run(cmd, cwd=ROOT, env=clean_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [r.loss for r in steps(read_metrics(RunDir(str(run_dir)).metrics))]
+    return {r.step: r.loss for r in steps(read_metrics(RunDir(str(run_dir)).metrics))}
 
 
-def test_zbh1_trains_the_same_losses_as_1f1b(tmp_path):
+def test_zbh1_trains_the_same_losses_as_1f1b_and_its_checkpoints_continue_under_1f1b(tmp_path):
+    """A checkpoint does not depend on the schedule: two zbh1 steps, saved, then two 1f1b steps
+    from that checkpoint give the uninterrupted 1f1b run's losses."""
     one_f_one_b = _losses(tmp_path / "1f1b", "1f1b")
     zero_bubble = _losses(tmp_path / "zbh1", "zbh1")
-    assert len(one_f_one_b) == 4 and zero_bubble == one_f_one_b
+    assert sorted(one_f_one_b) == [1, 2, 3, 4] and zero_bubble == one_f_one_b
+    mixed = tmp_path / "mixed"
+    _losses(mixed, "zbh1", "training.exit_interval=2")
+    both = _losses(mixed, "1f1b", "training.load=auto")
+    assert both == one_f_one_b
 
 
 def test_zbh1_without_a_pipeline_is_refused(tmp_path):
