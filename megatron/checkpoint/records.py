@@ -86,17 +86,31 @@ class LayoutRecord:
     padded_vocab_size: int
     vocab_size: int
     model: Dict[str, Any]  # checkpoint.layout.SHAPE_FIELDS by name
+    # parallel.context_parallel_size; absent from checkpoints written before it existed, and
+    # left out on disk when 1, so a checkpoint without context parallelism reads as before.
+    # Shard files are named by RankCoord, whose dp is the rank's index over data x context
+    # parallel (parallel/state.py): with this degree 1 that is the data-parallel rank.
+    context_parallel_size: int = 1
 
     def text(self) -> str:
+        cp = f" CP{self.context_parallel_size}" if self.context_parallel_size > 1 else ""
         return (f"TP{self.tensor_parallel_size} PP{self.pipeline_parallel_size} "
-                f"DP{self.data_parallel_size} ZeRO-{self.zero_stage}")
+                f"DP{self.data_parallel_size}{cp} ZeRO-{self.zero_stage}")
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.context_parallel_size == 1:
+            del out["context_parallel_size"]
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "LayoutRecord":
-        _check_keys(obj, cls, "its layout")
+        _check_keys(obj, cls, "its layout", optional=("context_parallel_size",))
         _typed(obj, "its layout", tensor_parallel_size=int, pipeline_parallel_size=int,
                data_parallel_size=int, zero_stage=int, padded_vocab_size=int, vocab_size=int,
                model=dict)
+        if "context_parallel_size" in obj:
+            _typed(obj, "its layout", context_parallel_size=int)
         return cls(**obj)
 
 
@@ -144,7 +158,7 @@ class CheckpointMeta:
 
     def to_json(self) -> Dict[str, Any]:
         out = {"format": self.format, "step": self.step, "consumed_samples": self.consumed_samples,
-               "layout": dataclasses.asdict(self.layout), "saved_at": self.saved_at,
+               "layout": self.layout.to_json(), "saved_at": self.saved_at,
                "files": dict(self.files)}
         out.update(dataclasses.asdict(self.optimizer))  # flat on disk, as v1 was written
         if self.data is not None:
@@ -278,7 +292,7 @@ class HangEvent:
     step: int
     rank: int
     host: str
-    phase: str      # start-up, step, agreement, evaluation, save, load
+    phase: str      # start-up, step, agreement, guard, evaluation, after-step, save, load
     seconds: float  # in the phase so far
     limit_s: float
     event: str = "hang"

@@ -110,6 +110,11 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     zero_stage: int = 1
     sequence_parallel: bool = False
+    # Context parallelism (Megatron's name; DeepSpeed-Ulysses' all-to-all algorithm, Megatron's
+    # cp_comm_type=a2a): each of these ranks holds 1/context_parallel_size of every sequence;
+    # attention exchanges heads for sequence around itself (docs/context_parallel.md). 1: off.
+    # Data parallel size is then world / (tensor x pipeline x context parallel).
+    context_parallel_size: int = 1
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
     # The pipeline schedule (PP > 1): "1f1b" is DeepSpeed's; "zbh1" is the zero-bubble ZB-H1
@@ -126,6 +131,7 @@ class ParallelConfig:
     def __post_init__(self):
         _positive("parallel", "tensor_parallel_size", self.tensor_parallel_size)
         _positive("parallel", "pipeline_parallel_size", self.pipeline_parallel_size)
+        _positive("parallel", "context_parallel_size", self.context_parallel_size)
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))

@@ -8,14 +8,21 @@ from megatron.config.errors import ConfigError
 
 
 def data_parallel_size(cfg, world_size: int) -> int:
-    return world_size // (cfg.parallel.tensor_parallel_size * cfg.parallel.pipeline_parallel_size)
+    p = cfg.parallel
+    return world_size // (p.tensor_parallel_size * p.pipeline_parallel_size
+                          * p.context_parallel_size)
 
 
 def check_world(cfg, world_size: int) -> None:
     tp, pp = cfg.parallel.tensor_parallel_size, cfg.parallel.pipeline_parallel_size
-    if world_size % (tp * pp):
+    cp = cfg.parallel.context_parallel_size
+    if world_size % (tp * pp * cp):
+        names = "tensor_parallel_size x pipeline_parallel_size"
+        sizes = f"{tp} x {pp}"
+        if cp > 1:
+            names, sizes = names + " x context_parallel_size", sizes + f" x {cp}"
         raise ConfigError("parallel.tensor_parallel_size", tp,
-                          f"tensor_parallel_size x pipeline_parallel_size ({tp} x {pp} = {tp * pp}) "
+                          f"{names} ({sizes} = {tp * pp * cp}) "
                           f"to divide the world size {world_size}",
                           "launch a multiple of that many ranks or change the layout")
 
@@ -34,6 +41,29 @@ def tensor_parallel_error(m, tp: int, sequence_parallel: bool) -> Optional[Confi
     if sequence_parallel and m.seq_length % tp:
         return ConfigError("model.seq_length", m.seq_length,
                            f"a multiple of parallel.tensor_parallel_size={tp} with sequence parallelism")
+    return None
+
+
+def context_parallel_error(m, tp: int, cp: int, sequence_parallel: bool
+                           ) -> Optional[ConfigError]:
+    """Ulysses' all-to-all deals each tensor-parallel rank's query heads out to the cp ranks
+    and gathers the sequence: the heads and the sequence must split evenly. Key/value heads
+    need no rule: where a rank's are fewer than cp (or do not split), the attention replicates
+    them (megatron/parallel/ulysses.py)."""
+    if cp == 1:
+        return None
+    per_tp = m.num_attention_heads // tp
+    if per_tp % cp:
+        return ConfigError("model.num_attention_heads", m.num_attention_heads,
+                           f"query heads per tensor-parallel rank (num_attention_heads / "
+                           f"parallel.tensor_parallel_size = {per_tp}) to be a multiple of "
+                           f"parallel.context_parallel_size={cp}",
+                           "change the head count, tensor_parallel_size or context_parallel_size")
+    shards = cp * tp if sequence_parallel and tp > 1 else cp
+    if m.seq_length % shards:
+        what = (f"parallel.context_parallel_size x tensor_parallel_size = {shards} with "
+                "sequence parallelism" if shards != cp else f"parallel.context_parallel_size={cp}")
+        return ConfigError("model.seq_length", m.seq_length, f"a multiple of {what}")
     return None
 
 
@@ -60,11 +90,12 @@ def deepspeed_error(deepspeed, pp: int) -> Optional[ConfigError]:
 
 
 def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
-                 deepspeed=None) -> Optional[ConfigError]:
+                 deepspeed=None, cp: int = 1) -> Optional[ConfigError]:
     """The first rule a layout of model section `m` breaks, or None: the one home of the layout
     rules, read by validate_for_world and by the planner (megatron/planner/layout.py), which
     prices only layouts the trainer accepts."""
-    return (tensor_parallel_error(m, tp, sequence_parallel) or pipeline_error(m, pp, zero)
+    return (tensor_parallel_error(m, tp, sequence_parallel)
+            or context_parallel_error(m, tp, cp, sequence_parallel) or pipeline_error(m, pp, zero)
             or deepspeed_error(deepspeed or {}, pp))
 
 
@@ -76,6 +107,27 @@ def _raise(error: Optional[ConfigError]) -> None:
 def check_tensor_parallel(cfg) -> None:
     _raise(tensor_parallel_error(cfg.model, cfg.parallel.tensor_parallel_size,
                                  cfg.parallel.sequence_parallel))
+
+
+def check_context_parallel(cfg) -> None:
+    p = cfg.parallel
+    _raise(context_parallel_error(cfg.model, p.tensor_parallel_size, p.context_parallel_size,
+                                  p.sequence_parallel))
+    _raise(context_parallel_combination_error(cfg))
+
+
+def context_parallel_combination_error(cfg) -> Optional[ConfigError]:
+    """What context parallelism does not (yet) run with: one message naming both fields."""
+    p = cfg.parallel
+    if p.context_parallel_size == 1:
+        return None
+    if p.pipeline_schedule == "zbh1":
+        return ConfigError("parallel.pipeline_schedule", p.pipeline_schedule,
+                           f"1f1b with parallel.context_parallel_size={p.context_parallel_size}: "
+                           "the zero-bubble schedule's deferred weight gradients are not tested "
+                           "with the attention's all-to-all",
+                           "set parallel.pipeline_schedule=1f1b or context_parallel_size=1")
+    return None
 
 
 def schedule_error(schedule: str, pp: int) -> Optional[ConfigError]:
@@ -117,6 +169,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     """Runs every cross-section check; returns the derived data-parallel size."""
     check_world(cfg, world_size)
     check_tensor_parallel(cfg)
+    check_context_parallel(cfg)
     check_pipeline(cfg)
     check_deepspeed(cfg)
     check_batch(cfg, world_size)

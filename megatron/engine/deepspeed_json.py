@@ -95,7 +95,9 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
     t = cfg.training
     gas = t.global_batch_size // (t.micro_batch_size * dp_size)
     ds: Dict[str, Any] = {
-        "train_batch_size": t.global_batch_size,
+        # DeepSpeed counts a micro-batch per rank of its data-parallel group, which is data x
+        # context parallel (engine/mpu.py): the cp ranks of a sample each count it once.
+        "train_batch_size": t.global_batch_size * cfg.parallel.context_parallel_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": t.clip_grad,

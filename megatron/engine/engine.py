@@ -160,7 +160,7 @@ class Engine:
         self.engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
             config=ds_config, dist_init_required=False, **kwargs)
-        if state.dp == 1 and ds_config["zero_optimization"]["stage"] == 0:
+        if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0:
             # Averaging gradients over a data-parallel group of one rank changes nothing, but
             # DeepSpeed still copies them all into one flat buffer, all-reduces it and copies
             # them back: 2% of a step of issue 15's model. (ZeRO's reductions also fill the
@@ -181,9 +181,11 @@ class Engine:
         return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def _mean_over_dp(self, value: torch.Tensor) -> float:
-        if self.state.dp > 1:
-            dist.all_reduce(value, group=self.state.dp_group)
-            value = value / self.state.dp
+        """The mean over data x context parallel ranks: each context-parallel rank's loss is
+        the mean over its equal share of the tokens, so this is the mean over every token."""
+        if self.state.dp_cp > 1:
+            dist.all_reduce(value, group=self.state.dp_cp_group)
+            value = value / self.state.dp_cp
         return value.item()
 
     def train_step(self, it: Iterator, check=None) -> StepResult:

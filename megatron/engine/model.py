@@ -40,7 +40,8 @@ def pipeline_module(layers: List[PipeLayer], partition_method: str, state: Paral
                                        tied_weight_attr=layer.tied_attr))
         else:
             specs.append(LayerSpec(layer.cls, *layer.args))
-    topo = PipeModelDataParallelTopology(num_pp=state.pp, num_mp=state.tp, num_dp=state.dp)
+    # DeepSpeed's data axis is our data x context parallel (parallel/state.py: same rank order).
+    topo = PipeModelDataParallelTopology(num_pp=state.pp, num_mp=state.tp, num_dp=state.dp_cp)
     method = {"uniform": _BALANCED_LAYER, "parameters": "parameters"}[partition_method]
 
     def loss_fn(logits, labels):

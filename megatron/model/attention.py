@@ -2,7 +2,11 @@
 
 Backends: flash (flash-attn on a GPU), sdpa (torch scaled_dot_product_attention), math (explicit
 scores with the fused scaled causal softmax). The fused QKV weight is laid out per key/value group
-as [q heads of the group, k, v], so a contiguous TP slice holds whole groups."""
+as [q heads of the group, k, v], so a contiguous TP slice holds whole groups.
+
+Under context parallelism (parallel/ulysses.py) the layer sees its rank's slice of the sequence;
+q, k and v are exchanged for whole-sequence heads before rotary positions and the backend, so
+positions are global and every backend sees the causal mask of the whole sequence."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +23,7 @@ from megatron.model.context import ModelContext
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
+from megatron.parallel import ulysses
 from megatron.model.rotary import RotaryEmbedding
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,8 @@ class SelfAttention(nn.Module):
         self.q_per_group = m.num_attention_heads // m.kv_heads
         self.dropout = m.attention_dropout
         self.selective = ctx.recompute == "selective"
+        self.cp, self.cp_group = state.cp, state.cp_group
+        self.kv_replicas = ulysses.kv_replicas(self.groups_local, self.q_per_group, state.cp)
         qkv_out = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
         seed, std = ctx.seed, m.init_method_std
         self.qkv = ColumnParallelLinear(m.hidden_size, qkv_out, state, bias=m.add_bias_linear,
@@ -76,13 +83,22 @@ class SelfAttention(nn.Module):
         qkv = qkv.view(s, b, self.groups_local, g + 2, d)
         q = qkv[:, :, :, :g].reshape(s, b, self.groups_local * g, d)
         k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [s, b, groups, d]
-        if self.rotary is not None:
-            q, k = self.rotary.apply(q, self.sel), self.rotary.apply(k, self.sel)
         return q, k, v
 
     def _core(self, qkv: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._split(qkv)
+        q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
+        if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]
+            q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
+        if self.rotary is not None:
+            q, k = self.rotary.apply(q, self.sel), self.rotary.apply(k, self.sel)
+        out = self._attend(q, k, v)  # [s, b, heads(/C)*d]
+        if self.cp > 1:
+            out = ulysses.gather_heads(out, self.cp_group, self.cp)  # [s/C, b, heads*d]
+        return out
+
+    def _attend(self, q, k, v) -> torch.Tensor:
         s, b, n, d = q.shape
+        gqa = n > k.shape[2]
         p = self.dropout if self.training else 0.0
         if self.backend == "flash":
             fn = flash_attn_func_or_none()
@@ -94,15 +110,15 @@ class SelfAttention(nn.Module):
             qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
             with self.tracker.fork("tp"):
                 out = F.scaled_dot_product_attention(qt, kt, vt, dropout_p=p, is_causal=True,
-                                                     enable_gqa=self.q_per_group > 1)
+                                                     enable_gqa=gqa)
             return out.permute(2, 0, 1, 3).reshape(s, b, n * d)
         return self._math(q, k, v)
 
     def _math(self, q, k, v) -> torch.Tensor:
         s, b, n, d = q.shape
-        if self.q_per_group > 1:
-            k = k.repeat_interleave(self.q_per_group, dim=2)
-            v = v.repeat_interleave(self.q_per_group, dim=2)
+        if n > k.shape[2]:
+            rep = n // k.shape[2]
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         qb = q.permute(1, 2, 0, 3).reshape(b * n, s, d)
         kb = k.permute(1, 2, 3, 0).reshape(b * n, d, s)
         vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)

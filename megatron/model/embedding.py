@@ -12,10 +12,13 @@ from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, paral
 from megatron.parallel.mappings import (reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region)
 from megatron.parallel.random import dropout, seed_for
+from megatron.parallel.ulysses import local_sequence
 
 
 class Embedding(nn.Module):
-    """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism)."""
+    """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism). Under
+    context parallelism every rank of the group gets the whole samples and keeps its slice of
+    the sequence here ([s/C, b, h]); learned positions are the slice's global ones."""
 
     def __init__(self, m: ModelConfig, ctx: ModelContext, with_positions: bool = True):
         super().__init__()
@@ -32,16 +35,17 @@ class Embedding(nn.Module):
                 seed_for(seed, "position_embedding")))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        tokens = local_sequence(tokens, state.cp_rank, state.cp, dim=1)  # [b, s/C]
         # [b, s, h] -> [s, b, h], partial over TP; contiguous for the collectives and pipeline sends.
         x = self.word_embeddings.partial(tokens).transpose(0, 1).contiguous()
-        s = x.shape[0]
+        first = state.cp_rank * x.shape[0]  # global position of this rank's first token
         if self.seq_par:
-            x = reduce_scatter_to_sequence_parallel_region(x, self.state.tp_group)
-            first = self.state.tp_rank * x.shape[0]
-            positions = slice(first, first + x.shape[0])
+            x = reduce_scatter_to_sequence_parallel_region(x, state.tp_group)
+            first += state.tp_rank * x.shape[0]
         else:
-            x = reduce_from_tp_region(x, self.state.tp_group)
-            positions = slice(0, s)
+            x = reduce_from_tp_region(x, state.tp_group)
+        positions = slice(first, first + x.shape[0])
         if self.position_embeddings is not None:
             pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
             x = x + pos[positions].unsqueeze(1).to(x.dtype)

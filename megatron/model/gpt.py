@@ -19,11 +19,19 @@ from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, to
 from megatron.model.norm import Norm
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState
+from megatron.parallel.ulysses import local_sequence
+
+
+def local_labels(labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """labels [b, s] -> this context-parallel rank's [s/C, b] (the whole [s, b] without CP)."""
+    return local_sequence(labels, state.cp_rank, state.cp, dim=1).transpose(0, 1)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """logits [s, b, V/t]; labels [b, s] -> mean token loss (fp32)."""
-    return token_losses(logits, labels.transpose(0, 1), state).mean()
+    """logits [s(/C), b, V/t]; labels [b, s] -> mean token loss (fp32) of this rank's tokens.
+    Under context parallelism every rank holds s/C tokens of the same samples, so the mean over
+    the group (the engine's, over data x context parallel) is the mean over every token."""
+    return token_losses(logits, local_labels(labels, state), state).mean()
 
 
 class GPTModel(nn.Module):
@@ -45,7 +53,7 @@ class GPTModel(nn.Module):
         x = self.final_norm(x)
         head = self.embedding.word_embeddings if self.output is None else self.output.head
         if labels is not None and fused_head_applies(x, head.weight, self.state):
-            target = labels.transpose(0, 1)
+            target = local_labels(labels, self.state)
             return head_loss(x, head.weight, target, self.head_workspace).mean()
         logits = self.embedding.logits(x) if self.output is None else self.output(x)
         return logits if labels is None else lm_loss(logits, labels, self.state)

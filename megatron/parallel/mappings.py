@@ -189,3 +189,70 @@ def gather_from_sequence_parallel_region(x, group):
 
 def reduce_scatter_to_sequence_parallel_region(x, group):
     return _ReduceScatterToSP.apply(x, group) if _size(group) > 1 else x
+
+
+# Context parallelism (Ulysses). A rank holds [s/C, b, ...] of C ranks' sequence. The exchange
+# is one all_to_all_single (gloo has it; the list form all_to_all only since April 2026) on a
+# buffer whose first dim is the C destinations.
+
+def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """x [C, ...]: x[j] goes to rank j; the result's [i] came from rank i."""
+    x = x.contiguous()
+    out = torch.empty_like(x)  # of x made contiguous: empty_like keeps a permuted input's strides
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def _sequence_to_heads(x: torch.Tensor, group) -> torch.Tensor:
+    """[s/C, b, C, n, d] (head chunk j meant for rank j) -> [s, b, n, d]: this rank's head
+    chunk over the whole sequence, rank i's positions at [i*s/C, (i+1)*s/C)."""
+    s_local, b, c, n, d = x.shape
+    out = _all_to_all(x.permute(2, 0, 1, 3, 4), group)  # [C (source), s/C, b, n, d]
+    return out.view(c * s_local, b, n, d)
+
+
+def _heads_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """The inverse: [s, b, n, d] -> [s/C, b, C, n, d] (the C ranks' head chunks of this rank's
+    positions, in rank order)."""
+    c = _size(group)
+    s, b, n, d = x.shape
+    out = _all_to_all(x.view(c, s // c, b, n, d), group)  # [C (source), s/C, b, n, d]
+    return out.permute(1, 2, 0, 3, 4).contiguous()
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    """Forward: all-to-all from [s/C, b, C, n, d] to [s, b, n, d] (scatter heads, gather the
+    sequence). Backward: the inverse all-to-all of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _sequence_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _heads_to_sequence(g, ctx.group), None
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    """Forward: all-to-all from [s, b, n, d] to [s/C, b, C, n, d] (scatter the sequence, gather
+    heads). Backward: the inverse all-to-all of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _heads_to_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _sequence_to_heads(g, ctx.group), None
+
+
+def all_to_all_sequence_to_heads(x, group):
+    """[s/C, b, C, n, d] -> [s, b, n, d]; with one rank a view ([s, b, 1, n, d] -> [s, b, n, d])."""
+    return _SequenceToHeads.apply(x, group) if _size(group) > 1 else x.squeeze(2)
+
+
+def all_to_all_heads_to_sequence(x, group):
+    """[s, b, n, d] -> [s/C, b, C, n, d]; with one rank a view."""
+    return _HeadsToSequence.apply(x, group) if _size(group) > 1 else x.unsqueeze(2)

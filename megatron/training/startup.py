@@ -103,7 +103,8 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
         timer.mark("run directory")
         state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                     cfg.parallel.pipeline_parallel_size,
-                                    timedelta(minutes=cfg.parallel.timeout_minutes))
+                                    timedelta(minutes=cfg.parallel.timeout_minutes),
+                                    cp=cfg.parallel.context_parallel_size)
         timer.mark("parallel groups")
         ds_config = deepspeed_config(cfg, dp, device_info.device.type)
         model = build_model(cfg, state, vocab, device_info.device, timer)

@@ -1,0 +1,96 @@
+"""Context parallelism (Ulysses, parallel.context_parallel_size) against one rank: fp32, dropout
+off, clipping on, 5 steps, for the GPT-2 and the Llama flavour (Llama's two key/value heads are
+fewer than CP4's degree and than CP2 x TP2's per tensor-parallel rank, so the replication of
+key/value heads is exercised).
+
+Three launches (start-up dominates): 2 ranks (CP2, recomputation, bf16; the CP2 checkpoint),
+1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x TP2,
+CP2 x PP2, CP2 x DP2 with ZeRO-1 and ZeRO-3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
+continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the
+exchange (CP only), its composition with TP's heads, PP's activations, ZeRO's group (dp x cp)
+or SP's sequence shards; `grads` compares every parameter's gradient directly."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import ROOT
+from tests.support.procs import torchrun
+
+WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
+TWO_RANK = ["cp2", "cp2_recompute_full"]
+FOUR_RANK = ["cp4", "cp2tp2", "cp2pp2", "cp2dp2_zero1", "cp2dp2_zero3", "cp2tp2_sp",
+             "cp2tp2_recompute_selective"]
+# A checkpoint continues under another degree: (source layout, continuing layout).
+PAIRS = [("cp2", "single"), ("tp2pp2", "cp2tp2")]
+FLAVOURS = ["gpt2", "llama"]
+TOLERANCE = 1e-5
+BF16_TOLERANCE = 2e-3  # bf16 activations against fp32, as tests/distributed/test_training_*
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp, nproc, *args):
+    out = os.path.join(tmp, f"{nproc}.json")
+    argv = ["--out", out, "--workdir", tmp, *args]
+    if nproc == 1:
+        proc = subprocess.run([sys.executable, WORKER, *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    else:
+        proc = torchrun(nproc, WORKER, *argv)
+    assert proc.returncode == 0, f"{nproc}-rank launch failed:\n{proc.stderr[-4000:]}"
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("context_parallel"))
+    got = _run(tmp, 2, "--grads", "--layouts", ",".join(TWO_RANK + ["cp2_bf16"]),
+               "--sources", "cp2")
+    got.update(_run(tmp, 1, "--layouts", "single", "--continue", "cp2>single"))
+    got.update(_run(tmp, 4, "--grads", "--layouts", ",".join(FOUR_RANK), "--sources", "tp2pp2",
+                    "--continue", "tp2pp2>cp2tp2"))
+    return got
+
+
+def _worst(got, ref):
+    assert len(got) == len(ref) == 5
+    return max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("layout", TWO_RANK + FOUR_RANK)
+def test_layout_matches_one_rank(results, layout, flavour):
+    ref, got = results[f"single/{flavour}"], results[f"{layout}/{flavour}"]
+    worst = _worst(got["losses"], ref["losses"])
+    print(f"{layout}/{flavour}: worst relative loss difference {worst:.2e}")
+    assert worst <= TOLERANCE, f"{layout}/{flavour}: {got['losses']} vs {ref['losses']}"
+    norms = got["grad_norms"]
+    if norms[0] is not None:  # DeepSpeed reports the norm under ZeRO (not its ZeRO-0 path)
+        assert _worst(norms, ref["grad_norms"]) <= TOLERANCE, (norms, ref["grad_norms"])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("cp", [2, 4])
+def test_every_gradient_matches_one_rank(results, cp, flavour):
+    worst = results[f"grads/cp{cp}/{flavour}"]
+    assert worst <= TOLERANCE, f"CP{cp}/{flavour}: a parameter's gradient differs by {worst:.2e}"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_checkpoint_continues_under_another_degree(results, src, dst, flavour):
+    continued = results[f"{src}>{dst}/{flavour}"]["losses"]
+    in_place = results[f"{src}@10/{flavour}"]["losses"][5:]
+    worst = _worst(continued, in_place)
+    assert worst <= TOLERANCE, (f"{src} -> {dst} ({flavour}): steps 6-10 {continued} vs "
+                                f"continuing in place {in_place}, worst relative {worst:.2e}")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_bf16_tracks_fp32(results, flavour):
+    ref, got = results[f"single/{flavour}"]["losses"], results[f"cp2_bf16/{flavour}"]["losses"]
+    assert _worst(got, ref) <= BF16_TOLERANCE and got[-1] < got[0], got

@@ -1,0 +1,161 @@
+"""Worker for the context-parallel (Ulysses) equivalence tests, run under torchrun (or alone for
+the one-rank reference). In one launch it
+
+- checks every parameter's gradient of one forward/backward under each context-parallel degree
+  the world allows (tensor parallel 1) against the same model on one rank in this process
+  (`grads/cp<C>/<flavour>`: the worst relative difference over the parameters);
+- trains each requested layout x flavour 5 steps (`<layout>/<flavour>`: losses and the global
+  gradient norms from metrics.jsonl);
+- for each --sources layout, trains 10 steps in place (`<src>@10/<flavour>`) and, in a second
+  run, 5 steps saved; each --continue pair `<src>><dst>` continues src's checkpoint to step 10
+  in dst (`<src>><dst>/<flavour>`: the losses of steps 6-10).
+
+    torchrun --nproc_per_node 4 tests/support/context_parallel_worker.py --out r.json \
+        --layouts cp4,cp2tp2 --grads --workdir /tmp/w
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from megatron.checkpoint.records import StepRecord, read_metrics
+from megatron.checkpoint.rundir import RunDir
+from megatron.config import load_config
+from megatron.training.loop import train
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from paths import TINY  # noqa: E402
+
+COMMON = ["training.precision=fp32", "training.global_batch_size=8",
+          "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
+          "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.attention_backend=sdpa",
+          "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
+
+FLAVOURS = {
+    "gpt2": ["model.position_embedding_type=learned", "model.normalization=layernorm",
+             "model.activation=gelu", "model.tie_embeddings=true"],
+    # two key/value heads: fewer than CP4's degree, and than CP2 x TP2's per TP rank (1 < 2)
+    "llama": ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
+              "model.activation=swiglu", "model.num_query_groups=2",
+              "model.add_bias_linear=false", "model.tie_embeddings=false"],
+}
+
+
+def _cp(n):
+    return [f"parallel.context_parallel_size={n}"]
+
+
+LAYOUTS = {
+    "single": [],
+    "dp2": ["parallel.zero_stage=0"],
+    "cp2": _cp(2) + ["parallel.zero_stage=0"],
+    "cp4": _cp(4) + ["parallel.zero_stage=0"],
+    "cp2tp2": _cp(2) + ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0"],
+    # ZeRO-1 as the other pipeline equivalence tests: PP2 with ZeRO-0 departs from one rank by
+    # ~1e-5 at step 3 without context parallelism too (clipping under DeepSpeed's pipeline).
+    "cp2pp2": _cp(2) + ["parallel.pipeline_parallel_size=2"],
+    "cp2dp2_zero1": _cp(2) + ["parallel.zero_stage=1"],
+    "cp2dp2_zero3": _cp(2) + ["parallel.zero_stage=3"],
+    "cp2tp2_sp": _cp(2) + ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true",
+                           "parallel.zero_stage=0"],
+    "cp2tp2_recompute_selective": _cp(2) + ["parallel.tensor_parallel_size=2",
+                                            "training.activation_checkpointing=selective",
+                                            "model.attention_backend=math"],
+    "cp2_recompute_full": _cp(2) + ["training.activation_checkpointing=full"],
+    "tp2pp2": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"],
+    "cp2_bf16": _cp(2) + ["training.precision=bf16", "parallel.zero_stage=1"],
+}
+
+
+def _train(layout, flavour, run_dir, extra):
+    cfg = load_config(TINY, COMMON + FLAVOURS[flavour] + LAYOUTS[layout] + extra
+                      + [f"run.dir={run_dir}"])
+    summary = train(cfg)
+    steps = [r for r in read_metrics(RunDir(run_dir).metrics) if isinstance(r, StepRecord)]
+    return summary.losses, [r.grad_norm for r in steps]
+
+
+def _source(src, flavour, workdir):
+    """10 steps of src in place (`<src>@10`), and a second run of it saved at step 5."""
+    losses, _ = _train(src, flavour, os.path.join(workdir, f"{src}-in-place-{flavour}"),
+                       ["training.train_iters=10"])
+    _train(src, flavour, os.path.join(workdir, f"{src}-saved-{flavour}"),
+           ["training.train_iters=10", "training.exit_interval=5", "training.save=true"])
+    return losses
+
+
+def _continue(pair, flavour, workdir):
+    """src>dst: src's checkpoint of step 5 (written by _source, in this launch or an earlier
+    one) continued to step 10 in dst: the losses of steps 6-10."""
+    src, dst = pair.split(">")
+    saved = os.path.join(workdir, f"{src}-saved-{flavour}", "checkpoints")
+    dst_dir = os.path.join(workdir, f"{pair.replace('>', '-to-')}-{flavour}")
+    losses, _ = _train(dst, flavour, dst_dir, ["training.train_iters=10",
+                                               f"training.load={saved}"])
+    return losses
+
+
+def _grad_check(flavour, cp):
+    """Worst relative difference of any parameter's gradient (one micro-batch, averaged over
+    the context-parallel group) from one rank's."""
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    cfg = load_config(TINY, COMMON + FLAVOURS[flavour] + _cp(cp))
+    state = ParallelState.build(1, 1, cp=cp)
+    vocab = 512
+    torch.manual_seed(0)
+    tokens = torch.randint(0, vocab, (2, cfg.model.seq_length + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ref = build_model(cfg, ParallelState.single(), vocab)
+    ref(x, y).backward()
+    model = build_model(cfg, state, vocab)
+    model(x, y).backward()
+    worst = 0.0
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        g = p.grad.clone()
+        dist.all_reduce(g, group=state.dp_cp_group)
+        g /= state.dp_cp
+        worst = max(worst, float((g - q.grad).norm() / q.grad.norm().clamp_min(1e-30)))
+    return worst
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--layouts", default="")
+    p.add_argument("--sources", default="", help="layouts whose checkpoints others continue")
+    p.add_argument("--continue", dest="pairs", default="", help="src>dst,...")
+    p.add_argument("--grads", action="store_true")
+    p.add_argument("--flavours", default="gpt2,llama")
+    p.add_argument("--workdir", required=True, help="shared by all ranks (run directories)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    results = {}
+    for flavour in args.flavours.split(","):
+        for layout in filter(None, args.layouts.split(",")):
+            run_dir = os.path.join(args.workdir, f"{layout}-{flavour}")
+            losses, norms = _train(layout, flavour, run_dir, ["training.train_iters=5"])
+            results[f"{layout}/{flavour}"] = {"losses": losses, "grad_norms": norms}
+        for src in filter(None, args.sources.split(",")):
+            results[f"{src}@10/{flavour}"] = {"losses": _source(src, flavour, args.workdir)}
+        for pair in filter(None, args.pairs.split(",")):
+            results[f"{pair}/{flavour}"] = {"losses": _continue(pair, flavour, args.workdir)}
+        if args.grads and world > 1:
+            for cp in (c for c in (2, 4) if world % c == 0):
+                results[f"grads/cp{cp}/{flavour}"] = _grad_check(flavour, cp)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

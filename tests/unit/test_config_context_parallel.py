@@ -1,0 +1,52 @@
+"""parallel.context_parallel_size: what the layout rules accept and the one message for what
+they refuse (each names the fields)."""
+import pytest
+
+from megatron.config import ConfigError, load_config, validate_for_world
+from megatron.engine.deepspeed_json import deepspeed_config
+from tests.support.paths import TINY
+
+
+def _cfg(*overrides):
+    return load_config(TINY, list(overrides))
+
+
+def test_data_parallel_size_is_what_tensor_pipeline_and_context_parallel_leave():
+    cfg = _cfg("parallel.context_parallel_size=2", "parallel.tensor_parallel_size=2")
+    assert validate_for_world(cfg, 8) == 2
+
+
+def test_deepspeed_counts_each_context_parallel_rank_of_a_sample():
+    cfg = _cfg("parallel.context_parallel_size=2")
+    ds = deepspeed_config(cfg, 2)
+    # DeepSpeed checks train_batch == micro x accumulation x its data-parallel group (dp x cp)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
+        ds["gradient_accumulation_steps"] * 2 * 2
+    plain = _cfg()
+    assert deepspeed_config(plain, 2)["train_batch_size"] == plain.training.global_batch_size
+
+
+@pytest.mark.parametrize("overrides, world, words", [
+    (["parallel.context_parallel_size=3"], 3, "model.num_attention_heads=4"),
+    (["parallel.context_parallel_size=4", "parallel.tensor_parallel_size=2"], 8,
+     "query heads per tensor-parallel rank (num_attention_heads / parallel.tensor_parallel_size"
+     " = 2) to be a multiple of parallel.context_parallel_size=4"),
+    (["parallel.context_parallel_size=2", "model.seq_length=63"], 2,
+     "model.seq_length=63 is invalid: expected a multiple of parallel.context_parallel_size=2"),
+    (["parallel.context_parallel_size=2", "parallel.tensor_parallel_size=2",
+      "parallel.sequence_parallel=true", "model.seq_length=66"], 4,
+     "context_parallel_size x tensor_parallel_size = 4 with sequence parallelism"),
+    (["parallel.context_parallel_size=2"], 3, "context_parallel_size (1 x 1 x 2 = 2)"),
+    (["parallel.context_parallel_size=2", "parallel.pipeline_parallel_size=2",
+      "parallel.pipeline_schedule=zbh1"], 4, "parallel.pipeline_schedule='zbh1' is invalid: expected 1f1b with parallel.context_parallel_size=2"),
+    (["parallel.context_parallel_size=0"], 1, "parallel.context_parallel_size=0"),
+])
+def test_a_layout_that_cannot_work_is_one_message_naming_the_fields(overrides, world, words):
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(_cfg(*overrides), world)
+    assert words in str(e.value)
+
+
+def test_fewer_key_value_heads_than_the_degree_is_accepted():
+    cfg = _cfg("parallel.context_parallel_size=4", "model.num_query_groups=1")
+    assert validate_for_world(cfg, 4) == 1
