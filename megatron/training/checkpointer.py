@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -45,10 +45,14 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, cfg: Config, job: Job, writer, started: float):
+    def __init__(self, cfg: Config, job: Job, writer, started: float,
+                 phase: Optional[Callable[[str], None]] = None):
         """writer: rank 0's MetricsWriter (None elsewhere); started: Unix time the run began
-        (the deadline counts start-up too)."""
+        (the deadline counts start-up too); phase: the hang watchdog's enter(), told when a
+        save or a load really happens (each kind gets its own limit: the first of each
+        start-up's allowance)."""
         self.t, self.seed, self.job, self.writer = cfg.training, cfg.training.seed, job, writer
+        self.phase = phase or (lambda name: None)
         self.data = data_record(cfg)
         self.clock = SaveClock(self.t.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
@@ -104,6 +108,7 @@ class Checkpointer:
         """Collective: a checkpoint of this step, committed on every rank before this returns,
         or, asynchronously, once every rank's writer is done."""
         self.wait()  # at most one save in flight
+        self.phase("save")
         t0 = time.perf_counter()
         engine = self.job.engine
         rs = engine.checkpoint_state(rng_state(self.job.model.ctx.tracker))
@@ -131,6 +136,7 @@ class Checkpointer:
         pending, self.pending = self.pending, None
         if pending is None:
             return
+        self.phase("save")  # the commit's collectives
         t0 = time.perf_counter()
         pending.join()
         info = pending.finish()
@@ -197,6 +203,7 @@ class Checkpointer:
     def load(self, folder: str, last_good: Optional[str]) -> CheckpointMeta:
         """Collective: fills the model, optimizer state, schedule and random streams from a
         committed checkpoint in any layout."""
+        self.phase("load")
         engine, state, tracker = self.job.engine, self.job.state, self.job.model.ctx.tracker
         meta, rng = sharded.load(folder, engine.checkpoint_state(rng=None), state.tp, state.pp,
                                  last_good)

@@ -83,7 +83,7 @@ class _Loop:
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
         self.watchdog = watchdog
         self.writer = MetricsWriter(job.run, t.tensorboard, cfg) if job.launch.rank == 0 else None
-        self.checkpointer = Checkpointer(cfg, job, self.writer, started)
+        self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog.enter)
         self.divergence = Divergence(t, self.checkpointer, self.writer)
         self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
                            job.launch.rank) if t.rerun_suspect_steps else None
@@ -139,7 +139,7 @@ class _Loop:
         agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action,
                                  self.checkpointer.writer_state()), self.device)
         dog.done()
-        dog.enter("rollback")
+        dog.enter("guard")  # a rollback's load enters "load" (checkpointer.py)
         back = self.divergence.act(self.step, verdict, agreed.action)
         dog.done()
         if back is not None:
@@ -149,7 +149,7 @@ class _Loop:
             dog.enter("evaluation")
             self.summary.valid_losses.append(self._evaluate(self.data.valid, "valid"))
             dog.done()
-        dog.enter("save")
+        dog.enter("after-step")  # a save enters "save" (checkpointer.py)
         stopping = self.checkpointer.after_step(self.step, self.consumed, agreed)
         dog.done()
         return stopping

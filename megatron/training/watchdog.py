@@ -22,6 +22,11 @@ being entered plus MARGIN_S: minutes for the rendezvous and the first step and s
 limit after; the watchdog, which says where, fires first, and the backend's timeout is the
 backstop when the watchdog thread itself cannot run.
 
+The phases: step, agreement, guard (the divergence guard's action), evaluation, after-step (the
+checkpointer's decision), and save and load, which the checkpointer enters only when a save or a
+load really happens, so the first real save of a run gets start-up's allowance however many
+steps came before it.
+
 The loop's cost is a few attribute writes and one comparison per phase; the thread wakes every
 POLL_S seconds."""
 from __future__ import annotations

@@ -132,3 +132,19 @@ def test_the_process_groups_timeout_follows_the_phase_limit():
     off.join(["n"], 0.0, applied.append, base_s=600)
     off.enter("step", 1)
     assert len(applied) == 2  # the watchdog off: parallel.timeout_minutes stays
+
+
+def test_a_first_real_save_gets_the_start_up_allowance_after_many_steps():
+    """The loop's after-step phase runs every step; "save" is entered only by a real save
+    (training/checkpointer.py), so steps without one leave its allowance at start-up's."""
+    dog = Watchdog(RunDir("unused"), 0, startup_s=1800, floor_s=300)
+    for step in range(1, 50):
+        dog.enter("step", step)
+        dog.done()
+        dog.enter("after-step")
+        dog.done()
+    assert dog.limit("after-step") == 300 and dog.limit("save") == 1800
+    dog.enter("save")
+    dog.since -= 100.0  # the first save took 100 s
+    dog.done()
+    assert dog.limit("save") == FACTOR * 100.0
