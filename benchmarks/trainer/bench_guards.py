@@ -5,8 +5,8 @@ directly rather than as a difference of two noisy whole-trainer runs:
 - the hang watchdog's bookkeeping: the loop's enter()/done() calls of one step (step,
   agreement, rollback, save; evaluation only at its interval), with the process groups'
   timeout callback attached, in steady state;
-- the watchdog thread itself: the same compute-bound work (float32 GEMMs on one thread) with the
-  thread waking every POLL_S seconds and without it, alternated;
+- the watchdog thread itself: the same compute-bound work (float32 GEMMs on one thread) per CPU
+  second of the process, with the thread waking every POLL_S seconds and without it, alternated;
 - the straggler check: one all-gather of a float over two gloo ranks, paid every
   training.straggler_interval (50) steps.
 
@@ -53,14 +53,16 @@ def bookkeeping_us(steps: int = 200_000) -> float:
 
 
 def _gemms(seconds: float) -> float:
-    """GEMMs per second of 256x256 float32 matrices on this thread, over `seconds`."""
+    """GEMMs of 256x256 float32 matrices on this thread per second of the process's CPU time
+    (every thread's, the watchdog's among them) over `seconds` of it: other work on the machine
+    delays the loop but does not count."""
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    n, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
         for _ in range(50):
             torch.mm(a, b)
         n += 50
-    return n / (time.perf_counter() - t0)
+    return n / (time.process_time() - t0)
 
 
 def thread_ratio(rounds: int, seconds: float = 3.0):
@@ -146,7 +148,8 @@ def _table(r) -> str:
         f"| together, per step | {r['guards_us_per_step']} µs: "
         f"{100 * r['share_of_1s_step']:.4f}% of a 1 s step, "
         f"{100 * r['share_of_10ms_step']:.3f}% of a 10 ms step |\n"
-        f"| GEMM rate with the watchdog thread / without, {r['rounds']} alternated rounds | "
+        f"| GEMMs per CPU second with the watchdog thread / without, {r['rounds']} "
+        f"alternated rounds | "
         f"{t['median']} ({t['min']}-{t['max']}) |\n")
 
 
