@@ -1,5 +1,5 @@
 """Context parallelism (Ulysses, parallel.context_parallel_size) against one rank: fp32, dropout
-off, clipping on, 5 steps, for the GPT-2 and the Llama flavour (Llama's two key/value heads are
+off, clipping on, 5 steps and an evaluation after them, for the GPT-2 and the Llama flavour (Llama's two key/value heads are
 fewer than CP4's degree and than CP2 x TP2's per tensor-parallel rank, so the replication of
 key/value heads is exercised).
 
@@ -56,6 +56,10 @@ def results(tmp_path_factory):
     return got
 
 
+def _close(got, ref):
+    return len(got) == len(ref) and all(abs(a - b) <= TOLERANCE * abs(b) for a, b in zip(got, ref))
+
+
 def _worst(got, ref):
     assert len(got) == len(ref) == 5
     return max(abs(a - b) / abs(b) for a, b in zip(got, ref))
@@ -68,6 +72,7 @@ def test_layout_matches_one_rank(results, layout, flavour):
     worst = _worst(got["losses"], ref["losses"])
     print(f"{layout}/{flavour}: worst relative loss difference {worst:.2e}")
     assert worst <= TOLERANCE, f"{layout}/{flavour}: {got['losses']} vs {ref['losses']}"
+    assert got["valid"] and _close(got["valid"], ref["valid"]), (got["valid"], ref["valid"])
     norms = got["grad_norms"]
     if norms[0] is not None:  # DeepSpeed reports the norm under ZeRO (not its ZeRO-0 path)
         assert _worst(norms, ref["grad_norms"]) <= TOLERANCE, (norms, ref["grad_norms"])

@@ -4,8 +4,8 @@ the one-rank reference). In one launch it
 - checks every parameter's gradient of one forward/backward under each context-parallel degree
   the world allows (tensor parallel 1) against the same model on one rank in this process
   (`grads/cp<C>/<flavour>`: the worst relative difference over the parameters);
-- trains each requested layout x flavour 5 steps (`<layout>/<flavour>`: losses and the global
-  gradient norms from metrics.jsonl);
+- trains each requested layout x flavour 5 steps (`<layout>/<flavour>`: losses, the global
+  gradient norms from metrics.jsonl, and the validation loss after step 5);
 - for each --sources layout, trains 10 steps in place (`<src>@10/<flavour>`) and, in a second
   run, 5 steps saved; each --continue pair `<src>><dst>` continues src's checkpoint to step 10
   in dst (`<src>><dst>/<flavour>`: the losses of steps 6-10).
@@ -32,7 +32,7 @@ from megatron.training.loop import train
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from paths import TINY  # noqa: E402
 
-COMMON = ["training.precision=fp32", "training.global_batch_size=8",
+COMMON = ["training.precision=fp32", "training.global_batch_size=8", "training.eval_interval=5",
           "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
           "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.attention_backend=sdpa",
           "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
@@ -78,13 +78,13 @@ def _train(layout, flavour, run_dir, extra):
                       + [f"run.dir={run_dir}"])
     summary = train(cfg)
     steps = [r for r in read_metrics(RunDir(run_dir).metrics) if isinstance(r, StepRecord)]
-    return summary.losses, [r.grad_norm for r in steps]
+    return summary.losses, [r.grad_norm for r in steps], summary.valid_losses
 
 
 def _source(src, flavour, workdir):
     """10 steps of src in place (`<src>@10`), and a second run of it saved at step 5."""
-    losses, _ = _train(src, flavour, os.path.join(workdir, f"{src}-in-place-{flavour}"),
-                       ["training.train_iters=10"])
+    losses = _train(src, flavour, os.path.join(workdir, f"{src}-in-place-{flavour}"),
+                    ["training.train_iters=10"])[0]
     _train(src, flavour, os.path.join(workdir, f"{src}-saved-{flavour}"),
            ["training.train_iters=10", "training.exit_interval=5", "training.save=true"])
     return losses
@@ -96,9 +96,8 @@ def _continue(pair, flavour, workdir):
     src, dst = pair.split(">")
     saved = os.path.join(workdir, f"{src}-saved-{flavour}", "checkpoints")
     dst_dir = os.path.join(workdir, f"{pair.replace('>', '-to-')}-{flavour}")
-    losses, _ = _train(dst, flavour, dst_dir, ["training.train_iters=10",
-                                               f"training.load={saved}"])
-    return losses
+    return _train(dst, flavour, dst_dir, ["training.train_iters=10",
+                                          f"training.load={saved}"])[0]
 
 
 def _grad_check(flavour, cp):
@@ -142,8 +141,9 @@ def main() -> int:
     for flavour in args.flavours.split(","):
         for layout in filter(None, args.layouts.split(",")):
             run_dir = os.path.join(args.workdir, f"{layout}-{flavour}")
-            losses, norms = _train(layout, flavour, run_dir, ["training.train_iters=5"])
-            results[f"{layout}/{flavour}"] = {"losses": losses, "grad_norms": norms}
+            losses, norms, valid = _train(layout, flavour, run_dir, ["training.train_iters=5"])
+            results[f"{layout}/{flavour}"] = {"losses": losses, "grad_norms": norms,
+                                              "valid": valid}
         for src in filter(None, args.sources.split(",")):
             results[f"{src}@10/{flavour}"] = {"losses": _source(src, flavour, args.workdir)}
         for pair in filter(None, args.pairs.split(",")):
