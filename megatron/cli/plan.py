@@ -23,6 +23,8 @@ examples:
   # fit the model to short real runs on this machine (2 ranks), resumable from trials.jsonl
   megatron-plan calibrate --config examples/local/tiny.yaml --nproc 2 --trials 8 \\
       --results trials.jsonl --out local-profile.yaml [--bayes]
+  # the longest sequence the 175B trains at on 16 Frontier nodes (context parallelism included)
+  megatron-plan longest --model 175b --cluster frontier --nodes 16 [--cp-values 1]
   # weak and strong scaling of the 175B recipe from 16 to 128 nodes, with a plot
   megatron-plan scaling --model 175b --cluster frontier --nodes 16,32,64,128 \\
       --global-batch 1280 --tp 4 --pp 16 --recompute full --plot scaling.png
@@ -63,7 +65,7 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
 
 
-def _space_args(p: argparse.ArgumentParser) -> None:
+def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--tp-values", help="tensor-parallel sizes (default: powers of 2 in a node)")
     g.add_argument("--pp-values", help="pipeline sizes (default: divisors of the layer count)")
@@ -80,6 +82,10 @@ def _space_args(p: argparse.ArgumentParser) -> None:
                    help="parallel.pipeline_schedule values tried where PP > 1: 1f1b, zbh1 "
                         "(zero-bubble ZB-H1, priced with its W passes in the bubble and their "
                         "pending inputs in memory); default both")
+    g.add_argument("--cp-values", default=cp_default,
+                   help="context-parallel degrees (parallel.context_parallel_size, Ulysses) to "
+                        "try; auto: every divisor of the query heads per TP rank that splits the "
+                        f"sequence, inside or across nodes (default {cp_default})")
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -102,6 +108,8 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", choices=("1f1b", "zbh1"),
                    help="parallel.pipeline_schedule (default: the config's, else 1f1b); zbh1 "
                         "needs --pp > 1")
+    g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
+                   "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
     g.add_argument("--interleave", type=int, metavar="V",
                    help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
                         "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")
@@ -123,7 +131,7 @@ def _add_calibrate(sub, fmt) -> None:
     c = sub.add_parser("calibrate", help="fit the model to real trials on this machine",
                        epilog=EXAMPLES, formatter_class=fmt)
     _model_args(c)
-    _space_args(c)
+    _space_args(c, cp_default="1")
     c.add_argument("--nproc", type=int, default=2, help="ranks per trial (default 2)")
     c.add_argument("--trials", type=int, default=8, help="new trials to run (default 8)")
     c.add_argument("--results", default="plan-trials.jsonl",
@@ -139,6 +147,19 @@ def _add_calibrate(sub, fmt) -> None:
     c.add_argument("--flash-backend", default="sdpa",
                    help="attention_backend for flash layouts (sdpa on CPU, flash on GPUs)")
     c.add_argument("--fit-only", action="store_true", help="fit stored results, run nothing")
+
+
+def _add_longest(sub, fmt) -> None:
+    g = sub.add_parser("longest", help="the longest sequence that fits, and its layout",
+                       epilog=EXAMPLES, formatter_class=fmt)
+    _model_args(g)
+    _cluster_args(g)
+    g.add_argument("--cp-values", default="auto",
+                   help="context-parallel degrees to try (default auto: every divisor of the "
+                        "query heads per TP rank; 1: without context parallelism)")
+    g.add_argument("--step", type=int, default=1024,
+                   help="lengths tried are multiples of this (default 1024)")
+    g.add_argument("--top", type=int, default=5, help="fitting layouts to print (default 5)")
 
 
 def _add_scaling(sub, fmt) -> None:
@@ -169,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _layout_args(m)
     _add_calibrate(sub, fmt)
     _add_scaling(sub, fmt)
+    _add_longest(sub, fmt)
     return parser
 
 

@@ -13,7 +13,7 @@ from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
-                 "schedule")
+                 "schedule", "cp")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
@@ -25,7 +25,7 @@ def load_space(args) -> SearchSpace:
     return jobs.search_space(args.tp_values, args.pp_values, args.micro_batches,
                              args.zero_stages, args.recompute_values, args.flash,
                              args.sequence_parallel, args.max_tp, args.memory_fraction,
-                             args.schedules)
+                             args.schedules, getattr(args, "cp_values", "1"))
 
 
 def layout_overrides(args) -> dict:

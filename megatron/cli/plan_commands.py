@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Optional
 
@@ -9,7 +10,7 @@ from megatron.cli.plan_args import (layout_from_args, load_job, load_space, over
                                     profile_from_args)
 from megatron.config import Config
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner import emit, scaling
+from megatron.planner import emit, jobs, longest, scaling
 from megatron.planner.jobs import ints
 from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
 from megatron.planner.memory import GIB, memory_per_stage
@@ -160,10 +161,36 @@ def cmd_scaling(args) -> int:
     return 0
 
 
+def cmd_longest(args) -> int:
+    job, _, _ = load_job(args)
+    prof = profile_from_args(args)
+    _check_nodes(args.nodes)
+    if args.step < 1:
+        raise ConfigError("--step", args.step, "a positive number of tokens")
+    space = dataclasses.replace(longest.LEAST_MEMORY, cp=jobs.search_space(
+        cp_values=args.cp_values).cp)
+    result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
+    print(_describe(job, prof, args.nodes))
+    print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
+          f"1f1b, context parallel {args.cp_values}; lengths in multiples of {args.step}")
+    if not result.seq:
+        raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "
+                         "add nodes")
+    best = result.ranked[0]
+    cap = (f" ({result.first_fail} does not)" if result.first_fail
+           else " (the largest length tried)")
+    print(f"\nlongest sequence: {result.seq} tokens{cap}, predicted; "
+          f"{len(result.ranked)} layout(s) fit at it; the fastest: {best.layout.key()}, "
+          f"{best.memory.peak_gb:.1f} GB allocated, {best.memory.reserved_gb:.1f} GB reserved "
+          f"of {prof.spec.gpu_memory_gb:g}\n")
+    print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from megatron.cli.plan_calibrate import run_calibrate  # torch and optuna load only here
     return run_calibrate(args)
 
 
 COMMANDS = {"search": cmd_search, "memory": cmd_memory, "scaling": cmd_scaling,
-            "calibrate": cmd_calibrate}
+            "calibrate": cmd_calibrate, "longest": cmd_longest}

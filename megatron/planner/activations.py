@@ -5,9 +5,15 @@ exact extensions of the paper's formula; with GeLU, FFN 4h, MHA, dropout on and 
 activations it reduces to s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes (34 + 5as/h without TP), and
 with sequence parallelism to s*b*h*(34 + 5*a*s/h)/t. FlashAttention keeps no s x s tensor (it
 saves the log-sum-exp rows and recomputes scores); selective recompute drops the same terms;
-full recompute keeps only the layer input and rebuilds one layer at a time in backward."""
+full recompute keeps only the layer input and rebuilds one layer at a time in backward.
+
+Context parallelism (Ulysses, Layout.cp = C) gives each rank s/C of every sequence: every
+token-local tensor is 1/C; attention's q, k, v, context, scores and log-sum-exp rows are the
+whole sequence for heads/C heads, also 1/C of them, except key/value heads the exchange
+replicates (kv_replicas: fewer key/value heads per TP rank than C, or ones that do not split)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megatron.config import ModelConfig
@@ -28,28 +34,54 @@ class LayerActivations:
     lse: float          # fp32 log-sum-exp rows FlashAttention saves, split by TP
 
 
-def layer_terms(m: ModelConfig, s: int, b: int) -> LayerActivations:
-    """Stored tensors of one layer, unsharded, for b sequences of length s."""
+def kv_replicas(kv_heads: int, q_per_group: int, cp: int) -> int:
+    """Copies of each key/value head the Ulysses exchange sends: megatron/parallel/ulysses.py's
+    kv_replicas (which imports torch; the planner must not), held equal by
+    tests/unit/test_planner_context_parallel.py."""
+    if kv_heads % cp == 0:
+        return 1
+    r = cp // math.gcd(kv_heads, cp)
+    return r if q_per_group % r == 0 else q_per_group
+
+
+def layout_kv_replicas(m: ModelConfig, lay: Layout) -> int:
+    """kv_replicas for one TP rank's key/value heads under the layout's context parallelism."""
+    if lay.cp == 1:
+        return 1
+    groups = max(1, m.kv_heads // lay.tp)
+    return kv_replicas(groups, m.num_attention_heads // lay.tp // groups, lay.cp)
+
+
+def local_tokens(m: ModelConfig, lay: Layout) -> int:
+    """Tokens of one micro-batch on one rank: s*b, 1/C of them under context parallelism."""
+    return m.seq_length * lay.micro_batch // lay.cp
+
+
+def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
+                replicas: int = 1) -> LayerActivations:
+    """Stored tensors of one layer, unsharded over TP, for b sequences of length s on one of
+    cp context-parallel ranks (key/value heads sent `replicas` times: kv_replicas)."""
     h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
-    a, sb = m.num_attention_heads, s * b
+    a, sb = m.num_attention_heads, s * b // cp
     hidden_drop = m.hidden_dropout > 0
     attn_drop = m.attention_dropout > 0
     # norm1 input, QKV input, norm2 input, fc1 input
     replicated = 4 * sb * h
     # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input)
-    partitioned = sb * (h + kvh) + sb * kvh + sb * h
+    partitioned = sb * (h + kvh * replicas) + sb * kvh * replicas + sb * h
     # GeLU: its input and fc2's input; SwiGLU: both fc1 halves and fc2's input
     partitioned += sb * f * (3 if m.activation == "swiglu" else 2)
     masks = 2 * sb * h if hidden_drop else 0
-    scores = a * s * s * b * (2 if attn_drop else 1)
-    score_masks = a * s * s * b if attn_drop else 0
+    # heads/C over the whole sequence
+    scores = a // cp * s * s * b * (2 if attn_drop else 1)
+    score_masks = a // cp * s * s * b if attn_drop else 0
     return LayerActivations(replicated, partitioned, masks, scores, score_masks, a * sb)
 
 
 def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: bool) -> float:
     """Bytes one layer stores for backward on one TP rank, without full recompute."""
     t, e = lay.tp, act_bytes(precision)
-    terms = layer_terms(m, m.seq_length, lay.micro_batch)
+    terms = layer_terms(m, m.seq_length, lay.micro_batch, lay.cp, layout_kv_replicas(m, lay))
     rep = 1.0 / t if lay.sequence_parallel else 1.0
     total = (terms.replicated * e + terms.masks) * rep + terms.partitioned * e / t
     if keep_scores:
@@ -63,7 +95,7 @@ def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """Bytes one layer keeps per micro-batch in flight, under the layout's recompute policy."""
     if lay.recompute == "full":
         rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
-        return m.seq_length * lay.micro_batch * m.hidden_size * act_bytes(precision) * rep
+        return local_tokens(m, lay) * m.hidden_size * act_bytes(precision) * rep
     keep_scores = not lay.flash and lay.recompute == "none"
     return layer_full_bytes(m, lay, precision, keep_scores)
 
@@ -74,7 +106,7 @@ def layer_weight_grad_bytes(m: ModelConfig, lay: Layout, precision: str) -> floa
     QKV and fc1 and the gradients at the row-parallel outputs are replicated over TP (divided
     with SP, as layer_terms counts them); the rest is split. Under full recompute these are the
     rebuilt tensors, which 1F1B would have freed with the backward."""
-    e, sb, t = act_bytes(precision), m.seq_length * lay.micro_batch, lay.tp
+    e, sb, t = act_bytes(precision), local_tokens(m, lay), lay.tp
     h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
     fc1 = (2 if m.activation == "swiglu" else 1) * f
     rep = 1.0 / t if lay.sequence_parallel else 1.0
@@ -89,14 +121,14 @@ def head_weight_grad_bytes(m: ModelConfig, lay: Layout, padded_vocab: int,
                            precision: str) -> float:
     """The output head's pending W on the last stage: its input (s*b*h) and the logits'
     gradient (s*b*V/t), in the activation dtype."""
-    e, sb = act_bytes(precision), m.seq_length * lay.micro_batch
+    e, sb = act_bytes(precision), local_tokens(m, lay)
     return sb * (m.hidden_size + padded_vocab / lay.tp) * e
 
 
 def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """Transient bytes while one layer runs backward: its rebuilt activations under full
     recompute (the math path's scores included) plus the activation gradients in flight."""
-    e, sb = act_bytes(precision), m.seq_length * lay.micro_batch
+    e, sb = act_bytes(precision), local_tokens(m, lay)
     width = max(m.hidden_size, (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size // lay.tp)
     grads = 2 * sb * width * e
     if lay.recompute != "full":
@@ -107,14 +139,14 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
 def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str) -> float:
     """Output layer and vocab-parallel cross-entropy for one micro-batch on the last stage:
     the logits in the activation dtype, their fp32 copy and the saved fp32 softmax."""
-    elems = m.seq_length * lay.micro_batch * padded_vocab / lay.tp
+    elems = local_tokens(m, lay) * padded_vocab / lay.tp
     return elems * (act_bytes(precision) + 8)
 
 
 def boundary_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """One stage output (or embedding output) of one micro-batch: s*b*h activations."""
     rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
-    return m.seq_length * lay.micro_batch * m.hidden_size * act_bytes(precision) * rep
+    return local_tokens(m, lay) * m.hidden_size * act_bytes(precision) * rep
 
 
 def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,

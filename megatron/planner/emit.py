@@ -17,7 +17,7 @@ from megatron.planner.search import Candidate
 PAPER_OPTIMIZER = {"lr": 6e-5, "min_lr": 6e-6, "weight_decay": 0.1, "adam_beta1": 0.9,
                    "adam_beta2": 0.95, "lr_decay_style": "cosine"}
 
-HEADER = ("rank", "TP", "PP", "DP", "mb", "acc", "ZeRO", "recompute", "attn", "SP", "sched",
+HEADER = ("rank", "TP", "PP", "DP", "CP", "mb", "acc", "ZeRO", "recompute", "attn", "SP", "sched",
           "GB/GPU", "step s", "TFLOPs/GPU", "% peak", "HFU %", "bubble %")
 
 
@@ -25,7 +25,8 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
     rows = []
     for i, c in enumerate(cands, 1):
         lay, t = c.layout, c.time
-        rows.append([str(i), str(lay.tp), str(lay.pp), str(lay.dp), str(lay.micro_batch),
+        rows.append([str(i), str(lay.tp), str(lay.pp), str(lay.dp), str(lay.cp),
+                     str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
                      "flash" if lay.flash else "math", "on" if lay.sequence_parallel else "off",
                      lay.schedule if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
@@ -54,7 +55,7 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,
-                           pipeline_schedule=lay.schedule)
+                           pipeline_schedule=lay.schedule, context_parallel_size=lay.cp)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:
@@ -70,7 +71,7 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
 def config_yaml(cfg: Config, cand: Candidate, cluster: str, nodes: int) -> str:
     lay, t = cand.layout, cand.time
     note = (f"# Written by megatron-plan for {nodes} node(s) of {cluster}: TP{lay.tp} x PP{lay.pp}"
-            f" x DP{lay.dp}, micro-batch {lay.micro_batch}, {lay.grad_accum} accumulation steps"
+            f" x DP{lay.dp}{f' x CP{lay.cp}' if lay.cp > 1 else ''}, micro-batch {lay.micro_batch}, {lay.grad_accum} accumulation steps"
             f"{f', pipeline schedule {lay.schedule}' if lay.pp > 1 else ''}.\n"
             f"# Predicted: {cand.memory.peak_gb:.1f} GB per GPU at peak, {t.step_s:.3g} s per step,"
             f" {t.tflops_per_gpu:.1f} TFLOPs per GPU ({100 * t.mfu:.1f}% of peak), bubble "

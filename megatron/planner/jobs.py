@@ -15,7 +15,7 @@ from megatron.planner.search import SearchSpace
 
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                   "flash": True, "sp": False, "interleave": 1, "schedule": "1f1b"}
+                   "flash": True, "sp": False, "interleave": 1, "schedule": "1f1b", "cp": 1}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -58,7 +58,7 @@ def config_layout(cfg: Config) -> Dict[str, object]:
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
             "recompute": t.activation_checkpointing,
             "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel,
-            "schedule": p.pipeline_schedule}
+            "schedule": p.pipeline_schedule, "cp": p.context_parallel_size}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -81,18 +81,18 @@ def layout_values(overrides: Dict[str, object],
 def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
     """The Layout of `values` (layout_values) on `world` devices, checked as the trainer would
     (the interleaved schedule only by Megatron-LM's rules: the trainer cannot run it)."""
-    tp, pp, mb = values["tp"], values["pp"], values["micro_batch"]
-    if tp < 1 or pp < 1 or mb < 1:
-        raise ConfigError("--tp/--pp/--micro-batch", (tp, pp, mb), "positive integers")
-    if world % (tp * pp):
-        raise ConfigError("--tp x --pp", tp * pp, f"a divisor of the {world} devices")
-    dp = world // (tp * pp)
+    tp, pp, mb, cp = values["tp"], values["pp"], values["micro_batch"], values.get("cp", 1)
+    if tp < 1 or pp < 1 or mb < 1 or cp < 1:
+        raise ConfigError("--tp/--pp/--micro-batch/--cp", (tp, pp, mb, cp), "positive integers")
+    if world % (tp * pp * cp):
+        raise ConfigError("--tp x --pp x --cp", tp * pp * cp, f"a divisor of the {world} devices")
+    dp = world // (tp * pp * cp)
     if job.global_batch % (mb * dp):
         raise ConfigError("--global-batch", job.global_batch,
                           f"a multiple of micro-batch x DP ({mb} x {dp})")
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
-                 values["schedule"])
+                 values["schedule"], cp)
     check_layout(job, lay)
     return lay
 
@@ -107,6 +107,13 @@ def ints(flag: str, text: str) -> List[int]:
     return values
 
 
+def _positive_ints(text: str) -> Tuple[int, ...]:
+    values = ints("--cp-values", text)
+    if min(values) < 1:
+        raise ConfigError("--cp-values", text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
+    return tuple(values)
+
+
 def _both(flag: str, value: str) -> Tuple[bool, ...]:
     choices = {"both": (True, False), "on": (True,), "off": (False,)}
     if value not in choices:
@@ -118,8 +125,10 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  micro_batches: str = "1,2,4,8,16", zero_stages: str = "0,1,2,3",
                  recompute_values: str = "none,selective,full", flash: str = "both",
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
-                 memory_fraction: float = 1.0, schedules: str = "1f1b,zbh1") -> SearchSpace:
-    """A SearchSpace from the comma-separated lists the command line takes."""
+                 memory_fraction: float = 1.0, schedules: str = "1f1b,zbh1",
+                 cp_values: str = "1") -> SearchSpace:
+    """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
+    tries every context-parallel degree the model and node allow (SearchSpace.cp = None)."""
     recompute = tuple(v.strip() for v in recompute_values.split(","))
     if any(v not in RECOMPUTE for v in recompute):
         raise ConfigError("--recompute-values", recompute_values, f"values among {RECOMPUTE}")
@@ -137,4 +146,5 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        recompute=recompute, flash=_both("--flash", flash),
                        sequence_parallel=_both("--sequence-parallel", sequence_parallel),
                        max_tp=max_tp, memory_fraction=memory_fraction,
-                       schedules=schedule_values)
+                       schedules=schedule_values,
+                       cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values))

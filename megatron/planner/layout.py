@@ -45,10 +45,19 @@ class Layout:
     # parallel.pipeline_schedule: "1f1b" (DeepSpeed's) or "zbh1" (zero-bubble ZB-H1, PP > 1:
     # each backward split into B, the input gradient, and a deferred W, the weight gradients)
     schedule: str = "1f1b"
+    # parallel.context_parallel_size (Ulysses, docs/context_parallel.md): each of the cp ranks
+    # of a group holds s/cp of every sample; attention exchanges heads for the sequence. The
+    # dp ranks are data-parallel replicas of cp-rank groups: world = tp x cp x dp x pp.
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def zero_dp(self) -> int:
+        """Ranks the gradients are averaged over and ZeRO partitions over: dp x cp."""
+        return self.dp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -59,7 +68,8 @@ class Layout:
                 f"-z{self.zero}-{self.recompute}-{'flash' if self.flash else 'noflash'}"
                 f"{'-sp' if self.sequence_parallel else ''}"
                 f"{f'-v{self.interleave}' if self.interleave > 1 else ''}"
-                f"{f'-{self.schedule}' if self.schedule != '1f1b' else ''}")
+                f"{f'-{self.schedule}' if self.schedule != '1f1b' else ''}"
+                f"{f'-cp{self.cp}' if self.cp > 1 else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,9 +87,12 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
     m = job.model
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
-    error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed)
+    error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
+                         cp=lay.cp)
     if error is not None:
         return str(error)
+    if lay.cp > 1 and lay.schedule == "zbh1":  # validate.context_parallel_combination_error
+        return "the zbh1 schedule is refused with context parallelism"
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
     if lay.sequence_parallel and lay.tp == 1:
         return "sequence parallelism needs TP > 1"

@@ -12,6 +12,8 @@ overlap settings zero_settings.py reads from the same function that writes deeps
 - ZeRO-0: fp32 uses the torch optimizer as is (no master copy); fp16, and bf16 without
   pipelining, use the FP16 optimizer (whole fp32 master and moments); bf16 with pipelining uses
   DeepSpeed's BF16 optimizer, which shards master and moments over DP like ZeRO-1.
+  Under context parallelism "DP" here is dp x cp (Layout.zero_dp): DeepSpeed's data-parallel
+  group is the dp x cp group (megatron/engine/mpu.py), so its partitions are 1/(dp x cp).
 The peak is the larger of two phases: backward (states + activations in flight + one layer's
 working set) and the optimizer step (states + the fp32 gradient partition it flattens)."""
 from __future__ import annotations
@@ -162,7 +164,7 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings)."""
     ds = profile_settings(job, lay, c, device)
-    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.dp,
+    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.zero_dp,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
                        buffers=bucket_buffers(ds, lay.zero),
                        bucket_dtype_bytes=comm_bytes(ds, act.act_bytes(job.precision)),
@@ -178,7 +180,7 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
     if states.bucket_in_backward:
         backward += states.bucket
     # At the step ZeRO frees the gradients outside this rank's partition first.
-    step_grads = states.grads / lay.dp if lay.zero == 1 else states.grads
+    step_grads = states.grads / lay.zero_dp if lay.zero == 1 else states.grads
     step = base + step_grads + states.step_transient + states.bucket
     peak = max(backward, step)
     reserved = peak * (1 + c.frag) + c.framework_gb * GIB

@@ -30,6 +30,11 @@ class SearchSpace:
     # TP is kept inside a node unless this allows more (to test that lesson, not to use it).
     max_tp: Optional[int] = None
     uneven_pp: bool = False
+    # Context-parallel degrees (parallel.context_parallel_size); None: every divisor of the
+    # query heads per TP rank that splits the sequence (a group of tp x cp beyond a node
+    # exchanges over the NICs, priced so). The library's default leaves it out (what
+    # calibration and validation enumerate); megatron-plan search and longest explore it.
+    cp: Optional[Sequence[int]] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -89,10 +94,23 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int,
         for pp in pps:
             if (world // tp) % pp:
                 continue
-            yield from _inner_layouts(job, tp, pp, world // (tp * pp), space)
+            for cp in _cp_degrees(job, tp, world // (tp * pp), space):
+                yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp)
 
 
-def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace) -> Iterator[Layout]:
+def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
+    """Context-parallel degrees to try beside TP x PP: those that divide the remaining ranks;
+    by default the divisors of the query heads per TP rank that split the sequence
+    (config/validate.context_parallel_error's rules)."""
+    if space.cp is not None:
+        return [c for c in space.cp if c >= 1 and rest % c == 0]
+    m = job.model
+    heads = m.num_attention_heads // tp
+    return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
+
+
+def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
+                   cp: int = 1) -> Iterator[Layout]:
     for mb in space.micro_batch:
         if job.global_batch % (mb * dp):
             continue
@@ -106,8 +124,10 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace) -> I
                         if sp and tp == 1:
                             continue
                         for schedule in (space.schedules if pp > 1 else ("1f1b",)):
+                            if cp > 1 and schedule == "zbh1":
+                                continue  # the trainer refuses zbh1 with CP
                             yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
-                                         schedule=schedule)
+                                         schedule=schedule, cp=cp)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -127,7 +147,7 @@ def rank_key(c: Candidate):
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            lay.schedule != "1f1b")
+            lay.schedule != "1f1b", lay.cp)
 
 
 def search(job: Job, nodes: int, prof: Profile, space: SearchSpace = SearchSpace()) -> SearchResult:

@@ -19,7 +19,13 @@ gradients, the attention core, norms, biases, the TP and pipeline communication,
 W (the weight-gradient GEMMs: dW = dY^T X of every linear layer and the output head, and the
 embedding's scatter-add), which fills the slots where the stage would idle; with balanced stages
 step = m (F + B + W) + (p - 1)(F + B - W) + max(0, p - m) W, what engine/pipe_order.makespan
-replays for the schedule the engine runs (tests/unit/test_planner_zero_bubble.py)."""
+replays for the schedule the engine runs (tests/unit/test_planner_zero_bubble.py).
+Context parallelism (Ulysses, Layout.cp = C): every rank computes on s/C tokens (attention on
+the whole sequence for heads/C heads: 1/C of its FLOPs too); each layer adds two all-to-alls
+forward (q, k and v together; the attention output) and two backward, and two more where
+recompute replays the exchange (full and selective), over the C ranks' link (tp x C inside a
+node: the node's; else the NICs' share, hardware.ClusterSpec.group_gbps); gradients are reduced
+over dp x cp."""
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +73,10 @@ class _Ctx:
         self.peak = prof.spec.matmul_tflops(job.precision) * 1e12
         self.hbm = prof.spec.hbm_gbps * 1e9
         self.e = act.act_bytes(job.precision)
-        self.tokens = self.m.seq_length * lay.micro_batch
+        self.tokens = act.local_tokens(self.m, lay)
         self.tp_link = prof.spec.link(lay.tp, 1)
+        # the context-parallel group: C ranks spaced tp apart (state.py: pp, dp, cp, tp)
+        self.cp_link = prof.spec.link(lay.cp, lay.tp)
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
         # overlap_comm, bucket and communication dtype as the trainer will run this layout
         self.ds = profile_settings(job, lay, prof.constants)
@@ -105,7 +113,7 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
     m, t, tok = x.m, x.lay.tp, x.tokens
     h, d = m.hidden_size, m.head_dim
     fwd, core = linear_gemms(x), np.zeros(len(FEATURES))
-    heads = x.lay.micro_batch * m.num_attention_heads / t
+    heads = x.lay.micro_batch * m.num_attention_heads / t / x.lay.cp
     s = m.seq_length
     if x.lay.flash:
         core[ATTN] = 4 * tok * s * h / t / x.peak
@@ -124,15 +132,41 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
     return fwd + tp, core
 
 
+def ulysses_bytes(x: _Ctx) -> Tuple[float, float]:
+    """Bytes one rank hands the two forward all-to-alls of a layer under context parallelism:
+    q, k and v (key/value heads with their replicas) and the attention output, [s/C, b, ...]."""
+    m, t = x.m, x.lay.tp
+    r = act.layout_kv_replicas(m, x.lay)
+    heads = m.num_attention_heads // t
+    kv = max(1, m.kv_heads // t) * r
+    return (x.tokens * (heads + 2 * kv) * m.head_dim * x.e,
+            x.tokens * heads * m.head_dim * x.e)
+
+
+def ulysses_features(x: _Ctx) -> np.ndarray:
+    """The forward's two all-to-alls: each rank keeps 1/C of its tensor and sends the rest,
+    bus bytes (C - 1)/C of it (nccl-tests' alltoall convention)."""
+    f = np.zeros(len(FEATURES))
+    c = x.lay.cp
+    if c > 1:
+        for nbytes in ulysses_bytes(x):
+            x.collective(f, (c - 1) / c * nbytes, x.cp_link)
+    return f
+
+
 def layer_features(x: _Ctx) -> np.ndarray:
-    """Forward, backward (twice the forward; flash backward 2.5x) and recompute of one layer."""
+    """Forward, backward (twice the forward; flash backward 2.5x) and recompute of one layer;
+    under context parallelism the exchange's all-to-alls once forward and once backward, and
+    once more where recompute replays the attention."""
     fwd, core = _layer_forward(x)
-    total = 3 * fwd
+    a2a = ulysses_features(x)
+    total = 3 * fwd + 2 * a2a
     total[ATTN] += 0.5 * core[ATTN]
     if x.lay.recompute == "full":
-        total += fwd
+        total += fwd + a2a
     elif x.lay.recompute == "selective":
-        total += core
+        # the attention core, with the exchange around it (attention._core) under CP
+        total += core + a2a
     return total
 
 
@@ -153,7 +187,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         # stay put
         v = x.lay.interleave
         hops = 4 * v - (2 if last else 0) - (2 if first else 0)
-        link = x.spec.link(2, x.lay.tp * x.lay.dp)
+        link = x.spec.link(2, x.lay.tp * x.lay.dp * x.lay.cp)
         if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
             x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
@@ -227,7 +261,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     window_s: one micro-batch's backward on the stage (backward_window); layers: the stage's
     transformer layers (the chunks an engine that overlaps per layer reduces)."""
     f = np.zeros(len(FEATURES))
-    lay, n, d = x.lay, sp.total, x.lay.dp
+    lay, n, d = x.lay, sp.total, x.lay.zero_dp
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
     grads = (4 if kind == "torch" else x.e) * n
     wire = comm_bytes(x.ds, 4 if kind == "torch" else x.e) * n  # communication_data_type
