@@ -126,7 +126,7 @@ def _parts(s: StageMemory) -> str:
 def remedies(cfg: Config, v: Verdict) -> List[str]:
     """What to change, the likelier help first: states (TP, PP, ZeRO) or activations."""
     p, t, s = cfg.parallel, cfg.training, v.stage
-    dp = v.layout.dp
+    dp = v.layout.zero_dp  # ZeRO shards over dp x cp
     states = [f"split the model with parallel.tensor_parallel_size or "
               f"parallel.pipeline_parallel_size (now {p.tensor_parallel_size} and "
               f"{p.pipeline_parallel_size}; on more ranks if need be)"]
@@ -135,7 +135,9 @@ def remedies(cfg: Config, v: Verdict) -> List[str]:
         states.append(f"parallel.zero_stage=3 (now {p.zero_stage}) to shard the states {where}")
     if t.precision == "fp32":
         states.append("training.precision=bf16")
-    acts = [f"a smaller training.micro_batch_size (now {t.micro_batch_size})"]
+    acts = [f"a smaller training.micro_batch_size (now {t.micro_batch_size})",
+            f"parallel.context_parallel_size (now {p.context_parallel_size}) to split each "
+            "sequence over more ranks"]
     if t.activation_checkpointing != "full":
         acts.insert(0, f"training.activation_checkpointing=full (now "
                        f"{t.activation_checkpointing})")

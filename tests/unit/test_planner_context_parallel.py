@@ -202,3 +202,18 @@ def test_planner_predicts_the_measured_cp_memory_within_20_percent():
         assert peaks[name] == pytest.approx(measured[name]["peak_gb"], rel=0.2), name
     assert measured["cp2"]["peak_gb"] <= 0.6 * measured["one_rank"]["peak_gb"]
     assert peaks["cp2"] <= 0.6 * peaks["one_rank"]
+
+
+def test_the_start_up_memory_check_reads_the_configs_degree():
+    from megatron.planner import fit
+    cfg = load_config(os.path.join(ROOT, "examples", "local", "tiny.yaml"),
+                      ["parallel.context_parallel_size=2", "model.seq_length=4096",
+                       "model.max_position_embeddings=4096"])
+    lay, stage = fit.predict(cfg, 2, "cpu")
+    one, _ = fit.predict(load_config(os.path.join(ROOT, "examples", "local", "tiny.yaml"),
+                                     ["model.seq_length=4096",
+                                      "model.max_position_embeddings=4096"]), 2, "cpu")
+    assert lay.cp == 2 and lay.dp == 1 and one.cp == 1 and one.dp == 2
+    assert stage.activations < peak_memory(Job(cfg.model, 16, "fp32"),
+                                           dataclasses.replace(lay, cp=1, dp=2),
+                                           Constants(bucket_touched=1.0)).activations
