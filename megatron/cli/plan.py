@@ -90,7 +90,7 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (default: what --config FILE sets, else TP 1, PP 1, "
-                             "micro-batch 1, ZeRO 1, no recompute, flash, no SP, 1f1b; a flag "
+                             "CP 1, micro-batch 1, ZeRO 1, no recompute, flash, no SP, 1f1b; a flag "
                              "given here overrides the config)")
     g.add_argument("--tp", type=int)
     g.add_argument("--pp", type=int)
