@@ -217,3 +217,23 @@ def test_the_start_up_memory_check_reads_the_configs_degree():
     assert stage.activations < peak_memory(Job(cfg.model, 16, "fp32"),
                                            dataclasses.replace(lay, cp=1, dp=2),
                                            Constants(bucket_touched=1.0)).activations
+
+
+def test_memory_cli_takes_the_degree_from_the_config_and_the_flag(capsys, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(open(os.path.join(ROOT, "examples", "local", "tiny.yaml")).read()
+                   .replace("  zero_stage: 1", "  zero_stage: 1\n  context_parallel_size: 2"))
+    code = main(["memory", "--config", str(cfg), "--cluster", "a100", "--nodes", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "-cp2 (from" in out
+    code = main(["memory", "--config", str(cfg), "--cluster", "a100", "--nodes", "1",
+                 "--cp", "4"])
+    out = capsys.readouterr().out
+    assert code == 0 and "-cp4 (from" in out and "--cp from the command line" in out
+
+
+def test_longest_cli_without_context_parallelism(capsys):
+    code = main(["longest", "--model", "175b", "--cluster", "frontier", "--nodes", "16",
+                 "--cp-values", "1"])
+    assert code == 0
+    assert "longest sequence: 80896 tokens" in capsys.readouterr().out
