@@ -128,7 +128,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  memory_fraction: float = 1.0, schedules: str = "1f1b,zbh1",
                  cp_values: str = "1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
-    tries every context-parallel degree the model and node allow (SearchSpace.cp = None)."""
+    tries every context-parallel degree the model allows (SearchSpace.cp = None)."""
     recompute = tuple(v.strip() for v in recompute_values.split(","))
     if any(v not in RECOMPUTE for v in recompute):
         raise ConfigError("--recompute-values", recompute_values, f"values among {RECOMPUTE}")
