@@ -20,6 +20,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 OUT = os.path.join(ROOT, "benchmarks", "results")
+sys.path.insert(0, ROOT)
+from megatron.checkpoint.records import StepRecord, read_metrics  # noqa: E402
+from megatron.checkpoint.rundir import RunDir  # noqa: E402
+
 SEQ = 8192
 MODEL = [f"model.seq_length={SEQ}", f"model.max_position_embeddings={SEQ}",
          "model.num_layers=12", "model.hidden_size=128", "model.num_attention_heads=4",
@@ -40,11 +44,10 @@ def run(cp: int, tmp: str) -> dict:
         "--master_port=29793", "-m", "megatron.cli.train"] + args
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [r for r in map(json.loads, f) if "step" in r and "loss" in r]
-    return {"ranks": cp, "peak_gb": max(r["mem_gb"] for r in steps),
-            "losses": [r["loss"] for r in steps],
-            "step_s": sorted(r["step_time_s"] for r in steps)[len(steps) // 2]}
+    steps = [r for r in read_metrics(RunDir(run_dir).metrics) if isinstance(r, StepRecord)]
+    return {"ranks": cp, "peak_gb": max(r.mem_gb for r in steps),
+            "losses": [r.loss for r in steps],
+            "step_s": sorted(r.step_time_s for r in steps)[len(steps) // 2]}
 
 
 def main() -> int:

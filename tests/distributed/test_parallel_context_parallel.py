@@ -1,7 +1,7 @@
 """Context parallelism (Ulysses, parallel.context_parallel_size) against one rank: fp32, dropout
-off, clipping on, 5 steps and an evaluation after them, for the GPT-2 and the Llama flavour (Llama's two key/value heads are
-fewer than CP4's degree and than CP2 x TP2's per tensor-parallel rank, so the replication of
-key/value heads is exercised).
+off, clipping on, 5 steps and an evaluation after them, for the GPT-2 and the Llama flavour
+(Llama's two key/value heads are fewer than CP4's degree and than CP2 x TP2's per
+tensor-parallel rank, so the replication of key/value heads is exercised).
 
 Three launches (start-up dominates): 2 ranks (CP2, recomputation, bf16; the CP2 checkpoint),
 1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x TP2,

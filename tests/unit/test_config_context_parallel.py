@@ -38,7 +38,9 @@ def test_deepspeed_counts_each_context_parallel_rank_of_a_sample():
      "context_parallel_size x tensor_parallel_size = 4 with sequence parallelism"),
     (["parallel.context_parallel_size=2"], 3, "context_parallel_size (1 x 1 x 2 = 2)"),
     (["parallel.context_parallel_size=2", "parallel.pipeline_parallel_size=2",
-      "parallel.pipeline_schedule=zbh1"], 4, "parallel.pipeline_schedule='zbh1' is invalid: expected 1f1b with parallel.context_parallel_size=2"),
+      "parallel.pipeline_schedule=zbh1"], 4,
+     "parallel.pipeline_schedule='zbh1' is invalid: expected 1f1b with "
+     "parallel.context_parallel_size=2"),
     (["parallel.context_parallel_size=0"], 1, "parallel.context_parallel_size=0"),
 ])
 def test_a_layout_that_cannot_work_is_one_message_naming_the_fields(overrides, world, words):
