@@ -5,7 +5,7 @@ tensor-parallel rank, so the replication of key/value heads is exercised).
 
 Three launches (start-up dominates): 2 ranks (CP2, recomputation, bf16; the CP2 checkpoint),
 1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x TP2,
-CP2 x PP2, CP2 x DP2 with ZeRO-1 and ZeRO-3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
+CP2 x PP2, CP2 x DP2 with ZeRO-1, 2 and 3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
 continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the
 exchange (CP only), its composition with TP's heads, PP's activations, ZeRO's group (dp x cp)
 or SP's sequence shards; `grads` compares every parameter's gradient directly."""
@@ -21,8 +21,8 @@ from tests.support.procs import torchrun
 
 WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
 TWO_RANK = ["cp2", "cp2_recompute_full"]
-FOUR_RANK = ["cp4", "cp2tp2", "cp2pp2", "cp2dp2_zero1", "cp2dp2_zero3", "cp2tp2_sp",
-             "cp2tp2_recompute_selective"]
+FOUR_RANK = ["cp4", "cp2tp2", "cp2pp2", "cp2dp2_zero1", "cp2dp2_zero2", "cp2dp2_zero3",
+             "cp2tp2_sp", "cp2tp2_recompute_selective"]
 # A checkpoint continues under another degree: (source layout, continuing layout).
 PAIRS = [("cp2", "single"), ("tp2pp2", "cp2tp2")]
 FLAVOURS = ["gpt2", "llama"]
