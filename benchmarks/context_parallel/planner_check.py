@@ -24,6 +24,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
+
+from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
+from megatron.checkpoint.rundir import RunDir  # noqa: E402
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 MEASURED = os.path.join(RESULTS, "context_parallel_memory.json")
 OUT = os.path.join(RESULTS, "context_parallel_planner")
@@ -42,8 +45,8 @@ def baseline_gb(cp: int, run_dir: str) -> float:
         "--master_port=29797", "-m", "megatron.cli.train"] + args
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return max(r["mem_gb"] for r in map(json.loads, f) if "mem_gb" in r)
+    records = steps(read_metrics(RunDir(run_dir).metrics))
+    return max(r.mem_gb for r in records if r.mem_gb is not None)
 
 
 def predicted_gb(settings, cp: int, fixed_gb: float) -> dict:

@@ -232,7 +232,7 @@ class Checkpointer:
         if resume is not None:
             nbytes = resume.meta.size_bytes() / state.world_size  # the ranks write in parallel
         else:  # fp32 master and two Adam moments per element this rank owns
-            shards = state.dp if self.job.ds_config["zero_optimization"]["stage"] > 0 else 1
+            shards = state.dp_cp if self.job.ds_config["zero_optimization"]["stage"] > 0 else 1
             nbytes = 12.0 * engine.parameters_on_rank() / shards
         speed = _write_speed(self.job.run.checkpoints)
         return COMMIT_S + nbytes / speed, (f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s "
