@@ -31,20 +31,14 @@ from megatron.training.loop import train
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from paths import TINY  # noqa: E402
+from run_layouts import FLAVOURS  # noqa: E402  (GPT-2 and Llama: one home)
 
 COMMON = ["training.precision=fp32", "training.global_batch_size=8", "training.eval_interval=5",
           "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
           "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.attention_backend=sdpa",
           "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
-
-FLAVOURS = {
-    "gpt2": ["model.position_embedding_type=learned", "model.normalization=layernorm",
-             "model.activation=gelu", "model.tie_embeddings=true"],
-    # two key/value heads: fewer than CP4's degree, and than CP2 x TP2's per TP rank (1 < 2)
-    "llama": ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
-              "model.activation=swiglu", "model.num_query_groups=2",
-              "model.add_bias_linear=false", "model.tie_embeddings=false"],
-}
+# FLAVOURS["llama"] has two key/value heads: fewer than CP4's degree, and than CP2 x TP2's per
+# TP rank (1 < 2), so their replication over the group is exercised.
 
 
 def _cp(n):

@@ -1,8 +1,10 @@
 """A 4-rank worker for tests/integration/test_launch_node_link.py: the link check over a roster of
 two nodes (ranks 0-1 on n0, 2-3 on n1) with the default floor and with an impossible one; each
-rank prints its verdicts as one JSON line."""
+rank writes its verdicts to rank<R>.json in the folder given as its argument (four ranks
+printing to one pipe can interleave their lines)."""
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -16,7 +18,8 @@ def main() -> None:
     cpu = torch.device("cpu")
     healthy = check_node_link(nodes, rank, cpu, {})
     broken = check_node_link(nodes, rank, cpu, {MIN_GBPS_ENV: "1e6"})
-    print(json.dumps({"rank": rank, "healthy": healthy, "broken": broken}), flush=True)
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "healthy": healthy, "broken": broken}, f)
     dist.destroy_process_group()
 
 

@@ -28,18 +28,12 @@ from megatron.training import startup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from paths import TINY  # noqa: E402
+from run_layouts import FLAVOURS  # noqa: E402  (GPT-2 and Llama: one home)
 
 COMMON = ["training.precision=fp32", "training.global_batch_size=16",
           "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
           "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.attention_backend=sdpa",
           "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
-FLAVOURS = {
-    "gpt2": ["model.position_embedding_type=learned", "model.normalization=layernorm",
-             "model.activation=gelu", "model.tie_embeddings=true"],
-    "llama": ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
-              "model.activation=swiglu", "model.num_query_groups=2",
-              "model.add_bias_linear=false", "model.tie_embeddings=false"],
-}
 LAYOUTS = {
     "pp2": ["parallel.pipeline_parallel_size=2"],
     "pp2_zero0": ["parallel.pipeline_parallel_size=2", "parallel.zero_stage=0"],

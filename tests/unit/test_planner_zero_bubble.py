@@ -101,7 +101,8 @@ def test_memory_peak_is_the_replays_worst_state(p, m):
 
 
 def _bench_job(m):
-    worker = open(WORKER).read()
+    worker = open(WORKER).read() + open(os.path.join(os.path.dirname(WORKER),
+                                                     "run_layouts.py")).read()  # FLAVOURS
     missing = [o for o in BENCH if f'"{o}"' not in worker]
     assert not missing, f"the benchmark's shapes moved: {missing} not in {WORKER}"
     return Job(load_config(TINY, BENCH).model, 2 * m, "fp32")
