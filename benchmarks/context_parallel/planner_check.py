@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 
@@ -25,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 
-from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
-from megatron.checkpoint.rundir import RunDir  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_memory import train_steps  # noqa: E402  (the same launch, another model)
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 MEASURED = os.path.join(RESULTS, "context_parallel_memory.json")
 OUT = os.path.join(RESULTS, "context_parallel_planner")
@@ -37,15 +36,7 @@ BASELINE_SETS = ["training.train_iters=2", "training.tensorboard=false",
 
 def baseline_gb(cp: int, run_dir: str) -> float:
     """mem_gb (rank 0's peak resident set) of the tiny model at sequence 64."""
-    sets = BASELINE_SETS + [f"parallel.context_parallel_size={cp}", f"run.dir={run_dir}"]
-    args = ["--config", TINY] + [a for s in sets for a in ("--set", s)]
-    train = [sys.executable, "-m", "megatron.cli.train"]
-    cmd = train + args if cp == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cp}",
-        "--master_port=29797", "-m", "megatron.cli.train"] + args
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True,
-                   env=dict(os.environ, OMP_NUM_THREADS="1"))
-    records = steps(read_metrics(RunDir(run_dir).metrics))
+    records = train_steps(BASELINE_SETS, cp, run_dir, 29797)
     return max(r.mem_gb for r in records if r.mem_gb is not None)
 
 
