@@ -300,8 +300,9 @@ class HangEvent:
 
 @dataclass(frozen=True)
 class StragglerEvent:
-    """A rank whose own forward time over the last training.straggler_interval steps was
-    `ratio` times the median rank's (training/stragglers.py)."""
+    """A rank whose median forward pass over the last training.straggler_interval steps was
+    `ratio` times the other ranks' median, in this window and the one before
+    (training/stragglers.py)."""
     step: int
     rank: int
     host: str

@@ -207,8 +207,9 @@ class TrainingConfig:
     # the larger of hang_timeout_minutes and 5x the slowest such phase measured. 0: off.
     startup_timeout_minutes: float = 30.0
     hang_timeout_minutes: float = 5.0
-    # Every straggler_interval steps (0: never) the ranks compare their own forward time; one
-    # above straggler_factor x the median is named in a warning and a straggler event.
+    # Every straggler_interval steps (0: never) the ranks compare their median forward pass; one
+    # above straggler_factor x the others' median in two windows in a row is named in a warning
+    # and a straggler event.
     straggler_interval: int = 50
     straggler_factor: float = 1.2
     # Each rank checks its node before joining the job (launch/health.py: GPUs visible, a GEMM

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import statistics
 import sys
 import time
 import types
@@ -83,13 +84,16 @@ def _import_deepspeed():
 
 
 class ComputeTimer:
-    """Seconds this rank spends in its own forward passes (no collective of a data-parallel
-    layout waits there), summed until take(): what names a slow rank (training/stragglers.py).
-    On a GPU the span is timed with CUDA events read at take(), so no step synchronizes for it."""
+    """How long this rank's forward passes take (no collective of a data-parallel layout waits
+    there): take() gives the median micro-batch forward since the last take(), what names a slow
+    rank (training/stragglers.py). The median, not the sum: a throttled GPU slows every forward,
+    while a one-off pause (a garbage collection, the OS preempting the process, a page fault
+    storm) slows a few and must not name the rank. On a GPU the spans are timed with CUDA events
+    read at take(), so no step synchronizes for it."""
 
     def __init__(self, device: torch.device):
         self.gpu = device.type == "cuda"
-        self.seconds, self.pending, self._began = 0.0, [], None
+        self.spans, self.pending, self._began = [], [], None
 
     def start(self) -> None:
         if self.gpu:
@@ -104,15 +108,16 @@ class ComputeTimer:
             end.record()
             self.pending.append((self._began, end))
         else:
-            self.seconds += time.perf_counter() - self._began
+            self.spans.append(time.perf_counter() - self._began)
 
     def take(self) -> float:
+        """The median span in seconds since the last take() (0.0 when none), and a new window."""
         if self.pending:
             self.pending[-1][1].synchronize()
-            self.seconds += sum(a.elapsed_time(b) for a, b in self.pending) / 1e3
+            self.spans += [a.elapsed_time(b) / 1e3 for a, b in self.pending]
             self.pending = []
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
+        spans, self.spans = self.spans, []
+        return statistics.median(spans) if spans else 0.0
 
 
 @dataclass

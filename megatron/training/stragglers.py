@@ -1,9 +1,15 @@
 """Slow ranks are named: every training.straggler_interval steps one small all-gather of each
-rank's own forward time over those steps (engine.ComputeTimer: its compute, not the time it waits
-for the others in collectives) names each rank slower than the median of the others by more than
-training.straggler_factor (the first window, with the warm-up steps, is not judged): a warning
-and {"event": "straggler", "step", "rank", "host", "ratio"}, the host being the rank's node in
-start-up's roster. A throttled GPU or a bad node slows the whole job; this says which rank.
+rank's median micro-batch forward over those steps (engine.ComputeTimer: its compute, not the
+time it waits for the others in collectives) compares it with the median of the other ranks. A
+rank above training.straggler_factor in two windows in a row is named: a warning and
+{"event": "straggler", "step", "rank", "host", "ratio"} (the host being the rank's node in
+start-up's roster; the ratio, this window's), and again each window it stays slow. The first
+window, with the warm-up steps, is not judged. A throttled GPU or a bad node slows the whole
+job; this says which rank.
+
+Two statistics keep noise from naming anyone: the median forward, so a one-off pause (a garbage
+collection, the OS preempting the process) does not count, and two windows in a row, so a stretch
+of contention on a shared node does not either; a slow GPU stays slow.
 
 Under tensor parallelism a rank's forward includes its TP group's all-reduces, so a slow rank's
 TP peers wait inside their forward too and are named with it: the group is named, not the rank.
@@ -31,6 +37,7 @@ class Stragglers:
         self.factor, self.engine, self.device = t.straggler_factor, engine, device
         self.writer, self.hosts = writer, nodes
         self.warm = False
+        self.slow_before: set = set()  # the ranks above the factor in the last window
 
     def after_step(self, step: int) -> List[StragglerEvent]:
         """Collective every `interval` steps (all ranks reach the same steps); the events."""
@@ -46,17 +53,22 @@ class Stragglers:
         return self._name(step, [float(x.item()) for x in every])
 
     def _name(self, step: int, seconds: List[float]) -> List[StragglerEvent]:
-        """Each rank against the median of the others (of many ranks, the median; of two, the
-        other one: a median that counts the slow rank itself would hide half its delay)."""
-        found = []
+        """One window's median forwards (index: rank): the events of the ranks slow in this
+        window and the one before. Each rank against the median of the others (of many ranks,
+        the median; of two, the other one: a median that counts the slow rank itself would hide
+        half its delay)."""
+        slow = {}
         for rank, s in enumerate(seconds):
             others = statistics.median(seconds[:rank] + seconds[rank + 1:])
             if others > 0 and s > self.factor * others:
-                found.append(StragglerEvent(step, rank, self.hosts[rank], round(s / others, 3)))
+                slow[rank] = round(s / others, 3)
+        found = [StragglerEvent(step, rank, self.hosts[rank], ratio)
+                 for rank, ratio in slow.items() if rank in self.slow_before]
+        self.slow_before = set(slow)
         for event in found:
             if self.writer:
-                log.warning("rank %d on %s is a straggler: its forward passes took %.2fx the "
-                            "median over the last %d steps", event.rank, event.host, event.ratio,
-                            self.interval)
+                log.warning("rank %d on %s is a straggler: its median forward pass over the "
+                            "last %d steps took %.2fx the other ranks' median", event.rank,
+                            event.host, self.interval, event.ratio)
                 self.writer.write(event)
         return found
