@@ -22,8 +22,9 @@ setup: $(VENV)/.installed
 toolchains:
 	bash tools/install_toolchains.sh
 
+# --durations: the 20 slowest tests, so a CI log says where the suite's time goes
 test: setup toolchains
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
 # Under 5 minutes on 2 cores: unit tests and the integration tests not marked slow (no
 # distributed, e2e or GPU tests, no CUDA wheel build). `make test` still runs everything.
