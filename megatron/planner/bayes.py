@@ -8,7 +8,7 @@ spending budget. Stored trials (JSON lines) are replayed into the study, so a se
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from megatron.config.errors import InputError
 from megatron.planner.layout import Job, Layout, layout_problem

@@ -5,7 +5,6 @@ holds, read through records.read_metrics; events appear in the page. A failure n
 and the series."""
 import html
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -20,7 +20,7 @@ from megatron.planner.longest import LEAST_MEMORY, longest_sequence, with_sequen
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.models import preset_model
 from megatron.planner.profile import Constants, load_profile
-from megatron.planner.search import SearchSpace, search
+from megatron.planner.search import search
 from megatron.planner.timing import COMM, COMM_X, _Ctx, step_time, ulysses_bytes, ulysses_features
 
 from tests.support.paths import ROOT
@@ -77,7 +77,6 @@ def test_replicated_key_value_heads_keep_more_than_one_cth():
     # 32 query heads, 2 key/value heads at TP 1: CP4 sends each key/value head twice
     m = dataclasses.replace(preset_model("22b", 32768), num_attention_heads=32,
                             num_query_groups=2, hidden_size=4096)
-    job = Job(m, 64, "bf16")
     lay4 = Layout(1, 1, 16, 1, 4, 1, "none", True, cp=4)
     assert act.layout_kv_replicas(m, lay4) == 2
     assert act.layout_kv_replicas(m, dataclasses.replace(lay4, cp=2, dp=32)) == 1
