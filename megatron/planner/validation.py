@@ -21,6 +21,7 @@ import numpy as np
 
 from megatron.config import ModelConfig, strict_yaml
 from megatron.config.errors import InputError
+from megatron.config.model_math import layer_forward_flops_per_token
 from megatron.planner.calibrate import nnls
 from megatron.planner.hardware import PRESETS
 from megatron.planner.layout import Job, Layout, check_layout
@@ -71,11 +72,14 @@ class Case:
 
 def published_hw_flops(job: Job, lay: Layout) -> float:
     """FLOPs of a step as the sources count them (Narayanan et al. eq. 3): 24 c B s l h^2
-    (1 + s/6h) + 6 B s h V, c = 4 with full recompute (one more forward), else 3."""
+    (1 + s/6h) + 6 B s h V, c = 4 with full recompute (one more forward), else 3. Written per
+    layer and token (model_math: 2 x matmul parameters + 4 s h of attention) it is the same
+    number for a GPT and extends to GQA, SwiGLU and other FFN widths, as Megatron counts them."""
     m, b, s = job.model, job.global_batch, job.model.seq_length
     c = 4 if lay.recompute == "full" else 3
-    h, layers = m.hidden_size, m.num_layers
-    return 24 * c * b * s * layers * h * h * (1 + s / (6 * h)) + 6 * b * s * h * m.vocab_size
+    per_token = c * m.num_layers * layer_forward_flops_per_token(m) + 6 * m.hidden_size * \
+        m.vocab_size
+    return float(b * s * per_token)
 
 
 def _profile(cluster, framework: str) -> Profile:
@@ -90,9 +94,17 @@ def _profile(cluster, framework: str) -> Profile:
 
 def _case(raw: Dict, defaults: Dict) -> Case:
     v = {**defaults, **raw}
+    # optional shape fields (Llama-style runs): key/value heads, FFN width, SwiGLU, RMSNorm,
+    # rotary positions, untied output layer; unset, the GPT of Narayanan et al.
+    shape = {"num_query_groups": v.get("kv_heads"), "ffn_hidden_size": v.get("ffn"),
+             "activation": v.get("activation", "gelu"),
+             "normalization": v.get("norm", "layernorm"),
+             "position_embedding_type": v.get("position", "learned"),
+             "tie_embeddings": v.get("tied", True)}
     model = ModelConfig(num_layers=v["layers"], hidden_size=v["hidden"],
                         num_attention_heads=v["heads"], seq_length=v["seq"],
-                        vocab_size=v["vocab"], hidden_dropout=0.1, attention_dropout=0.1)
+                        vocab_size=v["vocab"], hidden_dropout=0.1, attention_dropout=0.1,
+                        **shape)
     job = Job(model, v["batch"], v["precision"])
     tp, pp, mb = v["tp"], v["pp"], v["micro_batch"]
     dp = v["gpus"] // (tp * pp)
@@ -106,12 +118,14 @@ def _case(raw: Dict, defaults: Dict) -> Case:
         raise InputError(f"published case {v['id']}: framework {v['framework']!r} is not one "
                          f"of {FRAMEWORKS}")
     prof = _profile(v["cluster"], v["framework"])
-    published = {k: v[k] for k in ("hw_tflops", "hfu", "step_s") if k in v}
+    published = {k: v[k] for k in ("hw_tflops", "hfu", "step_s", "tokens_per_s") if k in v}
     step = None
     if not published:
         pass  # a layout compared in a publication without a figure used here
     elif "step_s" in v:
         step = v["step_s"]
+    elif "tokens_per_s" in v:  # per device, as llm-foundry and torchtitan report it: no FLOP count
+        step = job.global_batch * model.seq_length / (v["tokens_per_s"] * lay.world)
     elif "hw_tflops" in v:
         step = published_hw_flops(job, lay) / (v["hw_tflops"] * 1e12 * lay.world)
     else:
