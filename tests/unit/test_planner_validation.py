@@ -34,8 +34,10 @@ def _table(rows):
 
 def test_cases_cover_the_sources_the_issue_names(published):
     sources = {c.source for c in published.cases}
-    assert {"narayanan21", "korthikanti22", "mtnlg22", "bloom22", "dash23"} <= sources
-    assert len(published.cases) >= 25
+    assert {"narayanan21", "korthikanti22", "mtnlg22", "bloom22", "dash23", "mcore24",
+            "mosaic23", "neox22"} <= sources
+    assert len(published.cases) >= 40
+    assert {c.profile.spec.name for c in published.cases} >= {"a100", "frontier", "h100"}
     for c in published.cases:
         assert c.published_step_s > 0, c.id
 
@@ -62,9 +64,10 @@ def _loso_table(rows):
 
 
 def test_leave_one_source_out_error_is_within_bounds(rows):
-    """Each case predicted by a fit that saw no case of its paper. Bounds as measured with 29
-    cases from 5 sources (median 6.8%, max 27.6% on MT-NLG), not yet issue 26's targets
-    (median <= 10%, every case <= 20%, >= 40 cases, >= 8 sources, >= 3 devices)."""
+    """Each case predicted by a fit that saw no case of its paper. Bounds set with 29 cases from
+    5 sources (median 6.8%, max 27.6% on MT-NLG); with 45 cases from 8 sources and 3 device
+    kinds: median 4.2%, max 24.7% (mtnlg-3360), so issue 26's median <= 10% holds and its
+    every case <= 20% does not yet (MT-NLG's three cases are 20-25%)."""
     errors = np.abs([r.loso_error for r in rows])
     assert np.median(errors) <= 0.10, _loso_table(rows)
     assert errors.max() <= 0.30, _loso_table(rows)
@@ -90,7 +93,7 @@ def test_a_group_no_case_exercises_is_not_fitted(published):
     assert not np.allclose(fit[:3], v.PRIOR[:3])
     assert v.constrained_by(megatron_only)["pipe_slot_ms"] == ()
     assert set(v.constrained_by(published.cases)["pipe_slot_ms"]) == \
-        {"mtnlg22", "bloom22", "dash23"}
+        {"mtnlg22", "bloom22", "dash23", "neox22"}
 
 
 def test_fit_improves_on_the_prior(rows):
