@@ -98,7 +98,7 @@ def main() -> int:
         share = {k: 100 * v / t["step"] for k, v in t.items() if k != "step"}
         terms.append([name, *(f"{share[k]:.1f}" for k in ("gemm", "attn", "mem", "comm",
                                                              "latency", "microbatch",
-                                                             "pipe_slot")),
+                                                             "pipe_engine")),
                       f"{share['reduce+optimizer']:.1f}", f"{t['step']:.3g}"])
     table = format_table(("model", "GPUs", "TP8 layout", "HW TFLOP/s", "rank", "best layout",
                           "best HW TFLOP/s"), rows)

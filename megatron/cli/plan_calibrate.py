@@ -74,7 +74,7 @@ def _print_report(report, out: str, failed: int) -> None:
           f"x{c.latency_scale:.3g}; across nodes: comm_eff {c.inter_comm_eff:.3g}, latency "
           f"x{c.inter_latency_scale:.3g}; "
           f"micro-batch overhead "
-          f"{c.microbatch_overhead_s * 1e3:.3g} ms (+{c.pipe_slot_s * 1e3:.3g} ms per pipeline "
+          f"{c.microbatch_overhead_s * 1e3:.3g} ms (+{100 * c.pipe_engine_share:.3g}% per pipeline "
           f"slot), step overhead {c.step_overhead_s:.3g} s, "
           f"act_scale {c.act_scale:.3g}, fixed {c.fixed_gb:.3g} GB")
     print(f"wrote {out} (use it with --cluster {out})")

@@ -32,7 +32,7 @@ _FROM_THETA = {0: ("gemm_eff", True), 1: ("flash_attn_eff", True), 2: ("hbm_eff"
                3: ("comm_eff", True), 4: ("latency_scale", False),
                5: ("microbatch_overhead_s", False), 6: ("step_overhead_s", False),
                7: ("inter_comm_eff", True), 8: ("inter_latency_scale", False),
-               9: ("pipe_slot_s", False)}
+               9: ("pipe_engine_share", False)}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

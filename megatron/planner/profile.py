@@ -44,10 +44,13 @@ class Constants:
     # bookkeeping, Python) and per step (optimizer bookkeeping, logging).
     microbatch_overhead_s: float = 2e-3
     step_overhead_s: float = 0.05
-    # Extra cost per micro-batch slot of a stage under DeepSpeed's pipeline engine (PP > 1),
-    # on top of microbatch_overhead_s: what runs of that engine lose against Megatron-LM's own
-    # schedule at the same layout, fitted to published runs (validation.py). 0: none.
-    pipe_slot_s: float = 0.0
+    # Share that DeepSpeed's pipeline engine (PP > 1) adds to each micro-batch slot of a stage
+    # (the slot's own modelled time times this): what runs of that engine lose against
+    # Megatron-LM's own schedule at the same layout, fitted to published runs (validation.py).
+    # A share, not seconds per slot: the three engines' runs of 175B-530B models need 7-28% of
+    # their slots, where a fixed cost per slot would need 42-105 ms and would make the search
+    # trade pipeline stages for fewer, larger micro-batches. 0: none.
+    pipe_engine_share: float = 0.0
     # Share of each DP gradient reduction claimed hidden behind the backward at least; the run's
     # overlap_comm claims its own share (zero_settings.overlap_claim), so 0 leaves it to that.
     dp_overlap: float = 0.0
@@ -123,9 +126,9 @@ CURVE_CONSTANTS["gh200"] = CURVE_CONSTANTS["h100"]
 
 # The fit of validation.py on all published runs (docs/planner.md, "Validation"): factors on
 # the curves' compute (GEMMs and attention), memory-bound and communication seconds, and
-# DeepSpeed's pipeline-engine cost per slot in ms. Stored rounded; test_planner_validation.py
-# checks that it is what validation.fit_factors gives, so the two cannot drift apart.
-PUBLISHED_FIT = {"compute": 1.168, "memory": 1.023, "comm": 1.074, "pipe_slot_ms": 18.66}
+# the share DeepSpeed's pipeline engine adds to each slot. Stored rounded; the test
+# test_planner_validation.py checks that it is what validation.fit_factors gives, so the two cannot drift apart.
+PUBLISHED_FIT = {"compute": 1.144, "memory": 1.146, "comm": 0.997, "pipe_engine": 0.2533}
 # Presets that take it: the NVIDIA and MI300X curves are single-device and single-node
 # measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
 # an end-to-end figure of its own device (the fit, mostly A100 runs, puts that run 15% high).
@@ -135,7 +138,7 @@ FITTED_PRESETS = ("a100", "a100-40gb", "h100", "h200", "gh200", "mi300x")
 def apply_fit(c: Constants, fit: Dict[str, float]) -> Constants:
     """The curves' constants with the fitted factors folded in: compute and memory-bound
     seconds times their factor (efficiencies divided by it), both link classes' bandwidth and
-    alpha times the communication factor, and the pipeline engine's slot cost."""
+    alpha times the communication factor, and the pipeline engine's share of each slot."""
     k = fit["comm"]
     return c.replace(gemm_eff=c.gemm_eff / fit["compute"],
                      flash_attn_eff=c.flash_attn_eff / fit["compute"],
@@ -143,7 +146,7 @@ def apply_fit(c: Constants, fit: Dict[str, float]) -> Constants:
                      comm_eff=c.comm_eff / k, latency_scale=c.latency_scale * k,
                      inter_comm_eff=c.inter_comm_eff / k,
                      inter_latency_scale=c.inter_latency_scale * k,
-                     pipe_slot_s=fit["pipe_slot_ms"] * 1e-3)
+                     pipe_engine_share=fit["pipe_engine"])
 
 
 # What `--cluster PRESET` uses.
@@ -153,7 +156,10 @@ PRESET_CONSTANTS: Dict[str, Constants] = {
 # Constants of earlier versions of the time model, ignored (with a warning) when a profile
 # carrying them is loaded: they were fitted to terms that no longer exist.
 RETIRED = {"comm_latency_s": "the per-hop latency became per-link alpha-beta fits; refit the "
-                             "profile (megatron-plan calibrate --fit-only)"}
+                             "profile (megatron-plan calibrate --fit-only)",
+           "pipe_slot_s": "the pipeline engine's cost became a share of each slot; set "
+                          "constants.pipe_engine_share (0: none) or refit the profile "
+                          "(megatron-plan calibrate --fit-only)"}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The model is linear in a handful of constants once the GEMM-efficiency curve is fixed:
 step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/comm_eff,
 latency, per-micro-batch and per-step overheads, the two link factors across nodes, and the
-pipeline engine's cost per slot). Calibration fits theta by least squares.
+share DeepSpeed's pipeline engine adds to each slot). Calibration fits theta by least squares.
 
 Overlap follows the engine (overlap.py, ClusterSpec.framework; docs/planner.md "Overlap by
 framework"). For this trainer's DeepSpeed: TP collectives and pipeline sends are blocking
@@ -45,16 +45,17 @@ from megatron.planner.profile import Constants, Profile, shape_curve
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
 
 # comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
-# pipe_slot: micro-batch slots run by DeepSpeed's pipeline engine (PP > 1)
+# pipe_engine: seconds of the micro-batch slots run by DeepSpeed's pipeline engine (PP > 1),
+# which theta scales by the share that engine adds (Constants.pipe_engine_share)
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
-            "latency_inter", "pipe_slot")
+            "latency_inter", "pipe_engine")
 GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
 
 
 def theta(c: Constants) -> np.ndarray:
     return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
                      c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
-                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_slot_s])
+                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_engine_share])
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
@@ -191,8 +192,9 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
             x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
     f[MB] += 1
-    if x.lay.pp > 1 and x.spec.framework == "deepspeed":  # the pipeline engine's own cost
-        f[PIPE] += 1
+    if x.lay.pp > 1 and x.spec.framework == "deepspeed":
+        # the pipeline engine's own cost: a share of the slot's time as priced so far
+        f[PIPE] += float(x.th[:PIPE] @ f[:PIPE])
     return f
 
 

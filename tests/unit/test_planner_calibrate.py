@@ -84,6 +84,17 @@ def test_a_profile_fitted_to_the_per_hop_latency_still_loads(tmp_path, caplog):
     assert "comm_latency_s is ignored" in caplog.text and "--fit-only" in caplog.text
 
 
+def test_a_profile_with_the_per_slot_engine_cost_still_loads_and_says_what_replaced_it(
+        tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text(Profile(CPU, TRUTH).to_yaml().replace("\n  pipe_engine_share: 0.0",
+                                                          "\n  pipe_slot_s: 0.018"))
+    assert "pipe_slot_s" in path.read_text()
+    back = load_profile(str(path))
+    assert back.constants.pipe_engine_share == 0.0
+    assert "pipe_slot_s is ignored" in caplog.text and "pipe_engine_share" in caplog.text
+
+
 def test_too_few_trials_is_a_clear_error():
     job = cpu_job()
     with pytest.raises(InputError, match="at least 3 successful trials"):

@@ -182,10 +182,10 @@ def test_a_derived_file_changes_only_the_fields_it_lists(tmp_path):
     from megatron.planner.profile import Profile, load_profile
     from megatron.planner.timing import step_time
     path = _derived(tmp_path, "base: a100-40gb\ninter_node_gbps: 100\n"
-                              "constants: {pipe_slot_s: 0}\n")
+                              "constants: {pipe_engine_share: 0}\n")
     preset, derived = load_profile("a100-40gb"), load_profile(path)
     expected = Profile(dataclasses.replace(preset.spec, inter_node_gbps=100),
-                       preset.constants.replace(pipe_slot_s=0.0))
+                       preset.constants.replace(pipe_engine_share=0.0))
     assert derived == expected
     job = Job(preset_model("gpt3-6.7b"), 512, "bf16")
     lay = Layout(4, 2, 16, 1, 32, zero=1, recompute="full")
@@ -198,15 +198,15 @@ def test_a_derived_file_changes_only_the_fields_it_lists(tmp_path):
     assert step_time(job, lay, derived).step_s != step_time(job, lay, preset).step_s
 
 
-def test_pipe_slot_zero_on_a_base_reproduces_the_megatron_lm_pricing(tmp_path):
-    """docs/planner.md: `base: PRESET` with `constants: {pipe_slot_s: 0}` prices a run as
+def test_pipe_engine_share_zero_on_a_base_reproduces_the_megatron_lm_pricing(tmp_path):
+    """docs/planner.md: `base: PRESET` with `constants: {pipe_engine_share: 0}` prices a run as
     validation.in_sample_profile prices Megatron-LM's own runs (the constants the file leaves
     out are the preset's, not the generic defaults)."""
     from megatron.planner.profile import load_profile
     from megatron.planner.timing import step_time
     from megatron.planner.validation import in_sample_profile, load_cases
     case = next(c for c in load_cases() if c.id == "ptdp-175b-384")
-    derived = load_profile(_derived(tmp_path, "base: a100\nconstants: {pipe_slot_s: 0}\n"))
+    derived = load_profile(_derived(tmp_path, "base: a100\nconstants: {pipe_engine_share: 0}\n"))
     assert step_time(case.job, case.layout, derived).step_s == \
         step_time(case.job, case.layout, in_sample_profile(case)).step_s
 

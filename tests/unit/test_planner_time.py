@@ -232,15 +232,19 @@ def test_megatron_core_exposes_one_layer_of_the_gradient_reduction():
 
 
 def test_deepspeed_framework_is_this_trainers_pricing():
-    """The presets run DeepSpeed: TP and sends exposed, the pipeline engine's slot cost paid."""
+    """The presets run DeepSpeed: TP and sends exposed, the pipeline engine's share of every
+    slot paid: the step is (1 + share) times Megatron-LM's pricing of the same slots, plus the
+    unchanged gradient reduction and step overhead."""
     job = Job(preset_model("gpt3-13b"), 256, "bf16")
     lay = Layout(4, 2, 4, 1, 64, zero=1, recompute="full", sequence_parallel=True)
     ds = load_profile("h100")
     assert ds.spec.framework == "deepspeed"
     lm = _framework("h100", "megatron-lm")
-    slots = 64 + 2 - 1
-    gap = step_time(job, lay, ds).step_s - step_time(job, lay, lm).step_s
-    assert gap == pytest.approx(slots * ds.constants.pipe_slot_s, rel=0.05)
+    share = ds.constants.pipe_engine_share
+    assert 0 < share < 1
+    with_engine, plain = step_time(job, lay, ds), step_time(job, lay, lm)
+    assert with_engine.reduce_s == pytest.approx(plain.reduce_s)
+    assert with_engine.pipeline_s == pytest.approx((1 + share) * plain.pipeline_s, rel=1e-6)
 
 
 def test_an_unknown_framework_is_refused():

@@ -85,14 +85,14 @@ def test_leave_one_source_out_fits_see_no_case_of_the_source(published, rows):
 
 
 def test_a_group_no_case_exercises_is_not_fitted(published):
-    """Without a DeepSpeed-engine run in the fit, nothing constrains the pipeline engine's slot
-    cost: it stays at the prior exactly (0), while the other factors move."""
+    """Without a DeepSpeed-engine run in the fit, nothing constrains the share the pipeline
+    engine adds to a slot: it stays at the prior exactly (0), while the other factors move."""
     megatron_only = [c for c in published.cases if c.framework != "deepspeed"]
     fit = v.fit_factors(megatron_only)
-    assert fit[list(v.GROUPS).index("pipe_slot_ms")] == 0.0
+    assert fit[list(v.GROUPS).index("pipe_engine")] == 0.0
     assert not np.allclose(fit[:3], v.PRIOR[:3])
-    assert v.constrained_by(megatron_only)["pipe_slot_ms"] == ()
-    assert set(v.constrained_by(published.cases)["pipe_slot_ms"]) == \
+    assert v.constrained_by(megatron_only)["pipe_engine"] == ()
+    assert set(v.constrained_by(published.cases)["pipe_engine"]) == \
         {"mtnlg22", "bloom22", "dash23", "neox22"}
 
 
