@@ -271,11 +271,12 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     share = (d - 1) / d
     if d > 1:
         ga, link = lay.grad_accum, x.spec.link(d, lay.tp)
-        # bus bytes and calls: the gradient reduction (all-reduce at ZeRO-0, reduce-scatter
-        # once at ZeRO-1, every micro-batch at 2-3), then the weight all-gathers
+        # bus bytes of one call and the calls: the gradient reduction (all-reduce at ZeRO-0,
+        # reduce-scatter once at ZeRO-1, every micro-batch at 2-3), then the weight all-gathers
+        # (once after the step at ZeRO-1/2, forward and backward of every micro-batch at 3)
         grad_v, grad_n, other_v, other_n = {0: (2 * wire, 1, 0, 0), 1: (wire, 1, weights, 1),
-                                            2: (ga * wire, ga, weights, 1),
-                                            3: (ga * wire, ga, ga * 2 * weights, 2 * ga)}[lay.zero]
+                                            2: (wire, ga, weights, 1),
+                                            3: (wire, ga, weights, 2 * ga)}[lay.zero]
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
         per_window = float(theta(x.c) @ reduce) / (ga if lay.zero >= 2 else 1)

@@ -339,10 +339,12 @@ def ordering_holds(comp: Comparison, cases: Dict[str, Case],
 
 
 # Sources whose layouts were chosen for throughput, so the planner's search should put them at
-# or near the top: Narayanan et al.'s weak-scaling and PTD-P runs, MT-NLG, BLOOM, Frontier.
-# Korthikanti et al.'s layouts (DP 1, batches of 4-512) were set to compare recompute
-# strategies, not tuned, and are ranked for information only.
-CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23")
+# or near the top: Narayanan et al.'s weak-scaling and PTD-P runs, MT-NLG, BLOOM, Frontier, and
+# Megatron Core's weak-scaling table (the same kind as Narayanan's Table 1: DP 48 throughout,
+# TP and PP grown with the model). Korthikanti et al.'s layouts (DP 1, batches of 4-512) were
+# set to compare recompute strategies, not tuned; MosaicML's FSDP runs have no TP or PP to
+# choose; GPT-NeoX's paper does not say how its layout was chosen: ranked for information only.
+CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23", "mcore24")
 
 
 @dataclass(frozen=True)
