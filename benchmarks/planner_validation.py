@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 
@@ -100,12 +101,12 @@ def main() -> int:
            f"({', '.join(f'{i} {r}' for i, r in zip(o['order'], o['tokens_per_device_s']))} "
            "tokens/s per device)" for o in orderings]
     md += ["", "Published layouts among all fitting layouts of their settings (shipped presets, "
-           "Megatron-LM runs without the pipeline engine's slot cost; behind: predicted "
+           "Megatron-LM runs without the pipeline engine's share; behind: predicted "
            "tokens/s of the best over the published layout's, minus 1):", "",
            format_table(("case", "chosen for speed", "published", "rank", "predicted best",
                          "behind"), rank_rows), "",
            f"Chosen for speed: {len(chosen)} layouts, behind the predicted best by median "
-           f"{100 * sorted(chosen)[len(chosen) // 2]:.1f}%, max {100 * max(chosen):.1f}%; "
+           f"{100 * statistics.median(chosen):.1f}%, max {100 * max(chosen):.1f}%; "
            f"{sum(b == 0 for b in chosen)} ranked first, "
            f"{sum(b <= 0.10 for b in chosen)} within 10%."]
     out = os.path.join(HERE, "results", "planner_validation")

@@ -42,15 +42,15 @@ VALIDATION_PRIOR: Dict[str, Constants] = {
 # Fitted: factors on compute (GEMMs and attention), memory-bound kernels and communication
 # (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, the share it adds
 # to each micro-batch slot (Megatron-LM's own schedule: none; timing.stage_features prices the
-# share on the slot's time under the curves, the presets on their own fitted slot time, ~1.14x
-# that: the few per cent of a step this moves are within the fit's error). The per-micro-batch
+# share on the slot's time under the curves, the presets on their own fitted slot time, 1.16-1.18x
+# that on the A100 engine runs: the few per cent of a step this moves are within the fit's error). The per-micro-batch
 # and step overheads keep their priors. Names as in profile.PUBLISHED_FIT.
 GROUPS = {"compute": (GEMM, ATTN), "memory": (MEM,), "comm": (COMM, LAT, COMM_X, LAT_X),
           "pipe_engine": (PIPE,)}
 PRIOR = np.array([1.0, 1.0, 1.0, 0.0])
 # Pull towards the prior, in units of the squared relative step-time error: firm on the
-# factors; weak on the engine's share (no published measurement of it alone): 0.01 costs a
-# share of 0.25 as much as a 0.8% error on one case, so the DeepSpeed runs set it. (Until
+# factors; weak on the engine's share (no published measurement of it alone): 0.01 x 0.25^2
+# costs a share of 0.25 as much as a 2.5% error on one case, so the DeepSpeed runs set it. (Until
 # issue 26 it was a cost per slot in ms with a pull of 1e-4 per ms^2, which at the ~45 ms the
 # runs needed outweighed their errors and held the fit at 18.7 ms.)
 RIDGE = np.array([0.05, 0.05, 0.05, 0.01])
@@ -195,11 +195,24 @@ def group_seconds(case: Case) -> np.ndarray:
     return np.array(factors + [slots, rest])
 
 
+def lower_bounds(cases: Sequence[Case]) -> np.ndarray:
+    """The least value of each group the fit may take (GROUPS order): 0, except communication.
+    Its factor multiplies bus time, bytes / (nominal x bus_eff), so below bus_eff it would move
+    bytes faster than the link's line rate; one factor serves every link class of every case,
+    so its bound is the largest bus_eff among them (0.9: the NICs of the A100 and H100 nodes).
+    Unbounded, the 48 cases fitted it to 0.652: an 8-A100 all-reduce at 336 GB/s of bus
+    bandwidth on 300 GB/s NVLink."""
+    out = np.zeros(len(PRIOR))
+    effs = [e for c in cases for e in (c.profile.spec.intra_bus_eff, c.profile.spec.inter_bus_eff)]
+    out[list(GROUPS).index("comm")] = max(effs, default=0.0)
+    return out
+
+
 def fit_factors(cases: Sequence[Case]) -> np.ndarray:
-    """Non-negative values of GROUPS minimising the relative step-time errors of `cases`, with
-    a ridge pull towards PRIOR so that a group the cases barely exercise stays put. A group no
-    case exercises (its seconds are zero in every case: no DeepSpeed-engine run among them for
-    the engine's share) is not fitted at all: it keeps PRIOR exactly."""
+    """Values of GROUPS at or above lower_bounds minimising the relative step-time errors of
+    `cases`, with a ridge pull towards PRIOR so that a group the cases barely exercise stays
+    put. A group no case exercises (its seconds are zero in every case: no DeepSpeed-engine run
+    among them for the engine's share) is not fitted at all: it keeps PRIOR exactly."""
     rows, rhs = [], []
     for c in cases:
         g = group_seconds(c)
@@ -210,12 +223,14 @@ def fit_factors(cases: Sequence[Case]) -> np.ndarray:
     out = PRIOR.astype(float).copy()
     if not len(free):
         return out
-    b0 = b0 - a0[:, [i for i in range(len(PRIOR)) if i not in free]] @ \
-        PRIOR[[i for i in range(len(PRIOR)) if i not in free]]
+    fixed = [i for i in range(len(PRIOR)) if i not in free]
+    low = lower_bounds(cases)[free]
+    # solved for the excess over the bounds, which non-negative least squares keeps >= 0
+    b0 = b0 - a0[:, fixed] @ PRIOR[fixed] - a0[:, free] @ low
     w = np.sqrt(RIDGE[free])
     a = np.vstack([a0[:, free], np.diag(w)])
-    b = np.concatenate([b0, w * PRIOR[free]])
-    out[free] = nnls(a, b)
+    b = np.concatenate([b0, w * (PRIOR[free] - low)])
+    out[free] = nnls(a, b) + low
     return out
 
 

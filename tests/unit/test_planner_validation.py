@@ -84,6 +84,24 @@ def test_leave_one_source_out_fits_see_no_case_of_the_source(published, rows):
         assert not np.allclose(row.loso_factors, v.fit_factors(cases))
 
 
+def test_no_fit_moves_bytes_faster_than_a_links_line_rate(published, rows, monkeypatch):
+    """The communication factor multiplies bus time (bytes over nominal x bus_eff): below the
+    largest bus_eff of the cases' links some link would beat its line rate. Every fit (all
+    cases, each case held out, each source held out) stays at or above it, and the bound binds:
+    unbounded, the errors alone take communication cheaper than any link allows."""
+    comm = list(v.GROUPS).index("comm")
+    bound = v.lower_bounds(published.cases)[comm]
+    assert bound == pytest.approx(0.9)  # the A100 and H100 nodes' NICs
+    fitted = v.fit_factors(published.cases)[comm]
+    assert fitted >= bound - 1e-12
+    for row in rows:
+        assert row.factors[comm] >= bound - 1e-12 and row.loso_factors[comm] >= bound - 1e-12
+    spec = published.cases[0].profile.spec  # an A100 node: 300 GB/s NVLink
+    assert spec.intra_node_gbps * spec.intra_bus_eff / fitted <= spec.intra_node_gbps
+    monkeypatch.setattr(v, "lower_bounds", lambda cases: np.zeros(len(v.PRIOR)))
+    assert v.fit_factors(published.cases)[comm] < spec.intra_bus_eff
+
+
 def test_a_group_no_case_exercises_is_not_fitted(published):
     """Without a DeepSpeed-engine run in the fit, nothing constrains the share the pipeline
     engine adds to a slot: it stays at the prior exactly (0), while the other factors move."""
