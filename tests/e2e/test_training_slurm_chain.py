@@ -25,6 +25,7 @@ from tests.e2e.slurm_cluster import ENDED
 from tests.support.procs import pid_of
 from megatron.checkpoint.records import read_metrics, steps
 from megatron.checkpoint.rundir import RunDir
+from megatron.checkpoint.store import committed
 
 pytestmark = pytest.mark.slow
 
@@ -260,12 +261,15 @@ def test_a_node_that_fails_its_health_check_is_left_out_of_the_next_job(slurm, t
 
 
 def _stop_rank_once(run_dir: str, procid: str, done: threading.Event, stopped: list):
-    """SIGSTOP this run's training task with SLURM_PROCID=procid once it has logged a step."""
+    """SIGSTOP this run's training task with SLURM_PROCID=procid once the run has committed a
+    checkpoint: past its first save, which the watchdog allows start-up's limit (a stop inside
+    it would wait training.startup_timeout_minutes, not the hang limit this test sets)."""
     run = RunDir(run_dir)
     while not done.is_set() and not stopped:
         pid = pid_of("megatron.cli.train", f"run.dir={run_dir}", env_has=f"SLURM_PROCID={procid}")
         try:
-            trained = pid is not None and len(steps(read_metrics(run.metrics))) >= 1
+            trained = pid is not None and len(steps(read_metrics(run.metrics))) >= 1 and \
+                bool(committed(run.checkpoints))
         except FileNotFoundError:
             trained = False
         if trained:
@@ -285,7 +289,10 @@ def test_a_stopped_task_ends_its_job_and_the_chain_goes_on(slurm, tmp_path):
     train = set_args("training.train_iters=30", "training.global_batch_size=4",
                      "training.save=true", "training.save_interval=2", "training.tensorboard=false",
                      "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
-                     "training.hang_timeout_minutes=0.5")
+                     "training.hang_timeout_minutes=0.5",
+                     # should the stop still land in a save the watchdog counts as the first
+                     # (start-up's limit), the job ends within a minute, not 30
+                     "training.startup_timeout_minutes=1")
     reference = subprocess.Popen(
         [sys.executable, "-m", "megatron.cli.train", "--config", TINY, *train,
          *set_args(f"run.dir={ref_dir}")], cwd=ROOT, env=c.run_env.env,
