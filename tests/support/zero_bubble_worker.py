@@ -25,6 +25,7 @@ from megatron.data.synthetic import SyntheticTokens
 from megatron.engine.zero_bubble import use_zero_bubble
 from megatron.launch.startup import StartupTimer
 from megatron.training import startup
+from megatron.launch.device import leave_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from paths import TINY  # noqa: E402
@@ -134,4 +135,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
+    # ("terminate called without an active exception"): CI saw it here
+    leave_distributed()
+    sys.exit(code)
