@@ -267,12 +267,7 @@ def _stop_rank_once(run_dir: str, procid: str, done: threading.Event, stopped: l
     run = RunDir(run_dir)
     while not done.is_set() and not stopped:
         pid = pid_of("megatron.cli.train", f"run.dir={run_dir}", env_has=f"SLURM_PROCID={procid}")
-        try:
-            trained = pid is not None and len(steps(read_metrics(run.metrics))) >= 1 and \
-                bool(committed(run.checkpoints))
-        except FileNotFoundError:
-            trained = False
-        if trained:
+        if pid is not None and committed(run.checkpoints):
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
             return
