@@ -11,6 +11,10 @@ framework"). For this trainer's DeepSpeed: TP collectives and pipeline sends are
 the share the run's overlap_comm claims (zero_settings.overlap_claim: every bucket but the
 last; at least dp_overlap) behind the backward, at most one micro-batch's backward (every
 micro-batch's at ZeRO-2/3); weight all-gathers and the optimizer step are exposed.
+TP collectives per layer: two forward, two backward (Megatron's conjugate operators), two more
+under full recompute. Pipeline sends: each TP rank sends its 1/t slice of the boundary and the
+receiver all-gathers them inside the node (Megatron-LM's scatter/gather, DeepSpeed's
+pipe_partitioned; whole slices already under SP).
 1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
 a bubble of (p - 1)/(m + p - 1); the interleaved schedule (a comparison option, not run by this
 trainer) divides the fill and drain by its chunks per stage v.
@@ -109,8 +113,9 @@ def linear_gemms(x: _Ctx) -> np.ndarray:
     return out
 
 
-def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
-    """(whole forward, attention core alone) of one layer for one micro-batch on one rank."""
+def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward compute, attention core alone, forward TP collectives) of one layer for one
+    micro-batch on one rank."""
     m, t, tok = x.m, x.lay.tp, x.tokens
     h, d = m.hidden_size, m.head_dim
     fwd, core = linear_gemms(x), np.zeros(len(FEATURES))
@@ -125,14 +130,18 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray]:
     fwd += core
     fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False) / x.hbm
     tp = np.zeros(len(FEATURES))
+    # two all-reduces (with SP: two all-gathers and two reduce-scatters, the same bus bytes):
+    # after the attention block and after the MLP
     x.allreduce(tp, tok * h * x.e, t, x.tp_link, calls=2)
-    if x.overlap.tp_comm and x.lay.sequence_parallel and t > 1:
-        # Transformer Engine's overlap: the collectives run under the GEMMs they feed; what
-        # the layer's linear GEMMs cannot cover stays exposed
-        tp *= exposed_share(float(x.th @ tp), float(x.th @ linear_gemms(x)))
-    return fwd + tp, core
+    return fwd, core, tp
 
 
+def _exposed_tp(x: _Ctx, tp: np.ndarray, gemm_passes: float) -> np.ndarray:
+    """TP collectives left exposed: all of them, or, under Transformer Engine's overlap (SP
+    only), what `gemm_passes` passes of the layer's linear GEMMs cannot cover."""
+    if x.overlap.tp_comm and x.lay.sequence_parallel and x.lay.tp > 1:
+        return tp * exposed_share(float(x.th @ tp), gemm_passes * float(x.th @ linear_gemms(x)))
+    return tp
 def ulysses_bytes(x: _Ctx) -> Tuple[float, float]:
     """Bytes one rank hands the two forward all-to-alls of a layer under context parallelism:
     q, k and v (key/value heads with their replicas) and the attention output, [s/C, b, ...]."""
@@ -156,19 +165,32 @@ def ulysses_features(x: _Ctx) -> np.ndarray:
 
 
 def layer_features(x: _Ctx) -> np.ndarray:
-    """Forward, backward (twice the forward; flash backward 2.5x) and recompute of one layer;
-    under context parallelism the exchange's all-to-alls once forward and once backward, and
-    once more where recompute replays the attention."""
-    fwd, core = _layer_forward(x)
+    """Forward, backward (twice the forward's compute; flash backward 2.5x) and recompute of
+    one layer. The TP collectives are conjugate pairs (Shoeybi et al. 2019, section 3): two in
+    the forward, two in the backward (an all-reduce's backward is the identity and the
+    identity's an all-reduce), two more where full recompute replays the forward. Under context
+    parallelism the exchange's all-to-alls once forward and once backward, and once more where
+    recompute replays the attention."""
+    fwd, core, tp = _layer_forward(x)
     a2a = ulysses_features(x)
-    total = 3 * fwd + 2 * a2a
+    total = 3 * fwd + 2 * a2a + _exposed_tp(x, tp, 1) + _exposed_tp(x, tp, 2)
     total[ATTN] += 0.5 * core[ATTN]
     if x.lay.recompute == "full":
-        total += fwd + a2a
+        total += fwd + a2a + _exposed_tp(x, tp, 1)
     elif x.lay.recompute == "selective":
         # the attention core, with the exchange around it (attention._core) under CP
         total += core + a2a
     return total
+
+
+def boundary_send_bytes(x: _Ctx) -> float:
+    """Bytes one rank sends per pipeline hop. Every engine here splits a stage's output over
+    its TP ranks, each sending its slice on its own link and the receiver all-gathering them
+    (Megatron-LM's scatter/gather optimisation, Narayanan et al. 2021 section 4.1; DeepSpeed's
+    pipeline engine with pipeline.pipe_partitioned and grad_partitioned, on by default); under
+    SP the output is already split."""
+    whole = act.boundary_bytes(x.m, x.lay, x.job.precision)
+    return whole if x.lay.sequence_parallel else whole / x.lay.tp
 
 
 def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
@@ -190,7 +212,11 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         hops = 4 * v - (2 if last else 0) - (2 if first else 0)
         link = x.spec.link(2, x.lay.tp * x.lay.dp * x.lay.cp)
         if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
-            x.collective(f, act.boundary_bytes(x.m, x.lay, x.job.precision), link, hops)
+            x.collective(f, boundary_send_bytes(x), link, hops)
+            if t > 1 and not x.lay.sequence_parallel:
+                # the receiver's all-gather of the TP ranks' slices, one per received hop
+                x.collective(f, (t - 1) / t * act.boundary_bytes(x.m, x.lay, x.job.precision),
+                             x.tp_link, hops / 2)
     f[MB] += 1
     if x.lay.pp > 1 and x.spec.framework == "deepspeed":
         # the pipeline engine's own cost: a share of the slot's time as priced so far

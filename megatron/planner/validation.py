@@ -201,8 +201,9 @@ def lower_bounds(cases: Sequence[Case]) -> np.ndarray:
     Its factor multiplies bus time, bytes / (nominal x bus_eff), so below bus_eff it would move
     bytes faster than the link's line rate; one factor serves every link class of every case,
     so its bound is the largest bus_eff among them (0.9: the NICs of the A100 and H100 nodes).
-    Unbounded, the 48 cases fitted it to 0.652: an 8-A100 all-reduce at 336 GB/s of bus
-    bandwidth on 300 GB/s NVLink."""
+    Unbounded, the 48 cases fit it to 0.899, the NICs just past their line rate (0.652, an
+    8-A100 all-reduce at 336 GB/s of bus bandwidth on 300 GB/s NVLink, while the backward was
+    priced with four TP collectives a layer and pipeline sends whole on every TP rank)."""
     out = np.zeros(len(PRIOR))
     effs = [e for c in cases for e in (c.profile.spec.intra_bus_eff, c.profile.spec.inter_bus_eff)]
     out[list(GROUPS).index("comm")] = max(effs, default=0.0)

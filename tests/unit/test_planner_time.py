@@ -251,3 +251,52 @@ def test_an_unknown_framework_is_refused():
     from megatron.config.errors import ConfigError
     with pytest.raises(ConfigError, match="cluster.framework"):
         dataclasses.replace(PRESETS["h100"], framework="megatron-ds")
+
+
+@pytest.mark.parametrize("recompute,calls", [("none", 4), ("selective", 4), ("full", 6)])
+def test_a_layer_pays_two_tp_collectives_forward_two_backward_two_recomputed(recompute, calls):
+    """Megatron's conjugate TP operators: an all-reduce's backward is the identity and the
+    identity's an all-reduce, so a layer has two all-reduces in the forward and two in the
+    backward (not twice the forward's, as a backward of twice the forward's compute would
+    give), and full recompute replays the forward's two."""
+    from megatron.planner.timing import COMM, LAT, _Ctx, layer_features
+    job = Job(preset_model("gpt3-13b"), 8, "bf16")
+    lay = Layout(8, 1, 1, 1, 8, zero=0, recompute=recompute)
+    prof = load_profile("a100")
+    x = _Ctx(job, lay, prof)
+    link = x.tp_link
+    one = 2 * 7 / 8 * x.tokens * job.model.hidden_size * 2  # bus bytes of one all-reduce
+    f = layer_features(x)
+    assert f[COMM] == pytest.approx(calls * one / link.bus_bytes_per_s, rel=1e-12)
+    assert f[LAT] == pytest.approx(calls * link.alpha_s, rel=1e-12)
+    # TP 1 has none
+    assert layer_features(_Ctx(job, dataclasses.replace(lay, tp=1), prof))[COMM] == 0
+
+
+def test_pipeline_sends_are_split_over_the_tp_ranks():
+    """Each TP rank sends 1/t of the stage boundary on its own link and the receiver
+    all-gathers the slices inside the node (Megatron's scatter/gather; DeepSpeed's
+    pipe_partitioned and grad_partitioned): a TP 8 x PP 2 run over two nodes moves 1/8 of the
+    bytes across them that whole sends would, and pays the all-gathers on NVLink instead; under
+    SP the boundary is already split and nothing is gathered."""
+    from megatron.planner import activations as act
+    from megatron.planner.timing import (COMM, COMM_X, _Ctx, boundary_send_bytes, layer_features,
+                                         stage_features)
+    job = Job(preset_model("gpt3-13b"), 64, "bf16")
+    prof = load_profile("a100")
+    lay = Layout(8, 2, 1, 1, 64, zero=0, recompute="full")
+    x = _Ctx(job, lay, prof)
+    whole = act.boundary_bytes(job.model, lay, "bf16")
+    assert boundary_send_bytes(x) == pytest.approx(whole / 8)
+    first = stage_features(x, 20, True, False)  # sends its output, receives its gradient
+    send = x.spec.link(2, 8)
+    assert send.inter
+    assert first[COMM_X] == pytest.approx(2 * whole / 8 / send.bus_bytes_per_s, rel=1e-12)
+    # the received gradient's all-gather is on the TP link, beside the layers' all-reduces
+    layers_only = 20 * layer_features(x)
+    gathers = first[COMM] - layers_only[COMM]
+    embedding_allreduce = 2 * 7 / 8 * whole / x.tp_link.bus_bytes_per_s
+    assert gathers - embedding_allreduce == pytest.approx(
+        7 / 8 * whole / x.tp_link.bus_bytes_per_s, rel=1e-9)
+    sp = _Ctx(job, dataclasses.replace(lay, sequence_parallel=True), prof)
+    assert boundary_send_bytes(sp) == pytest.approx(act.boundary_bytes(job.model, sp.lay, "bf16"))

@@ -88,7 +88,9 @@ def test_no_fit_moves_bytes_faster_than_a_links_line_rate(published, rows, monke
     """The communication factor multiplies bus time (bytes over nominal x bus_eff): below the
     largest bus_eff of the cases' links some link would beat its line rate. Every fit (all
     cases, each case held out, each source held out) stays at or above it, and the bound binds:
-    unbounded, the errors alone take communication cheaper than any link allows."""
+    unbounded, the errors alone take communication just past the NICs' line rate (x0.899; x0.652,
+    past NVLink's too, before issue 26 counted two TP collectives in the backward, not four, and
+    split pipeline sends over the TP ranks)."""
     comm = list(v.GROUPS).index("comm")
     bound = v.lower_bounds(published.cases)[comm]
     assert bound == pytest.approx(0.9)  # the A100 and H100 nodes' NICs
@@ -99,7 +101,7 @@ def test_no_fit_moves_bytes_faster_than_a_links_line_rate(published, rows, monke
     spec = published.cases[0].profile.spec  # an A100 node: 300 GB/s NVLink
     assert spec.intra_node_gbps * spec.intra_bus_eff / fitted <= spec.intra_node_gbps
     monkeypatch.setattr(v, "lower_bounds", lambda cases: np.zeros(len(v.PRIOR)))
-    assert v.fit_factors(published.cases)[comm] < spec.intra_bus_eff
+    assert v.fit_factors(published.cases)[comm] < bound
 
 
 def test_a_group_no_case_exercises_is_not_fitted(published):
