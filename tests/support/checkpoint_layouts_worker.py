@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from megatron.config import load_config
 from megatron.training.loop import train
-from megatron.launch.device import leave_distributed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from worker_exit import exit_after  # noqa: E402
 from run_layouts import COMMON, FLAVOURS, TINY  # noqa: E402
 
 LAYOUTS = {
@@ -105,8 +105,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
-    # ("terminate called without an active exception"): CI saw it here
-    leave_distributed()
-    sys.exit(code)
+    exit_after(main)

@@ -28,9 +28,9 @@ from megatron.checkpoint.records import StepRecord, read_metrics
 from megatron.checkpoint.rundir import RunDir
 from megatron.config import load_config
 from megatron.training.loop import train
-from megatron.launch.device import leave_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
 from run_layouts import FLAVOURS  # noqa: E402  (GPT-2 and Llama: one home)
 
@@ -156,8 +156,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
-    # ("terminate called without an active exception"): CI saw it here
-    leave_distributed()
-    sys.exit(code)
+    exit_after(main)

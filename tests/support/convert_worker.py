@@ -16,9 +16,9 @@ import time
 
 from megatron.config import load_config
 from megatron.training.loop import train
-from megatron.launch.device import leave_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
 
 # Evaluation at the last step, before the save, sees exactly the weights the checkpoint holds.
@@ -65,8 +65,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
-    # ("terminate called without an active exception"): CI saw it here
-    leave_distributed()
-    sys.exit(code)
+    exit_after(main)

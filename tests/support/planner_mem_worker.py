@@ -24,9 +24,9 @@ import time
 
 from megatron.config import load_config
 from megatron.training.loop import train
-from megatron.launch.device import leave_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
 
 # ~29.5M parameters (8 x 3.15M per layer + a 8192 x 512 tied embedding + 256 x 512 positions):
@@ -103,8 +103,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
-    # ("terminate called without an active exception")
-    leave_distributed()
-    raise SystemExit(code)
+    exit_after(main)

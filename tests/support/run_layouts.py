@@ -15,9 +15,9 @@ import time
 
 from megatron.config import load_config
 from megatron.training.loop import train
-from megatron.launch.device import leave_distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
 
 # fp32, no dropout, clipping active, warmup then cosine: every part of the update is exercised.
@@ -102,8 +102,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # left to exit-time destructors, a gloo rank can abort after a run that succeeded
-    # ("terminate called without an active exception"): CI saw it here
-    leave_distributed()
-    sys.exit(code)
+    exit_after(main)
