@@ -43,7 +43,7 @@ VALIDATION_PRIOR: Dict[str, Constants] = {
 # (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, the share it adds
 # to each micro-batch slot (Megatron-LM's own schedule: none; timing.stage_features prices the
 # share on the slot's time under the curves, the presets on their own fitted slot time,
-# 1.16-1.18x that on the A100 engine runs: the few per cent of a step this moves are within
+# about 1.22x that on the A100 engine runs: the few per cent of a step this moves are within
 # the fit's error). The per-micro-batch and step overheads keep their priors. Names as in
 # profile.PUBLISHED_FIT.
 GROUPS = {"compute": (GEMM, ATTN), "memory": (MEM,), "comm": (COMM, LAT, COMM_X, LAT_X),
