@@ -40,9 +40,12 @@ def layout175(**kw):
 
 
 def test_175b_recipe_throughput_matches_the_paper():
-    # Paper: 36.14% of peak for 175B (Megatron-DeepSpeed counts recomputed FLOPs).
+    # Paper: 36.14% of peak for 175B (Megatron-DeepSpeed counts recomputed FLOPs). The frontier
+    # preset's gemm_eff and flash_attn_eff are set from this figure (profile.CURVE_CONSTANTS), so
+    # this holds the calibration to the time model: a pricing change that moves the recipe
+    # fails here until the preset is recalibrated.
     est = step_time(Job(preset_model("175b"), 1280, "bf16"), layout175(), FRONTIER)
-    assert est.hfu == pytest.approx(0.3614, rel=0.1)
+    assert est.hfu == pytest.approx(0.3614, rel=0.01)
     assert est.bubble == pytest.approx(15 / 655)
 
 
