@@ -3,7 +3,8 @@
 #   1. install the carried wheels (DeepSpeed and the dependencies the machine lacks);
 #   2. build the fused kernels in place for this GPU (python setup.py build_ext --inplace, in the
 #      background: meanwhile the GPU runs what does not need them);
-#   3. tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU);
+#   3. tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU) and
+#      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's events);
 #   4. the end-to-end benchmark (benchmarks/e2e/bench_e2e.py): the 1.3B GPT, bf16, ZeRO-1, fused
 #      kernels on and off, a plain PyTorch peer, the planner's prediction;
 #   5. megatron-kernels --require, the GPU parity tests, the kernel benchmark (GB/s as a share of
@@ -144,7 +145,8 @@ building() { [ ! -f "$WORK/build.rc" ]; }
 E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$LOGS/e2e" --merge --timeout 200)
 step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
 excerpt e2e_peer grep '^e2e \|error'
-step train_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_training_gpu.py
+step train_tests 240 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_training_gpu.py \
+    tests/gpu/test_training_gpu_paths.py
 excerpt train_tests tail 6
 torch_done=0
 if building; then
