@@ -18,9 +18,8 @@ import time
 import pytest
 import torch
 
-from megatron.checkpoint import sharded, snapshot
 from tests.support.paths import ROOT
-from tests.support.async_saves import background, files_of, flat_state, meta
+from tests.support.async_saves import check_background_saves, flat_state
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -30,24 +29,7 @@ pytestmark = [pytest.mark.gpu,
 def test_a_background_save_of_cuda_state_is_the_synchronous_one(tmp_path, one_rank_group):
     rs, flats = flat_state(device="cuda")
     assert all(f.is_cuda for f in flats)
-    sharded.save(str(tmp_path / "sync"), 5, rs, meta(5))
-    buffers = snapshot.Buffers()
-    pending = background(str(tmp_path / "async"), 5, rs, buffers)
-    pending.wait_copied()
-    for f in flats:  # the next update, queued on the default stream once the copy is reported
-        f.mul_(-3.0)
-    pending.join()
-    pending.finish()
-    assert files_of(str(tmp_path / "sync/step_0000005")) == \
-        files_of(str(tmp_path / "async/step_0000005")), "the background save differs"
-    # reused pinned buffers: the second save holds the changed state
-    torch.cuda.synchronize()
-    sharded.save(str(tmp_path / "sync"), 6, rs, meta(6))
-    again = background(str(tmp_path / "async"), 6, rs, buffers)
-    again.join()
-    again.finish()
-    assert files_of(str(tmp_path / "sync/step_0000006")) == \
-        files_of(str(tmp_path / "async/step_0000006"))
+    check_background_saves(tmp_path, rs, flats)
 
 
 def _train(run_dir, *items):

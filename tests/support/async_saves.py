@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from megatron.checkpoint import sharded, store
+from megatron.checkpoint import sharded, snapshot, store
 from megatron.checkpoint.records import CheckpointMeta
 from megatron.checkpoint.state import Fragment, LocalParam, Partition, RankState
 from megatron.parallel.state import RankCoord
@@ -42,3 +42,29 @@ def background(ckpt, step, rs, buffers):
     pending = sharded.PendingSave(ckpt, step, rs, meta(step), 0, buffers)
     pending.start_writer()
     return pending
+
+
+def check_background_saves(tmp_path, rs, flats) -> dict:
+    """Saves `rs` at step 5 synchronously and in the background, overwriting the state (the
+    optimizer's next update) as soon as the copy is reported done; then at step 6 both ways
+    again through the same, reused host buffers. Asserts that each background checkpoint is byte
+    for byte the synchronous one (shard and index.json) and returns the first save's record."""
+    sharded.save(str(tmp_path / "sync"), 5, rs, meta(5))
+    buffers = snapshot.Buffers()
+    pending = background(str(tmp_path / "async"), 5, rs, buffers)
+    pending.wait_copied()
+    for f in flats:
+        f.mul_(-3.0)
+    pending.join()
+    record = pending.finish()
+    sync, done = files_of(str(tmp_path / "sync/step_0000005")), \
+        files_of(str(tmp_path / "async/step_0000005"))
+    assert sync[0] == done[0], "the shard written in the background differs"
+    assert sync[1] == done[1], "index.json differs"
+    sharded.save(str(tmp_path / "sync"), 6, rs, meta(6))
+    again = background(str(tmp_path / "async"), 6, rs, buffers)
+    again.join()
+    again.finish()
+    assert files_of(str(tmp_path / "sync/step_0000006")) == \
+        files_of(str(tmp_path / "async/step_0000006")), "the second background save differs"
+    return record

@@ -14,29 +14,13 @@ import torch
 from megatron.checkpoint import sharded, snapshot, store
 from megatron.checkpoint.records import SaveEvent, parse_metrics_line
 from megatron.config.errors import InputError
-from tests.support.async_saves import SIZES, background, files_of, flat_state, meta
+from tests.support.async_saves import (SIZES, background, check_background_saves, files_of,
+                                       flat_state, meta)
 
 def test_a_background_save_is_byte_identical_to_a_synchronous_one(tmp_path, one_rank_group):
     rs, flats = flat_state()
-    sharded.save(str(tmp_path / "sync"), 5, rs, meta(5))
-    buffers = snapshot.Buffers()
-    pending = background(str(tmp_path / "async"), 5, rs, buffers)
-    pending.wait_copied()
-    for f in flats:  # the optimizer's next update, once the copy is done
-        f.mul_(-3.0)
-    pending.join()
-    assert pending.finish()["bytes"] > 12 * sum(SIZES)
-    sync, done = files_of(str(tmp_path / "sync/step_0000005")), \
-        files_of(str(tmp_path / "async/step_0000005"))
-    assert sync[0] == done[0], "the shard written in the background differs"
-    assert sync[1] == done[1], "index.json differs"
-    # The buffers are reused: a second save holds the changed state, still as a sync save would.
-    sharded.save(str(tmp_path / "sync"), 6, rs, meta(6))
-    again = background(str(tmp_path / "async"), 6, rs, buffers)
-    again.join()
-    again.finish()
-    assert files_of(str(tmp_path / "sync/step_0000006")) == \
-        files_of(str(tmp_path / "async/step_0000006"))
+    assert check_background_saves(tmp_path, rs, flats)["bytes"] > 12 * sum(SIZES)
+    # the second save, through the reused buffers, holds the changed state
     loaded = torch.load(str(tmp_path / "async/step_0000006" / sharded.shard_file(rs.coords)),
                         weights_only=True)
     assert torch.equal(loaded["pieces"]["p2"]["master"], rs.params[2].fragments[0].master)
