@@ -3,13 +3,12 @@ training.async_save=true for every run: checkpoints written and read back by asy
 continue in another layout with the losses of the source layout continuing uninterrupted
 (fp32, dropout off). Three launches: 2 ranks (sources TP2 and DP2 ZeRO-2), 1 rank (TP2 -> TP1),
 4 ranks (source PP2 x DP2 ZeRO-1; DP2 ZeRO-2 -> DP4 ZeRO-1, TP2 -> TP2 x PP2). A failure names the pair and the flavour."""
-import json
 import os
 
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("dp2_zero2", "dp4_zero1"), ("tp2", "tp2pp2")]
@@ -21,13 +20,10 @@ pytestmark = pytest.mark.slow
 
 def _launch(tmp, nproc, **lists):
     out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
-    args = ["--workdir", tmp, "--out", out, "--set", "training.async_save=true"]
+    args = ["--workdir", tmp, "--set", "training.async_save=true"]
     for key, values in lists.items():
         args += [f"--{key}", ",".join(values)]
-    proc = torchrun(nproc, WORKER, *args)
-    assert proc.returncode == 0, f"{nproc}-rank launch {lists} failed:\n{proc.stderr[-5000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(nproc, WORKER, out, *args)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ validation loss its own engine computed on one fixed global batch with the saved
 failure of the loss check with the key/shape check passing localizes to the order in which
 shards are concatenated (QKV groups, the SwiGLU [gate; up] stride, row- vs column-parallel dims);
 a key/shape failure localizes to the pipeline-layer naming or the TP partition table."""
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import build_single_model, load_single, merge_run, single_config
 from megatron.checkpoint.state import Partition
 from megatron.checkpoint.export import load_run
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 from tests.support.paths import ROOT, TINY
 
 WORKER = os.path.join(ROOT, "tests", "support", "convert_worker.py")
@@ -39,11 +38,7 @@ BIN = os.path.dirname(sys.executable)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("convert"))
-    out = os.path.join(tmp, "results.json")
-    proc = torchrun(4, WORKER, "--workdir", tmp, "--out", out)
-    assert proc.returncode == 0, f"4-rank training launch failed:\n{proc.stderr[-4000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(4, WORKER, os.path.join(tmp, "results.json"), "--workdir", tmp)
 
 
 def fixed_batch_loss(model, run_cfg) -> float:

@@ -7,13 +7,12 @@ Four launches (start-up dominates): 1 rank (sources TP1), 2 ranks (sources TP2, 
 bf16 case), 4 ranks (source PP2xDP2 ZeRO-1; continuations on 4 ranks), 1 rank (TP2 -> TP1).
 A failure names the pair and the flavour: a wrong partition of one kind of weight (fused QKV,
 SwiGLU's stride, row/column, padded vocabulary) shows on one flavour or one pair only."""
-import json
 import os
 
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
@@ -29,13 +28,10 @@ pytestmark = pytest.mark.slow
 
 def _launch(tmp, nproc, **lists):
     out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
-    args = ["--workdir", tmp, "--out", out]
+    args = ["--workdir", tmp]
     for key, values in lists.items():
         args += [f"--{key}", ",".join(values)]
-    proc = torchrun(nproc, WORKER, *args)
-    assert proc.returncode == 0, f"{nproc}-rank launch {lists} failed:\n{proc.stderr[-5000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(nproc, WORKER, out, *args)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ the weight-gradient GEMMs; the sums run in the same order); bf16 within BF16_BOU
 Two launches: 2 ranks (PP2: ZeRO-1 and ZeRO-0, bf16, full and selective recomputation) and
 4 ranks (PP4, TP2 x PP2, TP2 x PP2 with sequence parallelism). A failure names the case, so
 it localizes to TP, SP, precision, recomputation or the number of stages."""
-import json
 import os
 
 import pytest
 
 from megatron.engine import pipe_order
 from tests.support.paths import ROOT
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "zero_bubble_worker.py")
 EXACT_TWO = ["pp2-gpt2", "pp2-llama", "pp2_zero0-gpt2", "pp2_recompute_full-gpt2",
@@ -30,12 +29,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp, nproc, cases):
-    out = os.path.join(tmp, f"{nproc}.json")
-    proc = torchrun(nproc, WORKER, "--out", out, "--cases", ",".join(cases), "--workdir", tmp,
-                    "--steps", str(STEPS))
-    assert proc.returncode == 0, f"{nproc}-rank launch failed:\n{proc.stderr[-4000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--cases",
+                       ",".join(cases), "--workdir", tmp, "--steps", str(STEPS))
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,12 @@ CP2 x PP2, CP2 x DP2 with ZeRO-1, 2 and 3, CP2 x TP2 with Megatron SP; TP2 x PP2
 continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the
 exchange (CP only), its composition with TP's heads, PP's activations, ZeRO's group (dp x cp)
 or SP's sequence shards; `grads` compares every parameter's gradient directly."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
 TWO_RANK = ["cp2", "cp2_recompute_full"]
@@ -33,16 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp, nproc, *args):
-    out = os.path.join(tmp, f"{nproc}.json")
-    argv = ["--out", out, "--workdir", tmp, *args]
-    if nproc == 1:
-        proc = subprocess.run([sys.executable, WORKER, *argv], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    else:
-        proc = torchrun(nproc, WORKER, *argv)
-    assert proc.returncode == 0, f"{nproc}-rank launch failed:\n{proc.stderr[-4000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--workdir", tmp, *args,
+                       plain_single=True)
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,12 @@ Three process launches cover everything (startup dominates the cost): the single
 reference, one 2-rank launch for the 2-rank layouts, one 4-rank launch for the 4-rank ones
 (TP2 x PP2, TP2 x DP2 with ZeRO-1 and with ZeRO-3 + sequence parallelism, PP2 x DP2).
 A failure names the layout and flavour, so it localizes to TP, PP, ZeRO stage or SP."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.procs import torchrun
+from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "run_layouts.py")
 TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
@@ -32,17 +29,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp, nproc, layouts):
-    out = os.path.join(tmp, f"{nproc}.json")
-    if nproc == 1:
-        proc = subprocess.run([sys.executable, WORKER, "--out", out, "--layouts", layouts,
-                               "--workdir", tmp],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-    else:
-        proc = torchrun(nproc, WORKER, "--out", out, "--layouts", layouts, "--workdir", tmp)
-    assert proc.returncode == 0, f"{nproc}-rank launch failed:\n{proc.stderr[-4000:]}"
-    with open(out) as f:
-        return json.load(f)
+    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--layouts", layouts,
+                       "--workdir", tmp, plain_single=True)
 
 
 @pytest.fixture(scope="module")

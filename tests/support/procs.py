@@ -1,4 +1,6 @@
-"""Process helpers: a free local port for a rendezvous, and a torchrun launch on CPU ranks."""
+"""Process helpers: a free local port for a rendezvous, a torchrun launch on CPU ranks, and a
+worker launch that returns the JSON its rank 0 wrote."""
+import json
 import os
 import socket
 import subprocess
@@ -20,6 +22,23 @@ def torchrun(nproc: int, script: str, *args: str, timeout: int = 600, env=None):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
+
+
+def launch_json(nproc: int, script: str, out: str, *args: str, plain_single: bool = False,
+                timeout: int = 600):
+    """Runs a test worker on `nproc` CPU ranks with `--out out` and `args` (one rank as a plain
+    process when `plain_single`, without torchrun's rendezvous), asserts that it exited 0 (the
+    failure shows the end of its stderr) and returns what its rank 0 wrote to `out`."""
+    argv = ["--out", out, *args]
+    if nproc == 1 and plain_single:
+        proc = subprocess.run([sys.executable, script, *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    else:
+        proc = torchrun(nproc, script, *argv, timeout=timeout)
+    assert proc.returncode == 0, f"{nproc}-rank launch of {os.path.basename(script)} " \
+                                 f"{' '.join(args)} failed:\n{proc.stderr[-5000:]}"
+    with open(out) as f:
+        return json.load(f)
 
 
 def pid_of(*in_cmdline: str, env_has: str):
