@@ -142,6 +142,8 @@ def _exposed_tp(x: _Ctx, tp: np.ndarray, gemm_passes: float) -> np.ndarray:
     if x.overlap.tp_comm and x.lay.sequence_parallel and x.lay.tp > 1:
         return tp * exposed_share(float(x.th @ tp), gemm_passes * float(x.th @ linear_gemms(x)))
     return tp
+
+
 def ulysses_bytes(x: _Ctx) -> Tuple[float, float]:
     """Bytes one rank hands the two forward all-to-alls of a layer under context parallelism:
     q, k and v (key/value heads with their replicas) and the attention output, [s/C, b, ...]."""
