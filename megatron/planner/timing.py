@@ -136,12 +136,14 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     return fwd, core, tp
 
 
-def _exposed_tp(x: _Ctx, tp: np.ndarray, gemm_passes: float) -> np.ndarray:
-    """TP collectives left exposed: all of them, or, under Transformer Engine's overlap (SP
-    only), what `gemm_passes` passes of the layer's linear GEMMs cannot cover."""
+def _exposed_tp(x: _Ctx, tp: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) TP collectives left exposed: all of them, or, under Transformer
+    Engine's overlap (SP only), what one pass (forward) or two (backward) of the layer's linear
+    GEMMs cannot cover."""
     if x.overlap.tp_comm and x.lay.sequence_parallel and x.lay.tp > 1:
-        return tp * exposed_share(float(x.th @ tp), gemm_passes * float(x.th @ linear_gemms(x)))
-    return tp
+        comm_s, gemm_s = float(x.th @ tp), float(x.th @ linear_gemms(x))
+        return tp * exposed_share(comm_s, gemm_s), tp * exposed_share(comm_s, 2 * gemm_s)
+    return tp, tp
 
 
 def ulysses_bytes(x: _Ctx) -> Tuple[float, float]:
@@ -175,23 +177,24 @@ def layer_features(x: _Ctx) -> np.ndarray:
     recompute replays the attention."""
     fwd, core, tp = _layer_forward(x)
     a2a = ulysses_features(x)
-    total = 3 * fwd + 2 * a2a + _exposed_tp(x, tp, 1) + _exposed_tp(x, tp, 2)
+    tp_fwd, tp_bwd = _exposed_tp(x, tp)
+    total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
     if x.lay.recompute == "full":
-        total += fwd + a2a + _exposed_tp(x, tp, 1)
+        total += fwd + a2a + tp_fwd
     elif x.lay.recompute == "selective":
         # the attention core, with the exchange around it (attention._core) under CP
         total += core + a2a
     return total
 
 
-def boundary_send_bytes(x: _Ctx) -> float:
-    """Bytes one rank sends per pipeline hop. Every engine here splits a stage's output over
-    its TP ranks, each sending its slice on its own link and the receiver all-gathering them
-    (Megatron-LM's scatter/gather optimisation, Narayanan et al. 2021 section 4.1; DeepSpeed's
-    pipeline engine with pipeline.pipe_partitioned and grad_partitioned, on by default); under
-    SP the output is already split."""
-    whole = act.boundary_bytes(x.m, x.lay, x.job.precision)
+def boundary_send_bytes(x: _Ctx, whole: float) -> float:
+    """Bytes one rank sends per pipeline hop of a stage output of `whole` bytes
+    (act.boundary_bytes). Every engine here splits it over the TP ranks, each sending its slice
+    on its own link and the receiver all-gathering them (Megatron-LM's scatter/gather
+    optimisation, Narayanan et al. 2021 section 4.1; DeepSpeed's pipeline engine with
+    pipeline.pipe_partitioned and grad_partitioned, on by default); under SP it is already
+    split."""
     return whole if x.lay.sequence_parallel else whole / x.lay.tp
 
 
@@ -214,11 +217,11 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         hops = 4 * v - (2 if last else 0) - (2 if first else 0)
         link = x.spec.link(2, x.lay.tp * x.lay.dp * x.lay.cp)
         if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
-            x.collective(f, boundary_send_bytes(x), link, hops)
+            whole = act.boundary_bytes(x.m, x.lay, x.job.precision)
+            x.collective(f, boundary_send_bytes(x, whole), link, hops)
             if t > 1 and not x.lay.sequence_parallel:
                 # the receiver's all-gather of the TP ranks' slices, one per received hop
-                x.collective(f, (t - 1) / t * act.boundary_bytes(x.m, x.lay, x.job.precision),
-                             x.tp_link, hops / 2)
+                x.collective(f, (t - 1) / t * whole, x.tp_link, hops / 2)
     f[MB] += 1
     if x.lay.pp > 1 and x.spec.framework == "deepspeed":
         # the pipeline engine's own cost: a share of the slot's time as priced so far

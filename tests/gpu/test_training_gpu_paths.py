@@ -18,6 +18,8 @@ import time
 import pytest
 import torch
 
+from megatron.checkpoint.records import events, read_metrics, steps
+from megatron.engine.engine import ComputeTimer
 from tests.support.paths import ROOT
 from tests.support.async_saves import check_background_saves, flat_state
 
@@ -40,7 +42,6 @@ def _train(run_dir, *items):
         cmd += ["--set", item]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from megatron.checkpoint.records import events, read_metrics, steps
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     return {r.step: r.loss for r in steps(rows)}, events(rows, "save")
 
@@ -59,7 +60,6 @@ def test_a_gpu_run_with_async_saves_resumes_on_its_losses(tmp_path):
 
 
 def test_the_straggler_timer_times_forward_spans_with_cuda_events():
-    from megatron.engine.engine import ComputeTimer
     timer = ComputeTimer(torch.device("cuda"))
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
