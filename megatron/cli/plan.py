@@ -7,6 +7,7 @@ import sys
 from typing import List, Optional
 
 from megatron.cli.common import entry_point
+from megatron.planner.overlap import FRAMEWORKS
 
 EXAMPLES = """\
 examples:
@@ -55,12 +56,14 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
     g.add_argument("--cluster", help="required: a preset (frontier, mi300x, a100, a100-40gb, h100, "
                    "h200, gh200) "
                    "or a cluster/profile YAML")
-    g.add_argument("--framework", choices=("deepspeed", "megatron-lm", "megatron-core"),
-                   help="the engine whose overlap of communication with compute to price "
-                   "(default: the cluster file's `framework`, else deepspeed, what this trainer "
-                   "runs); megatron-core: --tp-comm-overlap, --overlap-grad-reduce and "
-                   "--overlap-param-gather on, megatron-lm: nothing overlapped; the other two "
-                   "are comparisons (docs/planner.md, \"Overlap by framework\")")
+    g.add_argument("--framework", choices=FRAMEWORKS,
+                   help="the engine whose overlap of communication with compute and whose "
+                   "model states to price (default: the cluster file's `framework`, else "
+                   "deepspeed, what this trainer runs); megatron-core: --tp-comm-overlap, "
+                   "--overlap-grad-reduce and --overlap-param-gather on, megatron-lm: nothing "
+                   "overlapped, both with Megatron's optimizer (ZeRO-0 or 1 only); fsdp: PyTorch "
+                   "FSDP (ZeRO-2 or 3, no PP); the other three are comparisons (docs/planner.md, "
+                   "\"Overlap by framework\")")
     if nodes:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
 

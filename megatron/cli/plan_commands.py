@@ -111,7 +111,7 @@ def cmd_memory(args) -> int:
         print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
               f"{INTERLEAVED_UNAVAILABLE}")
     print()
-    stages = memory_per_stage(job, lay, prof.constants)
+    stages = memory_per_stage(job, lay, prof.constants, framework=prof.spec.framework)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
     header = ("stage", "params M", "weights", "grads", "optimizer", "activations", "working",
               "step extra", "bucket", "peak GB", "reserved GB")

@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 _KNOBS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sequence_parallel")
 
 
-def _choices(job: Job, world: int, gpus_per_node: int, space: SearchSpace) -> Dict[str, List]:
+def _choices(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
+             framework: str = "deepspeed") -> Dict[str, List]:
     seen: Dict[str, set] = {k: set() for k in _KNOBS}
-    for lay in enumerate_layouts(job, world, gpus_per_node, space):
+    for lay in enumerate_layouts(job, world, gpus_per_node, space, framework):
         for k in _KNOBS:
             seen[k].add(getattr(lay, k))
     return {k: sorted(v, key=str) for k, v in seen.items()}
@@ -61,7 +62,7 @@ def bayes_search(job: Job, prof: Profile, runner, store: TrialStore, budget: int
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     world = prof.spec.gpus_per_node  # one node: the machine at hand
-    choices = _choices(job, world, prof.spec.gpus_per_node, space)
+    choices = _choices(job, world, prof.spec.gpus_per_node, space, prof.spec.framework)
     dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
     study = optuna.create_study(direction="maximize",
                                 sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3))

@@ -37,7 +37,8 @@ def fitting(job: Job, nodes: int, prof: Profile, space: SearchSpace,
     """The layouts of the space that fit (the first one found, with first_only), memory only."""
     world = nodes * prof.spec.gpus_per_node
     out = []
-    for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space):
+    for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
+                                 prof.spec.framework):
         if layout_problem(job, lay):
             continue
         cand = evaluate(job, lay, prof, space, with_time=False)

@@ -15,12 +15,28 @@ overlap settings zero_settings.py reads from the same function that writes deeps
   Under context parallelism "DP" here is dp x cp (Layout.zero_dp): DeepSpeed's data-parallel
   group is the dp x cp group (megatron/engine/mpu.py), so its partitions are 1/(dp x cp).
 The peak is the larger of two phases: backward (states + activations in flight + one layer's
-working set) and the optimizer step (states + the fp32 gradient partition it flattens)."""
+working set) and the optimizer step (states + the fp32 gradient partition it flattens).
+
+The other engines the planner prices for comparison (overlap.FRAMEWORKS) hold other states:
+- megatron-lm / megatron-core: Megatron-LM's bytes per parameter (docs/source/
+  distrib_optimizer.md): ZeRO-0 is its non-distributed optimizer (20 with fp16 gradients, 18
+  with fp32 ones, 16 in fp32), ZeRO-1 its distributed optimizer (4 + 16/d, 6 + 12/d, 8 + 8/d).
+  bf16 accumulates and reduces gradients in fp32 (megatron/training/arguments.py forces
+  accumulate_allreduce_grads_in_fp32), fp16 keeps them in fp16. The gradients live in the
+  contiguous grad buffer, which is also what it communicates: no separate bucket. It has no
+  ZeRO-2 or 3.
+- fsdp (PyTorch FSDP as llm-foundry runs it, mosaic23): the sharded FlatParameter keeps the
+  model's fp32 weights, its gradient is reduced into an fp32 shard, AdamW's moments are fp32:
+  16/d bytes a parameter. FULL_SHARD (ZeRO-3 here) gathers the bf16 weights of one wrapped
+  block at a time plus the one limit_all_gathers lets it prefetch, and the root unit's (the
+  embeddings and final norm, not resharded after the forward); SHARD_GRAD_OP (ZeRO-2) keeps
+  the whole bf16 model gathered from the forward to the end of the backward. No pipelining."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.config.errors import InputError
 from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.engine.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
@@ -84,6 +100,41 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     # micro-batch; otherwise the bucket exists from the first backward on.
     in_backward = not (zero == 1 and pp > 1)
     return StateBytes(weights, grads, 12 * n / dp, (4 + lp) * n / dp, bucket, in_backward)
+
+
+MEGATRON = ("megatron-lm", "megatron-core")
+
+
+def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateBytes:
+    """Megatron-LM's model states for n parameters (its distrib_optimizer.md table): ZeRO-0
+    the non-distributed optimizer, ZeRO-1 the distributed one over dp ranks."""
+    if zero not in (0, 1):
+        raise InputError(f"--zero {zero} under framework megatron-lm/megatron-core: Megatron-LM "
+                         "has no ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or "
+                         "ZeRO-1 (--use-distributed-optimizer): pick --zero 0 or 1")
+    shard = dp if zero == 1 else 1
+    if precision == "fp32":   # the fp32 weights are the optimizer's: moments only
+        return StateBytes(4 * n, 4 * n, 8 * n / shard, 0, 0, False)
+    if precision == "bf16":   # fp32 gradient buffer, the optimizer reads it in place
+        return StateBytes(2 * n, 4 * n, 12 * n / shard, 0, 0, False)
+    # fp16 gradients: the optimizer's fp32 copy of them is allocated at the step
+    # (non-distributed) or kept as a 1/d buffer of its own (distributed)
+    if zero == 1:
+        return StateBytes(2 * n, 2 * n, 16 * n / dp, 0, 0, False)
+    return StateBytes(2 * n, 2 * n, 12 * n, 4 * n, 0, False)
+
+
+def fsdp_state_bytes(sp: StageParams, precision: str, zero: int, dp: int) -> StateBytes:
+    """PyTorch FSDP's model states for a stage's parameters sp (see the module docstring):
+    fp32 weights, gradients and moments sharded over dp, plus the gathered weights in the
+    model dtype."""
+    if zero not in (2, 3):
+        raise InputError(f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 "
+                         "(SHARD_GRAD_OP) or ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")
+    n, lp = sp.total, act.act_bytes(precision)
+    root = n - sp.transformer
+    gathered = n if zero == 2 else root + min(sp.layers, 2) * sp.max_layer
+    return StateBytes(4 * n / dp + lp * gathered, 4 * n / dp, 8 * n / dp, 0, 0, False)
 
 
 @dataclass(frozen=True)
@@ -160,9 +211,17 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
 
 
 def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
-                 device: Optional[str] = None) -> StateBytes:
+                 device: Optional[str] = None, framework: str = "deepspeed") -> StateBytes:
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
-    ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings)."""
+    ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
+    states for framework megatron-lm, megatron-core or fsdp."""
+    if framework in MEGATRON:
+        return megatron_state_bytes(sp.total, job.precision, lay.zero, lay.zero_dp)
+    if framework == "fsdp":
+        if lay.pp > 1:
+            raise InputError(f"--pp {lay.pp} under framework fsdp: FSDP as priced here (llm-"
+                             "foundry's) has no pipeline: pick --pp 1")
+        return fsdp_state_bytes(sp, job.precision, lay.zero, lay.zero_dp)
     ds = profile_settings(job, lay, c, device)
     return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.zero_dp,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
@@ -172,15 +231,17 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
 
 
 def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,
-                 device: Optional[str] = None) -> StageMemory:
-    states = stage_states(job, lay, sp, c, device)
+                 device: Optional[str] = None, framework: str = "deepspeed") -> StageMemory:
+    states = stage_states(job, lay, sp, c, device, framework)
     stored, working = _stage_activations(job, lay, sp, stage, c)
     base = states.weights + states.optimizer + c.fixed_gb * GIB
     backward = base + states.grads + stored + working
     if states.bucket_in_backward:
         backward += states.bucket
-    # At the step ZeRO frees the gradients outside this rank's partition first.
-    step_grads = states.grads / lay.zero_dp if lay.zero == 1 else states.grads
+    # At the step ZeRO-1 frees the gradients outside this rank's partition first; Megatron's
+    # distributed optimizer keeps its whole grad buffer (the parameter all-gather reuses it).
+    freed = lay.zero == 1 and framework == "deepspeed"
+    step_grads = states.grads / lay.zero_dp if freed else states.grads
     step = base + step_grads + states.step_transient + states.bucket
     peak = max(backward, step)
     reserved = peak * (1 + c.frag) + c.framework_gb * GIB
@@ -188,13 +249,14 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
                        working, states.step_transient, states.bucket, peak, reserved)
 
 
-def memory_per_stage(job: Job, lay: Layout, c: Constants,
-                     device: Optional[str] = None) -> List[StageMemory]:
+def memory_per_stage(job: Job, lay: Layout, c: Constants, device: Optional[str] = None,
+                     framework: str = "deepspeed") -> List[StageMemory]:
     params = all_stage_params(job.model, lay.tp, lay.pp)
-    return [stage_memory(job, lay, sp, i, c, device) for i, sp in enumerate(params)]
+    return [stage_memory(job, lay, sp, i, c, device, framework) for i, sp in enumerate(params)]
 
 
-def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = None) -> StageMemory:
+def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = None,
+                framework: str = "deepspeed") -> StageMemory:
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
     flight and the embedding; the last stage has the logits and the output layer. Under zbh1 a
@@ -205,6 +267,6 @@ def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = Non
     if lay.schedule == "zbh1":
         ends |= {max(0, lay.pp - 2), max(0, job.model.num_layers % lay.pp - 1)}
     ends = sorted(ends)
-    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device)
-              for i in ends]
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device,
+                           framework) for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

@@ -14,7 +14,12 @@
   compute, exposing one chunk; the TP collectives overlap the GEMMs they feed (Transformer
   Engine's userbuffers), which needs TP >= 2 and sequence parallelism; pipeline sends overlap
   compute (overlap_p2p_comm) only with the interleaved schedule, else they are batched and
-  exposed."""
+  exposed.
+- fsdp (PyTorch FSDP as llm-foundry runs its MPT benchmarks, FULL_SHARD or SHARD_GRAD_OP,
+  forward and backward prefetch, limit_all_gathers): the gradient reduce-scatter runs per
+  wrapped block under the backward and the weight all-gathers are prefetched, like
+  megatron-core's chunks; no TP or pipeline of its own. Its memory differs from DeepSpeed's
+  ZeRO-3 (memory.fsdp_state_bytes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,6 +42,7 @@ OVERLAP: Dict[str, Overlap] = {
                            pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True),
+    "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=True, pipe_send=False),
 }
 FRAMEWORKS = tuple(OVERLAP)
 

@@ -57,7 +57,7 @@ def project(job: Job, base: Layout, prof: Profile, nodes: Sequence[int], mode: s
         scaled = dataclasses.replace(job, global_batch=lay.global_batch)
         problem = layout_problem(scaled, lay)
         est = step_time(scaled, lay, prof)
-        mem = peak_memory(scaled, lay, prof.constants)
+        mem = peak_memory(scaled, lay, prof.constants, framework=prof.spec.framework)
         note = problem or ("exceeds device memory"
                            if mem.reserved_bytes > prof.spec.gpu_memory_gb * GIB else "")
         if ref is None:

@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Sequence
 
 from megatron.config.errors import InputError
 from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, layout_problem
-from megatron.planner.memory import GIB, StageMemory, peak_memory
+from megatron.planner.memory import GIB, MEGATRON, StageMemory, peak_memory
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -82,8 +82,10 @@ def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(job: Job, world: int, gpus_per_node: int,
-                      space: SearchSpace) -> Iterator[Layout]:
+def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
+                      framework: str = "deepspeed") -> Iterator[Layout]:
+    """The layouts of `world` devices the space allows and the engine `framework` can run
+    (engine_runs)."""
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
     for tp in tps:
@@ -95,7 +97,8 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int,
             if (world // tp) % pp:
                 continue
             for cp in _cp_degrees(job, tp, world // (tp * pp), space):
-                yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp)
+                yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp,
+                                          framework)
 
 
 def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
@@ -109,14 +112,27 @@ def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
     return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
 
 
+def engine_runs(framework: str, zero: int, pp: int) -> bool:
+    """Whether the engine has this ZeRO stage: Megatron-LM's optimizer is ZeRO-0 or 1 (the
+    distributed optimizer); FSDP shards at ZeRO-2 or 3 and, as llm-foundry runs it, without a
+    pipeline; DeepSpeed has all four."""
+    if framework in MEGATRON:
+        return zero <= 1
+    if framework == "fsdp":
+        return zero >= 2 and pp == 1
+    return True
+
+
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
-                   cp: int = 1) -> Iterator[Layout]:
+                   cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
     for mb in space.micro_batch:
         if job.global_batch % (mb * dp):
             continue
         ga = job.global_batch // (mb * dp)
         for zero in space.zero:
             if pp > 1 and zero > 1:
+                continue
+            if not engine_runs(framework, zero, pp):
                 continue
             for rc in space.recompute:
                 for flash in space.flash:
@@ -132,7 +148,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
              with_time: bool = True) -> Candidate:
-    mem = peak_memory(job, lay, prof.constants)
+    mem = peak_memory(job, lay, prof.constants, framework=prof.spec.framework)
     fits = mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB * space.memory_fraction
     est = step_time(job, lay, prof) if (fits or with_time) else None
     return Candidate(lay, mem, est, fits)
@@ -155,7 +171,8 @@ def search(job: Job, nodes: int, prof: Profile, space: SearchSpace = SearchSpace
     first (ties: less memory)."""
     world = nodes * prof.spec.gpus_per_node
     result = SearchResult(job, nodes, world, [])
-    for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space):
+    for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
+                                 prof.spec.framework):
         result.enumerated += 1
         problem = layout_problem(job, lay)
         if problem:

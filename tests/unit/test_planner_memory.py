@@ -6,7 +6,10 @@ import pytest
 
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
-from megatron.planner.memory import GIB, in_flight, memory_per_stage, peak_memory
+from megatron.config.errors import InputError
+from megatron.planner.memory import (GIB, fsdp_state_bytes, in_flight, megatron_state_bytes,
+                                     memory_per_stage, peak_memory)
+from megatron.planner.params import stage_params
 from megatron.planner.models import preset_model
 from megatron.planner.profile import Constants, load_profile
 
@@ -102,3 +105,71 @@ def test_sequence_parallel_and_flash_save_memory():
     c = Constants()
     assert peak_memory(job, sp, c).peak_bytes < peak_memory(job, plain, c).peak_bytes
     assert peak_memory(job, flash, c).peak_bytes < peak_memory(job, plain, c).peak_bytes
+
+
+# Megatron-LM's docs/source/distrib_optimizer.md: bytes a parameter, d = data-parallel size
+MEGATRON_TABLE = {("fp16", 0): lambda d: 20, ("bf16", 0): lambda d: 18, ("fp32", 0): lambda d: 16,
+                  ("fp16", 1): lambda d: 4 + 16 / d, ("bf16", 1): lambda d: 6 + 12 / d,
+                  ("fp32", 1): lambda d: 8 + 8 / d}
+
+
+@pytest.mark.parametrize("precision,zero", sorted(MEGATRON_TABLE))
+@pytest.mark.parametrize("d", [1, 8, 48])
+def test_megatron_engines_hold_the_states_megatron_documents(precision, zero, d):
+    """Under framework megatron-lm or megatron-core the states at the optimizer step are
+    Megatron-LM's table, not DeepSpeed's (whose ZeRO-1 bf16 is 4 + 16/d with its fp32 step
+    copy)."""
+    n = 10 ** 9
+    s = megatron_state_bytes(n, precision, zero, d)
+    total = s.weights + s.grads + s.optimizer + s.step_transient + s.bucket
+    assert total / n == pytest.approx(MEGATRON_TABLE[precision, zero](d))
+
+
+def test_megatron_keeps_its_grad_buffer_through_the_step_and_deepspeed_frees_it():
+    """ZeRO-1 at the step: DeepSpeed frees the gradients outside the rank's partition; the
+    distributed optimizer keeps the whole fp32 buffer (it gathers the weights into it)."""
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    layout = lay(dp=8, grad_accum=8, zero=1)
+    core = peak_memory(job, layout, Constants(), framework="megatron-core")
+    n = core.params
+    assert core.grads == pytest.approx(4 * n) and core.optimizer == pytest.approx(12 * n / 8)
+    ds = peak_memory(job, layout, Constants())
+    assert ds.grads == pytest.approx(2 * n) and core.peak_bytes > ds.peak_bytes
+
+
+def test_fsdp_shards_fp32_states_and_gathers_two_blocks_and_the_root():
+    """FSDP FULL_SHARD (ZeRO-3): 16/d bytes a parameter of fp32 weights, gradients and moments,
+    plus the bf16 weights of two blocks and of the root unit (embeddings, final norm);
+    SHARD_GRAD_OP (ZeRO-2) keeps the whole bf16 model gathered."""
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    sp = stage_params(job.model, 1, 1, 0)
+    full = fsdp_state_bytes(sp, "bf16", 3, 8)
+    root = sp.total - sp.transformer
+    assert full.weights == pytest.approx(4 * sp.total / 8 + 2 * (root + 2 * sp.max_layer))
+    assert (full.grads, full.optimizer) == pytest.approx((4 * sp.total / 8, 8 * sp.total / 8))
+    assert full.step_transient == 0 and full.bucket == 0
+    grad_op = fsdp_state_bytes(sp, "bf16", 2, 8)
+    assert grad_op.weights == pytest.approx(4 * sp.total / 8 + 2 * sp.total)
+
+
+def test_mosaics_30b_on_eight_a100s_fits_under_fsdp_as_it_trained():
+    """llm-foundry trained MPT-30B on 8 A100 80 GB at micro-batch 3 (published.yaml
+    mpt-30b-a8); priced as DeepSpeed's ZeRO-3 (its fp32 step copies) it would not fit."""
+    from megatron.planner import validation as v
+    case = v.load_published().by_id()["mpt-30b-a8"]
+    cap = case.profile.spec.gpu_memory_gb * GIB
+    assert peak_memory(case.job, case.layout, case.profile.constants,
+                       framework="fsdp").reserved_bytes < cap
+    assert peak_memory(case.job, case.layout, case.profile.constants).reserved_bytes > cap
+
+
+@pytest.mark.parametrize("framework,layout,needle", [
+    ("megatron-lm", lay(dp=8, grad_accum=8, zero=3), "Megatron-LM has no ZeRO-2 or 3"),
+    ("megatron-core", lay(dp=8, grad_accum=8, zero=2), "pick --zero 0 or 1"),
+    ("fsdp", lay(dp=8, grad_accum=8, zero=1), "pick --zero 2 or 3"),
+    ("fsdp", lay(pp=2, dp=4, grad_accum=8, zero=3), "pick --pp 1"),
+])
+def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, needle):
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    with pytest.raises(InputError, match=needle):
+        peak_memory(job, layout, Constants(), framework=framework)

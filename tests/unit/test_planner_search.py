@@ -24,6 +24,18 @@ def test_enumerated_layouts_respect_the_trainer_rules():
         assert layout_problem(job, lay) is None
 
 
+@pytest.mark.parametrize("framework,zeros,pp_max", [("deepspeed", {0, 1, 2, 3}, 8),
+                                                    ("megatron-lm", {0, 1}, 8),
+                                                    ("megatron-core", {0, 1}, 8),
+                                                    ("fsdp", {2, 3}, 1)])
+def test_the_search_offers_only_what_the_engine_runs(framework, zeros, pp_max):
+    """Megatron-LM's optimizer is ZeRO-0 or 1; FSDP shards at ZeRO-2 or 3 without a pipeline."""
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    layouts = list(enumerate_layouts(job, 8, 8, SearchSpace(), framework))
+    assert {lay.zero for lay in layouts} == zeros
+    assert max(lay.pp for lay in layouts) == pp_max
+
+
 def test_best_175b_layouts_on_1024_gcds_keep_tp_inside_a_node():
     # The paper's lesson, checked with TP across nodes allowed: the fastest layouts that fit
     # still keep tensor parallelism within one node (<= 8 GCDs) and pipeline across nodes.

@@ -175,6 +175,15 @@ def test_published_layouts_rank_near_the_predicted_best(published):
     assert np.median([r.behind for r in ranks]) <= 0.05, table
 
 
+def test_four_in_five_layouts_chosen_for_speed_rank_in_the_top_3(published):
+    """Issue 26's bar: published layouts chosen for speed rank within the planner's top 3 in at
+    least 80% of the cases (benchmarks/results/planner_rank_sensitivity.md, "as shipped")."""
+    ranks = [v.rank_published_layout(c) for c in published.cases
+             if c.source in v.CHOSEN_FOR_SPEED]
+    outside = [f"{r.case.id} {r.rank}/{r.fitting}" for r in ranks if (r.rank or 99) > 3]
+    assert len(ranks) - len(outside) >= 0.8 * len(ranks), outside
+
+
 def test_frontier_prior_is_not_the_fitted_preset(published):
     """The frontier preset's efficiencies were set from the 175B case; validation must not use
     them, or that case would predict itself."""
