@@ -288,6 +288,16 @@ def grad_claim(x: _Ctx, n: float, layers: int) -> float:
     return x.c.dp_overlap
 
 
+def grad_wire_bytes(x: _Ctx, kind: str) -> float:
+    """Bytes per gradient element the DP reduction sends: DeepSpeed's communication_data_type,
+    else the model dtype (fp32 for the torch optimizer). Every engine is priced so. Megatron
+    reduces a bf16 model's gradients in fp32 by default (accumulate_allreduce_grads_in_fp32,
+    which memory.megatron_state_bytes holds), but priced at 4 bytes its Megatron Core runs come
+    out up to 20% slow (mc-32b), which they were not: docs/planner.md, "Memory by engine"
+    (benchmarks/planner_rank_sensitivity.py prices that variant)."""
+    return comm_bytes(x.ds, 4 if kind == "torch" else x.e)
+
+
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
                        window_s: float = 0.0, layers: int = 1) -> np.ndarray:
     """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer.
@@ -297,7 +307,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     lay, n, d = x.lay, sp.total, x.lay.zero_dp
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
     grads = (4 if kind == "torch" else x.e) * n
-    wire = comm_bytes(x.ds, 4 if kind == "torch" else x.e) * n  # communication_data_type
+    wire = grad_wire_bytes(x, kind) * n
     weights = x.e * n
     share = (d - 1) / d
     if d > 1:
