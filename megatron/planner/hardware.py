@@ -51,7 +51,8 @@ class ClusterSpec:
     intra_latency_us: float = 20.0
     inter_latency_us: float = 30.0
     # the engine that runs the job, which decides what communication hides behind compute
-    # (overlap.OVERLAP): deepspeed (this trainer), megatron-lm, megatron-core
+    # (overlap.OVERLAP) and its model states (memory.stage_states): deepspeed (this trainer),
+    # megatron-lm, megatron-core, fsdp
     framework: str = "deepspeed"
 
     def __post_init__(self):
