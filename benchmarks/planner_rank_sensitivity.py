@@ -27,7 +27,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from megatron.planner import memory, search, timing  # noqa: E402
+from megatron.planner import memory, overlap, search, timing  # noqa: E402
 from megatron.planner import validation as v  # noqa: E402
 from megatron.planner.profile import Profile  # noqa: E402
 
@@ -38,7 +38,7 @@ def _fp32_megatron_wire():
     shipped = timing.grad_wire_bytes
 
     def wire(x, kind):
-        if x.spec.framework in memory.MEGATRON and x.job.precision == "bf16":
+        if x.spec.framework in overlap.MEGATRON and x.job.precision == "bf16":
             return 4.0
         return shipped(x, kind)
     return mock.patch.object(timing, "grad_wire_bytes", wire)

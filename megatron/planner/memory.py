@@ -41,6 +41,7 @@ from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.engine.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
+from megatron.planner.overlap import MEGATRON
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
 from megatron.planner.profile import Constants
 from megatron.planner.zero_settings import bucket_buffers, comm_bytes, profile_settings
@@ -102,16 +103,28 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     return StateBytes(weights, grads, 12 * n / dp, (4 + lp) * n / dp, bucket, in_backward)
 
 
-MEGATRON = ("megatron-lm", "megatron-core")
+def engine_problem(framework: str, zero: int, pp: int) -> Optional[str]:
+    """Why the engine `framework` cannot run this ZeRO stage and pipeline size (one line naming
+    the flag and the fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed
+    optimizer); FSDP shards at ZeRO-2 or 3 and, as llm-foundry runs it, has no pipeline;
+    DeepSpeed runs all four."""
+    if framework in MEGATRON and zero > 1:
+        return (f"--zero {zero} under framework megatron-lm/megatron-core: Megatron-LM has no "
+                "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
+                "(--use-distributed-optimizer): pick --zero 0 or 1")
+    if framework == "fsdp" and pp > 1:
+        return (f"--pp {pp} under framework fsdp: FSDP as priced here (llm-foundry's) has no "
+                "pipeline: pick --pp 1")
+    if framework == "fsdp" and zero < 2:
+        return (f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or "
+                "ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")
+    return None
 
 
 def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateBytes:
     """Megatron-LM's model states for n parameters (its distrib_optimizer.md table): ZeRO-0
-    the non-distributed optimizer, ZeRO-1 the distributed one over dp ranks."""
-    if zero not in (0, 1):
-        raise InputError(f"--zero {zero} under framework megatron-lm/megatron-core: Megatron-LM "
-                         "has no ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or "
-                         "ZeRO-1 (--use-distributed-optimizer): pick --zero 0 or 1")
+    the non-distributed optimizer, ZeRO-1 the distributed one over dp ranks (engine_problem
+    refuses the others)."""
     shard = dp if zero == 1 else 1
     if precision == "fp32":   # the fp32 weights are the optimizer's: moments only
         return StateBytes(4 * n, 4 * n, 8 * n / shard, 0, 0, False)
@@ -127,10 +140,7 @@ def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateByt
 def fsdp_state_bytes(sp: StageParams, precision: str, zero: int, dp: int) -> StateBytes:
     """PyTorch FSDP's model states for a stage's parameters sp (see the module docstring):
     fp32 weights, gradients and moments sharded over dp, plus the gathered weights in the
-    model dtype."""
-    if zero not in (2, 3):
-        raise InputError(f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 "
-                         "(SHARD_GRAD_OP) or ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")
+    model dtype; zero 3 FULL_SHARD, 2 SHARD_GRAD_OP (engine_problem refuses the others)."""
     n, lp = sp.total, act.act_bytes(precision)
     root = n - sp.transformer
     gathered = n if zero == 2 else root + min(sp.layers, 2) * sp.max_layer
@@ -215,12 +225,12 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
     states for framework megatron-lm, megatron-core or fsdp."""
+    problem = engine_problem(framework, lay.zero, lay.pp)
+    if problem:
+        raise InputError(problem)
     if framework in MEGATRON:
         return megatron_state_bytes(sp.total, job.precision, lay.zero, lay.zero_dp)
     if framework == "fsdp":
-        if lay.pp > 1:
-            raise InputError(f"--pp {lay.pp} under framework fsdp: FSDP as priced here (llm-"
-                             "foundry's) has no pipeline: pick --pp 1")
         return fsdp_state_bytes(sp, job.precision, lay.zero, lay.zero_dp)
     ds = profile_settings(job, lay, c, device)
     return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.zero_dp,

@@ -42,9 +42,12 @@ OVERLAP: Dict[str, Overlap] = {
                            pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True),
-    "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=True, pipe_send=False),
+    # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
+    # as every engine's
+    "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=False),
 }
 FRAMEWORKS = tuple(OVERLAP)
+MEGATRON = ("megatron-lm", "megatron-core")  # the engines with Megatron-LM's optimizer
 
 
 def exposed_share(comm_s: float, cover_s: float) -> float:

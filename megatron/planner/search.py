@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Sequence
 
 from megatron.config.errors import InputError
 from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, layout_problem
-from megatron.planner.memory import GIB, MEGATRON, StageMemory, peak_memory
+from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -85,7 +85,7 @@ def _divisors(n: int) -> List[int]:
 def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
                       framework: str = "deepspeed") -> Iterator[Layout]:
     """The layouts of `world` devices the space allows and the engine `framework` can run
-    (engine_runs)."""
+    (memory.engine_problem)."""
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
     for tp in tps:
@@ -112,17 +112,6 @@ def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
     return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
 
 
-def engine_runs(framework: str, zero: int, pp: int) -> bool:
-    """Whether the engine has this ZeRO stage: Megatron-LM's optimizer is ZeRO-0 or 1 (the
-    distributed optimizer); FSDP shards at ZeRO-2 or 3 and, as llm-foundry runs it, without a
-    pipeline; DeepSpeed has all four."""
-    if framework in MEGATRON:
-        return zero <= 1
-    if framework == "fsdp":
-        return zero >= 2 and pp == 1
-    return True
-
-
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
     for mb in space.micro_batch:
@@ -132,7 +121,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
         for zero in space.zero:
             if pp > 1 and zero > 1:
                 continue
-            if not engine_runs(framework, zero, pp):
+            if engine_problem(framework, zero, pp):
                 continue
             for rc in space.recompute:
                 for flash in space.flash:
