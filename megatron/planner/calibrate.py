@@ -21,7 +21,7 @@ from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.profile import Constants, Profile
 from megatron.planner.search import SearchSpace, search
-from megatron.planner.timing import step_features, theta
+from megatron.planner.timing import dot, step_features, theta
 from megatron.planner.trials import TrialResult
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def calibrate(job: Job, prof: Profile, trials: Sequence[TrialResult]) -> Tuple[P
 
 def _predict(job: Job, prof: Profile, lay: Layout) -> float:
     feats, _ = step_features(job, lay, prof)
-    return float(theta(prof.constants) @ feats)
+    return dot(theta(prof.constants), feats)
 
 
 def job_note(job: Job) -> str:

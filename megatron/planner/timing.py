@@ -33,6 +33,7 @@ over dp x cp."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -54,6 +55,13 @@ from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_se
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
             "latency_inter", "pipe_engine")
 GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
+
+
+def dot(a, b) -> float:
+    """a . b rounded once (math.fsum over the exact products). numpy's `@` calls BLAS, whose
+    summation order follows the CPU's SIMD kernel (OpenBLAS picks Haswell, SkylakeX, Zen...), so
+    the same prediction differed in its last bit between machines; this is the same on all."""
+    return math.fsum((np.asarray(a, dtype=float) * np.asarray(b, dtype=float)).tolist())
 
 
 def theta(c: Constants) -> np.ndarray:
@@ -141,7 +149,7 @@ def _exposed_tp(x: _Ctx, tp: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     Engine's overlap (SP only), what one pass (forward) or two (backward) of the layer's linear
     GEMMs cannot cover."""
     if x.overlap.tp_comm and x.lay.sequence_parallel and x.lay.tp > 1:
-        comm_s, gemm_s = float(x.th @ tp), float(x.th @ linear_gemms(x))
+        comm_s, gemm_s = dot(x.th, tp), dot(x.th, linear_gemms(x))
         return tp * exposed_share(comm_s, gemm_s), tp * exposed_share(comm_s, 2 * gemm_s)
     return tp, tp
 
@@ -225,7 +233,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     f[MB] += 1
     if x.lay.pp > 1 and x.spec.framework == "deepspeed":
         # the pipeline engine's own cost: a share of the slot's time as priced so far
-        f[PIPE] += float(x.th[:PIPE] @ f[:PIPE])
+        f[PIPE] += dot(x.th[:PIPE], f[:PIPE])
     return f
 
 
@@ -251,7 +259,7 @@ def pipeline_features(lay: Layout, stages, weights, th: np.ndarray) -> np.ndarra
     the slowest moves into the fill and drain, twice (its own slot and the B wave that no longer
     waits for it): (p - 1)(F + B - W) when balanced; with fewer micro-batches than stages the
     schedule has only m W passes to place and p - m of the slowest stage's stay exposed."""
-    i = max(range(len(stages)), key=lambda k: float(th @ stages[k][0]))
+    i = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
     slowest = stages[i][0]
     fill = sum(f * n for f, n in stages) - slowest
     if lay.schedule != "zbh1":
@@ -265,7 +273,7 @@ def backward_window(x: _Ctx, stage_f: np.ndarray) -> float:
     """Seconds of one micro-batch's backward on a stage, its recompute included: the window in
     which DeepSpeed's overlap_comm reduces the buckets the layers above have already filled."""
     r = 1.0 if x.lay.recompute == "full" else 0.0
-    return (2 + r) / (3 + r) * float(theta(x.c) @ stage_f)
+    return (2 + r) / (3 + r) * dot(theta(x.c), stage_f)
 
 
 def hidden_share(claimed: float, reduce_s: float, window_s: float) -> float:
@@ -320,7 +328,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
                                             3: (wire, ga, weights, 2 * ga)}[lay.zero]
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
-        per_window = float(theta(x.c) @ reduce) / (ga if lay.zero >= 2 else 1)
+        per_window = dot(theta(x.c), reduce) / (ga if lay.zero >= 2 else 1)
         claim = grad_claim(x, n, layers)
         f += reduce * (1 - hidden_share(claim, per_window, window_s))
         if other_n:
@@ -330,7 +338,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
                 # the distributed optimizer's all-gather, per layer under the next forward
                 # (one micro-batch's, a third of the backward window without recompute)
                 fwd_s = window_s / (2 + (1.0 if lay.recompute == "full" else 0.0))
-                gather *= 1 - hidden_share(1 - 1 / max(1, layers), float(x.th @ gather), fwd_s)
+                gather *= 1 - hidden_share(1 - 1 / max(1, layers), dot(x.th, gather), fwd_s)
             f += gather
     if first_or_last and lay.pp > 1 and x.m.tie_embeddings:
         reach = x.spec.link(2, (lay.pp - 1) * lay.tp * d)
@@ -357,7 +365,7 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     stages = [(stage_features(x, layers, first, last), n) for layers, first, last, n in kinds]
     weights = [weight_grad_features(x, layers, first, last) for layers, first, last, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
-    slowest = max(range(len(stages)), key=lambda k: float(th @ stages[k][0]))
+    slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
     params = all_stage_params(job.model, lay.tp, lay.pp)
     ends = sorted({0, lay.pp - 1})
     # the first and last stage's own per-micro-batch features, for their backward windows
@@ -366,7 +374,7 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     layers_of = stage_layers(job.model.num_layers, lay.pp)
     reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]),
                                      layers_of[i]) for i in ends]
-    reduce = max(reductions, key=lambda f: float(th @ f))
+    reduce = max(reductions, key=lambda f: dot(th, f))
     step = np.zeros(len(FEATURES))
     step[STEP] = 1
     parts = {"pipeline": pipe, "reduce": reduce, "step": step, "slowest": stages[slowest][0],
@@ -403,13 +411,13 @@ class TimeEstimate:
 def step_time(job: Job, lay: Layout, prof: Profile) -> TimeEstimate:
     feats, parts = step_features(job, lay, prof)
     th = theta(prof.constants)
-    step_s = float(th @ feats)
+    step_s = dot(th, feats)
     peak = prof.spec.matmul_tflops(job.precision) * 1e12
     mf = model_flops(job.model, job.global_batch) / step_s / lay.world
     hf = hardware_flops(job.model, job.global_batch, lay.recompute) / step_s / lay.world
-    slowest_s = float(th @ parts["slowest"])
-    bubble = pipeline_bubble(lay, float(th @ parts["slowest_w"]) / slowest_s if slowest_s else 0)
-    return TimeEstimate(step_s, float(th @ parts["pipeline"]), float(th @ parts["reduce"]), bubble,
+    slowest_s = dot(th, parts["slowest"])
+    bubble = pipeline_bubble(lay, dot(th, parts["slowest_w"]) / slowest_s if slowest_s else 0)
+    return TimeEstimate(step_s, dot(th, parts["pipeline"]), dot(th, parts["reduce"]), bubble,
                         job.global_batch * job.model.seq_length / step_s, mf / 1e12, hf / 1e12,
                         mf / peak, hf / peak, tuple(float(v) for v in feats))
 

@@ -29,7 +29,7 @@ from megatron.planner.search import SearchSpace, search
 from megatron.planner.profile import (CURVE_CONSTANTS, PRESET_CONSTANTS, Constants, Profile,
                                       from_mamf)
 from megatron.planner.timing import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MEM, PIPE,
-                                     step_features, theta)
+                                     dot, step_features, theta)
 
 DATA = os.path.join(os.path.dirname(__file__), "published.yaml")
 
@@ -250,7 +250,7 @@ def constrained_by(cases: Sequence[Case]) -> Dict[str, Tuple[str, ...]]:
 def predict(case: Case, factors: Optional[np.ndarray] = None) -> float:
     g = group_seconds(case)
     f = PRIOR if factors is None else factors
-    return float(g[:-1] @ f + g[-1])
+    return dot(g[:-1], f) + float(g[-1])
 
 
 @dataclass(frozen=True)
