@@ -23,34 +23,56 @@ from typing import Dict, List
 
 import torch
 
+from megatron.config import variants
 from megatron.config.errors import InputError
 from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
 
-GPT2_NEEDS = {"position_embedding_type": "learned", "normalization": "layernorm",
-              "activation": "gelu", "add_bias_linear": True, "tie_embeddings": True}
-LLAMA_NEEDS = {"position_embedding_type": "rotary", "normalization": "rmsnorm",
-               "activation": "swiglu"}
+# Beyond the variants (each selected norm, activation, position and attention core declares the
+# architectures it maps to, config/variants.py), the fields each architecture fixes.
+FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {}}
+ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _selected(m):
+    """(config field, value, record) of each variant the model selects."""
+    out = []
+    for kind, name in variants.KIND_FIELD.items():
+        v = variants.attention_of(m) if kind == "attention" else variants.of(m, kind)
+        out.append((name, getattr(m, name), v))
+    return out
+
+
+def _arch_problems(m, arch: str) -> List[str]:
+    why = [f"model.{name}={value!r} declares no {ARCH_NAMES[arch]} names"
+           for name, value, v in _selected(m) if arch not in v.hf]
+    why += [f"{k}={getattr(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
+            if getattr(m, k) != v]
+    if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
+        why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
+                   "one key/value head per query head)")
+    return why
+
+
 def flavour(m) -> str:
-    """'gpt2' or 'llama' for a model config that maps exactly; InputError otherwise."""
-    if all(getattr(m, k) == v for k, v in LLAMA_NEEDS.items()):
-        return "llama"
-    if all(getattr(m, k) == v for k, v in GPT2_NEEDS.items()) and \
-            m.kv_heads == m.num_attention_heads:
-        return "gpt2"
-    raise InputError(
-        "this model maps to no Hugging Face architecture exactly: GPT-2 needs "
-        + ", ".join(f"{k}={v!r}" for k, v in GPT2_NEEDS.items())
-        + " and num_query_groups equal to num_attention_heads; Llama needs "
-        + ", ".join(f"{k}={v!r}" for k, v in LLAMA_NEEDS.items())
-        + f". This run has position_embedding_type={m.position_embedding_type!r}, "
-          f"normalization={m.normalization!r}, activation={m.activation!r}, "
-          f"add_bias_linear={m.add_bias_linear!r}, tie_embeddings={m.tie_embeddings!r}, "
-          f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads")
+    """'gpt2' or 'llama' for a model config that maps exactly; InputError otherwise, naming
+    what each architecture lacks."""
+    problems = {}
+    for arch in ("llama", "gpt2"):
+        problems[arch] = _arch_problems(m, arch)
+        if not problems[arch]:
+            return arch
+    raise InputError("this model maps to no Hugging Face architecture exactly: "
+                     + "; ".join(f"{ARCH_NAMES[a]} needs other settings than "
+                                 + ", ".join(why) for a, why in problems.items()))
+
+
+def _norm_names(m, arch: str, ours: str, theirs: str, sd: StateDict) -> StateDict:
+    """The norm at `ours` under its record's names for `arch`, at `theirs`."""
+    names = variants.of(m, "norm").hf[arch]
+    return {theirs + hf: sd[ours + mine] for mine, hf in names.items()}
 
 
 def _qkv_parts(w: torch.Tensor, m) -> List[torch.Tensor]:
@@ -65,15 +87,15 @@ def _qkv_parts(w: torch.Tensor, m) -> List[torch.Tensor]:
 
 
 def gpt2_state_dict(sd: StateDict, m) -> StateDict:
-    out = {"transformer.wte.weight": sd["embedding.word_embeddings.weight"],
-           "transformer.wpe.weight": sd["embedding.position_embeddings"],
-           "transformer.ln_f.weight": sd["final_norm.weight"],
-           "transformer.ln_f.bias": sd["final_norm.bias"]}
+    out = {"transformer.wte.weight": sd["embedding.word_embeddings.weight"]}
+    positions = variants.of(m, "position").hf["gpt2"]
+    out.update({"transformer." + hf: sd["embedding." + mine] for mine, hf in positions.items()})
+    out.update(_norm_names(m, "gpt2", "final_norm.", "transformer.ln_f.", sd))
     for i in range(m.num_layers):
         ours, hf = f"layers.{i}.", f"transformer.h.{i}."
+        out.update(_norm_names(m, "gpt2", ours + "norm1.", hf + "ln_1.", sd))
+        out.update(_norm_names(m, "gpt2", ours + "norm2.", hf + "ln_2.", sd))
         out.update({
-            hf + "ln_1.weight": sd[ours + "norm1.weight"], hf + "ln_1.bias": sd[ours + "norm1.bias"],
-            hf + "ln_2.weight": sd[ours + "norm2.weight"], hf + "ln_2.bias": sd[ours + "norm2.bias"],
             # Conv1D: weight [in, out].
             hf + "attn.c_attn.weight": torch.cat(_qkv_parts(sd[ours + "attention.qkv.weight"], m)).t(),
             hf + "attn.c_attn.bias": torch.cat(_qkv_parts(sd[ours + "attention.qkv.bias"], m)),
@@ -87,14 +109,14 @@ def gpt2_state_dict(sd: StateDict, m) -> StateDict:
 
 
 def llama_state_dict(sd: StateDict, m) -> StateDict:
-    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
-           "model.norm.weight": sd["final_norm.weight"]}
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
+    out.update(_norm_names(m, "llama", "final_norm.", "model.norm.", sd))
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["output.head.weight"]
     for i in range(m.num_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        out.update({hf + "input_layernorm.weight": sd[ours + "norm1.weight"],
-                    hf + "post_attention_layernorm.weight": sd[ours + "norm2.weight"]})
+        out.update(_norm_names(m, "llama", ours + "norm1.", hf + "input_layernorm.", sd))
+        out.update(_norm_names(m, "llama", ours + "norm2.", hf + "post_attention_layernorm.", sd))
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.{x}"], m)
             gate, up = sd[f"{ours}mlp.fc1.{x}"].chunk(2, dim=0)

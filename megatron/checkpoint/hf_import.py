@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 import torch
 
-from megatron.config import build_config
+from megatron.config import build_config, variants
 from megatron.config.errors import InputError
 from megatron.checkpoint.convert import MergedCheckpoint
 
@@ -114,21 +114,26 @@ def _need(sd: StateDict, name: str, hf_dir: str) -> torch.Tensor:
     return sd[name]
 
 
+def _norm_from(m, arch: str, theirs: str, ours: str, w) -> StateDict:
+    """The norm at `theirs` under its record's names for `arch` (config/variants.py)."""
+    return {ours + mine: w(theirs + hf) for mine, hf in variants.of(m, "norm").hf[arch].items()}
+
+
 def _from_gpt2(sd: StateDict, m, hf_dir: str) -> StateDict:
     def w(name):
         return _need(sd, name, hf_dir)
-    out = {"embedding.word_embeddings.weight": w("transformer.wte.weight"),
-           "embedding.position_embeddings": w("transformer.wpe.weight"),
-           "final_norm.weight": w("transformer.ln_f.weight"),
-           "final_norm.bias": w("transformer.ln_f.bias")}
+    out = {"embedding.word_embeddings.weight": w("transformer.wte.weight")}
+    positions = variants.of(m, "position").hf["gpt2"]
+    out.update({"embedding." + mine: w("transformer." + hf) for mine, hf in positions.items()})
+    out.update(_norm_from(m, "gpt2", "transformer.ln_f.", "final_norm.", w))
     h = m.hidden_size
     for i in range(m.num_layers):
         hf, ours = f"transformer.h.{i}.", f"layers.{i}."
         qkv_w = w(hf + "attn.c_attn.weight").t()  # Conv1D [in, out] -> [out, in]
         qkv_b = w(hf + "attn.c_attn.bias")
+        out.update(_norm_from(m, "gpt2", hf + "ln_1.", ours + "norm1.", w))
+        out.update(_norm_from(m, "gpt2", hf + "ln_2.", ours + "norm2.", w))
         out.update({
-            ours + "norm1.weight": w(hf + "ln_1.weight"), ours + "norm1.bias": w(hf + "ln_1.bias"),
-            ours + "norm2.weight": w(hf + "ln_2.weight"), ours + "norm2.bias": w(hf + "ln_2.bias"),
             ours + "attention.qkv.weight": _fuse_qkv(*qkv_w.split(h), m),
             ours + "attention.qkv.bias": _fuse_qkv(*qkv_b.split(h), m),
             ours + "attention.dense.weight": w(hf + "attn.c_proj.weight").t(),
@@ -143,15 +148,15 @@ def _from_gpt2(sd: StateDict, m, hf_dir: str) -> StateDict:
 def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
     def w(name):
         return _need(sd, name, hf_dir)
-    out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight"),
-           "final_norm.weight": w("model.norm.weight")}
+    out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight")}
+    out.update(_norm_from(m, "llama", "model.norm.", "final_norm.", w))
     if not m.tie_embeddings:
         out["output.head.weight"] = w("lm_head.weight")
     for i in range(m.num_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
-        out.update({ours + "norm1.weight": w(hf + "input_layernorm.weight"),
-                    ours + "norm2.weight": w(hf + "post_attention_layernorm.weight")})
+        out.update(_norm_from(m, "llama", hf + "input_layernorm.", ours + "norm1.", w))
+        out.update(_norm_from(m, "llama", hf + "post_attention_layernorm.", ours + "norm2.", w))
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             out.update({
                 ours + f"attention.qkv.{x}": _fuse_qkv(w(f"{attn}q_proj.{x}"),

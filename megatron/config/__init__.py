@@ -1,3 +1,4 @@
+from megatron.config import builtin_variants  # noqa: F401 (registers the built-in variants)
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.sections import (DataConfig, KernelsConfig, ModelConfig, OptimizerConfig,
                                       ParallelConfig, RunConfig, TrainingConfig)

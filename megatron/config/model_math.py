@@ -9,6 +9,8 @@ matrices) and any FFN width; the attention-score term depends on the query heads
 causal mask is not halved (as Megatron counts)."""
 from __future__ import annotations
 
+from megatron.config import variants
+
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """As Megatron pads: a multiple of make_vocab_size_divisible_by x TP, so each tensor-parallel
@@ -21,12 +23,15 @@ def layer_matmul_params(m) -> int:
     h, d = m.hidden_size, m.head_dim
     qkv = h * (m.num_attention_heads + 2 * m.kv_heads) * d
     proj = h * m.num_attention_heads * d
-    mlp = (3 if m.activation == "swiglu" else 2) * h * m.ffn_hidden_size
+    mlp = (variants.of(m, "activation").fc1_factor + 1) * h * m.ffn_hidden_size
     return qkv + proj + mlp
 
 
 def attention_forward_flops_per_token(m) -> float:
-    """Scores and context: 2 matmuls of 2*s*d per query head."""
+    """Scores and context: 2 matmuls of 2*s*d per query head (a core may declare its own)."""
+    core = variants.attention_of(m)
+    if core.flops_per_token is not None:
+        return core.flops_per_token(m)
     return 4 * m.seq_length * m.num_attention_heads * m.head_dim
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from megatron.config import variants
 from megatron.config.errors import ConfigError
 
 
@@ -44,13 +45,15 @@ class ModelConfig:
     num_attention_heads: int = 4
     # Grouped-query attention: number of key/value heads. None means multi-head attention.
     num_query_groups: Optional[int] = None
-    # None: 4h for GeLU, and 8h/3 rounded up to a multiple of 64 for SwiGLU (same FLOPs as 4h GeLU).
+    # None: the activation's default (config/builtin_variants.py: 4h for GeLU, and 8h/3 rounded
+    # up to a multiple of 64 for SwiGLU, the same FLOPs as 4h GeLU).
     ffn_hidden_size: Optional[int] = None
     seq_length: int = 64
     max_position_embeddings: Optional[int] = None
     # Used when the tokenizer does not fix the vocabulary (synthetic and null-tokenizer data).
     vocab_size: int = 512
     make_vocab_size_divisible_by: int = 128
+    # The next four name registered variants (config/variants.py, builtin_variants.py)
     position_embedding_type: str = "learned"  # learned | rotary
     rotary_base: float = 10000.0
     normalization: str = "layernorm"  # layernorm | rmsnorm
@@ -69,10 +72,8 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "vocab_size", "make_vocab_size_divisible_by"):
             _positive(s, name, getattr(self, name))
-        _choice(s, "position_embedding_type", self.position_embedding_type, ("learned", "rotary"))
-        _choice(s, "normalization", self.normalization, ("layernorm", "rmsnorm"))
-        _choice(s, "activation", self.activation, ("gelu", "swiglu"))
-        _choice(s, "attention_backend", self.attention_backend, ("auto", "flash", "sdpa", "math"))
+        for kind, name in variants.KIND_FIELD.items():
+            _choice(s, name, getattr(self, name), variants.choices(kind))
         _fraction(s, "hidden_dropout", self.hidden_dropout)
         _fraction(s, "attention_dropout", self.attention_dropout)
         if self.hidden_size % self.num_attention_heads:
@@ -89,10 +90,9 @@ class ModelConfig:
             raise ConfigError("model.max_position_embeddings", self.max_position_embeddings,
                               f"at least model.seq_length={self.seq_length}")
         if self.ffn_hidden_size is None:
-            if self.activation == "swiglu":
-                self.ffn_hidden_size = ((8 * self.hidden_size // 3) + 63) // 64 * 64
-            else:
-                self.ffn_hidden_size = 4 * self.hidden_size
+            act = variants.of(self, "activation")
+            self.ffn_hidden_size = act.default_ffn(self.hidden_size) if act.default_ffn \
+                else 4 * self.hidden_size
         _positive(s, "ffn_hidden_size", self.ffn_hidden_size)
 
     @property

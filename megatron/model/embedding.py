@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron.config import ModelConfig
+from megatron.config import ModelConfig, variants
 from megatron.model.context import ModelContext
 from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, parallel_lm_logits,
                                       replicated_param)
@@ -28,11 +28,12 @@ class Embedding(nn.Module):
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
+        # A position variant with a table (learned) declares it; its rows are added here.
+        table = next(iter(variants.of(m, "position").weights), None)
         self.position_embeddings = None
-        if m.position_embedding_type == "learned" and with_positions:
+        if table is not None and with_positions:
             self.position_embeddings = nn.Parameter(full_normal(
-                (m.max_position_embeddings, m.hidden_size), m.init_method_std,
-                seed_for(seed, "position_embedding")))
+                table.full(m), m.init_method_std, seed_for(seed, "position_embedding")))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         state = self.state

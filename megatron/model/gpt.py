@@ -16,7 +16,7 @@ from megatron.config import ModelConfig
 from megatron.model.context import ModelContext
 from megatron.model.embedding import Embedding, OutputLayer
 from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, token_losses
-from megatron.model.norm import Norm
+from megatron.model.norm import build_norm, norm_class
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState
 from megatron.parallel.ulysses import local_sequence
@@ -42,7 +42,7 @@ class GPTModel(nn.Module):
         self.state = ctx.state
         self.embedding = Embedding(m, ctx)
         self.layers = nn.ModuleList(TransformerLayer(m, ctx, i) for i in range(m.num_layers))
-        self.final_norm = Norm(m, ctx)
+        self.final_norm = build_norm(m, ctx)
         self.output = None if m.tie_embeddings else OutputLayer(m, ctx)
         self.head_workspace = HeadWorkspace()
 
@@ -83,7 +83,7 @@ def pipeline_layers(m: ModelConfig, ctx: ModelContext) -> List[PipeLayer]:
     layers = [PipeLayer(Embedding, (m, ctx), "embedding.", tie_key=tie)]
     layers += [PipeLayer(TransformerLayer, (m, ctx, i), f"layers.{i}.")
                for i in range(m.num_layers)]
-    layers.append(PipeLayer(Norm, (m, ctx), "final_norm."))
+    layers.append(PipeLayer(norm_class(m), (m, ctx), "final_norm."))
     if tie:
         # The last stage's copy only serves the tied output head: no position table there.
         layers.append(PipeLayer(Embedding, (m, ctx, False), "embedding.", tie_key=tie,

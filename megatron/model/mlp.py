@@ -1,4 +1,7 @@
-"""Feed-forward block: GeLU (fc1 -> gelu -> fc2) or SwiGLU (fc1 = [gate; up] -> silu(gate)*up)."""
+"""Feed-forward block: fc1 -> activation -> fc2, the activation model.activation names
+(config/variants.py): GeLU (fc1 -> gelu -> fc2) or SwiGLU (fc1 = [gate; up] -> silu(gate)*up).
+An activation is a function (y [s, b, fc1_factor*ffn/t], fc1's bias or None, kernel selection)
+-> [s, b, ffn/t]; its record says fc1's width in units of ffn_hidden_size."""
 from __future__ import annotations
 
 import math
@@ -6,36 +9,40 @@ import math
 from torch import nn
 
 from megatron import kernels
-from megatron.config import ModelConfig
+from megatron.config import ModelConfig, variants
 from megatron.model.context import ModelContext
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
+
+
+def bias_gelu(y, bias, sel):
+    return kernels.bias_gelu(y, bias, sel)
+
+
+def bias_swiglu(y, bias, sel):
+    if bias is not None:
+        y = y + bias
+    gate, up = y.chunk(2, dim=-1)
+    return kernels.swiglu(gate, up, sel)
 
 
 class MLP(nn.Module):
     def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
         state, seq_par, seed = ctx.state, ctx.sequence_parallel, ctx.seed
-        self.swiglu, self.sel = m.activation == "swiglu", ctx.sel
-        width = 2 * m.ffn_hidden_size if self.swiglu else m.ffn_hidden_size
-        # stride 2 for SwiGLU: each rank holds its slice of gate and its slice of up.
-        self.fc1 = ColumnParallelLinear(m.hidden_size, width, state, bias=m.add_bias_linear,
-                                        sequence_parallel=seq_par, skip_bias_add=True,
-                                        init_std=m.init_method_std,
+        spec = variants.of(m, "activation")
+        self.act, self.sel = variants.resolve(spec.module), ctx.sel
+        # stride = the factor: each rank holds its slice of every block (SwiGLU's gate and up).
+        self.fc1 = ColumnParallelLinear(m.hidden_size, spec.fc1_factor * m.ffn_hidden_size, state,
+                                        bias=m.add_bias_linear, sequence_parallel=seq_par,
+                                        skip_bias_add=True, init_std=m.init_method_std,
                                         init_seed=seed_for(seed, f"layer{layer_number}.fc1"),
-                                        stride=2 if self.swiglu else 1)
+                                        stride=spec.fc1_factor)
         self.fc2 = RowParallelLinear(m.ffn_hidden_size, m.hidden_size, state,
                                      bias=m.add_bias_linear, sequence_parallel=seq_par,
                                      init_std=m.init_method_std / math.sqrt(2 * m.num_layers),
                                      init_seed=seed_for(seed, f"layer{layer_number}.fc2"))
 
     def forward(self, x):
-        y, bias = self.fc1(x)  # [s, b, width/t]
-        if self.swiglu:
-            if bias is not None:
-                y = y + bias
-            gate, up = y.chunk(2, dim=-1)
-            y = kernels.swiglu(gate, up, self.sel)
-        else:
-            y = kernels.bias_gelu(y, bias, self.sel)
-        return self.fc2(y)
+        y, bias = self.fc1(x)  # [s, b, fc1_factor*ffn/t]
+        return self.fc2(self.act(y, bias, self.sel))

@@ -27,3 +27,8 @@ class RotaryEmbedding:
         """x [s, b, n, d]."""
         cos, sin = self.tables(x.shape[0], x.device)
         return kernels.rotary(x, cos, sin, sel)
+
+
+def for_model(m) -> RotaryEmbedding:
+    """model.position_embedding_type=rotary (config/builtin_variants.py)."""
+    return RotaryEmbedding(m.head_dim, m.rotary_base, m.max_position_embeddings)

@@ -7,7 +7,7 @@ from megatron.config import ModelConfig
 from megatron.model.attention import SelfAttention
 from megatron.model.context import ModelContext
 from megatron.model.mlp import MLP
-from megatron.model.norm import Norm
+from megatron.model.norm import build_norm
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.random import dropout
 
@@ -17,9 +17,9 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.seq_par, self.tracker, self.p = ctx.sequence_parallel, ctx.tracker, m.hidden_dropout
         self.recompute = ctx.recompute == "full"
-        self.norm1 = Norm(m, ctx)
+        self.norm1 = build_norm(m, ctx)
         self.attention = SelfAttention(m, ctx, layer_number)
-        self.norm2 = Norm(m, ctx)
+        self.norm2 = build_norm(m, ctx)
         self.mlp = MLP(m, ctx, layer_number)
 
     def _forward(self, x):

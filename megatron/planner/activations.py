@@ -16,8 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron.config import ModelConfig
+from megatron.config import ModelConfig, variants
 from megatron.planner.layout import Layout
+
+
+def fc1_factor(m: ModelConfig) -> int:
+    """fc1's width in units of ffn_hidden_size (the activation's record: SwiGLU's [gate; up])."""
+    return variants.of(m, "activation").fc1_factor
 
 
 def act_bytes(precision: str) -> int:
@@ -70,7 +75,7 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input)
     partitioned = sb * (h + kvh * replicas) + sb * kvh * replicas + sb * h
     # GeLU: its input and fc2's input; SwiGLU: both fc1 halves and fc2's input
-    partitioned += sb * f * (3 if m.activation == "swiglu" else 2)
+    partitioned += sb * f * (fc1_factor(m) + 1)
     masks = 2 * sb * h if hidden_drop else 0
     # heads/C over the whole sequence
     scores = a // cp * s * s * b * (2 if attn_drop else 1)
@@ -108,7 +113,7 @@ def layer_weight_grad_bytes(m: ModelConfig, lay: Layout, precision: str) -> floa
     rebuilt tensors, which 1F1B would have freed with the backward."""
     e, sb, t = act_bytes(precision), local_tokens(m, lay), lay.tp
     h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
-    fc1 = (2 if m.activation == "swiglu" else 1) * f
+    fc1 = fc1_factor(m) * f
     rep = 1.0 / t if lay.sequence_parallel else 1.0
     # X: QKV and fc1 inputs (replicated); out-projection and fc2 inputs (split)
     # dY: QKV and fc1 outputs (split); out-projection and fc2 outputs (replicated)
@@ -129,7 +134,7 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """Transient bytes while one layer runs backward: its rebuilt activations under full
     recompute (the math path's scores included) plus the activation gradients in flight."""
     e, sb = act_bytes(precision), local_tokens(m, lay)
-    width = max(m.hidden_size, (2 if m.activation == "swiglu" else 1) * m.ffn_hidden_size // lay.tp)
+    width = max(m.hidden_size, fc1_factor(m) * m.ffn_hidden_size // lay.tp)
     grads = 2 * sb * width * e
     if lay.recompute != "full":
         return grads

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from megatron.config import Config, load_config
+from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, check_layout
 from megatron.planner.models import preset_model
@@ -51,13 +51,15 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
 
 
 def config_layout(cfg: Config) -> Dict[str, object]:
-    """The layout values a training config sets (its attention backend `math` is the math
-    path, any other is flash; parallel.pipeline_schedule is the schedule)."""
+    """The layout values a training config sets (an attention core whose record keeps the s x s
+    scores is priced as the math path, any other as flash; parallel.pipeline_schedule is the
+    schedule)."""
     p, t = cfg.parallel, cfg.training
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
             "recompute": t.activation_checkpointing,
-            "flash": cfg.model.attention_backend != "math", "sp": p.sequence_parallel,
+            "flash": not variants.attention_of(cfg.model).keeps_scores,
+            "sp": p.sequence_parallel,
             "schedule": p.pipeline_schedule, "cp": p.context_parallel_size}
 
 

@@ -113,7 +113,7 @@ def linear_gemms(x: _Ctx) -> np.ndarray:
     one micro-batch on one rank; their weight gradients (dW = dY^T X) cost the same again."""
     m, t, tok = x.m, x.lay.tp, x.tokens
     h, f, d = m.hidden_size, m.ffn_hidden_size, m.head_dim
-    fc1 = (2 if m.activation == "swiglu" else 1) * f
+    fc1 = act.fc1_factor(m) * f
     out = np.zeros(len(FEATURES))
     for dims in ((tok, (m.num_attention_heads + 2 * m.kv_heads) * d / t, h),
                  (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t)):

@@ -1,0 +1,77 @@
+"""The built-in attention cores (model.attention_backend; records in config/builtin_variants.py):
+q [s, b, n, d], k and v [s, b, kv, d] of this rank's heads -> context [s, b, n*d], causal.
+
+flash: flash-attn on a GPU; sdpa: torch scaled_dot_product_attention; math: explicit scores
+with the fused scaled causal softmax (keeps the s x s probabilities for backward). A core takes
+(model section, context, layer number); one with weights declares them in its record. Context
+parallelism and rotary positions wrap every core alike (attention.SelfAttention)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron import kernels
+from megatron.config import ModelConfig
+from megatron.model.context import ModelContext
+
+
+def flash_attn_func_or_none():
+    try:
+        from flash_attn import flash_attn_func
+        return flash_attn_func
+    except Exception:  # ImportError, or a binary built for another torch/GPU
+        return None
+
+
+def flash_available(device_type: str, precision: str) -> bool:
+    return device_type == "cuda" and precision in ("bf16", "fp16") and \
+        flash_attn_func_or_none() is not None
+
+
+class _Core(nn.Module):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
+        super().__init__()
+        self.dropout, self.tracker, self.sel = m.attention_dropout, ctx.tracker, ctx.sel
+
+    def p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+
+class FlashCore(_Core):
+    def forward(self, q, k, v) -> torch.Tensor:
+        s, b, n, d = q.shape
+        with self.tracker.fork("tp"):
+            out = flash_attn_func_or_none()(q.transpose(0, 1), k.transpose(0, 1),
+                                            v.transpose(0, 1), dropout_p=self.p(),
+                                            causal=True)  # [b, s, n, d]
+        return out.transpose(0, 1).reshape(s, b, n * d)
+
+
+class SdpaCore(_Core):
+    def forward(self, q, k, v) -> torch.Tensor:
+        s, b, n, d = q.shape
+        qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
+        with self.tracker.fork("tp"):
+            out = F.scaled_dot_product_attention(qt, kt, vt, dropout_p=self.p(), is_causal=True,
+                                                 enable_gqa=n > k.shape[2])
+        return out.permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+
+class MathCore(_Core):
+    def forward(self, q, k, v) -> torch.Tensor:
+        s, b, n, d = q.shape
+        if n > k.shape[2]:
+            rep = n // k.shape[2]
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        qb = q.permute(1, 2, 0, 3).reshape(b * n, s, d)
+        kb = k.permute(1, 2, 3, 0).reshape(b * n, d, s)
+        vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)
+        probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
+        if self.training and self.dropout > 0:
+            with self.tracker.fork("tp"):
+                probs = F.dropout(probs, self.dropout, True)
+        out = torch.bmm(probs, vb)  # [b*n, s, d]
+        return out.view(b, n, s, d).permute(2, 0, 1, 3).reshape(s, b, n * d)
