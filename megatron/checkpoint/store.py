@@ -136,7 +136,36 @@ def validate(folder: str) -> CheckpointMeta:
         actual = os.path.getsize(path)
         if actual != size:
             raise Incomplete(f"{name} has {actual} bytes, {size} were written")
+    if INDEX in meta.files:
+        # The size alone passes a file overwritten in place (garbage, {} or a list of the same
+        # length): the index must also read as what sharded.py writes, naming only listed files.
+        problem = index_problem(_read_json(os.path.join(folder, INDEX)), meta.files)
+        if problem:
+            raise Incomplete(f"{INDEX} is damaged: {problem}")
     return meta
+
+
+_ENTRY_KEYS = ("shape", "tp", "dim", "stride", "pieces")
+
+
+def index_problem(index: Any, files: Dict[str, int]) -> Optional[str]:
+    """What is wrong with index.json's content ({name: {"shape", "tp", "dim", "stride",
+    "pieces": [[file, tp_rank, start, numel], ...]}}, sharded.py), or None."""
+    if not isinstance(index, dict) or not index:
+        return f"it holds {type(index).__name__} {str(index)[:40]!r}, not the parameters' entries"
+    for name, entry in index.items():
+        if not isinstance(entry, dict) or any(k not in entry for k in _ENTRY_KEYS):
+            return f"the entry of {name!r} lacks {', '.join(_ENTRY_KEYS)}"
+        shape, pieces = entry["shape"], entry["pieces"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return f"the shape of {name!r} is {shape!r}"
+        if not isinstance(pieces, list) or not pieces:
+            return f"{name!r} has no pieces"
+        for piece in pieces:
+            if not (isinstance(piece, list) and len(piece) == 4 and piece[0] in files):
+                return f"a piece of {name!r} is {str(piece)[:60]}, not [a listed file, TP rank, " \
+                       "start, count]"
+    return None
 
 
 def is_valid(folder: str) -> bool:

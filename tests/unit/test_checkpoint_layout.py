@@ -2,6 +2,7 @@
 run-directory checks (rundir.py). Each test is one way a checkpoint or run directory goes wrong;
 a failure names the guarantee that broke: visibility, skipping, refusal, or lock (the lock and
 read-only checks that need other processes are tests/integration/test_checkpoint_run_dir.py)."""
+import json
 import logging
 import os
 
@@ -28,8 +29,11 @@ def committed(ckpt_dir, step, payload=b"weights", layout=None):
     os.makedirs(os.path.join(staging, store.SHARDS))
     with open(os.path.join(staging, store.SHARDS, "r.pt"), "wb") as f:
         f.write(payload)
-    store.write_json(os.path.join(staging, store.INDEX), {})
-    files = {f"{store.SHARDS}/r.pt": len(payload), store.INDEX: 2}
+    index = json.dumps({"w": {"shape": [len(payload)], "tp": 1, "dim": None, "stride": 1,
+                              "pieces": [[f"{store.SHARDS}/r.pt", 0, 0, len(payload)]]}})
+    with open(os.path.join(staging, store.INDEX), "w") as f:
+        f.write(index)
+    files = {f"{store.SHARDS}/r.pt": len(payload), store.INDEX: len(index)}
     store.write_json(os.path.join(staging, store.META),
                      meta_json(step, files, layout or record()))
     store.commit(staging, os.path.join(str(ckpt_dir), tag))
@@ -49,8 +53,24 @@ def test_a_staged_save_is_invisible_until_committed(tmp_path):
     assert (ckpt / "latest").read_text() == "step_0000005"
 
 
+def _index_as(text: str):
+    """Overwrites index.json in place with `text`, padded to its size (the size check passes)."""
+    def damage(folder):
+        path = os.path.join(folder, store.INDEX)
+        size = os.path.getsize(path)
+        with open(path, "w") as f:
+            f.write(text.ljust(size)[:size])
+    return damage
+
+
 @pytest.mark.parametrize("damage, reason", [
     (lambda f: open(os.path.join(f, store.SHARDS, "r.pt"), "wb").write(b"trunc"), "has 5 bytes"),
+    # index.json damaged in place, same size: refused by content, the older one resumes
+    (_index_as("\x00garbage"), "index.json is not valid JSON"),
+    (_index_as("{}"), "index.json is damaged: it holds dict"),
+    (_index_as("[1, 2, 3]"), "index.json is damaged: it holds list"),
+    (_index_as('{"w": {"shape": [7], "tp": 1, "dim": null, "stride": 1, "pieces": '
+               '[["shards/x.pt", 0, 0, 7]]}}'), "a piece of 'w' is"),
     (lambda f: os.remove(os.path.join(f, store.SHARDS, "r.pt")), "is missing"),
     (lambda f: open(os.path.join(f, store.META), "w").write("{garbage"), "not valid JSON"),
     (lambda f: os.remove(os.path.join(f, store.META)), "meta.json is missing"),
@@ -155,7 +175,9 @@ def test_a_save_over_a_skipped_folder_of_the_same_step_keeps_both(tmp_path):
     staging = store.staging_folder(str(ckpt), "step_0000010")
     os.makedirs(os.path.join(staging, store.SHARDS))
     open(os.path.join(staging, "shards", "x.pt"), "wb").close()
-    status, _ = _commit(staging, damaged, [(None, "shards/x.pt", 0, {})],
+    described = {"w": {"shape": [0], "dim": None, "stride": 1,
+                       "pieces": [["shards/x.pt", 0, 0, 0]]}}
+    status, _ = _commit(staging, damaged, [(None, "shards/x.pt", 0, described)],
                         CheckpointMeta.from_json(meta_json(10, {}, record())), 0, str(ckpt))
     assert status == "ok"
     assert store.validate(damaged).step == 10
