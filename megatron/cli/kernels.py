@@ -58,7 +58,7 @@ def _text(report) -> List[str]:
     lines.append(f"{'op':<23}{'module':<19}{'built':<7}{'runs here':<11}why not")
     for s in report.ops:
         why = "" if s.runs_here else (s.reason or "")
-        lines.append(f"{s.op:<23}{s.module:<19}{'yes' if s.built else 'no':<7}"
+        lines.append(f"{s.op:<23}{s.module or '-':<19}{'yes' if s.built else 'no':<7}"
                      f"{'yes' if s.runs_here else 'no':<11}{why}")
     lines.append("")
     for t in report.third_party:

@@ -1,9 +1,10 @@
 """The fused-op catalog, in one place: each extension module, the two translation units it is
 compiled from (relative to csrc/) and the ops it provides.
 
-Read by megatron.kernels (loading and the op list) and by tools/kernel_build.py at build time,
-which loads this file by path: it imports nothing, so the build never imports the package it is
-building."""
+Read by megatron.kernels, whose op records (registry.py) take their module and sources from
+here and list the ops in this order, and by tools/kernel_build.py at build time, which loads
+this file by path: it imports nothing, so the build never imports the package it is building.
+An op's run-time half (reference, autograd Function, accepted calls) is its file in builtin/."""
 
 MODULES = {
     "_fused_softmax": (("bindings/softmax.cpp", "kernels/instantiate/softmax.cu"),

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from megatron.kernels.catalog import MODULE_OF
+from megatron.kernels import registry
 from megatron.launch.device import gpu_arch, torch_toolkit
 
 BUILD_INFO_PATH = Path(__file__).with_name("_build_info.json")
@@ -104,10 +104,12 @@ def load_module(name: str):
 def unavailable_reason(op: str, device: torch.device,
                        info: Optional[BuildInfo] = None) -> Optional[str]:
     """None when the fused `op` can run on `device`, else the reason and the fix."""
-    if op not in MODULE_OF:
-        raise KeyError(f"unknown fused op {op!r}; known: {', '.join(MODULE_OF)}")
+    module = registry.get(op).module  # KeyError names the known ops
     if device.type != "cuda":
         return f"fused kernels run on GPUs only; this device is the {device.type.upper()}"
+    if module is None:
+        return (f"{op} has no compiled kernel: no extension module in "
+                f"megatron/kernels/catalog.py provides it, so only its torch reference runs")
     info = info if info is not None else load_build_info()
     if info is None:
         return f"no fused kernel build is installed (megatron-kernels shows it); {REBUILD}"
@@ -117,9 +119,9 @@ def unavailable_reason(op: str, device: torch.device,
     if mismatch:
         return mismatch
     try:
-        load_module(MODULE_OF[op])
+        load_module(module)
     except ImportError as exc:
-        return f"{PACKAGE}.{MODULE_OF[op]} does not import ({exc}); {REBUILD}"
+        return f"{PACKAGE}.{module} does not import ({exc}); {REBUILD}"
     return None
 
 
@@ -128,5 +130,5 @@ def is_available(op: Optional[str] = None, device: Optional[torch.device] = None
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-    ops = [op] if op else list(MODULE_OF)
+    ops = [op] if op else registry.names()
     return all(unavailable_reason(name, device) is None for name in ops)

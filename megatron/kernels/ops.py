@@ -1,24 +1,24 @@
-"""Dispatch between fused kernels and the torch references.
+"""Dispatch between fused kernels and the torch references, through the ops' records.
 
 KernelSelection is built once at startup from kernels.mode and the device; `fused` that cannot
-run raises there, `auto` falls back with one log line per op. A selected fused op still sends
-calls outside its kernel's contract (CPU tensors, float64, undocumented shapes; see
-fused.accepts) to the reference, so selection never changes what a caller may pass."""
+run raises there, `auto` falls back with one log line per reason. `dispatch` is the one path
+from a call to a kernel: a selected op whose record accepts the call runs fused, every other
+call (CPU tensors, float64, undocumented shapes; see fused.fits) runs the record's torch path,
+so selection never changes what a caller may pass. The named functions below are the wrappers
+the model calls; their signatures are the model's contract."""
 from __future__ import annotations
 
 import logging
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 
 from megatron.config.errors import ConfigError
-from megatron.kernels import fused, reference
-from megatron.kernels.catalog import OPS
+from megatron.kernels import fused, registry
+from megatron.kernels.builtin.norm import native_norm  # noqa: F401 (the norms' torch path)
 from megatron.kernels.loader import unavailable_reason
 
 log = logging.getLogger(__name__)
-
 
 
 def fused_available(op: str, device: torch.device) -> Optional[str]:
@@ -32,7 +32,7 @@ class KernelSelection:
         self.device = device
         self.use_fused: Dict[str, bool] = {}
         self.reasons: Dict[str, str] = {}
-        for op in OPS:
+        for op in registry.names():
             if mode == "torch":
                 self.use_fused[op] = False
                 continue
@@ -55,65 +55,43 @@ class KernelSelection:
                      "s" if len(ops) == 1 else "", reason)
 
 
+def dispatch(name: str, sel: KernelSelection, *args):
+    """Op `name` on `args` (as its reference takes them): fused when `sel` selected it (its
+    extension loaded) and its record accepts the call, else its torch path."""
+    op = registry.get(name)
+    if sel.use_fused.get(name, False) and fused.fits(op, *args):
+        return op.fused(*args)
+    return (op.unfused or op.reference)(*args)
+
+
+# The default of the wrappers: torch references, for callers without a model context (tests,
+# tools); the model always passes its own selection.
 _DEFAULT = KernelSelection()
 
 
-def _fused(sel: KernelSelection, op: str, *args) -> bool:
-    return sel.use_fused.get(op, False) and fused.accepts(op, *args)
-
-
-def native_norm(x, *params) -> bool:
-    """Whether a norm that is not fused goes to torch's own kernel instead of the reference.
-
-    On a GPU, with weights in the activations' dtype (bf16/fp16 training keeps norm weights in
-    the model dtype), torch's kernels keep fp32 statistics inside without materialising an fp32
-    copy of the activations: the fast fallback when no fused build is present. On the CPU the
-    reference's explicit upcast is kept: torch's CPU backward in bf16/fp16 loses precision on
-    short rows, and CPU runs are the equivalence and test runs."""
-    return x.is_cuda and all(p is None or p.dtype == x.dtype for p in params)
-
-
 def layer_norm(x, weight, bias, eps, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "layer_norm", x, weight, bias):
-        return fused.layer_norm(x, weight, bias, eps)
-    if native_norm(x, weight, bias):
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    return reference.layer_norm(x, weight, bias, eps)
+    return dispatch("layer_norm", sel, x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "rms_norm", x, weight):
-        return fused.rms_norm(x, weight, eps)
-    if native_norm(x, weight):
-        return F.rms_norm(x, x.shape[-1:], weight, eps)
-    return reference.rms_norm(x, weight, eps)
+    return dispatch("rms_norm", sel, x, weight, eps)
 
 
 def scaled_masked_softmax(scores, mask, scale, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "scaled_masked_softmax", scores, mask):
-        return fused.scaled_masked_softmax(scores, mask, scale)
-    return reference.scaled_masked_softmax(scores, mask, scale)
+    return dispatch("scaled_masked_softmax", sel, scores, mask, scale)
 
 
 def scaled_causal_softmax(scores, scale, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "scaled_causal_softmax", scores):
-        return fused.scaled_causal_softmax(scores, scale)
-    return reference.scaled_causal_softmax(scores, scale)
+    return dispatch("scaled_causal_softmax", sel, scores, scale)
 
 
 def rotary(x, cos, sin, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "rotary", x, cos, sin):
-        return fused.rotary(x, cos, sin)
-    return reference.rotary(x, cos, sin)
+    return dispatch("rotary", sel, x, cos, sin)
 
 
 def bias_gelu(x, bias, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "bias_gelu", x, bias):
-        return fused.bias_gelu(x, bias)
-    return reference.bias_gelu(x, bias)
+    return dispatch("bias_gelu", sel, x, bias)
 
 
 def swiglu(gate, up, sel: KernelSelection = _DEFAULT):
-    if _fused(sel, "swiglu", gate, up):
-        return fused.swiglu(gate, up)
-    return reference.swiglu(gate, up)
+    return dispatch("swiglu", sel, gate, up)

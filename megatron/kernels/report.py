@@ -11,8 +11,7 @@ from typing import List, Optional
 
 import torch
 
-from megatron.kernels import loader
-from megatron.kernels.catalog import MODULE_OF
+from megatron.kernels import loader, registry
 from megatron.kernels.loader import (BuildInfo, build_mismatch, load_build_info,
                                      unavailable_reason)
 from megatron.launch.device import gpu_arch, torch_toolkit
@@ -21,7 +20,7 @@ from megatron.launch.device import gpu_arch, torch_toolkit
 @dataclass
 class OpStatus:
     op: str
-    module: str
+    module: Optional[str]  # None: a reference-only op, which no extension module provides
     built: bool
     runs_here: bool
     reason: Optional[str] = None
@@ -97,8 +96,8 @@ def kernel_report(device: Optional[torch.device] = None) -> KernelReport:
         gpu_arch=arch, build_info_path=str(loader.BUILD_INFO_PATH), build=info,
         build_mismatch=build_mismatch(info, arch) if info else None)
     built = set(info.ops()) if info else set()
-    for op, module in MODULE_OF.items():
-        reason = unavailable_reason(op, device, info)
-        report.ops.append(OpStatus(op, module, op in built, reason is None, reason))
+    for op in registry.records():
+        reason = unavailable_reason(op.name, device, info)
+        report.ops.append(OpStatus(op.name, op.module, op.name in built, reason is None, reason))
     report.third_party = third_party(gpu)
     return report

@@ -1,8 +1,8 @@
 """Torch stand-ins for the compiled extension modules, with the kernels' own math (fp32, the
 same forward/backward formulas as csrc/kernels/*.cuh). Installed into loader's module cache,
-they let the CPU run megatron.kernels.fused's autograd Functions: the plumbing (saved tensors,
-shapes, dtypes of weight grads) and the hand-written backward formulas are checked against
-the references' autograd without a GPU."""
+they let the CPU run the fused ops' autograd Functions (megatron/kernels/builtin/): the
+plumbing (saved tensors, shapes, dtypes of weight grads) and the hand-written backward formulas
+are checked against the references' autograd without a GPU."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,15 +1,17 @@
-"""megatron.kernels.fused's autograd Functions and ops dispatch, on the CPU, with the extension
-modules replaced by torch emulations of the kernels (tests/unit/kernel_emulation.py). Forward
+"""The fused ops' autograd Functions (megatron/kernels/builtin/) and ops.dispatch, on the CPU,
+with the extension modules replaced by torch emulations of the kernels
+(tests/support/kernel_emulation.py). Forward
 outputs and every input/weight/bias gradient must match the reference's autograd; a failure
 points at the Python wrapper or at a backward formula that the CUDA/HIP kernels share."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from megatron.kernels import fused, loader, ops, reference
+from megatron.kernels import fused, loader, ops, reference, registry
 
 from tests.support.kernel_emulation import MODULES
 
@@ -104,7 +106,7 @@ def test_swiglu(dtype):
 
 def test_dispatch_sends_cpu_tensors_to_the_reference_even_when_fused_is_selected():
     sel = ops.KernelSelection("torch")
-    sel.use_fused = {op: True for op in ops.OPS}
+    sel.use_fused = {op: True for op in registry.names()}
     loader._MODULE_CACHE.clear()  # a call into fused would now fail loudly
     x, w = torch.randn(2, 8), torch.ones(8)
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-6, sel), reference.rms_norm(x, w, 1e-6))
@@ -113,8 +115,9 @@ def test_dispatch_sends_cpu_tensors_to_the_reference_even_when_fused_is_selected
 
 def test_dispatch_uses_the_fused_path_when_selected_and_accepted(monkeypatch):
     calls = []
-    monkeypatch.setattr(fused, "accepts", lambda op, *a: True)
-    monkeypatch.setattr(fused, "swiglu", lambda g, u: calls.append("fused") or g)
+    record = dataclasses.replace(registry.get("swiglu"), accepts=lambda g, u: True,
+                                 fused=lambda g, u: calls.append("fused") or g)
+    monkeypatch.setitem(registry._RECORDS, "swiglu", record)
     sel = ops.KernelSelection("torch")
     sel.use_fused["swiglu"] = True
     ops.swiglu(torch.ones(2), torch.ones(2), sel)

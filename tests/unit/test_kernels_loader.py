@@ -13,7 +13,7 @@ import torch
 
 from megatron.cli import kernels as cli
 from megatron.config.errors import ConfigError
-from megatron.kernels import catalog, loader, ops
+from megatron.kernels import catalog, loader, ops, registry
 from tests.support.paths import ROOT
 
 GPU = torch.device("cuda", 0)
@@ -83,19 +83,22 @@ def test_build_info_file_round_trip(tmp_path):
 
 def test_the_build_tool_reads_the_one_catalog():
     """tools/kernel_build.py builds exactly the catalog's modules from the catalog's sources, and
-    every op the selection knows is in it."""
+    every op the selection knows is in it, each record with its catalog module and sources."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import kernel_build
     assert kernel_build.MODULES == catalog.MODULES
-    assert ops.OPS == catalog.OPS and set(catalog.MODULE_OF) == set(ops.OPS)
-    assert len(ops.OPS) == len(set(ops.OPS)) == 7
+    assert registry.names() == list(catalog.OPS) and set(catalog.MODULE_OF) == set(catalog.OPS)
+    assert len(catalog.OPS) == len(set(catalog.OPS)) == 7
+    for op in registry.records():
+        assert (op.module, op.sources) == (catalog.MODULE_OF[op.name],
+                                           catalog.MODULES[op.module][0]), op.name
 
 
 def test_selection_modes(caplog):
     assert not any(ops.KernelSelection("torch").use_fused.values())
     with caplog.at_level(logging.INFO, logger="megatron.kernels.ops"):
         sel = ops.KernelSelection("auto", torch.device("cpu"))
-    assert not any(sel.use_fused.values()) and set(sel.reasons) == set(ops.OPS)
+    assert not any(sel.use_fused.values()) and set(sel.reasons) == set(registry.names())
     fallbacks = [r for r in caplog.records if "torch reference" in r.getMessage()]
     assert len(fallbacks) == 1, "auto logs one line for one shared reason"
     with pytest.raises(ConfigError, match="kernels.mode.*use kernels.mode=auto or torch"):
@@ -115,13 +118,13 @@ def test_cli_reports_on_this_machine(capsys, monkeypatch, tmp_path):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
     assert "none installed" in out and "apex" in out and "flash-attn" in out
-    for op in ops.OPS:
+    for op in registry.names():
         assert op in out
     assert cli.main(["--require"]) == 1, "--require fails when an op cannot run"
     capsys.readouterr()
     assert cli.main(["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {o["op"] for o in data["ops"]} == set(ops.OPS)
+    assert {o["op"] for o in data["ops"]} == set(registry.names())
     assert {t["name"] for t in data["third_party"]} == {"apex", "flash-attn"}
 
 

@@ -1,6 +1,7 @@
-"""The torch references in megatron/kernels/reference.py against independent float64 formulas
-on the CPU. A failure names the op, dtype and case; the fused GPU kernels are held to these
-references by tests/gpu/test_kernels_fused.py."""
+"""The ops' torch references (defined in megatron/kernels/builtin/, named through
+megatron.kernels.reference) against independent float64 formulas on the CPU. A failure names
+the op, dtype and case; the fused GPU kernels are held to these references by
+tests/gpu/test_kernels_fused.py."""
 from __future__ import annotations
 
 import math
