@@ -4,7 +4,8 @@ together (store.py). Any layout reads them back: a rank assembles the shard it n
 tensor at a time, from memory-mapped files, so no process ever holds the whole model.
 
 shards/<tp>_<pp>_<dp>.pt   {"pieces": {name: {"start", "numel", "master", "exp_avg",
-                            "exp_avg_sq"}}, "rng": {...}, "coords": [tp, pp, dp]}
+                            "exp_avg_sq"}}, "rng": {...}, "coords": [tp, pp, dp_cp]}
+                           (<dp>: the ZeRO shard, RankCoord.dp_cp; "dp" as earlier files)
 index.json                 {name: {"shape": TP-local shape, "tp": TP size, "dim", "stride",
                             "vocab", "pieces": [[file, tp_rank, start, numel], ...]}}
 meta.json                  format, step, layout, client state (data position, schedule, loss
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def shard_file(c: RankCoord) -> str:
-    return f"{store.SHARDS}/tp{c.tp:02d}_pp{c.pp:03d}_dp{c.dp:05d}.pt"
+    return f"{store.SHARDS}/tp{c.tp:02d}_pp{c.pp:03d}_dp{c.dp_cp:05d}.pt"
 
 
 # --- save -------------------------------------------------------------------------------------
@@ -437,5 +438,5 @@ def _rng_for(reader: Reader, meta: CheckpointMeta, rs: RankState, tp: int, pp: i
     if (lay.tensor_parallel_size, lay.pipeline_parallel_size) != (tp, pp):
         return None
     c = rs.coords
-    return reader.file(shard_file(c._replace(dp=min(c.dp, lay.data_parallel_size - 1))))["rng"]
-
+    return reader.file(shard_file(c._replace(dp_cp=min(c.dp_cp, lay.data_parallel_size - 1)))
+                       )["rng"]
