@@ -88,7 +88,7 @@ class LayoutRecord:
     model: Dict[str, Any]  # checkpoint.layout.SHAPE_FIELDS by name
     # parallel.context_parallel_size; absent from checkpoints written before it existed, and
     # left out on disk when 1, so a checkpoint without context parallelism reads as before.
-    # Shard files are named by RankCoord, whose dp is the rank's index over data x context
+    # Shard files are named by RankCoord, whose dp_cp is the rank's index over data x context
     # parallel (parallel/state.py): with this degree 1 that is the data-parallel rank.
     context_parallel_size: int = 1
 

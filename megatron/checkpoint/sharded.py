@@ -4,7 +4,8 @@ together (store.py). Any layout reads them back: a rank assembles the shard it n
 tensor at a time, from memory-mapped files, so no process ever holds the whole model.
 
 shards/<tp>_<pp>_<dp>.pt   {"pieces": {name: {"start", "numel", "master", "exp_avg",
-                            "exp_avg_sq"}}, "rng": {...}, "coords": [tp, pp, dp]}
+                            "exp_avg_sq"}}, "rng": {...}, "coords": [tp, pp, dp_cp]}
+                           (<dp>: the ZeRO shard, RankCoord.dp_cp; "dp" as earlier files)
 index.json                 {name: {"shape": TP-local shape, "tp": TP size, "dim", "stride",
                             "vocab", "pieces": [[file, tp_rank, start, numel], ...]}}
 meta.json                  format, step, layout, client state (data position, schedule, loss
@@ -32,13 +33,13 @@ from megatron.checkpoint.state import Partition, RankState, resize_rows
 from megatron.config.errors import InputError, free_bytes
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.layers import shard
-from megatron.parallel.state import RankCoord
+from megatron.parallel.state import RankCoord, dense_grid
 
 log = logging.getLogger(__name__)
 
 
 def shard_file(c: RankCoord) -> str:
-    return f"{store.SHARDS}/tp{c.tp:02d}_pp{c.pp:03d}_dp{c.dp:05d}.pt"
+    return f"{store.SHARDS}/tp{c.tp:02d}_pp{c.pp:03d}_dp{c.dp_cp:05d}.pt"
 
 
 # --- save -------------------------------------------------------------------------------------
@@ -431,11 +432,12 @@ def _load_param(reader: Reader, p, tp: int, tp_rank: int) -> None:
 
 def _rng_for(reader: Reader, meta: CheckpointMeta, rs: RankState, tp: int, pp: int
              ) -> Optional[dict]:
-    """The RNG state this rank saved when TP and PP are unchanged (data-parallel replicas share
-    their streams); None otherwise: the caller re-derives the streams."""
+    """The RNG state this rank saved when TP and PP are unchanged; None otherwise: the caller
+    re-derives the streams. The streams do not vary along dp or cp, so any file of the old
+    dp_cp group serves: this rank's own when the old group had it, else the old group's last."""
     lay = meta.layout
     if (lay.tensor_parallel_size, lay.pipeline_parallel_size) != (tp, pp):
         return None
-    c = rs.coords
-    return reader.file(shard_file(c._replace(dp=min(c.dp, lay.data_parallel_size - 1))))["rng"]
-
+    old = dense_grid(tp=tp, pp=pp, dp=lay.data_parallel_size, cp=lay.context_parallel_size)
+    c = rs.coords._replace(dp_cp=min(rs.coords.dp_cp, old.group_size("dp_cp") - 1))
+    return reader.file(shard_file(c))["rng"]

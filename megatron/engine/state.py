@@ -132,13 +132,13 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord,
                 lp.fragments = [Fragment(m.lp_fragment_address.start,
                                          m.lp_fragment_address.numel, master, moments)]
         elif fp16 is not None:
-            writes = coords.dp == 0
+            writes = coords.dp_cp == 0
             flat, offset = fp16[id(p)]
             lp.full = p.data
             master, moments = _views(base, flat, offset, p.numel())
             lp.fragments = [Fragment(0, p.numel(), master, moments)]
         else:  # torch AdamW on the parameters themselves, replicated over data parallelism
-            writes = coords.dp == 0
+            writes = coords.dp_cp == 0
             lp.fragments = [Fragment(0, p.numel(), *_views(base, p, 0, p.numel()))]
         params.append(lp)
     return RankState(params, writes, coords, rng, adam_step(engine))

@@ -1,133 +1,93 @@
-"""The rank grid over named axes, outermost first: pp, dp, cp, tp (tensor varies fastest).
+"""The dense rank grid: axes pp, dp, cp, tp, outermost first (tensor varies fastest), and the
+groups the trainer uses, declared over them; parallel/grid.py builds any such declaration.
 
 rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, so the TP ranks of one group
 are consecutive and land on one node (the paper: TP inside a node, PP across nodes), and the
-context-parallel ranks of one sequence sit next to them. With cp folded into the data axis this
-is DeepSpeed's PipeModelDataParallelTopology order (axes pipe, data, model): DeepSpeed's
-data-parallel group is our dp x cp, which is the group that reduces gradients and partitions
-ZeRO state (the ranks of a CP group hold the same parameters). An object passed to layers
-explicitly; never a module global."""
+context-parallel ranks of one sequence sit next to them. The ranks of a context-parallel group
+hold the same parameters, so gradients are reduced and ZeRO state is partitioned over data x
+context parallel: the group dp_cp, named for the axes it spans. Only DeepSpeed's adapter
+(engine/mpu.py) calls that DeepSpeed's data-parallel group; in DeepSpeed's
+PipeModelDataParallelTopology order (axes pipe, data, model) it is the data axis.
+
+A new axis goes into DENSE_AXES at its place in the rank order, and the groups that span it
+into DENSE_GROUPS; nothing else here changes. Axes that fold the same ranks differently (the
+expert-data, expert and expert-tensor axes of Megatron core's "MoE parallel folding") are a
+second Grid over the same world, whose groups ParallelState.add_grid builds."""
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+import functools
 from datetime import timedelta
 from functools import cached_property
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch.distributed as dist
 
-# The axes in grid order, outermost first; a group is named by the set of axes it spans.
-AXES = ("pp", "dp", "cp", "tp")
+from megatron.parallel.grid import Grid, build_groups
+
+DENSE_AXES = ("pp", "dp", "cp", "tp")
+DENSE_GROUPS = (
+    ("tp", ("tp",)),
+    ("dp", ("dp",)),  # data parallel: replicas that read different samples
+    ("pp", ("pp",)),
+    ("mp", ("pp", "tp")),  # tensor x pipeline: everything one model replica spans
+    # Context parallel (Ulysses): ranks that share samples, each holding 1/cp of the sequence.
+    ("cp", ("cp",)),
+    # The ranks that hold the same parameters: gradients are averaged and ZeRO state
+    # partitioned over them.
+    ("dp_cp", ("dp", "cp")),
+)
+
+
+def dense_grid(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1) -> Grid:
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+    return Grid(tuple((axis, sizes[axis]) for axis in DENSE_AXES), DENSE_GROUPS)
 
 
 class RankCoord(NamedTuple):
-    """A rank's position as stored (checkpoint shard files name it tp, pp, dp) and passed to
-    the engine's and checkpoint's code. dp is the rank's index in the group that reduces
-    gradients and partitions ZeRO state: data x context parallel, dp_rank * cp + cp_rank, which
-    is the data-parallel rank when cp = 1 (so every earlier checkpoint reads as before). The
-    context-parallel degree itself is in the checkpoint's layout record."""
+    """A rank's position as stored: its index in its group of each of tp, pp and dp_cp (each
+    field names a group of DENSE_GROUPS). Checkpoint shard files are named by it and hold it;
+    dp_cp is the rank's ZeRO shard, over data x context parallel, which is the data-parallel
+    rank when cp = 1 (so every earlier checkpoint, whose files carry the data-parallel rank,
+    reads as before). The context-parallel degree itself is in the checkpoint's layout record."""
     tp: int
     pp: int
-    dp: int
+    dp_cp: int
 
-
-def grid_position(rank: int, sizes: Dict[str, int]) -> Dict[str, int]:
-    """A global rank's coordinate along each axis of AXES, for a grid of these sizes."""
-    out = {}
-    for axis in reversed(AXES):
-        n = sizes.get(axis, 1)
-        out[axis], rank = rank % n, rank // n
-    return out
-
-
-def position_rank(position: Dict[str, int], sizes: Dict[str, int]) -> int:
-    """The global rank at a coordinate (the inverse of grid_position)."""
-    rank = 0
-    for axis in AXES:
-        rank = rank * sizes.get(axis, 1) + position.get(axis, 0)
-    return rank
+    @classmethod
+    def of(cls, grid: Grid, rank: int) -> "RankCoord":
+        return cls(*(grid.index(rank, group) for group in cls._fields))
 
 
 def grid_coords(rank: int, tp: int, dp: int, pp: int, cp: int = 1) -> RankCoord:
-    """The stored position of a global rank on a grid of these sizes."""
-    at = grid_position(rank, {"pp": pp, "dp": dp, "cp": cp, "tp": tp})
-    return RankCoord(tp=at["tp"], pp=at["pp"], dp=at["dp"] * cp + at["cp"])
+    """The stored position of a global rank on a dense grid of these sizes."""
+    return RankCoord.of(dense_grid(tp=tp, pp=pp, dp=dp, cp=cp), rank)
 
 
-def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int, cp_rank: int = 0,
-              cp: int = 1) -> int:
-    return position_rank({"pp": pp_rank, "dp": dp_rank, "cp": cp_rank, "tp": tp_rank},
-                         {"dp": dp, "cp": cp, "tp": tp})
+def _new_group(timeout: Optional[timedelta]):
+    # torch's new groups do not inherit the world group's timeout (parallel.timeout_minutes).
+    if timeout is None:
+        return dist.new_group
+    return functools.partial(dist.new_group, timeout=timeout)
 
 
-@dataclass
 class ParallelState:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1  # data parallel: replicas that read different samples
-    rank: int = 0
-    tp_group: Optional[object] = None
-    dp_group: Optional[object] = None
-    pp_group: Optional[object] = None
-    mp_group: Optional[object] = None  # tensor x pipeline: everything one model replica spans
-    pp_ranks: List[int] = field(default_factory=lambda: [0])
-    # Context parallel (Ulysses): ranks that share samples, each holding 1/cp of the sequence.
-    cp: int = 1
-    cp_group: Optional[object] = None
-    # data x context parallel: gradients are averaged and ZeRO state partitioned over it; the
-    # dp group itself when cp = 1 (no second group of the same ranks).
-    dp_cp_group: Optional[object] = None
+    """Where this rank sits and its process groups: a Grid, the rank, and this rank's group of
+    each group the grid declares (none without torch.distributed). An object passed to layers
+    explicitly; never a module global. The named properties read the dense grid's axes and
+    groups; an axis a grid does not declare has one rank."""
 
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
+    def __init__(self, tp: int = 1, pp: int = 1, dp: int = 1, rank: int = 0, cp: int = 1):
+        self.grid = dense_grid(tp=tp, pp=pp, dp=dp, cp=cp)
+        self.rank = rank
+        self.groups: Dict[str, object] = {}
+        self._made: Dict[Tuple[int, ...], object] = {}  # every group made here, by rank set
 
-    @property
-    def sizes(self) -> Dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}
-
-    @cached_property
-    def position(self) -> Dict[str, int]:
-        """This rank's coordinate along every axis of AXES."""
-        return grid_position(self.rank, self.sizes)
-
-    @cached_property
-    def coord(self) -> RankCoord:
-        return grid_coords(self.rank, self.tp, self.dp, self.pp, self.cp)
-
-    @property
-    def tp_rank(self) -> int:
-        return self.position["tp"]
-
-    @property
-    def dp_rank(self) -> int:
-        return self.position["dp"]
-
-    @property
-    def cp_rank(self) -> int:
-        return self.position["cp"]
-
-    @property
-    def pp_rank(self) -> int:
-        return self.position["pp"]
-
-    @property
-    def dp_cp(self) -> int:
-        """Ranks that hold the same parameters: data x context parallel."""
-        return self.dp * self.cp
-
-    @property
-    def dp_cp_rank(self) -> int:
-        return self.coord.dp
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
+    @classmethod
+    def on_grid(cls, grid: Grid, rank: int = 0) -> "ParallelState":
+        """A rank of any grid, without process groups (build() makes the dense grid's)."""
+        state = cls(rank=rank)
+        state.grid = grid
+        return state
 
     @classmethod
     def single(cls) -> "ParallelState":
@@ -146,50 +106,81 @@ class ParallelState:
                              f"{tp} x pipeline parallel {pp} x context parallel {cp} x a "
                              "data-parallel size")
         state = cls(tp=tp, pp=pp, dp=world // (tp * pp * cp), rank=rank, cp=cp)
-        kwargs = {"timeout": timeout} if timeout is not None else {}
-
-        def mine(axes: Sequence[str]):
-            """new_group for every set of ranks that differ only along `axes`; returns (this
-            rank's group, its ranks)."""
-            found = None
-            for ranks in rank_sets(state.sizes, axes):
-                group = dist.new_group(ranks, **kwargs)
-                if rank in ranks:
-                    found = (group, ranks)
-            return found
-
-        state.tp_group = mine(["tp"])[0]
-        state.dp_group = mine(["dp"])[0]
-        state.pp_group, state.pp_ranks = mine(["pp"])
-        # With one stage a replica is its tensor-parallel group: no second group of the same ranks.
-        state.mp_group = state.tp_group if pp == 1 else mine(["tp", "pp"])[0]
-        state.cp_group = mine(["cp"])[0] if cp > 1 else None
-        state.dp_cp_group = mine(["dp", "cp"])[0] if cp > 1 else state.dp_group
+        state.groups = build_groups(state.grid, rank, _new_group(timeout), state._made)
         return state
 
+    def add_grid(self, grid: Grid, timeout: Optional[timedelta] = None) -> Dict[str, object]:
+        """This rank's groups of a second grid over the same ranks (experts), by group name; a
+        rank set this state has a group for already keeps it. Collective, like build()."""
+        if grid.world_size != self.world_size:
+            raise ValueError(f"a grid of {grid.world_size} ranks does not lie over this world "
+                             f"of {self.world_size}")
+        return build_groups(grid, self.rank, _new_group(timeout), self._made)
 
-def rank_sets(sizes: Dict[str, int], axes: Sequence[str]) -> List[List[int]]:
-    """Every list of global ranks that share their coordinates outside `axes` (names of AXES),
-    in a fixed order, each list in grid order (outer axes first)."""
-    fixed = [a for a in AXES if a not in axes]
-    varying = [a for a in AXES if a in axes]
-    out = []
-    for outer in itertools.product(*(range(sizes.get(a, 1)) for a in fixed)):
-        at = dict(zip(fixed, outer))
-        ranks = []
-        for inner in itertools.product(*(range(sizes.get(a, 1)) for a in varying)):
-            at.update(zip(varying, inner))
-            ranks.append(position_rank(at, sizes))
-        out.append(ranks)
-    return out
+    # --- generic: any axis, any declared group ------------------------------------------------
 
+    def size(self, axis: str) -> int:
+        return self.grid.sizes.get(axis, 1)
 
-_LETTERS = {"t": "tp", "d": "dp", "p": "pp", "c": "cp"}
+    @cached_property
+    def position(self) -> Dict[str, int]:
+        """This rank's coordinate along every axis of the grid."""
+        return self.grid.position(self.rank)
 
+    def index(self, group: str) -> int:
+        """This rank's index in its group of `group` (its group rank)."""
+        return self.grid.index(self.rank, group)
 
-def _rank_sets(tp: int, dp: int, pp: int, axes: str, cp: int = 1) -> List[List[int]]:
-    """rank_sets with the axes as letters (t, d, p, c)."""
-    return rank_sets({"pp": pp, "dp": dp, "cp": cp, "tp": tp}, [_LETTERS[a] for a in axes])
+    def group(self, name: str) -> Optional[object]:
+        """This rank's process group of `name`; None without torch.distributed."""
+        return self.groups.get(name)
+
+    @cached_property
+    def coord(self) -> RankCoord:
+        return RankCoord.of(self.grid, self.rank)
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.world_size
+
+    # --- the dense grid by name ---------------------------------------------------------------
+
+    tp = property(lambda self: self.size("tp"))
+    pp = property(lambda self: self.size("pp"))
+    dp = property(lambda self: self.size("dp"))
+    cp = property(lambda self: self.size("cp"))
+    tp_rank = property(lambda self: self.position.get("tp", 0))
+    pp_rank = property(lambda self: self.position.get("pp", 0))
+    dp_rank = property(lambda self: self.position.get("dp", 0))
+    cp_rank = property(lambda self: self.position.get("cp", 0))
+    tp_group = property(lambda self: self.group("tp"))
+    pp_group = property(lambda self: self.group("pp"))
+    dp_group = property(lambda self: self.group("dp"))
+    cp_group = property(lambda self: self.group("cp"))
+    mp_group = property(lambda self: self.group("mp"))
+    dp_cp_group = property(lambda self: self.group("dp_cp"))
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold the same parameters: the size of the dp_cp group."""
+        return self.grid.group_size("dp_cp")
+
+    @property
+    def dp_cp_rank(self) -> int:
+        return self.coord.dp_cp
+
+    @property
+    def pp_ranks(self) -> List[int]:
+        return self.grid.members(self.rank, "pp")
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
 
 def set_collective_timeout(seconds: float) -> int:
     """Sets how long a collective of every process group of this process (the world, ours and

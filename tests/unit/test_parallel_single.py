@@ -9,7 +9,7 @@ from megatron.parallel import mappings as M
 from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.parallel.layers import (ColumnParallelLinear, RowParallelLinear,
                                       VocabParallelEmbedding, full_normal, shard)
-from megatron.parallel.state import ParallelState, grid_coords, grid_rank
+from megatron.parallel.state import ParallelState, dense_grid, grid_coords
 
 MAPPINGS = ["copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
             "gather_from_tp_region", "scatter_to_sequence_parallel_region",
@@ -84,4 +84,5 @@ def test_grid_matches_deepspeed_topology(tp, dp, pp):
     for rank in range(tp * dp * pp):
         coord = topo.get_coord(rank)
         assert grid_coords(rank, tp, dp, pp) == (coord.model, coord.pipe, coord.data)
-        assert grid_rank(coord.model, coord.data, coord.pipe, tp, dp) == rank
+        at = {"tp": coord.model, "dp": coord.data, "pp": coord.pipe}
+        assert dense_grid(tp=tp, pp=pp, dp=dp).rank_at(at) == rank

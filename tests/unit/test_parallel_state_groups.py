@@ -2,26 +2,26 @@
 groups are created (all ranks must agree), and a world that does not split is refused."""
 import pytest
 
-from megatron.parallel.state import ParallelState, _rank_sets, grid_coords
+from megatron.parallel.state import ParallelState, dense_grid
 
 
 def test_rank_sets_cover_each_axis_once():
     tp, dp, pp = 2, 3, 2
-    for axes, size in (("t", tp), ("d", dp), ("p", pp), ("tp", tp * pp)):
-        sets = _rank_sets(tp, dp, pp, axes)
-        assert sorted(r for s in sets for r in s) == list(range(tp * dp * pp)), axes
-        assert all(len(s) == size for s in sets), axes
-        for s in sets:  # members differ only along the named axes
-            coords = [grid_coords(r, tp, dp, pp) for r in s]
-            for name, field in (("t", "tp"), ("d", "dp"), ("p", "pp")):
-                if name not in axes:
-                    assert len({getattr(c, field) for c in coords}) == 1, (axes, s)
+    grid = dense_grid(tp=tp, pp=pp, dp=dp)
+    for group, size in (("tp", tp), ("dp", dp), ("pp", pp), ("mp", tp * pp)):
+        sets = grid.rank_sets(group)
+        assert sorted(r for s in sets for r in s) == list(range(tp * dp * pp)), group
+        assert all(len(s) == size for s in sets), group
+        for s in sets:  # members differ only along the group's axes
+            for axis in ("tp", "dp", "pp"):
+                if axis not in grid.span(group):
+                    assert len({grid.position(r)[axis] for r in s}) == 1, (group, s)
 
 
 def test_tensor_parallel_groups_are_consecutive_ranks():
-    assert _rank_sets(4, 2, 2, "t") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
-                                        [12, 13, 14, 15]]
-    assert _rank_sets(2, 2, 2, "tp") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert dense_grid(tp=4, pp=2, dp=2).rank_sets("tp") == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert dense_grid(tp=2, pp=2, dp=2).rank_sets("mp") == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
 def test_coordinates_of_a_rank():

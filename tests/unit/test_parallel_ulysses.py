@@ -3,24 +3,25 @@ and the key/value replication that lets any degree dividing the query heads work
 itself is checked against one rank in tests/distributed/test_parallel_context_parallel.py."""
 import pytest
 
-from megatron.parallel.state import ParallelState, grid_coords, rank_sets
+from megatron.parallel.state import ParallelState, dense_grid, grid_coords
 from megatron.parallel.ulysses import kv_replicas
 
 
-def test_the_grid_orders_pp_dp_cp_tp_and_stores_dp_over_data_x_context():
-    sizes = {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
-    assert rank_sets(sizes, ["cp"])[:2] == [[0, 2], [1, 3]]
-    assert rank_sets(sizes, ["dp", "cp"])[0] == [0, 2, 4, 6]
+def test_the_grid_orders_pp_dp_cp_tp_and_stores_the_shard_over_data_x_context():
+    grid = dense_grid(tp=2, pp=2, dp=2, cp=2)
+    assert grid.rank_sets("cp")[:2] == [[0, 2], [1, 3]]
+    assert grid.rank_sets("dp_cp")[0] == [0, 2, 4, 6]
     s = ParallelState(tp=2, pp=2, dp=2, cp=2, rank=11)  # pp 1, dp 0, cp 1, tp 1
     assert (s.pp_rank, s.dp_rank, s.cp_rank, s.tp_rank) == (1, 0, 1, 1)
-    assert s.coord == grid_coords(11, 2, 2, 2, cp=2) == (1, 1, 1)  # dp = dp_rank * cp + cp_rank
+    # dp_cp = dp_rank * cp + cp_rank
+    assert s.coord == grid_coords(11, 2, 2, 2, cp=2) == (1, 1, 1)
     assert s.world_size == 16 and s.dp_cp == 4
 
 
 def test_without_context_parallelism_the_stored_coordinate_is_unchanged():
     for rank in range(8):
         assert grid_coords(rank, 2, 2, 2) == grid_coords(rank, 2, 2, 2, cp=1)
-        assert ParallelState(tp=2, pp=2, dp=2, rank=rank).coord.dp == (rank // 2) % 2
+        assert ParallelState(tp=2, pp=2, dp=2, rank=rank).coord.dp_cp == (rank // 2) % 2
 
 
 def _served(kv_heads, q_per_group, cp):
