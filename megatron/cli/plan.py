@@ -7,6 +7,7 @@ import sys
 from typing import List, Optional
 
 from megatron.cli.common import entry_point
+from megatron.config import schedules
 from megatron.planner.overlap import FRAMEWORKS
 
 EXAMPLES = """\
@@ -34,6 +35,11 @@ models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters (--cluste
 for search, memory and scaling; there is no default): frontier (MI250X GCD), mi300x, a100,
 a100-40gb, h100, h200, gh200 (4 x 96 GB H100 a node), or a YAML file, which may name a preset as
 its `base` and change only the fields it lists (docs/planner.md)."""
+
+
+def _schedule_list() -> str:
+    """The registered pipeline schedules (config/schedules), each with its title."""
+    return ", ".join(f"{name} ({schedules.get(name).title})" for name in schedules.names())
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -81,10 +87,10 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
     g.add_argument("--max-tp", type=int, help="allow TP beyond one node (for comparison)")
     g.add_argument("--memory-fraction", type=float, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
-    g.add_argument("--schedules", default="1f1b,zbh1",
-                   help="parallel.pipeline_schedule values tried where PP > 1: 1f1b, zbh1 "
-                        "(zero-bubble ZB-H1, priced with its W passes in the bubble and their "
-                        "pending inputs in memory); default both")
+    g.add_argument("--schedules",
+                   help="parallel.pipeline_schedule values tried where PP > 1, among "
+                        f"{_schedule_list()}; default: those this trainer runs "
+                        f"({','.join(schedules.with_runner())})")
     g.add_argument("--cp-values", default=cp_default,
                    help="context-parallel degrees (parallel.context_parallel_size, Ulysses) to "
                         "try; auto: every divisor of the query heads per TP rank that splits the "
@@ -93,8 +99,8 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (default: what --config FILE sets, else TP 1, PP 1, "
-                             "CP 1, micro-batch 1, ZeRO 1, no recompute, flash, no SP, 1f1b; a flag "
-                             "given here overrides the config)")
+                             "CP 1, micro-batch 1, ZeRO 1, no recompute, flash, no SP, "
+                             f"{schedules.DEFAULT}; a flag given here overrides the config)")
     g.add_argument("--tp", type=int)
     g.add_argument("--pp", type=int)
     g.add_argument("--micro-batch", type=int)
@@ -108,9 +114,10 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help="sequence parallelism")
     g.add_argument("--no-sp", dest="sp", action="store_const", const=False,
                    help="no sequence parallelism")
-    g.add_argument("--schedule", choices=("1f1b", "zbh1"),
-                   help="parallel.pipeline_schedule (default: the config's, else 1f1b); zbh1 "
-                        "needs --pp > 1")
+    g.add_argument("--schedule", choices=schedules.names(),
+                   help=f"parallel.pipeline_schedule: {_schedule_list()} (default: the "
+                        f"config's, else {schedules.DEFAULT}); each has its own rule (zbh1 "
+                        "needs --pp > 1)")
     g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
     g.add_argument("--interleave", type=int, metavar="V",

@@ -8,7 +8,7 @@ from typing import Optional
 
 from megatron.cli.plan_args import (layout_from_args, load_job, load_space, overridden_flags,
                                     profile_from_args)
-from megatron.config import Config
+from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit, jobs, longest, scaling
 from megatron.planner.jobs import ints
@@ -18,13 +18,6 @@ from megatron.planner.params import model_params
 from megatron.planner.profile import Profile
 from megatron.planner.search import search
 from megatron.planner.timing import step_time
-
-
-# What `megatron-plan memory` says it priced, per parallel.pipeline_schedule
-SCHEDULE_NOTE = {"1f1b": "1f1b (bubble (p - 1)/(m + p - 1) of a balanced pipeline)",
-                 "zbh1": "zbh1 (zero-bubble ZB-H1: W passes fill the bubble; each stage holds "
-                         "up to p micro-batches, those past their B with the inputs and output "
-                         "gradients their W keeps)"}
 
 
 def _check_nodes(nodes: int) -> None:
@@ -106,7 +99,7 @@ def cmd_memory(args) -> int:
     print(_describe(job, prof, args.nodes))
     print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
     if lay.pp > 1:
-        print(f"schedule priced: {SCHEDULE_NOTE[lay.schedule]}")
+        print(f"schedule priced: {lay.schedule} ({schedules.get(lay.schedule).priced})")
     if lay.interleave > 1:
         print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
               f"{INTERLEAVED_UNAVAILABLE}")
@@ -172,7 +165,8 @@ def cmd_longest(args) -> int:
     result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
     print(_describe(job, prof, args.nodes))
     print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
-          f"1f1b, context parallel {args.cp_values}; lengths in multiples of {args.step}")
+          f"{', '.join(space.schedules)}, context parallel {args.cp_values}; lengths in "
+          f"multiples of {args.step}")
     if not result.seq:
         raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "
                          "add nodes")

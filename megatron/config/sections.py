@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from megatron.config import variants
+from megatron.config import schedules, variants
 from megatron.config.errors import ConfigError
 
 
@@ -117,10 +117,11 @@ class ParallelConfig:
     context_parallel_size: int = 1
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
-    # The pipeline schedule (PP > 1): "1f1b" is DeepSpeed's; "zbh1" is the zero-bubble ZB-H1
-    # schedule (Qi et al. 2023): each backward split into an input-gradient pass and a deferred
-    # weight-gradient pass that fills the bubble. The same gradients; docs/pipeline.md.
-    pipeline_schedule: str = "1f1b"
+    # The pipeline schedule (PP > 1), a record of config/schedules: "1f1b" is DeepSpeed's;
+    # "zbh1" is the zero-bubble ZB-H1 schedule (Qi et al. 2023): each backward split into an
+    # input-gradient pass and a deferred weight-gradient pass that fills the bubble. The same
+    # gradients; docs/pipeline.md.
+    pipeline_schedule: str = schedules.DEFAULT
     # How long a rank waits for the others in the rendezvous and start-up before the job fails
     # instead of hanging (torch's default: 10 minutes). From the first step on, the hang
     # watchdog's limits set the process groups' timeout (training.startup_timeout_minutes for
@@ -135,7 +136,7 @@ class ParallelConfig:
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))
-        _choice("parallel", "pipeline_schedule", self.pipeline_schedule, ("1f1b", "zbh1"))
+        _choice("parallel", "pipeline_schedule", self.pipeline_schedule, schedules.names())
         _positive("parallel", "timeout_minutes", self.timeout_minutes)
 
 

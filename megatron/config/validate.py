@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from megatron.config import schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 
@@ -117,33 +118,25 @@ def check_context_parallel(cfg) -> None:
 
 
 def context_parallel_combination_error(cfg) -> Optional[ConfigError]:
-    """What context parallelism does not (yet) run with: one message naming both fields."""
+    """What context parallelism does not (yet) run with, reported with the other context
+    parallel rules: the pipeline schedule's own rule, which may refuse CP (config/schedules)."""
     p = cfg.parallel
     if p.context_parallel_size == 1:
         return None
-    if p.pipeline_schedule == "zbh1":
-        return ConfigError("parallel.pipeline_schedule", p.pipeline_schedule,
-                           f"1f1b with parallel.context_parallel_size={p.context_parallel_size}: "
-                           "the zero-bubble schedule's deferred weight gradients are not tested "
-                           "with the attention's all-to-all",
-                           "set parallel.pipeline_schedule=1f1b or context_parallel_size=1")
-    return None
+    return schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size)
 
 
-def schedule_error(schedule: str, pp: int) -> Optional[ConfigError]:
-    """zbh1 reorders a pipeline's passes: with one stage there is no pipeline to reorder."""
-    if schedule == "zbh1" and pp == 1:
-        return ConfigError("parallel.pipeline_schedule", schedule,
-                           "1f1b without pipeline parallelism (pipeline_parallel_size=1): the "
-                           "zero-bubble schedule fills a pipeline's bubble and one stage has none",
-                           "set parallel.pipeline_parallel_size>1 or "
-                           "parallel.pipeline_schedule=1f1b")
-    return None
+def schedule_error(schedule: str, pp: int, cp: int = 1, chunks: int = 1
+                   ) -> Optional[ConfigError]:
+    """The rule of the schedule's record (config/schedules): whether it runs on pp stages with
+    cp context-parallel ranks and `chunks` model chunks per stage (the planner's interleaving)."""
+    return schedules.get(schedule).rule(pp, cp, chunks)
 
 
 def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
-    _raise(schedule_error(cfg.parallel.pipeline_schedule, cfg.parallel.pipeline_parallel_size))
+    p = cfg.parallel
+    _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size))
     if cfg.training.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
         raise ConfigError("training.rerun_suspect_steps", True,
                           "false under pipeline parallelism (DeepSpeed's pipeline engine runs "

@@ -11,6 +11,8 @@
                       imports it)
     optimizer_kind.py which optimizer wrapper DeepSpeed runs for a precision, ZeRO stage and
                       pipeline size (torch- and DeepSpeed-free: the planner imports it)
+    runners.py        how each pipeline schedule's record (config/schedules) is run: DeepSpeed's
+                      own TrainSchedule, or zero_bubble.py over pipe_order.py (torch-free)
 
 Importing this package imports nothing else: the planner, which is torch-free, reads
 deepspeed_json and optimizer_kind from it."""

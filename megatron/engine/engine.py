@@ -23,6 +23,8 @@ from torch import nn
 
 from megatron.checkpoint.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
+from megatron.config import schedules
+from megatron.engine import runners
 from megatron.engine import state as engine_state
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
@@ -142,13 +144,14 @@ class Engine:
     def __init__(self, module: nn.Module, layer_names: List[str], state: ParallelState,
                  device: torch.device, ds_config: Dict[str, Any], optimizer_cfg,
                  train_iters: int, mark: Optional[Callable[[str], None]] = None,
-                 pipeline_schedule: str = "1f1b"):
+                 pipeline_schedule: str = schedules.DEFAULT):
         """Wraps `module` (a GPTModel, or for PP > 1 the PipelineModule of
         training.startup.build_model) in DeepSpeed with a torch AdamW and our LR schedule.
         layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1).
         ds_config: the generated deepspeed.json (engine.deepspeed_json), the one the run files
         also write. mark: called with the name of each phase as it ends (start-up timing).
-        pipeline_schedule: parallel.pipeline_schedule (PP > 1), 1f1b or zbh1 (zero_bubble.py)."""
+        pipeline_schedule: parallel.pipeline_schedule (PP > 1), run by the runner its record
+        names (runners.py: DeepSpeed's own TrainSchedule, or zero_bubble.py)."""
         mark = mark or (lambda name: None)
         deepspeed = _import_deepspeed()
         self.state, self.device, self.module = state, device, module
@@ -172,10 +175,10 @@ class Engine:
             # optimizer's own buffers, so they stay.)
             self.engine.enable_backward_allreduce = False
             self.engine.pipeline_enable_backward_allreduce = False
-        if self.pipeline and pipeline_schedule == "zbh1":
-            from megatron.engine.zero_bubble import use_zero_bubble
-            deferred = use_zero_bubble(self.engine, module)
-            log.info("pipeline schedule zbh1: weight gradients of %d layers deferred", deferred)
+        if self.pipeline:
+            changed = runners.install(self.engine, module, pipeline_schedule)
+            if changed:
+                log.info("pipeline schedule %s: %s", pipeline_schedule, changed)
         mark("deepspeed initialize")
 
     def parameters_on_rank(self) -> int:

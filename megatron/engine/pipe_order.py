@@ -1,7 +1,9 @@
-"""The order of work of one pipeline stage in a training step, for the two schedules of
-`parallel.pipeline_schedule`, as plain (op, micro-batch) pairs: torch- and DeepSpeed-free, so the
-engine (zero_bubble.py turns it into DeepSpeed instructions) and the planner (which replays it
-with measured pass times, `makespan`) read the same schedule.
+"""The order of work of one pipeline stage in a training step, for the schedules of
+`parallel.pipeline_schedule` that run on DeepSpeed's lock steps (their records' lock_steps), as
+plain (op, micro-batch) pairs: torch- and DeepSpeed-free, so the engine (zero_bubble.py turns it
+into DeepSpeed instructions) and the planner's tests (which replay it with measured pass times,
+`makespan`) read the same schedule. A record that splits the backward (split_backward) gets W
+passes; the others run each backward whole.
 
 1f1b is DeepSpeed's TrainSchedule: 2 (m + p - 1) lock steps; in each a stage either runs a
 forward or a backward pass or sits in the bubble. Its sends and receives are blocking and paired
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-SCHEDULES = ("1f1b", "zbh1")
+from megatron.config import schedules
 
 # op names: forward, input-gradient backward (the whole backward under 1f1b), weight gradient,
 # load a micro-batch, and the four blocking transfers
@@ -38,13 +40,22 @@ def _slot(step: int, stage: int, stages: int) -> Tuple[int, bool]:
     return (step - 1) // 2 - stages + 1 + stage // 2, False
 
 
+def _split_backward(schedule: str) -> bool:
+    """Whether `schedule` runs W passes; raises for a schedule whose order is not DeepSpeed's
+    lock steps (its record's lock_steps), which this module cannot write."""
+    record = schedules.get(schedule)
+    if not record.lock_steps:
+        lock_step = [n for n in schedules.names() if schedules.get(n).lock_steps]
+        raise ValueError(f"pipeline schedule {schedule!r} does not run on DeepSpeed's lock "
+                         f"steps: expected one of {lock_step}")
+    return record.split_backward
+
+
 def stage_steps(schedule: str, stages: int, stage: int, micro_batches: int) -> List[List[Op]]:
     """The lock steps of `stage`, each a list of (op, micro-batch). Under zbh1 every B is followed,
     later, by the W of the same micro-batch, in micro-batch order, all before the last step ends
     (where the engine appends the gradient reductions and the optimizer step)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"pipeline schedule {schedule!r}: expected one of {SCHEDULES}")
-    split = schedule == "zbh1"
+    split = _split_backward(schedule)
     p, s, m = stages, stage, micro_batches
     total = 2 * (m + p - 1)
     pending: List[int] = []  # micro-batches whose B ran and whose W did not
@@ -133,7 +144,7 @@ def peak_held(schedule: str, stages: int, stage: int, micro_batches: int) -> int
     """The most micro-batches whose activations `stage` holds at once: forward run and backward
     (1f1b) or W (zbh1) not yet."""
     held = peak = 0
-    done = W if schedule == "zbh1" else B
+    done = W if _split_backward(schedule) else B
     for op, _ in stage_ops(schedule, stages, stage, micro_batches):
         held += (op == F) - (op == done)
         peak = max(peak, held)

@@ -16,6 +16,7 @@ from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from torch import nn
 
+from megatron.config.schedules.zbh1 import ZBH1
 from megatron.engine import pipe_order
 from megatron.parallel.layers import WeightGradStore, defer_weight_grads
 
@@ -31,10 +32,16 @@ _INSTRUCTION = {pipe_order.F: ds.ForwardPass, pipe_order.B: ds.BackwardPass,
 
 
 class ZeroBubbleSchedule(ds.TrainSchedule):
-    """DeepSpeed's TrainSchedule with each backward split into B and a later W."""
+    """DeepSpeed's TrainSchedule with each backward split into B and a later W, in the order
+    pipe_order writes for `schedule` (a record that splits the backward)."""
+
+    def __init__(self, micro_batches, stages, stage_id, schedule: str = ZBH1.name):
+        super().__init__(micro_batches, stages, stage_id)
+        self.schedule = schedule
 
     def steps(self):
-        steps = pipe_order.stage_steps("zbh1", self.stages, self.stage_id, self.micro_batches)
+        steps = pipe_order.stage_steps(self.schedule, self.stages, self.stage_id,
+                                       self.micro_batches)
         for i, ops in enumerate(steps):
             cmds = []
             for op, mb in ops:
@@ -80,11 +87,12 @@ def _exec_backward_weight_pass(self, buffer_id, micro_batch):
         self.optimizer.update_hp_grads(clear_lp_grads=True)
 
 
-def use_zero_bubble(engine: PipelineEngine, module: nn.Module) -> int:
-    """Makes `engine` train with ZB-H1: its TP layers defer their weight gradients to a store of
-    this stage, its train schedule is ZeroBubbleSchedule, and its instruction map runs B and W.
-    Evaluation keeps DeepSpeed's inference schedule (no backward, nothing deferred). Returns the
-    number of layers whose weight gradients are deferred."""
+def use_zero_bubble(engine: PipelineEngine, module: nn.Module, schedule: str = ZBH1.name) -> int:
+    """Makes `engine` train with ZB-H1 (engine/runners.py's "zero_bubble" runner): its TP layers
+    defer their weight gradients to a store of this stage, its train schedule is
+    ZeroBubbleSchedule, and its instruction map runs B and W. Evaluation keeps DeepSpeed's
+    inference schedule (no backward, nothing deferred). Returns the number of layers whose
+    weight gradients are deferred."""
     store = WeightGradStore()
     deferred = defer_weight_grads(module, store)
     engine.zb_store = store
@@ -96,7 +104,7 @@ def use_zero_bubble(engine: PipelineEngine, module: nn.Module) -> int:
     def train_schedule():
         store.reset()
         return ZeroBubbleSchedule(micro_batches=engine.micro_batches, stages=engine.num_stages,
-                                  stage_id=engine.stage_id)
+                                  stage_id=engine.stage_id, schedule=schedule)
 
     engine._train_schedule = train_schedule
     return deferred

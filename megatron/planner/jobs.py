@@ -9,13 +9,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, check_layout
+from megatron.config.schedules import DEFAULT, names, with_runner
+from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
 
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                   "flash": True, "sp": False, "interleave": 1, "schedule": "1f1b", "cp": 1}
+                   "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -127,19 +128,23 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  micro_batches: str = "1,2,4,8,16", zero_stages: str = "0,1,2,3",
                  recompute_values: str = "none,selective,full", flash: str = "both",
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
-                 memory_fraction: float = 1.0, schedules: str = "1f1b,zbh1",
+                 memory_fraction: float = 1.0, schedules: Optional[str] = None,
                  cp_values: str = "1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
-    tries every context-parallel degree the model allows (SearchSpace.cp = None)."""
+    tries every context-parallel degree the model allows (SearchSpace.cp = None);
+    schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
     recompute = tuple(v.strip() for v in recompute_values.split(","))
     if any(v not in RECOMPUTE for v in recompute):
         raise ConfigError("--recompute-values", recompute_values, f"values among {RECOMPUTE}")
     zero = ints("--zero-stages", zero_stages)
     if any(z > 3 for z in zero):
         raise ConfigError("--zero-stages", zero_stages, "stages among 0,1,2,3")
-    schedule_values = tuple(v.strip() for v in schedules.split(",") if v.strip())
-    if not schedule_values or any(v not in SCHEDULES for v in schedule_values):
-        raise ConfigError("--schedules", schedules, f"values among {SCHEDULES}")
+    if schedules is None:
+        schedule_values = with_runner()
+    else:
+        schedule_values = tuple(v.strip() for v in schedules.split(",") if v.strip())
+    if not schedule_values or any(v not in names() for v in schedule_values):
+        raise ConfigError("--schedules", schedules, f"values among {names()}")
     if not 0 < memory_fraction <= 1:
         raise ConfigError("--memory-fraction", memory_fraction, "a share in (0, 1]")
     return SearchSpace(tp=ints("--tp-values", tp_values) if tp_values else None,

@@ -5,12 +5,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from megatron.config import ModelConfig
+from megatron.config import ModelConfig, schedules
 from megatron.config.errors import ConfigError
+from megatron.config.schedules import Pipe
 from megatron.config.validate import layout_error, schedule_error
 
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "zbh1")  # parallel.pipeline_schedule's values (config/sections.py)
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,10 @@ class Layout:
     # 2021 section 2.2.2). 1 is the plain 1F1B schedule DeepSpeed's pipeline engine runs; more
     # is a comparison option only: this trainer cannot run it (INTERLEAVED_UNAVAILABLE).
     interleave: int = 1
-    # parallel.pipeline_schedule: "1f1b" (DeepSpeed's) or "zbh1" (zero-bubble ZB-H1, PP > 1:
-    # each backward split into B, the input gradient, and a deferred W, the weight gradients)
-    schedule: str = "1f1b"
+    # parallel.pipeline_schedule: a record of config/schedules, which prices it ("1f1b",
+    # DeepSpeed's; "zbh1", zero-bubble ZB-H1, PP > 1: each backward split into B, the input
+    # gradient, and a deferred W, the weight gradients)
+    schedule: str = schedules.DEFAULT
     # parallel.context_parallel_size (Ulysses, docs/context_parallel.md): each of the cp ranks
     # of a group holds s/cp of every sample; attention exchanges heads for the sequence. The
     # dp ranks are data-parallel replicas of cp-rank groups: world = tp x cp x dp x pp.
@@ -63,12 +64,17 @@ class Layout:
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
 
+    @property
+    def pipe(self) -> Pipe:
+        """What the schedule's closed forms read: stages, micro-batches, chunks per stage."""
+        return Pipe(self.pp, self.grad_accum, self.interleave)
+
     def key(self) -> str:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-ga{self.grad_accum}"
                 f"-z{self.zero}-{self.recompute}-{'flash' if self.flash else 'noflash'}"
                 f"{'-sp' if self.sequence_parallel else ''}"
                 f"{f'-v{self.interleave}' if self.interleave > 1 else ''}"
-                f"{f'-{self.schedule}' if self.schedule != '1f1b' else ''}"
+                f"{f'-{self.schedule}' if self.schedule != schedules.DEFAULT else ''}"
                 f"{f'-cp{self.cp}' if self.cp > 1 else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -91,8 +97,6 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
                          cp=lay.cp)
     if error is not None:
         return str(error)
-    if lay.cp > 1 and lay.schedule == "zbh1":  # validate.context_parallel_combination_error
-        return "the zbh1 schedule is refused with context parallelism"
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
     if lay.sequence_parallel and lay.tp == 1:
         return "sequence parallelism needs TP > 1"
@@ -102,16 +106,12 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:
-    """The trainer's rule for parallel.pipeline_schedule (zbh1 needs PP > 1), and zbh1 is not
-    priced interleaved (Qi et al.'s ZB-H1 is a plain 1F1B variant; neither runs it here)."""
-    if lay.schedule not in SCHEDULES:
-        return f"pipeline schedule {lay.schedule!r} is not one of {SCHEDULES}"
-    error = schedule_error(lay.schedule, lay.pp)
-    if error is not None:
-        return str(error)
-    if lay.schedule == "zbh1" and lay.interleave > 1:
-        return "zbh1 is priced for plain stages only, not with the interleaved schedule"
-    return None
+    """The rule of the schedule's record (config/schedules), the trainer's, with the layout's
+    stages, context parallelism and the interleaved comparison's chunks per stage."""
+    if lay.schedule not in schedules.names():
+        return f"pipeline schedule {lay.schedule!r} is not one of {schedules.names()}"
+    error = schedule_error(lay.schedule, lay.pp, lay.cp, lay.interleave)
+    return None if error is None else str(error)
 
 
 INTERLEAVED_UNAVAILABLE = ("the interleaved schedule is not available in this trainer "

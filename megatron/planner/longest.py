@@ -14,13 +14,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.config.schedules.one_f_one_b import ONE_F_ONE_B
 from megatron.planner.layout import Job, layout_problem
 from megatron.planner.profile import Profile
 from megatron.planner.search import (Candidate, SearchSpace, enumerate_layouts, evaluate,
                                      rank_key)
 
 LEAST_MEMORY = SearchSpace(micro_batch=(1,), zero=(1, 2, 3), recompute=("full",), flash=(True,),
-                           schedules=("1f1b",), cp=None)
+                           schedules=(ONE_F_ONE_B.name,), cp=None)
 MAX_SEQ = 1 << 22
 
 

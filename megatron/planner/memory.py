@@ -1,4 +1,5 @@
-"""Memory per device: model states by precision and ZeRO stage, activations under 1F1B or ZB-H1.
+"""Memory per device: model states by precision and ZeRO stage, activations as the pipeline
+schedule's record keeps them (config/schedules: 1F1B, ZB-H1).
 
 Model states follow what DeepSpeed 0.19 allocates for the config this project generates
 (megatron/engine/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
@@ -36,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.config import schedules
 from megatron.config.errors import InputError
 from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.engine.optimizer_kind import optimizer_kind
@@ -174,46 +176,31 @@ class StageMemory:
         return (self.weights + self.grads + self.optimizer) / GIB
 
 
-def in_flight(lay: Layout, stage: int) -> float:
-    """Micro-batches whose activations stage `stage` holds at once under 1F1B. Interleaved
-    (v chunks of 1/v of the stage), Megatron-LM warms up 2 (p - i - 1) + (v - 1) p chunks
-    before its first backward: p + (p - 1)/v stage-equivalents on the first stage, the
-    (1 + (p - 1)/(p v)) factor of Korthikanti et al. 2022 section 4.2.3."""
-    v = lay.interleave
-    if v == 1:
-        return max(1, min(lay.pp - stage, lay.grad_accum))
-    chunks = 2 * (lay.pp - stage - 1) + (v - 1) * lay.pp + 1
-    return max(1.0, min(chunks / v, float(lay.grad_accum)))
-
-
-def zbh1_stored(lay: Layout, stage: int, per_mb: float, per_w: float) -> float:
-    """Bytes stage `stage` holds at its peak under zbh1: micro-batches between F and B keep
-    per_mb (as under 1F1B, at most k = min(p - stage, m) of them), those between B and W keep
-    per_w, and engine/pipe_order holds at most n = min(p, m) in all. The schedule reaches the
-    states (k, n - k) and (k - 1, n - k + 1) (tests/unit/test_planner_zero_bubble.py replays
-    it), so the peak is (k - 1) per_mb + (n - k) per_w + max(per_mb, per_w)."""
-    k = min(lay.pp - stage, lay.grad_accum)
-    n = min(lay.pp, lay.grad_accum)
-    return (k - 1) * per_mb + (n - k) * per_w + max(per_mb, per_w)
+def _pending_w_bytes(job: Job, lay: Layout, sp: StageParams, first: bool, last: bool,
+                     vocab: int) -> float:
+    """Bytes one micro-batch keeps between its B and its W under a schedule that splits the
+    backward (Schedule.split_backward): the linear layers' inputs and output gradients."""
+    m, prec = job.model, job.precision
+    per_w = sp.layers * act.layer_weight_grad_bytes(m, lay, prec)
+    if first:  # the embedding's output gradient, for its scatter-add
+        per_w += act.boundary_bytes(m, lay, prec)
+    if last:
+        per_w += act.head_weight_grad_bytes(m, lay, vocab, prec)
+    return per_w
 
 
 def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants):
     m, prec = job.model, job.precision
+    schedule = schedules.get(lay.schedule)
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
     first, last = stage == 0, stage == lay.pp - 1
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last:
         # the stage output kept for its backward (one per chunk when interleaved)
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
-    if lay.schedule == "zbh1":
-        per_w = sp.layers * act.layer_weight_grad_bytes(m, lay, prec)
-        if first:  # the embedding's output gradient, for its scatter-add
-            per_w += act.boundary_bytes(m, lay, prec)
-        if last:
-            per_w += act.head_weight_grad_bytes(m, lay, vocab, prec)
-        stored = zbh1_stored(lay, stage, per_mb, per_w)
-    else:
-        stored = in_flight(lay, stage) * per_mb
+    per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab) if schedule.split_backward
+             else 0.0)
+    stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
     working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
     if last:
         working += act.logits_bytes(m, lay, vocab, prec) + act.boundary_bytes(m, lay, prec)
@@ -269,14 +256,10 @@ def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = Non
                 framework: str = "deepspeed") -> StageMemory:
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
-    flight and the embedding; the last stage has the logits and the output layer. Under zbh1 a
-    later stage holds more pending W than stage 0 (zbh1_stored), which outweighs its fewer
-    activations when a pending W keeps more than a micro-batch in flight (full recompute):
-    stage p - 2 and the last of the uneven split's larger stages count too."""
-    ends = {0, lay.pp - 1}
-    if lay.schedule == "zbh1":
-        ends |= {max(0, lay.pp - 2), max(0, job.model.num_layers % lay.pp - 1)}
-    ends = sorted(ends)
+    flight and the embedding; the last stage has the logits and the output layer; and any the
+    schedule's record names (Schedule.peak_stages: under zbh1 a later stage's pending W)."""
+    peak_stages = schedules.get(lay.schedule).peak_stages(lay.pipe, job.model.num_layers)
+    ends = sorted({0, lay.pp - 1, *peak_stages})
     stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device,
                            framework) for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

@@ -6,8 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence
 
+from megatron.config import schedules
 from megatron.config.errors import InputError
-from megatron.planner.layout import RECOMPUTE, SCHEDULES, Job, Layout, layout_problem
+from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
@@ -25,8 +26,9 @@ class SearchSpace:
     recompute: Sequence[str] = RECOMPUTE
     flash: Sequence[bool] = (True, False)
     sequence_parallel: Sequence[bool] = (False, True)
-    # parallel.pipeline_schedule values tried where PP > 1 (a single stage runs 1f1b)
-    schedules: Sequence[str] = SCHEDULES
+    # parallel.pipeline_schedule values tried where PP > 1 (a single stage runs the default);
+    # by default every registered schedule the trainer can run (a record with a runner)
+    schedules: Sequence[str] = field(default_factory=schedules.with_runner)
     # TP is kept inside a node unless this allows more (to test that lesson, not to use it).
     max_tp: Optional[int] = None
     uneven_pp: bool = False
@@ -128,9 +130,9 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                     for sp in space.sequence_parallel:
                         if sp and tp == 1:
                             continue
-                        for schedule in (space.schedules if pp > 1 else ("1f1b",)):
-                            if cp > 1 and schedule == "zbh1":
-                                continue  # the trainer refuses zbh1 with CP
+                        for schedule in (space.schedules if pp > 1 else (schedules.DEFAULT,)):
+                            if schedules.get(schedule).rule(pp, cp, 1):
+                                continue  # the trainer refuses it (zbh1 with CP)
                             yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
                                          schedule=schedule, cp=cp)
 
@@ -147,17 +149,20 @@ def rank_key(c: Candidate):
     """Fastest first; among equals (to 4 digits) the least memory, then ZeRO-1 (bf16 under the
     pipeline engine takes the same BF16 optimizer path at ZeRO-0 and ZeRO-1; ZeRO-1 is the
     paper's choice and the one DeepSpeed tests most), then the fewer features switched on
-    (1f1b before zbh1: zbh1 is proposed only where it predicts a faster step or less memory)."""
+    (the schedules in registration order, the default first: 1f1b before zbh1, which is
+    proposed only where it predicts a faster step or less memory)."""
     lay = c.layout
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            lay.schedule != "1f1b", lay.cp)
+            schedules.names().index(lay.schedule), lay.cp)
 
 
-def search(job: Job, nodes: int, prof: Profile, space: SearchSpace = SearchSpace()) -> SearchResult:
+def search(job: Job, nodes: int, prof: Profile,
+           space: Optional[SearchSpace] = None) -> SearchResult:
     """Every valid layout of nodes x gpus_per_node devices, the fitting ones ranked fastest
-    first (ties: less memory)."""
+    first (ties: less memory). space None: SearchSpace() as the registry stands at the call."""
+    space = space or SearchSpace()
     world = nodes * prof.spec.gpus_per_node
     result = SearchResult(job, nodes, world, [])
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,

@@ -15,15 +15,17 @@ TP collectives per layer: two forward, two backward (Megatron's conjugate operat
 under full recompute. Pipeline sends: each TP rank sends its 1/t slice of the boundary and the
 receiver all-gathers them inside the node (Megatron-LM's scatter/gather, DeepSpeed's
 pipe_partitioned; whole slices already under SP).
-1F1B: step = (m - 1) * slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced,
-a bubble of (p - 1)/(m + p - 1); the interleaved schedule (a comparison option, not run by this
-trainer) divides the fill and drain by its chunks per stage v.
-ZB-H1 (parallel.pipeline_schedule=zbh1, Qi et al. 2023): each backward is split into B (input
-gradients, the attention core, norms, biases, the TP and pipeline communication, recompute) and
-W (the weight-gradient GEMMs: dW = dY^T X of every linear layer and the output head, and the
-embedding's scatter-add), which fills the slots where the stage would idle; with balanced stages
-step = m (F + B + W) + (p - 1)(F + B - W) + max(0, p - m) W, what engine/pipe_order.makespan
-replays for the schedule the engine runs (tests/unit/test_planner_zero_bubble.py).
+How the stages' micro-batches compose into a step is the pipeline schedule's own closed form
+(its record in config/schedules: Schedule.pipeline_time and bubble). 1F1B: step = (m - 1) *
+slowest stage + sum over stages, i.e. (m + p - 1) slots when balanced, a bubble of
+(p - 1)/(m + p - 1); the interleaved schedule (a comparison option, not run by this trainer)
+divides the fill and drain by its chunks per stage v. A schedule that splits the backward
+(Schedule.split_backward; ZB-H1, Qi et al. 2023) runs it as B (input gradients, the attention
+core, norms, biases, the TP and pipeline communication, recompute) and W (the weight-gradient
+GEMMs: dW = dY^T X of every linear layer and the output head, and the embedding's scatter-add),
+which fills the slots where the stage would idle; with balanced stages ZB-H1's step = m (F + B +
+W) + (p - 1)(F + B - W) + max(0, p - m) W, what engine/pipe_order.makespan replays for the
+schedule the engine runs (tests/unit/test_planner_zero_bubble.py).
 Context parallelism (Ulysses, Layout.cp = C): every rank computes on s/C tokens (attention on
 the whole sequence for heads/C heads: 1/C of its FLOPs too); each layer adds two all-to-alls
 forward (q, k and v together; the attention output) and two backward, and two more where
@@ -39,6 +41,7 @@ from typing import List, Tuple
 
 import numpy as np
 
+from megatron.config import schedules
 from megatron.engine.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
@@ -238,9 +241,10 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
 
 
 def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
-    """The W share of stage_features under zbh1: the weight-gradient GEMMs (one forward GEMM's
-    worth per linear layer, the output head's on the last stage) and the embedding's gradient
-    scatter-add (two of the three passes over its output that stage_features counts)."""
+    """The W share of stage_features under a schedule that splits the backward (zbh1): the
+    weight-gradient GEMMs (one forward GEMM's worth per linear layer, the output head's on the
+    last stage) and the embedding's gradient scatter-add (two of the three passes over its
+    output that stage_features counts)."""
     w = layers * linear_gemms(x)
     tok, h = x.tokens, x.m.hidden_size
     if first:
@@ -252,21 +256,11 @@ def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.nd
 
 def pipeline_features(lay: Layout, stages, weights, th: np.ndarray) -> np.ndarray:
     """The pipeline's share of a step. stages: (features of one micro-batch, count) per stage
-    kind; weights: the W share of each (weight_grad_features; used by zbh1 only).
-    1F1B: m slots of the slowest stage plus the fill and drain of the others; interleaved with
-    v chunks per stage, the fill and drain pass chunks of 1/v of a stage each (bubble
-    (p - 1)/(v m + p - 1), Narayanan et al. 2021 section 2.2.2). ZB-H1: the W of every stage but
-    the slowest moves into the fill and drain, twice (its own slot and the B wave that no longer
-    waits for it): (p - 1)(F + B - W) when balanced; with fewer micro-batches than stages the
-    schedule has only m W passes to place and p - m of the slowest stage's stay exposed."""
+    kind; weights: the W share of each (weight_grad_features; read by schedules that split the
+    backward). The schedule's record composes them (Schedule.pipeline_time) around the slowest
+    kind."""
     i = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
-    slowest = stages[i][0]
-    fill = sum(f * n for f, n in stages) - slowest
-    if lay.schedule != "zbh1":
-        return lay.grad_accum * slowest + fill / lay.interleave
-    w_fill = sum(w * n for w, (_, n) in zip(weights, stages)) - weights[i]
-    exposed = max(0, lay.pp - lay.grad_accum) * weights[i]
-    return lay.grad_accum * slowest + fill - 2 * w_fill + exposed
+    return schedules.get(lay.schedule).pipeline_time(lay.pipe, stages, weights, i)
 
 
 def backward_window(x: _Ctx, stage_f: np.ndarray) -> float:
@@ -383,15 +377,10 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
 
 
 def pipeline_bubble(lay: Layout, w_share: float = 1 / 3) -> float:
-    """Idle share of a balanced pipeline: (p - 1)/(m + p - 1) for 1F1B, (p - 1)/(v m + p - 1)
-    interleaved with v chunks per stage. ZB-H1, with W taking w_share of a stage's time per
-    micro-batch: (p - 1)(1 - 2w) + max(0, p - m) w idle slots against m busy ones (a third of
-    1F1B's bubble at w = 1/3 and m >= p)."""
-    p, m = lay.pp, lay.grad_accum
-    if lay.schedule != "zbh1":
-        return (p - 1) / (lay.interleave * m + p - 1)
-    idle = (p - 1) * (1 - 2 * w_share) + max(0, p - m) * w_share
-    return idle / (m + idle)
+    """Idle share of a balanced pipeline under the layout's schedule (Schedule.bubble): for 1F1B
+    (p - 1)/(m + p - 1), (p - 1)/(v m + p - 1) interleaved with v chunks per stage; w_share is
+    the share of a stage's time per micro-batch that W takes where the backward is split."""
+    return schedules.get(lay.schedule).bubble(lay.pipe, w_share)
 
 
 @dataclass(frozen=True)
@@ -422,8 +411,8 @@ def step_time(job: Job, lay: Layout, prof: Profile) -> TimeEstimate:
                         mf / peak, hf / peak, tuple(float(v) for v in feats))
 
 
-def schedule_ratio(job: Job, lay: Layout, prof: Profile) -> float:
-    """Predicted step time of `lay` under zbh1 over the same layout under 1f1b (PP > 1)."""
-    zb, one = (step_time(job, dataclasses.replace(lay, schedule=s), prof).step_s
-               for s in ("zbh1", "1f1b"))
-    return zb / one
+def schedule_ratio(job: Job, lay: Layout, prof: Profile, schedule: str, over: str) -> float:
+    """Predicted step time of `lay` under `schedule` over the same layout under `over`."""
+    this, base = (step_time(job, dataclasses.replace(lay, schedule=s), prof).step_s
+                  for s in (schedule, over))
+    return this / base

@@ -377,15 +377,15 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                           memory_fraction: float = 1.0) -> LayoutRank:
     """Where the published layout ranks among every fitting TP x PP x DP layout of the same
     model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
-    attention path, sequence parallelism and schedule (1F1B). PP divides the layers for
-    Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them unevenly
-    (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
+    attention path, sequence parallelism and schedule (1F1B for every one). PP divides the
+    layers for Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them
+    unevenly (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
     lay = case.layout
     prof = prof or in_sample_profile(case)
     space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
                         recompute=(lay.recompute,), flash=(lay.flash,),
-                        sequence_parallel=(lay.sequence_parallel,), schedules=("1f1b",),
+                        sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
                         uneven_pp=case.framework == "deepspeed", memory_fraction=memory_fraction)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]

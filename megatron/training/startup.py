@@ -33,6 +33,7 @@ from megatron.data.vocab import padded_vocab_size
 from megatron.engine.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters
 from megatron.engine.model import mark_tensor_parallel, pipeline_module
+from megatron.engine.runners import runner_error
 from megatron.launch import detect_device, discover, init_distributed
 from megatron.launch.health import check_node, check_node_link, node_name
 from megatron.launch.startup import StartupTimer
@@ -166,6 +167,10 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
     rendezvous. Returns the data-parallel size."""
     dp = validate_for_world(cfg, world)
     check_device(cfg, device_type)
+    # a schedule the planner prices but no engine runner runs (config/schedules, runners.py)
+    unrunnable = runner_error(cfg.parallel.pipeline_schedule)
+    if unrunnable is not None:
+        raise unrunnable
     if cfg.training.init_from is not None and not os.path.isfile(cfg.training.init_from):
         raise ConfigError("training.init_from", cfg.training.init_from,
                           "an existing single-file model", "write one with megatron-convert "

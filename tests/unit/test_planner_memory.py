@@ -7,7 +7,8 @@ import pytest
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.config.errors import InputError
-from megatron.planner.memory import (GIB, fsdp_state_bytes, in_flight, megatron_state_bytes,
+from megatron.config.schedules.one_f_one_b import in_flight
+from megatron.planner.memory import (GIB, fsdp_state_bytes, megatron_state_bytes,
                                      memory_per_stage, peak_memory)
 from megatron.planner.params import stage_params
 from megatron.planner.models import preset_model
@@ -54,8 +55,8 @@ def test_fp32_doubles_activations_but_not_masks():
 
 def test_first_stage_holds_p_micro_batches_under_1f1b():
     layout = lay(pp=16, grad_accum=640)
-    assert [in_flight(layout, s) for s in (0, 1, 15)] == [16, 15, 1]
-    assert in_flight(lay(pp=16, grad_accum=4), 0) == 4
+    assert [in_flight(layout.pipe, s) for s in (0, 1, 15)] == [16, 15, 1]
+    assert in_flight(lay(pp=16, grad_accum=4).pipe, 0) == 4
 
 
 def paper_175b_recipe():

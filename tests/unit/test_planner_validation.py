@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from megatron.planner import validation as v
+from megatron.config.schedules.one_f_one_b import in_flight
 from megatron.planner.layout import Layout, layout_problem
-from megatron.planner.memory import in_flight
 from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, PRESET_CONSTANTS,
                                       PUBLISHED_FIT, apply_fit, load_profile)
 from megatron.planner.timing import pipeline_bubble, step_time
@@ -236,9 +236,9 @@ def test_interleaved_bubble_and_memory():
     inter = Layout(8, 12, 1, 1, 24, interleave=2)
     assert pipeline_bubble(plain) == pytest.approx(11 / 35)
     assert pipeline_bubble(inter) == pytest.approx(11 / 59)
-    assert in_flight(plain, 0) == 12
-    assert in_flight(inter, 0) == pytest.approx(12 + 11 / 2)
-    assert in_flight(inter, 11) == pytest.approx(13 / 2)  # (v - 1) p + 1 chunks
+    assert in_flight(plain.pipe, 0) == 12
+    assert in_flight(inter.pipe, 0) == pytest.approx(12 + 11 / 2)
+    assert in_flight(inter.pipe, 11) == pytest.approx(13 / 2)  # (v - 1) p + 1 chunks
 
 
 def test_interleaving_needs_megatrons_divisibility(published):

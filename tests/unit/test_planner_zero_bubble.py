@@ -1,8 +1,8 @@
 """The planner's price of the ZB-H1 schedule (parallel.pipeline_schedule=zbh1): its closed forms
 against the schedule the engine runs (engine/pipe_order, torch-free), its prediction against the
 measured CPU benchmark, and search and its files proposing it. A failure in the replay tests
-points at megatron/planner/timing.pipeline_features or memory.zbh1_stored; in the benchmark
-test at the W split (timing.weight_grad_features)."""
+points at the schedule's record, megatron/config/schedules/zbh1.py (pipeline_time, stored), or
+timing.pipeline_features; in the benchmark test at the W split (timing.weight_grad_features)."""
 import dataclasses
 import json
 import os
@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from megatron.config import load_config
+from megatron.config.schedules.zbh1 import stored as zbh1_stored
 from megatron.engine import pipe_order
 from megatron.planner import emit
 from megatron.planner.calibrate import calibrate
 from megatron.planner.hardware import ClusterSpec
 from megatron.planner.layout import Job, Layout, layout_problem
-from megatron.planner.memory import peak_memory, zbh1_stored
+from megatron.planner.memory import peak_memory
 from megatron.planner.models import preset_model
 from megatron.planner.profile import Constants, Profile, load_profile
 from megatron.planner.search import SearchSpace, search
@@ -97,7 +98,7 @@ def test_memory_peak_is_the_replays_worst_state(p, m):
         for per_mb, per_w in ((10.0, 7.0), (1.0, 16.0), (5.0, 5.0)):
             worst = max(f * per_mb + w * per_w for f, w in _states(p, s, m))
             lay = Layout(1, p, 1, 1, m, schedule="zbh1")
-            assert zbh1_stored(lay, s, per_mb, per_w) == pytest.approx(worst), (s, per_mb, per_w)
+            assert zbh1_stored(lay.pipe, s, per_mb, per_w) == pytest.approx(worst), (s, per_mb, per_w)
 
 
 def _bench_job(m):
@@ -128,7 +129,7 @@ def test_predicted_ratio_is_within_10_percent_of_the_measured_one():
                 for r in json.load(open(os.path.join(RESULTS, "pipeline_zero_bubble.json")))}
     for name, prof in _cpu_profiles().items():
         for m in (4, 16):
-            predicted = schedule_ratio(_bench_job(m), _bench_layout(m), prof)
+            predicted = schedule_ratio(_bench_job(m), _bench_layout(m), prof, "zbh1", "1f1b")
             assert predicted < 1
             assert predicted == pytest.approx(measured[m], rel=0.10), (name, m, predicted)
 
@@ -145,7 +146,8 @@ def test_the_results_file_states_what_the_planner_predicts():
         assert row, f"no row for m = {m}"
         assert float(row.group(1)) == pytest.approx(measured[m], abs=5e-4)
         for i, name in ((2, "fitted"), (3, "prior")):
-            ratio = schedule_ratio(_bench_job(m), _bench_layout(m), profiles[name])
+            ratio = schedule_ratio(_bench_job(m), _bench_layout(m), profiles[name], "zbh1",
+                                   "1f1b")
             assert float(row.group(i)) == pytest.approx(ratio, abs=5e-4), (m, name)
 
 

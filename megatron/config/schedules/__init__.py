@@ -1,0 +1,10 @@
+"""Pipeline schedules as records (parallel.pipeline_schedule): registry.py holds the record and
+the registry; each schedule is one file here that registers itself when this package imports it.
+A new schedule: a file with its record (name, rule, closed forms, runner id), imported below;
+for the trainer to run it, a runner registered in engine/runners.py under that id."""
+from megatron.config.schedules.registry import (DEFAULT, Pipe, Schedule, StageKinds, fill, get,
+                                                names, register, unregister, with_runner)
+from megatron.config.schedules import one_f_one_b, zbh1  # noqa: F401  (they register themselves)
+
+__all__ = ["DEFAULT", "Pipe", "Schedule", "StageKinds", "fill", "get", "names", "register",
+           "unregister", "with_runner"]
