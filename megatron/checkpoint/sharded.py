@@ -401,12 +401,24 @@ def load(folder: str, rs: RankState, tp: int, pp: int, last_good: Optional[str] 
         rng = _rng_for(reader, meta, rs, tp, pp)
     except InputError as e:
         error, rng = str(e), None
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    bad = [e for e in errors if e]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (error, [p.name for p in rs.params]))
+    bad = [e for e, _ in gathered if e] or _unused(folder, index, gathered)
     if bad:
         raise InputError(bad[0])
     return meta, rng
+
+
+def _unused(folder: str, index: Dict[str, Any], gathered) -> List[str]:
+    """A message when the checkpoint holds tensors no rank of this model loaded: weights of a
+    variant this run does not select (an attention core's own, say) would be dropped silently."""
+    unused = sorted(set(index) - {name for _, names in gathered for name in names})
+    if not unused:
+        return []
+    shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+    return [f"checkpoint {folder} holds tensors this model has no place for ({shown}); it was "
+            "written for another model (another variant with weights of its own?): resume "
+            "with the config it was trained with (its run directory keeps config.yaml)"]
 
 
 def _load_param(reader: Reader, p, tp: int, tp_rank: int) -> None:

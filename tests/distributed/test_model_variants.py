@@ -116,6 +116,8 @@ def test_tp2_trains_the_toy_variants_as_dp2_does_and_refuses_a_changed_tensor(tm
     # every TP rank holds what the planner counts for it, core temperatures included
     assert got["model_params"] == [got["planner_params"]] * 2, got
     assert "layers.0.attention.core.log_temperature" in got["load_error"], got["load_error"]
+    # resumed with a core that has no temperatures, the checkpoint's would be lost: refused
+    assert "has no place for (layers.0.attention.core.log_temperature" in got["unused_error"]
 
 
 def _worker(out: str, workdir: str) -> int:
@@ -137,17 +139,18 @@ def _worker(out: str, workdir: str) -> int:
     planner = stage_params(cfg.model, 2, 1, 0).total
     # The core's weights change shape (2 per head): the saved tp2 checkpoint no longer fits.
     _register(lambda m: (m.num_attention_heads, 2))
-    error = ""
-    try:
-        train(load_config(TINY, TOY + runs["tp2"] + [f"run.dir={workdir}/tp2",
-                                                     "training.load=auto",
-                                                     "training.train_iters=8"]))
-    except InputError as e:
-        error = str(e)
+    errors = {}
+    for name, core in (("load_error", "tempered"), ("unused_error", "sdpa")):
+        errors[name] = ""
+        try:
+            train(load_config(TINY, TOY + runs["tp2"] + [
+                f"run.dir={workdir}/tp2", "training.load=auto", "training.train_iters=8",
+                f"model.attention_backend={core}"]))
+        except InputError as e:
+            errors[name] = str(e)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump(dict(losses, model_params=counts, planner_params=planner,
-                           load_error=error), f)
+            json.dump(dict(losses, model_params=counts, planner_params=planner, **errors), f)
     return 0
 
 
