@@ -9,6 +9,7 @@ import sys
 from typing import Callable
 
 from megatron.config.errors import BadNode, ConfigError, Diverged, InputError
+from megatron.config.plugins import load_plugins
 
 # Exit statuses shared by every entry point (README's troubleshooting table names them).
 EXIT_BAD_INPUT = 2      # a config value, a file or the environment is wrong; the message says which
@@ -43,6 +44,7 @@ def entry_point(prog: str, interrupted: str = "interrupted") -> Callable:
         def wrapper(argv=None) -> int:
             caller_group = _distributed_started()
             try:
+                load_plugins()  # MEGATRON_PLUGINS: what --set may name in every command
                 return main(argv)
             except (ConfigError, InputError, Diverged, BadNode) as e:
                 code = (EXIT_DIVERGED if isinstance(e, Diverged) else

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from megatron.cli.common import entry_point, setup_logging
+from megatron.config.plugins import load_plugins
 from megatron.config import InputError, load_config, validate_for_world
 from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
@@ -51,6 +52,10 @@ def parse_args(argv=None):
                    "optimizer, data, kernels, run, deepspeed (unknown keys are errors)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first: it registers model variants, pipeline schedules "
+                   "or fused ops that --set may then name (repeatable; or MEGATRON_PLUGINS=a,b "
+                   "for every command of a job)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and exit without training")
     return p.parse_args(argv)
@@ -96,6 +101,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     launch = discover()
     setup_logging(launch.rank)
+    load_plugins(args.plugin)
     cfg = load_config(args.config, args.set)
     if args.print_config:
         sys.stdout.write(cfg.to_yaml())

@@ -20,3 +20,41 @@ def test_an_error_returns_to_a_caller_whose_process_group_is_open(capsys, tmp_pa
             dist.destroy_process_group()
     assert code == 2
     assert err.startswith("megatron-plan: error: ") and len(err.strip().splitlines()) == 1, err
+
+
+PLUGIN = '''from megatron.config import variants
+variants.register(variants.Variant("norm", "{name}", "megatron.model.norm:RMSNorm",
+                                   weights=(variants.Weight("weight", lambda m: (m.hidden_size,)),)))
+'''
+
+
+def _plugin(tmp_path, monkeypatch, module, name):
+    (tmp_path / f"{module}.py").write_text(PLUGIN.format(name=name))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_plugin_registers_what_set_may_name(tmp_path, monkeypatch, capsys):
+    """megatron-train --plugin MODULE (and MEGATRON_PLUGINS for every command) imports the
+    module before the config is read (config/plugins.py); a module that cannot be imported is
+    one error naming it."""
+    from megatron.cli.train import main as train_main
+    from megatron.config import variants
+    from tests.support.paths import TINY
+    _plugin(tmp_path, monkeypatch, "norm_plugin_a", "plugin_norm_a")
+    _plugin(tmp_path, monkeypatch, "norm_plugin_b", "plugin_norm_b")
+    try:
+        assert train_main(["--config", TINY, "--set", "model.normalization=plugin_norm_a",
+                           "--print-config"]) == 2  # not imported: refused, naming the field
+        assert "model.normalization" in capsys.readouterr().err
+        assert train_main(["--config", TINY, "--plugin", "norm_plugin_a", "--set",
+                           "model.normalization=plugin_norm_a", "--print-config"]) == 0
+        assert "normalization: plugin_norm_a" in capsys.readouterr().out
+        monkeypatch.setenv("MEGATRON_PLUGINS", "norm_plugin_b")
+        assert train_main(["--config", TINY, "--set", "model.normalization=plugin_norm_b",
+                           "--print-config"]) == 0
+        monkeypatch.setenv("MEGATRON_PLUGINS", "no_such_plugin_module")
+        assert train_main(["--config", TINY, "--print-config"]) == 2
+        assert "MEGATRON_PLUGINS" in capsys.readouterr().err
+    finally:
+        variants.unregister("norm", "plugin_norm_a")
+        variants.unregister("norm", "plugin_norm_b")
