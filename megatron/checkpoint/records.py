@@ -22,8 +22,10 @@ meta.json (one per committed checkpoint, written last by rank 0):
     data              what defines the sample stream consumed_samples counts in (DataRecord)
 
 metrics.jsonl (one JSON object per line, appended): StepRecord for each logged step,
-EvalRecord for evaluations, and one line per event (save, stop, diverged, spike, rollback)
-carrying "event". Non-finite numbers are written as null and named in "nonfinite"."""
+EvalRecord for evaluations, and one line per event carrying "event": EVENTS declares every kind
+the trainer writes (save, stop, diverged, spike, rollback, hang, straggler, unresponsive,
+sdc_suspect); megatron-report lists and marks the kinds it finds there. Non-finite numbers are
+written as null and named in "nonfinite"."""
 from __future__ import annotations
 
 import dataclasses
@@ -408,22 +410,45 @@ def parse_metrics_line(obj: Any, where: str = "a metrics line") -> MetricsRecord
     return cls(**values)
 
 
-def read_metrics(path: str) -> List[MetricsRecord]:
-    """Every line of a metrics.jsonl; RecordError naming the file and line for a bad one. A
-    last line cut short (the run was killed while writing it) is left out."""
+class NotJson(RecordError):
+    """A metrics line that is not JSON text at all: cut short, zero-filled or not UTF-8."""
+
+
+def parse_metrics_bytes(raw: bytes, where: str) -> MetricsRecord:
+    """The record of one line as stored (without its newline); RecordError saying why it is
+    none, naming `where`."""
+    if b"\0" in raw:
+        # A node that crashes can leave the file's last blocks zero-filled: NUL bytes, not text.
+        raise NotJson(f"{where} holds {raw.count(0)} NUL byte(s) (zero-filled by a crash)")
+    try:
+        obj = json.loads(raw.decode())
+    except UnicodeDecodeError:
+        raise NotJson(f"{where} is not UTF-8 text") from None
+    except ValueError as e:
+        raise NotJson(f"{where} is not JSON ({e})") from None
+    return parse_metrics_line(obj, where)
+
+
+def read_metrics(path: str, skipped: Optional[List[str]] = None) -> List[MetricsRecord]:
+    """Every record of a metrics.jsonl. A last line that is not JSON (the run was killed while
+    writing it, or is writing it now) is left out; any other line that is not a record is a
+    RecordError naming the file and line, for readers that must not read past one. With
+    `skipped` (a list) such a line is left out and described there instead ("<path>:<line> why"),
+    the cut last line too: how megatron-report reads a run a crash damaged."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
     out: List[MetricsRecord] = []
-    with open(path) as f:
-        lines = f.read().split("\n")
-    for i, text in enumerate(lines, 1):
-        if not text.strip():
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            obj = json.loads(text)
-        except ValueError as e:
-            if i == len(lines):  # no newline after it: a partial last line
-                break
-            raise RecordError(f"{path}:{i} is not JSON ({e})") from None
-        out.append(parse_metrics_line(obj, f"{path}:{i}"))
+            out.append(parse_metrics_bytes(raw, f"{path}:{i}"))
+        except RecordError as e:
+            last = i == len(lines)  # no newline after it
+            if skipped is not None:
+                skipped.append(f"{e}{'; the last line, cut short' if last else ''}")
+            elif not (last and isinstance(e, NotJson)):
+                raise
     return out
 
 

@@ -5,6 +5,7 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       config.yaml      the resolved config (the file to resume with), replaced once a run starts
       deepspeed.json   the DeepSpeed config generated from it
       metrics.jsonl    one record per line (checkpoint/records.py)
+      metrics.jsonl.damaged  what a crash left at its end, set aside on resume (training/metrics.py)
       tensorboard/     the same scalars as TensorBoard events
       checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
       chain.log        the job chain's decisions, one line each (training/chain.py)
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS, BAD_NODES, WANDB = (
     "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
     "chain.log", "hangs", "bad_nodes", "wandb")
+METRICS_DAMAGED = METRICS + ".damaged"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ class RunDir:
     @property
     def metrics(self) -> str:
         return self.file(METRICS)
+
+    @property
+    def metrics_damaged(self) -> str:
+        """Where resume moves the damaged tail of metrics.jsonl (a line a kill cut short, blocks a
+        node's crash left zero-filled), appended, so the bytes stay for a person to look at."""
+        return self.file(METRICS_DAMAGED)
 
     @property
     def tensorboard(self) -> str:

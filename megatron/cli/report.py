@@ -25,9 +25,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="megatron-report",
         description="Plot what runs logged in metrics.jsonl: loss (train, valid, test), learning "
                     "rate,\ngradient norm, tokens/s, TFLOP/s per GPU, MFU, memory and the loss "
-                    "scale, with\nsave, stop, spike, rollback and divergence events marked. "
-                    "Writes one self-contained\nHTML page (the PNGs embedded) and a PNG per "
-                    "panel. Works on a run in progress.",
+                    "scale, with\nevery event the trainer logs (saves, stops, spikes, "
+                    "rollbacks, divergence, hangs,\nunresponsive ranks, stragglers, silent data "
+                    "errors) marked and listed with its rank\nand node. Writes one "
+                    "self-contained HTML page (the PNGs embedded) and a PNG per panel.\nWorks on "
+                    "a run in progress; lines that are not records (a line being written, what "
+                    "a\ncrash left) are skipped, each named in a warning and in the page.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (run.dir)")
     p.add_argument("-o", "--output", default="report", help="folder for index.html and the "
@@ -37,17 +40,13 @@ def _parser() -> argparse.ArgumentParser:
 
 @entry_point("megatron-report")
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron.checkpoint.records import RecordError
-    from megatron.config.errors import InputError
     from megatron.training.report import write_report
 
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        page = write_report(a.run_dirs, a.output)
-    except RecordError as e:
-        raise InputError(f"{e}: expected the metrics.jsonl lines megatron-train writes; fix or "
-                         f"remove that line") from None
-    print(f"wrote {page}")
+    written = write_report(a.run_dirs, a.output)
+    for line in written.skipped:
+        print(f"megatron-report: warning: skipped {line}", file=sys.stderr)
+    print(f"wrote {written.page}")
     return 0
 
 

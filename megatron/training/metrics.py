@@ -14,8 +14,8 @@ import yaml
 import torch
 
 from megatron.checkpoint import store
-from megatron.checkpoint.records import (MetricsRecord, StepRecord, is_number, record_json,
-                                         strict_json_record)
+from megatron.checkpoint.records import (MetricsRecord, RecordError, StepRecord, is_number,
+                                         parse_metrics_bytes, record_json, strict_json_record)
 from megatron.checkpoint.rundir import RunDir
 from megatron.config.model_math import model_flops_per_token  # noqa: F401 (re-exported)
 from megatron.training.log_line import LogLines
@@ -41,6 +41,7 @@ class MetricsWriter:
         os.makedirs(run.path, exist_ok=True)
         self.run, self.cfg, self.started = run, cfg, None
         self.path = run.metrics
+        set_aside_damaged_tail(run)  # else the first record would continue a crash's last line
         self.file = open(self.path, "a", buffering=1)
         self.lines: Optional[LogLines] = None
         self.wandb: Optional[WandbLogger] = None
@@ -135,6 +136,108 @@ def _cut_partial_line(path: str) -> None:
             f.truncate(0)
     except OSError:
         pass
+
+
+_BLOCK = 1 << 16  # bytes read at a time from the end of metrics.jsonl
+
+
+def set_aside_damaged_tail(run: RunDir) -> None:
+    """Before a run appends to its metrics.jsonl: what a crash left after the last record (a
+    line a kill cut short, NUL bytes of blocks a node's crash left zero-filled, whole lines that
+    are no record) is moved to RunDir.metrics_damaged and cut off, with one warning. Bad lines
+    before the last record stay where they are: megatron-report names them."""
+    try:
+        f = open(run.metrics, "rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        keep = _damage_start(f, size)
+        if keep == size:
+            return
+        try:
+            lines = _copy_tail(f, keep, size, run.metrics_damaged)
+        except OSError as e:
+            full = store.disk_full(run.metrics_damaged, "the damaged tail of metrics.jsonl", e,
+                                   size - keep)
+            if full is None:
+                raise
+            raise full from None
+        f.truncate(keep)
+    log.warning("%s ended in %d bytes (%d line%s) after its last whole record, left by a crash "
+                "(a line cut short, zero-filled blocks); they are set aside in %s and the run "
+                "appends after that record", run.metrics, size - keep, lines,
+                "" if lines == 1 else "s", run.metrics_damaged)
+
+
+def _damage_start(f, size: int) -> int:
+    """Where the damaged tail begins: just after the last line that is a record (`size` when
+    nothing but blank lines follows it; 0 when no line is one)."""
+    end = _zeros_start(f, size)
+    damaged = end < size
+    for i, (at, raw) in enumerate(_lines_backward(f, end)):
+        if not raw.strip():
+            continue
+        if i > 0 and _is_record(raw):  # i == 0: the bytes after the last newline, a cut line
+            return at + len(raw) + 1 if damaged else size
+        damaged = True
+    return 0 if damaged else size
+
+
+def _is_record(raw: bytes) -> bool:
+    try:
+        parse_metrics_bytes(raw, "a metrics line")
+    except RecordError:
+        return False
+    return True
+
+
+def _zeros_start(f, size: int) -> int:
+    """Where the NUL bytes that end the file begin: a zero-filled tail may be large, so it is
+    skipped a block at a time rather than read as one line."""
+    end = size
+    while end > 0:
+        start = max(0, end - _BLOCK)
+        f.seek(start)
+        kept = f.read(end - start).rstrip(b"\0")
+        if kept:
+            return start + len(kept)
+        end = start
+    return 0
+
+
+def _lines_backward(f, end: int):
+    """(offset, bytes) of each line before `end`, the last first and without its newline; the
+    first is what follows the last newline (b"" when `end` is just after one)."""
+    pos, buf = end, b""
+    while True:
+        while b"\n" in buf:
+            cut = buf.rindex(b"\n")
+            yield pos + cut + 1, buf[cut + 1:]
+            buf = buf[:cut]
+        if pos == 0:
+            yield 0, buf
+            return
+        start = max(0, pos - _BLOCK)
+        f.seek(start)
+        buf, pos = f.read(pos - start) + buf, start
+
+
+def _copy_tail(f, start: int, end: int, dest: str) -> int:
+    """Appends bytes [start, end) of `f` to `dest`, on disk before the caller cuts them off;
+    how many lines they make."""
+    lines, last = 0, b""
+    f.seek(start)
+    with open(dest, "ab") as out:
+        while start < end:
+            block = f.read(min(_BLOCK, end - start))
+            if not block:
+                break
+            out.write(block)
+            lines, last, start = lines + block.count(b"\n"), block[-1:], start + len(block)
+        out.flush()
+        os.fsync(out.fileno())
+    return lines + (last != b"\n")
 
 
 def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:

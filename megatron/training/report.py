@@ -1,10 +1,13 @@
 """megatron-report: one self-contained HTML page and a PNG per panel for one run or several side
 by side (each run a colour in every panel), read from metrics.jsonl through records.read_metrics,
-so a run in progress reports what it has logged (a half-written last line is left out).
+so a run in progress reports what it has logged. A line that is not a record (the half-written
+last line of a run in progress, what a crash left) is skipped and named: in the page and in the
+list write_report returns, which megatron-report prints as warnings.
 
 Panels: loss (train, valid, test), learning rate, gradient norm, throughput (tokens/s), TFLOP/s
-per GPU, MFU, memory and the fp16 loss scale; save, stop, spike, rollback and divergence events
-are vertical marks in every panel. The page embeds the PNGs (data: URIs, no other file needed)
+per GPU, MFU, memory and the fp16 loss scale. Every event kind records.EVENTS declares (saves,
+stops, spikes, rollbacks, divergence, hangs, unresponsive ranks, stragglers, silent data errors)
+is a vertical mark in every panel and a row of the events table, with its rank and node. The page embeds the PNGs (data: URIs, no other file needed)
 and, as JSON in a <script id="series"> element, the x and y of every line as matplotlib holds
 them after plotting, which a test compares with metrics.jsonl. matplotlib runs headless (Agg)."""
 from __future__ import annotations
@@ -14,9 +17,9 @@ import html
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from megatron.checkpoint.records import (EvalRecord, StepRecord, read_metrics)
+from megatron.checkpoint.records import EVENTS, EvalRecord, StepRecord, read_metrics
 from megatron.checkpoint.rundir import RunDir
 from megatron.config.errors import InputError
 
@@ -31,9 +34,24 @@ PANELS: Tuple[Tuple[str, str, str, str], ...] = (
     ("memory", "Memory", "GB", "mem_gb"),
     ("loss_scale", "Loss scale (fp16)", "loss scale", "loss_scale"),
 )
-EVENT_KINDS = ("save", "stop", "spike", "rollback", "diverged")
+# The kinds are the records' (one home): a kind added there is listed and marked with no change
+# here, in the default style until it is given one.
+EVENT_KINDS = tuple(EVENTS)
 _EVENT_STYLE = {"save": ("tab:green", ":"), "stop": ("black", "-"), "spike": ("tab:orange", "--"),
-                "rollback": ("tab:red", "-."), "diverged": ("tab:purple", "-")}
+                "rollback": ("tab:red", "-."), "diverged": ("tab:purple", "-"),
+                "hang": ("tab:brown", "-"), "unresponsive": ("tab:red", ":"),
+                "straggler": ("tab:olive", "--"), "sdc_suspect": ("tab:pink", "-")}
+_DEFAULT_STYLE = ("tab:gray", "--")
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event as the page lists it: the ranks and nodes it names ("" for none) and the rest."""
+    kind: str
+    step: int
+    ranks: str
+    nodes: str
+    detail: str
 
 
 @dataclass
@@ -42,8 +60,14 @@ class RunSeries:
     name: str
     path: str
     series: Dict[str, List[Tuple[int, float]]] = field(default_factory=dict)
-    events: List[Tuple[str, int, str]] = field(default_factory=list)  # (kind, step, detail)
+    events: List[EventRow] = field(default_factory=list)
+    skipped: List[str] = field(default_factory=list)  # "<metrics.jsonl>:<line> why" per line
     last_step: int = 0
+
+
+class Written(NamedTuple):
+    page: str
+    skipped: List[str]  # the lines of every run left out, each naming its file and line
 
 
 def load_run(path: str, name: Optional[str] = None) -> RunSeries:
@@ -52,7 +76,7 @@ def load_run(path: str, name: Optional[str] = None) -> RunSeries:
         raise InputError(f"{path} has no metrics.jsonl: expected a run directory (run.dir) of "
                          f"megatron-train that has logged at least one step; pass its run.dir")
     run = RunSeries(name or os.path.basename(os.path.normpath(path)), path)
-    for record in read_metrics(metrics):
+    for record in read_metrics(metrics, skipped=run.skipped):
         _add(run, record)
     return run
 
@@ -67,17 +91,44 @@ def _add(run: RunSeries, record) -> None:
     elif isinstance(record, EvalRecord):
         if record.loss is not None:
             run.series.setdefault(f"{record.split}/loss", []).append((record.step, record.loss))
-    elif getattr(record, "event", None) in EVENT_KINDS:
-        run.events.append((record.event, record.step, _detail(record)))
+    else:  # an event: read_metrics refuses a kind records.EVENTS does not declare
+        run.events.append(_event_row(record))
+
+
+def _event_row(event) -> EventRow:
+    ranks = getattr(event, "ranks", None) or ([event.rank] if hasattr(event, "rank") else [])
+    nodes = getattr(event, "nodes", None) or ([event.host] if hasattr(event, "host") else [])
+    return EventRow(event.event, event.step, ", ".join(str(r) for r in ranks),
+                    ", ".join(str(n) for n in nodes), _detail(event))
+
+
+def _num(value, spec: str) -> str:
+    """A number as `spec`; anything else (a null the writer put for a non-finite value) as is."""
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+# What an event says beyond its kind, step, ranks and nodes; a kind without an entry shows its
+# reason, or else its other fields.
+_DETAIL = {
+    "save": lambda e: f"{_num(e.gb, '.2f')} GB in {_num(e.seconds, '.1f')} s"
+                      + (f", {_num(e.gb_per_s, '.2f')} GB/s" if e.gb_per_s is not None else ""),
+    "rollback": lambda e: f"to step {e.to_step}: {e.reason}",
+    "hang": lambda e: f"{e.phase} ran {_num(e.seconds, '.1f')} s, past its "
+                      f"{_num(e.limit_s, '.1f')} s limit",
+    "unresponsive": lambda e: f"never reported; {e.reported} rank(s) waited in {e.phase}",
+    "straggler": lambda e: f"forward pass {_num(e.ratio, '.2f')} x the other ranks' median",
+    "sdc_suspect": lambda e: f"loss {e.first}, computed again {e.again}: a silent data error",
+}
+_LISTED = ("event", "step", "rank", "ranks", "host", "nodes")
 
 
 def _detail(event) -> str:
-    if event.event == "save":
-        rate = f", {event.gb_per_s:.2f} GB/s" if event.gb_per_s is not None else ""
-        return f"{event.gb:.2f} GB in {event.seconds:.1f} s{rate}"
-    if event.event == "rollback":
-        return f"to step {event.to_step}: {event.reason}"
-    return str(getattr(event, "reason", ""))
+    describe = _DETAIL.get(event.event)
+    if describe is not None:
+        return describe(event)
+    if hasattr(event, "reason"):
+        return str(event.reason)
+    return ", ".join(f"{k}={v}" for k, v in vars(event).items() if k not in _LISTED)
 
 
 def _plot_panel(plt, runs: Sequence[RunSeries], panel: Tuple[str, str, str, str], png: str):
@@ -115,15 +166,16 @@ def _plot_panel(plt, runs: Sequence[RunSeries], panel: Tuple[str, str, str, str]
 def _mark_events(ax, runs: Sequence[RunSeries]) -> None:
     seen = set()
     for run in runs:
-        for kind, step, _ in run.events:
-            colour, style = _EVENT_STYLE[kind]
-            ax.axvline(step, color=colour, linestyle=style, linewidth=1, alpha=0.7,
-                       label=None if kind in seen else kind)
-            seen.add(kind)
+        for e in run.events:
+            colour, style = _EVENT_STYLE.get(e.kind, _DEFAULT_STYLE)
+            ax.axvline(e.step, color=colour, linestyle=style, linewidth=1, alpha=0.7,
+                       label=None if e.kind in seen else e.kind)
+            seen.add(e.kind)
 
 
-def write_report(run_dirs: Sequence[str], output: str) -> str:
-    """Writes OUTPUT/index.html and OUTPUT/<panel>.png; returns the page's path."""
+def write_report(run_dirs: Sequence[str], output: str) -> Written:
+    """Writes OUTPUT/index.html and OUTPUT/<panel>.png; returns the page's path and the lines
+    of metrics.jsonl left out."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -142,7 +194,7 @@ def write_report(run_dirs: Sequence[str], output: str) -> str:
     page = os.path.join(output, "index.html")
     with open(page, "w") as f:
         f.write(_html(runs, plotted, images))
-    return page
+    return Written(page, [line for r in runs for line in r.skipped])
 
 
 def _named(run_dirs: Sequence[str]) -> List[RunSeries]:
@@ -158,16 +210,26 @@ def _html(runs: Sequence[RunSeries], plotted, images) -> str:
         f"<tr><td>{esc(r.name)}</td><td>{esc(r.path)}</td><td>{r.last_step}</td>"
         f"<td>{_last(r, 'train/loss')}</td><td>{_last(r, 'valid/loss')}</td>"
         f"<td>{_median(r, 'train/tokens_per_sec')}</td></tr>" for r in runs)
-    events = "".join(f"<tr><td>{esc(r.name)}</td><td>{step}</td><td>{kind}</td>"
-                     f"<td>{esc(detail)}</td></tr>"
-                     for r in runs for kind, step, detail in r.events) or \
-        "<tr><td colspan=4>none</td></tr>"
+    events = "".join(f"<tr><td>{esc(r.name)}</td><td>{e.step}</td><td>{esc(e.kind)}</td>"
+                     f"<td>{esc(e.ranks)}</td><td>{esc(e.nodes)}</td><td>{esc(e.detail)}</td></tr>"
+                     for r in runs for e in r.events) or "<tr><td colspan=6>none</td></tr>"
     figures = "".join(f"<figure><img alt='{key}' src='data:image/png;base64,{images[key]}'>"
                       f"<figcaption>{esc(title)}</figcaption></figure>"
                       for key, title, _, _ in PANELS)
     data = json.dumps({"runs": [r.name for r in runs], "panels": plotted}).replace("</", "<\\/")
     return _PAGE.format(title=esc(", ".join(r.name for r in runs)), rows=rows, events=events,
-                        figures=figures, data=data)
+                        skipped=_skipped_html(runs), figures=figures, data=data)
+
+
+def _skipped_html(runs: Sequence[RunSeries]) -> str:
+    """The lines left out, so a reader of the page knows what it does not show."""
+    lines = [line for r in runs for line in r.skipped]
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f"<h2>Skipped lines</h2><p>{len(lines)} line(s) of metrics.jsonl are not records "
+            "and were skipped: a line the run is writing now, or what a crash left (a line cut "
+            f"short, zero-filled blocks).</p><ul>{items}</ul>")
 
 
 def _last(run: RunSeries, series: str) -> str:
@@ -189,8 +251,9 @@ figure{{display:inline-block;margin:.4em}}img{{max-width:100%}}</style></head>
 <body><h1>megatron-report: {title}</h1>
 <table><tr><th>run</th><th>path</th><th>last step</th><th>train loss</th><th>valid loss</th>
 <th>median tokens/s</th></tr>{rows}</table>
-<h2>Events</h2><table><tr><th>run</th><th>step</th><th>event</th><th>detail</th></tr>{events}
-</table><h2>Panels</h2>{figures}
+<h2>Events</h2><table><tr><th>run</th><th>step</th><th>event</th><th>rank</th><th>node</th>
+<th>detail</th></tr>{events}
+</table>{skipped}<h2>Panels</h2>{figures}
 <script type="application/json" id="series">{data}</script>
 </body></html>
 """

@@ -1,8 +1,9 @@
 """megatron-report on two runs, one of them still in progress (its last line half-written): the
 page renders in headless Chromium to a screenshot that is not blank, and the series plotted (as
 the page's embedded data, read back from Chromium's DOM) are exactly the values metrics.jsonl
-holds, read through records.read_metrics; events appear in the page. A failure names the panel
-and the series."""
+holds, read through records.read_metrics; events appear in the page. A run damaged by a crash and
+not repaired (a bad middle line, a partial last line) is reported with exit 0 and a warning per
+skipped line. A failure names the panel and the series, or the line."""
 import html
 import json
 import re
@@ -112,3 +113,21 @@ def test_report_renders_in_chromium_with_the_logged_series(report):
     for key, points in expected.items():
         assert [(int(x), y) for x, y in got[key]] == [(s, float(v)) for s, v in points], key
     assert max(x for x, _ in got[("loss", "beta: train/loss")]) == 20, "partial line plotted"
+
+
+def test_a_damaged_run_is_reported_with_a_warning_per_skipped_line(tmp_path):
+    _write_run(tmp_path / "gamma", 12, 1.0)
+    metrics = RunDir(str(tmp_path / "gamma")).metrics
+    lines = open(metrics, "rb").read().split(b"\n")
+    lines.insert(3, b"\0" * 32 + b'{"step": 3, "lo')  # a line a crash cut, then appended to
+    with open(metrics, "wb") as f:
+        f.write(b"\n".join(lines[:-1]) + b'\n{"step": 13, "loss": 1.')
+    proc = subprocess.run([sys.executable, "-m", "megatron.cli.report", str(tmp_path / "gamma"),
+                           "--output", str(tmp_path / "out")], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warned) == 2, proc.stderr
+    assert f"{metrics}:4 " in warned[0] and "NUL" in warned[0], warned
+    assert f"{metrics}:{len(lines)} " in warned[1] and "cut short" in warned[1], warned
+    assert "skipped" in (tmp_path / "out" / "index.html").read_text()

@@ -24,8 +24,8 @@ REPO = Path(ROOT)
 # files directly: that is what they check).
 SCANNED = [p for d in ("megatron", "benchmarks", "tools") for p in sorted((REPO / d).rglob("*.py"))]
 
-RUN_FILES = {rundir.CONFIG, rundir.DEEPSPEED, rundir.METRICS, rundir.TENSORBOARD,
-             rundir.CHECKPOINTS, rundir.LOCK, rundir.CHAIN_LOG}
+RUN_FILES = {rundir.CONFIG, rundir.DEEPSPEED, rundir.METRICS, rundir.METRICS_DAMAGED,
+             rundir.TENSORBOARD, rundir.CHECKPOINTS, rundir.LOCK, rundir.CHAIN_LOG}
 CHECKPOINT_FILES = {store.META, store.INDEX, store.LATEST}
 HOMES = {REPO / "megatron/checkpoint/rundir.py": RUN_FILES,
          REPO / "megatron/checkpoint/store.py": CHECKPOINT_FILES}
@@ -189,3 +189,32 @@ def test_the_readme_describes_metrics_lines_as_the_records_define_them():
         cls = _record_for(kind)
         fields = {f.name for f in dataclasses.fields(cls)} - {"event"}
         assert keys == fields, f"README row {kind!r}: {sorted(keys ^ fields)} differ"
+
+
+# --- reading a metrics.jsonl that a crash damaged ---------------------------------------------
+
+def _damaged_metrics(tmp_path):
+    """Lines 1, 3 and 5 are records; 2 is not JSON, 4 is NUL bytes, 6 was cut short."""
+    good = [json.dumps(records.record_json(records.EvalRecord(n, "valid", 2.0))) for n in (1, 2, 3)]
+    path = tmp_path / rundir.METRICS
+    path.write_bytes("\n".join([good[0], "not json", good[1], "\0" * 64, good[2],
+                                '{"step": 4, "lo']).encode())
+    return str(path)
+
+
+def test_read_metrics_is_strict_unless_asked_to_skip(tmp_path):
+    path = _damaged_metrics(tmp_path)
+    with pytest.raises(records.RecordError, match=re.escape(f"{path}:2 is not JSON")):
+        records.read_metrics(path)
+    skipped = []
+    assert [r.step for r in records.read_metrics(path, skipped=skipped)] == [1, 2, 3]
+    assert [s.split(" ", 1)[0] for s in skipped] == [f"{path}:2", f"{path}:4", f"{path}:6"]
+    assert "NUL" in skipped[1] and "cut short" in skipped[2], skipped
+
+
+def test_strict_reading_still_leaves_out_a_cut_or_zero_filled_last_line(tmp_path):
+    path = tmp_path / rundir.METRICS
+    line = json.dumps(records.record_json(records.EvalRecord(1, "valid", 2.0)))
+    for tail in ('{"step": 2, "lo', "\0" * 4096):
+        path.write_text(line + "\n" + tail)
+        assert [r.step for r in records.read_metrics(str(path))] == [1], repr(tail[:8])

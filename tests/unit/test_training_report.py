@@ -1,0 +1,117 @@
+"""megatron-report's page and marks, in process: every event kind the records define
+(records.EVENTS, enumerated here, so a kind added there is checked without touching this file)
+is listed in the events table with its step, rank and node where the record has them, and is
+marked in the plots; a run damaged by a crash and not repaired (a bad middle line, a NUL line,
+a partial last line) is reported from what is readable, each skipped line named in the page and
+in a warning of megatron-report, which exits 0 (as a process: tests/integration/
+test_cli_report.py). A failure names the event kind or the line."""
+import dataclasses
+import html
+import json
+import re
+import typing
+
+import pytest
+
+from megatron.checkpoint import records
+from megatron.checkpoint.rundir import RunDir
+from megatron.cli.report import main
+from megatron.training import report
+from megatron.training.metrics import MetricsWriter
+from tests.support.metrics import step_record
+
+
+def _sample(name: str, hint, n: int):
+    """A value of a record's field by its type: ranks and nodes told apart by kind (n)."""
+    if typing.get_origin(hint) is typing.Union:  # Optional[X]
+        hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
+    if typing.get_origin(hint) is list:
+        return [_sample(name, typing.get_args(hint)[0], n)]
+    if hint is int:
+        return 100 + n
+    if hint is float:
+        return 1.5
+    return f"nid{n:05d}" if name in ("host", "nodes") else f"{name} of kind {n}"
+
+
+def one_of_each_kind():
+    out = []
+    for n, cls in enumerate(records.EVENTS.values()):
+        hints = typing.get_type_hints(cls)
+        values = {f.name: _sample(f.name, hints[f.name], n) for f in dataclasses.fields(cls)
+                  if f.name != "event"}
+        values["step"] = 10 * (n + 1)
+        out.append(cls(**values))
+    return out
+
+
+def _event_rows(page: str) -> list:
+    table = page.split("<h2>Events</h2>", 1)[1].split("</table>", 1)[0]
+    return [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+
+
+@pytest.fixture()
+def every_event_run(tmp_path):
+    run = RunDir(str(tmp_path / "events"))
+    writer = MetricsWriter(run, tensorboard=False)
+    for n in range(1, 4):
+        writer.write(step_record(n))
+    events = one_of_each_kind()
+    for event in events:
+        writer.write(event)
+    writer.close()
+    return run, events
+
+
+def test_every_event_kind_of_the_records_is_in_the_events_table(every_event_run, tmp_path):
+    run, events = every_event_run
+    assert main([run.path, "-o", str(tmp_path / "out")]) == 0
+    rows = _event_rows((tmp_path / "out" / "index.html").read_text())
+    for event in events:
+        mine = [r for r in rows if r[1:3] == [str(event.step), event.event]]
+        assert len(mine) == 1, f"{event.event} at step {event.step} not listed once: {rows}"
+        text = " ".join(mine[0])
+        for name in ("rank", "ranks", "host", "nodes", "reason"):
+            value = getattr(event, name, None)
+            for part in (value if isinstance(value, list) else [value] if value else []):
+                assert str(part) in text, f"{event.event}: its {name} {part!r} not shown: {text}"
+
+
+def test_every_event_kind_is_marked_in_the_plots(every_event_run):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    run, events = every_event_run
+    fig, ax = plt.subplots()
+    report._mark_events(ax, [report.load_run(run.path)])
+    _, labels = ax.get_legend_handles_labels()
+    plt.close(fig)
+    assert sorted(labels) == sorted(records.EVENTS), "event kinds without a mark"
+    assert set(report.EVENT_KINDS) == set(records.EVENTS)
+
+
+def _damaged_run(path) -> RunDir:
+    """Lines 1, 3, 5 and 6 are records; 2 is not JSON, 4 is NUL bytes, 7 was cut short."""
+    run = RunDir(str(path))
+    path.mkdir()
+    good = [json.dumps(records.record_json(step_record(n))) for n in (1, 2, 3, 4)]
+    with open(run.metrics, "wb") as f:
+        f.write("\n".join([good[0], '{"step": 2, "loss": 2.', good[1], "\0" * 64, good[2],
+                           good[3], '{"step": 5, "lo']).encode())
+    return run
+
+
+def test_a_damaged_run_is_reported_from_what_is_readable(tmp_path, capsys):
+    run = _damaged_run(tmp_path / "damaged")
+    assert main([run.path, "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "warning" in line]
+    for n in (2, 4, 7):
+        assert any(f"{run.metrics}:{n} " in line for line in warned), f"line {n}: {err}"
+    assert len(warned) == 3, err
+    page = html.unescape((tmp_path / "out" / "index.html").read_text())
+    for n in (2, 4, 7):
+        assert f"{run.metrics}:{n} " in page, f"the page does not name skipped line {n}"
+    data = json.loads(re.search(r'id="series">(.*?)</script>', page, re.S).group(1))
+    assert data["panels"]["loss"]["damaged: train/loss"][0] == [1.0, 2.0, 3.0, 4.0]
