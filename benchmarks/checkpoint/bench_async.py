@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 
-from megatron.checkpoint.records import events, read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import events, read_metrics, steps
+from megatron.base.rundir import RunDir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -23,8 +23,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint import sharded, store
-from megatron.checkpoint.records import CheckpointMeta, LayoutRecord, OptimizerRecord
+from megatron.base import store
+from megatron.checkpoint import sharded
+from megatron.base.records import CheckpointMeta, LayoutRecord, OptimizerRecord
 from megatron.checkpoint.state import Fragment, LocalParam, Partition, RankState
 from megatron.parallel.state import RankCoord
 

@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TINY = os.path.join(ROOT, "examples", "local", "tiny.yaml")
 OUT = os.path.join(ROOT, "benchmarks", "results")
 sys.path.insert(0, ROOT)
-from megatron.checkpoint.records import StepRecord, read_metrics  # noqa: E402
-from megatron.checkpoint.rundir import RunDir  # noqa: E402
+from megatron.base.records import StepRecord, read_metrics  # noqa: E402
+from megatron.base.rundir import RunDir  # noqa: E402
 
 SEQ = 8192
 MODEL = [f"model.seq_length={SEQ}", f"model.max_position_embeddings={SEQ}",

@@ -43,8 +43,8 @@ import torch  # noqa: E402
 
 import e2e_plan  # noqa: E402
 import e2e_report  # noqa: E402
-from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
-from megatron.checkpoint.rundir import RunDir  # noqa: E402
+from megatron.base.records import read_metrics, steps  # noqa: E402
+from megatron.base.rundir import RunDir  # noqa: E402
 from megatron.config import ModelConfig  # noqa: E402
 from megatron.data.vocab import padded_vocab_size  # noqa: E402
 from megatron.launch.device import lookup_peak  # noqa: E402

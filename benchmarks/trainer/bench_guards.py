@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from megatron.checkpoint.rundir import RunDir  # noqa: E402
+from megatron.base.rundir import RunDir  # noqa: E402
 from megatron.training.watchdog import Watchdog  # noqa: E402
 
 PHASES = ("step", "agreement", "rollback", "save")

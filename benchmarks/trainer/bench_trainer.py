@@ -57,8 +57,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import facts  # noqa: E402
-from megatron.checkpoint.records import read_metrics, steps  # noqa: E402
-from megatron.checkpoint.rundir import RunDir  # noqa: E402
+from megatron.base.records import read_metrics, steps  # noqa: E402
+from megatron.base.rundir import RunDir  # noqa: E402
 import report  # noqa: E402
 
 PROGRAMS = ("megatron", "plain", "hf")

@@ -29,8 +29,8 @@ import torch
 from megatron.config import Config, InputError, load_config
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
-from megatron.checkpoint import store
-from megatron.checkpoint.rundir import RunDir, checkpoint_in
+from megatron.base import store
+from megatron.base.rundir import RunDir, checkpoint_in
 from megatron.checkpoint.sharded import Reader
 from megatron.checkpoint.state import resize_rows
 

@@ -10,9 +10,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from megatron.checkpoint import store
-from megatron.checkpoint.records import CheckpointMeta, DataRecord, LayoutRecord
-from megatron.checkpoint.rundir import RunDir, continuation
+from megatron.base import store
+from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord
+from megatron.base.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import hashlib
 import os
 import shutil
 
-from megatron.checkpoint import store
+from megatron.base import store
 
 CHUNK = 64 << 20  # bytes per copy call: large enough that system calls do not count
 

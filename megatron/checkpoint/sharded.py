@@ -26,8 +26,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint import local_tier, store
-from megatron.checkpoint.records import CheckpointMeta
+from megatron.base import store
+from megatron.checkpoint import local_tier
+from megatron.base.records import CheckpointMeta
 from megatron.checkpoint.snapshot import Buffers, Snapshot, write_file
 from megatron.checkpoint.state import Partition, RankState, resize_rows
 from megatron.config.errors import InputError, free_bytes

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import entry_point
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,

@@ -8,7 +8,7 @@ name of the project's key; any other key is refused as unknown. A null value uns
 `--set deepspeed.zero_optimization.overlap_comm=null` returns to the project's default.
 
 The schema lives here rather than in megatron/engine because Config checks the section when it
-is built and config imports nothing above it; engine/deepspeed_json.py merges it into the JSON.
+is built and config imports nothing above it; base/deepspeed_json.py merges it into the JSON.
 
     deepspeed:
       communication_data_type: fp32

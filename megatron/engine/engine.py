@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron.checkpoint.records import OptimizerRecord
+from megatron.base.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.config import schedules
 from megatron.engine import runners

@@ -2,7 +2,7 @@
 schedule's record keeps them (config/schedules: 1F1B, ZB-H1).
 
 Model states follow what DeepSpeed 0.19 allocates for the config this project generates
-(megatron/engine/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
+(megatron/base/deepspeed_json.py: a torch Adam, contiguous_gradients, and the bucket and
 overlap settings zero_settings.py reads from the same function that writes deepspeed.json):
 - ZeRO 1-3 (DeepSpeedZeroOptimizer / stage 3): an fp32 master partition (a copy even for fp32
   models) and fp32 Adam moments, both 1/dp; gradients in the model dtype, whole for ZeRO-1, a
@@ -39,8 +39,8 @@ from typing import List, Optional
 
 from megatron.config import schedules
 from megatron.config.errors import InputError
-from megatron.engine.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
-from megatron.engine.optimizer_kind import optimizer_kind
+from megatron.base.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
+from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.layout import Job, Layout
 from megatron.planner.overlap import MEGATRON

@@ -63,7 +63,7 @@ class Constants:
     frag: float = 0.05
     framework_gb: float = 1.0
     # DeepSpeed's contiguous gradient bucket (reduce_bucket_size, elements). None: the run's
-    # own, from the training config (megatron/engine/deepspeed_json.py, zero_settings.py); a
+    # own, from the training config (megatron/base/deepspeed_json.py, zero_settings.py); a
     # number overrides it, for what-if studies.
     bucket_elems: Optional[float] = None
     # 0: the allocator counts the whole bucket (a GPU's allocated memory). 1: only the pages the

@@ -42,7 +42,7 @@ from typing import List, Tuple
 import numpy as np
 
 from megatron.config import schedules
-from megatron.engine.optimizer_kind import optimizer_kind
+from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.hardware import Link

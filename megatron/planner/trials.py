@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from megatron.checkpoint.records import RecordError, read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import RecordError, read_metrics, steps
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.planner.emit import layout_config

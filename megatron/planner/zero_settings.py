@@ -1,7 +1,7 @@
 """The DeepSpeed ZeRO communication settings of a layout, as the trainer will run it.
 
 The values come from the function that writes deepspeed.json
-(megatron.engine.deepspeed_json.deepspeed_settings): the device's defaults, then the config's
+(megatron.base.deepspeed_json.deepspeed_settings): the device's defaults, then the config's
 `deepspeed:` section carried by the Job. The memory model reads the bucket size, its double
 buffer under overlap_comm and the ZeRO-3 reuse distance from here; the time model reads
 overlap_comm, the bucket size and communication_data_type (overlap_claim, comm_bytes)."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from megatron.engine.deepspeed_json import DeepSpeedSettings, deepspeed_settings
+from megatron.base.deepspeed_json import DeepSpeedSettings, deepspeed_settings
 from megatron.planner.activations import act_bytes
 from megatron.planner.layout import Job, Layout
 from megatron.planner.profile import Constants

@@ -9,7 +9,7 @@ repeat (2: a bad config or input, a run directory locked by another run; 3: dive
 the MEGATRON_CHAIN_MAX_FAILURES-th (3) such failure in a row. A job that failed before its first
 checkpoint otherwise (a node lost at start-up, a hang, a killed rank) is submitted again.
 Progress is the step of the newest checkpoint that validates, the same one the next job would
-continue from (megatron.checkpoint.rundir.RunDir.continuation), so a job that trained steps it
+continue from (megatron.base.rundir.RunDir.continuation), so a job that trained steps it
 could not commit made none. Each decision is one line in the job's output and in
 <run.dir>/chain.log. Nodes that failed their health check (launch/health.py), whose rank
 stopped answering (training/watchdog.py), or whose task died first (below), all listed in
@@ -40,7 +40,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
 from megatron.training.chain_nodes import (MAX_EXCLUDED, first_exit_status, plan_exclusions,
                                            read_srun_log, record_dead_nodes, usable_nodes)

@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
 
 if TYPE_CHECKING:

@@ -29,10 +29,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
-from megatron.checkpoint.records import (CheckpointMeta, SaveEvent, StopEvent, events,
+from megatron.base.records import (CheckpointMeta, SaveEvent, StopEvent, events,
                                          read_metrics_tail)
 from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
-from megatron.checkpoint.store import Found
+from megatron.base.store import Found
 from megatron.config import Config
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from megatron.checkpoint.records import DivergedEvent, RollbackEvent, SpikeEvent
+from megatron.base.records import DivergedEvent, RollbackEvent, SpikeEvent
 from megatron.config.errors import Diverged
 from megatron.training.checkpointer import Checkpointer
 from megatron.training.health import ROLLBACK, STOP, DivergenceGuard, Verdict

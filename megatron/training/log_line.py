@@ -15,7 +15,7 @@ import math
 import time
 from typing import Optional
 
-from megatron.checkpoint.records import EvalRecord, MetricsRecord, StepRecord
+from megatron.base.records import EvalRecord, MetricsRecord, StepRecord
 
 
 def clock(seconds: float) -> str:

@@ -1,7 +1,7 @@
 """The training loop. train() starts the run (startup.py), resumes it (checkpointer.py), and
 steps until training.train_iters; after each step every rank agrees on what follows (agree.py):
 the divergence guard's action (divergence.py), a stop signal (signals.py), the save clock and
-the deadline (checkpointer.py). Metrics lines are the records of checkpoint/records.py."""
+the deadline (checkpointer.py). Metrics lines are the records of base/records.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from megatron.checkpoint.records import EvalRecord, StartupRecord
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import EvalRecord, StartupRecord
+from megatron.base.rundir import RunDir
 from megatron.config import Config
 from megatron.data import build_iterators
 from megatron.launch.env import discover

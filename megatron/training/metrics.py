@@ -13,10 +13,10 @@ import yaml
 
 import torch
 
-from megatron.checkpoint import store
-from megatron.checkpoint.records import (MetricsRecord, RecordError, StepRecord, is_number,
+from megatron.base import store
+from megatron.base.records import (MetricsRecord, RecordError, StepRecord, is_number,
                                          parse_metrics_bytes, record_json, strict_json_record)
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config.model_math import model_flops_per_token  # noqa: F401 (re-exported)
 from megatron.training.log_line import LogLines
 from megatron.training.wandb_log import WandbLogger
@@ -32,7 +32,7 @@ def memory_gb(device: torch.device) -> float:
 
 
 class MetricsWriter:
-    """Appends one record (checkpoint/records.py) per line of metrics.jsonl; mirrors scalars to
+    """Appends one record (base/records.py) per line of metrics.jsonl; mirrors scalars to
     TensorBoard when available and to W&B with run.wandb; logs each record as one line for a
     person (log_line.py). cfg: the run's Config; when not given, it is read from the run's
     config.yaml at the first record (the loop writes that file before any step)."""

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from megatron.checkpoint.records import EVENTS, EvalRecord, StepRecord, read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import EVENTS, EvalRecord, StepRecord, read_metrics
+from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
 
 # (panel, title, y label, StepRecord field(s)); the loss panel adds the evaluations.

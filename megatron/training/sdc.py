@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.layout import rng_state, set_rng_state
-from megatron.checkpoint.records import SdcSuspectEvent
+from megatron.base.records import SdcSuspectEvent
 from megatron.config.errors import BadNode
 
 

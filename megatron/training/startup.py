@@ -23,14 +23,14 @@ from torch import nn
 
 from megatron.checkpoint.layout import (Resume, check_data, check_model, data_record,
                                         find_resume, layout_record)
-from megatron.checkpoint.records import LayoutRecord
-from megatron.checkpoint.rundir import RunDir, RunLock
+from megatron.base.records import LayoutRecord
+from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
 from megatron.config.errors import BadNode
 from megatron.config.validate import check_device
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
-from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.base.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters
 from megatron.engine.model import mark_tensor_parallel, pipeline_module
 from megatron.engine.runners import runner_error

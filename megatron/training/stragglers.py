@@ -23,7 +23,7 @@ from typing import List
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.records import StragglerEvent
+from megatron.base.records import StragglerEvent
 
 log = logging.getLogger(__name__)
 

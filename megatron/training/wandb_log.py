@@ -16,8 +16,8 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
-from megatron.checkpoint.records import MetricsRecord, is_number
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import MetricsRecord, is_number
+from megatron.base.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

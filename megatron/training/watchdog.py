@@ -42,8 +42,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-from megatron.checkpoint.records import HangEvent, UnresponsiveEvent, record_json
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import HangEvent, UnresponsiveEvent, record_json
+from megatron.base.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

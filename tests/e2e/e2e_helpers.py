@@ -5,8 +5,8 @@ import sys
 
 from tests.support.procs import free_port
 from tests.support.paths import ROOT, TINY
-from megatron.checkpoint.records import read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 
 __all__ = ["ROOT", "TINY", "RunEnv", "free_port", "set_args", "train_steps"]
 

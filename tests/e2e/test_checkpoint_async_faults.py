@@ -15,7 +15,7 @@ import time
 import pytest
 
 from megatron.checkpoint import sharded
-from megatron.checkpoint.records import read_metrics, steps
+from megatron.base.records import read_metrics, steps
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
 from tests.support.procs import free_port, pid_of

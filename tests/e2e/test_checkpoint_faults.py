@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from megatron.checkpoint import store
+from megatron.base import store
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import pytest
 
 from megatron.cli.convert import main as convert_main
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args
-from megatron.checkpoint.records import read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 EXE = shutil.which("megatron-train") or os.path.join(os.path.dirname(sys.executable),

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from megatron.checkpoint.records import events, read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import events, read_metrics, steps
+from megatron.base.rundir import RunDir
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv
 from tests.e2e.slurm_cluster import tail, wait_job
 from tests.support.procs import pid_of

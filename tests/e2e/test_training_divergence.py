@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron.checkpoint import store
+from megatron.base import store
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args
 
 pytestmark = pytest.mark.slow

@@ -19,13 +19,13 @@ import time
 
 import pytest
 
-from megatron.checkpoint.rundir import RunLock
+from megatron.base.rundir import RunLock
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
 from tests.e2e.slurm_cluster import ENDED
 from tests.support.procs import pid_of
-from megatron.checkpoint.records import read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
-from megatron.checkpoint.store import committed
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
+from megatron.base.store import committed
 
 pytestmark = pytest.mark.slow
 

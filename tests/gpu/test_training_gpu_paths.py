@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from megatron.checkpoint.records import events, read_metrics, steps
+from megatron.base.records import events, read_metrics, steps
 from megatron.engine.engine import ComputeTimer
 from tests.support.paths import ROOT
 from tests.support.async_saves import check_background_saves, flat_state

@@ -5,8 +5,8 @@ model.seq_length 64 -> 32 from the run's own config.yaml used to resume silently
 consumed_samples in samples of another length.)"""
 import pytest
 
-from megatron.checkpoint.records import read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
 from tests.support.paths import TINY
 

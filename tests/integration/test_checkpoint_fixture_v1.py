@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.cli import clean_env, run_cli, sets
 from tests.support.paths import ROOT
-from megatron.checkpoint.records import read_metrics, steps
+from megatron.base.records import read_metrics, steps
 
 FIXTURE = os.path.join(ROOT, "tests", "support", "data", "checkpoint_v1_tp2")
 

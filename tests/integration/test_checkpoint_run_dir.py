@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from megatron.checkpoint.rundir import RunLock, check_run_dir
+from megatron.base.rundir import RunLock, check_run_dir
 from megatron.config.errors import InputError
 
 
@@ -16,7 +16,7 @@ def test_a_second_run_on_the_directory_is_refused_with_the_holder(tmp_path):
     first = RunLock(str(tmp_path))
     first.acquire()
     # Another process (flock is per open file, so a second process is the real case).
-    code = (f"from megatron.checkpoint.rundir import RunLock\n"
+    code = (f"from megatron.base.rundir import RunLock\n"
             f"RunLock({str(tmp_path)!r}).acquire()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
@@ -26,7 +26,7 @@ def test_a_second_run_on_the_directory_is_refused_with_the_holder(tmp_path):
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
-    code = (f"import time\nfrom megatron.checkpoint.rundir import RunLock\n"
+    code = (f"import time\nfrom megatron.base.rundir import RunLock\n"
             f"RunLock({str(tmp_path)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

@@ -17,9 +17,9 @@ import pytest
 from tests.support.cli import clean_env
 from tests.support.metrics import step_record
 from tests.support.paths import ROOT
-from megatron.checkpoint.records import (EvalRecord, RollbackEvent, SaveEvent, SpikeEvent,
+from megatron.base.records import (EvalRecord, RollbackEvent, SaveEvent, SpikeEvent,
                                          StepRecord, StopEvent, read_metrics)
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.training.metrics import MetricsWriter
 from megatron.training.report import PANELS
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from megatron.checkpoint.records import read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
 from tests.support.paths import ROOT, TINY
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
 

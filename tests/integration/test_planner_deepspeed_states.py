@@ -44,7 +44,7 @@ def _measure_case(rank, zero, precision, tp, pp):
     import torch
     from megatron.config import load_config
     from megatron.data import build_iterators
-    from megatron.engine.deepspeed_json import deepspeed_config
+    from megatron.base.deepspeed_json import deepspeed_config
     from megatron.parallel.state import ParallelState
     from megatron.training.startup import build_model, wrap
 

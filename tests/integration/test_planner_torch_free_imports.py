@@ -1,6 +1,6 @@
 """megatron-plan and config checks run on a login node without torch or DeepSpeed: importing every
-module of config and planner, and the engine's two torch-free modules the planner reads, loads
-neither (docs/architecture.md). Each check is a fresh interpreter, since this one has torch."""
+module of config, base (the records the planner reads) and planner loads neither
+(docs/architecture.md). Each check is a fresh interpreter, since this one has torch."""
 import subprocess
 import sys
 
@@ -17,9 +17,9 @@ EVERY_MODULE = ("import importlib, pkgutil\n"
 @pytest.mark.parametrize("imports", [
     EVERY_MODULE.format("config"),
     EVERY_MODULE.format("planner"),
-    "import megatron.engine, megatron.engine.deepspeed_json, megatron.engine.optimizer_kind\n",
+    EVERY_MODULE.format("base"),
     "import megatron.cli.plan, megatron.cli.plan_commands, megatron.cli.plan_calibrate\n",
-], ids=["config", "planner", "engine-torch-free-modules", "megatron-plan"])
+], ids=["config", "planner", "base", "megatron-plan"])
 def test_imports_load_neither_torch_nor_deepspeed(imports):
     code = imports + "import sys\nprint(sorted(k for k in ('torch', 'deepspeed') if k in sys.modules))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

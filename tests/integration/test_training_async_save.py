@@ -20,7 +20,7 @@ import time
 import pytest
 
 from megatron.checkpoint import sharded
-from megatron.checkpoint.records import events, read_metrics, steps
+from megatron.base.records import events, read_metrics, steps
 from tests.support.cli import clean_env, run_cli, sets, train_cmd
 from tests.support.disks import tmpfs
 from tests.support.paths import ROOT, TINY

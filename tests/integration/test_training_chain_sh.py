@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from megatron.checkpoint.store import META
+from megatron.base.store import META
 from tests.support.checkpoints import meta_json
 from tests.support.paths import ROOT
 from tests.support.chain import SEP, commit

@@ -4,9 +4,9 @@ checkpoint instead of training on until a save no longer fits; without a previou
 estimate comes from the checkpoint's size and the disk's measured write speed."""
 import json
 
-from megatron.checkpoint import store
-from megatron.checkpoint.records import SaveEvent, events, read_metrics, record_json, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base import store
+from megatron.base.records import SaveEvent, events, read_metrics, record_json, steps
+from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, run_cli, sets
 from tests.support.paths import TINY
 

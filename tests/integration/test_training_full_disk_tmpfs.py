@@ -5,8 +5,8 @@ is tests/unit/test_training_full_disk.py."""
 
 import pytest
 
-from megatron.checkpoint.records import read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics
+from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
 from megatron.training.metrics import MetricsWriter
 from tests.support.disks import tmpfs

@@ -10,8 +10,8 @@ from tests.support.paths import ROOT, TINY
 
 SCRIPT = r"""
 import signal, sys
-from megatron.checkpoint.records import read_metrics, steps, events
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics, steps, events
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.launch import leave_distributed
 from megatron.training.loop import train

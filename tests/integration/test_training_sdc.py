@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from megatron.checkpoint.records import events, read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import events, read_metrics, steps
+from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
 

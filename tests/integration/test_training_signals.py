@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from megatron.checkpoint import store
-from megatron.checkpoint.records import events, read_metrics, steps
-from megatron.checkpoint.rundir import RunDir
+from megatron.base import store
+from megatron.base.records import events, read_metrics, steps
+from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
-from megatron.checkpoint.records import EvalRecord, SaveEvent, StepRecord, read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import EvalRecord, SaveEvent, StepRecord, read_metrics
+from megatron.base.rundir import RunDir
 
 pytest.importorskip("wandb", reason="installed by `make setup` (the dev extra)")
 

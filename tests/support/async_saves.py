@@ -5,8 +5,9 @@ import os
 
 import torch
 
-from megatron.checkpoint import sharded, snapshot, store
-from megatron.checkpoint.records import CheckpointMeta
+from megatron.base import store
+from megatron.checkpoint import sharded, snapshot
+from megatron.base.records import CheckpointMeta
 from megatron.checkpoint.state import Fragment, LocalParam, Partition, RankState
 from megatron.parallel.state import RankCoord
 from tests.support.checkpoints import meta_json

@@ -2,7 +2,7 @@
 separator of the stand-in squeue lines."""
 import json
 
-from megatron.checkpoint.store import META
+from megatron.base.store import META
 
 from tests.support.checkpoints import meta_json
 

@@ -1,6 +1,6 @@
 """Checkpoint folders made by hand for the tests of the commit protocol and the job chain: a
-complete meta.json record (checkpoint/records.py) around whatever files a test writes."""
-from megatron.checkpoint.records import CheckpointMeta, DataRecord, LayoutRecord, OptimizerRecord
+complete meta.json record (base/records.py) around whatever files a test writes."""
+from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord, OptimizerRecord
 
 
 def layout(tp=1, pp=1, dp=1, zero=0, padded_vocab=512, vocab=500, model=None) -> LayoutRecord:

@@ -24,8 +24,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.records import StepRecord, read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import StepRecord, read_metrics
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.training.loop import train
 

@@ -1,5 +1,5 @@
 """Metrics records made by hand for the tests of the writer and its readers."""
-from megatron.checkpoint.records import StepRecord
+from megatron.base.records import StepRecord
 
 
 def step_record(n: int, **values) -> StepRecord:

@@ -11,8 +11,9 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint import sharded, snapshot, store
-from megatron.checkpoint.records import SaveEvent, parse_metrics_line
+from megatron.base import store
+from megatron.checkpoint import sharded, snapshot
+from megatron.base.records import SaveEvent, parse_metrics_line
 from megatron.config.errors import InputError
 from tests.support.async_saves import (SIZES, background, check_background_saves, files_of,
                                        flat_state, meta)

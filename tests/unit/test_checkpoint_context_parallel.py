@@ -7,7 +7,7 @@ import pytest
 
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import layout_record
-from megatron.checkpoint.records import LayoutRecord
+from megatron.base.records import LayoutRecord
 from megatron.config import load_config
 from megatron.parallel.state import RankCoord
 from tests.support.paths import TINY

@@ -11,9 +11,10 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint import sharded, snapshot, store
-from megatron.checkpoint.records import CheckpointMeta
-from megatron.checkpoint.rundir import RunDir, check_run_dir
+from megatron.base import store
+from megatron.checkpoint import sharded, snapshot
+from megatron.base.records import CheckpointMeta
+from megatron.base.rundir import RunDir, check_run_dir
 from megatron.checkpoint.state import Fragment, LocalParam, Partition, RankState
 from megatron.config.errors import InputError
 from megatron.parallel.state import RankCoord
@@ -134,7 +135,7 @@ def test_another_os_error_is_not_called_a_full_disk(tmp_path):
 
 
 def test_run_files_on_a_full_disk_are_one_message_and_no_tmp(tmp_path, monkeypatch):
-    import megatron.checkpoint.rundir as rundir
+    import megatron.base.rundir as rundir
     monkeypatch.setattr(FullFile, "room", 10)
     monkeypatch.setattr(rundir, "open", full_open, raising=False)
     run = RunDir(str(tmp_path))
@@ -147,7 +148,7 @@ def test_run_files_on_a_full_disk_are_one_message_and_no_tmp(tmp_path, monkeypat
 
 
 def test_check_run_dir_on_a_full_disk_says_so_and_leaves_no_probe(tmp_path, monkeypatch):
-    import megatron.checkpoint.rundir as rundir
+    import megatron.base.rundir as rundir
     monkeypatch.setattr(FullFile, "room", 0)
     monkeypatch.setattr(rundir, "open", full_open, raising=False)
     with pytest.raises(InputError, match="no space left on device while writing a probe file"):
@@ -160,7 +161,7 @@ def test_a_deletion_cut_short_is_finished_by_the_next_prune_and_named(tmp_path, 
     doomed = ckpt / ".deleting-step_0000002"
     (doomed / "shards").mkdir(parents=True)
     (doomed / "shards" / "a.pt").write_bytes(b"weights")
-    with caplog.at_level(logging.WARNING, logger="megatron.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="megatron.base.store"):
         assert store.prune(str(ckpt), keep_last=0) == []  # keep_last=0 keeps every checkpoint
     assert not doomed.exists()
     lines = [r.getMessage() for r in caplog.records]
@@ -172,7 +173,7 @@ def test_the_next_save_finishes_a_deletion_cut_short(tmp_path, one_rank_group, c
     doomed = ckpt / ".deleting-step_0000002"
     doomed.mkdir(parents=True)
     (doomed / "meta.json").write_text("{}")
-    with caplog.at_level(logging.WARNING, logger="megatron.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="megatron.base.store"):
         sharded.save(str(ckpt), 4, rank_state(), meta(4), keep_last=1)
     assert sorted(os.listdir(ckpt)) == ["latest", "step_0000004"]
     assert sum(str(doomed) in r.getMessage() for r in caplog.records) == 1

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from megatron.checkpoint import store
+from megatron.base import store
 from megatron.checkpoint.layout import check_model, find_resume, layout_record
-from megatron.checkpoint.rundir import check_run_dir
+from megatron.base.rundir import check_run_dir
 from megatron.config import load_config
 from megatron.config.errors import ConfigError, InputError
-from megatron.checkpoint.records import CheckpointMeta
+from megatron.base.records import CheckpointMeta
 from tests.support.checkpoints import meta_json
 
 

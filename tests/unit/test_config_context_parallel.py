@@ -3,7 +3,7 @@ they refuse (each names the fields)."""
 import pytest
 
 from megatron.config import ConfigError, load_config, validate_for_world
-from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.base.deepspeed_json import deepspeed_config
 from tests.support.paths import TINY
 
 

@@ -1,13 +1,13 @@
 """The `deepspeed:` section and the communication defaults of the generated deepspeed.json.
 
 A failure here localizes to megatron/config/deepspeed_section.py (allow-list, refusals, --set
-paths, merging) or megatron/engine/deepspeed_json.py (device defaults, the bucket rule, the
+paths, merging) or megatron/base/deepspeed_json.py (device defaults, the bucket rule, the
 merge into the generated JSON); the DeepSpeed tests fail when DeepSpeed renames a key we allow."""
 
 import pytest
 
 from megatron.config import ConfigError, load_config
-from megatron.engine.deepspeed_json import (DEEPSPEED_BUCKET, MIN_GPU_BUCKET, config_settings,
+from megatron.base.deepspeed_json import (DEEPSPEED_BUCKET, MIN_GPU_BUCKET, config_settings,
                                             deepspeed_config, gpu_bucket_size)
 from megatron.config.deepspeed_section import OWNED, allowed_keys
 from megatron.config.validate import validate_for_world

@@ -5,7 +5,7 @@ import pytest
 
 from megatron.config import (Config, ConfigError, InputError, load_config, parse_overrides,
                              validate_for_world)
-from megatron.engine.deepspeed_json import deepspeed_config
+from megatron.base.deepspeed_json import deepspeed_config
 from tests.support.paths import TINY
 
 

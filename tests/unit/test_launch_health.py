@@ -4,7 +4,7 @@ a chain stops when more nodes fail than a bad node or two explains."""
 import pytest
 import torch
 
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
 from megatron.launch import health
 from megatron.training import chain

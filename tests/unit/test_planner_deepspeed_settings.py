@@ -1,12 +1,12 @@
 """The planner reads the DeepSpeed communication settings the trainer writes: the same function
-(megatron.engine.deepspeed_json.deepspeed_settings) with the config's deepspeed section carried
+(megatron.base.deepspeed_json.deepspeed_settings) with the config's deepspeed section carried
 by the Job. A failure names which reader drifted: zero_settings (device, settings), the memory
 model's bucket term (size, double buffer, dtype, ZeRO-3 reuse distance), the layout rules, or
 the emitted config."""
 import pytest
 
 from megatron.config import load_config
-from megatron.engine.deepspeed_json import config_settings, deepspeed_config
+from megatron.base.deepspeed_json import config_settings, deepspeed_config
 from megatron.planner import zero_settings as zs
 from megatron.planner.emit import layout_config
 from megatron.planner.layout import Job, Layout, layout_problem

@@ -205,7 +205,7 @@ def test_first_dead_tasks_are_the_ones_srun_names_before_ending_the_step(text, d
 
 
 def test_end_puts_the_node_of_the_first_dead_task_in_bad_nodes(tmp_path):
-    from megatron.checkpoint.rundir import RunDir
+    from megatron.base.rundir import RunDir
     log = tmp_path / "srun.err"
     log.write_text(KILLED_ON_N2)
     s = chain.Settings(True, 1, 20, job=chain.JobFacts("77", str(log)))
@@ -233,7 +233,7 @@ def test_exclusions_never_make_the_next_job_unschedulable():
 
 
 def test_more_bad_nodes_than_the_cap_stop_the_chain_with_the_reason(tmp_path):
-    from megatron.checkpoint.rundir import RunDir
+    from megatron.base.rundir import RunDir
     run = RunDir(str(tmp_path))
     for node in ("n1", "n2", "n3"):
         run.add_bad_node(node, "GEMM off")

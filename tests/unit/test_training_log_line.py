@@ -4,9 +4,9 @@ human units; one line per event. A failure names the field that is missing or wr
 import logging
 
 from tests.support.metrics import step_record
-from megatron.checkpoint.records import (EvalRecord, RollbackEvent, SaveEvent, SpikeEvent,
+from megatron.base.records import (EvalRecord, RollbackEvent, SaveEvent, SpikeEvent,
                                          StopEvent)
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.training.log_line import LogLines, clock, event_line, human, memory
 from megatron.training.metrics import MetricsWriter
 

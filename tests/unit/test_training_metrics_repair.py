@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from megatron.checkpoint.records import read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import read_metrics
+from megatron.base.rundir import RunDir
 from megatron.training.metrics import MetricsWriter
 from tests.support.metrics import step_record
 

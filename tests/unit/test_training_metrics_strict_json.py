@@ -1,14 +1,14 @@
 """metrics.jsonl stays strict JSON when a step diverges: NaN/Infinity become null and are named
 in "nonfinite"; TensorBoard still receives the true values; and what the writer wrote reads back
-as the same records (checkpoint/records.py)."""
+as the same records (base/records.py)."""
 import json
 import math
 
 import numpy as np
 
-from megatron.checkpoint.records import (EvalRecord, SaveEvent, StartupRecord, read_metrics,
+from megatron.base.records import (EvalRecord, SaveEvent, StartupRecord, read_metrics,
                                          strict_json_record)
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.training.metrics import MetricsWriter
 from tests.support.metrics import step_record
 

@@ -13,8 +13,8 @@ import typing
 
 import pytest
 
-from megatron.checkpoint import records
-from megatron.checkpoint.rundir import RunDir
+from megatron.base import records
+from megatron.base.rundir import RunDir
 from megatron.cli.report import main
 from megatron.training import report
 from megatron.training.metrics import MetricsWriter

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from megatron.checkpoint.records import HangEvent, UnresponsiveEvent, events, read_metrics
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.records import HangEvent, UnresponsiveEvent, events, read_metrics
+from megatron.base.rundir import RunDir
 from megatron.training import watchdog as wd
 from megatron.training.watchdog import EXIT_HANG, FACTOR, MARGIN_S, Watchdog, job_stamp
 

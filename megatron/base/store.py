@@ -30,7 +30,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.checkpoint.records import FORMAT, CheckpointMeta, RecordError
+from megatron.base.records import FORMAT, CheckpointMeta, RecordError
 from megatron.config.errors import disk_full
 
 log = logging.getLogger(__name__)

@@ -4,10 +4,10 @@ anything is written, holds its lock, and answers which checkpoint continues the 
     <run.dir>/
       config.yaml      the resolved config (the file to resume with), replaced once a run starts
       deepspeed.json   the DeepSpeed config generated from it
-      metrics.jsonl    one record per line (checkpoint/records.py)
+      metrics.jsonl    one record per line (base/records.py)
       metrics.jsonl.damaged  what a crash left at its end, set aside on resume (training/metrics.py)
       tensorboard/     the same scalars as TensorBoard events
-      checkpoints/     committed checkpoints and saves in progress (checkpoint/store.py)
+      checkpoints/     committed checkpoints and saves in progress (base/store.py)
       chain.log        the job chain's decisions, one line each (training/chain.py)
       hangs/           <job>/rank<N>.txt: every thread's stack when that rank's watchdog fired;
                        <job>/unresponsive.txt: the ranks that never reported
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from megatron.checkpoint import store
+from megatron.base import store
 from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from megatron.checkpoint import store
+from megatron.base import store
 from megatron.checkpoint.convert import checkpoint_folder
 from megatron.checkpoint.layout import find_resume
-from megatron.checkpoint.rundir import RunDir
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.training.chain import progress

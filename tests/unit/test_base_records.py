@@ -1,5 +1,5 @@
-"""The records of a run (checkpoint/records.py) and the run directory's owner
-(checkpoint/rundir.py) are the only homes of their names, the way test_architecture.py holds the
+"""The records of a run (base/records.py) and the run directory's owner
+(base/rundir.py) are the only homes of their names, the way test_architecture.py holds the
 import rules: a failure names the file and line that names a run-directory file or reads a
 record key by string instead of asking RunDir or the records. Also: meta.json refuses a missing
 or unknown key with one message naming the file, and the README's table of metrics.jsonl lines
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.checkpoint import records, rundir, store
+from megatron.base import records, rundir, store
 from megatron.checkpoint.layout import find_resume
 from megatron.config import load_config
 from megatron.config.errors import InputError
@@ -27,8 +27,8 @@ SCANNED = [p for d in ("megatron", "benchmarks", "tools") for p in sorted((REPO 
 RUN_FILES = {rundir.CONFIG, rundir.DEEPSPEED, rundir.METRICS, rundir.METRICS_DAMAGED,
              rundir.TENSORBOARD, rundir.CHECKPOINTS, rundir.LOCK, rundir.CHAIN_LOG}
 CHECKPOINT_FILES = {store.META, store.INDEX, store.LATEST}
-HOMES = {REPO / "megatron/checkpoint/rundir.py": RUN_FILES,
-         REPO / "megatron/checkpoint/store.py": CHECKPOINT_FILES}
+HOMES = {REPO / "megatron/base/rundir.py": RUN_FILES,
+         REPO / "megatron/base/store.py": CHECKPOINT_FILES}
 
 # Keys of the records that no other record or config of this project shares; reading one by
 # string (x["key"], x.get("key"), "key" in x) outside records.py is reading a record around it.
@@ -76,7 +76,7 @@ def test_only_the_run_directory_owner_names_its_files():
         for value, line in _path_arguments(ast.parse(path.read_text(), str(path))):
             if value in (RUN_FILES | CHECKPOINT_FILES) - allowed:
                 wrong.append(f"{path.relative_to(REPO)}:{line} names {value!r}: ask "
-                             "megatron.checkpoint.rundir.RunDir (or store.py inside a checkpoint)")
+                             "megatron.base.rundir.RunDir (or store.py inside a checkpoint)")
     assert not wrong, "\n".join(wrong)
 
 
@@ -89,7 +89,7 @@ def test_only_the_records_read_record_keys():
         for key, line in _key_reads(ast.parse(path.read_text(), rel)):
             if key in RECORD_KEYS:
                 wrong.append(f"{rel}:{line} reads {key!r} by string: parse the line or meta.json "
-                             "with megatron.checkpoint.records and read the field")
+                             "with megatron.base.records and read the field")
     assert not wrong, "\n".join(wrong)
 
 

@@ -1,7 +1,7 @@
 """The records a run writes and others read back, defined once: a checkpoint's meta.json and the
 lines of metrics.jsonl. Writers build these types; every reader (resume, conversion, the job
 chain, the planner's trials, benchmarks, tests) parses through them, so a key is named here and
-nowhere else (tests/unit/test_checkpoint_records.py holds that).
+nowhere else (tests/unit/test_base_records.py holds that).
 
 Standard library only: the planner reads metrics on a login node without torch.
 
