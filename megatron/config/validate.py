@@ -185,6 +185,13 @@ def check_experts(cfg, world_size: int) -> None:
                           f"a divisor of the data-parallel size {dp} (experts are split over "
                           "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
     _raise(moe_training_error(m, t, ep))
+    if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
+        # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
+        # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
+        raise ConfigError("parallel.zero_stage", 0, f"1 or 2 with parallel.expert_parallel_size="
+                          f"{ep} and training.precision={t.precision}: ZeRO-0's 16-bit "
+                          "optimizers take a wrong gradient norm over split experts",
+                          "set parallel.zero_stage=1, or training.precision=fp32")
 
 
 def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
