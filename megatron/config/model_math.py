@@ -6,10 +6,11 @@ FLOPs (Narayanan et al. 2021): 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) for a GPT 
 GeLU MLP. Written per token and layer it is 3 * (2 * matmul parameters + 4*s*h attention) plus the
 logits' 3 * 2*h*V, which extends exactly to GQA (smaller K/V projections), SwiGLU (three FFN
 matrices) and any FFN width; the attention-score term depends on the query heads only, and the
-causal mask is not halved (as Megatron counts)."""
+causal mask is not halved (as Megatron counts). A MoE layer (config/moe.py) counts the FLOPs a
+token really costs: its router (h x E) and the top_k experts it is sent to, not all E."""
 from __future__ import annotations
 
-from megatron.config import variants
+from megatron.config import moe, variants
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -19,12 +20,16 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def layer_matmul_params(m) -> int:
+def layer_matmul_params(m, index: int = -1) -> int:
+    """Matmul weights one token meets in layer `index` (-1: a dense layer): for a MoE layer the
+    router and top_k experts (the active parameters)."""
     h, d = m.hidden_size, m.head_dim
     qkv = h * (m.num_attention_heads + 2 * m.kv_heads) * d
     proj = h * m.num_attention_heads * d
-    mlp = (variants.of(m, "activation").fc1_factor + 1) * h * m.ffn_hidden_size
-    return qkv + proj + mlp
+    fc = variants.of(m, "activation").fc1_factor + 1
+    if index >= 0 and moe.is_moe_layer(m, index):
+        return qkv + proj + h * m.num_experts + m.moe_top_k * fc * h * moe.expert_ffn(m)
+    return qkv + proj + fc * h * m.ffn_hidden_size
 
 
 def attention_forward_flops_per_token(m) -> float:
@@ -35,11 +40,15 @@ def attention_forward_flops_per_token(m) -> float:
     return 4 * m.seq_length * m.num_attention_heads * m.head_dim
 
 
-def layer_forward_flops_per_token(m) -> float:
-    return 2 * layer_matmul_params(m) + attention_forward_flops_per_token(m)
+def layer_forward_flops_per_token(m, index: int = -1) -> float:
+    return 2 * layer_matmul_params(m, index) + attention_forward_flops_per_token(m)
 
 
 def model_flops_per_token(m, vocab_size: int) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward), counting only model math:
     recomputation adds hardware FLOPs, not model FLOPs (MFU)."""
-    return 3.0 * (m.num_layers * layer_forward_flops_per_token(m) + 2 * m.hidden_size * vocab_size)
+    if m.num_experts:
+        layers = sum(layer_forward_flops_per_token(m, i) for i in range(m.num_layers))
+    else:
+        layers = m.num_layers * layer_forward_flops_per_token(m)
+    return 3.0 * (layers + 2 * m.hidden_size * vocab_size)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from megatron.config import schedules, variants
+from megatron.config import moe, schedules, variants
 from megatron.config.errors import ConfigError
 
 
@@ -65,6 +65,16 @@ class ModelConfig:
     attention_dropout: float = 0.0
     attention_backend: str = "auto"  # auto | flash | sdpa | math
     init_method_std: float = 0.02
+    # Mixture of experts (config/moe.py, docs/moe.md); 0 experts: dense. moe_ffn_hidden_size
+    # null: ffn_hidden_size; moe_capacity_factor null: dropless.
+    num_experts: int = 0
+    moe_top_k: int = 2
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_layer_freq: int = 1
+    moe_capacity_factor: Optional[float] = None
+    moe_router: str = "softmax"  # softmax | sigmoid (top-k weights normalised)
+    moe_aux_loss_coeff: float = 0.01  # Switch/GShard load balancing
+    moe_z_loss_coeff: float = 0.0  # router z-loss (ST-MoE)
 
     def __post_init__(self):
         s = "model"
@@ -94,6 +104,7 @@ class ModelConfig:
             self.ffn_hidden_size = act.default_ffn(self.hidden_size) if act.default_ffn \
                 else 4 * self.hidden_size
         _positive(s, "ffn_hidden_size", self.ffn_hidden_size)
+        moe.check_fields(self)
 
     @property
     def kv_heads(self) -> int:
@@ -128,11 +139,14 @@ class ParallelConfig:
     # the first step and save, then hang_timeout_minutes or 5x the slowest phase, plus one
     # minute); with the watchdog off (both 0) this stays the timeout of every collective.
     timeout_minutes: int = 10
+    # Experts of each MoE layer split over this many data-parallel ranks (docs/moe.md).
+    expert_parallel_size: int = 1
 
     def __post_init__(self):
         _positive("parallel", "tensor_parallel_size", self.tensor_parallel_size)
         _positive("parallel", "pipeline_parallel_size", self.pipeline_parallel_size)
         _positive("parallel", "context_parallel_size", self.context_parallel_size)
+        _positive("parallel", "expert_parallel_size", self.expert_parallel_size)
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))

@@ -90,14 +90,41 @@ def deepspeed_error(deepspeed, pp: int) -> Optional[ConfigError]:
     return None
 
 
+def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[ConfigError]:
+    """What this slice of mixture of experts runs with (docs/moe.md): experts split over the
+    data-parallel ranks only, so no tensor, context or pipeline parallelism beside them."""
+    if m.num_experts == 0:
+        if ep > 1:
+            return ConfigError("parallel.expert_parallel_size", ep, "1 for a dense model "
+                               "(model.num_experts=0)", "set model.num_experts or "
+                               "parallel.expert_parallel_size=1")
+        return None
+    if m.num_experts % ep:
+        return ConfigError("parallel.expert_parallel_size", ep,
+                           f"a divisor of model.num_experts={m.num_experts} (each rank holds "
+                           "num_experts / expert_parallel_size experts)")
+    for name, size in (("tensor_parallel_size", tp), ("context_parallel_size", cp),
+                       ("pipeline_parallel_size", pp)):
+        if size > 1:
+            return ConfigError(f"parallel.{name}", size,
+                               f"1 with mixture of experts (model.num_experts="
+                               f"{m.num_experts}): this slice splits experts over data-parallel "
+                               "ranks only", f"set parallel.{name}=1 or model.num_experts=0")
+    if ep > 1 and zero == 3:
+        return ConfigError("parallel.zero_stage", zero, f"0, 1 or 2 with parallel."
+                           f"expert_parallel_size={ep}: DeepSpeed's ZeRO-3 refuses expert "
+                           "parameters it did not build", "set parallel.zero_stage=1")
+    return None
+
+
 def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
-                 deepspeed=None, cp: int = 1) -> Optional[ConfigError]:
+                 deepspeed=None, cp: int = 1, ep: int = 1) -> Optional[ConfigError]:
     """The first rule a layout of model section `m` breaks, or None: the one home of the layout
     rules, read by validate_for_world and by the planner (megatron/planner/layout.py), which
     prices only layouts the trainer accepts."""
     return (tensor_parallel_error(m, tp, sequence_parallel)
             or context_parallel_error(m, tp, cp, sequence_parallel) or pipeline_error(m, pp, zero)
-            or deepspeed_error(deepspeed or {}, pp))
+            or deepspeed_error(deepspeed or {}, pp) or moe_error(m, tp, pp, cp, zero, ep))
 
 
 def _raise(error: Optional[ConfigError]) -> None:
@@ -145,6 +172,45 @@ def check_pipeline(cfg) -> None:
                           "training.rerun_suspect_steps=false")
 
 
+def check_experts(cfg, world_size: int) -> None:
+    """Mixture of experts: the layout (moe_error), the expert-parallel size against the
+    data-parallel size, and what this slice does not run with experts."""
+    p, m, t = cfg.parallel, cfg.model, cfg.training
+    ep = p.expert_parallel_size
+    _raise(moe_error(m, p.tensor_parallel_size, p.pipeline_parallel_size,
+                     p.context_parallel_size, p.zero_stage, ep))
+    dp = data_parallel_size(cfg, world_size)
+    if dp % ep:
+        raise ConfigError("parallel.expert_parallel_size", ep,
+                          f"a divisor of the data-parallel size {dp} (experts are split over "
+                          "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
+    _raise(moe_training_error(m, t, ep))
+    if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
+        # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
+        # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
+        raise ConfigError("parallel.zero_stage", 0, f"1 or 2 with parallel.expert_parallel_size="
+                          f"{ep} and training.precision={t.precision}: ZeRO-0's 16-bit "
+                          "optimizers take a wrong gradient norm over split experts",
+                          "set parallel.zero_stage=1, or training.precision=fp32")
+
+
+def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
+    if m.num_experts and t.activation_checkpointing == "full":
+        return ConfigError("training.activation_checkpointing", "full",
+                           "none or selective with model.num_experts > 0: a recomputed layer "
+                           "would lose its router's auxiliary losses", "set "
+                           "training.activation_checkpointing=selective or none")
+    if ep > 1:
+        for name in ("save", "load", "init_from"):
+            if getattr(t, name):
+                return ConfigError(f"training.{name}", getattr(t, name),
+                                   f"unset with parallel.expert_parallel_size={ep}: "
+                                   "checkpoints of experts split over ranks are not written "
+                                   "yet (docs/moe.md)", "train with "
+                                   "parallel.expert_parallel_size=1 to checkpoint")
+    return None
+
+
 def check_batch(cfg, world_size: int) -> None:
     dp = data_parallel_size(cfg, world_size)
     mb, gb = cfg.training.micro_batch_size, cfg.training.global_batch_size
@@ -165,6 +231,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_context_parallel(cfg)
     check_pipeline(cfg)
     check_deepspeed(cfg)
+    check_experts(cfg, world_size)
     check_batch(cfg, world_size)
     return data_parallel_size(cfg, world_size)
 

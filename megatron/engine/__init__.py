@@ -7,6 +7,8 @@
     state.py          where DeepSpeed's optimizers keep master weights and Adam moments
     optimizer.py      the torch AdamW and LR schedule handed to DeepSpeed
     mpu.py            the mpu object DeepSpeed asks for process groups
+    experts.py        how DeepSpeed reduces experts split over ranks (MoE markers, groups,
+                      ZeRO-0's clipping norm)
     deepspeed_json.py the generated deepspeed.json (torch- and DeepSpeed-free: the planner
                       imports it)
     optimizer_kind.py which optimizer wrapper DeepSpeed runs for a precision, ZeRO stage and

@@ -25,6 +25,7 @@ from megatron.base.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.config import schedules
 from megatron.engine import runners
+from megatron.engine import experts as engine_experts
 from megatron.engine import state as engine_state
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.engine.optimizer import WarmupDecayLR, build_optimizer
@@ -144,14 +145,16 @@ class Engine:
     def __init__(self, module: nn.Module, layer_names: List[str], state: ParallelState,
                  device: torch.device, ds_config: Dict[str, Any], optimizer_cfg,
                  train_iters: int, mark: Optional[Callable[[str], None]] = None,
-                 pipeline_schedule: str = schedules.DEFAULT):
+                 pipeline_schedule: str = schedules.DEFAULT, expert=None):
         """Wraps `module` (a GPTModel, or for PP > 1 the PipelineModule of
         training.startup.build_model) in DeepSpeed with a torch AdamW and our LR schedule.
         layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1).
         ds_config: the generated deepspeed.json (engine.deepspeed_json), the one the run files
         also write. mark: called with the name of each phase as it ends (start-up timing).
         pipeline_schedule: parallel.pipeline_schedule (PP > 1), run by the runner its record
-        names (runners.py: DeepSpeed's own TrainSchedule, or zero_bubble.py)."""
+        names (runners.py: DeepSpeed's own TrainSchedule, or zero_bubble.py).
+        expert: the model's parallel.experts.ExpertParallel (None: a dense model); experts
+        split over ranks are reduced over their own group (engine/experts.py)."""
         mark = mark or (lambda name: None)
         deepspeed = _import_deepspeed()
         self.state, self.device, self.module = state, device, module
@@ -161,13 +164,17 @@ class Engine:
         self.fp16 = ds_config.get("fp16", {}).get("enabled", False)
         self._prefixes = list(layer_names)
         self.compute = ComputeTimer(device)  # forward passes; not measured under PP (DeepSpeed's)
+        split = engine_experts.mark_for_deepspeed(module, expert)
         self.optimizer = build_optimizer(module, optimizer_cfg, device)
         self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, train_iters)
         mark("optimizer")
         kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
-            config=ds_config, dist_init_required=False, **kwargs)
+        with engine_experts.recognised_as_moe(split):
+            self.engine, _, _, _ = deepspeed.initialize(
+                model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+                config=ds_config, dist_init_required=False, **kwargs)
+        if split and ds_config["zero_optimization"]["stage"] == 0:
+            engine_experts.clip_with_experts(self.engine, expert.ep_group)
         if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0:
             # Averaging gradients over a data-parallel group of one rank changes nothing, but
             # DeepSpeed still copies them all into one flat buffer, all-reduces it and copies

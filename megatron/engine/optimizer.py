@@ -10,21 +10,40 @@ from typing import Dict, List
 import torch
 
 
+def _dims(p: torch.nn.Parameter) -> int:
+    """Dimensions of one tensor: stacked experts (model/moe/experts.py) have one more."""
+    return p.ndim - (getattr(p, "expert_dim", None) is not None)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict]:
     """No decay on norms and biases (every 1-D parameter), decay on matrices and embeddings."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 else decay).append(p)
+        (no_decay if _dims(p) < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 
+def split_expert_groups(groups: List[Dict]) -> List[Dict]:
+    """Each group's experts split over ranks (marked `allreduce = False`, engine/experts.py)
+    in a group of their own, `moe: True` and named by their expert-data-parallel group, as
+    DeepSpeed's ZeRO partitions them over that group."""
+    out = []
+    for g in groups:
+        experts = [p for p in g["params"] if getattr(p, "allreduce", True) is False]
+        dense = [p for p in g["params"] if getattr(p, "allreduce", True) is not False]
+        out += [dict(g, params=dense)] if dense else []
+        out += [dict(g, params=experts, moe=True, name=experts[0].group_name)] if experts else []
+    return out
+
+
 def build_optimizer(model: torch.nn.Module, opt_cfg, device: torch.device):
     kwargs = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(param_groups(model, opt_cfg.weight_decay), lr=opt_cfg.lr,
+    return torch.optim.AdamW(split_expert_groups(param_groups(model, opt_cfg.weight_decay)),
+                             lr=opt_cfg.lr,
                              betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2), eps=opt_cfg.adam_eps,
                              **kwargs)
 

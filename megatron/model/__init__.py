@@ -1,12 +1,15 @@
 """The GPT model built from tensor-parallel layers."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 
 from megatron.kernels import KernelSelection
 from megatron.model.attention import resolve_attention_backend
 from megatron.model.context import ModelContext
 from megatron.model.gpt import GPTModel, PipeLayer, lm_loss, pipeline_layers
+from megatron.parallel.experts import build_expert_parallel
 from megatron.parallel.random import build_tracker
 from megatron.parallel.state import ParallelState
 
@@ -19,9 +22,13 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision)
     sel = KernelSelection(cfg.kernels.mode, device)
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
+    # The expert grid's groups (collective for EP > 1); a dense model builds none.
+    expert = build_expert_parallel(state, cfg.parallel.expert_parallel_size, timedelta(
+        minutes=cfg.parallel.timeout_minutes)) if cfg.model.num_experts else None
     return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
                         recompute=t.activation_checkpointing,
-                        sequence_parallel=cfg.parallel.sequence_parallel and state.tp > 1)
+                        sequence_parallel=cfg.parallel.sequence_parallel and state.tp > 1,
+                        expert=expert)
 
 
 def build_model(cfg, state: ParallelState, vocab_size: int,

@@ -6,8 +6,10 @@ rest of the job config for the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from megatron.kernels import KernelSelection
+from megatron.parallel.experts import ExpertParallel
 from megatron.parallel.random import RNGTracker
 from megatron.parallel.state import ParallelState
 
@@ -24,3 +26,5 @@ class ModelContext:
     # Activations sharded along the sequence inside the TP region: asked for and more than one
     # TP rank (with one rank there is nothing to shard).
     sequence_parallel: bool
+    # Mixture of experts: this rank on the expert grid and its ep/edp groups (None: dense).
+    expert: Optional[ExpertParallel] = None

@@ -16,6 +16,7 @@ from megatron.config import ModelConfig
 from megatron.model.context import ModelContext
 from megatron.model.embedding import Embedding, OutputLayer
 from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, token_losses
+from megatron.model.moe import MoELayer
 from megatron.model.norm import build_norm, norm_class
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState
@@ -45,6 +46,8 @@ class GPTModel(nn.Module):
         self.final_norm = build_norm(m, ctx)
         self.output = None if m.tie_embeddings else OutputLayer(m, ctx)
         self.head_workspace = HeadWorkspace()
+        # A plain list, not submodules: the MoE layers are registered under layers.<i>.mlp.
+        self.moe_layers = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoELayer)]
 
     def forward(self, tokens: torch.Tensor, labels: Optional[torch.Tensor] = None):
         x = self.embedding(tokens)  # [s, b, h]
@@ -54,9 +57,24 @@ class GPTModel(nn.Module):
         head = self.embedding.word_embeddings if self.output is None else self.output.head
         if labels is not None and fused_head_applies(x, head.weight, self.state):
             target = local_labels(labels, self.state)
-            return head_loss(x, head.weight, target, self.head_workspace).mean()
+            return self._with_moe_losses(head_loss(x, head.weight, target,
+                                                   self.head_workspace).mean())
         logits = self.embedding.logits(x) if self.output is None else self.output(x)
-        return logits if labels is None else lm_loss(logits, labels, self.state)
+        return logits if labels is None else self._with_moe_losses(
+            lm_loss(logits, labels, self.state))
+
+    def _with_moe_losses(self, loss: torch.Tensor) -> torch.Tensor:
+        """The routers' auxiliary losses join the training loss, so their gradients reach the
+        routers; evaluation reports the language-model loss alone."""
+        losses = [layer.take_losses() for layer in self.moe_layers]
+        if not self.training:
+            return loss
+        return sum((aux for aux in losses if aux is not None), loss)
+
+    def moe_stats(self) -> List[dict]:
+        """Each MoE layer's numbers of the last forward (aux and z loss, tokens per expert max
+        and mean, dropped fraction), for a loop to log; [] for a dense model."""
+        return [layer.stats.as_dict() for layer in self.moe_layers if layer.stats is not None]
 
 
 @dataclass

@@ -1,12 +1,15 @@
-"""One pre-norm decoder layer: x + attn(norm1(x)), then + mlp(norm2(x))."""
+"""One pre-norm decoder layer: x + attn(norm1(x)), then + mlp(norm2(x)); on a MoE layer
+(config/moe.is_moe_layer) the MLP is a MoE layer (model/moe/)."""
 from __future__ import annotations
 
 from torch import nn
 
 from megatron.config import ModelConfig
+from megatron.config.moe import is_moe_layer
 from megatron.model.attention import SelfAttention
 from megatron.model.context import ModelContext
 from megatron.model.mlp import MLP
+from megatron.model.moe import MoELayer
 from megatron.model.norm import build_norm
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.random import dropout
@@ -20,7 +23,8 @@ class TransformerLayer(nn.Module):
         self.norm1 = build_norm(m, ctx)
         self.attention = SelfAttention(m, ctx, layer_number)
         self.norm2 = build_norm(m, ctx)
-        self.mlp = MLP(m, ctx, layer_number)
+        self.mlp = MoELayer(m, ctx, layer_number) if is_moe_layer(m, layer_number) \
+            else MLP(m, ctx, layer_number)
 
     def _forward(self, x):
         # Under sequence parallelism the residual stream is sharded, so its dropout masks must

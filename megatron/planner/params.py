@@ -9,14 +9,17 @@ the row-parallel weights are split over TP; norms and row-parallel biases are re
 vocab-parallel embedding is split over TP; learned positions are replicated on the first stage.
 The last stage holds the final norm and either the untied output layer or, when PP > 1 and the
 embeddings are tied, a second copy of the tied word embedding (DeepSpeed's TiedLayerSpec builds
-the module again on that stage, without a position table)."""
+the module again on that stage, without a position table). A MoE layer (config/moe.py) holds a
+replicated router [E, h] and, in place of the MLP, num_experts / EP experts of the same
+activation, width moe_ffn_hidden_size, with biases when add_bias_linear; `active_params` counts
+the top_k experts a token meets instead of all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import List
 
-from megatron.config import ModelConfig, variants
+from megatron.config import ModelConfig, moe, variants
 from megatron.config.model_math import padded_vocab_size
 from megatron.planner.layout import stage_layers
 
@@ -36,17 +39,38 @@ def _positions(m: ModelConfig) -> int:
     return variants.of(m, "position").weight_params(m)
 
 
-def layer_params(m: ModelConfig, tp: int) -> int:
-    """Parameters of one transformer layer held by one TP rank."""
+def _mlp(m: ModelConfig, ffn: int, tp: int) -> int:
+    """One MLP (fc1 and fc2, their biases when add_bias_linear) of width ffn, on one TP rank."""
+    h, bias = m.hidden_size, m.add_bias_linear
+    fc1_rows = variants.of(m, "activation").fc1_factor * ffn // tp
+    fc1 = fc1_rows * h + (fc1_rows if bias else 0)
+    fc2 = h * (ffn // tp) + (h if bias else 0)
+    return fc1 + fc2
+
+
+def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
+                 active: bool = False) -> int:
+    """Parameters of transformer layer `index` (-1: a dense layer) held by one TP rank (one of
+    ep expert-parallel ranks); active: the top_k experts a token meets instead of the rank's."""
     h, bias = m.hidden_size, m.add_bias_linear
     qkv_rows = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim // tp
     qkv = qkv_rows * h + (qkv_rows if bias else 0)
     proj = h * (m.num_attention_heads * m.head_dim // tp) + (h if bias else 0)
-    fc1_rows = variants.of(m, "activation").fc1_factor * m.ffn_hidden_size // tp
-    fc1 = fc1_rows * h + (fc1_rows if bias else 0)
-    fc2 = h * (m.ffn_hidden_size // tp) + (h if bias else 0)
     core = variants.attention_of(m).weight_params(m, tp)
-    return 2 * _norm(m) + qkv + core + proj + fc1 + fc2
+    if index >= 0 and moe.is_moe_layer(m, index):
+        experts = m.moe_top_k if active else m.num_experts // ep
+        mlp = m.num_experts * h + experts * _mlp(m, moe.expert_ffn(m), 1)
+    else:
+        mlp = _mlp(m, m.ffn_hidden_size, tp)
+    return 2 * _norm(m) + qkv + core + proj + mlp
+
+
+def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,
+            active: bool = False) -> int:
+    """Parameters of layers [first, first + count) on one TP (and expert-parallel) rank."""
+    if not m.num_experts:
+        return count * layer_params(m, tp)
+    return sum(layer_params(m, tp, i, ep, active) for i in range(first, first + count))
 
 
 def layer_params_full(m: ModelConfig) -> int:
@@ -72,9 +96,11 @@ class StageParams:
         return self.transformer // self.layers if self.layers else 0
 
 
-def stage_params(m: ModelConfig, tp: int, pp: int, stage: int) -> StageParams:
-    """Parameters held by each TP rank of pipeline stage `stage` (0-based)."""
-    layers = stage_layers(m.num_layers, pp)[stage]
+def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1) -> StageParams:
+    """Parameters held by each TP rank of pipeline stage `stage` (0-based); ep: the
+    expert-parallel size (parallel.expert_parallel_size)."""
+    counts = stage_layers(m.num_layers, pp)
+    layers = counts[stage]
     first, last = stage == 0, stage == pp - 1
     embed = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp) * m.hidden_size // tp
     output = 0
@@ -82,7 +108,7 @@ def stage_params(m: ModelConfig, tp: int, pp: int, stage: int) -> StageParams:
         output = embed
     elif last and pp > 1:
         output = embed
-    return StageParams(layers=layers, transformer=layers * layer_params(m, tp),
+    return StageParams(layers=layers, transformer=_layers(m, tp, sum(counts[:stage]), layers, ep),
                        word_embedding=embed if first else 0,
                        position_embedding=_positions(m) if first else 0,
                        output_layer=output, final_norm=_norm(m) if last else 0)
@@ -92,10 +118,17 @@ def all_stage_params(m: ModelConfig, tp: int, pp: int) -> List[StageParams]:
     return [stage_params(m, tp, pp, s) for s in range(pp)]
 
 
-def model_params(m: ModelConfig) -> int:
-    """Unique parameters of the whole model (tied embeddings counted once, no padding)."""
+def model_params(m: ModelConfig, active: bool = False) -> int:
+    """Unique parameters of the whole model (tied embeddings counted once, no padding); active:
+    those one token meets (the top_k experts of each MoE layer, not all)."""
     h = m.hidden_size
-    total = m.num_layers * layer_params_full(m) + m.vocab_size * h + _norm(m) + _positions(m)
+    total = _layers(m, 1, 0, m.num_layers, active=active) + m.vocab_size * h + _norm(m) \
+        + _positions(m)
     if not m.tie_embeddings:
         total += m.vocab_size * h
     return total
+
+
+def active_params(m: ModelConfig) -> int:
+    """Parameters one token meets: model_params for a dense model."""
+    return model_params(m, active=True)

@@ -263,7 +263,7 @@ def wrap(cfg: Config, model: BuiltModel, state: ParallelState, device: torch.dev
     """The engine around the model, with the optimizer settings and deepspeed.json."""
     return Engine(model.module, model.layer_names, state, device, ds_config, cfg.optimizer,
                   cfg.training.train_iters, timer.mark if timer is not None else None,
-                  pipeline_schedule=cfg.parallel.pipeline_schedule)
+                  pipeline_schedule=cfg.parallel.pipeline_schedule, expert=model.ctx.expert)
 
 
 def write_run_files(job: Job, cfg: Config) -> None:

@@ -1,0 +1,81 @@
+"""The experts of one MoE layer on this rank: E / EP MLPs of the model's activation
+(config/variants.py: fc1 -> act -> fc2, fc1 fc1_factor x ffn wide), their weights stacked
+[E_local, ...] and marked as split over the expert axis (mark_experts), so checkpoints and the
+engine can tell them from replicated weights.
+
+Two ways to run them, the same products: a loop over the local experts (any device), and
+torch._grouped_mm, one grouped GEMM per matrix. In torch 2.13 the grouped GEMM runs forward on
+the CPU but its backward does not (it fails on the CPU's strides), so the loop is used on the
+CPU and the grouped GEMM on GPUs; the forward equality is tested on the CPU
+(tests/unit/test_model_moe_routing.py)."""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.config import moe, variants
+from megatron.parallel.layers import sharded_normal
+from megatron.parallel.random import seed_for
+
+
+def mark_experts(param: nn.Parameter, num_experts: int, first: int) -> nn.Parameter:
+    """`param` holds experts [first, first + its dim 0) of num_experts, along dim 0."""
+    param.expert_dim, param.num_experts, param.first_expert = 0, num_experts, first
+    return param
+
+
+def _stack(shape, std: float, seed: int, layer: int, name: str, experts: range) -> torch.Tensor:
+    """Each expert's matrix from its own seeded stream: the same weights in every layout."""
+    return torch.stack([sharded_normal(shape, std, seed_for(seed, f"layer{layer}.expert{e}.{name}"))
+                        for e in experts])
+
+
+class Experts(nn.Module):
+    def __init__(self, m, ctx, layer_number: int, first: int, count: int):
+        super().__init__()
+        spec = variants.of(m, "activation")
+        self.act, self.sel = variants.resolve(spec.module), ctx.sel
+        h, f, local = m.hidden_size, moe.expert_ffn(m), range(first, first + count)
+        std2 = m.init_method_std / math.sqrt(2 * m.num_layers)
+        self.w1 = nn.Parameter(_stack((spec.fc1_factor * f, h), m.init_method_std, ctx.seed,
+                                      layer_number, "fc1", local))  # [E_local, fc1_factor*f, h]
+        self.w2 = nn.Parameter(_stack((h, f), std2, ctx.seed, layer_number, "fc2", local))
+        self.b1 = nn.Parameter(torch.zeros(count, spec.fc1_factor * f)) \
+            if m.add_bias_linear else None
+        self.b2 = nn.Parameter(torch.zeros(count, h)) if m.add_bias_linear else None
+        for p in self.parameters():
+            mark_experts(p, m.num_experts, first)
+        self.grouped = None  # None: the grouped GEMM on GPUs, the loop elsewhere
+
+    def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        """x [M, h] grouped by local expert, counts [E_local] -> [M, h]."""
+        grouped = self.grouped if self.grouped is not None else x.device.type == "cuda"
+        if grouped and hasattr(torch, "_grouped_mm"):
+            return self._grouped(x, counts)
+        return self._loop(x, counts)
+
+    def _bias(self, b, e):
+        return None if b is None else b[e]
+
+    def _loop(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        out = []
+        for e, rows in enumerate(x.split(counts)):
+            y = F.linear(rows, self.w1[e])  # [n_e, fc1_factor*f]
+            y = self.act(y, self._bias(self.b1, e), self.sel)  # [n_e, f]
+            out.append(F.linear(y, self.w2[e], self._bias(self.b2, e)))  # [n_e, h]
+        return torch.cat(out) if out else x.new_zeros((0, x.shape[-1]))
+
+    def _grouped(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+        which = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
+                                        torch.tensor(counts, device=x.device))  # expert of row
+        y = torch._grouped_mm(x, self.w1.transpose(1, 2), offs=offs)  # [M, fc1_factor*f]
+        if self.b1 is not None:  # per row, before the activation (the fused ops take [f] biases)
+            y = y + self.b1[which]
+        y = self.act(y, None, self.sel)
+        y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
+        return y if self.b2 is None else y + self.b2[which]

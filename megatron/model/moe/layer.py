@@ -1,0 +1,71 @@
+"""A MoE layer in place of the dense MLP: route, dispatch, experts, combine (docs/moe.md).
+
+    x [s, b, h] -> tokens [T = s*b, h] -> router -> plan (sort by expert, capacity) -> permute
+    -> exchange over the ep group (EP > 1) -> experts -> reverse exchange -> weighted combine
+    -> [s, b, h]
+
+The router's auxiliary losses are kept on the layer (`take_losses`) for GPTModel to add to the
+loss it returns, so they reach the backward; the per-step numbers a loop may log are in `stats`
+(detached tensors, read only when asked, so no step waits for them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from megatron.model.moe.dispatch import (combine, plan, return_from_experts, send_to_experts)
+from megatron.model.moe.experts import Experts
+from megatron.model.moe.router import Router, capacity
+
+
+@dataclass
+class LayerStats:
+    """One forward of one MoE layer, detached: losses with their coefficients, and the load."""
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    routed: torch.Tensor  # [E] assignments per expert before the capacity rule
+    dropped: int
+    assignments: int
+
+    def as_dict(self) -> dict:
+        routed = self.routed.float()
+        return {"aux_loss": float(self.aux_loss), "z_loss": float(self.z_loss),
+                "tokens_per_expert_max": float(routed.max()),
+                "tokens_per_expert_mean": float(routed.mean()),
+                "dropped_fraction": self.dropped / max(1, self.assignments)}
+
+
+class MoELayer(nn.Module):
+    def __init__(self, m, ctx, layer_number: int):
+        super().__init__()
+        expert = ctx.expert
+        self.ep = expert.size if expert is not None else 1
+        self.group = expert.ep_group if expert is not None else None
+        local = m.num_experts // self.ep
+        first = (expert.index if expert is not None else 0) * local
+        self.num_experts, self.k, self.factor = m.num_experts, m.moe_top_k, m.moe_capacity_factor
+        self.router = Router(m, ctx, layer_number)
+        self.experts = Experts(m, ctx, layer_number, first, local)
+        self._losses: Optional[torch.Tensor] = None
+        self.stats: Optional[LayerStats] = None
+
+    def take_losses(self) -> Optional[torch.Tensor]:
+        """The auxiliary losses of the last forward (None after they were taken)."""
+        losses, self._losses = self._losses, None
+        return losses
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [s, b, h] -> same
+        s, b, h = x.shape
+        tokens = x.reshape(s * b, h)  # [T, h]
+        routing = self.router(tokens)
+        cap = capacity(s * b, self.k, self.num_experts, self.factor)
+        p = plan(routing.experts, routing.weights, self.num_experts, cap)
+        rows, ex = send_to_experts(tokens[p.tokens], p.counts, self.ep, self.group)  # [M, h]
+        rows = self.experts(rows, ex.per_expert)
+        rows = return_from_experts(rows, ex, self.ep, self.group)  # [N, h]
+        self._losses = routing.aux_loss + routing.z_loss
+        self.stats = LayerStats(routing.aux_loss.detach(), routing.z_loss.detach(), p.routed,
+                                p.dropped, routing.experts.numel())
+        return combine(rows, p, s * b).view(s, b, h)

@@ -1,0 +1,142 @@
+"""Mixture of experts with expert parallelism against one rank (docs/moe.md). Failures localize
+to: the token exchange and the expert layer (the layer check: outputs and the experts' and
+router's gradients of one MoE layer at EP2 against the same layer on one rank, with the same
+weights, dropless and with a capacity), or the engine's reduction of expert gradients and the
+clipping norm (engine/experts.py: 10 training steps, fp32, no dropout, clipping on, at EP2
+under ZeRO-0, 1 and 2, EP4, and EP2 over four data-parallel ranks, against one rank).
+
+Run by path under torchrun, this file is also the worker: it trains the layouts it is given
+in one launch (DeepSpeed's start-up is the slow part) and writes rank 0's results."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import pytest
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))))
+from tests.support.paths import TINY  # noqa: E402
+
+MOE = ["model.num_experts=4", "model.moe_top_k=2", "model.moe_aux_loss_coeff=0.01",
+       "model.moe_z_loss_coeff=0.001", "model.moe_layer_freq=2",
+       "training.precision=fp32", "training.train_iters=10", "training.global_batch_size=8",
+       "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=0.5",
+       "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "training.check_node=false",
+       "model.attention_backend=sdpa", "optimizer.lr=0.003", "optimizer.lr_warmup_iters=2"]
+LAYOUTS = {
+    "one_rank": [],
+    "ep2_zero0": ["parallel.expert_parallel_size=2", "parallel.zero_stage=0"],
+    "ep2_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
+    "ep2_zero2": ["parallel.expert_parallel_size=2", "parallel.zero_stage=2"],
+    "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
+    "ep2dp4_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
+}
+WORLD = {"one_rank": 1, "ep2_zero0": 2, "ep2_zero1": 2, "ep2_zero2": 2, "ep4_zero1": 4,
+         "ep2dp4_zero1": 4}
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from tests.support.procs import launch_json
+    out = {}
+    for world in (1, 2, 4):
+        layouts = [name for name, w in WORLD.items() if w == world]
+        tmp = tmp_path_factory.mktemp(f"world{world}")
+        out.update(launch_json(world, os.path.abspath(__file__), str(tmp / "out.json"),
+                               "--workdir", str(tmp), "--layouts", ",".join(layouts),
+                               plain_single=True))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [n for n in LAYOUTS if n != "one_rank"])
+def test_expert_parallel_training_matches_one_rank(results, layout):
+    ref, got = results["one_rank"], results[layout]
+    assert len(got) == 10 and ref[-1] < ref[0] - 0.05, ref
+    diff = max(abs(a - b) for a, b in zip(ref, got))
+    print(f"{layout}: max loss difference {diff:.3g}")
+    assert diff < TOLERANCE, (layout, diff, ref, got)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity", ["dropless", "capacity"])
+def test_one_moe_layer_at_ep2_matches_one_rank(results, capacity):
+    check = results[f"layer_{capacity}"]
+    print(f"layer {capacity}: {check}")
+    for key in ("output", "experts_grad", "router_grad", "input_grad"):
+        assert check[key] < TOLERANCE, (key, check)
+    assert (check["dropped"] > 0) == (capacity == "capacity"), check
+
+
+def _layer_check(factor):
+    """One MoE layer at EP2 against the whole layer on this rank, the same weights: outputs,
+    input gradients, this rank's experts' gradients (the all-to-all's backward sums both ranks'
+    tokens) and the router's gradient summed over the ranks."""
+    import torch
+    import torch.distributed as dist
+    from megatron.config import load_config
+    from megatron.model import build_context
+    from megatron.model.moe import MoELayer
+    from megatron.parallel.state import ParallelState
+    extra = [] if factor is None else [f"model.moe_capacity_factor={factor}"]
+    state = ParallelState.build(1, 1)
+    rank, out = dist.get_rank(), {}
+    layers = {}
+    for ep in (1, 2):
+        cfg = load_config(TINY, MOE + extra + [f"parallel.expert_parallel_size={ep}"])
+        layers[ep] = MoELayer(cfg.model, build_context(cfg, state, 512), 0)
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(16, 2, 64, generator=g) for _ in range(2)]
+    grads = [torch.randn(16, 2, 64, generator=g) for _ in range(2)]
+    ref_in = [x.clone().requires_grad_() for x in xs]
+    ref_out = []
+    for x, gy in zip(ref_in, grads):  # both ranks' tokens, one micro-batch at a time
+        ref_out.append(layers[1](x))
+        ((ref_out[-1] * gy).sum() + layers[1].take_losses()).backward()
+    x = xs[rank].clone().requires_grad_()
+    y = layers[2](x)
+    ((y * grads[rank]).sum() + layers[2].take_losses()).backward()
+    router = layers[2].router.weight.grad.clone()
+    dist.all_reduce(router)
+    local = slice(rank * 2, rank * 2 + 2)
+    pairs = {"output": (y, ref_out[rank]), "input_grad": (x.grad, ref_in[rank].grad),
+             "router_grad": (router, layers[1].router.weight.grad),
+             "experts_grad": (torch.cat([layers[2].experts.w1.grad.flatten(),
+                                         layers[2].experts.w2.grad.flatten()]),
+                              torch.cat([layers[1].experts.w1.grad[local].flatten(),
+                                         layers[1].experts.w2.grad[local].flatten()]))}
+    out = {k: float((a - b).abs().max()) for k, (a, b) in pairs.items()}
+    out["dropped"] = layers[2].stats.dropped
+    return out
+
+
+def _worker(out: str, workdir: str, layouts) -> int:
+    import torch.distributed as dist
+    from megatron.config import load_config
+    from megatron.training.loop import train
+    results = {}
+    for name in layouts:
+        cfg = load_config(TINY, MOE + LAYOUTS[name] + [f"run.dir={workdir}/{name}"])
+        results[name] = train(cfg).losses
+    if dist.is_initialized() and dist.get_world_size() == 2:
+        results["layer_dropless"] = _layer_check(None)
+        results["layer_capacity"] = _layer_check(0.5)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    from tests.support.worker_exit import exit_after
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--layouts", required=True)
+    args = p.parse_args()
+    exit_after(lambda: _worker(args.out, args.workdir, args.layouts.split(",")))

@@ -1,0 +1,172 @@
+"""The MoE layer's routing rules, in this process (docs/moe.md). Failures localize to: the drop
+policy under a capacity (model/moe/dispatch.plan), the auxiliary losses (router.py), the sigmoid
+router's normalisation, the grouped GEMM against the loop (experts.py), the config's refusals
+(config/moe.py, config/validate.py), or the planner's parameter count (planner/params.py)
+against the model's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from megatron.config import ConfigError, load_config, validate_for_world
+from megatron.model.moe.dispatch import combine, plan
+from megatron.model.moe.router import capacity, load_balancing_loss, top_k, z_loss
+from tests.support.paths import TINY
+
+MOE = ["model.num_experts=4", "model.moe_top_k=2"]
+
+
+def test_capacity_keeps_first_choices_in_token_order_then_second_choices():
+    # 4 tokens, k=2, 3 experts; capacity ceil(4*2/3 * 0.75) = 2 assignments per expert.
+    experts = torch.tensor([[0, 1], [0, 2], [1, 0], [0, 1]])
+    weights = torch.full((4, 2), 0.5)
+    cap = capacity(4, 2, 3, 0.75)
+    assert cap == 2
+    p = plan(experts, weights, 3, cap)
+    # Expert 0 is the first choice of tokens 0, 1, 3 and the second of token 2: slot-major it
+    # keeps tokens 0 and 1 (first choices in token order) and drops token 3's first choice and
+    # token 2's second. Expert 1: first choice of token 2, second of 0 and 3 -> keeps 2, 0.
+    # Expert 2: token 1's second choice -> kept.
+    kept = {}
+    starts = torch.cumsum(p.counts, 0) - p.counts
+    for e in range(3):
+        kept[e] = p.tokens[starts[e]:starts[e] + p.counts[e]].tolist()
+    assert kept == {0: [0, 1], 1: [2, 0], 2: [1]}
+    assert p.dropped == 3 and p.routed.tolist() == [4, 3, 1]
+
+
+def test_dropless_keeps_every_assignment_and_combines_by_weight():
+    experts = torch.tensor([[1, 0], [1, 0]])
+    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
+    p = plan(experts, weights, 2, None)
+    assert p.dropped == 0 and p.counts.tolist() == [2, 2]
+    rows = torch.tensor([[1.0], [2.0], [10.0], [20.0]])  # expert 0: tokens 0, 1; expert 1: 0, 1
+    assert combine(rows, p, 2).flatten().tolist() == [0.25 * 1 + 0.75 * 10, 0.5 * 2 + 0.5 * 20]
+
+
+def test_aux_loss_and_z_loss_against_a_hand_calculation():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
+    experts = torch.tensor([[0, 1], [1, 2]])
+    # f = (1, 2, 1) / 4, P = (0.4, 0.4, 0.2): 0.01 * 3 * (0.1 + 0.2 + 0.05)
+    assert load_balancing_loss(probs, experts, 0.01).item() == pytest.approx(0.0105)
+    logits = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]])
+    expected = 0.1 * (math.log(4.0) ** 2 + (1 + math.log(2.0)) ** 2) / 2
+    assert z_loss(logits, 0.1).item() == pytest.approx(expected)
+
+
+def test_sigmoid_router_normalises_the_chosen_weights():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.0]])
+    weights, experts, probs = top_k(logits, 2, "sigmoid")
+    assert experts.tolist() == [[0, 3]]
+    s = torch.sigmoid(torch.tensor([2.0, 1.0]))
+    assert torch.allclose(weights, (s / s.sum()).unsqueeze(0))
+    assert probs.sum().item() == pytest.approx(1.0)
+    weights, experts, probs = top_k(logits, 2, "softmax")
+    assert torch.allclose(weights, torch.softmax(logits, -1)[:, [0, 3]])
+
+
+def _experts(extra=()):
+    from megatron.model import build_context
+    from megatron.model.moe.experts import Experts
+    from megatron.parallel.state import ParallelState
+    cfg = load_config(TINY, MOE + list(extra))
+    return Experts(cfg.model, build_context(cfg, ParallelState.single(), 512), 0, 0, 4)
+
+
+@pytest.mark.parametrize("flavour", [[], ["model.activation=swiglu",
+                                          "model.add_bias_linear=false"]])
+def test_grouped_gemm_forward_equals_the_loop(flavour):
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    experts = _experts(flavour)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(0))
+    counts = [7, 0, 5, 8]  # an expert without tokens included
+    experts.grouped = False
+    loop = experts(x, counts)
+    experts.grouped = True
+    assert torch.allclose(experts(x, counts), loop, atol=1e-6, rtol=1e-5)
+
+
+def test_grouped_gemm_backward_is_left_to_gpus():
+    """Why the CPU runs the loop: torch 2.13's CPU grouped GEMM has no working backward."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    experts = _experts()
+    experts.grouped = True
+    x = torch.randn(8, 64, requires_grad=True)
+    try:
+        experts(x, [2, 2, 2, 2]).sum().backward()
+    except RuntimeError:
+        return
+    pytest.skip("the CPU grouped GEMM has a backward in this torch: the loop is no longer "
+                "the only CPU path that trains (experts.py could use it)")
+
+
+@pytest.mark.parametrize("overrides, world, field", [
+    (["model.num_experts=-1"], 1, "model.num_experts"),
+    (MOE[:1] + ["model.moe_top_k=5"], 1, "model.moe_top_k"),
+    (MOE + ["model.moe_layer_freq=0"], 1, "model.moe_layer_freq"),
+    (MOE + ["model.moe_capacity_factor=0"], 1, "model.moe_capacity_factor"),
+    (MOE + ["model.moe_router=relu"], 1, "model.moe_router"),
+    (MOE + ["model.moe_aux_loss_coeff=-1"], 1, "model.moe_aux_loss_coeff"),
+    (MOE + ["model.moe_ffn_hidden_size=0"], 1, "model.moe_ffn_hidden_size"),
+    (["parallel.expert_parallel_size=0"], 1, "parallel.expert_parallel_size"),
+    (["parallel.expert_parallel_size=2"], 2, "parallel.expert_parallel_size"),
+    (MOE + ["parallel.expert_parallel_size=3"], 3, "parallel.expert_parallel_size"),
+    (MOE + ["parallel.expert_parallel_size=4"], 2, "parallel.expert_parallel_size"),
+    (MOE + ["parallel.tensor_parallel_size=2"], 2, "parallel.tensor_parallel_size"),
+    (MOE + ["parallel.context_parallel_size=2"], 2, "parallel.context_parallel_size"),
+    (MOE + ["parallel.pipeline_parallel_size=2"], 2, "parallel.pipeline_parallel_size"),
+    (MOE + ["parallel.expert_parallel_size=2", "parallel.zero_stage=3"], 2,
+     "parallel.zero_stage"),
+    (MOE + ["training.activation_checkpointing=full"], 1, "training.activation_checkpointing"),
+    (MOE + ["parallel.expert_parallel_size=2", "parallel.zero_stage=0", "training.precision=bf16"],
+     2, "parallel.zero_stage"),
+    (MOE + ["parallel.expert_parallel_size=2", "training.save=true"], 2, "training.save"),
+])
+def test_config_refusals_name_their_fields(overrides, world, field):
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(load_config(TINY, overrides), world)
+    assert e.value.field == field and str(e.value).startswith(field), str(e.value)
+
+
+@pytest.mark.parametrize("extra", [[], ["model.activation=swiglu", "model.add_bias_linear=false",
+                                        "model.moe_layer_freq=3", "model.moe_ffn_hidden_size=96",
+                                        "model.tie_embeddings=false"]])
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_the_planner_counts_what_each_expert_parallel_rank_holds(extra, ep):
+    from megatron.model import GPTModel, build_context
+    from megatron.parallel.experts import ExpertParallel, expert_grid
+    from megatron.parallel.state import ParallelState
+    from megatron.planner.params import active_params, model_params, stage_params
+    cfg = load_config(TINY, MOE + extra)
+    state = ParallelState.single()
+    # rank 1 of a world of `ep` data-parallel ranks, without process groups (nothing runs)
+    grid_state = ParallelState(dp=ep, rank=min(1, ep - 1))
+    ctx = build_context(cfg, state, 512)
+    ctx.expert = ExpertParallel(expert_grid(grid_state, ep), grid_state.rank)
+    held = sum(p.numel() for p in GPTModel(cfg.model, ctx).parameters())
+    assert held == stage_params(cfg.model, 1, 1, 0, ep=ep).total
+    if ep == 1:
+        assert held == model_params(cfg.model)
+    assert active_params(cfg.model) < model_params(cfg.model)
+
+
+def test_a_dense_model_has_no_expert_parameters_and_the_same_flops():
+    from megatron.config.model_math import model_flops_per_token
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    cfg = load_config(TINY, [])
+    names = [n for n, _ in build_model(cfg, ParallelState.single(), 512).named_parameters()]
+    assert not [n for n in names if "router" in n or "experts" in n]
+    moe = load_config(TINY, MOE + ["model.moe_layer_freq=2"])
+    # top-2 of 4 experts as wide as the dense MLP: each of the 2 MoE layers (0 and 2) costs one
+    # more MLP and the router, 2 FLOPs a weight forward, x3 with the backward
+    m, h = cfg.model, cfg.model.hidden_size
+    extra = 3 * 2 * 2 * (2 * h * m.ffn_hidden_size + 4 * h)
+    assert model_flops_per_token(moe.model, 512) == model_flops_per_token(m, 512) + extra
