@@ -149,7 +149,7 @@ class Engine:
         """Wraps `module` (a GPTModel, or for PP > 1 the PipelineModule of
         training.startup.build_model) in DeepSpeed with a torch AdamW and our LR schedule.
         layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1).
-        ds_config: the generated deepspeed.json (engine.deepspeed_json), the one the run files
+        ds_config: the generated deepspeed.json (base.deepspeed_json), the one the run files
         also write. mark: called with the name of each phase as it ends (start-up timing).
         pipeline_schedule: parallel.pipeline_schedule (PP > 1), run by the runner its record
         names (runners.py: DeepSpeed's own TrainSchedule, or zero_bubble.py).
