@@ -11,6 +11,7 @@ from megatron.config import InputError, load_config, validate_for_world
 from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
 from megatron.planner import fit
+from megatron.planner.host_memory import host_memory
 
 log = logging.getLogger("megatron.train")
 
@@ -63,14 +64,15 @@ def parse_args(argv=None):
 
 def device_memory(launch: LaunchEnv):
     """This rank's device memory (fit.DeviceMemory): a GPU's total, or the CPU's available
-    memory shared by the ranks on this node; None where it cannot be read. torch is loaded."""
+    memory shared by the ranks on this node under every limit the job runs under (cgroups,
+    RLIMIT_AS); None where it cannot be read. torch is loaded."""
     from megatron.launch.device import detect_device
     info = detect_device(launch.local_rank)
     if info.is_gpu:
         import torch
         total = float(torch.cuda.get_device_properties(info.device).total_memory)
         return fit.DeviceMemory("gpu", total, f"{info.name}, {total / fit.GIB:.1f} GB")
-    return fit.read_cpu_memory(launch.ranks_per_node)
+    return host_memory(launch.ranks_per_node)
 
 
 def check_memory(cfg, launch: LaunchEnv) -> None:
