@@ -216,7 +216,8 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
         resume = find_resume(cfg)
         if resume is not None:
             check_model(resume, layout)
-            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream)
+            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream,
+                             cfg.training.keep_data_position)
             resume = dataclasses.replace(resume, new_stream=new)
         return resume
     return rank0_decides(choose)
