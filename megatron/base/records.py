@@ -129,13 +129,17 @@ class DataRecord:
     vocab_file: Optional[str]
     merges_file: Optional[str]
     seed: int  # data.seed: the document and sample shuffles
+    # One per data.paths prefix (data/fingerprint.py): the data's identity by content, so the
+    # same files elsewhere resume. None: synthetic data, or a checkpoint written before them,
+    # whose paths are compared instead.
+    fingerprints: Optional[List[str]] = None
 
     @classmethod
     def from_json(cls, obj: Any) -> "DataRecord":
-        _check_keys(obj, cls, "its data record")
+        _check_keys(obj, cls, "its data record", optional=("fingerprints",))
         _typed(obj, "its data record", seq_length=int, synthetic=bool, paths=list, split=str,
                tokenizer_type=str, tokenizer_model=(str, None), vocab_file=(str, None),
-               merges_file=(str, None), seed=int)
+               merges_file=(str, None), seed=int, fingerprints=(list, None))
         return cls(**obj)
 
 

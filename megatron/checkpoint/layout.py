@@ -14,6 +14,8 @@ from megatron.base import store
 from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord
 from megatron.base.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
+from megatron.data.blended_dataset import parse_paths
+from megatron.data.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -56,36 +58,67 @@ def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> LayoutRec
 
 
 def data_record(cfg) -> DataRecord:
-    """The settings that define the sample stream consumed_samples counts in."""
+    """The settings that define the sample stream consumed_samples counts in, and the data
+    files' fingerprints (their identity by content)."""
     d = cfg.data
+    prints = None if d.synthetic else [fingerprint(p) for p in parse_paths(d.paths)[1]]
     return DataRecord(cfg.model.seq_length, d.synthetic, list(d.paths), d.split,
-                      d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merges_file, d.seed)
+                      d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merges_file, d.seed,
+                      prints)
 
 
-def check_data(resume: "Resume", current: DataRecord, new_stream: bool) -> bool:
+def stream_changes(saved: DataRecord, current: DataRecord, folder: str = "") -> List[str]:
+    """'field: checkpoint A, this run B' for each difference of the sample stream. The data
+    files count by content where both records have fingerprints (files moved elsewhere are the
+    same stream; a file rebuilt in place is not); a record without them compares paths."""
+    names = {"seq_length": "model.seq_length"}
+    changed = [f"{names.get(k, 'data.' + k)}: checkpoint {v!r}, this run {getattr(current, k)!r}"
+               for k, v in dataclasses.asdict(saved).items()
+               if k not in ("paths", "fingerprints") and getattr(current, k) != v]
+    if saved.fingerprints is None or current.fingerprints is None:
+        if saved.paths != current.paths:
+            changed.append(f"data.paths: checkpoint {saved.paths!r}, this run {current.paths!r}")
+    elif saved.fingerprints != current.fingerprints:
+        changed.append(f"data.paths: the files' contents differ (checkpoint {saved.paths!r}: "
+                       f"{saved.fingerprints}; this run {current.paths!r}: "
+                       f"{current.fingerprints})")
+    elif saved.paths != current.paths:
+        log.info("checkpoint %s was trained on %s; the same files (by content) are now at %s: "
+                 "continuing at its data position", folder, saved.paths, current.paths)
+    return changed
+
+
+def check_data(resume: "Resume", current: DataRecord, new_stream: bool,
+               keep_position: bool = False) -> bool:
     """Refuses a checkpoint whose sample stream differs from this run's, field by field, unless
-    training.new_data_stream; returns whether the stream starts afresh. A v1 checkpoint did not
-    record its stream: nothing to compare."""
+    training.new_data_stream (returns True: the stream starts afresh) or
+    training.keep_data_position (the new stream continues at the checkpoint's position). A v1
+    checkpoint did not record its stream: nothing to compare."""
     saved = resume.meta.data
     if saved is None:
         log.info("checkpoint %s does not record its data stream (written before format v2); "
                  "continuing at its data position as is", resume.folder)
         return False
-    names = {"seq_length": "model.seq_length"}
-    changed = [f"{names.get(k, 'data.' + k)}: checkpoint {v!r}, this run {getattr(current, k)!r}"
-               for k, v in dataclasses.asdict(saved).items() if getattr(current, k) != v]
+    changed = stream_changes(saved, current, resume.folder)
     if not changed:
         return False
     if new_stream:
         log.warning("training.new_data_stream=true: resuming %s with another sample stream (%s); "
                     "the new stream starts at its first sample", resume.folder, "; ".join(changed))
         return True
+    if keep_position:
+        log.warning("training.keep_data_position=true: resuming %s with another sample stream "
+                    "(%s) at its position, consumed_samples=%d", resume.folder,
+                    "; ".join(changed), resume.meta.consumed_samples)
+        return False
     raise InputError(f"checkpoint {resume.folder} was trained on another sample stream than "
                      f"this run's config ({'; '.join(changed)}): its data position "
                      f"(consumed_samples={resume.meta.consumed_samples}) means nothing in this "
-                     "one. Resume with the settings it was trained with (its run directory "
-                     "keeps config.yaml), or set training.new_data_stream=true to keep its "
-                     "weights, optimizer and step and start the new stream from its first sample")
+                     "one. Resume with the settings and files it was trained with (its run "
+                     "directory keeps config.yaml); or keep its weights, optimizer and step and "
+                     "either set training.new_data_stream=true to start the new stream from its "
+                     "first sample, or training.keep_data_position=true to continue the new "
+                     "stream at the checkpoint's position (samples before it are skipped)")
 
 
 @dataclass

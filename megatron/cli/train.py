@@ -11,6 +11,8 @@ from megatron.config import InputError, load_config, validate_for_world
 from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
 from megatron.planner import fit
+from megatron.planner.host_memory import host_memory
+from megatron.training.run_paths import check_run_paths
 
 log = logging.getLogger("megatron.train")
 
@@ -63,14 +65,15 @@ def parse_args(argv=None):
 
 def device_memory(launch: LaunchEnv):
     """This rank's device memory (fit.DeviceMemory): a GPU's total, or the CPU's available
-    memory shared by the ranks on this node; None where it cannot be read. torch is loaded."""
+    memory shared by the ranks on this node under every limit the job runs under (cgroups,
+    RLIMIT_AS); None where it cannot be read. torch is loaded."""
     from megatron.launch.device import detect_device
     info = detect_device(launch.local_rank)
     if info.is_gpu:
         import torch
         total = float(torch.cuda.get_device_properties(info.device).total_memory)
         return fit.DeviceMemory("gpu", total, f"{info.name}, {total / fit.GIB:.1f} GB")
-    return fit.read_cpu_memory(launch.ranks_per_node)
+    return host_memory(launch.ranks_per_node)
 
 
 def check_memory(cfg, launch: LaunchEnv) -> None:
@@ -109,6 +112,7 @@ def main(argv=None) -> int:
     # The layout checks again here, before torch is imported or a process group joined, so a
     # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
     validate_for_world(cfg, launch.world_size)
+    check_run_paths(cfg)  # training.startup checks again, for callers of train()
     from megatron.training.loop import train  # torch, DeepSpeed's dependencies, the model
     from megatron.launch.device import leave_distributed
     timer.mark("imports")

@@ -194,6 +194,10 @@ class TrainingConfig:
     # corpus, split, tokenizer and seed) differs from this run's. true: resume weights, optimizer
     # and step anyway, and start the new stream at its first sample.
     new_data_stream: bool = False
+    # true: resume on another sample stream at the checkpoint's position (consumed_samples), as
+    # when a corpus grew or was rebuilt and the samples before the position need not be seen
+    # again. The same files moved elsewhere need neither setting (they are known by content).
+    keep_data_position: bool = False
     # A single-file model (megatron-convert to-single) to start from when no checkpoint is
     # resumed: weights only, in any layout; optimizer, step and data position start fresh.
     init_from: Optional[str] = None
@@ -252,6 +256,10 @@ class TrainingConfig:
                      "eval_iters"):
             _positive(s, name, getattr(self, name))
         _positive(s, "eval_interval", self.eval_interval, allow_zero=True)
+        if self.new_data_stream and self.keep_data_position:
+            raise ConfigError("training.keep_data_position", True, "false with "
+                              "training.new_data_stream=true (start the new stream afresh, or "
+                              "keep the position: one of the two)", "unset one of them")
         _positive(s, "save_interval", self.save_interval, allow_zero=True)
         _positive(s, "keep_last", self.keep_last, allow_zero=True)
         if self.save_interval_minutes < 0:

@@ -4,12 +4,17 @@
 Parquet is read with iter_batches over the chosen columns only, so memory holds one batch of one
 row group's columns, never a whole 2 GB shard. Arrow streams are read through a plain file (no
 memory map: mapped pages would count in the process's memory as the file is walked), one record
-batch at a time. A truncated or corrupt file is one InputError naming it."""
+batch at a time. A truncated or corrupt file is one InputError naming it, also one cut exactly
+between two record batches, which pyarrow's stream reader takes for a shorter stream: a stream
+must end with its end-of-stream marker (issue 41 item 5), a file with its footer."""
 from __future__ import annotations
 
 from typing import Iterator, List, Sequence
 
 from megatron.config.errors import InputError
+
+# An IPC stream's end-of-stream marker: a continuation token and a zero metadata length.
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def _pyarrow():
@@ -75,10 +80,28 @@ def _arrow(pa, source, keys, reader) -> Iterator[List[list]]:
             batch.validate(full=True)
             reader.position = f.tell()
             yield [batch.column(k).to_pylist() for k in keys]
+        _check_end_of_stream(f, source.path)
+
+
+def _check_end_of_stream(f, path: str) -> None:
+    """The bytes before where the stream reader stopped must be the end-of-stream marker: a
+    stream cut between record batches reads as complete but short."""
+    end = f.tell()
+    f.seek(max(0, end - len(END_OF_STREAM)))
+    if f.read(len(END_OF_STREAM)) != END_OF_STREAM:
+        raise InputError(f"input file {path} ends without an Arrow IPC stream's end-of-stream "
+                         f"marker after {end} bytes: the file is truncated (cut between two "
+                         f"record batches) and its last documents are missing; copy or save "
+                         f"the dataset again")
 
 
 def _arrow_file(pa, f, source, keys, reader) -> Iterator[List[list]]:
-    table_reader = pa.ipc.open_file(f)
+    try:
+        table_reader = pa.ipc.open_file(f)
+    except pa.ArrowInvalid as e:
+        raise InputError(f"input file {source.path} is an Arrow IPC file (\"ARROW1\") without "
+                         f"its footer ({' '.join(str(e).split())}): the file is truncated; "
+                         f"copy or write it again") from None
     _columns_of(table_reader.schema.names, keys, source.path)
     n = max(table_reader.num_record_batches, 1)
     for i in range(table_reader.num_record_batches):

@@ -156,6 +156,8 @@ class Reader:
         raw = zstd_lines(self.source.path, self) if self.source.kind == ZSTD else \
             self._plain_lines()
         for number, line in enumerate(raw, start=1):
+            if not line.endswith(b"\n"):
+                _check_last_line(line, self.source.path, number)
             if line.strip():
                 yield number, ("json", line)
 
@@ -179,6 +181,20 @@ class Reader:
             for values in zip(*columns):
                 row += 1
                 yield row, ("values", list(values))
+
+
+def _check_last_line(line: bytes, path: str, number: int) -> None:
+    """A last line without its newline is where a cut file ends, unless it is a whole JSON
+    value (many writers leave the final newline out). A zstd or gzip file cut between two
+    frames or members decodes without error, so this is what catches it too."""
+    if not line.strip():
+        return
+    try:
+        json.loads(line)
+    except ValueError:
+        raise InputError(f"{path}:{number} is cut: the file ends inside this line (no newline, "
+                         f"not valid JSON), so the file is truncated and its last documents "
+                         f"are missing; fetch, copy or compress it again") from None
 
 
 def zstd_lines(path: str, reader: Reader) -> Iterator[bytes]:

@@ -14,8 +14,10 @@ What is compared with what:
 - CPU: what the run adds to resident memory (StageMemory.peak_bytes under the constants
   tests/integration/test_planner_measured_peak.py holds within 20% of measured, DeepSpeed's
   bucket counted only where gradients touch it, plus what DeepSpeed's import adds later)
-  against MemAvailable divided by the ranks on this node. The interpreter and torch are already
-  resident when MemAvailable is read, so they are outside both figures."""
+  against this rank's share of host memory: the smallest of MemAvailable divided by the ranks on
+  this node and what the job's limits leave (planner/host_memory.py: the memory cgroups,
+  RLIMIT_AS). The interpreter and torch are already resident when these are read, so they are
+  outside both figures."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,15 +72,6 @@ def cpu_memory(meminfo: str, ranks_per_node: int) -> Optional[DeviceMemory]:
                                 f"MemAvailable {kib * 1024 / GIB:.1f} GB / {ranks} "
                                 f"rank{'s' if ranks > 1 else ''} on this node")
     return None
-
-
-def read_cpu_memory(ranks_per_node: int, path: str = "/proc/meminfo") -> Optional[DeviceMemory]:
-    """cpu_memory of this machine; None where /proc/meminfo cannot tell (not Linux)."""
-    try:
-        with open(path) as f:
-            return cpu_memory(f.read(), ranks_per_node)
-    except OSError:
-        return None
 
 
 def unmodelled(cfg: Config) -> Optional[str]:

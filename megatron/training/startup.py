@@ -40,6 +40,7 @@ from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.state import ParallelState
+from megatron.training.run_paths import check_run_paths
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
         raise ConfigError("training.init_from", cfg.training.init_from,
                           "an existing single-file model", "write one with megatron-convert "
                           "to-single --run-dir <run> --output <file>")
+    check_run_paths(cfg)  # before the first save finds a folder it cannot write
     return dp
 
 
@@ -214,7 +216,8 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
         resume = find_resume(cfg)
         if resume is not None:
             check_model(resume, layout)
-            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream)
+            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream,
+                             cfg.training.keep_data_position)
             resume = dataclasses.replace(resume, new_stream=new)
         return resume
     return rank0_decides(choose)

@@ -63,3 +63,27 @@ def test_truncated_input_is_one_error_naming_it(tmp_path, name):
     lines = [l for l in proc.stderr.splitlines() if "error" in l]
     assert len(lines) == 1 and str(path) in lines[0], proc.stderr
     assert not (tmp_path / "out_text_document.bin").exists(), "a partial output was left"
+
+
+def test_a_datasets_folder_with_a_shard_cut_between_record_batches_fails_naming_it(tmp_path):
+    """The reported case: save_to_disk's Arrow streams, the second cut exactly after a record
+    batch, preprocessed with exit 0 and fewer documents; now exit 2 naming the shard."""
+    folder, names, cut_at = tmp_path / "ds", [], 0
+    folder.mkdir()
+    for i, part in enumerate((ROWS[:100], ROWS[100:])):
+        cut_at = 0
+        name = f"data-{i:05d}-of-00002.arrow"
+        table = pa.Table.from_pylist(part)
+        with pa.OSFile(str(folder / name), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+            for batch in table.to_batches(max_chunksize=40):
+                w.write_batch(batch)
+                cut_at = cut_at or f.tell()
+        names.append({"filename": name})
+    (folder / "state.json").write_text(json.dumps({"_data_files": names}))
+    shard = folder / names[1]["filename"]
+    shard.write_bytes(shard.read_bytes()[:cut_at])
+    proc = run("--input", str(folder), "--output-prefix", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if "error" in l]
+    assert len(lines) == 1 and str(shard) in lines[0] and "end-of-stream" in lines[0], proc.stderr
+    assert not (tmp_path / "out_text_document.bin").exists(), "a partial output was left"

@@ -1,0 +1,96 @@
+"""Every path a run will read or write, checked at start-up before anything is allocated.
+
+Without this a checkpoints folder that cannot be written is found at the first save, after
+steps were trained, and a node-local tier or a TensorBoard folder later still (issue 41 item
+8). The check creates nothing: a folder that does not exist yet must be creatable, that is its
+nearest existing ancestor a writable directory. Writability is tried with a probe file, not
+with permission bits: root passes every bit check but not a read-only mount or an immutable
+(chattr +i) folder. Every rank checks (a node-local folder is per node); the first problem is
+one InputError naming the field, the path, what was expected and the fix. Imports no torch, so
+megatron-train runs it before its heavy imports."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Iterator, Tuple
+
+from megatron.base.rundir import RunDir
+from megatron.config import Config
+from megatron.config.errors import InputError
+
+Need = Tuple[str, str]  # (the field that names it, the path)
+
+
+def writable_dirs(cfg: Config) -> Iterator[Need]:
+    run = RunDir(cfg.run.dir)
+    yield "run.dir", run.path
+    # always: a stop signal or the job's deadline saves even a run without training.save
+    yield "run.dir (its checkpoints folder)", run.checkpoints
+    yield "run.dir (its hangs folder, for the hang watchdog)", run.hangs
+    if cfg.training.tensorboard:
+        yield "training.tensorboard (the run's TensorBoard folder)", run.tensorboard
+    if cfg.run.wandb != "off":
+        yield f"run.wandb={cfg.run.wandb} (W&B's folder)", run.wandb
+    if cfg.training.save_local_dir:
+        yield "training.save_local_dir", cfg.training.save_local_dir
+    if cfg.data.cache_dir and not cfg.data.synthetic:
+        yield "data.cache_dir", cfg.data.cache_dir
+
+
+def readable_files(cfg: Config) -> Iterator[Need]:
+    d = cfg.data
+    if d.synthetic:
+        return
+    from megatron.data.blended_dataset import parse_paths  # numpy only
+    for prefix in parse_paths(d.paths)[1]:
+        yield "data.paths (a prefix of megatron-preprocess's output)", prefix + ".idx"
+        yield "data.paths (a prefix of megatron-preprocess's output)", prefix + ".bin"
+    for name in ("tokenizer_model", "vocab_file", "merges_file"):
+        if getattr(d, name):
+            yield f"data.{name}", getattr(d, name)
+
+
+def check_run_paths(cfg: Config) -> None:
+    """One InputError for the first path the run could not use."""
+    for field, path in writable_dirs(cfg):
+        check_writable_dir(field, path)
+    for field, path in readable_files(cfg):
+        check_readable(field, path, os.path.isfile, "a readable file")
+    load = cfg.training.load
+    if load is not None and load != "auto":
+        check_readable("training.load", load, os.path.exists,
+                       "a checkpoints folder or one checkpoint folder (step_N)")
+
+
+def check_readable(field: str, path: str, kind, expected: str) -> None:
+    if not kind(path):
+        why = "it does not exist" if not os.path.exists(path) else "it is not the right kind"
+        hint = " (drop the suffix: a prefix names both .bin and .idx)" if path.endswith(
+            (".bin.idx", ".bin.bin", ".idx.idx", ".idx.bin")) else ""
+        raise InputError(f"{field}: {path!r} cannot be read ({why}): expected {expected}; "
+                         f"fix the path{hint} (--set or the YAML file)")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{field}: {path!r} is not readable (permission denied): expected "
+                         f"{expected}; fix its permissions")
+
+
+def check_writable_dir(field: str, path: str) -> None:
+    """`path` is a writable directory or can be created as one."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file, not a directory" if existing == os.path.abspath(path) else \
+            f"lies inside the file {existing!r}, where the run needs a directory"
+        raise InputError(f"{field}: {path!r} {where}; remove the file or choose another "
+                         f"path")
+    probe = os.path.join(existing, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        what = "" if existing == os.path.abspath(path) else f" (its parent {existing!r})"
+        raise InputError(f"{field}: {path!r}{what} is not writable ({e.strerror}), and the run "
+                         f"writes there; choose a writable location or fix the folder (a "
+                         f"read-only mount, an immutable folder: lsattr -d)") from None

@@ -1,0 +1,108 @@
+"""training/run_paths.py: every path a run reads or writes is checked at start-up, before the
+process group or the model (issue 41 item 8), not at the first save. These run as root, which
+passes every permission bit, so a folder that cannot be written is a file where a directory is
+expected, a path inside a regular file, or an immutable folder (chattr +i, set here through its
+ioctl). A failure names the path kind that slipped through."""
+import array
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from megatron.config import load_config
+from megatron.config.errors import InputError
+from megatron.training import startup
+from megatron.training.run_paths import check_run_paths
+
+from tests.support.paths import TINY
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _cfg(tmp_path, *sets):
+    return load_config(TINY, [f"run.dir={tmp_path / 'run'}", *sets])
+
+
+def _refused(cfg, *fragments):
+    started = time.monotonic()
+    with pytest.raises(InputError) as e:
+        startup._check_before_joining(cfg, 1, "cpu")  # what start() runs before joining
+    assert time.monotonic() - started < 0.5
+    for fragment in fragments:
+        assert fragment in str(e.value), (fragment, str(e.value))
+    return str(e.value)
+
+
+def _flags(path, set_to=None):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        buf = array.array("l", [0])
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf, True)
+        if set_to is not None:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, array.array("l", [set_to(buf[0])]), True)
+        return buf[0]
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def immutable(path):
+    try:
+        _flags(path, lambda f: f | FS_IMMUTABLE_FL)
+    except OSError as e:
+        pytest.skip(f"cannot make {path} immutable here (chattr +i: {e.strerror})")
+    try:
+        yield
+    finally:
+        _flags(path, lambda f: f & ~FS_IMMUTABLE_FL)
+
+
+def test_a_usable_run_passes_and_nothing_is_created(tmp_path):
+    check_run_paths(_cfg(tmp_path, "run.wandb=offline"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoints_folder_that_is_a_file_is_refused_at_start_up(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("not a folder")
+    _refused(_cfg(tmp_path), "run.dir (its checkpoints folder)",
+             repr(str(tmp_path / "run" / "checkpoints")), "is a file, not a directory")
+
+
+def test_an_immutable_checkpoints_folder_is_refused_at_start_up(tmp_path):
+    ckpt = tmp_path / "run" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    with immutable(str(ckpt)):
+        _refused(_cfg(tmp_path), "run.dir (its checkpoints folder)", repr(str(ckpt)),
+                 "is not writable (Operation not permitted)")
+
+
+def test_a_local_tier_inside_a_file_is_refused(tmp_path):
+    (tmp_path / "bb").write_text("a file")
+    _refused(_cfg(tmp_path, f"training.save_local_dir={tmp_path / 'bb' / 'tier'}"),
+             "training.save_local_dir", f"lies inside the file {str(tmp_path / 'bb')!r}")
+
+
+def test_tensorboard_wandb_and_cache_folders_are_checked(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tensorboard").write_text("")
+    _refused(_cfg(tmp_path), "training.tensorboard", "tensorboard")
+    (run / "wandb").write_text("")
+    _refused(_cfg(tmp_path, "training.tensorboard=false", "run.wandb=offline"), "run.wandb")
+
+
+def test_training_load_data_files_and_tokenizer_must_be_readable(tmp_path):
+    _refused(_cfg(tmp_path, f"training.load={tmp_path / 'nowhere'}"), "training.load",
+             "does not exist")
+    prefix = tmp_path / "corpus"
+    (tmp_path / "corpus.bin").write_bytes(b"")
+    data = ["data.synthetic=false", f"data.paths=[{prefix}]"]
+    _refused(_cfg(tmp_path, *data), "data.paths", f"{prefix}.idx")
+    (tmp_path / "corpus.idx").write_bytes(b"")
+    _refused(_cfg(tmp_path, *data, "data.tokenizer_type=sentencepiece",
+                  f"data.tokenizer_model={tmp_path / 'spm.model'}"), "data.tokenizer_model")
+    (tmp_path / "cache").write_text("")
+    _refused(_cfg(tmp_path, *data, f"data.cache_dir={tmp_path / 'cache'}"), "data.cache_dir")
