@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from megatron.config import moe, schedules, variants
+from megatron.config import context_parallel, moe, schedules, variants
 from megatron.config.errors import ConfigError
 
 
@@ -126,6 +126,14 @@ class ParallelConfig:
     # attention exchanges heads for sequence around itself (docs/context_parallel.md). 1: off.
     # Data parallel size is then world / (tensor x pipeline x context parallel).
     context_parallel_size: int = 1
+    # How the context-parallel ranks attend over the whole sequence (config/context_parallel.py,
+    # docs/context_parallel.md): ulysses (head exchange, the default), ring (key/value blocks
+    # around the group, no head cap), allgather (key/value heads gathered once: GQA), hybrid
+    # (Ulysses inside groups of ulysses_degree ranks x ring across them).
+    context_parallel_algo: str = context_parallel.DEFAULT
+    # Ranks of one Ulysses group under context_parallel_algo=hybrid; 0: implied by the
+    # algorithm (all of context_parallel_size for ulysses, 1 for ring and allgather).
+    ulysses_degree: int = 0
     # DeepSpeed pipeline partitioning: "uniform" spreads transformer layers evenly.
     pipeline_partition_method: str = "uniform"
     # The pipeline schedule (PP > 1), a record of config/schedules: "1f1b" is DeepSpeed's;
@@ -147,6 +155,9 @@ class ParallelConfig:
         _positive("parallel", "pipeline_parallel_size", self.pipeline_parallel_size)
         _positive("parallel", "context_parallel_size", self.context_parallel_size)
         _positive("parallel", "expert_parallel_size", self.expert_parallel_size)
+        _choice("parallel", "context_parallel_algo", self.context_parallel_algo,
+                context_parallel.ALGOS)
+        _positive("parallel", "ulysses_degree", self.ulysses_degree, allow_zero=True)
         _choice("parallel", "zero_stage", self.zero_stage, (0, 1, 2, 3))
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from megatron.config import schedules
+from megatron.config import context_parallel, schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 
@@ -45,26 +45,73 @@ def tensor_parallel_error(m, tp: int, sequence_parallel: bool) -> Optional[Confi
     return None
 
 
-def context_parallel_error(m, tp: int, cp: int, sequence_parallel: bool
+def context_parallel_error(m, tp: int, cp: int, sequence_parallel: bool,
+                           algo: str = context_parallel.DEFAULT, ulysses_degree: int = 0
                            ) -> Optional[ConfigError]:
-    """Ulysses' all-to-all deals each tensor-parallel rank's query heads out to the cp ranks
-    and gathers the sequence: the heads and the sequence must split evenly. Key/value heads
-    need no rule: where a rank's are fewer than cp (or do not split), the attention replicates
-    them (megatron/parallel/ulysses.py)."""
+    """The rules of the algorithm (config/context_parallel.py) for C = cp ranks: Ulysses'
+    head cap on its own part only; the load balance of the ring part (2 chunks a rank)."""
     if cp == 1:
         return None
+    error = _degree_error(algo, cp, ulysses_degree)
+    if error:
+        return error
+    u, r = context_parallel.degrees(algo, cp, ulysses_degree)
+    return _ulysses_error(m, tp, u, algo) or _sequence_error(m, tp, cp, r, sequence_parallel)
+
+
+def _degree_error(algo: str, cp: int, ulysses_degree: int) -> Optional[ConfigError]:
+    if algo == "hybrid":
+        if ulysses_degree < 2 or ulysses_degree >= cp or cp % ulysses_degree:
+            return ConfigError("parallel.ulysses_degree", ulysses_degree,
+                               f"a divisor of parallel.context_parallel_size={cp} between 2 and "
+                               f"{cp // 2} with parallel.context_parallel_algo=hybrid (Ulysses "
+                               "inside groups of that many ranks x ring across them)",
+                               "set parallel.ulysses_degree, or use context_parallel_algo=ring "
+                               "or ulysses")
+        return None
+    implied = context_parallel.degrees(algo, cp)[0]
+    if ulysses_degree not in (0, implied):
+        return ConfigError("parallel.ulysses_degree", ulysses_degree,
+                           f"0 or {implied} with parallel.context_parallel_algo={algo} "
+                           f"(context_parallel_size={cp}); only hybrid chooses it",
+                           "remove it, or set parallel.context_parallel_algo=hybrid")
+    return None
+
+
+def _ulysses_error(m, tp: int, u: int, algo: str) -> Optional[ConfigError]:
+    """Ulysses' all-to-all deals each tensor-parallel rank's query heads out to its u ranks.
+    Key/value heads need no rule: where a rank's are fewer than u (or do not split), the
+    attention replicates them (megatron/parallel/ulysses.py)."""
     per_tp = m.num_attention_heads // tp
-    if per_tp % cp:
-        return ConfigError("model.num_attention_heads", m.num_attention_heads,
-                           f"query heads per tensor-parallel rank (num_attention_heads / "
-                           f"parallel.tensor_parallel_size = {per_tp}) to be a multiple of "
-                           f"parallel.context_parallel_size={cp}",
-                           "change the head count, tensor_parallel_size or context_parallel_size")
+    if u == 1 or per_tp % u == 0:
+        return None
+    if algo == "hybrid":
+        return ConfigError("parallel.ulysses_degree", u,
+                           f"a divisor of the query heads per tensor-parallel rank "
+                           f"(num_attention_heads / parallel.tensor_parallel_size = {per_tp})",
+                           "lower parallel.ulysses_degree (the ring part has no head cap)")
+    return ConfigError("model.num_attention_heads", m.num_attention_heads,
+                       f"query heads per tensor-parallel rank (num_attention_heads / "
+                       f"parallel.tensor_parallel_size = {per_tp}) to be a multiple of "
+                       f"parallel.context_parallel_size={u}",
+                       "change the head count, tensor_parallel_size or context_parallel_size, "
+                       "or set parallel.context_parallel_algo=ring (no head cap)")
+
+
+def _sequence_error(m, tp: int, cp: int, r: int, sequence_parallel: bool
+                    ) -> Optional[ConfigError]:
+    """Every rank holds s/cp tokens (s/(cp*tp) under Megatron SP); a ring of r ranks cuts the
+    sequence into 2r chunks for its causal load balance."""
     shards = cp * tp if sequence_parallel and tp > 1 else cp
     if m.seq_length % shards:
         what = (f"parallel.context_parallel_size x tensor_parallel_size = {shards} with "
                 "sequence parallelism" if shards != cp else f"parallel.context_parallel_size={cp}")
         return ConfigError("model.seq_length", m.seq_length, f"a multiple of {what}")
+    if r > 1 and m.seq_length % (2 * r):
+        return ConfigError("model.seq_length", m.seq_length,
+                           f"a multiple of 2 x the ring degree = {2 * r}: the ring's causal load "
+                           f"balance gives each of its {r} ranks two of {2 * r} equal chunks",
+                           f"set model.seq_length to a multiple of {2 * r}")
     return None
 
 
@@ -140,7 +187,8 @@ def check_tensor_parallel(cfg) -> None:
 def check_context_parallel(cfg) -> None:
     p = cfg.parallel
     _raise(context_parallel_error(cfg.model, p.tensor_parallel_size, p.context_parallel_size,
-                                  p.sequence_parallel))
+                                  p.sequence_parallel, p.context_parallel_algo,
+                                  p.ulysses_degree))
     _raise(context_parallel_combination_error(cfg))
 
 

@@ -7,7 +7,9 @@ slice holds whole groups.
 
 Under context parallelism (parallel/ulysses.py) the layer sees its rank's slice of the sequence;
 q, k and v are exchanged for whole-sequence heads before rotary positions and the core, so
-positions are global and every core sees the causal mask of the whole sequence."""
+positions are global and every core sees the causal mask of the whole sequence. Ring,
+all-gather and hybrid context parallelism (parallel.context_parallel_algo) replace that by
+model/context_attention.py, over the load-balanced tokens of parallel/cp_layout.py."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +21,7 @@ from torch import nn
 from megatron.config import ModelConfig, variants
 from megatron.config.errors import ConfigError
 from megatron.model.context import ModelContext
+from megatron.model.context_attention import ContextAttention
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
@@ -74,7 +77,13 @@ class SelfAttention(nn.Module):
                                        init_seed=seed_for(seed, f"layer{layer_number}.proj"))
         position = variants.of(m, "position")
         self.rotary = position.build(m) if position.rotates_qk else None
+        # Built under every layout, so the parameter names (a core may have weights) and the
+        # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)
+        # Ring, all-gather and hybrid wrap the whole attention (model/context_attention.py).
+        self.context = None
+        if state.cp > 1 and state.cp_layout.balanced:
+            self.context = ContextAttention(m, ctx, self.groups_local, self.q_per_group)
 
     def _split(self, qkv: torch.Tensor):
         s, b = qkv.shape[:2]
@@ -86,6 +95,8 @@ class SelfAttention(nn.Module):
 
     def _core(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
+        if self.context is not None:
+            return self.context(q, k, v)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]
             q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
         if self.rotary is not None:

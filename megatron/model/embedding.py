@@ -12,13 +12,14 @@ from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, paral
 from megatron.parallel.mappings import (reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region)
 from megatron.parallel.random import dropout, seed_for
-from megatron.parallel.ulysses import local_sequence
+from megatron.parallel.cp_layout import local_tokens, token_index
 
 
 class Embedding(nn.Module):
     """tokens [b, s] -> hidden [s, b, h] (or [s/t, b, h] under sequence parallelism). Under
     context parallelism every rank of the group gets the whole samples and keeps its slice of
-    the sequence here ([s/C, b, h]); learned positions are the slice's global ones."""
+    the sequence here ([s/C, b, h]; parallel/cp_layout.py says which tokens); learned positions
+    are those tokens' global ones."""
 
     def __init__(self, m: ModelConfig, ctx: ModelContext, with_positions: bool = True):
         super().__init__()
@@ -36,21 +37,29 @@ class Embedding(nn.Module):
                 table.full(m), m.init_method_std, seed_for(seed, "position_embedding")))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        state = self.state
-        tokens = local_sequence(tokens, state.cp_rank, state.cp, dim=1)  # [b, s/C]
+        state, seq = self.state, tokens.shape[1]
+        tokens = local_tokens(tokens, state, dim=1)  # [b, s/C]
         # [b, s, h] -> [s, b, h], partial over TP; contiguous for the collectives and pipeline sends.
         x = self.word_embeddings.partial(tokens).transpose(0, 1).contiguous()
-        first = state.cp_rank * x.shape[0]  # global position of this rank's first token
         if self.seq_par:
             x = reduce_scatter_to_sequence_parallel_region(x, state.tp_group)
-            first += state.tp_rank * x.shape[0]
+            within = state.tp_rank * x.shape[0]  # this TP rank's share of the CP rank's tokens
         else:
             x = reduce_from_tp_region(x, state.tp_group)
-        positions = slice(first, first + x.shape[0])
+            within = 0
         if self.position_embeddings is not None:
             pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
-            x = x + pos[positions].unsqueeze(1).to(x.dtype)
+            x = x + pos[self._positions(seq, within, x.shape[0], x.device)].unsqueeze(1).to(x.dtype)
         return dropout(x, self.p, self.training, self.seq_par, self.tracker)
+
+    def _positions(self, seq: int, within: int, n: int, device):
+        """Global positions of this rank's n tokens, from the `within`-th of its CP share: a
+        slice of the contiguous (Ulysses) share, or an index into the load-balanced one."""
+        state = self.state
+        if not state.cp_layout.balanced:
+            first = state.cp_rank * (seq // state.cp) + within
+            return slice(first, first + n)
+        return token_index(seq, state.cp_rank, state.cp_layout, device)[within:within + n]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Tied output head: hidden [s(/t), b, h] -> logits [s, b, V/t]."""

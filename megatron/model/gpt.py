@@ -20,12 +20,13 @@ from megatron.model.moe import MoELayer
 from megatron.model.norm import build_norm, norm_class
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState
-from megatron.parallel.ulysses import local_sequence
+from megatron.parallel.cp_layout import local_tokens
 
 
 def local_labels(labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """labels [b, s] -> this context-parallel rank's [s/C, b] (the whole [s, b] without CP)."""
-    return local_sequence(labels, state.cp_rank, state.cp, dim=1).transpose(0, 1)
+    """labels [b, s] -> this context-parallel rank's [s/C, b] (the whole [s, b] without CP):
+    the same tokens as the embedding's (parallel/cp_layout.py)."""
+    return local_tokens(labels, state, dim=1).transpose(0, 1)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, state: ParallelState) -> torch.Tensor:

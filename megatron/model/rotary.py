@@ -28,6 +28,13 @@ class RotaryEmbedding:
         cos, sin = self.tables(x.shape[0], x.device)
         return kernels.rotary(x, cos, sin, sel)
 
+    def apply_at(self, x: torch.Tensor, positions: torch.Tensor, sel) -> torch.Tensor:
+        """x [s, b, n, d] at global positions [s] (a context-parallel rank's load-balanced
+        tokens, parallel/cp_layout.py)."""
+        cos = self._cos.index_select(0, positions.cpu()).to(x.device)
+        sin = self._sin.index_select(0, positions.cpu()).to(x.device)
+        return kernels.rotary(x, cos, sin, sel)
+
 
 def for_model(m) -> RotaryEmbedding:
     """model.position_embedding_type=rotary (config/builtin_variants.py)."""

@@ -22,6 +22,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch.distributed as dist
 
+from megatron.config import context_parallel
+from megatron.parallel.cp_layout import CPLayout, split_grid
 from megatron.parallel.grid import Grid, build_groups
 
 DENSE_AXES = ("pp", "dp", "cp", "tp")
@@ -81,6 +83,8 @@ class ParallelState:
         self.rank = rank
         self.groups: Dict[str, object] = {}
         self._made: Dict[Tuple[int, ...], object] = {}  # every group made here, by rank set
+        # How the cp ranks split the sequence and attend (parallel/cp_layout.py).
+        self.cp_layout = CPLayout.of(context_parallel.DEFAULT, cp)
 
     @classmethod
     def on_grid(cls, grid: Grid, rank: int = 0) -> "ParallelState":
@@ -96,10 +100,11 @@ class ParallelState:
 
     @classmethod
     def build(cls, tp: int, pp: int, timeout: Optional[timedelta] = None,
-              cp: int = 1) -> "ParallelState":
+              cp: int = 1, cp_layout: Optional[CPLayout] = None) -> "ParallelState":
         """Creates every group; all ranks must call it in the same order (collective).
         timeout: for collectives on these groups (torch's new groups do not inherit the world
-        group's; parallel.timeout_minutes). cp: parallel.context_parallel_size."""
+        group's; parallel.timeout_minutes). cp: parallel.context_parallel_size; cp_layout: its
+        algorithm (Ulysses when not given); hybrid adds its ring and Ulysses groups."""
         world, rank = dist.get_world_size(), dist.get_rank()
         if tp < 1 or pp < 1 or cp < 1 or world % (tp * pp * cp):
             raise ValueError(f"a world of {world} ranks does not split into tensor parallel "
@@ -107,6 +112,10 @@ class ParallelState:
                              "data-parallel size")
         state = cls(tp=tp, pp=pp, dp=world // (tp * pp * cp), rank=rank, cp=cp)
         state.groups = build_groups(state.grid, rank, _new_group(timeout), state._made)
+        if cp_layout is not None:
+            state.cp_layout = cp_layout
+            if cp_layout.balanced and cp_layout.ulysses > 1:
+                state.groups.update(state.add_grid(split_grid(state.grid, cp_layout), timeout))
         return state
 
     def add_grid(self, grid: Grid, timeout: Optional[timedelta] = None) -> Dict[str, object]:

@@ -80,6 +80,9 @@ def unmodelled(cfg: Config) -> Optional[str]:
     if p.pipeline_parallel_size > 1 and p.pipeline_partition_method != "uniform":
         return (f"parallel.pipeline_partition_method={p.pipeline_partition_method} "
                 "(the planner splits layers uniformly)")
+    if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
+        return (f"parallel.context_parallel_algo={p.context_parallel_algo} (the planner prices "
+                "only Ulysses' context parallelism)")
     return None
 
 

@@ -56,6 +56,13 @@ def config_layout(cfg: Config) -> Dict[str, object]:
     scores is priced as the math path, any other as flash; parallel.pipeline_schedule is the
     schedule)."""
     p, t = cfg.parallel, cfg.training
+    if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
+        # Pricing a ring as Ulysses would be silently wrong: other transfers, no head cap.
+        raise ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
+                          "ulysses for megatron-plan, which prices Ulysses' all-to-alls only "
+                          "(ring, allgather and hybrid are not priced yet)",
+                          "plan with --set parallel.context_parallel_algo=ulysses (a degree "
+                          "within the head cap) or parallel.context_parallel_size=1")
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
             "recompute": t.activation_checkpointing,

@@ -39,6 +39,7 @@ from megatron.launch.health import check_node, check_node_link, node_name
 from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
+from megatron.parallel.cp_layout import cp_layout_of
 from megatron.parallel.state import ParallelState
 from megatron.training.run_paths import check_run_paths
 
@@ -106,7 +107,8 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
         state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                     cfg.parallel.pipeline_parallel_size,
                                     timedelta(minutes=cfg.parallel.timeout_minutes),
-                                    cp=cfg.parallel.context_parallel_size)
+                                    cp=cfg.parallel.context_parallel_size,
+                                    cp_layout=cp_layout_of(cfg.parallel))
         timer.mark("parallel groups")
         ds_config = deepspeed_config(cfg, dp, device_info.device.type)
         model = build_model(cfg, state, vocab, device_info.device, timer)

@@ -52,3 +52,45 @@ def test_a_layout_that_cannot_work_is_one_message_naming_the_fields(overrides, w
 def test_fewer_key_value_heads_than_the_degree_is_accepted():
     cfg = _cfg("parallel.context_parallel_size=4", "model.num_query_groups=1")
     assert validate_for_world(cfg, 4) == 1
+
+
+@pytest.mark.parametrize("overrides, world, words", [
+    (["parallel.context_parallel_algo=tree"], 1,
+     "parallel.context_parallel_algo='tree' is invalid: expected one of ulysses, ring, "
+     "allgather, hybrid"),
+    (["parallel.context_parallel_size=4", "parallel.context_parallel_algo=ring",
+      "model.seq_length=36"], 4,
+     "model.seq_length=36 is invalid: expected a multiple of 2 x the ring degree = 8"),
+    (["parallel.context_parallel_size=4", "parallel.context_parallel_algo=hybrid"], 4,
+     "parallel.ulysses_degree=0 is invalid: expected a divisor of "
+     "parallel.context_parallel_size=4 between 2 and 2"),
+    (["parallel.context_parallel_size=8", "parallel.context_parallel_algo=hybrid",
+      "parallel.ulysses_degree=8"], 8, "parallel.ulysses_degree=8"),
+    (["parallel.context_parallel_size=2", "parallel.ulysses_degree=2",
+      "parallel.context_parallel_algo=ring"], 2,
+     "expected 0 or 1 with parallel.context_parallel_algo=ring"),
+    (["parallel.context_parallel_size=8", "parallel.context_parallel_algo=hybrid",
+      "parallel.ulysses_degree=4", "parallel.tensor_parallel_size=2"], 16,
+     "parallel.ulysses_degree=4 is invalid: expected a divisor of the query heads per "
+     "tensor-parallel rank (num_attention_heads / parallel.tensor_parallel_size = 2)"),
+    (["parallel.context_parallel_size=8"], 8,
+     "or set parallel.context_parallel_algo=ring (no head cap)"),
+])
+def test_an_algorithm_that_cannot_split_is_one_message_naming_the_fields(overrides, world,
+                                                                         words):
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(_cfg(*overrides), world)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, world", [
+    # past the Ulysses head cap (tiny has 4 query heads): the ring has none
+    (["parallel.context_parallel_size=8", "parallel.context_parallel_algo=ring"], 8),
+    (["parallel.context_parallel_size=8", "parallel.context_parallel_algo=allgather"], 8),
+    (["parallel.context_parallel_size=8", "parallel.context_parallel_algo=hybrid",
+      "parallel.ulysses_degree=4"], 8),
+    (["parallel.context_parallel_size=2", "parallel.context_parallel_algo=ring",
+      "parallel.ulysses_degree=1"], 2),
+])
+def test_ring_allgather_and_hybrid_lift_the_head_cap(overrides, world):
+    assert validate_for_world(_cfg(*overrides), world) == 1

@@ -242,3 +242,18 @@ def test_longest_cli_without_context_parallelism(capsys):
                  "--cp-values", "1"])
     assert code == 0
     assert "longest sequence: 80896 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algo", ["ring", "allgather", "hybrid"])
+def test_the_planner_refuses_to_price_ring_allgather_and_hybrid_as_ulysses(capsys, tmp_path,
+                                                                           algo):
+    from megatron.planner import fit
+    sets = ["parallel.context_parallel_size=4", f"parallel.context_parallel_algo={algo}"]
+    sets += ["parallel.ulysses_degree=2"] if algo == "hybrid" else []
+    cfg = load_config(os.path.join(ROOT, "examples", "local", "tiny.yaml"), sets)
+    verdict = fit.check(cfg, 4, fit.DeviceMemory("cpu", 1 << 34, "test"))
+    assert verdict.status == fit.UNKNOWN and f"context_parallel_algo={algo}" in verdict.reason
+    code = main(["memory", "--config", os.path.join(ROOT, "examples", "local", "tiny.yaml"),
+                 "--cluster", "a100", "--nodes", "1"]
+                + [f"--set={s}" for s in sets])
+    assert code != 0 and "parallel.context_parallel_algo" in capsys.readouterr().err

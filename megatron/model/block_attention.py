@@ -1,0 +1,51 @@
+"""Attention of a query block to one key/value block, returning the log-sum-exp of each query
+row with the output, and the merge of such partial results: the inner computation of the
+context-parallel wrappers (model/context_attention.py), which see the sequence one block at a
+time.
+
+For query i, keys j of a block: lse_i = log sum_j exp(s_ij), o_i = sum_j exp(s_ij - lse_i) v_j.
+Two blocks' results (o1, lse1), (o2, lse2) merge exactly into those of the union:
+lse = logaddexp(lse1, lse2), o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2.
+
+Math path only (explicit scores, mask, logsumexp, in fp32): correct on every device and the
+reference. Seam for a GPU: flash-attn's flash_attn_func(..., return_attn_probs=True) returns
+the same lse per row (its softmax_lse, [b, n, s]); a `block_attention` that calls it for
+offset in (None, 0) (causal=False / causal=True) would slot in below, untested here."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Tuple
+
+import torch
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: Optional[int],
+                    drop: Optional[Callable] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q [sq, b, n, d], k and v [sk, b, g, d] (g divides n: grouped-query attention) ->
+    out [sq, b, n, d] fp32, lse [sq, b, n] fp32. offset: None, every key visible; else query
+    i sees key j iff j <= i + offset (the query block starts `offset` positions after the key
+    block). Every query row must see at least one key (the callers' chunks guarantee it), else
+    its lse is -inf and the merge divides by zero. drop: dropout on the probabilities."""
+    sq, b, n, d = q.shape
+    if n > k.shape[2]:  # each key/value head serves n/g consecutive query heads
+        rep = n // k.shape[2]
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(d))
+    if offset is not None:
+        rows = torch.arange(sq, device=q.device).unsqueeze(1)
+        cols = torch.arange(k.shape[0], device=q.device).unsqueeze(0)
+        scores = scores.masked_fill(cols > rows + offset, float("-inf"))  # [sq, sk] causal
+    lse = torch.logsumexp(scores, dim=-1)  # [b, n, sq]
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    if drop is not None:
+        probs = drop(probs)
+    out = torch.einsum("bnij,jbnd->ibnd", probs, v.float())
+    return out, lse.permute(2, 0, 1)
+
+
+def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+          ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Two partial results over disjoint key sets -> the result over their union (exact)."""
+    lse = torch.logaddexp(lse1, lse2)  # [sq, b, n]
+    out = o1 * torch.exp(lse1 - lse).unsqueeze(-1) + o2 * torch.exp(lse2 - lse).unsqueeze(-1)
+    return out, lse

@@ -1,0 +1,84 @@
+"""Ring, all-gather and hybrid context parallelism (parallel.context_parallel_algo) against one
+rank: fp32, dropout off, clipping on, 5 steps and an evaluation, GPT-2 (learned positions) and
+Llama (rotary, two key/value heads: grouped-query attention) flavours, through the trainer in
+process (tests/support/ring_attention_worker.py, which extends context_parallel_worker.py).
+
+Four launches (start-up dominates): 2 ranks (ring CP2, all-gather CP2; ring CP2's checkpoint
+continued under Ulysses CP2), 1 rank (the reference; ring CP2's checkpoint continued on one
+rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring 2, ring CP2 x TP2, ring CP2 x
+DP2 with ZeRO-1), 8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
+Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
+(allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
+`grads` compares every parameter's gradient directly, the continuations that a checkpoint
+is layout-free and the data position and random streams resume as before."""
+import os
+
+import pytest
+
+from tests.support.paths import ROOT
+from tests.support.procs import launch_json
+
+WORKER = os.path.join(ROOT, "tests", "support", "ring_attention_worker.py")
+TWO_RANK = ["ring_cp2", "allgather_cp2"]
+FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp2dp2_zero1"]
+EIGHT_RANK = ["ring_cp8"]
+GRADS = ["ring_cp2", "allgather_cp2", "ring_cp4", "hybrid_cp4", "ring_cp8"]
+PAIRS = [("ring_cp2", "cp2"), ("ring_cp2", "single")]  # saved under ring, continued under ...
+FLAVOURS = ["gpt2", "llama"]
+TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp, nproc, *args):
+    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--workdir", tmp, *args,
+                       plain_single=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("ring_attention"))
+    got = _run(tmp, 2, "--ring-grads", "--layouts", ",".join(TWO_RANK), "--sources", "ring_cp2",
+               "--continue", "ring_cp2>cp2")
+    got.update(_run(tmp, 1, "--layouts", "single", "--continue", "ring_cp2>single"))
+    got.update(_run(tmp, 4, "--ring-grads", "--layouts", ",".join(FOUR_RANK)))
+    got.update(_run(tmp, 8, "--ring-grads", "--layouts", ",".join(EIGHT_RANK)))
+    return got
+
+
+def _worst(got, ref):
+    assert len(got) == len(ref) and len(got) >= 1
+    return max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("layout", TWO_RANK + FOUR_RANK + EIGHT_RANK)
+def test_layout_matches_one_rank(results, layout, flavour):
+    ref, got = results[f"single/{flavour}"], results[f"{layout}/{flavour}"]
+    worst = _worst(got["losses"], ref["losses"])
+    print(f"{layout}/{flavour}: worst relative loss difference {worst:.2e}")
+    assert len(got["losses"]) == 5 and worst <= TOLERANCE, \
+        f"{layout}/{flavour}: {got['losses']} vs {ref['losses']}"
+    assert got["valid"] and _worst(got["valid"], ref["valid"]) <= TOLERANCE, \
+        (got["valid"], ref["valid"])
+    norms = got["grad_norms"]
+    if norms[0] is not None:  # DeepSpeed reports the norm under ZeRO (not its ZeRO-0 path)
+        assert _worst(norms, ref["grad_norms"]) <= TOLERANCE, (norms, ref["grad_norms"])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("algo", GRADS)
+def test_every_gradient_matches_one_rank(results, algo, flavour):
+    worst = results[f"grads/{algo}/{flavour}"]
+    print(f"grads/{algo}/{flavour}: worst relative gradient difference {worst:.2e}")
+    assert worst <= TOLERANCE, f"{algo}/{flavour}: a parameter's gradient differs by {worst:.2e}"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_ring_checkpoint_continues_under_another_algorithm(results, src, dst, flavour):
+    continued = results[f"{src}>{dst}/{flavour}"]["losses"]
+    in_place = results[f"{src}@10/{flavour}"]["losses"][5:]
+    worst = _worst(continued, in_place)
+    assert len(continued) == 5 and worst <= TOLERANCE, \
+        f"{src} -> {dst} ({flavour}): steps 6-10 {continued} vs in place {in_place}"

@@ -1,0 +1,102 @@
+"""Worker for the ring / all-gather / hybrid context-parallel tests (parallel.context_parallel_algo),
+run under torchrun (or alone for the one-rank reference). It is context_parallel_worker.py
+(same common settings, flavours, training in process, checkpoint sources and continuations)
+with these layouts added, and a gradient check that builds the algorithm's layout:
+`grads/<algo>_cp<C>/<flavour>` is the worst relative difference of any parameter's gradient
+(one micro-batch, averaged over the context-parallel group) from one rank's.
+
+    torchrun --nproc_per_node 4 tests/support/ring_attention_worker.py --out r.json \
+        --layouts ring_cp4,hybrid_u2r2 --grads --workdir /tmp/w
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+import context_parallel_worker as cpw  # noqa: E402
+from worker_exit import exit_after  # noqa: E402
+
+
+def _algo(algo, cp, *more, zero=0):
+    return [f"parallel.context_parallel_size={cp}", f"parallel.context_parallel_algo={algo}",
+            f"parallel.zero_stage={zero}", *more]
+
+
+RING_LAYOUTS = {
+    "ring_cp2": _algo("ring", 2),
+    "allgather_cp2": _algo("allgather", 2),
+    "ring_cp4": _algo("ring", 4),
+    "allgather_cp4": _algo("allgather", 4),
+    "hybrid_u2r2": _algo("hybrid", 4, "parallel.ulysses_degree=2"),
+    # ZeRO-1 where TP is in the group: DeepSpeed then reports the global gradient norm
+    "ring_cp2tp2": _algo("ring", 2, "parallel.tensor_parallel_size=2", zero=1),
+    "ring_cp2dp2_zero1": _algo("ring", 2, zero=1),
+    # past the Ulysses cap: tiny.yaml's 4 query heads over 8 ranks (seq 64 = 16 chunks of 4)
+    "ring_cp8": _algo("ring", 8),
+}
+GRAD_CHECKS = {2: [("ring", 2, 0), ("allgather", 2, 0)],
+               4: [("ring", 4, 0), ("hybrid", 4, 2)],
+               8: [("ring", 8, 0)]}
+
+
+def _grad_check(flavour, algo, cp, u):
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.cp_layout import cp_layout_of
+    from megatron.parallel.state import ParallelState
+    cfg = load_config(cpw.TINY, cpw.COMMON + cpw.FLAVOURS[flavour] + _algo(algo, cp)
+                      + ([f"parallel.ulysses_degree={u}"] if u else []))
+    state = ParallelState.build(1, 1, cp=cp, cp_layout=cp_layout_of(cfg.parallel))
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 512, (2, cfg.model.seq_length + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ref = build_model(cfg, ParallelState.single(), 512)
+    ref(x, y).backward()
+    model = build_model(cfg, state, 512)
+    model(x, y).backward()
+    worst = 0.0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        g = p.grad.clone()
+        dist.all_reduce(g, group=state.dp_cp_group)
+        g /= state.dp_cp
+        worst = max(worst, float((g - q.grad).norm() / q.grad.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _grads_into(path, flavours):
+    """Appends the gradient checks this world size runs to the results rank 0 wrote."""
+    import json
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    found = {f"grads/{a}_cp{c}/{fl}": _grad_check(fl, a, c, u)
+             for fl in flavours for a, c, u in GRAD_CHECKS.get(world, [])}
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(path) as f:
+            results = json.load(f)
+        results.update(found)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def main() -> int:
+    cpw.LAYOUTS.update(RING_LAYOUTS)
+    grads = "--ring-grads" in sys.argv
+    if grads:
+        sys.argv.remove("--ring-grads")
+    rc = cpw.main()
+    if grads and rc == 0:
+        out = sys.argv[sys.argv.index("--out") + 1]
+        flavours = "gpt2,llama"
+        if "--flavours" in sys.argv:
+            flavours = sys.argv[sys.argv.index("--flavours") + 1]
+        dist.barrier()
+        return _grads_into(out, flavours.split(","))
+    return rc
+
+
+if __name__ == "__main__":
+    exit_after(main)

@@ -1,0 +1,78 @@
+"""Ring and all-gather attention without processes: the blockwise attention of every rank's
+load-balanced tokens, merged through the log-sum-exp, equals full causal attention (outputs
+and the gradients of q, k and v), for ring degrees 2, 3 and 4, multi-head and grouped-query.
+The ring's shift and the all-gather are replaced by handing each simulated rank the other
+ranks' tensors, so a failure here is the chunking, the masks or the merge, not the transport."""
+import math
+
+import pytest
+import torch
+
+from megatron.model import block_attention as ba
+from megatron.model import context_attention as ca
+from megatron.parallel.cp_layout import ring_positions
+
+TOLERANCE = 1e-5
+
+
+def _full(q, k, v):
+    """Reference causal attention, q [s, b, n, d], k/v [s, b, g, d] -> [s, b, n, d] (fp64)."""
+    rep = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
+    s = q.shape[0]
+    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("bnij,jbnd->ibnd", scores.softmax(-1), v)
+
+
+def _inputs(seq, heads, groups):
+    g = torch.Generator().manual_seed(seq * 10 + groups)
+    return [torch.randn(seq, 2, h, 8, generator=g, dtype=torch.float64, requires_grad=True)
+            for h in (heads, groups, groups)]
+
+
+def _simulated(fn, q, k, v, ring, monkeypatch):
+    """Every ring rank's output, scattered back to sequence order: [s, b, n, d]."""
+    seq = q.shape[0]
+    index = [ring_positions(seq, r, ring) for r in range(ring)]
+    kvs = [torch.cat([k[i], v[i]], dim=2) for i in index]  # what each rank sends
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for r in range(ring):
+        steps = iter(range(1, ring))
+        monkeypatch.setattr(ca, "ring_shift", lambda x, group: kvs[(r - next(steps)) % ring])
+        monkeypatch.setattr(ca, "gather_from_sequence_parallel_region",
+                            lambda x, group: torch.cat(kvs))
+        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring)
+        out = out.index_put((index[r],), got.double())
+    return out
+
+
+@pytest.mark.parametrize("algo", ["ring", "allgather"])
+@pytest.mark.parametrize("heads, groups", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("ring", [2, 3, 4])
+def test_merged_blocks_equal_full_causal_attention(monkeypatch, ring, heads, groups, algo):
+    q, k, v = _inputs(2 * ring * 3, heads, groups)
+    want = _full(q, k, v)
+    got = _simulated(ca.ALGORITHMS[algo], q, k, v, ring, monkeypatch)
+    assert (got - want).abs().max() <= TOLERANCE
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring}: d{name} differs"
+
+
+def test_merge_of_two_key_halves_is_attention_over_both():
+    q, k, v = (torch.randn(5, 1, 2, 4, dtype=torch.float64) for _ in range(3))
+    whole, lse = ba.block_attention(q, k, v, None)
+    merged, merged_lse = ba.merge(*ba.block_attention(q, k[:2], v[:2], None),
+                                  *ba.block_attention(q, k[2:], v[2:], None))
+    assert torch.allclose(merged, whole, atol=1e-6) and torch.allclose(merged_lse, lse)
+
+
+def test_offset_mask_lets_query_i_see_keys_up_to_i_plus_offset():
+    q, k, v = (torch.randn(3, 1, 1, 4) for _ in range(3))
+    ones = torch.ones(6, 1, 1, 4)
+    out, _ = ba.block_attention(q, k.new_zeros(6, 1, 1, 4), torch.arange(6.).view(6, 1, 1, 1)
+                                * ones, offset=2)
+    # equal scores: each query averages the values of the keys it sees (0..i+2)
+    assert out[:, 0, 0, 0].tolist() == pytest.approx([1.0, 1.5, 2.0])
