@@ -23,20 +23,25 @@ def new_key(section: str, name: str, where: str = ""):
 
 
 def relocate(sections: Dict[str, Dict[str, Any]], where: str = "") -> Dict[str, Dict[str, Any]]:
-    """A copy of `sections` (section -> key -> value) with every moved key in its new section;
-    one warning per moved key. The old and the new key both set is an error (which one holds?)."""
+    """A copy of `sections` (section -> key -> value) with every moved key in its new section,
+    and one warning line naming them all (a config.yaml of an older version holds every moved
+    key: one line, not 25). The old and the new key both set is an error (which one holds?)."""
     out = {name: dict(values) if isinstance(values, dict) else values
            for name, values in sections.items()}
-    for old_section, name in MOVED:
+    moved = []
+    for (old_section, name), (section, new_name) in MOVED.items():
         values = out.get(old_section)
         if not isinstance(values, dict) or name not in values:
             continue
         value = values.pop(name)
-        section, new_name = new_key(old_section, name, where)
         target = out.setdefault(section, {})
         if new_name in target:
             raise ConfigError(f"{old_section}.{name}", value, f"unset: it is now "
                               f"{section}.{new_name}, which is set too{where}",
                               f"keep only {section}.{new_name}")
         target[new_name] = value
+        moved.append(f"{old_section}.{name} is now {section}.{new_name}")
+    if moved:
+        log.warning("%s%s; write the new name%s", ", ".join(moved), where,
+                    "s" if len(moved) > 1 else "")
     return out
