@@ -1,4 +1,4 @@
-"""What a save costs the training loop, synchronous against training.async_save, through
+"""What a save costs the training loop, synchronous against checkpoint.async_save, through
 megatron-train, alternating in one run, with the disk's own limit measured in the same run.
 
 The model of results/checkpoint_cpu.md (8 layers, hidden 1024, 16 heads, vocabulary 32000:
@@ -35,16 +35,16 @@ from bench_io import dd  # noqa: E402
 
 MODEL = ["model.num_layers=8", "model.hidden_size=1024", "model.num_attention_heads=16",
          "model.vocab_size=32000", "model.seq_length=128", "training.micro_batch_size=1",
-         "training.global_batch_size=1", "training.train_iters=10", "training.save_interval=3",
+         "training.global_batch_size=1", "training.train_iters=10", "checkpoint.save_interval=3",
          "training.log_interval=1", "training.tensorboard=false", "parallel.zero_stage=1",
-         "training.eval_interval=0", "training.check_memory=false"]
+         "eval.eval_interval=0", "training.check_memory=false"]
 SAVE_EVERY = 3
 
 
 def train(run_dir: str, async_save: bool) -> dict:
     exe = os.path.join(os.path.dirname(sys.executable), "megatron-train")
     sets = [x for item in MODEL + [f"run.dir={run_dir}",
-                                   f"training.async_save={str(async_save).lower()}"]
+                                   f"checkpoint.async_save={str(async_save).lower()}"]
             for x in ("--set", item)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE",
                                                           "MASTER_ADDR", "MASTER_PORT")}

@@ -8,7 +8,7 @@ directly rather than as a difference of two noisy whole-trainer runs:
 - the watchdog thread itself: the same compute-bound work (float32 GEMMs on one thread) per CPU
   second of the process, with the thread waking every POLL_S seconds and without it, alternated;
 - the straggler check: one all-gather of a float over two gloo ranks, paid every
-  training.straggler_interval (50) steps.
+  resilience.straggler_interval (50) steps.
 
     python benchmarks/trainer/bench_guards.py [--out benchmarks/results] [--rounds 5]
 

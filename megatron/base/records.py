@@ -306,7 +306,7 @@ class HangEvent:
 
 @dataclass(frozen=True)
 class StragglerEvent:
-    """A rank whose median forward pass over the last training.straggler_interval steps was
+    """A rank whose median forward pass over the last resilience.straggler_interval steps was
     `ratio` times the other ranks' median, in this window and the one before
     (training/stragglers.py)."""
     step: int

@@ -218,7 +218,7 @@ def checkpoint_in(ckpt_dir: str, tag: Optional[str] = None) -> str:
         if c.found is None:
             raise InputError(f"no complete checkpoint in {ckpt_dir!r}"
                              + (f" ({c.only_broken()})" if c.skipped else "")
-                             + "; train with training.save=true or point --run-dir at a "
+                             + "; train with checkpoint.save=true or point --run-dir at a "
                              "run that saved one")
         return c.found.folder
     folder = os.path.join(ckpt_dir, tag)

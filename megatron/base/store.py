@@ -124,7 +124,7 @@ def validate(folder: str) -> CheckpointMeta:
             n.endswith("_model_states.pt") for n in os.listdir(folder)):
         raise Incomplete("it is a DeepSpeed checkpoint of an older version of this project "
                          "(no meta.json); continue from its weights with megatron-convert "
-                         "to-single and training.init_from")
+                         "to-single and checkpoint.init_from")
     try:
         meta = CheckpointMeta.from_json(_read_json(os.path.join(folder, META)))
     except RecordError as e:

@@ -15,7 +15,7 @@ loss exactly, while the logits of real ids never depend on them. trim_vocab drop
 
 A merge reads one tensor at a time from memory-mapped shard files, but the merged model is held
 whole: a tool for models that fit one host's memory (export, sampling). Training runs continue
-in another layout without it: training.load reads any layout directly."""
+in another layout without it: checkpoint.load reads any layout directly."""
 from __future__ import annotations
 
 import dataclasses

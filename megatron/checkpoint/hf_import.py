@@ -1,5 +1,5 @@
 """Hugging Face import: a transformers GPT-2 or Llama folder (config.json + safetensors, single or
-sharded) as a single-file model (convert.save_single), from which `training.init_from` starts a
+sharded) as a single-file model (convert.save_single), from which `checkpoint.init_from` starts a
 run of any layout: continued pretraining of published weights. The inverse of hf_export.py;
 the same two flavours, weight for weight. Architectures or options this model does not implement
 (rope scaling, a head size other than hidden / heads, separate attention and MLP bias settings)

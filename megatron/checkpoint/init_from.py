@@ -1,4 +1,4 @@
-"""training.init_from: start a run from the weights of a single-file model (megatron-convert
+"""checkpoint.init_from: start a run from the weights of a single-file model (megatron-convert
 to-single) in any layout. Each rank copies its tensor-parallel slice of its pipeline stage's
 weights into the freshly built model before DeepSpeed wraps it, so the optimizer's fp32 master
 copies start from them; the optimizer state, step and data position start fresh.
@@ -25,22 +25,22 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: ParallelState,
                          padded_vocab: int, text_vocab: int) -> int:
-    """Copies this rank's slices from cfg.training.init_from into its parameters (`named`: under
+    """Copies this rank's slices from cfg.checkpoint.init_from into its parameters (`named`: under
     their GPTModel names); returns the number of tensors copied. Raises InputError naming the
     file and the mismatch."""
-    path = cfg.training.init_from
+    path = cfg.checkpoint.init_from
     merged = load_single(path, mmap=True)
     diff = shape_differences(model_shape(merged.config.model), model_shape(cfg.model), "file")
     if merged.vocab_size != text_vocab:
         diff.append(f"vocabulary: file {merged.vocab_size}, this run's tokenizer {text_vocab}")
     if diff:
-        raise InputError(f"training.init_from={path!r} holds another model than this run's "
+        raise InputError(f"checkpoint.init_from={path!r} holds another model than this run's "
                          f"config ({'; '.join(diff)}); use the model config of the run it came "
                          f"from (the file keeps it: megatron.checkpoint.convert.load_single)")
     copied = 0
     for name, param in named:
         if name not in merged.state_dict:
-            raise InputError(f"training.init_from={path!r} has no tensor {name!r} that this "
+            raise InputError(f"checkpoint.init_from={path!r} has no tensor {name!r} that this "
                              f"model needs; the file is not a complete megatron-convert "
                              f"to-single output")
         full = merged.state_dict[name]
@@ -50,7 +50,7 @@ def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: Para
         piece = full if part.dim is None else shard(full, part.dim, state.tp_rank, state.tp,
                                                     part.stride)
         if piece.shape != param.shape:
-            raise InputError(f"training.init_from={path!r}: {name} gives this rank a "
+            raise InputError(f"checkpoint.init_from={path!r}: {name} gives this rank a "
                              f"{tuple(piece.shape)} slice but the model holds "
                              f"{tuple(param.shape)}")
         param.copy_(piece.to(param.dtype))

@@ -91,8 +91,8 @@ def stream_changes(saved: DataRecord, current: DataRecord, folder: str = "") -> 
 def check_data(resume: "Resume", current: DataRecord, new_stream: bool,
                keep_position: bool = False) -> bool:
     """Refuses a checkpoint whose sample stream differs from this run's, field by field, unless
-    training.new_data_stream (returns True: the stream starts afresh) or
-    training.keep_data_position (the new stream continues at the checkpoint's position). A v1
+    checkpoint.new_data_stream (returns True: the stream starts afresh) or
+    checkpoint.keep_data_position (the new stream continues at the checkpoint's position). A v1
     checkpoint did not record its stream: nothing to compare."""
     saved = resume.meta.data
     if saved is None:
@@ -103,11 +103,11 @@ def check_data(resume: "Resume", current: DataRecord, new_stream: bool,
     if not changed:
         return False
     if new_stream:
-        log.warning("training.new_data_stream=true: resuming %s with another sample stream (%s); "
+        log.warning("checkpoint.new_data_stream=true: resuming %s with another sample stream (%s); "
                     "the new stream starts at its first sample", resume.folder, "; ".join(changed))
         return True
     if keep_position:
-        log.warning("training.keep_data_position=true: resuming %s with another sample stream "
+        log.warning("checkpoint.keep_data_position=true: resuming %s with another sample stream "
                     "(%s) at its position, consumed_samples=%d", resume.folder,
                     "; ".join(changed), resume.meta.consumed_samples)
         return False
@@ -116,8 +116,8 @@ def check_data(resume: "Resume", current: DataRecord, new_stream: bool,
                      f"(consumed_samples={resume.meta.consumed_samples}) means nothing in this "
                      "one. Resume with the settings and files it was trained with (its run "
                      "directory keeps config.yaml); or keep its weights, optimizer and step and "
-                     "either set training.new_data_stream=true to start the new stream from its "
-                     "first sample, or training.keep_data_position=true to continue the new "
+                     "either set checkpoint.new_data_stream=true to start the new stream from its "
+                     "first sample, or checkpoint.keep_data_position=true to continue the new "
                      "stream at the checkpoint's position (samples before it are skipped)")
 
 
@@ -129,7 +129,7 @@ class Resume:
     step: int
     meta: CheckpointMeta
     last_good: Optional[str] = None
-    new_stream: bool = False  # training.new_data_stream let another sample stream resume it
+    new_stream: bool = False  # checkpoint.new_data_stream let another sample stream resume it
 
 
 def _complete(ckpt_dir: str, where: str) -> Optional[Resume]:
@@ -145,26 +145,26 @@ def _complete(ckpt_dir: str, where: str) -> Optional[Resume]:
 
 
 def find_resume(cfg) -> Optional[Resume]:
-    """The checkpoint training.load names: with 'auto', the newest complete checkpoint under
+    """The checkpoint checkpoint.load names: with 'auto', the newest complete checkpoint under
     <run.dir>/checkpoints (None for a fresh start); otherwise a checkpoints folder or one
     checkpoint folder. Newer incomplete ones are named in a warning and skipped, never deleted."""
-    load = cfg.training.load
+    load = cfg.checkpoint.load
     if load is None:
         return None
     if load == "auto":
-        return _complete(RunDir(cfg.run.dir).checkpoints, "training.load=auto")
+        return _complete(RunDir(cfg.run.dir).checkpoints, "checkpoint.load=auto")
     if os.path.isfile(os.path.join(load, store.META)):
         try:
             meta = store.validate(load)
         except (store.Incomplete, OSError) as e:
-            raise InputError(f"training.load={load!r} cannot be resumed: {e}") from None
+            raise InputError(f"checkpoint.load={load!r} cannot be resumed: {e}") from None
         return Resume(load, meta.step, meta)
-    resume = _complete(load, f"training.load={load!r}") if os.path.isdir(load) else None
+    resume = _complete(load, f"checkpoint.load={load!r}") if os.path.isdir(load) else None
     if resume is None:
-        raise ConfigError("training.load", load,
+        raise ConfigError("checkpoint.load", load,
                           "a checkpoints folder holding a complete checkpoint (step_N/meta.json) "
                           "or one checkpoint folder",
-                          "point it at <run.dir>/checkpoints, or use training.load=auto")
+                          "point it at <run.dir>/checkpoints, or use checkpoint.load=auto")
     return resume
 
 

@@ -1,4 +1,4 @@
-"""The node-local first tier of checkpoints (training.save_local_dir; on Frontier the node's NVMe,
+"""The node-local first tier of checkpoints (checkpoint.save_local_dir; on Frontier the node's NVMe,
 /mnt/bb/$USER with #SBATCH -C nvme): each rank writes its shard there at the drive's speed, then
 drains it into the run's staging folder on the shared file system, where rank 0 commits the
 checkpoint with the usual protocol. Resume reads only committed checkpoints in run.dir, so a

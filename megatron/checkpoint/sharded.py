@@ -155,7 +155,7 @@ class PendingSave:
             try:
                 self.local = local_tier.local_file(local_dir, ckpt_dir, step, self.rel)
             except OSError as e:
-                self.error = (f"rank {self.rank}: training.save_local_dir={local_dir!r} cannot "
+                self.error = (f"rank {self.rank}: checkpoint.save_local_dir={local_dir!r} cannot "
                               f"take its checkpoint file ({e}); point it at node-local "
                               "storage this rank can write, or unset it")
         self._writer: Optional[threading.Thread] = None
@@ -180,7 +180,7 @@ class PendingSave:
         self.write_s += time.perf_counter() - t0
 
     def write_local(self) -> None:
-        """The file, into the node-local tier (training.save_local_dir); drained by write()."""
+        """The file, into the node-local tier (checkpoint.save_local_dir); drained by write()."""
         if self.error is not None or self.local is None:
             return
         t0 = time.perf_counter()
@@ -281,7 +281,7 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
                         aside)
         store.commit(staging, final)
         for gone in store.prune(ckpt_dir, keep_last):
-            log.info("removed %s (training.keep_last=%d)", gone, keep_last)
+            log.info("removed %s (checkpoint.keep_last=%d)", gone, keep_last)
         return "ok", sum(files.values())
     except (OSError, RuntimeError, InputError) as e:
         done = "" if os.path.exists(staging) else f" ({final} itself is complete and committed)"

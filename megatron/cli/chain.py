@@ -59,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "status":
         print(f"{_where(p)}: {'finished' if p.finished else 'not finished'}")
         return 0
-    s = settings(env, cfg.training.save)
+    s = settings(env, cfg.checkpoint.save)
     if args.command == "begin":
         d = begin(p, s)
         _say(d.message)

@@ -1,6 +1,6 @@
 """megatron-convert: turn a run's sharded checkpoint (any layout) into one unsharded file or a
 Hugging Face model folder, and a Hugging Face folder into a file to start training from.
-(A run needs no conversion to continue in another layout: training.load reads any layout.)"""
+(A run needs no conversion to continue in another layout: checkpoint.load reads any layout.)"""
 from __future__ import annotations
 
 import argparse
@@ -17,13 +17,13 @@ EPILOG = """examples:
   megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
   # the other way: a Hugging Face GPT-2/Llama folder as a single file to start training from
   megatron-convert from-hf --hf-dir ~/models/llama --output llama.pt   # prints its model: section
-  megatron-train --config my.yaml --set training.init_from=llama.pt
+  megatron-train --config my.yaml --set checkpoint.init_from=llama.pt
 
 to-single writes torch.save({format, config, state_dict, vocab_size, padded_vocab_size, source}):
 state_dict uses GPTModel's parameter names at TP=1; embedding rows from vocab_size on are padding
 (kept as trained unless --trim-vocab, so the model reproduces the run's loss). Load it with
 megatron.checkpoint.convert.load_single and build_single_model, or start a run of any layout from
-it with `megatron-train ... --set training.init_from=tiny.pt`.
+it with `megatron-train ... --set checkpoint.init_from=tiny.pt`.
 """
 
 
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     hf.add_argument("--trim-vocab", action="store_true",
                     help="drop the padding rows of the embedding (and untied head)")
     imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama folder as a single file "
-                         "(for training.init_from)", epilog=EPILOG,
+                         "(for checkpoint.init_from)", epilog=EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     imp.add_argument("--hf-dir", required=True, help="folder with config.json and "
                      "model.safetensors (or a sharded model.safetensors.index.json)")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                              if k not in ("hidden_dropout", "attention_dropout",
                                           "attention_backend", "init_method_std")}}
         sys.stdout.write(f"wrote {args.output} ({len(merged.state_dict)} tensors). Train from it "
-                         f"with --set training.init_from={args.output} and this model section "
+                         f"with --set checkpoint.init_from={args.output} and this model section "
                          f"in your config:\n{yaml.safe_dump(section, sort_keys=False)}")
         return 0
     if args.command == "to-hf":

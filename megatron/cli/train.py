@@ -7,7 +7,7 @@ import sys
 
 from megatron.cli.common import entry_point, setup_logging
 from megatron.config.plugins import load_plugins
-from megatron.config import InputError, load_config, validate_for_world
+from megatron.config import InputError, load_config, reference, validate_for_world
 from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
 from megatron.planner import fit
@@ -28,12 +28,12 @@ EPILOG = """examples:
   srun python -m megatron.cli.train --config recipe.yaml --set run.dir=runs/$SLURM_JOB_ID
 
   # resume the run in run.dir from its newest complete checkpoint
-  megatron-train --config runs/tiny/config.yaml --set training.load=auto
+  megatron-train --config runs/tiny/config.yaml --set checkpoint.load=auto
 
   # the same run continued on 4 ranks as TP2 x PP2: weights, Adam moments, step, schedule
   # and data position carry over (any layout of the same model)
   torchrun --nproc_per_node 4 $(which megatron-train) --config runs/tiny/config.yaml \\
-      --set training.load=auto --set parallel.tensor_parallel_size=2 \\
+      --set checkpoint.load=auto --set parallel.tensor_parallel_size=2 \\
       --set parallel.pipeline_parallel_size=2
 
   # a model predicted not to fit the device's memory is refused before it is built;
@@ -43,15 +43,16 @@ EPILOG = """examples:
   # start another run from a run's weights only (fresh optimizer, step 0)
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   megatron-train --config examples/local/tiny.yaml --set run.dir=runs/tiny-pp2 \\
-      --set parallel.pipeline_parallel_size=2 --set training.init_from=tiny.pt
+      --set parallel.pipeline_parallel_size=2 --set checkpoint.init_from=tiny.pt
 """
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="megatron-train", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML file with sections model, parallel, training, "
-                   "optimizer, data, kernels, run, deepspeed (unknown keys are errors)")
+    p.add_argument("--config", help="YAML file with sections model, parallel, training, eval, "
+                   "checkpoint, resilience, optimizer, data, kernels, run, deepspeed (unknown "
+                   "keys are errors; --help-config lists every field)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -60,6 +61,9 @@ def parse_args(argv=None):
                    "for every command of a job)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and exit without training")
+    p.add_argument("--help-config", nargs="?", const="", metavar="SECTION",
+                   help="print every config field (type, default, choices, meaning) of SECTION, "
+                   "or of all sections, and exit; the same as docs/config.md")
     return p.parse_args(argv)
 
 
@@ -105,6 +109,9 @@ def main(argv=None) -> int:
     launch = discover()
     setup_logging(launch.rank)
     load_plugins(args.plugin)
+    if args.help_config is not None:  # after the plugins: their registered names are choices
+        sys.stdout.write(reference.text(args.help_config or None))
+        return 0
     cfg = load_config(args.config, args.set)
     if args.print_config:
         sys.stdout.write(cfg.to_yaml())

@@ -9,9 +9,11 @@ validation, the model (parallel/cp_layout.py) and the planner. Torch-free.
 - hybrid: Ulysses inside groups of parallel.ulysses_degree ranks x ring across C / that."""
 from __future__ import annotations
 
-from typing import Tuple
+import typing
+from typing import Literal, Tuple
 
-ALGOS = ("ulysses", "ring", "allgather", "hybrid")
+Algo = Literal["ulysses", "ring", "allgather", "hybrid"]
+ALGOS = typing.get_args(Algo)
 DEFAULT = "ulysses"
 # Algorithms whose ring part holds the sequence load-balanced (rank r: chunks r and 2R-1-r).
 LOAD_BALANCED = ("ring", "allgather", "hybrid")

@@ -116,7 +116,7 @@ OWNED: Dict[str, str] = {
     "zero_allow_untested_optimizer": "the optimizer section (the optimizer is a torch AdamW)",
     "pipeline": "parallel.pipeline_parallel_size and parallel.pipeline_partition_method",
     "activation_checkpointing": "training.activation_checkpointing",
-    "checkpoint": "training.save and training.load (docs/checkpoints.md)",
+    "checkpoint": "checkpoint.save and checkpoint.load (docs/checkpoints.md)",
     "tensorboard": "training.tensorboard",
 }
 

@@ -12,8 +12,11 @@ import yaml
 
 from megatron.config import deepspeed_section, strict_yaml
 from megatron.config.errors import ConfigError, InputError
-from megatron.config.sections import SECTIONS, DataConfig, KernelsConfig, ModelConfig, \
-    OptimizerConfig, ParallelConfig, RunConfig, TrainingConfig
+from megatron.config.renames import new_key, relocate
+from megatron.config.sections import SECTIONS, CheckpointConfig, DataConfig, EvalConfig, \
+    KernelsConfig, ModelConfig, OptimizerConfig, ParallelConfig, ResilienceConfig, RunConfig, \
+    TrainingConfig
+from megatron.config.sections.checks import hints, literal_values
 
 # The dataclass sections, then the free-form deepspeed section.
 ALL_SECTIONS = (*SECTIONS, deepspeed_section.SECTION)
@@ -24,6 +27,9 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
@@ -46,7 +52,9 @@ class Config:
     @classmethod
     def from_dict(cls, d: Dict[str, Dict[str, Any]]) -> "Config":
         """The inverse of to_dict (a section or the deepspeed mapping may be absent: defaults);
-        values are taken as typed, not parsed as YAML text is."""
+        values are taken as typed, not parsed as YAML text is. A config.yaml written before a
+        key moved (config/renames.py) loads with the key in its new section."""
+        d = relocate(d, " (a saved config)")
         return cls(**{name: section(**d.get(name, {})) for name, section in SECTIONS.items()},
                    deepspeed=copy.deepcopy(d.get(deepspeed_section.SECTION, {})))
 
@@ -61,10 +69,10 @@ def _coerce(field_name: str, text: str, annotation) -> Any:
         if optional:
             return None
         # For strings, "none" may be a legal choice (training.activation_checkpointing=none).
-        if base is not str or text.lower() != "none":
+        if not _is_str(base) or text.lower() != "none":
             raise ConfigError(field_name, text, f"a value of type {_type_name(base)} (it cannot "
                               "be null)")
-    if base is str:
+    if _is_str(base):
         # Taken verbatim: YAML would turn run.dir=2024.10 into 2024.1 and on/off into booleans.
         return text
     try:
@@ -75,7 +83,15 @@ def _coerce(field_name: str, text: str, annotation) -> Any:
     return _check_type(field_name, value, base)
 
 
+def _is_str(annotation) -> bool:
+    """A string field: str, or a Literal of strings (its choices are checked by the section)."""
+    values = literal_values(annotation)
+    return annotation is str or (values is not None and all(isinstance(v, str) for v in values))
+
+
 def _type_name(annotation) -> str:
+    if _is_str(annotation):
+        return "str"
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
@@ -104,14 +120,13 @@ def _check_type(field_name: str, value, base):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(field_name, value, "a number")
         return float(value)
-    if base is str:
+    if _is_str(base):
         return str(value)
     return value
 
 
 def _field_types(section_cls) -> Dict[str, Any]:
-    hints = typing.get_type_hints(section_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+    return {f.name: hints(section_cls)[f.name] for f in dataclasses.fields(section_cls)}
 
 
 def _build_section(name: str, values: Dict[str, Any]):
@@ -143,7 +158,8 @@ def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError("--set", item, "section.key=value, for example model.hidden_size=128")
         key, text = item.split("=", 1)
-        section, name = key.strip().split(".", 1)
+        section, name = new_key(*key.strip().split(".", 1), where=" (--set)")
+        key = f"{section}.{name}"
         if section == deepspeed_section.SECTION:
             out[section] = deepspeed_section.merge(
                 out.get(section, {}), deepspeed_section.parse_override(name, text),
@@ -184,7 +200,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
     """YAML file (optional) then overrides; every section is validated on construction."""
     merged: Dict[str, Dict[str, Any]] = {name: {} for name in ALL_SECTIONS}
     if path:
-        for section, values in _read_yaml(path).items():
+        for section, values in relocate(_read_yaml(path), f" (in {path})").items():
             merged[section].update(values)
     ds = deepspeed_section.SECTION
     for section, values in parse_overrides(overrides).items():
@@ -201,5 +217,6 @@ def build_config(sections: Dict[str, Dict[str, Any]]) -> Config:
     for section in sections:
         if section not in ALL_SECTIONS:
             raise ConfigError(str(section), "...", f"a section among {', '.join(ALL_SECTIONS)}")
+    sections = relocate(sections)
     return Config(**{name: _build_section(name, sections.get(name, {})) for name in SECTIONS},
                   deepspeed=dict(sections.get(deepspeed_section.SECTION, {})))

@@ -6,9 +6,14 @@ A MoE layer replaces the dense MLP by `num_experts` MLPs of the model's activati
 `moe_top_k` of them (docs/moe.md)."""
 from __future__ import annotations
 
+import typing
+from typing import Literal
+
 from megatron.config.errors import ConfigError
 
-ROUTERS = ("softmax", "sigmoid")
+# model.moe_router's choices: the field's type, and the check below
+Router = Literal["softmax", "sigmoid"]
+ROUTERS = typing.get_args(Router)
 
 
 def is_moe_layer(m, index: int) -> bool:

@@ -212,12 +212,12 @@ def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
     p = cfg.parallel
     _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size))
-    if cfg.training.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
-        raise ConfigError("training.rerun_suspect_steps", True,
+    if cfg.resilience.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
+        raise ConfigError("resilience.rerun_suspect_steps", True,
                           "false under pipeline parallelism (DeepSpeed's pipeline engine runs "
                           "a step and its update as one call, so the update cannot wait)",
                           "set parallel.pipeline_parallel_size=1 or "
-                          "training.rerun_suspect_steps=false")
+                          "resilience.rerun_suspect_steps=false")
 
 
 def check_experts(cfg, world_size: int) -> None:
@@ -232,7 +232,7 @@ def check_experts(cfg, world_size: int) -> None:
         raise ConfigError("parallel.expert_parallel_size", ep,
                           f"a divisor of the data-parallel size {dp} (experts are split over "
                           "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
-    _raise(moe_training_error(m, t, ep))
+    _raise(moe_training_error(m, t, cfg.checkpoint, ep))
     if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
         # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
         # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
@@ -242,7 +242,9 @@ def check_experts(cfg, world_size: int) -> None:
                           "set parallel.zero_stage=1, or training.precision=fp32")
 
 
-def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
+def moe_training_error(m, t, ck, ep: int) -> Optional[ConfigError]:
+    """What mixture of experts does not run with: full recompute (training section `t`), and
+    checkpoints of split experts (checkpoint section `ck`)."""
     if m.num_experts and t.activation_checkpointing == "full":
         return ConfigError("training.activation_checkpointing", "full",
                            "none or selective with model.num_experts > 0: a recomputed layer "
@@ -250,8 +252,8 @@ def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
                            "training.activation_checkpointing=selective or none")
     if ep > 1:
         for name in ("save", "load", "init_from"):
-            if getattr(t, name):
-                return ConfigError(f"training.{name}", getattr(t, name),
+            if getattr(ck, name):
+                return ConfigError(f"checkpoint.{name}", getattr(ck, name),
                                    f"unset with parallel.expert_parallel_size={ep}: "
                                    "checkpoints of experts split over ranks are not written "
                                    "yet (docs/moe.md)", "train with "

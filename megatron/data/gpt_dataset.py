@@ -136,7 +136,7 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
     from megatron.data.iterators import DataIterators, micro_batches
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
 
-    d, t = cfg.data, cfg.training
+    d, t, evals = cfg.data, cfg.training, cfg.eval.eval_iters
     if vocab_size is None:
         vocab_size = build_tokenizer(spec_from_config(cfg)).vocab_size
     weights, prefixes = parse_paths(d.paths)
@@ -149,12 +149,12 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
         raise InputError(f"data.split={d.split!r} leaves no training sequences in "
                          f"{', '.join(prefixes)}; expected a non-zero train share of at least "
                          f"one sequence (document): change data.split or add data")
-    valid = build_split("valid", datasets, weights, num_samples=t.eval_iters * gb, **common)
+    valid = build_split("valid", datasets, weights, num_samples=evals * gb, **common)
     batches = dict(micro_batch=t.micro_batch_size, global_batch=gb, dp_rank=dp_rank,
                    dp_size=dp_size)
     train_iter = micro_batches(train.__getitem__, len(train), consumed_samples, **batches)
 
-    test = build_split("test", datasets, weights, num_samples=t.eval_iters * gb, **common)
+    test = build_split("test", datasets, weights, num_samples=evals * gb, **common)
 
     def held_out(split):
         if split is None:

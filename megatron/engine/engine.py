@@ -205,7 +205,7 @@ class Engine:
 
     def train_step(self, it: Iterator, check=None) -> StepResult:
         """One optimizer step over gradient_accumulation_steps micro-batches. check: a
-        training.sdc.Rerun for this step (training.rerun_suspect_steps), which sees the loss
+        training.sdc.Rerun for this step (resilience.rerun_suspect_steps), which sees the loss
         before the update and may withhold it (StepResult.withheld)."""
         self.engine.train()
         skipped_before = self.engine.skipped_steps

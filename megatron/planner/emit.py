@@ -144,7 +144,7 @@ def sbatch_script(spec: ClusterSpec, nodes: int, config_path: str, job_name: str
                   'megatron_prepare_run_dir "$RUN_DIR"', "megatron_prepare_nodes",
                   "# The job's end time: training saves and exits 0 before it (env.sh).",
                   "megatron_job_deadline",
-                  MASTER_NOTE, train + ' --set run.dir="$RUN_DIR" --set training.load=auto', ""]
+                  MASTER_NOTE, train + ' --set run.dir="$RUN_DIR" --set checkpoint.load=auto', ""]
         return "\n".join(lines)
     for key, value in spec.launcher_env.items():
         lines.append(f'export {key}="{value}"')

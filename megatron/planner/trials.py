@@ -136,8 +136,9 @@ class TorchrunRunner:
         run_dir = os.path.join(self.run_root, lay.key())
         cfg = layout_config(self.base, self.job, lay, self.flash_backend, run_dir)
         cfg.training = dataclasses.replace(cfg.training, train_iters=self.steps, log_interval=1,
-                                           eval_interval=0, save=False, tensorboard=False,
-                                           load=None)
+                                           tensorboard=False)
+        cfg.eval = dataclasses.replace(cfg.eval, eval_interval=0)
+        cfg.checkpoint = dataclasses.replace(cfg.checkpoint, save=False, load=None)
         os.makedirs(self.run_root, exist_ok=True)
         path = os.path.join(self.run_root, f"{lay.key()}.yaml")
         with open(path, "w") as f:

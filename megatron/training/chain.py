@@ -1,5 +1,5 @@
 """Chained Slurm jobs: a training longer than one job's time limit is a series of batch jobs, each
-continuing from the newest complete checkpoint (training.load=auto) on the node count it was
+continuing from the newest complete checkpoint (checkpoint.load=auto) on the node count it was
 given, each submitting the next one until training.train_iters is reached.
 
 A chain stops when the run is finished, after MEGATRON_CHAIN_MAX_ATTEMPTS jobs, or when a job
@@ -78,7 +78,7 @@ def progress(run_dir: str, train_iters: int) -> Progress:
 
 @dataclass(frozen=True)
 class Settings:
-    """The chain's knobs, from the job's environment (and training.save, which must be on)."""
+    """The chain's knobs, from the job's environment (and checkpoint.save, which must be on)."""
     enabled: bool
     attempt: int  # 1 for the job a person submitted, n+1 for the job job n submitted
     max_attempts: int
@@ -121,9 +121,9 @@ def settings(env: Mapping[str, str], final_save: bool = True) -> Settings:
         return Settings(False, attempt, most, f"chaining is off ({ENABLE}={env[ENABLE]})",
                         failed, most_failed)
     if not final_save:
-        return Settings(False, attempt, most, "chaining is off: training.save=false, so the "
+        return Settings(False, attempt, most, "chaining is off: checkpoint.save=false, so the "
                         "end of the run leaves no checkpoint to tell the chain it finished "
-                        "(set training.save=true)", failed, most_failed)
+                        "(set checkpoint.save=true)", failed, most_failed)
     if "SLURM_JOB_ID" not in env:
         return Settings(False, attempt, most, "chaining is off: not inside a Slurm job", failed,
                         most_failed)

@@ -1,10 +1,10 @@
 """The checkpointer owns when a run saves and what a save or a load does: the step interval
-(training.save_interval), the wall clock (save_interval_minutes), the deadline (the job's end,
+(checkpoint.save_interval), the wall clock (save_interval_minutes), the deadline (the job's end,
 exit_duration_minutes), the stop requests (signals, exit_interval) and the final save; the save
 itself, the resume chosen at start-up, and loading an older checkpoint for a rollback. The loop
 asks it after each step; nothing else decides about saves.
 
-With training.async_save a save blocks the loop only to start a snapshot of each rank's state
+With checkpoint.async_save a save blocks the loop only to start a snapshot of each rank's state
 into host buffers kept from save to save (checkpoint/snapshot.py); a writer thread per rank
 streams and fsyncs its file while training goes on. The copy runs alongside the next step's
 forward and backward: an optimizer step pre-hook (torch's, so every DeepSpeed wrapper's inner
@@ -51,19 +51,20 @@ class Checkpointer:
         (the deadline counts start-up too); phase: the hang watchdog's enter(), told when a
         save or a load really happens (each kind gets its own limit: the first of each
         start-up's allowance)."""
-        self.t, self.seed, self.job, self.writer = cfg.training, cfg.training.seed, job, writer
+        self.t, self.ck, self.seed = cfg.training, cfg.checkpoint, cfg.training.seed
+        self.job, self.writer = job, writer
         self.phase = phase or (lambda name: None)
         self.data = data_record(cfg)
-        self.clock = SaveClock(self.t.save_interval_minutes)
+        self.clock = SaveClock(self.ck.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
         if self.deadline.at is not None and job.launch.rank == 0:
             self.deadline.expect_save(*self._expected_save())
         self.pending: Optional[sharded.PendingSave] = None  # the save in flight
         self.blocked = 0.0  # seconds the loop has waited for it so far
-        self.background: Optional[bool] = None if self.t.async_save else False
-        self.buffers = Buffers() if self.t.async_save else None
+        self.background: Optional[bool] = None if self.ck.async_save else False
+        self.buffers = Buffers() if self.ck.async_save else None
         self._hook = register_optimizer_step_pre_hook(self._before_update) \
-            if self.t.async_save else None
+            if self.ck.async_save else None
 
     def due(self, step_seconds: float) -> Tuple[bool, bool]:
         """(a save is due by the clock, the deadline is reached), as this rank sees them after a
@@ -84,7 +85,7 @@ class Checkpointer:
 
     def after_step(self, step: int, consumed: int, agreed: Decisions) -> bool:
         """Saves when a save is due or the run stops here; True when it stops."""
-        t = self.t
+        t, ck = self.t, self.ck
         out_of_time = agreed.out_of_time and step < t.train_iters
         if out_of_time:
             log.warning("stopping after step %d with a checkpoint: %s", step,
@@ -95,10 +96,10 @@ class Checkpointer:
             self._event(StopEvent(step, "signal"))
         stopping = agreed.signalled or out_of_time or bool(
             t.exit_interval and step % t.exit_interval == 0 and step < t.train_iters)
-        periodic = (t.save_interval and step % t.save_interval == 0) or agreed.save_due
+        periodic = (ck.save_interval and step % ck.save_interval == 0) or agreed.save_due
         if self.pending is not None and agreed.writer in (WRITER_DONE, WRITER_FAILED):
             self.wait()  # every rank's writer is done (or one failed): commit (or fail) now
-        if stopping or periodic or (t.save and step == t.train_iters):
+        if stopping or periodic or (ck.save and step == t.train_iters):
             self.save(step, consumed)
         if stopping or step >= t.train_iters:
             self.wait()  # a run ends only once its last save is committed
@@ -115,9 +116,9 @@ class Checkpointer:
         meta = CheckpointMeta(step=step, consumed_samples=consumed, layout=self.job.layout,
                               saved_at=time.time(), optimizer=engine.checkpoint_meta(),
                               data=self.data)
-        background, local = self._in_background(rs), self.t.save_local_dir
+        background, local = self._in_background(rs), self.ck.save_local_dir
         pending = sharded.PendingSave(self.job.run.checkpoints, step, rs, meta,
-                                      self.t.keep_last, self.buffers if background else None,
+                                      self.ck.keep_last, self.buffers if background else None,
                                       local)
         self.clock.saved()
         if background or local:  # a synchronous save to the local tier drains in the background
@@ -167,7 +168,7 @@ class Checkpointer:
             missing, share = memory_shortfall(needed, self.job.launch.ranks_per_node)
             self.background = missing == 0
             if missing:
-                log.warning("training.async_save: host memory is %.2f GB short of a snapshot "
+                log.warning("checkpoint.async_save: host memory is %.2f GB short of a snapshot "
                             "of this rank's state (%.2f GB: 12 bytes per element it owns, "
                             "plus the writer's; this rank's share of the node's available "
                             "memory is %.2f GB); saving synchronously", missing / 1e9,
@@ -196,7 +197,7 @@ class Checkpointer:
                  "in %.2f s", resume.folder, meta.step, meta.consumed_samples, moved,
                  meta.size_bytes() / 1e9, seconds)
         if resume.new_stream:
-            log.info("the new sample stream starts at its first sample (training.new_data_stream)")
+            log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
             return meta.step, 0
         return meta.step, meta.consumed_samples
 

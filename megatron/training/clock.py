@@ -1,4 +1,4 @@
-"""When the loop saves and stops on its own: wall-clock saves (training.save_interval_minutes) and
+"""When the loop saves and stops on its own: wall-clock saves (checkpoint.save_interval_minutes) and
 the job's deadline (training.exit_duration_minutes, or the batch job's end time), so a job
 commits a checkpoint and exits 0 while there is still time, whatever the signal margin.
 
@@ -23,7 +23,7 @@ SAFETY = 1.2
 
 
 class SaveClock:
-    """training.save_interval_minutes: due when that much wall clock passed since the last save."""
+    """checkpoint.save_interval_minutes: due when that much wall clock passed since the last save."""
 
     def __init__(self, minutes: float):
         self.seconds, self.last = minutes * 60.0, time.monotonic()

@@ -16,10 +16,11 @@ log = logging.getLogger(__name__)
 
 
 class Divergence:
-    def __init__(self, t, checkpointer: Checkpointer, writer):
-        """t: the training section; writer: rank 0's MetricsWriter (None elsewhere)."""
-        self.guard = DivergenceGuard(t, t.precision == "fp16")
-        self.max_rollbacks, self.rollbacks = t.max_rollbacks, 0
+    def __init__(self, r, fp16: bool, checkpointer: Checkpointer, writer):
+        """r: the resilience section; fp16: training.precision is fp16 (skips are then loss-scale
+        overflows); writer: rank 0's MetricsWriter (None elsewhere)."""
+        self.guard = DivergenceGuard(r, fp16)
+        self.max_rollbacks, self.rollbacks = r.max_rollbacks, 0
         self.checkpointer, self.writer = checkpointer, writer
 
     def observe(self, step: int, loss: float, skipped: bool) -> Verdict:
@@ -49,7 +50,7 @@ class Divergence:
             if self.writer:
                 run.add_bad_node(event.host, f"rank {event.rank} computed a different loss for "
                                              f"the same batch and weights in step {event.step} "
-                                             "(training.rerun_suspect_steps)")
+                                             "(resilience.rerun_suspect_steps)")
         raise rerun.error(run.bad_nodes)
 
     def _roll_back(self, step: int, reason: str) -> int:
@@ -57,7 +58,7 @@ class Divergence:
         batches since that checkpoint (the spike's among them) are skipped."""
         if self.rollbacks >= self.max_rollbacks:
             self._stop(step, f"{reason}, after {self.rollbacks} rollbacks "
-                             "(training.max_rollbacks)")
+                             "(resilience.max_rollbacks)")
         found = self.checkpointer.last_good()
         if found is None:
             self._stop(step, f"{reason}, and there is no checkpoint to roll back to")
@@ -72,7 +73,7 @@ class Divergence:
     def _stop(self, step: int, reason: str) -> None:
         found = self.checkpointer.last_good()
         where = (f"the last good checkpoint is {found.folder} (step {found.step}); continue "
-                 "from it with training.load=auto, e.g. with a lower optimizer.lr" if found else
+                 "from it with checkpoint.load=auto, e.g. with a lower optimizer.lr" if found else
                  "no checkpoint was saved before it")
         self._event(DivergedEvent(step, reason))
         raise Diverged(f"training stopped: {reason}; nothing was saved after it, {where}")

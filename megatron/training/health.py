@@ -22,10 +22,12 @@ class Verdict:
 
 
 class DivergenceGuard:
-    def __init__(self, t, fp16: bool):
-        self.t, self.fp16 = t, fp16
+    def __init__(self, r, fp16: bool):
+        """r: the resilience section (its limits and spike policy); fp16: skips are loss-scale
+        overflows."""
+        self.r, self.fp16 = r, fp16
         self.skips = 0
-        self.history: deque = deque(maxlen=t.loss_spike_window)
+        self.history: deque = deque(maxlen=r.loss_spike_window)
 
     def observe(self, step: int, loss: float, skipped: bool) -> Verdict:
         if not math.isfinite(loss):
@@ -37,12 +39,12 @@ class DivergenceGuard:
 
     def _skips(self, step: int, skipped: bool) -> Verdict:
         self.skips = self.skips + 1 if skipped else 0
-        limit = self.t.max_loss_scale_skips if self.fp16 else self.t.max_skipped_steps
+        limit = self.r.max_loss_scale_skips if self.fp16 else self.r.max_skipped_steps
         if self.skips <= limit:
             return Verdict()
-        what = ("steps skipped for fp16 loss-scale overflows (training.max_loss_scale_skips="
+        what = ("steps skipped for fp16 loss-scale overflows (resilience.max_loss_scale_skips="
                 if self.fp16 else "steps skipped for non-finite gradients "
-                "(training.max_skipped_steps=")
+                "(resilience.max_skipped_steps=")
         return Verdict(STOP, f"step {step}: {self.skips} consecutive {what}{limit})")
 
     def suspicious(self, loss: float) -> bool:
@@ -52,7 +54,7 @@ class DivergenceGuard:
 
     def _median_below(self, loss: float):
         """The running median when `loss` is a spike above it, else None."""
-        factor = self.t.loss_spike_factor
+        factor = self.r.loss_spike_factor
         if factor and len(self.history) >= min(10, self.history.maxlen):
             median = statistics.median(self.history)
             if loss > factor * median:
@@ -62,10 +64,10 @@ class DivergenceGuard:
     def _spike(self, step: int, loss: float) -> Verdict:
         median = self._median_below(loss)
         if median is not None:
-            action = {"log": OK, "stop": STOP, "rollback": ROLLBACK}[self.t.loss_spike_action]
+            action = {"log": OK, "stop": STOP, "rollback": ROLLBACK}[self.r.loss_spike_action]
             return Verdict(action, f"step {step}: loss {loss:.4f} is above "
-                           f"{self.t.loss_spike_factor:g} x its running median {median:.4f} "
-                           f"(training.loss_spike_factor)", spike=True)
+                           f"{self.r.loss_spike_factor:g} x its running median {median:.4f} "
+                           f"(resilience.loss_spike_factor)", spike=True)
         self.history.append(loss)
         return Verdict()
 

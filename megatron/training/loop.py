@@ -61,9 +61,9 @@ def train(cfg: Config, startup: Optional[StartupTimer] = None) -> RunSummary:
     in this process, and launch.leave_distributed ends it."""
     started = time.time()  # exit_duration_minutes counts start-up too
     timer = startup if startup is not None else StartupTimer(started)
-    t = cfg.training
-    with Watchdog(RunDir(cfg.run.dir), discover().rank, 60 * t.startup_timeout_minutes,
-                  60 * t.hang_timeout_minutes) as watchdog:
+    r = cfg.resilience
+    with Watchdog(RunDir(cfg.run.dir), discover().rank, 60 * r.startup_timeout_minutes,
+                  60 * r.hang_timeout_minutes) as watchdog:
         job = start(cfg, timer)
         watchdog.join(job.nodes, job.started_at, set_collective_timeout,
                       60 * cfg.parallel.timeout_minutes)
@@ -80,14 +80,15 @@ class _Loop:
 
     def __init__(self, cfg: Config, job: Job, started: float, stop: StopFlag, watchdog: Watchdog):
         t = self.t = cfg.training
+        r, self.eval = cfg.resilience, cfg.eval
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
         self.watchdog = watchdog
         self.writer = MetricsWriter(job.run, t.tensorboard, cfg) if job.launch.rank == 0 else None
         self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog.enter)
-        self.divergence = Divergence(t, self.checkpointer, self.writer)
+        self.divergence = Divergence(r, t.precision == "fp16", self.checkpointer, self.writer)
         self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
-                           job.launch.rank) if t.rerun_suspect_steps else None
-        self.stragglers = Stragglers(t, job.engine, job.state.pp > 1, job.device, job.nodes,
+                           job.launch.rank) if r.rerun_suspect_steps else None
+        self.stragglers = Stragglers(r, job.engine, job.state.pp > 1, job.device, job.nodes,
                                      self.writer)
         self.tokens_step = t.global_batch_size * cfg.model.seq_length
         self.step_flops = model_flops_per_token(cfg.model, job.vocab) * self.tokens_step
@@ -104,7 +105,7 @@ class _Loop:
                 self.summary.timing.iteration_s.append(time.perf_counter() - wall)
                 self.summary.timing.iteration_cpu_s.append(time.process_time() - cpu)
             self.summary.steps = self.step
-            if self.t.eval_interval and not self.summary.stopped_early:
+            if self.eval.eval_interval and not self.summary.stopped_early:
                 self.summary.test_loss = self._evaluate(self.data.test, "test")
             return self.summary
         finally:
@@ -145,7 +146,7 @@ class _Loop:
         if back is not None:
             self.step = back
             return False
-        if self.t.eval_interval and self.step % self.t.eval_interval == 0:
+        if self.eval.eval_interval and self.step % self.eval.eval_interval == 0:
             dog.enter("evaluation")
             self.summary.valid_losses.append(self._evaluate(self.data.valid, "valid"))
             dog.done()
@@ -185,7 +186,7 @@ class _Loop:
         if batches is None:
             return None
         it = batches()
-        losses = [self.job.engine.eval_step(it) for _ in range(self.t.eval_iters)]
+        losses = [self.job.engine.eval_step(it) for _ in range(self.eval.eval_iters)]
         loss = sum(losses) / len(losses)
         if self.writer:
             self.writer.write(EvalRecord(self.step, split, loss))

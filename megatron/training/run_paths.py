@@ -24,15 +24,15 @@ Need = Tuple[str, str]  # (the field that names it, the path)
 def writable_dirs(cfg: Config) -> Iterator[Need]:
     run = RunDir(cfg.run.dir)
     yield "run.dir", run.path
-    # always: a stop signal or the job's deadline saves even a run without training.save
+    # always: a stop signal or the job's deadline saves even a run without checkpoint.save
     yield "run.dir (its checkpoints folder)", run.checkpoints
     yield "run.dir (its hangs folder, for the hang watchdog)", run.hangs
     if cfg.training.tensorboard:
         yield "training.tensorboard (the run's TensorBoard folder)", run.tensorboard
     if cfg.run.wandb != "off":
         yield f"run.wandb={cfg.run.wandb} (W&B's folder)", run.wandb
-    if cfg.training.save_local_dir:
-        yield "training.save_local_dir", cfg.training.save_local_dir
+    if cfg.checkpoint.save_local_dir:
+        yield "checkpoint.save_local_dir", cfg.checkpoint.save_local_dir
     if cfg.data.cache_dir and not cfg.data.synthetic:
         yield "data.cache_dir", cfg.data.cache_dir
 
@@ -56,9 +56,9 @@ def check_run_paths(cfg: Config) -> None:
         check_writable_dir(field, path)
     for field, path in readable_files(cfg):
         check_readable(field, path, os.path.isfile, "a readable file")
-    load = cfg.training.load
+    load = cfg.checkpoint.load
     if load is not None and load != "auto":
-        check_readable("training.load", load, os.path.exists,
+        check_readable("checkpoint.load", load, os.path.exists,
                        "a checkpoints folder or one checkpoint folder (step_N)")
 
 

@@ -1,4 +1,4 @@
-"""Silent data errors told apart from loss spikes (training.rerun_suspect_steps).
+"""Silent data errors told apart from loss spikes (resilience.rerun_suspect_steps).
 
 A faulty GPU or HBM can return a wrong result without any error; in the loss it looks exactly
 like a spike. With the option on, each step's forward and backward run first and the optimizer
@@ -101,7 +101,7 @@ class Rerun:
         return SilentDataError(
             f"step {self.step}: a suspect loss was computed again on the same weights and batch "
             f"and came out different ({named}): a silent data error, not a loss spike "
-            f"(training.rerun_suspect_steps). The step's update was not applied and nothing "
+            f"(resilience.rerun_suspect_steps). The step's update was not applied and nothing "
             f"was saved after it; the node(s) are named in {bad_nodes}, which the job chain "
             "leaves out of the next job, and the run resumes from its last checkpoint")
 

@@ -11,7 +11,7 @@ may still mean "stop now". Installed for one train(); the previous handlers are 
              the terminal signals the workers and the agent forwards it again) and is ignored
 
 A run stopped by a signal saves at the next step boundary, writes {"event": "stop", "reason":
-"signal"} and exits 0 (the chain and training.load=auto continue from that checkpoint)."""
+"signal"} and exits 0 (the chain and checkpoint.load=auto continue from that checkpoint)."""
 from __future__ import annotations
 
 import logging

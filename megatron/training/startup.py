@@ -1,7 +1,7 @@
 """A run's start-up, in the order it happens: where this process sits and on which device, the
 checks that must fail on every rank alike before any rendezvous, the process group, the run
 directory (its check and lock, and the checkpoint that continues it), the parallel groups, the
-model (and training.init_from), then the engine that wraps it. Each phase gets a mark on the
+model (and checkpoint.init_from), then the engine that wraps it. Each phase gets a mark on the
 start-up timer (launch/startup.py), which the first metrics line carries.
 
 Data flows one way: config -> model -> engine; the loop gets a Job and nothing here is read back
@@ -90,7 +90,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     launch = discover()
     device_info = detect_device(launch.local_rank)
     dp = _check_before_joining(cfg, launch.world_size, device_info.device.type)
-    if cfg.training.check_node:
+    if cfg.resilience.check_node:
         _check_node(cfg, launch, device_info.device)
     timer.mark("device")
     text_vocab = tokenizer_vocab_size(cfg)
@@ -131,7 +131,7 @@ def _join(cfg: Config, launch, device_info, timer: StartupTimer) -> Tuple[List[s
     init_distributed(launch, device_info, timeout_s=60 * cfg.parallel.timeout_minutes)
     nodes, started_at = _roster(launch.world_size)
     timer.mark("process group")
-    if cfg.training.check_node:
+    if cfg.resilience.check_node:
         _refuse_node(cfg, launch, check_node_link(nodes, launch.rank, device_info.device))
         timer.mark("node link check")
     return nodes, started_at
@@ -174,8 +174,8 @@ def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
     unrunnable = runner_error(cfg.parallel.pipeline_schedule)
     if unrunnable is not None:
         raise unrunnable
-    if cfg.training.init_from is not None and not os.path.isfile(cfg.training.init_from):
-        raise ConfigError("training.init_from", cfg.training.init_from,
+    if cfg.checkpoint.init_from is not None and not os.path.isfile(cfg.checkpoint.init_from):
+        raise ConfigError("checkpoint.init_from", cfg.checkpoint.init_from,
                           "an existing single-file model", "write one with megatron-convert "
                           "to-single --run-dir <run> --output <file>")
     check_run_paths(cfg)  # before the first save finds a folder it cannot write
@@ -198,7 +198,7 @@ def _refuse_node(cfg: Config, launch, problems: List[str]) -> None:
     except OSError as e:  # the node's fault comes first; run.dir's own check names the rest
         where = f"It could not be named in {run.bad_nodes} ({e.strerror})"
     raise BadNode(f"node {node} (rank {launch.rank}) failed its health check: {why}. {where}; "
-                  "training.check_node=false skips the check")
+                  "resilience.check_node=false skips the check")
 
 
 def _claim(run: RunDir, rank: int) -> Optional[RunLock]:
@@ -218,8 +218,8 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
         resume = find_resume(cfg)
         if resume is not None:
             check_model(resume, layout)
-            new = check_data(resume, data_record(cfg), cfg.training.new_data_stream,
-                             cfg.training.keep_data_position)
+            new = check_data(resume, data_record(cfg), cfg.checkpoint.new_data_stream,
+                             cfg.checkpoint.keep_data_position)
             resume = dataclasses.replace(resume, new_stream=new)
         return resume
     return rank0_decides(choose)
@@ -250,13 +250,13 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
 
 def _init_from(cfg: Config, model: BuiltModel, state: ParallelState, vocab: int,
                text_vocab: int, resume: Optional[Resume], timer: StartupTimer) -> None:
-    """training.init_from's weights into the model before an engine wraps it, so the
+    """checkpoint.init_from's weights into the model before an engine wraps it, so the
     optimizer's fp32 masters start from them; not when the run resumes its own checkpoint."""
-    path = cfg.training.init_from
+    path = cfg.checkpoint.init_from
     if path is None:
         return
     if resume is not None:
-        log.info("training.init_from=%s is not used: this run resumes from its checkpoint", path)
+        log.info("checkpoint.init_from=%s is not used: this run resumes from its checkpoint", path)
         return
     from megatron.checkpoint.init_from import load_initial_weights
     load_initial_weights(model.named_parameters(), cfg, state, vocab, text_vocab)

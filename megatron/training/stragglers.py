@@ -1,7 +1,7 @@
-"""Slow ranks are named: every training.straggler_interval steps one small all-gather of each
+"""Slow ranks are named: every resilience.straggler_interval steps one small all-gather of each
 rank's median micro-batch forward over those steps (engine.ComputeTimer: its compute, not the
 time it waits for the others in collectives) compares it with the median of the other ranks. A
-rank above training.straggler_factor in two windows in a row is named: a warning and
+rank above resilience.straggler_factor in two windows in a row is named: a warning and
 {"event": "straggler", "step", "rank", "host", "ratio"} (the host being the rank's node in
 start-up's roster; the ratio, this window's), and again each window it stays slow. The first
 window, with the warm-up steps, is not judged. A throttled GPU or a bad node slows the whole
@@ -29,12 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class Stragglers:
-    def __init__(self, t, engine, pipeline: bool, device: torch.device, nodes: List[str],
+    def __init__(self, r, engine, pipeline: bool, device: torch.device, nodes: List[str],
                  writer):
-        """t: the training section; nodes: every rank's node (startup's roster); writer: rank
+        """r: the resilience section; nodes: every rank's node (startup's roster); writer: rank
         0's MetricsWriter (None elsewhere)."""
-        self.interval = 0 if pipeline else t.straggler_interval
-        self.factor, self.engine, self.device = t.straggler_factor, engine, device
+        self.interval = 0 if pipeline else r.straggler_interval
+        self.factor, self.engine, self.device = r.straggler_factor, engine, device
         self.writer, self.hosts = writer, nodes
         self.warm = False
         self.slow_before: set = set()  # the ranks above the factor in the last window

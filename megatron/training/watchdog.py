@@ -4,9 +4,9 @@ that phase's limit, after saying where it was.
 A rank stuck in a collective (a peer stopped, a dead link, a broadcast two ranks never reach)
 waits for the process group's timeout, which must be long enough for the rendezvous of thousands
 of ranks, and then dies with a bare backend traceback. The watchdog gives each phase its own
-limit instead: training.startup_timeout_minutes for start-up (rendezvous, model) and for the first
+limit instead: resilience.startup_timeout_minutes for start-up (rendezvous, model) and for the first
 phase of each kind (the first step, save, evaluation, load); after that, the larger of
-training.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind.
+resilience.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind.
 Past it, the rank writes every thread's Python stack to <run.dir>/hangs/<job>/rank<N>.txt,
 appends {"event": "hang", rank, host, phase, ...} to metrics.jsonl, waits a grace period for the
 other ranks to report, and exits EXIT_HANG, so srun --kill-on-bad-exit or torchrun ends the
@@ -168,7 +168,7 @@ class Watchdog:
             where = f"(not written: {e})"
         sys.stderr.write(f"megatron-train: error: rank {self.rank} on {self.host} hung: {phase} "
                          f"of step {self.step} ran {seconds:.1f} s, past its {limit:.1f} s limit "
-                         f"(training.hang_timeout_minutes, startup_timeout_minutes); every "
+                         f"(resilience.hang_timeout_minutes, startup_timeout_minutes); every "
                          f"thread's stack is in {where}; exiting {EXIT_HANG} so the job ends\n")
         sys.stderr.flush()
         if self.nodes is not None and len(self.nodes) > 1:

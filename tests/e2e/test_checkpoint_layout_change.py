@@ -89,4 +89,4 @@ def test_init_from_must_exist_and_fit(tmp_path):
     proc = train(tmp_path, 1, tmp_path / "x", "training.train_iters=1",
                  f"training.init_from={tmp_path / 'missing.pt'}")
     assert proc.returncode == 2
-    assert "training.init_from=" in proc.stderr and "an existing single-file model" in proc.stderr
+    assert "checkpoint.init_from=" in proc.stderr and "an existing single-file model" in proc.stderr

@@ -31,7 +31,7 @@ def saved(tmp_path_factory):
 def test_another_sample_stream_is_refused_naming_the_field(saved, change, words):
     proc = run_cli(["--config", str(saved / "config.yaml"),
                     *sets("training.load=auto", change)], clean_env())
-    assert_clean_error(proc, "another sample stream", words, "training.new_data_stream=true")
+    assert_clean_error(proc, "another sample stream", words, "checkpoint.new_data_stream=true")
     assert proc.returncode == 2
 
 

@@ -124,5 +124,5 @@ def test_a_local_tier_that_cannot_be_written_is_one_message_naming_the_setting(
     with pytest.raises(InputError) as e:
         pending.finish()
     msg = str(e.value)
-    assert f"rank 0: training.save_local_dir='{blocker}' cannot take its checkpoint file" in msg
+    assert f"rank 0: checkpoint.save_local_dir='{blocker}' cannot take its checkpoint file" in msg
     assert "\n" not in msg and os.listdir(ckpt) == [], msg

@@ -53,7 +53,8 @@ def test_other_contents_are_refused_offering_both_ways_on(tmp_path):
         with pytest.raises(InputError) as e:
             check_data(resume_of(saved), current, new_stream=False)
         for fragment in ("data.paths: the files' contents differ", "consumed_samples=96",
-                         "training.new_data_stream=true", "training.keep_data_position=true"):
+                         "checkpoint.new_data_stream=true",
+                         "checkpoint.keep_data_position=true"):
             assert fragment in str(e.value), (fragment, str(e.value))
 
 
@@ -64,7 +65,7 @@ def test_keep_data_position_continues_and_new_data_stream_starts_afresh(tmp_path
         assert check_data(resume_of(saved), current, False, keep_position=True) is False
     assert "keep_data_position=true" in caplog.text and "consumed_samples=96" in caplog.text
     assert check_data(resume_of(saved), current, new_stream=True) is True
-    with pytest.raises(ConfigError, match="training.keep_data_position"):
+    with pytest.raises(ConfigError, match="checkpoint.keep_data_position"):
         load_config(TINY, ["training.new_data_stream=true", "training.keep_data_position=true"])
 
 

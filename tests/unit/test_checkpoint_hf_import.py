@@ -56,7 +56,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
     out = str(tmp_path / f"{name}.pt")
     assert convert_main(["from-hf", "--hf-dir", folder, "--output", out]) == 0
     printed = capsys.readouterr().out
-    assert "training.init_from=" in printed and "num_layers: 2" in printed
+    assert "checkpoint.init_from=" in printed and "num_layers: 2" in printed
     merged = load_single(out)
     ours = build_single_model(merged).eval()
     tokens = torch.randint(0, 300, (2, 40))

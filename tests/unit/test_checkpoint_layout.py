@@ -107,7 +107,7 @@ def test_only_damaged_checkpoints_is_one_message_not_a_fresh_start(tmp_path):
 
 def test_auto_without_checkpoints_starts_fresh_and_a_path_without_is_refused(tmp_path):
     assert find_resume(cfg_for(tmp_path)) is None
-    with pytest.raises(ConfigError, match="training.load"):
+    with pytest.raises(ConfigError, match="checkpoint.load"):
         find_resume(cfg_for(tmp_path, str(tmp_path / "nothing")))
 
 

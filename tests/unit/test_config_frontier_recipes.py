@@ -33,7 +33,7 @@ def test_recipe_carries_the_papers_training_setup(recipe):
     assert (o.adam_beta1, o.adam_beta2, t.clip_grad) == (0.9, 0.95, 1.0)
     assert (m.seq_length, m.vocab_size, m.attention_backend) == (2048, 50257, "flash")
     assert (t.precision, t.activation_checkpointing, t.micro_batch_size) == ("bf16", "full", 1)
-    assert cfg.parallel.zero_stage == 1 and t.save
+    assert cfg.parallel.zero_stage == 1 and cfg.checkpoint.save
     assert (d.synthetic, d.tokenizer_type) == (False, "gpt2")
     assert d.paths and d.vocab_file and d.merges_file
 

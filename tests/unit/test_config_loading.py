@@ -49,7 +49,8 @@ def test_resolved_yaml_round_trips(tmp_path):
     ("data.paths=[0.5 a, 0.5 b]", "data", "paths", ["0.5 a", "0.5 b"]),
     ("data.paths=single/prefix", "data", "paths", ["single/prefix"]),
     ("model.num_query_groups=null", "model", "num_query_groups", None),
-    ("training.load=none", "training", "load", None),
+    ("checkpoint.load=none", "checkpoint", "load", None),
+    ("run.wandb=off", "run", "wandb", "off"),  # a Literal of strings is taken verbatim too
     ("run.dir=runs/2024.10", "run", "dir", "runs/2024.10"),
     ("run.dir=2024.10", "run", "dir", "2024.10"),  # strings verbatim, not YAML-parsed
     ("run.dir=a=b", "run", "dir", "a=b"),  # split at the first '='
@@ -102,8 +103,8 @@ def test_yaml_errors_name_field(tmp_path, text, field, expected):
 
 def test_yaml_scientific_floats_and_null_optional(tmp_path):
     cfg = load_config(write(tmp_path, "optimizer:\n  lr: 6e-5\n  min_lr: 6.0e-6\n"
-                                      "training:\n  load:\n"))
-    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.training.load) == (6e-5, 6e-6, None)
+                                      "checkpoint:\n  load:\n"))
+    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.checkpoint.load) == (6e-5, 6e-6, None)
 
 
 def test_missing_and_unparsable_files(tmp_path):

@@ -127,7 +127,7 @@ def test_grouped_gemm_backward_is_left_to_gpus():
     (MOE + ["training.activation_checkpointing=full"], 1, "training.activation_checkpointing"),
     (MOE + ["parallel.expert_parallel_size=2", "parallel.zero_stage=0", "training.precision=bf16"],
      2, "parallel.zero_stage"),
-    (MOE + ["parallel.expert_parallel_size=2", "training.save=true"], 2, "training.save"),
+    (MOE + ["parallel.expert_parallel_size=2", "training.save=true"], 2, "checkpoint.save"),
 ])
 def test_config_refusals_name_their_fields(overrides, world, field):
     with pytest.raises(ConfigError) as e:

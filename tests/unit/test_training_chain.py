@@ -41,7 +41,7 @@ def test_settings_from_the_environment():
     assert (s.failures, s.max_failures) == (0, 5)
     off = chain.settings({**job, "MEGATRON_CHAIN": "0"})
     assert not off.enabled and "MEGATRON_CHAIN=0" in off.off_reason
-    assert "training.save=false" in chain.settings(job, final_save=False).off_reason
+    assert "checkpoint.save=false" in chain.settings(job, final_save=False).off_reason
     assert "not inside a Slurm job" in chain.settings({}).off_reason
 
 

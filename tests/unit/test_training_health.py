@@ -9,8 +9,8 @@ from megatron.training.health import OK, ROLLBACK, STOP, DivergenceGuard
 
 
 def guard(fp16=False, **sets):
-    cfg = load_config(None, [f"training.{k}={v}" for k, v in sets.items()])
-    return DivergenceGuard(cfg.training, fp16)
+    cfg = load_config(None, [f"resilience.{k}={v}" for k, v in sets.items()])
+    return DivergenceGuard(cfg.resilience, fp16)
 
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), -float("inf")])
@@ -58,8 +58,8 @@ def test_no_spike_before_the_window_has_history():
                                         ("max_skipped_steps", "-1"),
                                         ("loss_spike_window", "0")])
 def test_bad_guard_settings_are_refused(key, value):
-    with pytest.raises(ConfigError, match=f"training.{key}"):
-        load_config(None, [f"training.{key}={value}"])
+    with pytest.raises(ConfigError, match=f"resilience.{key}"):
+        load_config(None, [f"resilience.{key}={value}"])
 
 
 def test_suspicious_says_what_observe_would_call_a_spike_without_counting_it():
@@ -78,6 +78,6 @@ def test_rerun_suspect_steps_is_refused_under_pipeline_parallelism():
     from megatron.config import validate_for_world
     cfg = load_config(None, ["training.rerun_suspect_steps=true",
                              "parallel.pipeline_parallel_size=2", "model.num_layers=2"])
-    with pytest.raises(ConfigError, match="training.rerun_suspect_steps=True is invalid: "
+    with pytest.raises(ConfigError, match="resilience.rerun_suspect_steps=True is invalid: "
                                           "expected false under pipeline parallelism"):
         validate_for_world(cfg, 2)

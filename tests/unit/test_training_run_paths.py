@@ -82,7 +82,7 @@ def test_an_immutable_checkpoints_folder_is_refused_at_start_up(tmp_path):
 def test_a_local_tier_inside_a_file_is_refused(tmp_path):
     (tmp_path / "bb").write_text("a file")
     _refused(_cfg(tmp_path, f"training.save_local_dir={tmp_path / 'bb' / 'tier'}"),
-             "training.save_local_dir", f"lies inside the file {str(tmp_path / 'bb')!r}")
+             "checkpoint.save_local_dir", f"lies inside the file {str(tmp_path / 'bb')!r}")
 
 
 def test_tensorboard_wandb_and_cache_folders_are_checked(tmp_path):
@@ -95,7 +95,7 @@ def test_tensorboard_wandb_and_cache_folders_are_checked(tmp_path):
 
 
 def test_training_load_data_files_and_tokenizer_must_be_readable(tmp_path):
-    _refused(_cfg(tmp_path, f"training.load={tmp_path / 'nowhere'}"), "training.load",
+    _refused(_cfg(tmp_path, f"training.load={tmp_path / 'nowhere'}"), "checkpoint.load",
              "does not exist")
     prefix = tmp_path / "corpus"
     (tmp_path / "corpus.bin").write_bytes(b"")

@@ -1,0 +1,126 @@
+"""The model section: the architecture, read as one unit by the model builders, model_math and
+the planner (which price a model section without a job). Each field's docstring is its entry in
+docs/config.md (config/reference.py)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron.config import moe, variants
+from megatron.config.errors import ConfigError
+from megatron.config.sections.checks import check_choices, finite, fraction, positive, registry
+
+
+def _variant(kind: str):
+    """Metadata of a field that names a registered variant of `kind`."""
+    return registry(functools.partial(variants.choices, kind), f"config/variants.py, {kind}")
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 2
+    """Transformer layers."""
+    hidden_size: int = 64
+    """Width of the residual stream; a multiple of num_attention_heads."""
+    num_attention_heads: int = 4
+    """Query heads per layer; head size is hidden_size / num_attention_heads."""
+    num_query_groups: Optional[int] = None
+    """Grouped-query attention: number of key/value heads, a divisor of num_attention_heads.
+    null: multi-head attention (as many key/value heads as query heads)."""
+    ffn_hidden_size: Optional[int] = None
+    """Width of the MLP's hidden layer. null: the activation's default (config/builtin_variants.py:
+    4 x hidden_size for GeLU; for SwiGLU 8/3 x hidden_size rounded up to a multiple of 64, the same
+    FLOPs as 4h GeLU)."""
+    seq_length: int = 64
+    """Tokens per sample (the context length trained on)."""
+    max_position_embeddings: Optional[int] = None
+    """Positions the learned position table holds, at least seq_length. null: seq_length."""
+    vocab_size: int = 512
+    """Vocabulary size when the tokenizer does not fix it (synthetic and null-tokenizer data)."""
+    make_vocab_size_divisible_by: int = 128
+    """The embedding table is padded to a multiple of this (times the tensor-parallel size), as
+    Megatron-LM does, so each rank's slice has an aligned width."""
+    position_embedding_type: str = field(default="learned", metadata=_variant("position"))
+    """Position scheme, a registered variant: learned (a table of absolute positions) or rotary
+    (RoPE: q and k rotated in each layer)."""
+    rotary_base: float = 10000.0
+    """RoPE's base (theta): wavelengths grow geometrically up to 2 pi x rotary_base."""
+    normalization: str = field(default="layernorm", metadata=_variant("norm"))
+    """Norm of each layer and the final one, a registered variant: layernorm or rmsnorm."""
+    norm_epsilon: float = 1e-5
+    """Epsilon added to the variance inside the norm."""
+    activation: str = field(default="gelu", metadata=_variant("activation"))
+    """MLP activation, a registered variant: gelu, or swiglu (a gated MLP: fc1 is twice as wide)."""
+    add_bias_linear: bool = True
+    """Bias terms on the linear layers (false for LLaMA-style models)."""
+    tie_embeddings: bool = True
+    """The output layer shares the input embedding's weights."""
+    hidden_dropout: float = 0.0
+    """Dropout probability after attention and after the MLP, in [0, 1)."""
+    attention_dropout: float = 0.0
+    """Dropout probability on the attention probabilities, in [0, 1)."""
+    attention_backend: str = field(default=variants.AUTO, metadata=_variant("attention"))
+    """Attention core, a registered variant (flash, sdpa, math), or auto: the first core that
+    can run on the device found at start-up (logged once)."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal initialisation of the weights."""
+    num_experts: int = 0
+    """Mixture of experts (config/moe.py, docs/moe.md): experts per MoE layer; 0: a dense model."""
+    moe_top_k: int = 2
+    """Experts each token is routed to, between 1 and num_experts."""
+    moe_ffn_hidden_size: Optional[int] = None
+    """Width of each expert's MLP. null: ffn_hidden_size."""
+    moe_layer_freq: int = 1
+    """Every moe_layer_freq-th layer from the first is MoE (Megatron-LM's integer
+    --moe-layer-freq); 1: every layer."""
+    moe_capacity_factor: Optional[float] = None
+    """Tokens an expert takes, as a factor of its even share; the rest are dropped. null:
+    dropless routing."""
+    moe_router: moe.Router = "softmax"
+    """Router scores: softmax, or sigmoid (the top-k weights then normalised to sum to 1)."""
+    moe_aux_loss_coeff: float = 0.01
+    """Weight of the Switch/GShard load-balancing loss; 0 switches it off."""
+    moe_z_loss_coeff: float = 0.0
+    """Weight of the router z-loss (ST-MoE), which keeps router logits small; 0: off."""
+
+    def __post_init__(self):
+        s = "model"
+        finite(s, self)
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "vocab_size", "make_vocab_size_divisible_by"):
+            positive(s, name, getattr(self, name))
+        check_choices(s, self)
+        fraction(s, "hidden_dropout", self.hidden_dropout)
+        fraction(s, "attention_dropout", self.attention_dropout)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("model.hidden_size", self.hidden_size,
+                              f"a multiple of model.num_attention_heads={self.num_attention_heads}")
+        if self.num_query_groups is not None:
+            positive(s, "num_query_groups", self.num_query_groups)
+            if self.num_attention_heads % self.num_query_groups:
+                raise ConfigError("model.num_query_groups", self.num_query_groups,
+                                  f"a divisor of model.num_attention_heads={self.num_attention_heads}")
+        self._defaults()
+        moe.check_fields(self)
+
+    def _defaults(self) -> None:
+        """The fields whose null means "derived from the others"."""
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+        if self.max_position_embeddings < self.seq_length:
+            raise ConfigError("model.max_position_embeddings", self.max_position_embeddings,
+                              f"at least model.seq_length={self.seq_length}")
+        if self.ffn_hidden_size is None:
+            act = variants.of(self, "activation")
+            self.ffn_hidden_size = act.default_ffn(self.hidden_size) if act.default_ffn \
+                else 4 * self.hidden_size
+        positive("model", "ffn_hidden_size", self.ffn_hidden_size)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads

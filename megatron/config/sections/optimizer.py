@@ -1,0 +1,47 @@
+"""The optimizer section: AdamW and the learning-rate schedule (engine/)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from megatron.config.errors import ConfigError
+from megatron.config.sections.checks import check_choices, finite, fraction, positive
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-3
+    """Peak learning rate, reached after the warm-up."""
+    min_lr: float = 1e-4
+    """The learning rate the decay ends at, at most lr."""
+    weight_decay: float = 0.1
+    """AdamW's decoupled weight decay, on matrices and embeddings (every 1-D parameter, norms
+    and biases, has none)."""
+    adam_beta1: float = 0.9
+    """Adam's decay rate of the gradient's running mean, in [0, 1)."""
+    adam_beta2: float = 0.95
+    """Adam's decay rate of the squared gradient's running mean, in [0, 1)."""
+    adam_eps: float = 1e-8
+    """Added to the denominator of Adam's update."""
+    lr_warmup_iters: int = 0
+    """Steps of linear warm-up from 0 to lr."""
+    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    """The learning rate's shape from lr to min_lr after the warm-up."""
+    lr_decay_iters: Optional[int] = None
+    """The step at which the decay reaches min_lr (counted from step 0, the warm-up included);
+    min_lr afterwards. null: training.train_iters."""
+
+    def __post_init__(self):
+        s = "optimizer"
+        finite(s, self)
+        positive(s, "lr", self.lr)
+        positive(s, "min_lr", self.min_lr, allow_zero=True)
+        positive(s, "weight_decay", self.weight_decay, allow_zero=True)
+        positive(s, "lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
+        check_choices(s, self)
+        for name in ("adam_beta1", "adam_beta2"):
+            fraction(s, name, getattr(self, name))
+        if self.min_lr > self.lr:
+            raise ConfigError("optimizer.min_lr", self.min_lr, f"at most optimizer.lr={self.lr}")
+        if self.lr_decay_iters is not None:
+            positive(s, "lr_decay_iters", self.lr_decay_iters)

@@ -1,0 +1,64 @@
+"""The parallel section: how the ranks split the model and the batch (the layout), read by the
+rank grid, the model builders, the engine and the planner."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from megatron.config import context_parallel, schedules
+from megatron.config.sections.checks import check_choices, choice, positive, registry
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """Ranks each layer's weights are split over (Megatron's tensor parallelism)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages the layers are split over. Data parallel size is derived:
+    world / (tensor_parallel_size x pipeline_parallel_size x context_parallel_size)."""
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage, 0 to 3: what the data-parallel ranks partition (1: optimizer
+    states, 2: and gradients, 3: and parameters). Pipeline parallelism allows 0 or 1."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism: the norms and dropouts between tensor-parallel regions
+    hold 1/tensor_parallel_size of the sequence, saving activation memory."""
+    context_parallel_size: int = 1
+    """Context parallelism (Megatron's name; DeepSpeed-Ulysses' all-to-all algorithm, Megatron's
+    cp_comm_type=a2a): each of these ranks holds 1/context_parallel_size of every sequence and
+    attention exchanges heads for sequence around itself (docs/context_parallel.md). 1: off."""
+    context_parallel_algo: context_parallel.Algo = context_parallel.DEFAULT
+    """How the context-parallel ranks attend over the whole sequence (config/context_parallel.py,
+    docs/context_parallel.md): ulysses (head exchange, the default), ring (key/value blocks
+    travel around the group: no head cap), allgather (key/value heads gathered once: for GQA),
+    hybrid (Ulysses inside groups of ulysses_degree ranks x ring across them)."""
+    ulysses_degree: int = 0
+    """Ranks of one Ulysses group under context_parallel_algo=hybrid (a divisor of
+    context_parallel_size between 2 and half of it); 0: implied by the algorithm (all of
+    context_parallel_size for ulysses, 1 for ring and allgather)."""
+    pipeline_partition_method: Literal["uniform", "parameters"] = "uniform"
+    """DeepSpeed's pipeline partitioning: uniform spreads the transformer layers evenly over the
+    stages; parameters balances their parameter counts."""
+    pipeline_schedule: str = field(default=schedules.DEFAULT, metadata=registry(
+        schedules.names, "config/schedules/"))
+    """The pipeline schedule (pipeline_parallel_size > 1), a record of config/schedules: 1f1b is
+    DeepSpeed's; zbh1 is the zero-bubble ZB-H1 schedule (Qi et al. 2023): each backward split into
+    an input-gradient pass and a deferred weight-gradient pass that fills the bubble. The same
+    gradients (docs/pipeline.md)."""
+    timeout_minutes: int = 10
+    """Minutes a rank waits for the others in the rendezvous and start-up before the job fails
+    instead of hanging (torch's default: 10). From the first step on, the hang watchdog's limits
+    set the process groups' timeout (resilience.startup_timeout_minutes for the first step and
+    save, then hang_timeout_minutes or 5x the slowest phase, plus one minute); with the watchdog
+    off (both 0) this stays the timeout of every collective."""
+    expert_parallel_size: int = 1
+    """Data-parallel ranks the experts of each MoE layer are split over (docs/moe.md); a divisor
+    of model.num_experts and of the data-parallel size."""
+
+    def __post_init__(self):
+        s = "parallel"
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
+                     "expert_parallel_size", "timeout_minutes"):
+            positive(s, name, getattr(self, name))
+        positive(s, "ulysses_degree", self.ulysses_degree, allow_zero=True)
+        choice(s, "zero_stage", self.zero_stage, (0, 1, 2, 3))
+        check_choices(s, self)

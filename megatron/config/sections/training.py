@@ -1,0 +1,82 @@
+"""The training section (the step: batch, iterations, precision, recompute, loss scaling,
+logging, when the run stops) and the eval section (periodic evaluation), read by the loop, the
+model context, the data iterators, deepspeed.json and the planner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from megatron.config.sections.checks import check_choices, finite, positive
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 2
+    """Samples per forward and backward pass on one data-parallel rank."""
+    global_batch_size: int = 8
+    """Samples per optimizer step over all data-parallel ranks; a multiple of micro_batch_size x
+    the data-parallel size (the quotient is the gradient accumulation)."""
+    train_iters: int = 20
+    """Optimizer steps of the whole run (a resumed run counts from its checkpoint's step); the
+    LR schedule spans them."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Precision of the model and its gradients: fp32; bf16; or fp16 with dynamic loss scaling
+    (GPU only)."""
+    seed: int = 1234
+    """Seed of the weights' initialisation and of dropout (the data's shuffles use data.seed)."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute in backward instead of keeping activations: none; full (each transformer layer's
+    input only is kept); selective (the attention core's s x s scores are recomputed)."""
+    clip_grad: float = 1.0
+    """Gradients are scaled down to this global L2 norm when above it; 0: no clipping."""
+    initial_loss_scale_power: int = 16
+    """fp16 dynamic loss scaling starts at 2**initial_loss_scale_power."""
+    loss_scale_window: int = 1000
+    """fp16: steps without an overflow before the loss scale doubles."""
+    hysteresis: int = 2
+    """fp16: overflows tolerated before the loss scale is lowered."""
+    min_loss_scale: float = 1.0
+    """fp16: the loss scale never drops below this."""
+    log_interval: int = 1
+    """A metrics.jsonl line (and TensorBoard point) every this many steps."""
+    exit_interval: int = 0
+    """Checkpoint and stop after a step that is a multiple of this (0: never); the LR schedule
+    still spans train_iters, so a later run resumes exactly where this one stopped."""
+    exit_duration_minutes: float = 0.0
+    """Megatron-LM's exit-duration: the run commits a checkpoint and exits 0 once the time left
+    would not hold another step and a save, this many minutes after it started (0: no limit).
+    The batch job's end time (MEGATRON_JOB_END_TIME, or SLURM_JOB_END_TIME, Unix seconds)
+    applies too."""
+    peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s per device, the denominator of MFU. null: the built-in table for the
+    detected GPU (config/devices.py); MFU is null where that is unknown."""
+    tensorboard: bool = True
+    """Write TensorBoard events into <run.dir>/tensorboard (rank 0)."""
+    check_memory: bool = True
+    """Before anything is allocated, megatron-train refuses a job the planner predicts will not
+    fit the device's memory (megatron/planner/fit.py); false logs a warning and starts anyway."""
+
+    def __post_init__(self):
+        s = "training"
+        finite(s, self)
+        for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval"):
+            positive(s, name, getattr(self, name))
+        positive(s, "exit_interval", self.exit_interval, allow_zero=True)
+        positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
+        positive(s, "clip_grad", self.clip_grad, allow_zero=True)
+        check_choices(s, self)
+        if self.peak_tflops is not None:
+            positive(s, "peak_tflops", self.peak_tflops)
+
+
+@dataclass
+class EvalConfig:
+    eval_interval: int = 0
+    """Evaluate on the validation split every this many steps, and on the test split once at the
+    end (0: no evaluation)."""
+    eval_iters: int = 2
+    """Global batches each evaluation averages the loss over."""
+
+    def __post_init__(self):
+        positive("eval", "eval_interval", self.eval_interval, allow_zero=True)
+        positive("eval", "eval_iters", self.eval_iters)

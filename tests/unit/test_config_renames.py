@@ -1,0 +1,72 @@
+"""Keys that left the training section for their owners' sections (eval, checkpoint,
+resilience) still load from a YAML file, from --set and from a saved config.yaml, each with one
+warning naming the new key; both spellings at once is an error. A failure names the path that
+lost the mapping."""
+import logging
+
+import pytest
+import yaml
+
+from megatron.config import Config, ConfigError, build_config, load_config
+from megatron.config.sections import MOVED
+
+WARNING = "training.save_interval is now checkpoint.save_interval"
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_every_moved_key_keeps_its_name_in_an_existing_section():
+    for (old, name), (section, new) in MOVED.items():
+        assert old == "training" and name == new
+        assert name in Config().to_dict()[section]
+
+
+def test_an_old_key_in_yaml_loads_into_its_new_home_with_one_warning(tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text("training:\n  train_iters: 7\n  save_interval: 3\n  hang_timeout_minutes: "
+                    "2.5\n  eval_iters: 4\n")
+    cfg = load_config(str(path))
+    assert (cfg.training.train_iters, cfg.checkpoint.save_interval) == (7, 3)
+    assert (cfg.resilience.hang_timeout_minutes, cfg.eval.eval_iters) == (2.5, 4)
+    messages = _warnings(caplog)
+    assert len(messages) == 1 and WARNING in messages[0] and "old.yaml" in messages[0]
+    assert "training.eval_iters is now eval.eval_iters" in messages[0]
+
+
+def test_an_old_key_in_set_is_typed_by_its_new_field(caplog):
+    cfg = load_config(None, ["training.save_interval=5", "training.loss_spike_action=stop"])
+    assert (cfg.checkpoint.save_interval, cfg.resilience.loss_spike_action) == (5, "stop")
+    assert sum(WARNING in m for m in _warnings(caplog)) == 1
+    with pytest.raises(ConfigError, match="checkpoint.save_interval='x' is invalid"):
+        load_config(None, ["training.save_interval=x"])
+
+
+def test_set_overrides_yaml_whichever_name_each_uses(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  save: true\n")
+    assert load_config(str(path), ["checkpoint.save=false"]).checkpoint.save is False
+    path.write_text("checkpoint:\n  save: true\n")
+    assert load_config(str(path), ["training.save=false"]).checkpoint.save is False
+
+
+def test_both_names_in_one_file_is_an_error(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("training:\n  save: true\ncheckpoint:\n  save: false\n")
+    with pytest.raises(ConfigError, match="training.save=True is invalid: expected unset: it "
+                                          "is now checkpoint.save"):
+        load_config(str(path))
+
+
+def test_a_saved_config_of_an_older_version_loads(caplog):
+    old = Config().to_dict()
+    for section in ("eval", "checkpoint", "resilience"):
+        old["training"].update(old.pop(section))
+    old["training"].update(load="auto", max_rollbacks=7)
+    text = yaml.safe_dump(old)
+    cfg = Config.from_dict(yaml.safe_load(text))
+    assert (cfg.checkpoint.load, cfg.resilience.max_rollbacks) == ("auto", 7)
+    assert build_config(yaml.safe_load(text)).checkpoint.load == "auto"
+    saved = [m for m in _warnings(caplog) if "(a saved config)" in m]
+    assert len(saved) == 1 and "training.max_rollbacks is now resilience.max_rollbacks" in saved[0]
