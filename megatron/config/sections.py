@@ -141,6 +141,10 @@ class ParallelConfig:
     # input-gradient pass and a deferred weight-gradient pass that fills the bubble. The same
     # gradients; docs/pipeline.md.
     pipeline_schedule: str = schedules.DEFAULT
+    virtual_pipeline_size: int = 1
+    """Model chunks per pipeline rank (Megatron's virtual pipeline size v), run by
+    pipeline_schedule=interleaved: rank r holds chunks r, r + pp, ... of pp x v equal blocks of
+    layers, for a bubble v times smaller. 1: one contiguous stage per rank. docs/pipeline.md."""
     # How long a rank waits for the others in the rendezvous and start-up before the job fails
     # instead of hanging (torch's default: 10 minutes). From the first step on, the hang
     # watchdog's limits set the process groups' timeout (training.startup_timeout_minutes for
@@ -162,6 +166,7 @@ class ParallelConfig:
         _choice("parallel", "pipeline_partition_method", self.pipeline_partition_method,
                 ("uniform", "parameters"))
         _choice("parallel", "pipeline_schedule", self.pipeline_schedule, schedules.names())
+        _positive("parallel", "virtual_pipeline_size", self.virtual_pipeline_size)
         _positive("parallel", "timeout_minutes", self.timeout_minutes)
 
 
