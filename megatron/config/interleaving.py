@@ -8,7 +8,8 @@ from typing import Optional
 from megatron.config import schedules
 from megatron.config.errors import ConfigError
 
-INTERLEAVED = "interleaved"
+# the runner id of the schedules that hold several chunks per rank (engine/runners.py)
+INTERLEAVED = "virtual_stages"
 
 
 def chunks_error(cfg) -> Optional[ConfigError]:

@@ -1,4 +1,4 @@
-"""The interleaved 1F1B executor (parallel.pipeline_schedule=interleaved, runner "interleaved"):
+"""The interleaved 1F1B executor (parallel.pipeline_schedule=interleaved, runner "virtual_stages"):
 runs engine/interleaved_order.py's order over this rank's chunks (engine/chunks.py) and hands
 the update to a plain DeepSpeed engine wrapped around them, called as DeepSpeed's
 PipelineEngine calls its own base class, so the numbers are 1F1B's:

@@ -76,4 +76,4 @@ def _interleaved(engine, module, schedule: str) -> str:
 
 register_runner("deepspeed", _deepspeed)
 register_runner("zero_bubble", _zero_bubble)
-register_runner("interleaved", _interleaved)
+register_runner("virtual_stages", _interleaved)

@@ -64,7 +64,7 @@ def test_the_record_prices_what_the_planner_prices_for_1f1b_with_chunks():
     pipe = Pipe(4, 8, 2)
     assert mine.bubble(pipe, 0.0) == ref.bubble(pipe, 0.0) == 3 / 19
     assert mine.stored(pipe, 0, 1.0, 0.0) == ref.stored(pipe, 0, 1.0, 0.0)
-    assert mine.runner == "interleaved"
+    assert mine.runner == "virtual_stages"
 
 
 BASE = ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",

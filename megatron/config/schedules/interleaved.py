@@ -7,7 +7,7 @@ point-to-point transfers and more activations held on the first stage (in_flight
 
 Its closed forms are those the planner already prices for 1f1b with chunks (one_f_one_b.py:
 Pipe.chunks); this record exists because the trainer runs it with an executor of its own
-(engine/interleaved.py, runner "interleaved"), not with DeepSpeed's PipelineEngine, which holds one
+(engine/interleaved.py, runner "virtual_stages"), not with DeepSpeed's PipelineEngine, which holds one
 contiguous stage per rank (DeepSpeed#4035). The order is engine/interleaved_order.py's."""
 from __future__ import annotations
 
@@ -57,4 +57,4 @@ INTERLEAVED = register(Schedule(
     priced="interleaved 1F1B: bubble (p - 1)/(v m + p - 1); the first stage holds "
            "p + (p - 1)/v micro-batches of activations",
     bubble=one_f_one_b.bubble, stored=stored, pipeline_time=one_f_one_b.pipeline_time,
-    rule=rule, runner="interleaved"))
+    rule=rule, runner="virtual_stages"))
