@@ -6,6 +6,7 @@ from typing import Optional
 from megatron.config import context_parallel, schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
+from megatron.config.interleaving import chunks_error, interleaving_error
 
 
 def data_parallel_size(cfg, world_size: int) -> int:
@@ -211,7 +212,9 @@ def schedule_error(schedule: str, pp: int, cp: int = 1, chunks: int = 1
 def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
     p = cfg.parallel
-    _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size))
+    _raise(chunks_error(cfg))  # before the schedule's rule: it names virtual_pipeline_size
+    _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size,
+                          p.virtual_pipeline_size))
     if cfg.resilience.rerun_suspect_steps and cfg.parallel.pipeline_parallel_size > 1:
         raise ConfigError("resilience.rerun_suspect_steps", True,
                           "false under pipeline parallelism (DeepSpeed's pipeline engine runs "
@@ -283,6 +286,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_deepspeed(cfg)
     check_experts(cfg, world_size)
     check_batch(cfg, world_size)
+    _raise(interleaving_error(cfg, data_parallel_size(cfg, world_size)))
     return data_parallel_size(cfg, world_size)
 
 

@@ -15,6 +15,9 @@
                       pipeline size (torch- and DeepSpeed-free: the planner imports it)
     runners.py        how each pipeline schedule's record (config/schedules) is run: DeepSpeed's
                       own TrainSchedule, or zero_bubble.py over pipe_order.py (torch-free)
+    chunks.py         interleaved pipelines: this rank's model chunks and the groups DeepSpeed
+                      sees for them; interleaved_order.py their order (torch-free);
+                      interleaved.py the executor over a plain DeepSpeed engine
 
 Importing this package imports nothing else: the planner, which is torch-free, reads
 deepspeed_json and optimizer_kind from it."""

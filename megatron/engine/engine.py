@@ -25,6 +25,7 @@ from megatron.base.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.config import schedules
 from megatron.engine import runners
+from megatron.engine.chunks import ChunkedModule, ChunkMPU
 from megatron.engine import experts as engine_experts
 from megatron.engine import state as engine_state
 from megatron.engine.mpu import DeepSpeedMPU
@@ -168,7 +169,12 @@ class Engine:
         self.optimizer = build_optimizer(module, optimizer_cfg, device)
         self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, train_iters)
         mark("optimizer")
-        kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
+        # DeepSpeed's PipelineEngine takes its groups from the PipelineModule; the plain engine
+        # over interleaved chunks gets the groups that engine would have (chunks.ChunkMPU).
+        if isinstance(module, ChunkedModule):
+            kwargs = {"mpu": ChunkMPU(state)}
+        else:
+            kwargs = {} if self.pipeline else {"mpu": DeepSpeedMPU(state)}
         with engine_experts.recognised_as_moe(split):
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,

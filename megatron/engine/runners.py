@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from megatron.config import schedules
 from megatron.config.errors import ConfigError
 
-# (DeepSpeed's PipelineEngine, the module it wraps, the schedule's name) -> what it changed, for
+# (the DeepSpeed engine, the module it wraps, the schedule's name) -> what it changed, for
 # the log ("" when nothing)
 Install = Callable[[Any, Any, str], str]
 
@@ -67,5 +67,13 @@ def _zero_bubble(engine, module, schedule: str) -> str:
     return f"weight gradients of {use_zero_bubble(engine, module, schedule)} layers deferred"
 
 
+def _interleaved(engine, module, schedule: str) -> str:
+    """engine/interleaved.py: the project's own executor over this rank's model chunks
+    (engine/chunks.py), the update left to the plain DeepSpeed engine that wraps them."""
+    from megatron.engine.interleaved import use_interleaved
+    return use_interleaved(engine, module)
+
+
 register_runner("deepspeed", _deepspeed)
 register_runner("zero_bubble", _zero_bubble)
+register_runner("virtual_stages", _interleaved)

@@ -31,6 +31,9 @@ def global_named_parameters(model: nn.Module, prefixes: List[str]
     """This rank's parameters under their GPTModel (TP=1, PP=1) names. `prefixes`: the GPTModel
     name prefix of each pipeline layer (model.PipeLayer.name), indexed as DeepSpeed numbers them
     (this stage's forward_funcs start at _local_start)."""
+    if hasattr(model, "gpt_named_parameters"):  # interleaved chunks (engine/chunks.py)
+        yield from model.gpt_named_parameters()
+        return
     if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
         yield from model.named_parameters()
         return

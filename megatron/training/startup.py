@@ -32,6 +32,7 @@ from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters
+from megatron.engine.chunks import chunked_module
 from megatron.engine.model import mark_tensor_parallel, pipeline_module
 from megatron.engine.runners import runner_error
 from megatron.launch import detect_device, discover, init_distributed
@@ -228,7 +229,8 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
 def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.device,
                 timer: Optional[StartupTimer] = None) -> BuiltModel:
     """This rank's part of the model: the whole GPTModel for PP=1, else DeepSpeed's pipeline
-    module of this stage over model.pipeline_layers (DeepSpeed builds only the local layers)."""
+    module of this stage over model.pipeline_layers (DeepSpeed builds only the local layers),
+    or under interleaving (parallel.virtual_pipeline_size > 1) this rank's model chunks."""
     mark = timer.mark if timer is not None else (lambda name: None)
     join_deepspeed()
     mark("deepspeed import")
@@ -239,8 +241,11 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
         names = [layer.name for layer in layers]
         # DeepSpeed broadcasts the tied embedding in place while building the module (and
         # again when loading): under no_grad that copy stays out of the autograd graph.
-        with torch.no_grad():
-            module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
+        if cfg.parallel.virtual_pipeline_size > 1:  # interleaved: our executor's chunks
+            module = chunked_module(layers, cfg, state)
+        else:
+            with torch.no_grad():
+                module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
     else:
         module = GPTModel(cfg.model, ctx)
     mark_tensor_parallel(module)  # what DeepSpeed reads on TP parameters before it wraps them

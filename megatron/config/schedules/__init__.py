@@ -5,6 +5,7 @@ for the trainer to run it, a runner registered in engine/runners.py under that i
 from megatron.config.schedules.registry import (DEFAULT, Pipe, Schedule, StageKinds, fill, get,
                                                 names, register, unregister, with_runner)
 from megatron.config.schedules import one_f_one_b, zbh1  # noqa: F401  (they register themselves)
+from megatron.config.schedules import interleaved  # noqa: F401,E402  (after them: names() order)
 
 __all__ = ["DEFAULT", "Pipe", "Schedule", "StageKinds", "fill", "get", "names", "register",
            "unregister", "with_runner"]

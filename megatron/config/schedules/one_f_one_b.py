@@ -2,7 +2,8 @@
 warms up with forwards, then alternates one forward and one backward, and drains: 2 (m + p - 1)
 lock steps (engine/pipe_order), a bubble of (p - 1)/(m + p - 1) of a balanced pipeline
 (Narayanan et al. 2021, section 2.2.1). The planner also prices Megatron-LM's interleaved variant
-with v model chunks per stage (section 2.2.2), a comparison this trainer does not run."""
+with v model chunks per stage (section 2.2.2); the trainer runs that one as the interleaved
+schedule (interleaved.py), whose record reuses these closed forms."""
 from __future__ import annotations
 
 from megatron.config.schedules.registry import Pipe, Schedule, fill, register

@@ -44,6 +44,10 @@ class ParallelConfig:
     DeepSpeed's; zbh1 is the zero-bubble ZB-H1 schedule (Qi et al. 2023): each backward split into
     an input-gradient pass and a deferred weight-gradient pass that fills the bubble. The same
     gradients (docs/pipeline.md)."""
+    virtual_pipeline_size: int = 1
+    """Model chunks per pipeline rank (Megatron's virtual pipeline size v), run by
+    pipeline_schedule=interleaved: rank r holds chunks r, r + pp, ... of pp x v equal blocks of
+    layers, for a bubble v times smaller. 1: one contiguous stage per rank. docs/pipeline.md."""
     timeout_minutes: int = 10
     """Minutes a rank waits for the others in the rendezvous and start-up before the job fails
     instead of hanging (torch's default: 10). From the first step on, the hang watchdog's limits
@@ -57,7 +61,7 @@ class ParallelConfig:
     def __post_init__(self):
         s = "parallel"
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
-                     "expert_parallel_size", "timeout_minutes"):
+                     "expert_parallel_size", "virtual_pipeline_size", "timeout_minutes"):
             positive(s, name, getattr(self, name))
         positive(s, "ulysses_degree", self.ulysses_degree, allow_zero=True)
         choice(s, "zero_stage", self.zero_stage, (0, 1, 2, 3))

@@ -1,0 +1,90 @@
+"""The rules of interleaved pipelines (parallel.virtual_pipeline_size = v > 1, run by the
+interleaved schedule, config/schedules/interleaved.py): checked with the other cross-section
+rules before any rendezvous or allocation (validate.validate_for_world). Torch-free."""
+from __future__ import annotations
+
+from typing import Optional
+
+from megatron.config import schedules
+from megatron.config.errors import ConfigError
+
+# the runner id of the schedules that hold several chunks per rank (engine/runners.py)
+INTERLEAVED = "virtual_stages"
+
+
+def chunks_error(cfg) -> Optional[ConfigError]:
+    """v > 1 needs stages, the schedule that holds several chunks per rank, and layers that
+    split into p v equal chunks (the embedding rides on chunk 0, the head on the last)."""
+    p, m = cfg.parallel, cfg.model
+    v, pp = p.virtual_pipeline_size, p.pipeline_parallel_size
+    if v == 1:
+        return None
+    if pp == 1:
+        return ConfigError("parallel.virtual_pipeline_size", v,
+                           "1 without pipeline parallelism (pipeline_parallel_size=1): model "
+                           "chunks are spread over pipeline ranks",
+                           "set parallel.pipeline_parallel_size>1 or "
+                           "parallel.virtual_pipeline_size=1")
+    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:
+        return ConfigError("parallel.virtual_pipeline_size", v,
+                           f"1 with parallel.pipeline_schedule={p.pipeline_schedule}: only the "
+                           "interleaved schedule holds several model chunks per rank "
+                           "(DeepSpeed's pipeline engine, which runs 1f1b and zbh1, holds one "
+                           "stage; zbh1 is not interleaved in this trainer)",
+                           "set parallel.pipeline_schedule=interleaved, or "
+                           "parallel.virtual_pipeline_size=1")
+    if m.num_layers % (pp * v):
+        return ConfigError("model.num_layers", m.num_layers,
+                           f"a multiple of pipeline_parallel_size x virtual_pipeline_size = "
+                           f"{pp} x {v} = {pp * v}: every model chunk holds the same number of "
+                           "layers", f"set model.num_layers to a multiple of {pp * v}, or "
+                           "lower parallel.virtual_pipeline_size")
+    return None
+
+
+def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
+    """Megatron-LM's rule for its interleaved order: the micro-batches of a step come in groups
+    of p, each group passing every chunk of a rank in turn."""
+    p, t = cfg.parallel, cfg.training
+    if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
+        return None
+    pp, mb, gb = p.pipeline_parallel_size, t.micro_batch_size, t.global_batch_size
+    m = gb // (mb * dp)
+    if m % pp:
+        return ConfigError("training.global_batch_size", gb,
+                           f"micro-batches per step, global_batch_size / (micro_batch_size x "
+                           f"data-parallel size) = {gb} / ({mb} x {dp}) = {m}, a multiple of "
+                           f"parallel.pipeline_parallel_size={pp} under interleaving",
+                           f"set training.global_batch_size to a multiple of {mb * dp * pp}")
+    return None
+
+
+def scope_error(cfg) -> Optional[ConfigError]:
+    """What this first slice of the interleaved executor does not run yet: 16-bit precision
+    (its optimizers keep gradients where the executor does not hand them on), ZeRO-0 and
+    experts."""
+    p, t, m = cfg.parallel, cfg.training, cfg.model
+    if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
+        return None
+    if t.precision != "fp32":
+        return ConfigError("training.precision", t.precision,
+                           "fp32 with parallel.virtual_pipeline_size > 1: the interleaved "
+                           "executor is tested in fp32 only so far",
+                           "set training.precision=fp32, or parallel.virtual_pipeline_size=1")
+    if p.zero_stage == 0:
+        return ConfigError("parallel.zero_stage", 0,
+                           "1 with parallel.virtual_pipeline_size > 1: under ZeRO-0 DeepSpeed "
+                           "clips by a norm of the first pipeline stage's parameters only (its "
+                           "pipeline grid's model-parallel rank 0), which interleaved chunks "
+                           "cannot reproduce; ZeRO-1 takes the norm of every stage and runs "
+                           "bit for bit as 1f1b", "set parallel.zero_stage=1")
+    if m.num_experts:
+        return ConfigError("model.num_experts", m.num_experts,
+                           "0 with parallel.virtual_pipeline_size > 1: mixture-of-experts "
+                           "layers are not run by the interleaved executor yet",
+                           "set parallel.virtual_pipeline_size=1")
+    return None
+
+
+def interleaving_error(cfg, dp: int) -> Optional[ConfigError]:
+    return chunks_error(cfg) or micro_batches_error(cfg, dp) or scope_error(cfg)

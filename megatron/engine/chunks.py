@@ -1,0 +1,160 @@
+"""This rank's model chunks under interleaved pipelines (parallel.virtual_pipeline_size = v):
+the DeepSpeed-free module the interleaved executor (engine/interleaved.py) runs and DeepSpeed's
+plain engine wraps for the optimizer step.
+
+Model chunk c of p v holds the c-th block of L / (p v) decoder layers, as
+model.pipeline_layers describes them; chunk 0 also holds the embedding, the last chunk the
+final norm and the head. Rank r holds chunks r, r + p, ..., local chunk i being model chunk
+i p + r. With tied embeddings the first chunk (rank 0) and the last (rank p - 1) each build the
+embedding, the last one's weight a copy of the first's broadcast at build time, and their
+gradients are summed over the pair before the update (tied_grads_all_reduce), as DeepSpeed's
+TiedLayerSpec does for 1F1B; the copy on rank p - 1 is marked ds_pipe_replicated so DeepSpeed's
+gradient norm counts the weight once."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron.engine.mpu import DeepSpeedMPU
+from megatron.model import PipeLayer, lm_loss
+from megatron.parallel.state import ParallelState
+
+
+def chunk_slices(num_layers: int, total_chunks: int) -> List[Tuple[int, int]]:
+    """[start, end) into model.pipeline_layers' list (embedding, L layers, norm, head) of each
+    model chunk: equal blocks of decoder layers, the embedding on the first, the norm and head
+    on the last."""
+    per = num_layers // total_chunks
+    bounds = [1 + c * per for c in range(total_chunks + 1)]
+    bounds[0], bounds[-1] = 0, num_layers + 3
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class Chunk(nn.Module):
+    """Consecutive pipeline layers run in turn (forward_fn in place of forward where given)."""
+
+    def __init__(self, layers: Sequence[PipeLayer]):
+        super().__init__()
+        self.layers = nn.ModuleList(layer.cls(*layer.args) for layer in layers)
+        self.fns = [layer.forward_fn for layer in layers]
+        self.prefixes = [layer.name for layer in layers]
+        self.tie_keys = [layer.tie_key for layer in layers]
+        self.tied_attrs = [layer.tied_attr for layer in layers]
+
+    def forward(self, x):
+        for fn, module in zip(self.fns, self.layers):
+            x = fn(module, x) if fn is not None else module(x)
+        return x
+
+
+class ChunkedModule(nn.Module):
+    """This rank's v chunks; forward(local_chunk, x) runs one of them, so DeepSpeed's engine
+    forward (the PipelineEngine's path for a stage) runs each chunk pass. Build it under
+    torch.no_grad() (the tied weight is broadcast in place)."""
+
+    def __init__(self, layers: List[PipeLayer], state: ParallelState, chunks: int,
+                 boundary_shape: Tuple[int, ...], loss_fn):
+        super().__init__()
+        self.state, self.num_chunks, self.loss_fn = state, chunks, loss_fn
+        self.boundary_shape = tuple(boundary_shape)  # every activation sent between chunks
+        total = state.pp * chunks
+        slices = chunk_slices(len(layers) - 3, total)
+        self.chunks = nn.ModuleList(
+            Chunk(layers[slice(*slices[local * state.pp + state.pp_rank])])
+            for local in range(chunks))
+        self.tie_group = _tie_group(state) if any(layer.tie_key for layer in layers) else None
+        self._sync_tied()
+
+    def forward(self, chunk: int, x):
+        return self.chunks[chunk](x)
+
+    def tied_weights(self) -> List[nn.Parameter]:
+        out = []
+        for chunk in self.chunks:
+            for module, key, attr in zip(chunk.layers, chunk.tie_keys, chunk.tied_attrs):
+                if key:
+                    out.append(module.get_parameter(attr))
+        return out
+
+    def _sync_tied(self) -> None:
+        """The first stage's tied weight on the last stage too, which then counts it no more
+        in the gradient norm (DeepSpeed's PipelineModule: the lowest rank owns it)."""
+        for p in self.parameters():
+            p.ds_pipe_replicated = False
+        if self.tie_group is None:
+            return
+        for weight in self.tied_weights():
+            dist.broadcast(weight.data, src=self.state.pp_ranks[0], group=self.tie_group)
+            weight.ds_pipe_replicated = not self.state.is_first_stage
+
+    def tied_grads_all_reduce(self) -> None:
+        """The tied embedding's two gradient halves (input embedding, output head) summed."""
+        if self.tie_group is None:
+            return
+        for weight in self.tied_weights():
+            if weight.grad is not None:
+                dist.all_reduce(weight.grad, group=self.tie_group)
+
+    def gpt_named_parameters(self) -> Iterator[Tuple[str, nn.Parameter]]:
+        """This rank's parameters under their GPTModel (TP=1, PP=1) names."""
+        for chunk in self.chunks:
+            for prefix, module in zip(chunk.prefixes, chunk.layers):
+                for name, param in module.named_parameters():
+                    yield prefix + name, param
+
+
+def _tie_group(state: ParallelState) -> Optional[object]:
+    """The first and last stage of this rank's pipeline (same data, context and tensor
+    position). Every rank creates every pair's group, in the same order (collective)."""
+    world, pp = state.world_size, state.pp
+    stride = world // pp  # pp is the outermost axis of the rank grid (parallel/state.py)
+    mine = None
+    for first in range(stride):
+        group = dist.new_group([first, first + (pp - 1) * stride])
+        if state.rank % stride == first:
+            mine = group
+    return mine
+
+
+class ChunkMPU(DeepSpeedMPU):
+    """The groups DeepSpeed's PipelineEngine would see (its PipelineParallelGrid): its "model
+    parallel" group spans pipeline x tensor ranks (our mp group), so the gradient norm of a
+    plain DeepSpeed engine over this rank's chunks is summed over the whole pipeline; tensor
+    slicing stays our tp group."""
+
+    def get_model_parallel_rank(self):
+        return self.state.index("mp")
+
+    def get_model_parallel_world_size(self):
+        return self.state.grid.group_size("mp")
+
+    def get_model_parallel_group(self):
+        return self.state.group("mp")
+
+    def get_slice_parallel_rank(self):
+        return self._rank("tensor_model")
+
+    def get_slice_parallel_world_size(self):
+        return self._size("tensor_model")
+
+    def get_slice_parallel_group(self):
+        return self._group("tensor_model")
+
+
+def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> ChunkedModule:
+    """This rank's parallel.virtual_pipeline_size chunks of model.pipeline_layers. The
+    activations between chunks are the decoder's hidden states, [s, b, h], the sequence split
+    over TP ranks under sequence parallelism."""
+    seq = cfg.model.seq_length // cfg.parallel.context_parallel_size
+    if cfg.parallel.sequence_parallel:
+        seq //= cfg.parallel.tensor_parallel_size
+    shape = (seq, cfg.training.micro_batch_size, cfg.model.hidden_size)
+
+    def loss_fn(logits, labels):
+        return lm_loss(logits, labels.to(logits.device), state)
+
+    with torch.no_grad():  # the tied weight's broadcast stays out of autograd
+        return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn)

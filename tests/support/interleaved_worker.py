@@ -1,0 +1,78 @@
+"""Worker for the interleaved schedule's tests: run under torchrun, trains each requested case
+twice in this one launch, with parallel.pipeline_schedule=1f1b (DeepSpeed's PipelineEngine,
+one stage per rank) and =interleaved (engine/interleaved.py, virtual_pipeline_size chunks per
+rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses and
+gradient norms as JSON (rank 0). --save DIR: the interleaved run also saves its last step there
+(for the checkpoint test, which continues it under other layouts).
+
+    torchrun --nproc_per_node 2 tests/support/interleaved_worker.py --out r.json \
+        --cases pp2v2-gpt2 --workdir /tmp/vpp"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from megatron.config import load_config
+from megatron.launch.startup import StartupTimer
+from megatron.training import startup
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
+from worker_exit import exit_after  # noqa: E402
+from paths import TINY  # noqa: E402
+from run_layouts import FLAVOURS  # noqa: E402  (GPT-2 and Llama: one home)
+from zero_bubble_worker import COMMON, batches  # noqa: E402
+
+LAYOUTS = {
+    "pp2v2": ["parallel.pipeline_parallel_size=2"],
+    "pp4v2": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
+    "tp2pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+}
+
+
+def schedule_overrides(schedule: str):
+    if schedule == "interleaved":
+        return ["parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"]
+    return ["parallel.pipeline_schedule=1f1b"]
+
+
+def train(overrides, run_dir: str, steps: int):
+    cfg = load_config(TINY, overrides + [f"run.dir={run_dir}"])
+    job = startup.start(cfg, StartupTimer())
+    it = batches(cfg, job.text_vocab)
+    losses, norms = [], []
+    for _ in range(steps):
+        r = job.engine.train_step(it)
+        losses.append(r.loss)
+        norms.append(r.grad_norm)
+    names = sorted(name for name, _ in job.engine.named_parameters())
+    if job.lock:
+        job.lock.release()
+    return {"losses": losses, "grad_norms": norms, "names": names}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--cases", required=True, help="layout-flavour,...")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results = {}
+    for case in args.cases.split(","):
+        layout, flavour = case.split("-")
+        base = COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
+        results[case] = {s: train(base + schedule_overrides(s),
+                                  os.path.join(args.workdir, f"{case}-{s}"), args.steps)
+                         for s in ("1f1b", "interleaved")}
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_after(main)
