@@ -200,14 +200,6 @@ def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
                            "none or selective with model.num_experts > 0: a recomputed layer "
                            "would lose its router's auxiliary losses", "set "
                            "training.activation_checkpointing=selective or none")
-    if ep > 1:
-        for name in ("save", "load", "init_from"):
-            if getattr(t, name):
-                return ConfigError(f"training.{name}", getattr(t, name),
-                                   f"unset with parallel.expert_parallel_size={ep}: "
-                                   "checkpoints of experts split over ranks are not written "
-                                   "yet (docs/moe.md)", "train with "
-                                   "parallel.expert_parallel_size=1 to checkpoint")
     return None
 
 
