@@ -21,7 +21,7 @@ import pytest
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__)))))
-from tests.distributed.test_model_moe import MOE  # noqa: E402
+from tests.support.moe import MOE  # noqa: E402
 from tests.support.paths import TINY  # noqa: E402
 
 LAYOUTS = {
