@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from megatron.config.errors import ConfigError
 
-ROUTERS = ("softmax", "sigmoid")
+# softmax: the chosen softmax probabilities as weights; softmax_renorm: the same k experts, their
+# probabilities renormalised to sum to 1 (= a softmax over the k chosen logits: Mixtral's router);
+# sigmoid: sigmoid scores, the chosen normalised to sum to 1.
+ROUTERS = ("softmax", "softmax_renorm", "sigmoid")
 
 
 def is_moe_layer(m, index: int) -> bool:

@@ -72,7 +72,7 @@ class ModelConfig:
     moe_ffn_hidden_size: Optional[int] = None
     moe_layer_freq: int = 1
     moe_capacity_factor: Optional[float] = None
-    moe_router: str = "softmax"  # softmax | sigmoid (top-k weights normalised)
+    moe_router: str = "softmax"  # softmax | softmax_renorm (Mixtral) | sigmoid (config/moe.py)
     moe_aux_loss_coeff: float = 0.01  # Switch/GShard load balancing
     moe_z_loss_coeff: float = 0.0  # router z-loss (ST-MoE)
 

@@ -184,7 +184,7 @@ def check_experts(cfg, world_size: int) -> None:
         raise ConfigError("parallel.expert_parallel_size", ep,
                           f"a divisor of the data-parallel size {dp} (experts are split over "
                           "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
-    _raise(moe_training_error(m, t, ep))
+    _raise(moe_training_error(m, t))
     if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
         # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
         # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
@@ -194,7 +194,7 @@ def check_experts(cfg, world_size: int) -> None:
                           "set parallel.zero_stage=1, or training.precision=fp32")
 
 
-def moe_training_error(m, t, ep: int) -> Optional[ConfigError]:
+def moe_training_error(m, t) -> Optional[ConfigError]:
     if m.num_experts and t.activation_checkpointing == "full":
         return ConfigError("training.activation_checkpointing", "full",
                            "none or selective with model.num_experts > 0: a recomputed layer "

@@ -1,5 +1,5 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
-keys/values, tied or not, with biases) becomes a single file whose unsharded model gives
+keys/values, tied or not, with biases; Mixtral) becomes a single file whose unsharded model gives
 transformers' logits; export then import gives back our exact tensors; unsupported options are
 refused with the field. Training from the file in another layout is covered by init_from's
 end-to-end test (tests/e2e/test_checkpoint_layout_change.py)."""
@@ -28,6 +28,10 @@ CONFIGS = {
                                                         num_hidden_layers=2,
                                                         tie_word_embeddings=True,
                                                         attention_bias=True, mlp_bias=True),
+    "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
+                                                  num_hidden_layers=2, num_key_value_heads=2,
+                                                  num_local_experts=4, num_experts_per_tok=2,
+                                                  tie_word_embeddings=False),
 }
 
 
@@ -65,7 +69,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "mixtral"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -74,6 +78,22 @@ def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     assert set(first.state_dict) == set(second.state_dict)
     for key, tensor in first.state_dict.items():
         assert torch.equal(tensor, second.state_dict[key]), key
+
+
+def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
+    """Our MoE model (a few training steps), exported to Mixtral and imported back: the model
+    built from the imported file gives our logits."""
+    from tests.unit.test_checkpoint_hf_export import trained_moe
+    model, merged = trained_moe(root)
+    export_hf(merged, str(tmp_path / "mixtral"))
+    back = import_hf(str(tmp_path / "mixtral"))
+    assert back.config.model.moe_router == "softmax_renorm" and back.config.model.num_experts == 4
+    ours = build_single_model(back).eval()
+    tokens = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        diff = float((ours(tokens) - model(tokens)).abs().max())
+    print(f"Mixtral export and import: max logit difference {diff:.3g}")
+    assert diff < 1e-5, diff
 
 
 def test_unsupported_hugging_face_options_are_named(tmp_path):
