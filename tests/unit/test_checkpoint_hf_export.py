@@ -11,6 +11,7 @@ from megatron.model import build_model
 from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import MergedCheckpoint
 from megatron.checkpoint.hf_export import export_hf
+from tests.support.moe import trained_moe
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 
@@ -59,26 +60,8 @@ MIXTRAL = LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false",
                    "model.moe_ffn_hidden_size=96"]
 
 
-def trained_moe(root, steps=3):
-    """A MoE model after a few Adam steps on random tokens (the router away from its start, so
-    the routing is the trained model's, not near-uniform)."""
-    model, merged = merged_model(MIXTRAL, root)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        tokens = torch.randint(0, 500, (2, 33), generator=g)
-        logits = model(tokens[:, :-1])  # [s, b, V]
-        loss = torch.nn.functional.cross_entropy(logits.transpose(0, 1).reshape(-1, 512),
-                                                 tokens[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return model, MergedCheckpoint(merged.config, sd, 500, 512, {})
-
-
 def test_mixtral_reproduces_our_moe_logits(tmp_path, root):
-    model, merged = trained_moe(root)
+    model, merged = trained_moe(merged_model(MIXTRAL, root))
     export_hf(merged, str(tmp_path / "mixtral"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "mixtral"),
                                                            dtype=torch.float32).eval()

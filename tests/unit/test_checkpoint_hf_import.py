@@ -13,6 +13,7 @@ from megatron.config.errors import InputError
 from megatron.checkpoint.convert import build_single_model, load_single
 from megatron.checkpoint.hf_export import export_hf
 from megatron.checkpoint.hf_import import import_hf
+from tests.support.moe import trained_moe
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 
@@ -80,11 +81,23 @@ def test_export_then_import_gives_back_our_tensors(name, tmp_path):
         assert torch.equal(tensor, second.state_dict[key]), key
 
 
+MIXTRAL = ["model.vocab_size=500", "model.position_embedding_type=rotary",
+           "model.normalization=rmsnorm", "model.activation=swiglu",
+           "model.add_bias_linear=false", "model.num_query_groups=2", "model.tie_embeddings=false",
+           "model.num_experts=4", "model.moe_top_k=2", "model.moe_router=softmax_renorm"]
+
+
 def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
     """Our MoE model (a few training steps), exported to Mixtral and imported back: the model
     built from the imported file gives our logits."""
-    from tests.unit.test_checkpoint_hf_export import trained_moe
-    model, merged = trained_moe(root)
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    from megatron.checkpoint.convert import MergedCheckpoint
+    cfg = load_config(f"{root}/examples/local/tiny.yaml", MIXTRAL)
+    torch.manual_seed(0)
+    model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
+    model, merged = trained_moe((model, MergedCheckpoint(cfg, {}, 500, 512, {})))
     export_hf(merged, str(tmp_path / "mixtral"))
     back = import_hf(str(tmp_path / "mixtral"))
     assert back.config.model.moe_router == "softmax_renorm" and back.config.model.num_experts == 4
