@@ -22,7 +22,8 @@ from megatron.parallel.state import set_collective_timeout
 from megatron.training.agree import Decisions, agree
 from megatron.training.checkpointer import Checkpointer
 from megatron.training.divergence import Divergence
-from megatron.training.metrics import MetricsWriter, model_flops_per_token, step_record
+from megatron.training.metrics import (MetricsWriter, model_flops_per_token, moe_window,
+                                       step_record)
 from megatron.training.sdc import Rerun
 from megatron.training.signals import StopFlag
 from megatron.training.startup import Job, start, write_run_files
@@ -173,22 +174,14 @@ class _Loop:
             log.info("start-up: %s; the first step took %.2f s", self.timer.text(), dt)
         if self.writer and self.step % self.t.log_interval == 0:
             record = step_record(self.step, result, dt, self.step_flops, self.tokens_step,
-                                 self.job.launch.world_size, self.peak, self.device)
-            moe = self._moe_window()
-            if moe:
-                record = dataclasses.replace(record, moe=moe)
+                                 self.job.launch.world_size, self.peak, self.device,
+                                 moe_window(self.job.model.module))
             if not self.startup_written:  # the first line written carries the start-up
                 startup = StartupRecord.from_json(self.summary.timing.startup)
                 record = dataclasses.replace(record, startup=startup)
                 self.startup_written = True
             self.writer.write(record)  # and its log line (training/log_line.py)
         return result, dt
-
-    def _moe_window(self):
-        """The MoE layers' numbers since the last logged step ([]: a dense model, or PP > 1
-        where no GPTModel holds them; MoE refuses PP > 1)."""
-        take = getattr(self.job.model.module, "take_moe_window", None)
-        return take() if take is not None else []
 
     def _evaluate(self, batches, split: str) -> Optional[float]:
         if batches is None:

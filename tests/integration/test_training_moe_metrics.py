@@ -9,7 +9,7 @@ from tests.support.cli import clean_env
 from tests.support.paths import ROOT, TINY
 
 SCRIPT = r"""
-import sys
+import logging, sys
 from megatron.base.records import read_metrics, steps
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
@@ -17,6 +17,7 @@ from megatron.launch import leave_distributed
 from megatron.training.loop import train
 from megatron.training.report import write_report
 
+logging.basicConfig(level=logging.INFO)  # the step lines, as megatron-train logs them
 cfg = load_config(sys.argv[2], [f"run.dir={sys.argv[1]}", "training.tensorboard=false",
                                 "training.train_iters=3", "training.log_interval=1",
                                 "model.num_experts=4", "model.moe_capacity_factor=1.0",
