@@ -235,6 +235,11 @@ class StepRecord:
     step_time_s: float
     startup: Optional[StartupRecord] = None  # the first line written only
     nonfinite: Optional[List[str]] = None
+    # MoE runs only (absent from dense lines): per MoE layer, in order, rank 0's training
+    # forwards since the previous logged line: aux_loss, z_loss (mean per forward, coefficients
+    # applied), tokens_per_expert_max, tokens_per_expert_mean (assignments before the capacity
+    # rule), dropped_fraction (model/moe/layer.LayerStats.as_dict)
+    moe: Optional[List[Dict[str, float]]] = None
 
 
 @dataclass(frozen=True)
@@ -348,7 +353,7 @@ EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEv
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
                       SdcSuspectEvent]
-_OPTIONAL = ("startup", "nonfinite")
+_OPTIONAL = ("startup", "nonfinite", "moe")
 
 
 def record_json(record: MetricsRecord) -> Dict[str, Any]:

@@ -9,6 +9,12 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
 - Llama (rotary over the whole head, RMSNorm, SwiGLU; any number of key/value groups; tied or
   untied; biases on or off) -> LlamaForCausalLM. q/k/v and gate/up are split out of our fused
   QKV (per group: its query heads, then its key, then its value) and [gate; up] fc1.
+- Mixtral (the Llama settings with experts in every layer, model.moe_layer_freq=1, no biases,
+  model.moe_router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
+  plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
+  (block_sparse_moe.gate, experts.<e>.w1/w3/w2: gate, up, down), which transformers 5 folds into
+  its stacked experts on load and transformers 4 reads as is. Mixtral runs dropless: a model
+  trained with model.moe_capacity_factor gives the same logits only where no expert overflows.
 
 The vocabulary keeps the rows the merge kept (padding included unless trimmed), so the exported
 model gives the trained model's logits. Tokenizer files named in the run's config are copied
@@ -23,7 +29,7 @@ from typing import Dict, List
 
 import torch
 
-from megatron.config import variants
+from megatron.config import moe, variants
 from megatron.config.errors import InputError
 from megatron.checkpoint.convert import MergedCheckpoint
 
@@ -31,8 +37,12 @@ StateDict = Dict[str, torch.Tensor]
 
 # Beyond the variants (each selected norm, activation, position and attention core declares the
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
-FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {}}
-ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama"}
+FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {},
+               "mixtral": {"add_bias_linear": False, "moe_layer_freq": 1,
+                           "moe_router": "softmax_renorm"}}
+ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mixtral": "Mixtral"}
+# Mixtral's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names serve it.
+VARIANT_ARCH = {"mixtral": "llama"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -47,7 +57,10 @@ def _selected(m):
 
 def _arch_problems(m, arch: str) -> List[str]:
     why = [f"model.{name}={value!r} declares no {ARCH_NAMES[arch]} names"
-           for name, value, v in _selected(m) if arch not in v.hf]
+           for name, value, v in _selected(m) if VARIANT_ARCH.get(arch, arch) not in v.hf]
+    if (arch == "mixtral") != (m.num_experts > 0):
+        why.append(f"num_experts={m.num_experts} (needs "
+                   f"{'> 0' if arch == 'mixtral' else '0: experts map to Mixtral'})")
     why += [f"{k}={getattr(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
             if getattr(m, k) != v]
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
@@ -57,10 +70,10 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2' or 'llama' for a model config that maps exactly; InputError otherwise, naming
+    """'gpt2', 'llama' or 'mixtral' for a model config that maps exactly; InputError otherwise, naming
     what each architecture lacks."""
     problems = {}
-    for arch in ("llama", "gpt2"):
+    for arch in ("llama", "mixtral", "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -108,7 +121,27 @@ def gpt2_state_dict(sd: StateDict, m) -> StateDict:
     return out
 
 
+def _llama_mlp(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
+    gate, up = sd[f"{ours}mlp.fc1.{x}"].chunk(2, dim=0)
+    return {f"{hf}mlp.gate_proj.{x}": gate, f"{hf}mlp.up_proj.{x}": up,
+            f"{hf}mlp.down_proj.{x}": sd[f"{ours}mlp.fc2.{x}"]}
+
+
+def _mixtral_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
+    """Our router [E, h] and stacked experts (fc1 [E, 2f, h] = per expert [gate; up], fc2
+    [E, h, f]) -> the hub's block_sparse_moe names, one tensor per expert and matrix."""
+    moe = hf + "block_sparse_moe."
+    out = {f"{moe}gate.{x}": sd[f"{ours}mlp.router.{x}"]}
+    for e, (fc1, fc2) in enumerate(zip(sd[f"{ours}mlp.experts.w1"], sd[f"{ours}mlp.experts.w2"])):
+        gate, up = fc1.chunk(2, dim=0)
+        out.update({f"{moe}experts.{e}.w1.{x}": gate, f"{moe}experts.{e}.w3.{x}": up,
+                    f"{moe}experts.{e}.w2.{x}": fc2})
+    return out
+
+
 def llama_state_dict(sd: StateDict, m) -> StateDict:
+    """Llama, or Mixtral (experts in place of the MLP of every layer)."""
+    mlp = _mixtral_moe if m.num_experts else _llama_mlp
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
     out.update(_norm_names(m, "llama", "final_norm.", "model.norm.", sd))
     if not m.tie_embeddings:
@@ -119,13 +152,11 @@ def llama_state_dict(sd: StateDict, m) -> StateDict:
         out.update(_norm_names(m, "llama", ours + "norm2.", hf + "post_attention_layernorm.", sd))
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.{x}"], m)
-            gate, up = sd[f"{ours}mlp.fc1.{x}"].chunk(2, dim=0)
             out.update({
                 f"{hf}self_attn.q_proj.{x}": q, f"{hf}self_attn.k_proj.{x}": k,
                 f"{hf}self_attn.v_proj.{x}": v,
-                f"{hf}self_attn.o_proj.{x}": sd[f"{ours}attention.dense.{x}"],
-                f"{hf}mlp.gate_proj.{x}": gate, f"{hf}mlp.up_proj.{x}": up,
-                f"{hf}mlp.down_proj.{x}": sd[f"{ours}mlp.fc2.{x}"]})
+                f"{hf}self_attn.o_proj.{x}": sd[f"{ours}attention.dense.{x}"]})
+            out.update(mlp(sd, ours, hf, x))
     return out
 
 
@@ -150,6 +181,16 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                     scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
                     reorder_and_upcast_attn=False)
+    llama = _llama_config(m, common)
+    if kind == "llama":
+        return llama
+    return dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                intermediate_size=moe.expert_ffn(m), num_local_experts=m.num_experts,
+                num_experts_per_tok=m.moe_top_k, router_aux_loss_coef=m.moe_aux_loss_coeff,
+                output_router_logits=False, router_jitter_noise=0.0, sliding_window=None)
+
+
+def _llama_config(m, common: dict) -> dict:
     return dict(common, architectures=["LlamaForCausalLM"], model_type="llama",
                 hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
                 num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,

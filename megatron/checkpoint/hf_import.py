@@ -1,7 +1,9 @@
-"""Hugging Face import: a transformers GPT-2 or Llama folder (config.json + safetensors, single or
+"""Hugging Face import: a transformers GPT-2, Llama or Mixtral folder (config.json + safetensors, single or
 sharded) as a single-file model (convert.save_single), from which `checkpoint.init_from` starts a
 run of any layout: continued pretraining of published weights. The inverse of hf_export.py;
-the same two flavours, weight for weight. Architectures or options this model does not implement
+the same three flavours, weight for weight (Mixtral's experts from the hub's
+block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked mlp.experts.gate_up_proj /
+down_proj). Architectures or options this model does not implement
 (rope scaling, a head size other than hidden / heads, separate attention and MLP bias settings)
 are refused with the field and its value."""
 from __future__ import annotations
@@ -68,8 +70,27 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                 "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
                 "position_embedding_type": "learned", "normalization": "layernorm",
                 "activation": "gelu", "add_bias_linear": True, "tie_embeddings": True}
+    if kind == "mixtral":
+        return _mixtral_section(hf)
     if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2 or llama")
+        raise _unsupported("model_type", kind, "gpt2, llama or mixtral")
+    return _llama_section(hf)
+
+
+def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """Llama's fields, with experts in every layer and Mixtral's renormalised softmax router."""
+    if hf.get("router_jitter_noise"):
+        raise _unsupported("router_jitter_noise", hf["router_jitter_noise"], "0")
+    if hf.get("sliding_window") is not None:
+        raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention)")
+    out = _llama_section(dict(hf, mlp_bias=hf.get("attention_bias", False)))
+    return dict(out, num_experts=hf.get("num_local_experts", 8),
+                moe_top_k=hf.get("num_experts_per_tok", 2), moe_layer_freq=1,
+                moe_router="softmax_renorm",
+                moe_aux_loss_coeff=float(hf.get("router_aux_loss_coef", 0.001)))
+
+
+def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     h, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, h // heads):
         raise _unsupported("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads = "
@@ -145,16 +166,52 @@ def _from_gpt2(sd: StateDict, m, hf_dir: str) -> StateDict:
     return out
 
 
+def _llama_mlp(w, m, hf: str, ours: str, x: str) -> StateDict:
+    mlp = hf + "mlp."
+    return {ours + f"mlp.fc1.{x}": torch.cat([w(f"{mlp}gate_proj.{x}"), w(f"{mlp}up_proj.{x}")]),
+            ours + f"mlp.fc2.{x}": w(f"{mlp}down_proj.{x}")}
+
+
+def _mixtral_moe(w, m, hf: str, ours: str, x: str) -> StateDict:
+    """The router and the experts stacked [E, ...], fc1 per expert [gate (w1); up (w3)]."""
+    if w.has(hf + "mlp.experts.gate_up_proj"):  # transformers 5's own stacked layout
+        return {ours + "mlp.router.weight": w(hf + "mlp.gate.weight"),
+                ours + "mlp.experts.w1": w(hf + "mlp.experts.gate_up_proj"),
+                ours + "mlp.experts.w2": w(hf + "mlp.experts.down_proj")}
+    moe = hf + "block_sparse_moe."
+    experts = range(m.num_experts)
+    return {ours + "mlp.router.weight": w(moe + "gate.weight"),
+            ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{moe}experts.{e}.w1.weight"),
+                                                             w(f"{moe}experts.{e}.w3.weight")])
+                                                  for e in experts]),
+            ours + "mlp.experts.w2": torch.stack([w(f"{moe}experts.{e}.w2.weight")
+                                                  for e in experts])}
+
+
+class _Weights:
+    """The folder's tensors by name; a missing one is an InputError naming it."""
+
+    def __init__(self, sd: StateDict, hf_dir: str):
+        self.sd, self.hf_dir = sd, hf_dir
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return _need(self.sd, name, self.hf_dir)
+
+    def has(self, name: str) -> bool:
+        return name in self.sd
+
+
 def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
-    def w(name):
-        return _need(sd, name, hf_dir)
+    """Llama, or Mixtral (experts in place of every layer's MLP)."""
+    w = _Weights(sd, hf_dir)
+    mlp = _mixtral_moe if m.num_experts else _llama_mlp
     out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight")}
     out.update(_norm_from(m, "llama", "model.norm.", "final_norm.", w))
     if not m.tie_embeddings:
         out["output.head.weight"] = w("lm_head.weight")
     for i in range(m.num_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        attn, mlp = hf + "self_attn.", hf + "mlp."
+        attn = hf + "self_attn."
         out.update(_norm_from(m, "llama", hf + "input_layernorm.", ours + "norm1.", w))
         out.update(_norm_from(m, "llama", hf + "post_attention_layernorm.", ours + "norm2.", w))
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
@@ -162,10 +219,8 @@ def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
                 ours + f"attention.qkv.{x}": _fuse_qkv(w(f"{attn}q_proj.{x}"),
                                                        w(f"{attn}k_proj.{x}"),
                                                        w(f"{attn}v_proj.{x}"), m),
-                ours + f"attention.dense.{x}": w(f"{attn}o_proj.{x}"),
-                ours + f"mlp.fc1.{x}": torch.cat([w(f"{mlp}gate_proj.{x}"),
-                                                  w(f"{mlp}up_proj.{x}")]),
-                ours + f"mlp.fc2.{x}": w(f"{mlp}down_proj.{x}")})
+                ours + f"attention.dense.{x}": w(f"{attn}o_proj.{x}")})
+            out.update(mlp(w, m, hf, ours, x))
     return out
 
 

@@ -18,7 +18,7 @@ from megatron.parallel.layers import shard
 from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import load_single
 from megatron.checkpoint.layout import model_shape, shape_differences
-from megatron.checkpoint.state import Partition, resize_rows
+from megatron.checkpoint.state import ExpertSplit, Partition, resize_rows
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ def load_initial_weights(named: List[Tuple[str, nn.Parameter]], cfg, state: Para
             full = resize_rows(full, padded_vocab)
         piece = full if part.dim is None else shard(full, part.dim, state.tp_rank, state.tp,
                                                     part.stride)
+        split = ExpertSplit.of(param, tuple(param.shape))
+        if split is not None:  # the file holds all experts [E, ...]: this rank's slice
+            piece = piece[split.first:split.first + split.local]
         if piece.shape != param.shape:
             raise InputError(f"checkpoint.init_from={path!r}: {name} gives this rank a "
                              f"{tuple(piece.shape)} slice but the model holds "

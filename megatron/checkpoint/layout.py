@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 # Model fields that decide the shape of some weight: a checkpoint only fits a model equal in all.
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", "ffn_hidden_size",
                 "max_position_embeddings", "position_embedding_type", "normalization",
-                "activation", "add_bias_linear", "tie_embeddings")
+                "activation", "add_bias_linear", "tie_embeddings", "num_experts",
+                "moe_ffn_hidden_size", "moe_layer_freq")
+# Fields recorded only where they differ from these (the dense model's values): records written
+# before the field existed lack it and mean this value, and dense records stay as they were.
+SHAPE_DEFAULTS = {"num_experts": 0, "moe_ffn_hidden_size": None, "moe_layer_freq": 1}
 
 
 def rng_state(tracker) -> Dict[str, Any]:
@@ -38,14 +42,21 @@ def set_rng_state(state: Optional[Dict[str, Any]], tracker) -> None:
 
 
 def model_shape(m) -> Dict[str, Any]:
-    """The ModelConfig fields in SHAPE_FIELDS, by name."""
-    return {name: getattr(m, name) for name in SHAPE_FIELDS}
+    """The ModelConfig fields in SHAPE_FIELDS, by name (those of SHAPE_DEFAULTS only when they
+    differ from the default)."""
+    return {name: getattr(m, name) for name in SHAPE_FIELDS
+            if name not in SHAPE_DEFAULTS or getattr(m, name) != SHAPE_DEFAULTS[name]}
 
 
 def shape_differences(theirs: Dict[str, Any], ours: Dict[str, Any], what: str) -> List[str]:
-    """'model.X: <what> A, this run B' for each shape field where two model_shape()s differ."""
-    return [f"model.{k}: {what} {theirs.get(k)!r}, this run {v!r}"
-            for k, v in ours.items() if theirs.get(k) != v]
+    """'model.X: <what> A, this run B' for each shape field where two model_shape()s differ; a
+    field of SHAPE_DEFAULTS missing from either counts as its default."""
+    out = []
+    for k in list(ours) + [k for k in SHAPE_DEFAULTS if k not in ours]:
+        a, b = (d.get(k, SHAPE_DEFAULTS.get(k)) for d in (theirs, ours))
+        if a != b:
+            out.append(f"model.{k}: {what} {a!r}, this run {b!r}")
+    return out
 
 
 def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> LayoutRecord:

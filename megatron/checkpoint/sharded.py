@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.base import store
-from megatron.checkpoint import local_tier
+from megatron.checkpoint import experts, local_tier
 from megatron.base.records import CheckpointMeta
 from megatron.checkpoint.snapshot import Buffers, Snapshot, write_file
 from megatron.checkpoint.state import Partition, RankState, resize_rows
@@ -66,9 +66,13 @@ def _write_failure(path: str, rank: int, error: BaseException, needed: int) -> s
 
 
 def _describe(rs: RankState, rel: str) -> Dict[str, Any]:
-    return {p.name: {"shape": list(p.shape), **asdict(p.partition),
-                     "pieces": [[rel, rs.coords.tp, f.start, f.numel] for f in p.fragments]
-                     if rs.writes else []} for p in rs.params}
+    out = {}
+    for p in rs.params:
+        entry = {"shape": list(p.shape), **asdict(p.partition),
+                 "pieces": [[rel, rs.coords.tp, f.start, f.numel] for f in p.fragments]
+                 if rs.written(p) else []}
+        out[p.name] = experts.to_global(entry, p) if p.experts is not None else entry
+    return out
 
 
 def _build_index(described: List[Dict[str, Any]], tp: int) -> Dict[str, Any]:
@@ -398,7 +402,10 @@ def load(folder: str, rs: RankState, tp: int, pp: int, last_good: Optional[str] 
     error = None
     try:
         for p in rs.params:
-            _load_param(reader, p, tp, rs.coords.tp)
+            if p.experts is not None:  # on the global expert axis, whatever the EP size
+                experts.load_param(reader, p)
+            else:
+                _load_param(reader, p, tp, rs.coords.tp)
         rng = _rng_for(reader, meta, rs, tp, pp)
     except InputError as e:
         error, rng = str(e), None

@@ -56,9 +56,8 @@ class Buffers:
 def snapshot_bytes(rs: RankState) -> int:
     """Host bytes a snapshot of this rank takes: 4 bytes each for the master and two moments of
     every element it owns (0 for a data-parallel replica that writes nothing)."""
-    if not rs.writes:
-        return 0
-    return sum(4 * f.numel * (1 + len(f.moments)) for p in rs.params for f in p.fragments)
+    return sum(4 * f.numel * (1 + len(f.moments)) for p in rs.params if rs.written(p)
+               for f in p.fragments)
 
 
 def _alias(src: torch.Tensor) -> torch.Tensor:
@@ -85,23 +84,10 @@ class Snapshot:
         self._jobs: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._aliases: List[torch.Tensor] = []
         pieces: Dict[str, Any] = {}
-        if rs.writes:
-            for p in rs.params:
+        for p in rs.params:
+            if rs.written(p):
                 for f in p.fragments:  # a parameter has at most one contiguous piece per rank
-                    entry: Dict[str, Any] = {"start": f.start, "numel": f.numel}
-                    for key, src in (("master", f.master), *f.moments.items()):
-                        src = src.detach().reshape(-1)
-                        if buffers is None and _aliasable(src):
-                            entry[key] = _alias(src)
-                            self._aliases.append(src)  # the memory the alias points into
-                            continue
-                        # Pinned only when kept: pinning fresh memory at every save costs more
-                        # than the copy it speeds up.
-                        dst = (buffers.get(p.name, key, src) if buffers is not None else
-                               torch.empty(src.numel(), dtype=torch.float32))
-                        entry[key] = dst
-                        self._jobs.append((dst, src))
-                    pieces[p.name] = entry
+                    pieces[p.name] = self._entry(p.name, f, buffers)
         self.payload = {"pieces": pieces, "rng": rs.rng, "coords": list(rs.coords)}
         self._ready = {dst.data_ptr(): threading.Event() for dst, _ in self._jobs
                        if dst.numel()}
@@ -109,6 +95,22 @@ class Snapshot:
         self.error: Optional[BaseException] = None
         self.waited = 0.0  # seconds training waited for the copy (wait_copied)
         self._thread: Optional[threading.Thread] = None
+
+    def _entry(self, name: str, f, buffers: Optional[Buffers]) -> Dict[str, Any]:
+        entry: Dict[str, Any] = {"start": f.start, "numel": f.numel}
+        for key, src in (("master", f.master), *f.moments.items()):
+            src = src.detach().reshape(-1)
+            if buffers is None and _aliasable(src):
+                entry[key] = _alias(src)
+                self._aliases.append(src)  # the memory the alias points into
+                continue
+            # Pinned only when kept: pinning fresh memory at every save costs more than the
+            # copy it speeds up.
+            dst = (buffers.get(name, key, src) if buffers is not None else
+                   torch.empty(src.numel(), dtype=torch.float32))
+            entry[key] = dst
+            self._jobs.append((dst, src))
+        return entry
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size()

@@ -39,6 +39,27 @@ class Partition:
 
 
 @dataclass
+class ExpertSplit:
+    """Which experts a stacked expert parameter holds (model/moe/experts.mark_experts): experts
+    [first, first + local) of num_experts along dim 0. A checkpoint stores the tensor under its
+    global shape [num_experts, ...] (checkpoint/experts.py), so any expert-parallel size reads it."""
+    num_experts: int
+    first: int
+    local: int
+
+    @classmethod
+    def of(cls, param: torch.Tensor, shape: Tuple[int, ...]) -> Optional["ExpertSplit"]:
+        if getattr(param, "expert_dim", None) is None:
+            return None
+        return cls(param.num_experts, param.first_expert, shape[0])
+
+    @property
+    def ep(self) -> int:
+        """The expert-parallel size that wrote it: E / experts held."""
+        return self.num_experts // self.local
+
+
+@dataclass
 class Fragment:
     """Elements [start, start + numel) of a parameter's flattened tensor-parallel shard, with
     1-D views of this rank's fp32 master copy and Adam moments of those elements."""
@@ -56,6 +77,8 @@ class LocalParam:
     partition: Partition
     full: Optional[torch.Tensor] = None  # the whole shard to refresh on load, when held whole
     fragments: List[Fragment] = field(default_factory=list)
+    experts: Optional[ExpertSplit] = None  # set for experts split over the expert axis
+    writes: Optional[bool] = None  # None: as the rank (RankState.writes); experts differ there
 
 
 @dataclass
@@ -66,3 +89,8 @@ class RankState:
     coords: RankCoord
     rng: dict
     adam_step: int = 0
+
+    def written(self, p: LocalParam) -> bool:
+        """Whether this rank writes p's pieces: a data-parallel replica writes nothing, but
+        ranks holding other experts are no replicas of the rank that writes the dense ones."""
+        return self.writes if p.writes is None else p.writes

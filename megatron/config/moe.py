@@ -11,8 +11,10 @@ from typing import Literal
 
 from megatron.config.errors import ConfigError
 
-# model.moe_router's choices: the field's type, and the check below
-Router = Literal["softmax", "sigmoid"]
+# softmax: the chosen softmax probabilities as weights; softmax_renorm: the same k experts, their
+# probabilities renormalised to sum to 1 (= a softmax over the k chosen logits: Mixtral's router);
+# sigmoid: sigmoid scores, the chosen normalised to sum to 1.
+Router = Literal["softmax", "softmax_renorm", "sigmoid"]
 ROUTERS = typing.get_args(Router)
 
 

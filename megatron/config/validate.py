@@ -235,7 +235,7 @@ def check_experts(cfg, world_size: int) -> None:
         raise ConfigError("parallel.expert_parallel_size", ep,
                           f"a divisor of the data-parallel size {dp} (experts are split over "
                           "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
-    _raise(moe_training_error(m, t, cfg.checkpoint, ep))
+    _raise(moe_training_error(m, t))
     if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
         # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
         # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
@@ -245,22 +245,12 @@ def check_experts(cfg, world_size: int) -> None:
                           "set parallel.zero_stage=1, or training.precision=fp32")
 
 
-def moe_training_error(m, t, ck, ep: int) -> Optional[ConfigError]:
-    """What mixture of experts does not run with: full recompute (training section `t`), and
-    checkpoints of split experts (checkpoint section `ck`)."""
+def moe_training_error(m, t) -> Optional[ConfigError]:
     if m.num_experts and t.activation_checkpointing == "full":
         return ConfigError("training.activation_checkpointing", "full",
                            "none or selective with model.num_experts > 0: a recomputed layer "
                            "would lose its router's auxiliary losses", "set "
                            "training.activation_checkpointing=selective or none")
-    if ep > 1:
-        for name in ("save", "load", "init_from"):
-            if getattr(ck, name):
-                return ConfigError(f"checkpoint.{name}", getattr(ck, name),
-                                   f"unset with parallel.expert_parallel_size={ep}: "
-                                   "checkpoints of experts split over ranks are not written "
-                                   "yet (docs/moe.md)", "train with "
-                                   "parallel.expert_parallel_size=1 to checkpoint")
     return None
 
 

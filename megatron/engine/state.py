@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron.checkpoint.state import MOMENTS, Fragment, LocalParam, Partition, RankState
+from megatron.checkpoint.state import (MOMENTS, ExpertSplit, Fragment, LocalParam, Partition,
+                                      RankState)
 from megatron.parallel.state import RankCoord
 
 _SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
@@ -122,7 +123,11 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord,
     params, writes = [], True
     for name, p in named:
         shape = tuple(p.ds_shape) if zero3 else tuple(p.shape)
-        lp = LocalParam(name, shape, Partition.of(p))
+        lp = LocalParam(name, shape, Partition.of(p), experts=ExpertSplit.of(p, shape))
+        if lp.experts is not None and not zero3 and partitions is None:
+            # Replicated state: the first rank of each edp group writes its experts (data-
+            # parallel rank d holds expert slice d % EP), as rank dp=0 writes the dense ones.
+            lp.writes = coords.dp_cp < lp.experts.ep
         if zero3:
             frag, lp.full = _zero3(opt, p)
             lp.fragments = [frag] if frag else []

@@ -67,6 +67,8 @@ class LogLines:
             parts.append(f"loss scale {r.loss_scale:g}")
         if r.skipped:
             parts.append("update skipped")
+        if r.moe:
+            parts.append(moe_part(r.moe))
         return " | ".join(parts)
 
     def _progress(self, step: int) -> str:
@@ -90,6 +92,17 @@ class LogLines:
         if isinstance(record, EvalRecord):
             return eval_line(record)
         return event_line(record)
+
+
+def moe_part(layers) -> str:
+    """'moe aux X load max/mean Y drop Z%': the auxiliary losses summed over the MoE layers (what
+    they add to the loss), the most loaded layer's busiest expert over its mean, and the share of
+    assignments dropped over all layers."""
+    aux = sum(layer["aux_loss"] + layer["z_loss"] for layer in layers)
+    load = max(layer["tokens_per_expert_max"] / max(layer["tokens_per_expert_mean"], 1e-12)
+               for layer in layers)
+    drop = sum(layer["dropped_fraction"] for layer in layers) / len(layers)
+    return f"moe aux {aux:.3g} load max/mean {load:.2f} drop {drop:.1%}"
 
 
 def eval_line(r: EvalRecord) -> str:

@@ -22,7 +22,8 @@ from megatron.parallel.state import set_collective_timeout
 from megatron.training.agree import Decisions, agree
 from megatron.training.checkpointer import Checkpointer
 from megatron.training.divergence import Divergence
-from megatron.training.metrics import MetricsWriter, model_flops_per_token, step_record
+from megatron.training.metrics import (MetricsWriter, model_flops_per_token, moe_window,
+                                       step_record)
 from megatron.training.sdc import Rerun
 from megatron.training.signals import StopFlag
 from megatron.training.startup import Job, start, write_run_files
@@ -174,7 +175,8 @@ class _Loop:
             log.info("start-up: %s; the first step took %.2f s", self.timer.text(), dt)
         if self.writer and self.step % self.t.log_interval == 0:
             record = step_record(self.step, result, dt, self.step_flops, self.tokens_step,
-                                 self.job.launch.world_size, self.peak, self.device)
+                                 self.job.launch.world_size, self.peak, self.device,
+                                 moe_window(self.job.model.module))
             if not self.startup_written:  # the first line written carries the start-up
                 startup = StartupRecord.from_json(self.summary.timing.startup)
                 record = dataclasses.replace(record, startup=startup)

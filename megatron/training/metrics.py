@@ -7,7 +7,7 @@ import logging
 import os
 import resource
 import time
-from typing import Optional
+from typing import Dict, List, Optional
 
 import yaml
 
@@ -244,11 +244,20 @@ def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:
     return None if not peak else tflops_per_gpu / peak
 
 
+def moe_window(module) -> Optional[List[Dict[str, float]]]:
+    """The MoE layers' numbers since the last logged step (model/gpt.take_moe_window); None for
+    a dense model, or a pipeline stage (no GPTModel holds them; MoE refuses PP > 1)."""
+    take = getattr(module, "take_moe_window", None)
+    return (take() or None) if take is not None else None
+
+
 def step_record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,
-                peak: Optional[float], device: torch.device) -> StepRecord:
-    """The metrics line of a step that took `dt` seconds (result: engine.StepResult)."""
+                peak: Optional[float], device: torch.device,
+                moe: Optional[List[Dict[str, float]]] = None) -> StepRecord:
+    """The metrics line of a step that took `dt` seconds (result: engine.StepResult); `moe`:
+    moe_window's numbers, MoE runs only."""
     tflops = step_flops / dt / world / 1e12
     return StepRecord(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
                       tokens_per_sec=tokens / dt, tflops_per_gpu=tflops, mfu=mfu(tflops, peak),
                       mem_gb=memory_gb(device), loss_scale=result.loss_scale,
-                      skipped=result.skipped, step_time_s=dt)
+                      skipped=result.skipped, step_time_s=dt, moe=moe)

@@ -7,7 +7,10 @@ list write_report returns, which megatron-report prints as warnings.
 Panels: loss (train, valid, test), learning rate, gradient norm, throughput (tokens/s), TFLOP/s
 per GPU, MFU, memory and the fp16 loss scale. Every event kind records.EVENTS declares (saves,
 stops, spikes, rollbacks, divergence, hangs, unresponsive ranks, stragglers, silent data errors)
-is a vertical mark in every panel and a row of the events table, with its rank and node. The page embeds the PNGs (data: URIs, no other file needed)
+is a vertical mark in every panel and a row of the events table, with its rank and node. A
+MoE run (step lines with `moe`) adds the expert-load table: per MoE layer, the last logged
+step's and the run's largest load (busiest expert's tokens over the mean), auxiliary losses and
+dropped share. The page embeds the PNGs (data: URIs, no other file needed)
 and, as JSON in a <script id="series"> element, the x and y of every line as matplotlib holds
 them after plotting, which a test compares with metrics.jsonl. matplotlib runs headless (Agg)."""
 from __future__ import annotations
@@ -63,6 +66,7 @@ class RunSeries:
     events: List[EventRow] = field(default_factory=list)
     skipped: List[str] = field(default_factory=list)  # "<metrics.jsonl>:<line> why" per line
     last_step: int = 0
+    moe: List[Tuple[int, List[dict]]] = field(default_factory=list)  # (step, StepRecord.moe)
 
 
 class Written(NamedTuple):
@@ -88,6 +92,8 @@ def _add(run: RunSeries, record) -> None:
             value = getattr(record, key)
             if value is not None:
                 run.series.setdefault(f"train/{key}", []).append((record.step, float(value)))
+        if record.moe:
+            run.moe.append((record.step, record.moe))
     elif isinstance(record, EvalRecord):
         if record.loss is not None:
             run.series.setdefault(f"{record.split}/loss", []).append((record.step, record.loss))
@@ -218,7 +224,41 @@ def _html(runs: Sequence[RunSeries], plotted, images) -> str:
                       for key, title, _, _ in PANELS)
     data = json.dumps({"runs": [r.name for r in runs], "panels": plotted}).replace("</", "<\\/")
     return _PAGE.format(title=esc(", ".join(r.name for r in runs)), rows=rows, events=events,
-                        skipped=_skipped_html(runs), figures=figures, data=data)
+                        skipped=_skipped_html(runs) + _moe_html(runs), figures=figures,
+                        data=data)
+
+
+def _load(layer: dict) -> float:
+    return layer["tokens_per_expert_max"] / max(layer["tokens_per_expert_mean"], 1e-12)
+
+
+def moe_rows(run: RunSeries) -> List[Tuple[int, int, float, float, float, float, float, float]]:
+    """Per MoE layer: (layer, last step, its load max/mean, the run's largest load max/mean,
+    aux loss, z-loss, dropped fraction, tokens per expert mean), from the last logged step."""
+    if not run.moe:
+        return []
+    step, last = run.moe[-1]
+    worst = [max(_load(layers[i]) for _, layers in run.moe if i < len(layers))
+             for i in range(len(last))]
+    return [(i, step, _load(layer), worst[i], layer["aux_loss"], layer["z_loss"],
+             layer["dropped_fraction"], layer["tokens_per_expert_mean"])
+            for i, layer in enumerate(last)]
+
+
+def _moe_html(runs: Sequence[RunSeries]) -> str:
+    """The expert-load table of MoE runs ("" when no run logged MoE numbers)."""
+    rows = "".join(
+        f"<tr><td>{html.escape(r.name)}</td><td>{i}</td><td>{step}</td><td>{load:.2f}</td>"
+        f"<td>{worst:.2f}</td><td>{aux:.4g}</td><td>{z:.4g}</td><td>{drop:.1%}</td>"
+        f"<td>{mean:.1f}</td></tr>"
+        for r in runs for i, step, load, worst, aux, z, drop, mean in moe_rows(r))
+    if not rows:
+        return ""
+    return ("<h2>Expert load (MoE)</h2><p>Per MoE layer, rank 0's micro-batches of the last "
+            "logged step window: the busiest expert's tokens over the mean (1.00: balanced).</p>"
+            "<table><tr><th>run</th><th>MoE layer</th><th>step</th><th>load max/mean</th>"
+            "<th>largest in the run</th><th>aux loss</th><th>z-loss</th><th>dropped</th>"
+            f"<th>tokens per expert (mean)</th></tr>{rows}</table>")
 
 
 def _skipped_html(runs: Sequence[RunSeries]) -> str:

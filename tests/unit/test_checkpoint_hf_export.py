@@ -1,6 +1,7 @@
-"""Hugging Face export against transformers itself: both flavours (GPT-2; Llama with grouped
-keys/values, tied and untied, with and without biases) give the same logits as our unsharded
-model, in fp32, for a random batch; and configs that map to no architecture are refused."""
+"""Hugging Face export against transformers itself: every flavour (GPT-2; Llama with grouped
+keys/values, tied and untied, with and without biases; Mixtral from a briefly trained MoE model)
+gives the same logits as our unsharded model, in fp32, for a random batch; and configs that map
+to no architecture are refused."""
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from megatron.model import build_model
 from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import MergedCheckpoint
 from megatron.checkpoint.hf_export import export_hf
+from tests.support.moe import trained_moe
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 
@@ -51,6 +53,36 @@ def test_transformers_reproduces_our_logits(case, tmp_path, root):
         theirs = hf(tokens).logits
     assert theirs.shape == ours.shape == (2, 64, 512)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+MIXTRAL = LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false",
+                   "model.num_experts=4", "model.moe_top_k=2", "model.moe_router=softmax_renorm",
+                   "model.moe_ffn_hidden_size=96"]
+
+
+def test_mixtral_reproduces_our_moe_logits(tmp_path, root):
+    model, merged = trained_moe(merged_model(MIXTRAL, root))
+    export_hf(merged, str(tmp_path / "mixtral"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "mixtral"),
+                                                           dtype=torch.float32).eval()
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    tokens = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        ours = model(tokens).transpose(0, 1)
+        theirs = hf(tokens).logits
+    diff = float((theirs - ours).abs().max())
+    print(f"Mixtral export: max logit difference {diff:.3g}")
+    assert diff < 1e-5, diff
+
+
+def test_experts_map_only_to_mixtral_with_its_router_and_every_layer_moe(tmp_path, root):
+    for extra, why in ((["model.moe_router=softmax"], "moe_router='softmax' (needs "
+                        "'softmax_renorm')"),
+                       (["model.moe_layer_freq=2"], "moe_layer_freq=2 (needs 1)")):
+        _, merged = merged_model(MIXTRAL + extra, root)
+        with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
+            export_hf(merged, str(tmp_path / "x"))
+        assert why in str(e.value) and "num_experts=4 (needs 0" in str(e.value)
 
 
 def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):

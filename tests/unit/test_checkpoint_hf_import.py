@@ -1,5 +1,5 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
-keys/values, tied or not, with biases) becomes a single file whose unsharded model gives
+keys/values, tied or not, with biases; Mixtral) becomes a single file whose unsharded model gives
 transformers' logits; export then import gives back our exact tensors; unsupported options are
 refused with the field. Training from the file in another layout is covered by init_from's
 end-to-end test (tests/e2e/test_checkpoint_layout_change.py)."""
@@ -13,6 +13,7 @@ from megatron.config.errors import InputError
 from megatron.checkpoint.convert import build_single_model, load_single
 from megatron.checkpoint.hf_export import export_hf
 from megatron.checkpoint.hf_import import import_hf
+from tests.support.moe import trained_moe
 
 transformers = pytest.importorskip("transformers", reason="pip install transformers (in .[dev])")
 
@@ -28,6 +29,10 @@ CONFIGS = {
                                                         num_hidden_layers=2,
                                                         tie_word_embeddings=True,
                                                         attention_bias=True, mlp_bias=True),
+    "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
+                                                  num_hidden_layers=2, num_key_value_heads=2,
+                                                  num_local_experts=4, num_experts_per_tok=2,
+                                                  tie_word_embeddings=False),
 }
 
 
@@ -65,7 +70,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "mixtral"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -74,6 +79,34 @@ def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     assert set(first.state_dict) == set(second.state_dict)
     for key, tensor in first.state_dict.items():
         assert torch.equal(tensor, second.state_dict[key]), key
+
+
+MIXTRAL = ["model.vocab_size=500", "model.position_embedding_type=rotary",
+           "model.normalization=rmsnorm", "model.activation=swiglu",
+           "model.add_bias_linear=false", "model.num_query_groups=2", "model.tie_embeddings=false",
+           "model.num_experts=4", "model.moe_top_k=2", "model.moe_router=softmax_renorm"]
+
+
+def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
+    """Our MoE model (a few training steps), exported to Mixtral and imported back: the model
+    built from the imported file gives our logits."""
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    from megatron.checkpoint.convert import MergedCheckpoint
+    cfg = load_config(f"{root}/examples/local/tiny.yaml", MIXTRAL)
+    torch.manual_seed(0)
+    model = build_model(cfg, ParallelState.single(), 512, torch.device("cpu")).eval()
+    model, merged = trained_moe((model, MergedCheckpoint(cfg, {}, 500, 512, {})))
+    export_hf(merged, str(tmp_path / "mixtral"))
+    back = import_hf(str(tmp_path / "mixtral"))
+    assert back.config.model.moe_router == "softmax_renorm" and back.config.model.num_experts == 4
+    ours = build_single_model(back).eval()
+    tokens = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        diff = float((ours(tokens) - model(tokens)).abs().max())
+    print(f"Mixtral export and import: max logit difference {diff:.3g}")
+    assert diff < 1e-5, diff
 
 
 def test_unsupported_hugging_face_options_are_named(tmp_path):

@@ -28,6 +28,23 @@ def test_step_line_fields_and_eta():
     assert "ETA" not in LogLines().step_line(step_record(1))  # no total known
 
 
+def test_moe_part_only_for_moe_records_and_json_unchanged_for_dense():
+    """A MoE step line ends with 'moe aux X load max/mean Y drop Z%' (aux and z-loss summed over
+    the layers, the most loaded layer, the mean dropped share); a dense one has no such part and
+    its metrics.jsonl object no 'moe' key."""
+    import dataclasses
+    from megatron.base.records import parse_metrics_line, record_json
+    dense = step_record(3)
+    assert "moe" not in LogLines().step_line(dense) and "moe" not in record_json(dense)
+    layers = [{"aux_loss": 0.01, "z_loss": 0.002, "tokens_per_expert_max": 600.0,
+               "tokens_per_expert_mean": 500.0, "dropped_fraction": 0.1},
+              {"aux_loss": 0.012, "z_loss": 0.001, "tokens_per_expert_max": 900.0,
+               "tokens_per_expert_mean": 500.0, "dropped_fraction": 0.3}]
+    moe = dataclasses.replace(dense, moe=layers)
+    assert LogLines().step_line(moe).endswith(" | moe aux 0.025 load max/mean 1.80 drop 20.0%")
+    assert parse_metrics_line(record_json(moe)) == moe
+
+
 def test_units():
     assert clock(3 * 86400 + 3661) == "3d 1:01:01" and human(1.5e9) == "1.5G"
     assert memory(0.5) == "512 MiB" and memory(80.0) == "80.0 GiB"

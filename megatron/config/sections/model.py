@@ -78,7 +78,9 @@ class ModelConfig:
     """Tokens an expert takes, as a factor of its even share; the rest are dropped. null:
     dropless routing."""
     moe_router: moe.Router = "softmax"
-    """Router scores: softmax, or sigmoid (the top-k weights then normalised to sum to 1)."""
+    """Router scores: softmax (the chosen experts' probabilities as weights), softmax_renorm (the
+    same experts, their probabilities renormalised to sum to 1: Mixtral's router, which the
+    Hugging Face export needs), or sigmoid (the top-k scores normalised to sum to 1)."""
     moe_aux_loss_coeff: float = 0.01
     """Weight of the Switch/GShard load-balancing loss; 0 switches it off."""
     moe_z_loss_coeff: float = 0.0

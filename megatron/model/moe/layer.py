@@ -5,8 +5,9 @@
     -> [s, b, h]
 
 The router's auxiliary losses are kept on the layer (`take_losses`) for GPTModel to add to the
-loss it returns, so they reach the backward; the per-step numbers a loop may log are in `stats`
-(detached tensors, read only when asked, so no step waits for them)."""
+loss it returns, so they reach the backward; the numbers a loop may log are in `stats`: the
+last forward's, or in training, summed over the forwards since `take_stats` (a logged step's
+window of micro-batches), as detached tensors read only when asked, so no step waits for them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,19 @@ class LayerStats:
     dropped: int
     assignments: int
 
+    forwards: int = 1  # aux_loss and z_loss are sums over this many forwards
+
+    def add(self, other: "LayerStats") -> "LayerStats":
+        return LayerStats(self.aux_loss + other.aux_loss, self.z_loss + other.z_loss,
+                          self.routed + other.routed, self.dropped + other.dropped,
+                          self.assignments + other.assignments, self.forwards + other.forwards)
+
     def as_dict(self) -> dict:
+        """Losses: the mean per forward; load: tokens (assignments before the capacity rule)
+        per expert, max and mean over the experts; the share of assignments dropped."""
         routed = self.routed.float()
-        return {"aux_loss": float(self.aux_loss), "z_loss": float(self.z_loss),
+        n = self.forwards
+        return {"aux_loss": float(self.aux_loss) / n, "z_loss": float(self.z_loss) / n,
                 "tokens_per_expert_max": float(routed.max()),
                 "tokens_per_expert_mean": float(routed.mean()),
                 "dropped_fraction": self.dropped / max(1, self.assignments)}
@@ -50,11 +61,17 @@ class MoELayer(nn.Module):
         self.experts = Experts(m, ctx, layer_number, first, local)
         self._losses: Optional[torch.Tensor] = None
         self.stats: Optional[LayerStats] = None
+        self._window: Optional[LayerStats] = None  # training forwards since take_stats
 
     def take_losses(self) -> Optional[torch.Tensor]:
         """The auxiliary losses of the last forward (None after they were taken)."""
         losses, self._losses = self._losses, None
         return losses
+
+    def take_stats(self) -> Optional[LayerStats]:
+        """The training forwards' stats since the last call (None when none ran)."""
+        window, self._window = self._window, None
+        return window
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [s, b, h] -> same
         s, b, h = x.shape
@@ -68,4 +85,6 @@ class MoELayer(nn.Module):
         self._losses = routing.aux_loss + routing.z_loss
         self.stats = LayerStats(routing.aux_loss.detach(), routing.z_loss.detach(), p.routed,
                                 p.dropped, routing.experts.numel())
+        if self.training:
+            self._window = self.stats if self._window is None else self._window.add(self.stats)
         return combine(rows, p, s * b).view(s, b, h)

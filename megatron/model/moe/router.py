@@ -3,6 +3,8 @@ auxiliary losses and the capacity rule.
 
     logits = x W^T                  x [T, h], W [E, h] (no bias, replicated), fp32
     softmax router: p = softmax(logits); weights, experts = top_k(p)        (not renormalised)
+    softmax_renorm: the same experts, weights = top_k(p) / their sum  (Mixtral's router: a
+                    softmax over the k chosen logits)
     sigmoid router: q = sigmoid(logits); weights, experts = top_k(q) / their sum; p = q / sum(q)
     aux loss  = coeff x E x sum_e f_e x P_e   (Switch/GShard): f_e the share of the T x k
                 assignments that chose e (before any drop), P_e the mean of p[:, e] over tokens
@@ -46,6 +48,8 @@ def top_k(logits: torch.Tensor, k: int, router: str):
             scores / scores.sum(-1, keepdim=True)
     probs = torch.softmax(logits, dim=-1)
     weights, experts = probs.topk(k, dim=-1)
+    if router == "softmax_renorm":
+        weights = weights / weights.sum(-1, keepdim=True)
     return weights, experts, probs
 
 

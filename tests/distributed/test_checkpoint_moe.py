@@ -1,0 +1,110 @@
+"""Checkpoints of experts split over expert-parallel ranks (docs/moe.md): a run saved at step 5
+at EP4 (4 ranks, ZeRO-0 and ZeRO-1) continues to step 10 at EP2 (2 ranks, ZeRO-1 and ZeRO-0) and
+on one process; steps 6-10 must match the uninterrupted EP4 run. The checkpoint stores each
+expert tensor on its global expert axis [E, ...] (checkpoint/experts.py), with the fp32 masters
+and Adam moments, so any expert-parallel size reads its own experts' range. fp32, dropless, no
+dropout.
+
+Run by path under torchrun, this file is also the worker: one launch per world size (DeepSpeed's
+start-up is the slow part); rank 0 writes {case: losses}."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))))
+from tests.support.moe import MOE  # noqa: E402
+from tests.support.paths import TINY  # noqa: E402
+
+LAYOUTS = {
+    "ep4_zero0": ["parallel.expert_parallel_size=4", "parallel.zero_stage=0"],
+    "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
+    "ep2_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
+    "ep2_zero0": ["parallel.expert_parallel_size=2", "parallel.zero_stage=0"],
+    "one": [],
+}
+LAUNCHES = {4: ("ep4_zero0,ep4_zero1", ""), 2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
+            1: ("", "ep4_zero1>one,ep4_zero0>one")}
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from tests.support.procs import launch_json
+    work = tmp_path_factory.mktemp("moe_ckpt")
+    out = {}
+    for world in (4, 2, 1):
+        sources, targets = LAUNCHES[world]
+        out.update(launch_json(world, os.path.abspath(__file__), str(work / f"out{world}.json"),
+                               "--workdir", str(work), "--sources", sources,
+                               "--targets", targets, plain_single=True))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [t for w in (2, 1) for t in LAUNCHES[w][1].split(",")])
+def test_moe_checkpoint_continues_at_another_expert_parallel_size(results, case):
+    src = case.split(">")[0]
+    ref, got = results[src], results[case]
+    assert len(got) == 5 and len(ref) == 5, (ref, got)
+    diff = max(abs(a - b) for a, b in zip(ref, got))
+    print(f"{case}: steps 6-10 max loss difference {diff:.3g}")
+    assert diff < TOLERANCE, (case, diff, ref, got)
+
+
+def _config(layout: str, run_dir: str, *extra: str):
+    from megatron.config import load_config
+    return load_config(TINY, MOE + LAYOUTS[layout] + [f"run.dir={run_dir}", "checkpoint.save=true",
+                                                      *extra])
+
+
+def _rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"  # before train() has a process group too
+
+
+def _target(workdir: str, src: str, dst: str):
+    from megatron.training.loop import train
+    new = os.path.join(workdir, f"{src}-to-{dst}")
+    if _rank0():  # copied aside, then renamed: the other ranks wait for the whole folder
+        shutil.copytree(os.path.join(workdir, src, "checkpoints", "step_0000005"),
+                        new + ".part/checkpoints/step_0000005")
+        os.rename(new + ".part", new)
+    while not os.path.isdir(new):
+        time.sleep(0.1)
+    summary = train(_config(dst, new, "checkpoint.load=auto"))
+    assert summary.steps == 10, summary.steps
+    return summary.losses
+
+
+def _worker(out: str, workdir: str, sources, targets) -> int:
+    from megatron.training.loop import train
+    results = {}
+    for src in sources:
+        cfg = _config(src, os.path.join(workdir, src), "checkpoint.save_interval=5")
+        results[src] = train(cfg).losses[5:]
+    for case in targets:
+        results[case] = _target(workdir, *case.split(">"))
+    if _rank0():
+        with open(out, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    from tests.support.worker_exit import exit_after
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--sources", default="")
+    p.add_argument("--targets", default="")
+    args = p.parse_args()
+    exit_after(lambda: _worker(args.out, args.workdir, list(filter(None, args.sources.split(","))),
+                               list(filter(None, args.targets.split(",")))))
