@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from megatron.cli.common import entry_point
 from megatron.config import schedules
+from megatron.planner.grad_dtype import GRAD_DTYPES
 from megatron.planner.overlap import FRAMEWORKS
 
 EXAMPLES = """\
@@ -54,6 +55,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, help="sequence length (default 2048 for presets)")
     g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
                    help="default: the config's, or bf16 for presets")
+    g.add_argument("--grad-dtype", choices=GRAD_DTYPES,
+                   help="the gradient buffers' and reduction's dtype (default: the engine's; "
+                   "bf16 is Megatron-LM's --grad-reduce-in-bf16, NeMo's default; for DeepSpeed "
+                   "its communication_data_type)")
 
 
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:

@@ -17,8 +17,9 @@ _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", 
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
-    return jobs.load_job(args.model, args.config, args.set, args.global_batch, args.seq_length,
-                         args.precision)
+    job, cfg, preset = jobs.load_job(args.model, args.config, args.set, args.global_batch,
+                                     args.seq_length, args.precision)
+    return jobs.with_grad_dtype(job, getattr(args, "grad_dtype", None)), cfg, preset
 
 
 def load_space(args) -> SearchSpace:

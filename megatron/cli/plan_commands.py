@@ -29,7 +29,8 @@ def _describe(job: Job, prof: Profile, nodes: int) -> str:
     m, s = job.model, prof.spec
     return (f"model: {model_params(m) / 1e9:.2f}B parameters ({m.num_layers} layers, hidden "
             f"{m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), global batch "
-            f"{job.global_batch}, {job.precision}\ncluster: {s.name}, {nodes} node(s) x "
+            f"{job.global_batch}, {job.precision}"
+            f"{f' ({job.grad_dtype} gradients)' if job.grad_dtype else ''}\ncluster: {s.name}, {nodes} node(s) x "
             f"{s.gpus_per_node} = {nodes * s.gpus_per_node} devices of {s.gpu_memory_gb:g} GB, "
             f"{s.matmul_tflops(job.precision):g} TFLOPs peak")
 

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.schedules import DEFAULT, names, with_runner
+from megatron.planner.grad_dtype import grad_dtype_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
@@ -49,6 +50,14 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
     if job.global_batch < 1:
         raise ConfigError("--global-batch", job.global_batch, "a positive integer")
     return job, cfg, preset
+
+
+def with_grad_dtype(job: Job, grad_dtype: Optional[str]) -> Job:
+    """job with its gradients held and reduced in grad_dtype (grad_dtype.py); None: as is."""
+    problem = grad_dtype_problem(grad_dtype, job.precision)
+    if problem:
+        raise InputError(problem)
+    return dataclasses.replace(job, grad_dtype=grad_dtype) if grad_dtype else job
 
 
 def config_layout(cfg: Config) -> Dict[str, object]:

@@ -21,6 +21,9 @@ class Job:
     # The config's validated `deepspeed:` section (Config.deepspeed): the bucket, overlap and
     # communication settings the trainer will merge into deepspeed.json (zero_settings.py).
     deepspeed: Dict[str, Any] = field(default_factory=dict)
+    # The gradient buffers' and reduction's dtype when the user fixes it (grad_dtype.py:
+    # Megatron's --grad-reduce-in-bf16); None: each engine's default.
+    grad_dtype: Optional[str] = None
 
     @property
     def seq(self) -> int:

@@ -42,6 +42,7 @@ from megatron.config.errors import InputError
 from megatron.base.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
+from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
 from megatron.planner.layout import Job, Layout
 from megatron.planner.overlap import MEGATRON
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
@@ -212,11 +213,13 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
     states for framework megatron-lm, megatron-core or fsdp."""
-    problem = engine_problem(framework, lay.zero, lay.pp)
+    problem = (engine_problem(framework, lay.zero, lay.pp)
+               or grad_dtype_problem(job.grad_dtype, job.precision))
     if problem:
         raise InputError(problem)
     if framework in MEGATRON:
-        return megatron_state_bytes(sp.total, job.precision, lay.zero, lay.zero_dp)
+        return megatron_state_bytes(sp.total, megatron_precision(job.precision, job.grad_dtype),
+                                    lay.zero, lay.zero_dp)
     if framework == "fsdp":
         return fsdp_state_bytes(sp, job.precision, lay.zero, lay.zero_dp)
     ds = profile_settings(job, lay, c, device)

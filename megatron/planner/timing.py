@@ -45,6 +45,7 @@ from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
+from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, stage_layers
 from megatron.planner.overlap import OVERLAP, exposed_share
@@ -296,8 +297,9 @@ def grad_wire_bytes(x: _Ctx, kind: str) -> float:
     reduces a bf16 model's gradients in fp32 by default (accumulate_allreduce_grads_in_fp32,
     which memory.megatron_state_bytes holds), but priced at 4 bytes its Megatron Core runs come
     out up to 20% slow (mc-32b), which they were not: docs/planner.md, "Memory by engine"
-    (benchmarks/planner_rank_sensitivity.py prices that variant)."""
-    return comm_bytes(x.ds, 4 if kind == "torch" else x.e)
+    (benchmarks/planner_rank_sensitivity.py prices that variant). Job.grad_dtype overrides.
+    """
+    return wire_bytes(x.job.grad_dtype, comm_bytes(x.ds, 4 if kind == "torch" else x.e))
 
 
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
