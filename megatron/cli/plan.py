@@ -125,6 +125,13 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                         "needs --pp > 1)")
     g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
+    g.add_argument("--first-stage-layers", type=int, metavar="N",
+                   help="transformer layers on the first stage (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers; the other stages share the rest "
+                        "evenly); a comparison: this trainer partitions uniformly")
+    g.add_argument("--last-stage-layers", type=int, metavar="N",
+                   help="transformer layers on the last stage (--decoder-last-pipeline-num-"
+                        "layers)")
     g.add_argument("--interleave", type=int, metavar="V",
                    help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
                         "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")

@@ -13,7 +13,7 @@ from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
-                 "schedule", "cp")
+                 "schedule", "cp", "first_stage_layers", "last_stage_layers")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:

@@ -17,7 +17,8 @@ from megatron.planner.search import SearchSpace
 
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                   "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1}
+                   "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1,
+                   "first_stage_layers": None, "last_stage_layers": None}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -111,7 +112,8 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
                           f"a multiple of micro-batch x DP ({mb} x {dp})")
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
-                 values["schedule"], cp)
+                 values["schedule"], cp, values.get("first_stage_layers"),
+                 values.get("last_stage_layers"))
     check_layout(job, lay)
     return lay
 

@@ -53,6 +53,17 @@ class Layout:
     # of a group holds s/cp of every sample; attention exchanges heads for the sequence. The
     # dp ranks are data-parallel replicas of cp-rank groups: world = tp x cp x dp x pp.
     cp: int = 1
+    # Transformer layers on the first and on the last stage when the user fixes them
+    # (Megatron-LM's --decoder-first/last-pipeline-num-layers, which recipes lower to make
+    # room for the embedding and the logits); the other stages share the rest evenly. None:
+    # the even split (stage_layers). A comparison option: this trainer's DeepSpeed pipeline
+    # partitions uniformly or by parameters (parallel.pipeline_partition_method).
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+
+    @property
+    def uneven(self) -> bool:
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
 
     @property
     def world(self) -> int:
@@ -78,7 +89,9 @@ class Layout:
                 f"{'-sp' if self.sequence_parallel else ''}"
                 f"{f'-v{self.interleave}' if self.interleave > 1 else ''}"
                 f"{f'-{self.schedule}' if self.schedule != schedules.DEFAULT else ''}"
-                f"{f'-cp{self.cp}' if self.cp > 1 else ''}")
+                f"{f'-cp{self.cp}' if self.cp > 1 else ''}"
+                f"{f'-first{self.first_stage_layers}' if self.first_stage_layers else ''}"
+                f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,7 +118,8 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return "sequence parallelism needs TP > 1"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
-    return schedule_problem(lay) or interleave_problem(m.num_layers, lay)
+    return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
+            or uneven_problem(m.num_layers, lay))
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:
@@ -141,6 +155,39 @@ def stage_layers(num_layers: int, pp: int) -> List[int]:
     (DeepSpeed's partition_uniform)."""
     base, extra = divmod(num_layers, pp)
     return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
+    """Megatron-LM's rule for set first/last stage layer counts: PP > 1, at least one layer
+    each, the rest split evenly (at least one layer) over the stages in between; not with the
+    interleaved schedule (its chunks are equal)."""
+    if not lay.uneven:
+        return None
+    fixed = [v for v in (lay.first_stage_layers, lay.last_stage_layers) if v is not None]
+    middle, rest = lay.pp - len(fixed), num_layers - sum(fixed)
+    if lay.pp < 2 or min(fixed) < 1 or lay.interleave > 1:
+        return ("first/last stage layers need PP > 1, at least 1 layer each and no interleaving "
+                f"(got PP {lay.pp}, {fixed}, interleave {lay.interleave})")
+    if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
+        return (f"first/last stage layers {fixed} leave {rest} of the {num_layers} layers for "
+                f"{middle} other stage(s): not an even split of at least one layer each")
+    return None
+
+
+def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
+    """Transformer layers per stage of `lay`: the set first/last counts (uneven_problem checked
+    them), the rest even; else stage_layers."""
+    if not lay.uneven:
+        return stage_layers(num_layers, lay.pp)
+    first, last = lay.first_stage_layers, lay.last_stage_layers
+    middle = lay.pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    counts = [rest // middle if middle else 0] * lay.pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
 
 
 def check_layout(job: Job, lay: Layout) -> None:

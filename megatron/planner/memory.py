@@ -43,7 +43,7 @@ from megatron.base.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act
 from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
-from megatron.planner.layout import Job, Layout
+from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import MEGATRON
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
 from megatron.planner.profile import Constants
@@ -251,7 +251,8 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
 
 def memory_per_stage(job: Job, lay: Layout, c: Constants, device: Optional[str] = None,
                      framework: str = "deepspeed") -> List[StageMemory]:
-    params = all_stage_params(job.model, lay.tp, lay.pp)
+    params = all_stage_params(job.model, lay.tp, lay.pp,
+                              counts=layout_stage_layers(job.model.num_layers, lay))
     return [stage_memory(job, lay, sp, i, c, device, framework) for i, sp in enumerate(params)]
 
 
@@ -260,9 +261,11 @@ def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = Non
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
     flight and the embedding; the last stage has the logits and the output layer; and any the
-    schedule's record names (Schedule.peak_stages: under zbh1 a later stage's pending W)."""
+    schedule's record names (Schedule.peak_stages: under zbh1 a later stage's pending W).
+    With set first/last stage layers (Layout.uneven) a middle stage can be it: all are priced."""
     peak_stages = schedules.get(lay.schedule).peak_stages(lay.pipe, job.model.num_layers)
-    ends = sorted({0, lay.pp - 1, *peak_stages})
-    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device,
-                           framework) for i in ends]
+    ends = range(lay.pp) if lay.uneven else sorted({0, lay.pp - 1, *peak_stages})
+    counts = layout_stage_layers(job.model.num_layers, lay)
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i, counts=counts),
+                           i, c, device, framework) for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

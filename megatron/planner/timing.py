@@ -47,7 +47,7 @@ from megatron.planner import activations as act
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
-from megatron.planner.layout import Job, Layout, stage_layers
+from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Constants, Profile, shape_curve
@@ -348,7 +348,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
 def _stage_kinds(m, lay) -> List[Tuple[int, bool, bool, int]]:
     """(layers, first, last, count) for each distinct stage."""
     counts = {}
-    for i, layers in enumerate(stage_layers(m.num_layers, lay.pp)):
+    for i, layers in enumerate(layout_stage_layers(m.num_layers, lay)):
         key = (layers, i == 0, i == lay.pp - 1)
         counts[key] = counts.get(key, 0) + 1
     return [k + (n,) for k, n in counts.items()]
@@ -362,14 +362,15 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     weights = [weight_grad_features(x, layers, first, last) for layers, first, last, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
-    params = all_stage_params(job.model, lay.tp, lay.pp)
-    ends = sorted({0, lay.pp - 1})
-    # the first and last stage's own per-micro-batch features, for their backward windows
+    layers_of = layout_stage_layers(job.model.num_layers, lay)
+    params = all_stage_params(job.model, lay.tp, lay.pp, counts=layers_of)
+    # the ends reduce the most, unless set first/last layer counts leave a middle stage more
+    ends = sorted({0, lay.pp - 1, *([1] if lay.uneven and lay.pp > 2 else [])})
+    # each priced stage's own per-micro-batch features, for its backward window
     ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
                       if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
-    layers_of = stage_layers(job.model.num_layers, lay.pp)
-    reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]),
-                                     layers_of[i]) for i in ends]
+    reductions = [reduction_features(x, params[i], i in (0, lay.pp - 1),
+                                     backward_window(x, ends_f[i]), layers_of[i]) for i in ends]
     reduce = max(reductions, key=lambda f: dot(th, f))
     step = np.zeros(len(FEATURES))
     step[STEP] = 1
