@@ -79,7 +79,8 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
 
 
-def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
+def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
+                ep_default: str = "auto") -> None:
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--tp-values", help="tensor-parallel sizes (default: powers of 2 in a node)")
     g.add_argument("--pp-values", help="pipeline sizes (default: divisors of the layer count)")
@@ -100,6 +101,10 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
                    help="context-parallel degrees (parallel.context_parallel_size, Ulysses) to "
                         "try; auto: every divisor of the query heads per TP rank that splits the "
                         f"sequence, inside or across nodes (default {cp_default})")
+    g.add_argument("--ep-values", default=ep_default,
+                   help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
+                        "mixture-of-experts model; auto: every divisor of num_experts that "
+                        f"divides DP (default {ep_default}; 1 for a dense model)")
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +130,8 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                         "needs --pp > 1)")
     g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
+    g.add_argument("--ep", type=int, help="parallel.expert_parallel_size (default: the "
+                   "config's, else 1): each rank holds num_experts / EP experts (docs/moe.md)")
     g.add_argument("--first-stage-layers", type=int, metavar="N",
                    help="transformer layers on the first stage (Megatron-LM's "
                         "--decoder-first-pipeline-num-layers; the other stages share the rest "
@@ -153,7 +160,7 @@ def _add_calibrate(sub, fmt) -> None:
     c = sub.add_parser("calibrate", help="fit the model to real trials on this machine",
                        epilog=EXAMPLES, formatter_class=fmt)
     _model_args(c)
-    _space_args(c, cp_default="1")
+    _space_args(c, cp_default="1", ep_default="1")
     c.add_argument("--nproc", type=int, default=2, help="ranks per trial (default 2)")
     c.add_argument("--trials", type=int, default=8, help="new trials to run (default 8)")
     c.add_argument("--results", default="plan-trials.jsonl",

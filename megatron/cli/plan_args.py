@@ -13,7 +13,8 @@ from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
-                 "schedule", "cp", "first_stage_layers", "last_stage_layers")
+                 "schedule", "cp", "first_stage_layers", "last_stage_layers",
+                 "ep")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
@@ -26,7 +27,8 @@ def load_space(args) -> SearchSpace:
     return jobs.search_space(args.tp_values, args.pp_values, args.micro_batches,
                              args.zero_stages, args.recompute_values, args.flash,
                              args.sequence_parallel, args.max_tp, args.memory_fraction,
-                             args.schedules, getattr(args, "cp_values", "1"))
+                             args.schedules, getattr(args, "cp_values", "1"),
+                             getattr(args, "ep_values", "1"))
 
 
 def layout_overrides(args) -> dict:

@@ -14,7 +14,7 @@ from megatron.planner import emit, jobs, longest, scaling
 from megatron.planner.jobs import ints
 from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
 from megatron.planner.memory import GIB, memory_per_stage
-from megatron.planner.params import model_params
+from megatron.planner.params import active_params, model_params
 from megatron.planner.profile import Profile
 from megatron.planner.search import search
 from megatron.planner.timing import step_time
@@ -27,12 +27,14 @@ def _check_nodes(nodes: int) -> None:
 
 def _describe(job: Job, prof: Profile, nodes: int) -> str:
     m, s = job.model, prof.spec
-    return (f"model: {model_params(m) / 1e9:.2f}B parameters ({m.num_layers} layers, hidden "
-            f"{m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), global batch "
-            f"{job.global_batch}, {job.precision}"
-            f"{f' ({job.grad_dtype} gradients)' if job.grad_dtype else ''}\ncluster: {s.name}, {nodes} node(s) x "
-            f"{s.gpus_per_node} = {nodes * s.gpus_per_node} devices of {s.gpu_memory_gb:g} GB, "
-            f"{s.matmul_tflops(job.precision):g} TFLOPs peak")
+    active = (f", {active_params(m) / 1e9:.2f}B active ({m.num_experts} experts, top "
+              f"{m.moe_top_k})" if m.num_experts else "")
+    grads = f" ({job.grad_dtype} gradients)" if job.grad_dtype else ""
+    return (f"model: {model_params(m) / 1e9:.2f}B parameters{active} ({m.num_layers} layers, "
+            f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), "
+            f"global batch {job.global_batch}, {job.precision}{grads}\ncluster: {s.name}, "
+            f"{nodes} node(s) x {s.gpus_per_node} = {nodes * s.gpus_per_node} devices of "
+            f"{s.gpu_memory_gb:g} GB, {s.matmul_tflops(job.precision):g} TFLOPs peak")
 
 
 def cmd_search(args) -> int:

@@ -18,7 +18,7 @@ from megatron.planner.search import SearchSpace
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
                    "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1,
-                   "first_stage_layers": None, "last_stage_layers": None}
+                   "first_stage_layers": None, "last_stage_layers": None, "ep": 1}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -78,7 +78,8 @@ def config_layout(cfg: Config) -> Dict[str, object]:
             "recompute": t.activation_checkpointing,
             "flash": not variants.attention_of(cfg.model).keeps_scores,
             "sp": p.sequence_parallel,
-            "schedule": p.pipeline_schedule, "cp": p.context_parallel_size}
+            "schedule": p.pipeline_schedule, "cp": p.context_parallel_size,
+            "ep": p.expert_parallel_size}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -113,7 +114,7 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
                  values["schedule"], cp, values.get("first_stage_layers"),
-                 values.get("last_stage_layers"))
+                 values.get("last_stage_layers"), values.get("ep", 1))
     check_layout(job, lay)
     return lay
 
@@ -128,10 +129,10 @@ def ints(flag: str, text: str) -> List[int]:
     return values
 
 
-def _positive_ints(text: str) -> Tuple[int, ...]:
-    values = ints("--cp-values", text)
+def _positive_ints(text: str, flag: str = "--cp-values") -> Tuple[int, ...]:
+    values = ints(flag, text)
     if min(values) < 1:
-        raise ConfigError("--cp-values", text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
+        raise ConfigError(flag, text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
     return tuple(values)
 
 
@@ -147,7 +148,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  recompute_values: str = "none,selective,full", flash: str = "both",
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
                  memory_fraction: float = 1.0, schedules: Optional[str] = None,
-                 cp_values: str = "1") -> SearchSpace:
+                 cp_values: str = "1", ep_values: str = "1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
     tries every context-parallel degree the model allows (SearchSpace.cp = None);
     schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
@@ -172,4 +173,6 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        sequence_parallel=_both("--sequence-parallel", sequence_parallel),
                        max_tp=max_tp, memory_fraction=memory_fraction,
                        schedules=schedule_values,
-                       cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values))
+                       cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values),
+                       ep=None if ep_values.strip() == "auto" else _positive_ints(ep_values,
+                                                                                  "--ep-values"))

@@ -60,6 +60,10 @@ class Layout:
     # partitions uniformly or by parameters (parallel.pipeline_partition_method).
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    # parallel.expert_parallel_size (docs/moe.md): each rank holds num_experts / ep experts,
+    # the ep ranks consecutive data-parallel ranks; expert states are partitioned over the
+    # expert-data-parallel group of dp x cp / ep ranks.
+    ep: int = 1
 
     @property
     def uneven(self) -> bool:
@@ -91,7 +95,8 @@ class Layout:
                 f"{f'-{self.schedule}' if self.schedule != schedules.DEFAULT else ''}"
                 f"{f'-cp{self.cp}' if self.cp > 1 else ''}"
                 f"{f'-first{self.first_stage_layers}' if self.first_stage_layers else ''}"
-                f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}")
+                f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}"
+                f"{f'-ep{self.ep}' if self.ep > 1 else ''}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,7 +115,7 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
     error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
-                         cp=lay.cp)
+                         cp=lay.cp, ep=lay.ep)
     if error is not None:
         return str(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
@@ -119,7 +124,22 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
-            or uneven_problem(m.num_layers, lay))
+            or uneven_problem(m.num_layers, lay) or expert_problem(job, lay))
+
+
+def expert_problem(job: Job, lay: Layout) -> Optional[str]:
+    """What config/validate.check_experts adds to moe_error for a layout: EP among the
+    data-parallel ranks, no full recompute (a recomputed layer loses its router's auxiliary
+    losses), ZeRO 1-2 for a 16-bit model at EP > 1 (ZeRO-0's norm over split experts)."""
+    if not job.model.num_experts:
+        return None
+    if lay.ep < 1 or lay.dp % lay.ep:
+        return f"expert parallel {lay.ep} does not divide DP {lay.dp}"
+    if lay.recompute == "full":
+        return "full recompute with experts (the router's auxiliary losses would be lost)"
+    if lay.ep > 1 and lay.zero == 0 and job.precision != "fp32":
+        return f"ZeRO-0 with expert parallel {lay.ep} in {job.precision} (a wrong grad norm)"
+    return None
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:

@@ -73,6 +73,13 @@ def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,
     return sum(layer_params(m, tp, i, ep, active) for i in range(first, first + count))
 
 
+def expert_params(m: ModelConfig, first: int, count: int, ep: int = 1) -> int:
+    """Expert parameters one rank holds in layers [first, first + count): num_experts / ep
+    whole experts of each MoE layer (the router is not an expert: it is replicated)."""
+    per_layer = m.num_experts // ep * _mlp(m, moe.expert_ffn(m), 1) if m.num_experts else 0
+    return per_layer * sum(moe.is_moe_layer(m, i) for i in range(first, first + count))
+
+
 def layer_params_full(m: ModelConfig) -> int:
     return layer_params(m, 1)
 

@@ -37,6 +37,9 @@ class SearchSpace:
     # exchanges over the NICs, priced so). The library's default leaves it out (what
     # calibration and validation enumerate); megatron-plan search and longest explore it.
     cp: Optional[Sequence[int]] = (1,)
+    # Expert-parallel sizes (parallel.expert_parallel_size) for a MoE model; None: every
+    # divisor of num_experts that divides DP (a dense model: 1 only).
+    ep: Optional[Sequence[int]] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -114,6 +117,16 @@ def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
     return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
 
 
+def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
+    """Expert-parallel sizes to try: the space's, else every divisor of num_experts dividing
+    DP (1 for a dense model)."""
+    if not job.model.num_experts:
+        return [1]
+    if space.ep is not None:
+        return [e for e in space.ep if dp % e == 0 and job.model.num_experts % e == 0]
+    return [e for e in _divisors(job.model.num_experts) if dp % e == 0]
+
+
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
     for mb in space.micro_batch:
@@ -133,8 +146,9 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                         for schedule in (space.schedules if pp > 1 else (schedules.DEFAULT,)):
                             if schedules.get(schedule).rule(pp, cp, 1):
                                 continue  # the trainer refuses it (zbh1 with CP)
-                            yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
-                                         schedule=schedule, cp=cp)
+                            for ep in _ep_sizes(job, dp, space):
+                                yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
+                                             schedule=schedule, cp=cp, ep=ep)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -155,7 +169,7 @@ def rank_key(c: Candidate):
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            schedules.names().index(lay.schedule), lay.cp)
+            schedules.names().index(lay.schedule), lay.cp, lay.ep)
 
 
 def search(job: Job, nodes: int, prof: Profile,

@@ -35,7 +35,6 @@ over dp x cp."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -43,43 +42,17 @@ import numpy as np
 
 from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act
+from megatron.planner import activations as act, experts
+from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
+    ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, STEP, dot, gemm_seconds, theta)
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
-from megatron.planner.profile import Constants, Profile, shape_curve
+from megatron.planner.profile import Profile
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
-
-# comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
-# pipe_engine: seconds of the micro-batch slots run by DeepSpeed's pipeline engine (PP > 1),
-# which theta scales by the share that engine adds (Constants.pipe_engine_share)
-FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
-            "latency_inter", "pipe_engine")
-GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
-
-
-def dot(a, b) -> float:
-    """a . b rounded once (math.fsum over the exact products). numpy's `@` calls BLAS, whose
-    summation order follows the CPU's SIMD kernel (OpenBLAS picks Haswell, SkylakeX, Zen...), so
-    the same prediction differed in its last bit between machines; this is the same on all."""
-    return math.fsum((np.asarray(a, dtype=float) * np.asarray(b, dtype=float)).tolist())
-
-
-def theta(c: Constants) -> np.ndarray:
-    return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
-                     c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
-                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_engine_share])
-
-
-def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
-    """One GEMM at peak, slowed by the share of the device small dimensions leave idle
-    (profile.shape_curve); gemm_eff, applied through theta, scales it to the device's best."""
-    mm, nn, kk = dims
-    return 2 * mm * nn * kk / (peak * shape_curve(dims, half))
-
 
 class _Ctx:
     """Per-layout quantities the feature functions share."""
@@ -213,6 +186,8 @@ def boundary_send_bytes(x: _Ctx, whole: float) -> float:
 def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     """One micro-batch through one stage: its layers, embedding or logits, pipeline sends."""
     f = layers * layer_features(x)
+    if x.m.num_experts:
+        f += experts.stage_delta_features(x, layers)
     tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
     if first:
         f[MEM] += 3 * tok * h * x.e / x.hbm
@@ -363,7 +338,7 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
     layers_of = layout_stage_layers(job.model.num_layers, lay)
-    params = all_stage_params(job.model, lay.tp, lay.pp, counts=layers_of)
+    params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep, counts=layers_of)
     # the ends reduce the most, unless set first/last layer counts leave a middle stage more
     ends = sorted({0, lay.pp - 1, *([1] if lay.uneven and lay.pp > 2 else [])})
     # each priced stage's own per-micro-batch features, for its backward window
