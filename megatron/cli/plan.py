@@ -101,6 +101,9 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
                    help="context-parallel degrees (parallel.context_parallel_size, Ulysses) to "
                         "try; auto: every divisor of the query heads per TP rank that splits the "
                         f"sequence, inside or across nodes (default {cp_default})")
+    g.add_argument("--cp-algos", default="ulysses" if cp_default == "1" else "all",
+                   help="context-parallel algorithms to try where CP > 1 (ulysses, ring, "
+                        "allgather, hybrid, or all; hybrid with every Ulysses degree it allows)")
     g.add_argument("--ep-values", default=ep_default,
                    help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
                         "mixture-of-experts model; auto: every divisor of num_experts that "
@@ -130,6 +133,10 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                         "needs --pp > 1)")
     g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
+    g.add_argument("--cp-algo", choices=("ulysses", "ring", "allgather", "hybrid"),
+                   help="parallel.context_parallel_algo (default: the config's, else ulysses)")
+    g.add_argument("--ulysses-degree", type=int, metavar="U",
+                   help="parallel.ulysses_degree: Ulysses ranks of a hybrid group")
     g.add_argument("--ep", type=int, help="parallel.expert_parallel_size (default: the "
                    "config's, else 1): each rank holds num_experts / EP experts (docs/moe.md)")
     g.add_argument("--first-stage-layers", type=int, metavar="N",
@@ -185,7 +192,11 @@ def _add_longest(sub, fmt) -> None:
     _cluster_args(g)
     g.add_argument("--cp-values", default="auto",
                    help="context-parallel degrees to try (default auto: every divisor of the "
-                        "query heads per TP rank; 1: without context parallelism)")
+                        "query heads per TP rank, and past it for ring, allgather and hybrid; "
+                        "1: without context parallelism)")
+    g.add_argument("--cp-algos", default="all",
+                   help="context-parallel algorithms to try (default all: ulysses, ring, "
+                        "allgather, hybrid)")
     g.add_argument("--step", type=int, default=1024,
                    help="lengths tried are multiples of this (default 1024)")
     g.add_argument("--top", type=int, default=5, help="fitting layouts to print (default 5)")

@@ -14,7 +14,7 @@ from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
                  "schedule", "cp", "first_stage_layers", "last_stage_layers",
-                 "ep")
+                 "ep", "cp_algo", "ulysses_degree")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
@@ -28,7 +28,8 @@ def load_space(args) -> SearchSpace:
                              args.zero_stages, args.recompute_values, args.flash,
                              args.sequence_parallel, args.max_tp, args.memory_fraction,
                              args.schedules, getattr(args, "cp_values", "1"),
-                             getattr(args, "ep_values", "1"))
+                             getattr(args, "ep_values", "1"),
+                             getattr(args, "cp_algos", "ulysses"))
 
 
 def layout_overrides(args) -> dict:

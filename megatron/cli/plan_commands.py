@@ -163,12 +163,13 @@ def cmd_longest(args) -> int:
     _check_nodes(args.nodes)
     if args.step < 1:
         raise ConfigError("--step", args.step, "a positive number of tokens")
-    space = dataclasses.replace(longest.LEAST_MEMORY, cp=jobs.search_space(
-        cp_values=args.cp_values).cp)
+    given = jobs.search_space(cp_values=args.cp_values, cp_algos=args.cp_algos)
+    space = dataclasses.replace(longest.LEAST_MEMORY, cp=given.cp, cp_algos=given.cp_algos)
     result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
     print(_describe(job, prof, args.nodes))
     print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
-          f"{', '.join(space.schedules)}, context parallel {args.cp_values}; lengths in "
+          f"{', '.join(space.schedules)}, context parallel {args.cp_values} "
+          f"({', '.join(space.cp_algos)}); lengths in "
           f"multiples of {args.step}")
     if not result.seq:
         raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "

@@ -27,7 +27,9 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         lay, t = c.layout, c.time
         # DP shows its expert-parallel split where there is one ("16 ep8")
         dp = f"{lay.dp} ep{lay.ep}" if lay.ep > 1 else str(lay.dp)
-        rows.append([str(i), str(lay.tp), str(lay.pp), dp, str(lay.cp),
+        cp = str(lay.cp) if lay.cp == 1 or lay.cp_algo == "ulysses" else \
+            f"{lay.cp} {lay.cp_label()}"
+        rows.append([str(i), str(lay.tp), str(lay.pp), dp, cp,
                      str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
                      "flash" if lay.flash else "math", "on" if lay.sequence_parallel else "off",
@@ -62,7 +64,8 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,
                            pipeline_schedule=lay.schedule, context_parallel_size=lay.cp,
-                           expert_parallel_size=lay.ep)
+                           expert_parallel_size=lay.ep, context_parallel_algo=lay.cp_algo,
+                           ulysses_degree=lay.ulysses_degree)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:

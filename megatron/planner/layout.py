@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.config import ModelConfig, schedules
+from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
 from megatron.config.validate import layout_error, schedule_error
@@ -64,6 +64,18 @@ class Layout:
     # the ep ranks consecutive data-parallel ranks; expert states are partitioned over the
     # expert-data-parallel group of dp x cp / ep ranks.
     ep: int = 1
+    # parallel.context_parallel_algo and ulysses_degree (docs/context_parallel.md): how the cp
+    # ranks split attention: ulysses (heads), ring / allgather (key/value blocks travel or are
+    # gathered), hybrid (Ulysses inside groups of ulysses_degree ranks x ring across them).
+    cp_algo: str = context_parallel.DEFAULT
+    ulysses_degree: int = 0
+
+    @property
+    def cp_parts(self) -> Tuple[int, int]:
+        """(U, R): ranks exchanging heads (Ulysses) and ranks the key/values travel over."""
+        if self.cp == 1:
+            return 1, 1
+        return context_parallel.degrees(self.cp_algo, self.cp, self.ulysses_degree)
 
     @property
     def uneven(self) -> bool:
@@ -96,7 +108,12 @@ class Layout:
                 f"{f'-cp{self.cp}' if self.cp > 1 else ''}"
                 f"{f'-first{self.first_stage_layers}' if self.first_stage_layers else ''}"
                 f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}"
-                f"{f'-ep{self.ep}' if self.ep > 1 else ''}")
+                f"{f'-ep{self.ep}' if self.ep > 1 else ''}"
+                f"{f'-{self.cp_label()}' if self.cp > 1 and self.cp_algo != 'ulysses' else ''}")
+
+    def cp_label(self) -> str:
+        """The context-parallel algorithm, with its Ulysses degree under hybrid ("hybrid2")."""
+        return f"hybrid{self.ulysses_degree}" if self.cp_algo == "hybrid" else self.cp_algo
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,7 +132,8 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
     error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
-                         cp=lay.cp, ep=lay.ep)
+                         cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
+                         ulysses_degree=lay.ulysses_degree)
     if error is not None:
         return str(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.

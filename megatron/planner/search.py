@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from megatron.config import schedules
 from megatron.config.errors import InputError
@@ -40,6 +40,9 @@ class SearchSpace:
     # Expert-parallel sizes (parallel.expert_parallel_size) for a MoE model; None: every
     # divisor of num_experts that divides DP (a dense model: 1 only).
     ep: Optional[Sequence[int]] = (1,)
+    # parallel.context_parallel_algo values tried where CP > 1 (hybrid with every Ulysses
+    # degree it allows); the library's default prices Ulysses only.
+    cp_algos: Sequence[str] = ("ulysses",)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -114,7 +117,24 @@ def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
         return [c for c in space.cp if c >= 1 and rest % c == 0]
     m = job.model
     heads = m.num_attention_heads // tp
-    return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
+    if tuple(space.cp_algos) == ("ulysses",):
+        return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
+    # the ring part has no head cap: every degree that splits the sequence in 2C chunks
+    return [c for c in _divisors(rest) if m.seq_length % c == 0 and
+            (heads % c == 0 or m.seq_length % (2 * c) == 0)]
+
+
+def _cp_variants(cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
+    """(context_parallel_algo, ulysses_degree) pairs to try at CP degree cp."""
+    if cp == 1:
+        return [("ulysses", 0)]
+    out = []
+    for algo in space.cp_algos:
+        if algo == "hybrid":
+            out += [("hybrid", u) for u in _divisors(cp) if 2 <= u <= cp // 2]
+        else:
+            out.append((algo, 0))
+    return out
 
 
 def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
@@ -147,8 +167,10 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                             if schedules.get(schedule).rule(pp, cp, 1):
                                 continue  # the trainer refuses it (zbh1 with CP)
                             for ep in _ep_sizes(job, dp, space):
-                                yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
-                                             schedule=schedule, cp=cp, ep=ep)
+                                for algo, u in _cp_variants(cp, space):
+                                    yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
+                                                 schedule=schedule, cp=cp, ep=ep, cp_algo=algo,
+                                                 ulysses_degree=u)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -169,7 +191,8 @@ def rank_key(c: Candidate):
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            schedules.names().index(lay.schedule), lay.cp, lay.ep)
+            schedules.names().index(lay.schedule), lay.cp, lay.ep,
+            ("ulysses", "allgather", "ring", "hybrid").index(lay.cp_algo), lay.ulysses_degree)
 
 
 def search(job: Job, nodes: int, prof: Profile,

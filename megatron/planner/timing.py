@@ -42,7 +42,7 @@ import numpy as np
 
 from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act, experts
+from megatron.planner import activations as act, cp_timing, experts
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
     ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, STEP, dot, gemm_seconds, theta)
 from megatron.planner.flops import hardware_flops, model_flops
@@ -65,8 +65,9 @@ class _Ctx:
         self.e = act.act_bytes(job.precision)
         self.tokens = act.local_tokens(self.m, lay)
         self.tp_link = prof.spec.link(lay.tp, 1)
-        # the context-parallel group: C ranks spaced tp apart (state.py: pp, dp, cp, tp)
-        self.cp_link = prof.spec.link(lay.cp, lay.tp)
+        # the Ulysses group: U ranks spaced tp apart (state.py: pp, dp, cp, tp; U = C but under
+        # hybrid, whose ring crosses the groups: cp_timing.py)
+        self.cp_link = prof.spec.link(lay.cp_parts[0], lay.tp)
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
         # overlap_comm, bucket and communication dtype as the trainer will run this layout
         self.ds = profile_settings(job, lay, prof.constants)
@@ -146,7 +147,7 @@ def ulysses_features(x: _Ctx) -> np.ndarray:
     """The forward's two all-to-alls: each rank keeps 1/C of its tensor and sends the rest,
     bus bytes (C - 1)/C of it (nccl-tests' alltoall convention)."""
     f = np.zeros(len(FEATURES))
-    c = x.lay.cp
+    c = x.lay.cp_parts[0]
     if c > 1:
         for nbytes in ulysses_bytes(x):
             x.collective(f, (c - 1) / c * nbytes, x.cp_link)
@@ -162,6 +163,8 @@ def layer_features(x: _Ctx) -> np.ndarray:
     recompute replays the attention."""
     fwd, core, tp = _layer_forward(x)
     a2a = ulysses_features(x)
+    if x.lay.cp_parts[1] > 1:  # ring, allgather, hybrid: the key/value exchange
+        a2a = a2a + cp_timing.kv_exchange_features(x, core)
     tp_fwd, tp_bwd = _exposed_tp(x, tp)
     total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
