@@ -10,7 +10,7 @@ from megatron.cli.plan_args import (layout_from_args, load_job, load_space, over
                                     profile_from_args)
 from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner import emit, jobs, longest, scaling
+from megatron.planner import emit, jobs, longest, ranges, scaling
 from megatron.planner.jobs import ints
 from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
 from megatron.planner.memory import GIB, memory_per_stage
@@ -47,9 +47,11 @@ def cmd_search(args) -> int:
         raise InputError(result.explain_empty())
     print(f"{result.enumerated} layouts enumerated, {len(result.ranked)} fit; fastest first:\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    best = result.best
+    print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
+          f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
         print(_config_layout_rank(args, job, cfg, result))
-    best = result.best
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
@@ -125,7 +127,16 @@ def cmd_memory(args) -> int:
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
           f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
           f"{100 * t.bubble:.1f}%")
+    free = args.micro_batch is None and cfg is None
+    print(f"predicted step {_range(job, lay, prof, free).describe()}"
+          f"{' (micro-batch not given: 1 priced, the others that fit in the range)' if free else ''}")
     return 0
+
+
+def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range:
+    """The step's range over what the user did not fix (planner/ranges.py)."""
+    return ranges.step_range(job, lay, prof, lambda j, l, p: step_time(j, l, p).step_s,
+                             free_micro_batch=free_micro_batch)
 
 
 def cmd_scaling(args) -> int:
