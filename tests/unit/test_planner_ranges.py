@@ -12,8 +12,8 @@ from megatron.planner.layout import Job, Layout
 from megatron.planner.models import preset_model
 from megatron.planner.profile import load_profile
 from megatron.planner.timing import step_time
+from tests.support.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = Job(preset_model("gpt3-1.3b"), 64, "bf16")
 LAY = Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1)
 PROF = load_profile("h100")
