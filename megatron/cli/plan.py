@@ -104,6 +104,11 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
     g.add_argument("--cp-algos", default="ulysses" if cp_default == "1" else "all",
                    help="context-parallel algorithms to try where CP > 1 (ulysses, ring, "
                         "allgather, hybrid, or all; hybrid with every Ulysses degree it allows)")
+    g.add_argument("--interleave-values", default="1", metavar="V,..",
+                   help="model chunks per stage to try where PP > 1 (Megatron-LM's interleaved "
+                        "1F1B, e.g. 1,2,4): proposed where it wins within memory, as a "
+                        "comparison (NOT available in this trainer; --out-config writes the "
+                        "best plain layout); default 1")
     g.add_argument("--ep-values", default=ep_default,
                    help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
                         "mixture-of-experts model; auto: every divisor of num_experts that "

@@ -29,7 +29,8 @@ def load_space(args) -> SearchSpace:
                              args.sequence_parallel, args.max_tp, args.memory_fraction,
                              args.schedules, getattr(args, "cp_values", "1"),
                              getattr(args, "ep_values", "1"),
-                             getattr(args, "cp_algos", "ulysses"))
+                             getattr(args, "cp_algos", "ulysses"),
+                             getattr(args, "interleave_values", "1"))
 
 
 def layout_overrides(args) -> dict:

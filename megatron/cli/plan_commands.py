@@ -52,6 +52,7 @@ def cmd_search(args) -> int:
           f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
         print(_config_layout_rank(args, job, cfg, result))
+    best = _runnable_best(result)
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
@@ -68,6 +69,19 @@ def cmd_search(args) -> int:
                                        else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
     return 0
+
+
+def _runnable_best(result):
+    """The best layout this trainer runs, with a note where an interleaved one ranks above it
+    (a comparison the trainer cannot run)."""
+    best = result.best
+    if best.layout.interleave == 1:
+        return best
+    plain = next((c for c in result.ranked if c.layout.interleave == 1), best)
+    print(f"\nrank 1 interleaves {best.layout.interleave} chunks per stage, "
+          f"{plain.time.step_s / best.time.step_s - 1:.1%} faster than the best plain layout "
+          f"({plain.layout.key()}): {INTERLEAVED_UNAVAILABLE}; --out-config writes the plain one")
+    return plain
 
 
 def _layout_source(args, cfg: Optional[Config]) -> str:

@@ -33,7 +33,8 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
                      str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
                      "flash" if lay.flash else "math", "on" if lay.sequence_parallel else "off",
-                     lay.schedule if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
+                     (lay.schedule + (f" v{lay.interleave}" if lay.interleave > 1 else ""))
+                     if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
                      f"{100 * t.mfu:.1f}", f"{100 * t.hfu:.1f}", f"{100 * t.bubble:.1f}"])
     return rows
 

@@ -145,7 +145,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
                  memory_fraction: float = 1.0, schedules: Optional[str] = None,
                  cp_values: str = "1", ep_values: str = "1",
-                 cp_algos: str = "ulysses") -> SearchSpace:
+                 cp_algos: str = "ulysses", interleave_values: str = "1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
     tries every context-parallel degree the model allows (SearchSpace.cp = None);
     schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
@@ -173,7 +173,8 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values),
                        ep=None if ep_values.strip() == "auto" else _positive_ints(ep_values,
                                                                                   "--ep-values"),
-                       cp_algos=_cp_algos(cp_algos))
+                       cp_algos=_cp_algos(cp_algos),
+                       interleave=_positive_ints(interleave_values, "--interleave-values"))
 
 
 def _cp_algos(text: str) -> Tuple[str, ...]:

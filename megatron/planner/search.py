@@ -43,6 +43,9 @@ class SearchSpace:
     # parallel.context_parallel_algo values tried where CP > 1 (hybrid with every Ulysses
     # degree it allows); the library's default prices Ulysses only.
     cp_algos: Sequence[str] = ("ulysses",)
+    # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, a comparison:
+    # this trainer runs plain 1F1B, INTERLEAVED_UNAVAILABLE); the default prices plain only.
+    interleave: Sequence[int] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -147,6 +150,16 @@ def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
     return [e for e in _divisors(job.model.num_experts) if dp % e == 0]
 
 
+def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
+    """(schedule, chunks per stage) pairs to try: one stage runs the default, plainly; else
+    the space's schedules, each with the chunk counts its record's rule accepts (zbh1 with CP
+    or interleaved is refused, as the trainer and Megatron-LM refuse them)."""
+    if pp == 1:
+        return [(schedules.DEFAULT, 1)]
+    return [(name, v) for name in space.schedules for v in space.interleave
+            if v >= 1 and not schedules.get(name).rule(pp, cp, v)]
+
+
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
     for mb in space.micro_batch:
@@ -163,13 +176,11 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                     for sp in space.sequence_parallel:
                         if sp and tp == 1:
                             continue
-                        for schedule in (space.schedules if pp > 1 else (schedules.DEFAULT,)):
-                            if schedules.get(schedule).rule(pp, cp, 1):
-                                continue  # the trainer refuses it (zbh1 with CP)
+                        for schedule, v in _schedule_variants(pp, cp, space):
                             for ep in _ep_sizes(job, dp, space):
                                 for algo, u in _cp_variants(cp, space):
-                                    yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
-                                                 schedule=schedule, cp=cp, ep=ep, cp_algo=algo,
+                                    yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
+                                                 schedule, cp=cp, ep=ep, cp_algo=algo,
                                                  ulysses_degree=u)
 
 
@@ -191,7 +202,7 @@ def rank_key(c: Candidate):
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            schedules.names().index(lay.schedule), lay.cp, lay.ep,
+            schedules.names().index(lay.schedule), lay.interleave, lay.cp, lay.ep,
             ("ulysses", "allgather", "ring", "hybrid").index(lay.cp_algo), lay.ulysses_degree)
 
 
