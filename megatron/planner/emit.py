@@ -55,6 +55,10 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     if lay.interleave > 1:
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (plain 1F1B)",
                           INTERLEAVED_UNAVAILABLE)
+    if lay.uneven:
+        raise ConfigError("layout", lay.key(), "layers split as this trainer's pipeline splits "
+                          "them (parallel.pipeline_partition_method)", "set first/last stage "
+                          "layers only to compare with Megatron-LM")
     if schedules.get(lay.schedule).runner is None:
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (one of "
                           f"{', '.join(schedules.with_runner())})",
