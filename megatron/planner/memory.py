@@ -34,6 +34,7 @@ The other engines the planner prices for comparison (overlap.FRAMEWORKS) hold ot
   the whole bf16 model gathered from the forward to the end of the backward. No pipelining."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -228,11 +229,13 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
         raise InputError(problem)
     n_exp = expert_stage_params(job, lay, stage) if job.model.num_experts else 0
     if not n_exp:
-        return _engine_states(job, lay, sp, c, device, framework, sp.total, lay.zero_dp)
+        return _engine_states(job, lay, sp, c, device, framework, lay.zero_dp)
     # experts' states partition over the expert-data-parallel group, the rest over dp x cp
-    dense, edp = sp.total - n_exp, lay.zero_dp // lay.ep
-    a = _engine_states(job, lay, sp, c, device, framework, dense, lay.zero_dp)
-    b = _engine_states(job, lay, sp, c, device, framework, n_exp, edp)
+    edp = lay.zero_dp // lay.ep
+    dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
+    a = _engine_states(job, lay, dense, c, device, framework, lay.zero_dp)
+    b = _engine_states(job, lay, StageParams(sp.layers, n_exp, 0, 0, 0, 0), c, device,
+                       framework, edp)
     return StateBytes(a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
                       a.step_transient + b.step_transient, a.bucket, a.bucket_in_backward,
                       a.grads / lay.zero_dp + b.grads / edp)
@@ -245,15 +248,16 @@ def expert_stage_params(job: Job, lay: Layout, stage: int) -> int:
 
 
 def _engine_states(job: Job, lay: Layout, sp: StageParams, c: Constants, device, framework,
-                   n: int, dp: int) -> StateBytes:
-    """The engine's states for n of the stage's parameters partitioned over dp ranks."""
+                   dp: int) -> StateBytes:
+    """The engine's states for the parameters sp (a stage's, or its dense or expert share)
+    partitioned over dp ranks."""
     if framework in MEGATRON:
-        return megatron_state_bytes(n, megatron_precision(job.precision, job.grad_dtype),
+        return megatron_state_bytes(sp.total, megatron_precision(job.precision, job.grad_dtype),
                                     lay.zero, dp)
     if framework == "fsdp":
         return fsdp_state_bytes(sp, job.precision, lay.zero, dp)
     ds = profile_settings(job, lay, c, device)
-    return state_bytes(n, sp.max_layer, job.precision, lay.zero, lay.pp, dp,
+    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, dp,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
                        buffers=bucket_buffers(ds, lay.zero),
                        bucket_dtype_bytes=comm_bytes(ds, act.act_bytes(job.precision)),

@@ -102,3 +102,11 @@ def test_the_cli_prices_ep(capsys):
                  "--ep", "4"]) == 0
     out = capsys.readouterr().out
     assert "-ep4" in out and "active (8 experts, top 2)" in out
+
+
+def test_fsdp_counts_the_experts_once():
+    """Under FSDP (ZeRO-3 here, EP 1) the dense and expert shares are priced apart: their fp32
+    states add up to the stage's 16 bytes a parameter over d, not twice it."""
+    lay = dataclasses.replace(_lay(1), zero=3)
+    s = peak_memory(JOB, lay, Constants(), framework="fsdp")
+    assert s.grads + s.optimizer == pytest.approx(12 * s.params / 8)
