@@ -15,8 +15,13 @@ micro-batch, with T = the rank's tokens and k = moe_top_k:
   permutations' copies (read and write, twice each way) in HBM.
 Parameters and states: params.expert_params counts the E / EP experts a rank holds;
 memory.stage_states partitions their optimizer states over the expert-data-parallel group
-(dp x cp / EP ranks) and the dense parameters' over dp x cp."""
+(dp x cp / EP ranks) and the dense parameters' over dp x cp; split_reduction reduces their
+gradients over that group too."""
 from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
 
 import numpy as np
 
@@ -24,6 +29,7 @@ from megatron.config import moe
 from megatron.planner import activations as act
 from megatron.planner.features import FEATURES, GEMM, MEM, gemm_seconds
 from megatron.planner.layout import Layout, layout_stage_layers
+from megatron.planner.params import StageParams, expert_params
 
 
 def stage_moe_layers(m, lay: Layout, stage: int) -> int:
@@ -81,6 +87,28 @@ def layer_delta_features(x) -> np.ndarray:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
         x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x), link, calls=4)
     return out
+
+
+def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: float = 0.0,
+                    layers: int = 1) -> np.ndarray:
+    """timing.reduction_features (`reduce`) for a stage holding experts: its dense parameters
+    reduced and stepped over dp x cp, its experts over the expert-data-parallel group of
+    dp x cp / EP ranks, which are spaced tp x cp x EP apart (priced through a layout of that
+    group: dp / EP replicas of tp x EP ranks). Exact at PP 1, the only pipeline the trainer
+    runs experts with (elsewhere the experts are the stage's share of the model's)."""
+    m, lay = x.m, x.lay
+    n_exp = expert_params(m, 0, m.num_layers, lay.ep) * sp.layers // m.num_layers
+    dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
+    edp = copy.copy(x)
+    edp.lay = dataclasses.replace(lay, dp=lay.dp // lay.ep, tp=lay.tp * lay.ep)
+    return (reduce(x, dense, first_or_last, window_s, layers)
+            + reduce(edp, StageParams(sp.layers, n_exp, 0, 0, 0, 0), False, window_s, layers))
+
+
+def reducer(reduce, m):
+    """timing.reduction_features (`reduce`) as a stage of model m runs it: split_reduction's
+    for a model with experts."""
+    return functools.partial(split_reduction, reduce) if m.num_experts else reduce
 
 
 def stage_delta_features(x, layers: int) -> np.ndarray:

@@ -347,11 +347,11 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     # each priced stage's own per-micro-batch features, for its backward window
     ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
                       if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
-    reductions = [reduction_features(x, params[i], i in (0, lay.pp - 1),
-                                     backward_window(x, ends_f[i]), layers_of[i]) for i in ends]
+    reduce_of = experts.reducer(reduction_features, job.model)
+    reductions = [reduce_of(x, params[i], i in (0, lay.pp - 1), backward_window(x, ends_f[i]),
+                            layers_of[i]) for i in ends]
     reduce = max(reductions, key=lambda f: dot(th, f))
-    step = np.zeros(len(FEATURES))
-    step[STEP] = 1
+    step = np.eye(len(FEATURES))[STEP]
     parts = {"pipeline": pipe, "reduce": reduce, "step": step, "slowest": stages[slowest][0],
              "slowest_w": weights[slowest]}
     return pipe + reduce + step, parts

@@ -110,3 +110,21 @@ def test_fsdp_counts_the_experts_once():
     lay = dataclasses.replace(_lay(1), zero=3)
     s = peak_memory(JOB, lay, Constants(), framework="fsdp")
     assert s.grads + s.optimizer == pytest.approx(12 * s.params / 8)
+
+
+def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
+    """ZeRO-1, DP 8, EP 4 in one 8-GPU node, nothing hidden (no backward window): the dense
+    gradients reduce-scatter over 8 ranks and their weights all-gather back, (7/8) x (2 + 2)
+    bytes a parameter; the experts' over the 2 ranks holding the same experts (spaced 4
+    apart), (1/2) x (2 + 2)."""
+    from megatron.planner.params import stage_params
+    from megatron.planner.timing import reduction_features
+    prof = load_profile("h100")
+    lay = _lay(4)
+    x = _Ctx(JOB, lay, prof)
+    sp = stage_params(M, 1, 1, 0, 4)
+    n_exp = MOE_LAYERS * 2 * _expert_params()
+    f = experts.split_reduction(reduction_features, x, sp, False)
+    bus8, bus2 = (prof.spec.link(d, stride).bus_bytes_per_s for d, stride in ((8, 1), (2, 4)))
+    want = 7 / 8 * 4 * (sp.total - n_exp) / bus8 + 1 / 2 * 4 * n_exp / bus2
+    assert f[COMM] == pytest.approx(want, rel=1e-12)
