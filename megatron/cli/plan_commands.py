@@ -142,8 +142,11 @@ def cmd_memory(args) -> int:
           f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
           f"{100 * t.bubble:.1f}%")
     free = args.micro_batch is None and cfg is None
-    print(f"predicted step {_range(job, lay, prof, free).describe()}"
-          f"{' (micro-batch not given: 1 priced, the others that fit in the range)' if free else ''}")
+    print(f"predicted step {_range(job, lay, prof, free).describe()}")
+    if free:
+        lo, hi, mbs = ranges.memory_range(job, lay, prof)
+        print(f"micro-batch not given: {lay.micro_batch} priced; over those that fit "
+              f"({', '.join(map(str, mbs))}) {lo / GIB:.1f}-{hi / GIB:.1f} GB reserved")
     return 0
 
 

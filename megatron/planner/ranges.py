@@ -75,6 +75,15 @@ def micro_batch_layouts(job: Job, lay: Layout, prof: Profile) -> List[Layout]:
     return out
 
 
+def memory_range(job: Job, lay: Layout, prof: Profile) -> Tuple[float, float, List[int]]:
+    """(least, largest) reserved bytes of the busiest stage over the micro-batches that fit
+    (micro_batch_layouts), and those micro-batches: what an open micro-batch does to memory."""
+    lays = micro_batch_layouts(job, lay, prof)
+    reserved = [peak_memory(job, lo, prof.constants, framework=prof.spec.framework)
+                .reserved_bytes for lo in lays]
+    return min(reserved), max(reserved), sorted(lo.micro_batch for lo in lays)
+
+
 def overlap_variants(job: Job, prof: Profile) -> List[Tuple[Job, Profile]]:
     """The point, everything hidden the windows allow, and nothing of the reduction hidden."""
     hidden = dataclasses.replace(prof, constants=prof.constants.replace(dp_overlap=1.0))

@@ -61,7 +61,9 @@ def test_memory_and_search_print_the_range(capsys):
                  "64"]) == 0
     out = capsys.readouterr().out
     assert "predicted step range" in out and "moved most by" in out
-    assert "micro-batch not given" in out
+    assert "micro-batch not given: 1 priced; over those that fit (1, 2, 4, 8)" in out
+    lo, hi, mbs = ranges.memory_range(JOB, LAY, PROF)
+    assert mbs == [1, 2, 4, 8] and lo < hi
     assert main(["search", "--model", "gpt3-1.3b", "--cluster", "h100", "--global-batch", "64",
                  "--top", "2"]) == 0
     assert "rank 1's step:" in capsys.readouterr().out
