@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from megatron.cli.common import entry_point
 from megatron.config import schedules
+from megatron.planner.grad_dtype import GRAD_DTYPES
 from megatron.planner.overlap import FRAMEWORKS
 
 EXAMPLES = """\
@@ -54,6 +55,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, help="sequence length (default 2048 for presets)")
     g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
                    help="default: the config's, or bf16 for presets")
+    g.add_argument("--grad-dtype", choices=GRAD_DTYPES,
+                   help="the gradient buffers' and reduction's dtype (default: the engine's; "
+                   "bf16 is Megatron-LM's --grad-reduce-in-bf16, NeMo's default; for DeepSpeed "
+                   "its communication_data_type)")
 
 
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
@@ -74,7 +79,8 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
 
 
-def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
+def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
+                ep_default: str = "auto") -> None:
     g = p.add_argument_group("search space (comma-separated lists)")
     g.add_argument("--tp-values", help="tensor-parallel sizes (default: powers of 2 in a node)")
     g.add_argument("--pp-values", help="pipeline sizes (default: divisors of the layer count)")
@@ -95,6 +101,18 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto") -> None:
                    help="context-parallel degrees (parallel.context_parallel_size, Ulysses) to "
                         "try; auto: every divisor of the query heads per TP rank that splits the "
                         f"sequence, inside or across nodes (default {cp_default})")
+    g.add_argument("--cp-algos", default="ulysses" if cp_default == "1" else "all",
+                   help="context-parallel algorithms to try where CP > 1 (ulysses, ring, "
+                        "allgather, hybrid, or all; hybrid with every Ulysses degree it allows)")
+    g.add_argument("--interleave-values", default="1", metavar="V,..",
+                   help="model chunks per stage to try where PP > 1 (Megatron-LM's interleaved "
+                        "1F1B, e.g. 1,2,4): proposed where it wins within memory, as a "
+                        "comparison (NOT available in this trainer; --out-config writes the "
+                        "best plain layout); default 1")
+    g.add_argument("--ep-values", default=ep_default,
+                   help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
+                        "mixture-of-experts model; auto: every divisor of num_experts that "
+                        f"divides DP (default {ep_default}; 1 for a dense model)")
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -120,6 +138,19 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                         "needs --pp > 1)")
     g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
+    g.add_argument("--cp-algo", choices=("ulysses", "ring", "allgather", "hybrid"),
+                   help="parallel.context_parallel_algo (default: the config's, else ulysses)")
+    g.add_argument("--ulysses-degree", type=int, metavar="U",
+                   help="parallel.ulysses_degree: Ulysses ranks of a hybrid group")
+    g.add_argument("--ep", type=int, help="parallel.expert_parallel_size (default: the "
+                   "config's, else 1): each rank holds num_experts / EP experts (docs/moe.md)")
+    g.add_argument("--first-stage-layers", type=int, metavar="N",
+                   help="transformer layers on the first stage (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers; the other stages share the rest "
+                        "evenly); a comparison: this trainer partitions uniformly")
+    g.add_argument("--last-stage-layers", type=int, metavar="N",
+                   help="transformer layers on the last stage (--decoder-last-pipeline-num-"
+                        "layers)")
     g.add_argument("--interleave", type=int, metavar="V",
                    help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
                         "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")
@@ -141,7 +172,7 @@ def _add_calibrate(sub, fmt) -> None:
     c = sub.add_parser("calibrate", help="fit the model to real trials on this machine",
                        epilog=EXAMPLES, formatter_class=fmt)
     _model_args(c)
-    _space_args(c, cp_default="1")
+    _space_args(c, cp_default="1", ep_default="1")
     c.add_argument("--nproc", type=int, default=2, help="ranks per trial (default 2)")
     c.add_argument("--trials", type=int, default=8, help="new trials to run (default 8)")
     c.add_argument("--results", default="plan-trials.jsonl",
@@ -166,7 +197,11 @@ def _add_longest(sub, fmt) -> None:
     _cluster_args(g)
     g.add_argument("--cp-values", default="auto",
                    help="context-parallel degrees to try (default auto: every divisor of the "
-                        "query heads per TP rank; 1: without context parallelism)")
+                        "query heads per TP rank, and past it for ring, allgather and hybrid; "
+                        "1: without context parallelism)")
+    g.add_argument("--cp-algos", default="all",
+                   help="context-parallel algorithms to try (default all: ulysses, ring, "
+                        "allgather, hybrid)")
     g.add_argument("--step", type=int, default=1024,
                    help="lengths tried are multiples of this (default 1024)")
     g.add_argument("--top", type=int, default=5, help="fitting layouts to print (default 5)")

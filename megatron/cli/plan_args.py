@@ -13,19 +13,24 @@ from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
-                 "schedule", "cp")
+                 "schedule", "cp", "first_stage_layers", "last_stage_layers",
+                 "ep", "cp_algo", "ulysses_degree")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:
-    return jobs.load_job(args.model, args.config, args.set, args.global_batch, args.seq_length,
-                         args.precision)
+    job, cfg, preset = jobs.load_job(args.model, args.config, args.set, args.global_batch,
+                                     args.seq_length, args.precision)
+    return jobs.with_grad_dtype(job, getattr(args, "grad_dtype", None)), cfg, preset
 
 
 def load_space(args) -> SearchSpace:
     return jobs.search_space(args.tp_values, args.pp_values, args.micro_batches,
                              args.zero_stages, args.recompute_values, args.flash,
                              args.sequence_parallel, args.max_tp, args.memory_fraction,
-                             args.schedules, getattr(args, "cp_values", "1"))
+                             args.schedules, getattr(args, "cp_values", "1"),
+                             getattr(args, "ep_values", "1"),
+                             getattr(args, "cp_algos", "ulysses"),
+                             getattr(args, "interleave_values", "1"))
 
 
 def layout_overrides(args) -> dict:

@@ -10,11 +10,11 @@ from megatron.cli.plan_args import (layout_from_args, load_job, load_space, over
                                     profile_from_args)
 from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner import emit, jobs, longest, scaling
+from megatron.planner import emit, jobs, longest, ranges, scaling
 from megatron.planner.jobs import ints
 from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
 from megatron.planner.memory import GIB, memory_per_stage
-from megatron.planner.params import model_params
+from megatron.planner.params import active_params, model_params
 from megatron.planner.profile import Profile
 from megatron.planner.search import search
 from megatron.planner.timing import step_time
@@ -27,11 +27,14 @@ def _check_nodes(nodes: int) -> None:
 
 def _describe(job: Job, prof: Profile, nodes: int) -> str:
     m, s = job.model, prof.spec
-    return (f"model: {model_params(m) / 1e9:.2f}B parameters ({m.num_layers} layers, hidden "
-            f"{m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), global batch "
-            f"{job.global_batch}, {job.precision}\ncluster: {s.name}, {nodes} node(s) x "
-            f"{s.gpus_per_node} = {nodes * s.gpus_per_node} devices of {s.gpu_memory_gb:g} GB, "
-            f"{s.matmul_tflops(job.precision):g} TFLOPs peak")
+    active = (f", {active_params(m) / 1e9:.2f}B active ({m.num_experts} experts, top "
+              f"{m.moe_top_k})" if m.num_experts else "")
+    grads = f" ({job.grad_dtype} gradients)" if job.grad_dtype else ""
+    return (f"model: {model_params(m) / 1e9:.2f}B parameters{active} ({m.num_layers} layers, "
+            f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), "
+            f"global batch {job.global_batch}, {job.precision}{grads}\ncluster: {s.name}, "
+            f"{nodes} node(s) x {s.gpus_per_node} = {nodes * s.gpus_per_node} devices of "
+            f"{s.gpu_memory_gb:g} GB, {s.matmul_tflops(job.precision):g} TFLOPs peak")
 
 
 def cmd_search(args) -> int:
@@ -44,9 +47,12 @@ def cmd_search(args) -> int:
         raise InputError(result.explain_empty())
     print(f"{result.enumerated} layouts enumerated, {len(result.ranked)} fit; fastest first:\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    best = result.best
+    print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
+          f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
         print(_config_layout_rank(args, job, cfg, result))
-    best = result.best
+    best = _runnable_best(result)
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
@@ -63,6 +69,19 @@ def cmd_search(args) -> int:
                                        else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
     return 0
+
+
+def _runnable_best(result):
+    """The best layout this trainer runs, with a note where an interleaved one ranks above it
+    (a comparison the trainer cannot run)."""
+    best = result.best
+    if best.layout.interleave == 1:
+        return best
+    plain = next((c for c in result.ranked if c.layout.interleave == 1), best)
+    print(f"\nrank 1 interleaves {best.layout.interleave} chunks per stage, "
+          f"{plain.time.step_s / best.time.step_s - 1:.1%} faster than the best plain layout "
+          f"({plain.layout.key()}): {INTERLEAVED_UNAVAILABLE}; --out-config writes the plain one")
+    return plain
 
 
 def _layout_source(args, cfg: Optional[Config]) -> str:
@@ -122,7 +141,19 @@ def cmd_memory(args) -> int:
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
           f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
           f"{100 * t.bubble:.1f}%")
+    free = args.micro_batch is None and cfg is None
+    print(f"predicted step {_range(job, lay, prof, free).describe()}")
+    if free:
+        lo, hi, mbs = ranges.memory_range(job, lay, prof)
+        print(f"micro-batch not given: {lay.micro_batch} priced; over those that fit "
+              f"({', '.join(map(str, mbs))}) {lo / GIB:.1f}-{hi / GIB:.1f} GB reserved")
     return 0
+
+
+def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range:
+    """The step's range over what the user did not fix (planner/ranges.py)."""
+    return ranges.step_range(job, lay, prof, lambda j, l, p: step_time(j, l, p).step_s,
+                             free_micro_batch=free_micro_batch)
 
 
 def cmd_scaling(args) -> int:
@@ -160,12 +191,13 @@ def cmd_longest(args) -> int:
     _check_nodes(args.nodes)
     if args.step < 1:
         raise ConfigError("--step", args.step, "a positive number of tokens")
-    space = dataclasses.replace(longest.LEAST_MEMORY, cp=jobs.search_space(
-        cp_values=args.cp_values).cp)
+    given = jobs.search_space(cp_values=args.cp_values, cp_algos=args.cp_algos)
+    space = dataclasses.replace(longest.LEAST_MEMORY, cp=given.cp, cp_algos=given.cp_algos)
     result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
     print(_describe(job, prof, args.nodes))
     print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
-          f"{', '.join(space.schedules)}, context parallel {args.cp_values}; lengths in "
+          f"{', '.join(space.schedules)}, context parallel {args.cp_values} "
+          f"({', '.join(space.cp_algos)}); lengths in "
           f"multiples of {args.step}")
     if not result.seq:
         raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "

@@ -166,12 +166,15 @@ def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[
 
 
 def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
-                 deepspeed=None, cp: int = 1, ep: int = 1) -> Optional[ConfigError]:
+                 deepspeed=None, cp: int = 1, ep: int = 1,
+                 cp_algo: str = context_parallel.DEFAULT, ulysses_degree: int = 0
+                 ) -> Optional[ConfigError]:
     """The first rule a layout of model section `m` breaks, or None: the one home of the layout
     rules, read by validate_for_world and by the planner (megatron/planner/layout.py), which
     prices only layouts the trainer accepts."""
     return (tensor_parallel_error(m, tp, sequence_parallel)
-            or context_parallel_error(m, tp, cp, sequence_parallel) or pipeline_error(m, pp, zero)
+            or context_parallel_error(m, tp, cp, sequence_parallel, cp_algo, ulysses_degree)
+            or pipeline_error(m, pp, zero)
             or deepspeed_error(deepspeed or {}, pp) or moe_error(m, tp, pp, cp, zero, ep))
 
 

@@ -51,10 +51,11 @@ def kv_replicas(kv_heads: int, q_per_group: int, cp: int) -> int:
 
 def layout_kv_replicas(m: ModelConfig, lay: Layout) -> int:
     """kv_replicas for one TP rank's key/value heads under the layout's context parallelism."""
-    if lay.cp == 1:
+    u = lay.cp_parts[0]
+    if u == 1:
         return 1
     groups = max(1, m.kv_heads // lay.tp)
-    return kv_replicas(groups, m.num_attention_heads // lay.tp // groups, lay.cp)
+    return kv_replicas(groups, m.num_attention_heads // lay.tp // groups, u)
 
 
 def local_tokens(m: ModelConfig, lay: Layout) -> int:
@@ -101,8 +102,34 @@ def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     if lay.recompute == "full":
         rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
         return local_tokens(m, lay) * m.hidden_size * act_bytes(precision) * rep
-    keep_scores = not lay.flash and lay.recompute == "none"
-    return layer_full_bytes(m, lay, precision, keep_scores)
+    ring = lay.cp_parts[1] > 1
+    keep_scores = not lay.flash and lay.recompute == "none" and not ring
+    total = layer_full_bytes(m, lay, precision, keep_scores)
+    if ring and lay.recompute == "none":
+        total += ring_kept_bytes(m, lay, precision)
+    return total
+
+
+def kv_block_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """One rank's key/value block as the ring or the all-gather moves it: its s/C tokens of k
+    and v, the TP rank's key/value heads (with Ulysses' replicas under hybrid)."""
+    kvh = max(1, m.kv_heads // lay.tp) * layout_kv_replicas(m, lay)
+    return local_tokens(m, lay) * 2 * kvh * m.head_dim * act_bytes(precision)
+
+
+def ring_kept_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """What the ring part (R ranks; ring, allgather, hybrid) keeps per layer for backward in
+    this implementation (docs/context_parallel.md, "Backward"): the R - 1 key/value blocks it
+    received (or gathered) beside its own, and the fp32 scores and probabilities of every
+    attended chunk pair: its two query chunks of s/2R against the key chunks at or before
+    them, 2R + 1 pairs of the 4R^2 under the load balance, for the heads/(t U) it holds."""
+    u, r = lay.cp_parts
+    if r == 1:
+        return 0.0
+    chunk = m.seq_length / (2 * r)
+    heads = m.num_attention_heads / lay.tp / u
+    scores = (2 * r + 1) * heads * lay.micro_batch * chunk * chunk * 8
+    return (r - 1) * kv_block_bytes(m, lay, precision) + scores
 
 
 def layer_weight_grad_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
@@ -136,9 +163,13 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     e, sb = act_bytes(precision), local_tokens(m, lay)
     width = max(m.hidden_size, fc1_factor(m) * m.ffn_hidden_size // lay.tp)
     grads = 2 * sb * width * e
+    if lay.recompute != "none" and lay.cp_parts[1] > 1:
+        # the recomputed attention's ring blocks and scores, one layer's
+        grads += ring_kept_bytes(m, lay, precision)
     if lay.recompute != "full":
         return grads
-    return grads + layer_full_bytes(m, lay, precision, keep_scores=not lay.flash)
+    keep = not lay.flash and lay.cp_parts[1] == 1
+    return grads + layer_full_bytes(m, lay, precision, keep_scores=keep)
 
 
 def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str) -> float:

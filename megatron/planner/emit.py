@@ -25,11 +25,16 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
     rows = []
     for i, c in enumerate(cands, 1):
         lay, t = c.layout, c.time
-        rows.append([str(i), str(lay.tp), str(lay.pp), str(lay.dp), str(lay.cp),
+        # DP shows its expert-parallel split where there is one ("16 ep8")
+        dp = f"{lay.dp} ep{lay.ep}" if lay.ep > 1 else str(lay.dp)
+        cp = str(lay.cp) if lay.cp == 1 or lay.cp_algo == "ulysses" else \
+            f"{lay.cp} {lay.cp_label()}"
+        rows.append([str(i), str(lay.tp), str(lay.pp), dp, cp,
                      str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
                      "flash" if lay.flash else "math", "on" if lay.sequence_parallel else "off",
-                     lay.schedule if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
+                     (lay.schedule + (f" v{lay.interleave}" if lay.interleave > 1 else ""))
+                     if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
                      f"{100 * t.mfu:.1f}", f"{100 * t.hfu:.1f}", f"{100 * t.bubble:.1f}"])
     return rows
 
@@ -50,6 +55,10 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     if lay.interleave > 1:
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (plain 1F1B)",
                           INTERLEAVED_UNAVAILABLE)
+    if lay.uneven:
+        raise ConfigError("layout", lay.key(), "layers split as this trainer's pipeline splits "
+                          "them (parallel.pipeline_partition_method)", "set first/last stage "
+                          "layers only to compare with Megatron-LM")
     if schedules.get(lay.schedule).runner is None:
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (one of "
                           f"{', '.join(schedules.with_runner())})",
@@ -59,7 +68,9 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,
-                           pipeline_schedule=lay.schedule, context_parallel_size=lay.cp)
+                           pipeline_schedule=lay.schedule, context_parallel_size=lay.cp,
+                           expert_parallel_size=lay.ep, context_parallel_algo=lay.cp_algo,
+                           ulysses_degree=lay.ulysses_degree)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:

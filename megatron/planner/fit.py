@@ -82,7 +82,7 @@ def unmodelled(cfg: Config) -> Optional[str]:
                 "(the planner splits layers uniformly)")
     if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
         return (f"parallel.context_parallel_algo={p.context_parallel_algo} (the planner prices "
-                "only Ulysses' context parallelism)")
+                "it, but its ring memory is not yet checked against a measurement)")
     return None
 
 

@@ -10,13 +10,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.schedules import DEFAULT, names, with_runner
+from megatron.planner.grad_dtype import grad_dtype_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
 
 # The layout a job runs when neither a config nor an override sets a value.
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
-                   "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1}
+                   "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1,
+                   "first_stage_layers": None, "last_stage_layers": None, "ep": 1,
+                   "cp_algo": "ulysses", "ulysses_degree": 0}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -51,24 +54,27 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
     return job, cfg, preset
 
 
+def with_grad_dtype(job: Job, grad_dtype: Optional[str]) -> Job:
+    """job with its gradients held and reduced in grad_dtype (grad_dtype.py); None: as is."""
+    problem = grad_dtype_problem(grad_dtype, job.precision)
+    if problem:
+        raise InputError(problem)
+    return dataclasses.replace(job, grad_dtype=grad_dtype) if grad_dtype else job
+
+
 def config_layout(cfg: Config) -> Dict[str, object]:
     """The layout values a training config sets (an attention core whose record keeps the s x s
     scores is priced as the math path, any other as flash; parallel.pipeline_schedule is the
     schedule)."""
     p, t = cfg.parallel, cfg.training
-    if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
-        # Pricing a ring as Ulysses would be silently wrong: other transfers, no head cap.
-        raise ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
-                          "ulysses for megatron-plan, which prices Ulysses' all-to-alls only "
-                          "(ring, allgather and hybrid are not priced yet)",
-                          "plan with --set parallel.context_parallel_algo=ulysses (a degree "
-                          "within the head cap) or parallel.context_parallel_size=1")
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
             "recompute": t.activation_checkpointing,
             "flash": not variants.attention_of(cfg.model).keeps_scores,
             "sp": p.sequence_parallel,
-            "schedule": p.pipeline_schedule, "cp": p.context_parallel_size}
+            "schedule": p.pipeline_schedule, "cp": p.context_parallel_size,
+            "ep": p.expert_parallel_size, "cp_algo": p.context_parallel_algo,
+            "ulysses_degree": p.ulysses_degree}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -102,7 +108,9 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
                           f"a multiple of micro-batch x DP ({mb} x {dp})")
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
-                 values["schedule"], cp)
+                 values["schedule"], cp, values.get("first_stage_layers"),
+                 values.get("last_stage_layers"), values.get("ep", 1),
+                 values.get("cp_algo", "ulysses"), values.get("ulysses_degree", 0))
     check_layout(job, lay)
     return lay
 
@@ -117,10 +125,10 @@ def ints(flag: str, text: str) -> List[int]:
     return values
 
 
-def _positive_ints(text: str) -> Tuple[int, ...]:
-    values = ints("--cp-values", text)
+def _positive_ints(text: str, flag: str = "--cp-values") -> Tuple[int, ...]:
+    values = ints(flag, text)
     if min(values) < 1:
-        raise ConfigError("--cp-values", text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
+        raise ConfigError(flag, text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
     return tuple(values)
 
 
@@ -136,7 +144,8 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  recompute_values: str = "none,selective,full", flash: str = "both",
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
                  memory_fraction: float = 1.0, schedules: Optional[str] = None,
-                 cp_values: str = "1") -> SearchSpace:
+                 cp_values: str = "1", ep_values: str = "1",
+                 cp_algos: str = "ulysses", interleave_values: str = "1") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
     tries every context-parallel degree the model allows (SearchSpace.cp = None);
     schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
@@ -161,4 +170,18 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        sequence_parallel=_both("--sequence-parallel", sequence_parallel),
                        max_tp=max_tp, memory_fraction=memory_fraction,
                        schedules=schedule_values,
-                       cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values))
+                       cp=None if cp_values.strip() == "auto" else _positive_ints(cp_values),
+                       ep=None if ep_values.strip() == "auto" else _positive_ints(ep_values,
+                                                                                  "--ep-values"),
+                       cp_algos=_cp_algos(cp_algos),
+                       interleave=_positive_ints(interleave_values, "--interleave-values"))
+
+
+def _cp_algos(text: str) -> Tuple[str, ...]:
+    """--cp-algos: "all" or a comma-separated list of parallel.context_parallel_algo values."""
+    from megatron.config.context_parallel import ALGOS
+    values = ALGOS if text.strip() == "all" else tuple(
+        v.strip() for v in text.split(",") if v.strip())
+    if not values or any(v not in ALGOS for v in values):
+        raise ConfigError("--cp-algos", text, f"all or values among {ALGOS}")
+    return values

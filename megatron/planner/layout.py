@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.config import ModelConfig, schedules
+from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
 from megatron.config.validate import layout_error, schedule_error
@@ -21,6 +21,9 @@ class Job:
     # The config's validated `deepspeed:` section (Config.deepspeed): the bucket, overlap and
     # communication settings the trainer will merge into deepspeed.json (zero_settings.py).
     deepspeed: Dict[str, Any] = field(default_factory=dict)
+    # The gradient buffers' and reduction's dtype when the user fixes it (grad_dtype.py:
+    # Megatron's --grad-reduce-in-bf16); None: each engine's default.
+    grad_dtype: Optional[str] = None
 
     @property
     def seq(self) -> int:
@@ -50,6 +53,33 @@ class Layout:
     # of a group holds s/cp of every sample; attention exchanges heads for the sequence. The
     # dp ranks are data-parallel replicas of cp-rank groups: world = tp x cp x dp x pp.
     cp: int = 1
+    # Transformer layers on the first and on the last stage when the user fixes them
+    # (Megatron-LM's --decoder-first/last-pipeline-num-layers, which recipes lower to make
+    # room for the embedding and the logits); the other stages share the rest evenly. None:
+    # the even split (stage_layers). A comparison option: this trainer's DeepSpeed pipeline
+    # partitions uniformly or by parameters (parallel.pipeline_partition_method).
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    # parallel.expert_parallel_size (docs/moe.md): each rank holds num_experts / ep experts,
+    # the ep ranks consecutive data-parallel ranks; expert states are partitioned over the
+    # expert-data-parallel group of dp x cp / ep ranks.
+    ep: int = 1
+    # parallel.context_parallel_algo and ulysses_degree (docs/context_parallel.md): how the cp
+    # ranks split attention: ulysses (heads), ring / allgather (key/value blocks travel or are
+    # gathered), hybrid (Ulysses inside groups of ulysses_degree ranks x ring across them).
+    cp_algo: str = context_parallel.DEFAULT
+    ulysses_degree: int = 0
+
+    @property
+    def cp_parts(self) -> Tuple[int, int]:
+        """(U, R): ranks exchanging heads (Ulysses) and ranks the key/values travel over."""
+        if self.cp == 1:
+            return 1, 1
+        return context_parallel.degrees(self.cp_algo, self.cp, self.ulysses_degree)
+
+    @property
+    def uneven(self) -> bool:
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
 
     @property
     def world(self) -> int:
@@ -75,7 +105,15 @@ class Layout:
                 f"{'-sp' if self.sequence_parallel else ''}"
                 f"{f'-v{self.interleave}' if self.interleave > 1 else ''}"
                 f"{f'-{self.schedule}' if self.schedule != schedules.DEFAULT else ''}"
-                f"{f'-cp{self.cp}' if self.cp > 1 else ''}")
+                f"{f'-cp{self.cp}' if self.cp > 1 else ''}"
+                f"{f'-first{self.first_stage_layers}' if self.first_stage_layers else ''}"
+                f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}"
+                f"{f'-ep{self.ep}' if self.ep > 1 else ''}"
+                f"{f'-{self.cp_label()}' if self.cp > 1 and self.cp_algo != 'ulysses' else ''}")
+
+    def cp_label(self) -> str:
+        """The context-parallel algorithm, with its Ulysses degree under hybrid ("hybrid2")."""
+        return f"hybrid{self.ulysses_degree}" if self.cp_algo == "hybrid" else self.cp_algo
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,7 +132,8 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
     error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
-                         cp=lay.cp)
+                         cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
+                         ulysses_degree=lay.ulysses_degree)
     if error is not None:
         return str(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
@@ -102,7 +141,23 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return "sequence parallelism needs TP > 1"
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
-    return schedule_problem(lay) or interleave_problem(m.num_layers, lay)
+    return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
+            or uneven_problem(m.num_layers, lay) or expert_problem(job, lay))
+
+
+def expert_problem(job: Job, lay: Layout) -> Optional[str]:
+    """What config/validate.check_experts adds to moe_error for a layout: EP among the
+    data-parallel ranks, no full recompute (a recomputed layer loses its router's auxiliary
+    losses), ZeRO 1-2 for a 16-bit model at EP > 1 (ZeRO-0's norm over split experts)."""
+    if not job.model.num_experts:
+        return None
+    if lay.ep < 1 or lay.dp % lay.ep:
+        return f"expert parallel {lay.ep} does not divide DP {lay.dp}"
+    if lay.recompute == "full":
+        return "full recompute with experts (the router's auxiliary losses would be lost)"
+    if lay.ep > 1 and lay.zero == 0 and job.precision != "fp32":
+        return f"ZeRO-0 with expert parallel {lay.ep} in {job.precision} (a wrong grad norm)"
+    return None
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:
@@ -138,6 +193,39 @@ def stage_layers(num_layers: int, pp: int) -> List[int]:
     (DeepSpeed's partition_uniform)."""
     base, extra = divmod(num_layers, pp)
     return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
+    """Megatron-LM's rule for set first/last stage layer counts: PP > 1, at least one layer
+    each, the rest split evenly (at least one layer) over the stages in between; not with the
+    interleaved schedule (its chunks are equal)."""
+    if not lay.uneven:
+        return None
+    fixed = [v for v in (lay.first_stage_layers, lay.last_stage_layers) if v is not None]
+    middle, rest = lay.pp - len(fixed), num_layers - sum(fixed)
+    if lay.pp < 2 or min(fixed) < 1 or lay.interleave > 1:
+        return ("first/last stage layers need PP > 1, at least 1 layer each and no interleaving "
+                f"(got PP {lay.pp}, {fixed}, interleave {lay.interleave})")
+    if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
+        return (f"first/last stage layers {fixed} leave {rest} of the {num_layers} layers for "
+                f"{middle} other stage(s): not an even split of at least one layer each")
+    return None
+
+
+def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
+    """Transformer layers per stage of `lay`: the set first/last counts (uneven_problem checked
+    them), the rest even; else stage_layers."""
+    if not lay.uneven:
+        return stage_layers(num_layers, lay.pp)
+    first, last = lay.first_stage_layers, lay.last_stage_layers
+    middle = lay.pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    counts = [rest // middle if middle else 0] * lay.pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
 
 
 def check_layout(job: Job, lay: Layout) -> None:

@@ -21,7 +21,8 @@ from megatron.planner.search import (Candidate, SearchSpace, enumerate_layouts, 
                                      rank_key)
 
 LEAST_MEMORY = SearchSpace(micro_batch=(1,), zero=(1, 2, 3), recompute=("full",), flash=(True,),
-                           schedules=(ONE_F_ONE_B.name,), cp=None)
+                           schedules=(ONE_F_ONE_B.name,), cp=None,
+                           cp_algos=("ulysses", "ring", "allgather", "hybrid"))
 MAX_SEQ = 1 << 22
 
 

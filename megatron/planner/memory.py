@@ -34,6 +34,7 @@ The other engines the planner prices for comparison (overlap.FRAMEWORKS) hold ot
   the whole bf16 model gathered from the forward to the end of the backward. No pipelining."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -41,10 +42,12 @@ from megatron.config import schedules
 from megatron.config.errors import InputError
 from megatron.base.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act
-from megatron.planner.layout import Job, Layout
+from megatron.planner import activations as act, experts
+from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
+from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import MEGATRON
-from megatron.planner.params import StageParams, all_stage_params, padded_vocab, stage_params
+from megatron.planner.params import (StageParams, all_stage_params, expert_params, padded_vocab,
+                                     stage_params)
 from megatron.planner.profile import Constants
 from megatron.planner.zero_settings import bucket_buffers, comm_bytes, profile_settings
 
@@ -59,6 +62,8 @@ class StateBytes:
     step_transient: float   # what the optimizer step adds (flattened fp32 gradient partition)
     bucket: float           # DeepSpeed's contiguous gradient bucket
     bucket_in_backward: bool
+    # the gradients ZeRO-1 keeps at the step (its partitions); None: grads / (dp x cp)
+    grads_partition: Optional[float] = None
 
 
 def zero3_gathered_elems(n: int, layer_params: int,
@@ -200,27 +205,59 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
     per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab) if schedule.split_backward
              else 0.0)
+    moe_layers = experts.stage_moe_layers(m, lay, stage) if m.num_experts else 0
+    if moe_layers:
+        per_mb += moe_layers * experts.stored_delta(m, lay, prec)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
     working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
+    if moe_layers:
+        working += experts.working_delta(m, lay, prec)
     if last:
         working += act.logits_bytes(m, lay, vocab, prec) + act.boundary_bytes(m, lay, prec)
     return stored * c.act_scale, working * c.act_scale
 
 
 def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
-                 device: Optional[str] = None, framework: str = "deepspeed") -> StateBytes:
+                 device: Optional[str] = None, framework: str = "deepspeed",
+                 stage: int = 0) -> StateBytes:
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
-    states for framework megatron-lm, megatron-core or fsdp."""
-    problem = engine_problem(framework, lay.zero, lay.pp)
+    states for framework megatron-lm, megatron-core or fsdp; `sp` is pipeline stage `stage`'s."""
+    problem = (engine_problem(framework, lay.zero, lay.pp)
+               or grad_dtype_problem(job.grad_dtype, job.precision))
     if problem:
         raise InputError(problem)
+    n_exp = expert_stage_params(job, lay, stage) if job.model.num_experts else 0
+    if not n_exp:
+        return _engine_states(job, lay, sp, c, device, framework, lay.zero_dp)
+    # experts' states partition over the expert-data-parallel group, the rest over dp x cp
+    edp = lay.zero_dp // lay.ep
+    dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
+    a = _engine_states(job, lay, dense, c, device, framework, lay.zero_dp)
+    b = _engine_states(job, lay, StageParams(sp.layers, n_exp, 0, 0, 0, 0), c, device,
+                       framework, edp)
+    return StateBytes(a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
+                      a.step_transient + b.step_transient, a.bucket, a.bucket_in_backward,
+                      a.grads / lay.zero_dp + b.grads / edp)
+
+
+def expert_stage_params(job: Job, lay: Layout, stage: int) -> int:
+    """Expert parameters one rank of pipeline stage `stage` holds (params.expert_params)."""
+    counts = layout_stage_layers(job.model.num_layers, lay)
+    return expert_params(job.model, sum(counts[:stage]), counts[stage], lay.ep)
+
+
+def _engine_states(job: Job, lay: Layout, sp: StageParams, c: Constants, device, framework,
+                   dp: int) -> StateBytes:
+    """The engine's states for the parameters sp (a stage's, or its dense or expert share)
+    partitioned over dp ranks."""
     if framework in MEGATRON:
-        return megatron_state_bytes(sp.total, job.precision, lay.zero, lay.zero_dp)
+        return megatron_state_bytes(sp.total, megatron_precision(job.precision, job.grad_dtype),
+                                    lay.zero, dp)
     if framework == "fsdp":
-        return fsdp_state_bytes(sp, job.precision, lay.zero, lay.zero_dp)
+        return fsdp_state_bytes(sp, job.precision, lay.zero, dp)
     ds = profile_settings(job, lay, c, device)
-    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, lay.zero_dp,
+    return state_bytes(sp.total, sp.max_layer, job.precision, lay.zero, lay.pp, dp,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
                        buffers=bucket_buffers(ds, lay.zero),
                        bucket_dtype_bytes=comm_bytes(ds, act.act_bytes(job.precision)),
@@ -229,7 +266,7 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
 
 def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,
                  device: Optional[str] = None, framework: str = "deepspeed") -> StageMemory:
-    states = stage_states(job, lay, sp, c, device, framework)
+    states = stage_states(job, lay, sp, c, device, framework, stage)
     stored, working = _stage_activations(job, lay, sp, stage, c)
     base = states.weights + states.optimizer + c.fixed_gb * GIB
     backward = base + states.grads + stored + working
@@ -238,7 +275,9 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
     # At the step ZeRO-1 frees the gradients outside this rank's partition first; Megatron's
     # distributed optimizer keeps its whole grad buffer (the parameter all-gather reuses it).
     freed = lay.zero == 1 and framework == "deepspeed"
-    step_grads = states.grads / lay.zero_dp if freed else states.grads
+    kept = (states.grads_partition if states.grads_partition is not None
+            else states.grads / lay.zero_dp)
+    step_grads = kept if freed else states.grads
     step = base + step_grads + states.step_transient + states.bucket
     peak = max(backward, step)
     reserved = peak * (1 + c.frag) + c.framework_gb * GIB
@@ -248,7 +287,8 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
 
 def memory_per_stage(job: Job, lay: Layout, c: Constants, device: Optional[str] = None,
                      framework: str = "deepspeed") -> List[StageMemory]:
-    params = all_stage_params(job.model, lay.tp, lay.pp)
+    params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep,
+                              counts=layout_stage_layers(job.model.num_layers, lay))
     return [stage_memory(job, lay, sp, i, c, device, framework) for i, sp in enumerate(params)]
 
 
@@ -257,9 +297,11 @@ def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = Non
     """The stage with the highest peak: the one that decides whether a layout fits. Only the
     ends can be it: stage 0 has the most layers (uniform split), the most micro-batches in
     flight and the embedding; the last stage has the logits and the output layer; and any the
-    schedule's record names (Schedule.peak_stages: under zbh1 a later stage's pending W)."""
+    schedule's record names (Schedule.peak_stages: under zbh1 a later stage's pending W).
+    With set first/last stage layers (Layout.uneven) a middle stage can be it: all are priced."""
     peak_stages = schedules.get(lay.schedule).peak_stages(lay.pipe, job.model.num_layers)
-    ends = sorted({0, lay.pp - 1, *peak_stages})
-    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i), i, c, device,
-                           framework) for i in ends]
+    ends = range(lay.pp) if lay.uneven else sorted({0, lay.pp - 1, *peak_stages})
+    counts = layout_stage_layers(job.model.num_layers, lay)
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i, lay.ep, counts),
+                           i, c, device, framework) for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

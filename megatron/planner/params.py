@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List
+from typing import List, Optional, Sequence
 
 from megatron.config import ModelConfig, moe, variants
 from megatron.config.model_math import padded_vocab_size
@@ -73,6 +73,13 @@ def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,
     return sum(layer_params(m, tp, i, ep, active) for i in range(first, first + count))
 
 
+def expert_params(m: ModelConfig, first: int, count: int, ep: int = 1) -> int:
+    """Expert parameters one rank holds in layers [first, first + count): num_experts / ep
+    whole experts of each MoE layer (the router is not an expert: it is replicated)."""
+    per_layer = m.num_experts // ep * _mlp(m, moe.expert_ffn(m), 1) if m.num_experts else 0
+    return per_layer * sum(moe.is_moe_layer(m, i) for i in range(first, first + count))
+
+
 def layer_params_full(m: ModelConfig) -> int:
     return layer_params(m, 1)
 
@@ -96,10 +103,12 @@ class StageParams:
         return self.transformer // self.layers if self.layers else 0
 
 
-def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1) -> StageParams:
+def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1,
+                 counts: Optional[Sequence[int]] = None) -> StageParams:
     """Parameters held by each TP rank of pipeline stage `stage` (0-based); ep: the
-    expert-parallel size (parallel.expert_parallel_size)."""
-    counts = stage_layers(m.num_layers, pp)
+    expert-parallel size (parallel.expert_parallel_size); counts: layers per stage (default
+    the even split, layout.stage_layers)."""
+    counts = list(counts) if counts is not None else stage_layers(m.num_layers, pp)
     layers = counts[stage]
     first, last = stage == 0, stage == pp - 1
     embed = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp) * m.hidden_size // tp
@@ -114,8 +123,9 @@ def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1) -> S
                        output_layer=output, final_norm=_norm(m) if last else 0)
 
 
-def all_stage_params(m: ModelConfig, tp: int, pp: int) -> List[StageParams]:
-    return [stage_params(m, tp, pp, s) for s in range(pp)]
+def all_stage_params(m: ModelConfig, tp: int, pp: int, ep: int = 1,
+                     counts: Optional[Sequence[int]] = None) -> List[StageParams]:
+    return [stage_params(m, tp, pp, s, ep, counts) for s in range(pp)]
 
 
 def model_params(m: ModelConfig, active: bool = False) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from megatron.config import schedules
 from megatron.config.errors import InputError
@@ -37,6 +37,15 @@ class SearchSpace:
     # exchanges over the NICs, priced so). The library's default leaves it out (what
     # calibration and validation enumerate); megatron-plan search and longest explore it.
     cp: Optional[Sequence[int]] = (1,)
+    # Expert-parallel sizes (parallel.expert_parallel_size) for a MoE model; None: every
+    # divisor of num_experts that divides DP (a dense model: 1 only).
+    ep: Optional[Sequence[int]] = (1,)
+    # parallel.context_parallel_algo values tried where CP > 1 (hybrid with every Ulysses
+    # degree it allows); the library's default prices Ulysses only.
+    cp_algos: Sequence[str] = ("ulysses",)
+    # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, a comparison:
+    # this trainer runs plain 1F1B, INTERLEAVED_UNAVAILABLE); the default prices plain only.
+    interleave: Sequence[int] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -111,7 +120,44 @@ def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
         return [c for c in space.cp if c >= 1 and rest % c == 0]
     m = job.model
     heads = m.num_attention_heads // tp
-    return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
+    if tuple(space.cp_algos) == ("ulysses",):
+        return [c for c in _divisors(heads) if rest % c == 0 and m.seq_length % c == 0]
+    # the ring part has no head cap: every degree that splits the sequence in 2C chunks
+    return [c for c in _divisors(rest) if m.seq_length % c == 0 and
+            (heads % c == 0 or m.seq_length % (2 * c) == 0)]
+
+
+def _cp_variants(cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
+    """(context_parallel_algo, ulysses_degree) pairs to try at CP degree cp."""
+    if cp == 1:
+        return [("ulysses", 0)]
+    out = []
+    for algo in space.cp_algos:
+        if algo == "hybrid":
+            out += [("hybrid", u) for u in _divisors(cp) if 2 <= u <= cp // 2]
+        else:
+            out.append((algo, 0))
+    return out
+
+
+def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
+    """Expert-parallel sizes to try: the space's, else every divisor of num_experts dividing
+    DP (1 for a dense model)."""
+    if not job.model.num_experts:
+        return [1]
+    if space.ep is not None:
+        return [e for e in space.ep if dp % e == 0 and job.model.num_experts % e == 0]
+    return [e for e in _divisors(job.model.num_experts) if dp % e == 0]
+
+
+def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
+    """(schedule, chunks per stage) pairs to try: one stage runs the default, plainly; else
+    the space's schedules, each with the chunk counts its record's rule accepts (zbh1 with CP
+    or interleaved is refused, as the trainer and Megatron-LM refuse them)."""
+    if pp == 1:
+        return [(schedules.DEFAULT, 1)]
+    return [(name, v) for name in space.schedules for v in space.interleave
+            if v >= 1 and not schedules.get(name).rule(pp, cp, v)]
 
 
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
@@ -130,11 +176,12 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                     for sp in space.sequence_parallel:
                         if sp and tp == 1:
                             continue
-                        for schedule in (space.schedules if pp > 1 else (schedules.DEFAULT,)):
-                            if schedules.get(schedule).rule(pp, cp, 1):
-                                continue  # the trainer refuses it (zbh1 with CP)
-                            yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp,
-                                         schedule=schedule, cp=cp)
+                        for schedule, v in _schedule_variants(pp, cp, space):
+                            for ep in _ep_sizes(job, dp, space):
+                                for algo, u in _cp_variants(cp, space):
+                                    yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
+                                                 schedule, cp=cp, ep=ep, cp_algo=algo,
+                                                 ulysses_degree=u)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -155,7 +202,8 @@ def rank_key(c: Candidate):
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            schedules.names().index(lay.schedule), lay.cp)
+            schedules.names().index(lay.schedule), lay.interleave, lay.cp, lay.ep,
+            ("ulysses", "allgather", "ring", "hybrid").index(lay.cp_algo), lay.ulysses_degree)
 
 
 def search(job: Job, nodes: int, prof: Profile,

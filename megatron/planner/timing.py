@@ -35,7 +35,6 @@ over dp x cp."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -43,42 +42,17 @@ import numpy as np
 
 from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act
+from megatron.planner import activations as act, cp_timing, experts
+from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
+    ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, STEP, dot, gemm_seconds, theta)
 from megatron.planner.flops import hardware_flops, model_flops
+from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
-from megatron.planner.layout import Job, Layout, stage_layers
+from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
-from megatron.planner.profile import Constants, Profile, shape_curve
+from megatron.planner.profile import Profile
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
-
-# comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
-# pipe_engine: seconds of the micro-batch slots run by DeepSpeed's pipeline engine (PP > 1),
-# which theta scales by the share that engine adds (Constants.pipe_engine_share)
-FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
-            "latency_inter", "pipe_engine")
-GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
-
-
-def dot(a, b) -> float:
-    """a . b rounded once (math.fsum over the exact products). numpy's `@` calls BLAS, whose
-    summation order follows the CPU's SIMD kernel (OpenBLAS picks Haswell, SkylakeX, Zen...), so
-    the same prediction differed in its last bit between machines; this is the same on all."""
-    return math.fsum((np.asarray(a, dtype=float) * np.asarray(b, dtype=float)).tolist())
-
-
-def theta(c: Constants) -> np.ndarray:
-    return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
-                     c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
-                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_engine_share])
-
-
-def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:
-    """One GEMM at peak, slowed by the share of the device small dimensions leave idle
-    (profile.shape_curve); gemm_eff, applied through theta, scales it to the device's best."""
-    mm, nn, kk = dims
-    return 2 * mm * nn * kk / (peak * shape_curve(dims, half))
-
 
 class _Ctx:
     """Per-layout quantities the feature functions share."""
@@ -91,8 +65,9 @@ class _Ctx:
         self.e = act.act_bytes(job.precision)
         self.tokens = act.local_tokens(self.m, lay)
         self.tp_link = prof.spec.link(lay.tp, 1)
-        # the context-parallel group: C ranks spaced tp apart (state.py: pp, dp, cp, tp)
-        self.cp_link = prof.spec.link(lay.cp, lay.tp)
+        # the Ulysses group: U ranks spaced tp apart (state.py: pp, dp, cp, tp; U = C but under
+        # hybrid, whose ring crosses the groups: cp_timing.py)
+        self.cp_link = prof.spec.link(lay.cp_parts[0], lay.tp)
         self.vocab = padded_vocab(self.m.vocab_size, self.m.make_vocab_size_divisible_by, lay.tp)
         # overlap_comm, bucket and communication dtype as the trainer will run this layout
         self.ds = profile_settings(job, lay, prof.constants)
@@ -172,7 +147,7 @@ def ulysses_features(x: _Ctx) -> np.ndarray:
     """The forward's two all-to-alls: each rank keeps 1/C of its tensor and sends the rest,
     bus bytes (C - 1)/C of it (nccl-tests' alltoall convention)."""
     f = np.zeros(len(FEATURES))
-    c = x.lay.cp
+    c = x.lay.cp_parts[0]
     if c > 1:
         for nbytes in ulysses_bytes(x):
             x.collective(f, (c - 1) / c * nbytes, x.cp_link)
@@ -188,6 +163,8 @@ def layer_features(x: _Ctx) -> np.ndarray:
     recompute replays the attention."""
     fwd, core, tp = _layer_forward(x)
     a2a = ulysses_features(x)
+    if x.lay.cp_parts[1] > 1:  # ring, allgather, hybrid: the key/value exchange
+        a2a = a2a + cp_timing.kv_exchange_features(x, core)
     tp_fwd, tp_bwd = _exposed_tp(x, tp)
     total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
@@ -212,6 +189,8 @@ def boundary_send_bytes(x: _Ctx, whole: float) -> float:
 def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     """One micro-batch through one stage: its layers, embedding or logits, pipeline sends."""
     f = layers * layer_features(x)
+    if x.m.num_experts:
+        f += experts.stage_delta_features(x, layers)
     tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
     if first:
         f[MEM] += 3 * tok * h * x.e / x.hbm
@@ -296,8 +275,9 @@ def grad_wire_bytes(x: _Ctx, kind: str) -> float:
     reduces a bf16 model's gradients in fp32 by default (accumulate_allreduce_grads_in_fp32,
     which memory.megatron_state_bytes holds), but priced at 4 bytes its Megatron Core runs come
     out up to 20% slow (mc-32b), which they were not: docs/planner.md, "Memory by engine"
-    (benchmarks/planner_rank_sensitivity.py prices that variant)."""
-    return comm_bytes(x.ds, 4 if kind == "torch" else x.e)
+    (benchmarks/planner_rank_sensitivity.py prices that variant). Job.grad_dtype overrides.
+    """
+    return wire_bytes(x.job.grad_dtype, comm_bytes(x.ds, 4 if kind == "torch" else x.e))
 
 
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
@@ -346,7 +326,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
 def _stage_kinds(m, lay) -> List[Tuple[int, bool, bool, int]]:
     """(layers, first, last, count) for each distinct stage."""
     counts = {}
-    for i, layers in enumerate(stage_layers(m.num_layers, lay.pp)):
+    for i, layers in enumerate(layout_stage_layers(m.num_layers, lay)):
         key = (layers, i == 0, i == lay.pp - 1)
         counts[key] = counts.get(key, 0) + 1
     return [k + (n,) for k, n in counts.items()]
@@ -360,17 +340,18 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     weights = [weight_grad_features(x, layers, first, last) for layers, first, last, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
-    params = all_stage_params(job.model, lay.tp, lay.pp)
-    ends = sorted({0, lay.pp - 1})
-    # the first and last stage's own per-micro-batch features, for their backward windows
+    layers_of = layout_stage_layers(job.model.num_layers, lay)
+    params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep, counts=layers_of)
+    # the ends reduce the most, unless set first/last layer counts leave a middle stage more
+    ends = sorted({0, lay.pp - 1, *([1] if lay.uneven and lay.pp > 2 else [])})
+    # each priced stage's own per-micro-batch features, for its backward window
     ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
                       if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
-    layers_of = stage_layers(job.model.num_layers, lay.pp)
-    reductions = [reduction_features(x, params[i], True, backward_window(x, ends_f[i]),
-                                     layers_of[i]) for i in ends]
+    reduce_of = experts.reducer(reduction_features, job.model)
+    reductions = [reduce_of(x, params[i], i in (0, lay.pp - 1), backward_window(x, ends_f[i]),
+                            layers_of[i]) for i in ends]
     reduce = max(reductions, key=lambda f: dot(th, f))
-    step = np.zeros(len(FEATURES))
-    step[STEP] = 1
+    step = np.eye(len(FEATURES))[STEP]
     parts = {"pipeline": pipe, "reduce": reduce, "step": step, "slowest": stages[slowest][0],
              "slowest_w": weights[slowest]}
     return pipe + reduce + step, parts

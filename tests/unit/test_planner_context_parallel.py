@@ -245,8 +245,10 @@ def test_longest_cli_without_context_parallelism(capsys):
 
 
 @pytest.mark.parametrize("algo", ["ring", "allgather", "hybrid"])
-def test_the_planner_refuses_to_price_ring_allgather_and_hybrid_as_ulysses(capsys, tmp_path,
-                                                                           algo):
+def test_the_planner_prices_ring_allgather_and_hybrid_and_startup_leaves_them(capsys, tmp_path,
+                                                                              algo):
+    """megatron-plan memory prices the config's algorithm (test_planner_ring_cp.py holds the
+    terms); the start-up memory check, not yet measured against, leaves it unjudged."""
     from megatron.planner import fit
     sets = ["parallel.context_parallel_size=4", f"parallel.context_parallel_algo={algo}"]
     sets += ["parallel.ulysses_degree=2"] if algo == "hybrid" else []
@@ -256,4 +258,5 @@ def test_the_planner_refuses_to_price_ring_allgather_and_hybrid_as_ulysses(capsy
     code = main(["memory", "--config", os.path.join(ROOT, "examples", "local", "tiny.yaml"),
                  "--cluster", "a100", "--nodes", "1"]
                 + [f"--set={s}" for s in sets])
-    assert code != 0 and "parallel.context_parallel_algo" in capsys.readouterr().err
+    label = {"hybrid": "hybrid2"}.get(algo, algo)
+    assert code == 0 and f"-cp4-{label} (from" in capsys.readouterr().out

@@ -1,0 +1,120 @@
+"""Mixture of experts in the memory and time models (docs/moe.md; docs/planner.md "Mixture of
+experts").
+
+A MoE layer (config/moe.py) replaces the dense MLP by a router (h -> E, replicated, fp32) and
+E experts of width moe_ffn_hidden_size, E / EP on each rank (Layout.ep). Per MoE layer and
+micro-batch, with T = the rank's tokens and k = moe_top_k:
+- stored for backward: the dense MLP's terms are replaced by k T rows of the expert MLP (its
+  input, as dispatched, and fc1/activation outputs: k T (h + f_e (fc1_factor + 1)) elements)
+  plus the router's fp32 logits and probabilities (2 x 4 T E bytes);
+- compute: each rank receives, balanced, k T assignments spread over its E / EP experts (k T EP
+  / E rows each), plus the router GEMM [T, h] x [h, E]; forward + backward = 3 forwards;
+- communication: dispatch and combine, forward and backward: four all-to-alls of k T h
+  activation bytes each, bus bytes (EP - 1)/EP of it, over the link of EP data-parallel ranks
+  spaced tp x cp apart (inside a node or across nodes, hardware.ClusterSpec.link), plus the
+  permutations' copies (read and write, twice each way) in HBM.
+Parameters and states: params.expert_params counts the E / EP experts a rank holds;
+memory.stage_states partitions their optimizer states over the expert-data-parallel group
+(dp x cp / EP ranks) and the dense parameters' over dp x cp; split_reduction reduces their
+gradients over that group too."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+
+import numpy as np
+
+from megatron.config import moe
+from megatron.planner import activations as act
+from megatron.planner.features import FEATURES, GEMM, MEM, gemm_seconds
+from megatron.planner.layout import Layout, layout_stage_layers
+from megatron.planner.params import StageParams, expert_params
+
+
+def stage_moe_layers(m, lay: Layout, stage: int) -> int:
+    """MoE layers among the transformer layers of pipeline stage `stage`."""
+    counts = layout_stage_layers(m.num_layers, lay)
+    first = sum(counts[:stage])
+    return sum(moe.is_moe_layer(m, i) for i in range(first, first + counts[stage]))
+
+
+def stored_delta(m, lay: Layout, precision: str) -> float:
+    """Bytes a MoE layer stores per micro-batch beyond the dense layer act.layer_stored_bytes
+    counts (negative where the experts keep less than the dense MLP would)."""
+    if not m.num_experts or lay.recompute == "full":
+        return 0.0
+    e, sb, k, fc1 = act.act_bytes(precision), act.local_tokens(m, lay), m.moe_top_k, \
+        act.fc1_factor(m)
+    dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
+    experts = k * sb * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
+    return experts + 2 * 4 * sb * m.num_experts - dense
+
+
+def working_delta(m, lay: Layout, precision: str) -> float:
+    """What a MoE layer's backward adds to act.layer_working_bytes: the activation gradients
+    of k T rows of fc1's output where they are wider than the dense layer's widest."""
+    if not m.num_experts:
+        return 0.0
+    e, sb = act.act_bytes(precision), act.local_tokens(m, lay)
+    dense = max(m.hidden_size, act.fc1_factor(m) * m.ffn_hidden_size // lay.tp)
+    wide = m.moe_top_k * act.fc1_factor(m) * moe.expert_ffn(m)
+    return 2 * sb * max(0, wide - dense) * e
+
+
+def all_to_all_bytes(x) -> float:
+    """Bytes one rank hands one dispatch (or combine) all-to-all: k T rows of h."""
+    return x.tokens * x.m.moe_top_k * x.m.hidden_size * x.e
+
+
+def layer_delta_features(x) -> np.ndarray:
+    """One MoE layer's step-time features beyond a dense layer's (x: timing._Ctx): the experts'
+    and router's GEMMs in place of the dense MLP's, forward and backward; the four all-to-alls
+    and the permutation copies."""
+    m, lay, tok = x.m, x.lay, x.tokens
+    out = np.zeros(len(FEATURES))
+    fc1, f, h = act.fc1_factor(m), m.ffn_hidden_size, m.hidden_size
+    peak, half = x.peak, x.c.gemm_half_dim
+    dense = (gemm_seconds((tok, fc1 * f / lay.tp, h), peak, half)
+             + gemm_seconds((tok, h, f / lay.tp), peak, half))
+    rows, fe = tok * m.moe_top_k * lay.ep / m.num_experts, moe.expert_ffn(m)
+    experts = m.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
+                                         + gemm_seconds((rows, h, fe), peak, half))
+    router = gemm_seconds((tok, m.num_experts, h), peak, half)
+    out[GEMM] = 3 * (experts + router - dense)
+    out[MEM] = 3 * 4 * all_to_all_bytes(x) / x.hbm
+    if lay.ep > 1:
+        link = x.spec.link(lay.ep, lay.tp * lay.cp)
+        x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x), link, calls=4)
+    return out
+
+
+def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: float = 0.0,
+                    layers: int = 1) -> np.ndarray:
+    """timing.reduction_features (`reduce`) for a stage holding experts: its dense parameters
+    reduced and stepped over dp x cp, its experts over the expert-data-parallel group of
+    dp x cp / EP ranks, which are spaced tp x cp x EP apart (priced through a layout of that
+    group: dp / EP replicas of tp x EP ranks). Exact at PP 1, the only pipeline the trainer
+    runs experts with (elsewhere the experts are the stage's share of the model's)."""
+    m, lay = x.m, x.lay
+    n_exp = expert_params(m, 0, m.num_layers, lay.ep) * sp.layers // m.num_layers
+    dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
+    edp = copy.copy(x)
+    edp.lay = dataclasses.replace(lay, dp=lay.dp // lay.ep, tp=lay.tp * lay.ep)
+    return (reduce(x, dense, first_or_last, window_s, layers)
+            + reduce(edp, StageParams(sp.layers, n_exp, 0, 0, 0, 0), False, window_s, layers))
+
+
+def reducer(reduce, m):
+    """timing.reduction_features (`reduce`) as a stage of model m runs it: split_reduction's
+    for a model with experts."""
+    return functools.partial(split_reduction, reduce) if m.num_experts else reduce
+
+
+def stage_delta_features(x, layers: int) -> np.ndarray:
+    """layer_delta_features for the MoE layers among a stage's `layers` (their share of the
+    model's: exact at PP 1, the only pipeline the trainer runs experts with)."""
+    m = x.m
+    if not m.num_experts or not layers:
+        return np.zeros(len(FEATURES))
+    return moe.moe_layers(m) * layers / m.num_layers * layer_delta_features(x)

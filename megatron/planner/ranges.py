@@ -1,0 +1,140 @@
+"""A predicted range, not only a point: the step time over the settings a prediction rests on
+that the user did not fix (docs/planner.md, "Ranges").
+
+Three settings, each varied over the values it can plausibly take, the others at the point:
+- micro_batch: when not given, every micro-batch of MICRO_BATCHES that divides the batch per
+  replica and fits the device memory (the point keeps the one given or defaulted);
+- overlap: the engine's overlap assumption (overlap.py): at one end every gradient reduction
+  hidden as far as its backward window allows (Constants.dp_overlap = 1), at the other nothing
+  of it hidden (DeepSpeed without overlap_comm; Megatron Core's overlaps off, i.e. megatron-lm);
+- interconnect: the links' efficiency +-INTERCONNECT (comm_eff and inter_comm_eff).
+The range is the least and the largest step time over every combination of those values; the
+setting that moves it most is the one whose own swing (the others at the point) is widest."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from megatron.config.errors import InputError
+from megatron.planner.layout import Job, Layout, layout_problem
+from megatron.planner.memory import GIB, peak_memory
+from megatron.planner.profile import Profile
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+INTERCONNECT = 0.15
+SETTINGS = ("micro_batch", "overlap", "interconnect")
+Variant = Tuple[Job, Layout, Profile]
+
+
+@dataclass(frozen=True)
+class Range:
+    point_s: float
+    low_s: float
+    high_s: float
+    swings: Dict[str, Tuple[float, float]]   # setting -> (least, largest) step, others at point
+
+    @property
+    def width(self) -> float:
+        """(high - low) / point."""
+        return (self.high_s - self.low_s) / self.point_s
+
+    @property
+    def widest(self) -> str:
+        return max(self.swings, key=lambda k: self.swings[k][1] - self.swings[k][0])
+
+    def contains(self, step_s: float) -> bool:
+        return self.low_s <= step_s <= self.high_s
+
+    def describe(self) -> str:
+        lo, hi = self.swings[self.widest]
+        down, up = self.low_s / self.point_s - 1, self.high_s / self.point_s - 1
+        return (f"range {self.low_s:.3g}-{self.high_s:.3g} s ({100 * down:+.1f}%/{100 * up:+.1f}%)"
+                f" over {', '.join(self.swings)}; moved most by {self.widest} "
+                f"({lo:.3g}-{hi:.3g} s)")
+
+
+def micro_batch_layouts(job: Job, lay: Layout, prof: Profile) -> List[Layout]:
+    """The layout at every micro-batch of MICRO_BATCHES that divides the batch per replica,
+    the trainer accepts and fits the device memory; always the layout itself."""
+    out = [lay]
+    per_replica = job.global_batch // lay.dp
+    for mb in MICRO_BATCHES:
+        if mb == lay.micro_batch or per_replica % mb:
+            continue
+        other = dataclasses.replace(lay, micro_batch=mb, grad_accum=per_replica // mb)
+        if layout_problem(job, other):
+            continue
+        try:
+            mem = peak_memory(job, other, prof.constants, framework=prof.spec.framework)
+        except InputError:
+            continue
+        if mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB:
+            out.append(other)
+    return out
+
+
+def memory_range(job: Job, lay: Layout, prof: Profile) -> Tuple[float, float, List[int]]:
+    """(least, largest) reserved bytes of the busiest stage over the micro-batches that fit
+    (micro_batch_layouts), and those micro-batches: what an open micro-batch does to memory."""
+    lays = micro_batch_layouts(job, lay, prof)
+    reserved = [peak_memory(job, lo, prof.constants, framework=prof.spec.framework)
+                .reserved_bytes for lo in lays]
+    return min(reserved), max(reserved), sorted(lo.micro_batch for lo in lays)
+
+
+def overlap_variants(job: Job, prof: Profile) -> List[Tuple[Job, Profile]]:
+    """The point, everything hidden the windows allow, and nothing of the reduction hidden."""
+    hidden = dataclasses.replace(prof, constants=prof.constants.replace(dp_overlap=1.0))
+    out = [(job, prof), (job, hidden)]
+    if prof.spec.framework == "deepspeed":
+        ds = dict(job.deepspeed)
+        ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "overlap_comm": False}
+        out.append((dataclasses.replace(job, deepspeed=ds), prof))
+    elif prof.spec.framework == "megatron-core":
+        spec = dataclasses.replace(prof.spec, framework="megatron-lm")
+        out.append((job, dataclasses.replace(prof, spec=spec)))
+    return out
+
+
+def interconnect_profiles(prof: Profile) -> List[Profile]:
+    c = prof.constants
+    return [prof] + [dataclasses.replace(prof, constants=c.replace(
+        comm_eff=c.comm_eff * k, inter_comm_eff=c.inter_comm_eff * k))
+        for k in (1 - INTERCONNECT, 1 + INTERCONNECT)]
+
+
+def _axes(job: Job, lay: Layout, prof: Profile, free_micro_batch: bool) -> Dict[str, list]:
+    """Each setting's values as functions of a variant (the point's first)."""
+    lays = micro_batch_layouts(job, lay, prof) if free_micro_batch else [lay]
+    overlaps = overlap_variants(job, prof)
+    links = interconnect_profiles(prof)
+    return {"micro_batch": [lambda v, lo=lo: (v[0], lo, v[2]) for lo in lays],
+            "overlap": [lambda v, j=j, p=p: (j, v[1], dataclasses.replace(
+                v[2], spec=p.spec, constants=v[2].constants.replace(
+                    dp_overlap=p.constants.dp_overlap))) for j, p in overlaps],
+            "interconnect": [lambda v, p=p: (v[0], v[1], dataclasses.replace(
+                v[2], constants=v[2].constants.replace(comm_eff=p.constants.comm_eff,
+                                                       inter_comm_eff=p.constants.inter_comm_eff)))
+                             for p in links]}
+
+
+def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layout, Profile],
+               float], free_micro_batch: bool = False,
+               settings: Sequence[str] = SETTINGS) -> Range:
+    """The Range of step_s(job, layout, profile) over `settings` (see the module docstring)."""
+    axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
+            if k in settings and (k != "micro_batch" or free_micro_batch)}
+    point = step_s(job, lay, prof)
+    swings = {}
+    for name, values in axes.items():
+        times = [step_s(*f((job, lay, prof))) for f in values]
+        swings[name] = (min(times), max(times))
+    every = []
+    for combo in itertools.product(*axes.values()):
+        v = (job, lay, prof)
+        for f in combo:
+            v = f(v)
+        every.append(step_s(*v))
+    return Range(point, min(every), max(every), swings)

@@ -1,0 +1,130 @@
+"""Mixture of experts in the planner (megatron/planner/experts.py, memory.stage_states): expert
+states over the expert-data-parallel group, the MoE layer's stored activations, active-expert
+GEMMs and the all-to-all, each against a hand calculation."""
+import dataclasses
+
+import pytest
+
+from megatron.config import moe
+from megatron.planner import activations as act, experts
+from megatron.planner.features import COMM, GEMM, gemm_seconds
+from megatron.planner.layout import Job, Layout, layout_problem
+from megatron.planner.memory import memory_per_stage, peak_memory
+from megatron.planner.models import preset_model
+from megatron.planner.profile import Constants, load_profile
+from megatron.planner.search import SearchSpace, search
+from megatron.planner.timing import _Ctx, stage_features, step_time
+
+M = dataclasses.replace(preset_model("gpt3-350m"), num_experts=8, moe_top_k=2, moe_layer_freq=2)
+JOB = Job(M, 64, "bf16")
+MOE_LAYERS = M.num_layers // 2
+
+
+def _lay(ep: int, **kw) -> Layout:
+    return Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1, ep=ep, **kw)
+
+
+def _expert_params() -> int:
+    """One expert's fc1 [fc1 x f, h] and fc2 [h, f] with their biases."""
+    h, f, fc1 = M.hidden_size, moe.expert_ffn(M), act.fc1_factor(M)
+    bias = M.add_bias_linear
+    return fc1 * f * h + h * f + ((fc1 * f + h) if bias else 0)
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_expert_states_partition_over_the_expert_data_parallel_group(ep):
+    """ZeRO-1, DP 8: each rank holds 8/ep experts per MoE layer; their fp32 master and moments
+    (12 bytes) split over 8/ep ranks, the dense parameters' over 8; bf16 weights and gradients
+    whole."""
+    s = memory_per_stage(JOB, _lay(ep), Constants())[0]
+    n_exp = MOE_LAYERS * (8 // ep) * _expert_params()
+    dense = s.params - n_exp
+    assert s.weights == pytest.approx(2 * s.params) and s.grads == pytest.approx(2 * s.params)
+    assert s.optimizer == pytest.approx(12 * dense / 8 + 12 * n_exp / (8 / ep))
+
+
+def test_a_moe_layer_stores_its_k_token_copies_instead_of_the_dense_mlp():
+    lay = _lay(8)
+    sb, h, e, k = M.seq_length, M.hidden_size, 2, 2
+    f, fe, fc1 = M.ffn_hidden_size, moe.expert_ffn(M), act.fc1_factor(M)
+    delta = k * sb * (h + fe * (fc1 + 1)) * e + 2 * 4 * sb * 8 - sb * f * (fc1 + 1) * e
+    assert experts.stored_delta(M, lay, "bf16") == pytest.approx(delta)
+    s = memory_per_stage(JOB, lay, Constants())[0]
+    per_mb = M.num_layers * act.layer_stored_bytes(M, lay, "bf16") + MOE_LAYERS * delta
+    assert s.activations == pytest.approx(per_mb)
+
+
+def test_the_all_to_all_and_the_active_experts_gemms():
+    """Per MoE layer: four all-to-alls (dispatch, combine; forward, backward) of k T h bf16
+    bytes, bus bytes 7/8 of it inside an 8-GPU node; the GEMMs of 1 local expert over k T x 8/8
+    rows and the router's, minus the dense MLP's, three times (forward + backward)."""
+    prof = load_profile("h100")
+    lay = _lay(8)
+    x = _Ctx(JOB, lay, prof)
+    tok, h, k = M.seq_length, M.hidden_size, 2
+    bus = prof.spec.link(8, 1).bus_bytes_per_s
+    a2a = 4 * 7 / 8 * tok * k * h * 2 / bus
+    d = experts.layer_delta_features(x)
+    assert d[COMM] == pytest.approx(a2a, rel=1e-12)
+    g = lambda *dims: gemm_seconds(dims, x.peak, x.c.gemm_half_dim)  # noqa: E731
+    f, fe, fc1 = M.ffn_hidden_size, moe.expert_ffn(M), act.fc1_factor(M)
+    rows = tok * k * 8 / 8
+    want = 3 * (g(rows, fc1 * fe, h) + g(rows, h, fe) + g(tok, 8, h) - g(tok, fc1 * f, h)
+                - g(tok, h, f))
+    assert d[GEMM] == pytest.approx(want, rel=1e-12)
+    # TP 1, PP 1: the stage's only communication is the MoE layers' all-to-alls
+    assert stage_features(x, M.num_layers, True, True)[COMM] == pytest.approx(MOE_LAYERS * a2a)
+    assert step_time(JOB, _lay(1), prof).step_s != step_time(JOB, lay, prof).step_s
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(dp=4, grad_accum=16, ep=8), "does not divide DP"),
+                                       (dict(ep=2, recompute="full"), "full recompute"),
+                                       (dict(ep=2, zero=0), "ZeRO-0 with expert parallel")])
+def test_layouts_the_trainer_refuses_with_experts(kw, needle):
+    assert needle in layout_problem(JOB, dataclasses.replace(_lay(1), **kw))
+
+
+def test_search_tries_the_expert_parallel_sizes_and_memory_falls_with_ep():
+    prof = load_profile("h100")
+    space = SearchSpace(tp=(1,), pp=(1,), micro_batch=(1,), zero=(1,), recompute=("none",),
+                        flash=(True,), sequence_parallel=(False,), ep=None)
+    result = search(JOB, 1, prof, space)
+    assert sorted(c.layout.ep for c in result.ranked) == [1, 2, 4, 8]
+    peaks = [peak_memory(JOB, _lay(ep), prof.constants).peak_bytes for ep in (1, 2, 4, 8)]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_the_cli_prices_ep(capsys):
+    from megatron.cli.plan import main
+    sets = ["--set", "model.num_experts=8", "--set", "model.moe_top_k=2", "--set",
+            "training.precision=bf16"]
+    assert main(["memory", "--config", "examples/local/tiny.yaml", *sets, "--cluster", "h100",
+                 "--ep", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "-ep4" in out and "active (8 experts, top 2)" in out
+
+
+def test_fsdp_counts_the_experts_once():
+    """Under FSDP (ZeRO-3 here, EP 1) the dense and expert shares are priced apart: their fp32
+    states add up to the stage's 16 bytes a parameter over d, not twice it."""
+    lay = dataclasses.replace(_lay(1), zero=3)
+    s = peak_memory(JOB, lay, Constants(), framework="fsdp")
+    assert s.grads + s.optimizer == pytest.approx(12 * s.params / 8)
+
+
+def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
+    """ZeRO-1, DP 8, EP 4 in one 8-GPU node, nothing hidden (no backward window): the dense
+    gradients reduce-scatter over 8 ranks and their weights all-gather back, (7/8) x (2 + 2)
+    bytes a parameter; the experts' over the 2 ranks holding the same experts (spaced 4
+    apart), (1/2) x (2 + 2)."""
+    from megatron.planner.params import stage_params
+    from megatron.planner.timing import reduction_features
+    prof = load_profile("h100")
+    lay = _lay(4)
+    x = _Ctx(JOB, lay, prof)
+    sp = stage_params(M, 1, 1, 0, 4)
+    n_exp = MOE_LAYERS * 2 * _expert_params()
+    f = experts.split_reduction(reduction_features, x, sp, False)
+    bus8, bus2 = (prof.spec.link(d, stride).bus_bytes_per_s for d, stride in ((8, 1), (2, 4)))
+    want = 7 / 8 * 4 * (sp.total - n_exp) / bus8 + 1 / 2 * 4 * n_exp / bus2
+    assert f[COMM] == pytest.approx(want, rel=1e-12)

@@ -1,0 +1,80 @@
+"""The predicted range (megatron/planner/ranges.py): each setting's values against hand-built
+variants, the envelope, the setting named as moving it most, the CLI lines, and the measured
+coverage of the published cases (benchmarks/results/planner_ranges.json)."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from megatron.planner import ranges
+from megatron.planner.layout import Job, Layout
+from megatron.planner.models import preset_model
+from megatron.planner.profile import load_profile
+from megatron.planner.timing import step_time
+from tests.support.paths import ROOT
+
+JOB = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+LAY = Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1)
+PROF = load_profile("h100")
+
+
+def _step(job, lay, prof):
+    return step_time(job, lay, prof).step_s
+
+
+def test_the_interconnect_swing_is_the_links_at_plus_and_minus_15_percent():
+    c = PROF.constants
+    slow, fast = (dataclasses.replace(PROF, constants=c.replace(
+        comm_eff=c.comm_eff * k, inter_comm_eff=c.inter_comm_eff * k)) for k in (0.85, 1.15))
+    rng = ranges.step_range(JOB, LAY, PROF, _step, settings=("interconnect",))
+    assert rng.swings["interconnect"] == (_step(JOB, LAY, fast), _step(JOB, LAY, slow))
+    assert (rng.low_s, rng.high_s) == rng.swings["interconnect"]
+    assert rng.point_s == _step(JOB, LAY, PROF)
+
+
+def test_the_overlap_swing_runs_from_all_hidden_to_deepspeed_without_overlap_comm():
+    hidden = dataclasses.replace(PROF, constants=PROF.constants.replace(dp_overlap=1.0))
+    exposed = dataclasses.replace(JOB, deepspeed={"zero_optimization": {"overlap_comm": False}})
+    rng = ranges.step_range(JOB, LAY, PROF, _step, settings=("overlap",))
+    want = [_step(JOB, LAY, PROF), _step(JOB, LAY, hidden), _step(exposed, LAY, PROF)]
+    assert rng.swings["overlap"] == (min(want), max(want))
+    assert _step(exposed, LAY, PROF) > _step(JOB, LAY, PROF)
+
+
+def test_an_open_micro_batch_spans_those_that_fit_and_the_envelope_holds_every_corner():
+    lays = ranges.micro_batch_layouts(JOB, LAY, PROF)
+    assert [lay.micro_batch for lay in lays] == [1, 2, 4, 8]
+    # 64 / 8 replicas = 8 sequences a replica: 16 does not divide it
+    rng = ranges.step_range(JOB, LAY, PROF, _step, free_micro_batch=True)
+    times = [_step(JOB, lay, PROF) for lay in lays]
+    assert rng.swings["micro_batch"] == (min(times), max(times))
+    assert rng.low_s <= min(s[0] for s in rng.swings.values())
+    assert rng.high_s >= max(s[1] for s in rng.swings.values())
+    assert rng.widest == max(rng.swings, key=lambda k: rng.swings[k][1] - rng.swings[k][0])
+    assert "micro_batch" not in ranges.step_range(JOB, LAY, PROF, _step).swings
+
+
+def test_memory_and_search_print_the_range(capsys):
+    from megatron.cli.plan import main
+    assert main(["memory", "--model", "gpt3-1.3b", "--cluster", "h100", "--global-batch",
+                 "64"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted step range" in out and "moved most by" in out
+    assert "micro-batch not given: 1 priced; over those that fit (1, 2, 4, 8)" in out
+    lo, hi, mbs = ranges.memory_range(JOB, LAY, PROF)
+    assert mbs == [1, 2, 4, 8] and lo < hi
+    assert main(["search", "--model", "gpt3-1.3b", "--cluster", "h100", "--global-batch", "64",
+                 "--top", "2"]) == 0
+    assert "rank 1's step:" in capsys.readouterr().out
+
+
+def test_the_reported_coverage_is_what_the_published_cases_give():
+    """benchmarks/planner_ranges.py's figures, recomputed (about 10 s): the share of published
+    steps inside their leave-one-source-out range and the median width."""
+    from megatron.planner import range_validation as rv, validation as v
+    with open(os.path.join(ROOT, "benchmarks", "results", "planner_ranges.json")) as f:
+        recorded = json.load(f)["coverage"]
+    cov = rv.coverage(rv.case_ranges(v.leave_one_out(v.load_cases())))
+    assert cov["inside"] == recorded["inside"] and cov["cases"] == recorded["cases"]
+    assert cov["median_width"] == pytest.approx(recorded["median_width"], rel=1e-9)

@@ -1,0 +1,103 @@
+"""Ring, all-gather and hybrid context parallelism priced (activations.ring_kept_bytes,
+cp_timing.kv_exchange_features), against hand calculations; search and longest choose among the
+algorithms."""
+import dataclasses
+
+import pytest
+
+from megatron.planner import activations as act
+from megatron.planner.cp_timing import kv_exchange_features
+from megatron.planner.features import COMM, COMM_X, LAT, dot
+from megatron.planner.layout import Job, Layout, layout_problem
+from megatron.planner.models import preset_model
+from megatron.planner.profile import load_profile
+from megatron.planner.search import SearchSpace, search
+from megatron.planner.timing import _Ctx, _layer_forward, step_time, ulysses_features
+
+M = preset_model("gpt3-1.3b")   # 16 heads (MHA), head_dim 128, s 2048
+JOB = Job(M, 16, "bf16")
+
+
+def _lay(cp: int, algo: str, u: int = 0, **kw) -> Layout:
+    return Layout(tp=1, pp=1, dp=8 // cp, micro_batch=1, grad_accum=16 // (8 // cp), zero=1,
+                  cp=cp, cp_algo=algo, ulysses_degree=u, **kw)
+
+
+def test_the_ring_keeps_every_steps_block_and_its_fp32_scores():
+    """Ring of R = 4: each rank's block is s/4 tokens x 2 x 16 heads x 128 x 2 bytes; kept for
+    backward: the 3 received blocks and 2R + 1 = 9 chunk pairs of (s/8)^2 fp32 scores and
+    probabilities for its 16 heads."""
+    lay = _lay(4, "ring")
+    s, block = 2048, 2048 / 4 * 2 * 16 * 128 * 2
+    assert act.kv_block_bytes(M, lay, "bf16") == block
+    kept = 3 * block + 9 * 16 * (s / 8) ** 2 * 8
+    assert act.ring_kept_bytes(M, lay, "bf16") == pytest.approx(kept)
+    plain = act.layer_full_bytes(M, lay, "bf16", keep_scores=False)
+    assert act.layer_stored_bytes(M, lay, "bf16") == pytest.approx(plain + kept)
+    # selective recompute replays the attention: nothing kept, one layer's in the working set
+    sel = dataclasses.replace(lay, recompute="selective")
+    assert act.layer_stored_bytes(M, sel, "bf16") == pytest.approx(plain)
+    assert act.layer_working_bytes(M, sel, "bf16") == pytest.approx(
+        act.layer_working_bytes(M, _lay(4, "ulysses", recompute="selective"), "bf16") + kept)
+
+
+def test_hybrid_rings_over_r_with_ulysses_inside_u():
+    """Hybrid 2 x 4 (C = 8): Ulysses over U = 2, the ring over R = 4 with 16/2 heads."""
+    lay = _lay(8, "hybrid", 2)
+    assert lay.cp_parts == (2, 4)
+    block = 2048 / 8 * 2 * 16 * 128 * 2
+    kept = 3 * block + 9 * (16 / 2) * (2048 / 8) ** 2 * 8
+    assert act.ring_kept_bytes(M, lay, "bf16") == pytest.approx(kept)
+    x = _Ctx(JOB, lay, load_profile("h100"))
+    q, o = 2048 / 8 * (16 + 32) * 128 * 2, 2048 / 8 * 16 * 128 * 2
+    bus = x.spec.link(2, 1).bus_bytes_per_s
+    assert ulysses_features(x)[COMM] == pytest.approx((q + o) / 2 / bus, rel=1e-12)
+
+
+def test_a_ring_step_hides_behind_its_block_attention():
+    """Forward: R - 1 = 3 shifts of the block over the ring's link, each exposed by
+    max(0, transfer - core/R), the core being the rank's attention for all R steps."""
+    prof = load_profile("h100")
+    lay = _lay(4, "ring")
+    x = _Ctx(JOB, lay, prof)
+    core = _layer_forward(x)[1]
+    link = prof.spec.link(4, 1)
+    transfer = act.kv_block_bytes(M, lay, "bf16") / link.bus_bytes_per_s
+    per_step = transfer / x.c.comm_eff + link.alpha_s * x.c.latency_scale
+    exposed = max(0.0, per_step - dot(x.th, core) / 4) / per_step
+    f = kv_exchange_features(x, core)
+    assert f[COMM] == pytest.approx(3 * exposed * transfer, rel=1e-12)
+
+
+def test_allgather_gathers_r_minus_1_blocks_unhidden():
+    prof = load_profile("h100")
+    lay = _lay(4, "allgather")
+    x = _Ctx(JOB, lay, prof)
+    f = kv_exchange_features(x, _layer_forward(x)[1])
+    bus = prof.spec.link(4, 1).bus_bytes_per_s
+    assert f[COMM] + f[COMM_X] == pytest.approx(3 * act.kv_block_bytes(M, lay, "bf16") / bus)
+    # 3 blocks of 2 x 16 heads against Ulysses' 3/4 of (16 + 32) + 16 heads: twice the bytes,
+    # in one collective a layer instead of two (fewer latencies)
+    gather, ulysses = (step_time(JOB, lay, prof).features,
+                       step_time(JOB, _lay(4, "ulysses"), prof).features)
+    assert gather[COMM] > ulysses[COMM] and gather[LAT] < ulysses[LAT]
+
+
+def test_search_prices_the_ring_past_ulysses_head_cap():
+    """4 heads: Ulysses stops at CP 4; the ring and all-gather run CP 8."""
+    m = dataclasses.replace(M, num_attention_heads=4, num_query_groups=None)
+    job = Job(m, 16, "bf16")
+    assert "multiple of" in layout_problem(job, _lay(8, "ulysses"))
+    space = SearchSpace(tp=(1,), pp=(1,), micro_batch=(1,), zero=(1,), recompute=("none",),
+                        flash=(True,), sequence_parallel=(False,), cp=(8,),
+                        cp_algos=("ulysses", "ring", "allgather", "hybrid"))
+    keys = {c.layout.key() for c in search(job, 1, load_profile("h100"), space).ranked}
+    assert keys == {f"tp1-pp1-dp1-mb1-ga16-z1-none-flash-cp8-{a}"
+                    for a in ("ring", "allgather", "hybrid2", "hybrid4")}
+
+
+def test_the_cli_prices_a_ring(capsys):
+    from megatron.cli.plan import main
+    assert main(["memory", "--model", "gpt3-1.3b", "--cluster", "h100", "--global-batch", "16",
+                 "--cp", "4", "--cp-algo", "ring"]) == 0
+    assert "-cp4-ring" in capsys.readouterr().out

@@ -1,0 +1,72 @@
+"""Set first/last stage layer counts (Layout.first_stage_layers, last_stage_layers; Megatron-LM's
+--decoder-first/last-pipeline-num-layers) priced in memory and time, against hand sums."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from megatron.config.schedules.one_f_one_b import in_flight
+from megatron.planner import activations as act
+from megatron.planner.layout import Job, Layout, layout_problem, layout_stage_layers
+from megatron.planner.memory import GIB, memory_per_stage, peak_memory
+from megatron.planner.models import preset_model
+from megatron.planner.params import layer_params, stage_params
+from megatron.planner.profile import Constants, load_profile
+from megatron.planner.timing import _Ctx, dot, stage_features, step_time, theta
+
+M = preset_model("175b")   # 96 layers
+JOB = Job(M, 1280, "bf16")
+EVEN = Layout(tp=8, pp=8, dp=2, micro_batch=1, grad_accum=640, zero=1, recompute="full")
+UNEVEN = dataclasses.replace(EVEN, first_stage_layers=9, last_stage_layers=9)
+
+
+def test_the_rest_is_split_evenly_over_the_middle_stages():
+    assert layout_stage_layers(96, UNEVEN) == [9] + [13] * 6 + [9]
+    assert layout_stage_layers(96, dataclasses.replace(EVEN, first_stage_layers=5)) == \
+        [5] + [13] * 7
+    assert layout_stage_layers(96, EVEN) == [12] * 8
+    assert UNEVEN.key().endswith("-first9-last9") and "first" not in EVEN.key()
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(first_stage_layers=4, last_stage_layers=4), "not an even split"),
+    (dict(first_stage_layers=0), "at least 1 layer each"),
+    (dict(first_stage_layers=9, interleave=2), "no interleaving"),
+])
+def test_a_split_megatron_would_refuse_is_refused_in_one_line(kw, needle):
+    assert needle in layout_problem(JOB, dataclasses.replace(EVEN, **kw))
+
+
+def test_a_middle_stage_holds_its_layers_and_decides_the_peak():
+    """Stage 1: 13 layers' parameters and 1F1B's p - 1 = 7 micro-batches of 13 layers' stored
+    input (full recompute) plus the stage output; it, not an end, is the busiest."""
+    c = Constants()
+    stages = memory_per_stage(JOB, UNEVEN, c)
+    assert stages[1].params == 13 * layer_params(M, 8)
+    per_mb = 13 * act.layer_stored_bytes(M, UNEVEN, "bf16") + act.boundary_bytes(M, UNEVEN,
+                                                                                 "bf16")
+    assert stages[1].activations == pytest.approx(in_flight(UNEVEN.pipe, 1) * per_mb * c.act_scale)
+    assert stages[0].params == stage_params(M, 8, 8, 0, counts=[9] + [13] * 7).total
+    peak = peak_memory(JOB, UNEVEN, c)
+    assert peak.stage == 1 and peak.peak_bytes == max(s.peak_bytes for s in stages)
+    assert peak.peak_bytes > peak_memory(JOB, EVEN, c).peak_bytes
+
+
+def test_the_pipeline_is_m_slots_of_the_slowest_stage_plus_the_others_once():
+    """1F1B: (m - 1) x the slowest (a 13-layer middle stage) + the sum over all 8 stages."""
+    prof = load_profile("frontier")
+    x, th = _Ctx(JOB, UNEVEN, prof), theta(prof.constants)
+    counts = layout_stage_layers(96, UNEVEN)
+    per = [stage_features(x, n, i == 0, i == 7) for i, n in enumerate(counts)]
+    want = dot(th, 639 * per[1] + np.sum(per, axis=0))
+    assert step_time(JOB, UNEVEN, prof).pipeline_s == pytest.approx(want, rel=1e-12)
+    assert step_time(JOB, UNEVEN, prof).step_s > step_time(JOB, EVEN, prof).step_s
+    assert peak_memory(JOB, UNEVEN, prof.constants).reserved_bytes < 64 * GIB
+
+
+def test_the_cli_takes_the_counts(capsys):
+    from megatron.cli.plan import main
+    assert main(["memory", "--model", "175b", "--cluster", "frontier", "--nodes", "16",
+                 "--tp", "8", "--pp", "8", "--recompute", "full", "--first-stage-layers", "9",
+                 "--last-stage-layers", "9"]) == 0
+    assert "busiest stage 1" in capsys.readouterr().out
