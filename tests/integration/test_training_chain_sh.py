@@ -120,7 +120,7 @@ def test_train_sbatch_wraps_the_training_step_in_the_chain():
              'megatron_chain_begin --config "${CONFIG}" --set run.dir="${RUN_DIR}" "$@"',
              "megatron_job_deadline",  # after megatron_chain_init: not passed to the next job
              'python -m megatron.cli.train --config "${CONFIG}"',
-             '--set training.load=auto "$@" || rc=$?',
+             '--set checkpoint.load=auto "$@" || rc=$?',
              'megatron_chain_end "${rc}"', 'exit "${rc}"']
     where = [text.find(s) for s in order]
     assert -1 not in where and where == sorted(where), list(zip(order, where))
