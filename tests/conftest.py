@@ -19,3 +19,29 @@ def one_rank_group():
     yield
     if opened:
         dist.destroy_process_group()
+
+
+def _registries():
+    """Every registry a test may extend (model variants, schedules, fused ops, schedule
+    runners), as plain copies."""
+    from megatron.config import variants
+    from megatron.config.schedules import registry as schedules
+    from megatron.engine import runners
+    from megatron.kernels import registry as kernels
+    return {"variants": {k: dict(v) for k, v in variants._REGISTRY.items()},
+            "schedules": dict(schedules._RECORDS), "fused ops": dict(kernels._RECORDS),
+            "runners": dict(runners.RUNNERS)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registries_left_as_found(request):
+    """A test module that registers a variant, schedule, fused op or runner must remove it: a
+    registration left behind changes what later modules see (the generated docs/config.md lists
+    the registered names; CI once failed on a toy norm another module had left)."""
+    before = _registries()
+    yield
+    after = _registries()
+    if after != before:
+        changed = [name for name in before if before[name] != after[name]]
+        pytest.fail(f"{request.module.__name__} left the registries changed ({', '.join(changed)}):"
+                    " register in a fixture that unregisters", pytrace=False)

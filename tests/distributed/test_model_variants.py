@@ -70,7 +70,16 @@ def _register(temperature_shape=lambda m: (m.num_attention_heads,)):
                       replace=True)
 
 
-_register()
+@pytest.fixture(autouse=True, scope="module")
+def toy_variants():
+    """Registered for this module's tests only (a registration left behind would change what
+    later modules see, tests/conftest.py)."""
+    _register()
+    yield
+    variants.unregister("norm", "scalenorm")
+    variants.unregister("attention", "tempered")
+
+
 TOY = ["model.normalization=scalenorm", "model.attention_backend=tempered",
        "training.precision=fp32", "training.tensorboard=false", "training.global_batch_size=8",
        "training.micro_batch_size=2", "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
@@ -160,4 +169,5 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
+    _register()
     exit_after(lambda: _worker(args.out, args.workdir))

@@ -24,7 +24,10 @@ from megatron.launch.env import LaunchEnv
 from megatron.launch.lifetime import follow_launcher
 marker = sys.argv[1]
 def on_term(signum, frame):
-    open(marker, "w").write("SIGTERM")
+    # written whole, then renamed: the test reads the marker as soon as it exists
+    with open(marker + ".tmp", "w") as f:
+        f.write("SIGTERM")
+    os.replace(marker + ".tmp", marker)
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 armed = follow_launcher(LaunchEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun"))
