@@ -1,7 +1,7 @@
 """Worker for the zero-bubble schedule's tests and benchmark: run under torchrun, starts each
 requested case twice in this one process launch, with parallel.pipeline_schedule=1f1b and =zbh1
-(the engine built by training.startup, then, for zbh1, engine.zero_bubble.use_zero_bubble
-applied to it: what Engine(pipeline_schedule="zbh1") does), trains both on the same synthetic
+(the engine built by training.startup, which sets zbh1 up through its runner,
+engine.zero_bubble.use_zero_bubble), trains both on the same synthetic
 micro-batches and writes per-step losses, gradient norms and step times as JSON (rank 0).
 
     torchrun --nproc_per_node 2 tests/support/zero_bubble_worker.py --out r.json \
@@ -22,7 +22,6 @@ import torch
 
 from megatron.config import load_config
 from megatron.data.synthetic import SyntheticTokens
-from megatron.engine.zero_bubble import use_zero_bubble
 from megatron.launch.startup import StartupTimer
 from megatron.training import startup
 
@@ -70,8 +69,11 @@ def build(overrides, run_dir: str, schedule: str):
     cfg = load_config(TINY, overrides + [f"run.dir={run_dir}",
                                          f"parallel.pipeline_schedule={schedule}"])
     job = startup.start(cfg, StartupTimer())
-    if schedule == "zbh1":
-        job.deferred = use_zero_bubble(job.engine.engine, job.model.module)
+    # The engine's runner (engine/runners.py) already set ZB-H1 up: count the weights it gave
+    # to its store rather than apply it a second time.
+    store = getattr(job.engine.engine, "zb_store", None)
+    job.deferred = sum(1 for p in job.model.module.parameters()
+                       if store is not None and getattr(p, "wgrad_store", None) is store)
     return cfg, job
 
 
