@@ -122,5 +122,16 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
         # restoring the tensor-parallel RNG streams too; DeepSpeed's own checkpointing would
         # also wrap the embedding stage, whose integer inputs carry no gradient, and fail.
         ds["pipeline"] = {"activation_checkpoint_interval": 0}
+        if sequence_parallel_on(cfg):
+            # DeepSpeed's pipeline engine sends 1/t of a stage's output from each TP rank and
+            # all-gathers it on the receiver, assuming the output is replicated over TP. Under
+            # sequence parallelism each TP rank holds its own shard: the receiver would splice
+            # halves of two shards together. Each rank sends its whole shard instead.
+            ds["pipeline"].update(pipe_partitioned=False, grad_partitioned=False)
     return merge(ds, cfg.deepspeed)
+
+
+def sequence_parallel_on(cfg) -> bool:
+    """Activations sharded along the sequence over TP (asked for, and TP > 1)."""
+    return cfg.parallel.sequence_parallel and cfg.parallel.tensor_parallel_size > 1
 

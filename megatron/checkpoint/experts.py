@@ -5,7 +5,8 @@ their place in the global tensor. Because the experts are stacked along dim 0, a
 elements are one contiguous range of the global flat tensor, starting at first x (elements
 of one expert): an element range addresses them as it addresses any parameter, and a run
 continues at another expert-parallel size (or on one process, or merged to a single file) by
-reading its own experts' range. Tensor parallelism of experts (etp) is 1 in this slice."""
+reading its own experts' range. Tensor parallelism of experts (etp) is 1 in this slice: under
+tensor parallelism the TP ranks hold other experts, each whole."""
 from __future__ import annotations
 
 import math
@@ -26,7 +27,9 @@ def to_global(entry: Dict[str, Any], p: LocalParam) -> Dict[str, Any]:
     base = offset(p)
     entry["shape"] = [p.experts.num_experts, *p.shape[1:]]
     entry["experts"] = p.experts.num_experts
-    entry["pieces"] = [[rel, t, start + base, n] for rel, t, start, n in entry["pieces"]]
+    # Experts are not split over TP (etp = 1): every piece is of the one global tensor, which
+    # the index keeps under TP rank 0 whichever TP rank holds it.
+    entry["pieces"] = [[rel, 0, start + base, n] for rel, _, start, n in entry["pieces"]]
     return entry
 
 

@@ -46,12 +46,14 @@ class ExpertSplit:
     num_experts: int
     first: int
     local: int
+    writer: bool = True  # the first rank holding these experts (mark_experts)
 
     @classmethod
     def of(cls, param: torch.Tensor, shape: Tuple[int, ...]) -> Optional["ExpertSplit"]:
         if getattr(param, "expert_dim", None) is None:
             return None
-        return cls(param.num_experts, param.first_expert, shape[0])
+        return cls(param.num_experts, param.first_expert, shape[0],
+                   getattr(param, "expert_writer", True))
 
     @property
     def ep(self) -> int:

@@ -128,19 +128,29 @@ def pipeline_error(m, pp: int, zero: int) -> Optional[ConfigError]:
     return None
 
 
-def deepspeed_error(deepspeed, pp: int) -> Optional[ConfigError]:
-    """An explicit deepspeed-section value the layout cannot honour."""
+def deepspeed_error(deepspeed, pp: int, sequence_parallel: bool = False
+                    ) -> Optional[ConfigError]:
+    """An explicit deepspeed-section value the layout cannot honour. sequence_parallel: on
+    and TP > 1."""
     problem = overlap_problem(deepspeed, pp)
     if problem:
         return ConfigError("deepspeed.zero_optimization.overlap_comm", True,
                            f"false or unset with parallel.pipeline_parallel_size={pp}: {problem}",
                            "remove it, or set parallel.pipeline_parallel_size=1")
+    pipeline = (deepspeed or {}).get("pipeline") or {}
+    for key in ("pipe_partitioned", "grad_partitioned"):
+        if sequence_parallel and pp > 1 and pipeline.get(key):
+            return ConfigError(f"deepspeed.pipeline.{key}", pipeline[key],
+                               "false or unset with parallel.sequence_parallel=true: DeepSpeed "
+                               "would split each TP rank's sequence shard as if replicated and "
+                               "splice shards together on the next stage",
+                               f"remove deepspeed.pipeline.{key}")
     return None
 
 
 def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[ConfigError]:
-    """What this slice of mixture of experts runs with (docs/moe.md): experts split over the
-    data-parallel ranks only, so no tensor, context or pipeline parallelism beside them."""
+    """What mixture of experts runs with (docs/moe.md): experts split over the ranks of a
+    pipeline stage (tensor, context and data parallel ones folded: parallel/experts.py)."""
     if m.num_experts == 0:
         if ep > 1:
             return ConfigError("parallel.expert_parallel_size", ep, "1 for a dense model "
@@ -151,17 +161,13 @@ def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[
         return ConfigError("parallel.expert_parallel_size", ep,
                            f"a divisor of model.num_experts={m.num_experts} (each rank holds "
                            "num_experts / expert_parallel_size experts)")
-    for name, size in (("tensor_parallel_size", tp), ("context_parallel_size", cp),
-                       ("pipeline_parallel_size", pp)):
-        if size > 1:
-            return ConfigError(f"parallel.{name}", size,
-                               f"1 with mixture of experts (model.num_experts="
-                               f"{m.num_experts}): this slice splits experts over data-parallel "
-                               "ranks only", f"set parallel.{name}=1 or model.num_experts=0")
-    if ep > 1 and zero == 3:
-        return ConfigError("parallel.zero_stage", zero, f"0, 1 or 2 with parallel."
-                           f"expert_parallel_size={ep}: DeepSpeed's ZeRO-3 refuses expert "
-                           "parameters it did not build", "set parallel.zero_stage=1")
+    if (ep > 1 or tp > 1) and zero == 3:
+        why = (f"parallel.expert_parallel_size={ep}" if ep > 1 else
+               f"parallel.tensor_parallel_size={tp} (each TP rank trains the experts on "
+               "other tokens)")
+        return ConfigError("parallel.zero_stage", zero, f"0, 1 or 2 with mixture of experts "
+                           f"and {why}: DeepSpeed's ZeRO-3 refuses expert parameters it did "
+                           "not build", "set parallel.zero_stage=1")
     return None
 
 
@@ -175,7 +181,8 @@ def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
     return (tensor_parallel_error(m, tp, sequence_parallel)
             or context_parallel_error(m, tp, cp, sequence_parallel, cp_algo, ulysses_degree)
             or pipeline_error(m, pp, zero)
-            or deepspeed_error(deepspeed or {}, pp) or moe_error(m, tp, pp, cp, zero, ep))
+            or deepspeed_error(deepspeed or {}, pp, sequence_parallel and tp > 1)
+            or moe_error(m, tp, pp, cp, zero, ep))
 
 
 def _raise(error: Optional[ConfigError]) -> None:
@@ -226,35 +233,42 @@ def check_pipeline(cfg) -> None:
                           "resilience.rerun_suspect_steps=false")
 
 
-def check_experts(cfg, world_size: int) -> None:
-    """Mixture of experts: the layout (moe_error), the expert-parallel size against the
-    data-parallel size, and what this slice does not run with experts."""
-    p, m, t = cfg.parallel, cfg.model, cfg.training
-    ep = p.expert_parallel_size
-    _raise(moe_error(m, p.tensor_parallel_size, p.pipeline_parallel_size,
-                     p.context_parallel_size, p.zero_stage, ep))
-    dp = data_parallel_size(cfg, world_size)
-    if dp % ep:
-        raise ConfigError("parallel.expert_parallel_size", ep,
-                          f"a divisor of the data-parallel size {dp} (experts are split over "
-                          "data-parallel ranks)", "launch a multiple of it as ranks or lower it")
-    _raise(moe_training_error(m, t))
-    if ep > 1 and p.zero_stage == 0 and t.precision != "fp32":
+def experts_error(m, tp: int, cp: int, stage: int, ep: int, zero: int, precision: str,
+                  sequence_parallel: bool) -> Optional[ConfigError]:
+    """What check_experts adds to moe_error once the world is known (the planner prices only
+    layouts this accepts): EP among the `stage` ranks of a pipeline stage, the sequence slice
+    each TP rank routes, and ZeRO-0's 16-bit norm."""
+    if not m.num_experts:
+        return None
+    if stage % ep:
+        return ConfigError("parallel.expert_parallel_size", ep,
+                           f"a divisor of the {stage} ranks of a pipeline stage (data x "
+                           "context x tensor parallel: experts are split over them)",
+                           "launch a multiple of it as ranks or lower it")
+    if tp > 1 and not sequence_parallel and (m.seq_length // cp) % tp:
+        return ConfigError("model.seq_length", m.seq_length,
+                           f"a multiple of tensor_parallel_size x context_parallel_size "
+                           f"({tp} x {cp}) with mixture of experts: each TP rank routes its "
+                           "slice of the sequence", "change model.seq_length, or set "
+                           "parallel.sequence_parallel=true")
+    if (ep > 1 or tp > 1) and zero == 0 and precision != "fp32":
         # DeepSpeed's 16-bit ZeRO-0 optimizers average per-rank gradient norms, wrong once
         # ranks hold different experts (engine/experts.py replaces only the fp32 clipping).
-        raise ConfigError("parallel.zero_stage", 0, f"1 or 2 with parallel.expert_parallel_size="
-                          f"{ep} and training.precision={t.precision}: ZeRO-0's 16-bit "
-                          "optimizers take a wrong gradient norm over split experts",
-                          "set parallel.zero_stage=1, or training.precision=fp32")
-
-
-def moe_training_error(m, t) -> Optional[ConfigError]:
-    if m.num_experts and t.activation_checkpointing == "full":
-        return ConfigError("training.activation_checkpointing", "full",
-                           "none or selective with model.num_experts > 0: a recomputed layer "
-                           "would lose its router's auxiliary losses", "set "
-                           "training.activation_checkpointing=selective or none")
+        return ConfigError("parallel.zero_stage", 0, f"1 or 2 with mixture of experts, "
+                           f"expert_parallel_size={ep}, tensor_parallel_size={tp} and "
+                           f"training.precision={precision}: ZeRO-0's 16-bit optimizers take "
+                           "a wrong gradient norm over experts split over ranks",
+                           "set parallel.zero_stage=1, or training.precision=fp32")
     return None
+
+
+def check_experts(cfg, world_size: int) -> None:
+    """Mixture of experts: the layout (moe_error) and experts_error."""
+    p, m = cfg.parallel, cfg.model
+    ep, tp, cp = p.expert_parallel_size, p.tensor_parallel_size, p.context_parallel_size
+    _raise(moe_error(m, tp, p.pipeline_parallel_size, cp, p.zero_stage, ep))
+    _raise(experts_error(m, tp, cp, world_size // p.pipeline_parallel_size, ep, p.zero_stage,
+                         cfg.training.precision, p.sequence_parallel))
 
 
 def check_batch(cfg, world_size: int) -> None:
@@ -267,7 +281,9 @@ def check_batch(cfg, world_size: int) -> None:
 
 
 def check_deepspeed(cfg) -> None:
-    _raise(deepspeed_error(cfg.deepspeed, cfg.parallel.pipeline_parallel_size))
+    p = cfg.parallel
+    _raise(deepspeed_error(cfg.deepspeed, p.pipeline_parallel_size,
+                           p.sequence_parallel and p.tensor_parallel_size > 1))
 
 
 def validate_for_world(cfg, world_size: int) -> int:

@@ -180,12 +180,14 @@ class Engine:
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
                 config=ds_config, dist_init_required=False, **kwargs)
         if split and ds_config["zero_optimization"]["stage"] == 0:
-            engine_experts.clip_with_experts(self.engine, expert.ep_group)
-        if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0:
+            engine_experts.clip_with_experts(self.engine, expert, state)
+        self.moe_layers = engine_experts.moe_layers(module)
+        if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0 and not split:
             # Averaging gradients over a data-parallel group of one rank changes nothing, but
             # DeepSpeed still copies them all into one flat buffer, all-reduces it and copies
             # them back: 2% of a step of issue 15's model. (ZeRO's reductions also fill the
-            # optimizer's own buffers, so they stay.)
+            # optimizer's own buffers, so they stay; and experts under TP reduce over their
+            # expert-data-parallel group.)
             self.engine.enable_backward_allreduce = False
             self.engine.pipeline_enable_backward_allreduce = False
         if self.pipeline:
@@ -214,6 +216,9 @@ class Engine:
         training.sdc.Rerun for this step (resilience.rerun_suspect_steps), which sees the loss
         before the update and may withhold it (StepResult.withheld)."""
         self.engine.train()
+        if self.moe_layers:
+            engine_experts.set_aux_grad_scale(self.moe_layers, (self._loss_scale() or 1.0)
+                                              / self.gas)
         skipped_before = self.engine.skipped_steps
         lr = self.scheduler.get_last_lr()[0]
         if check is not None:

@@ -19,7 +19,7 @@ backward), so the result is (1/dp) x the sum over every rank's tokens, as withou
 
 ZeRO-0's fp32 gradient clipping (deepspeed.runtime.utils.clip_grad_norm_) averages each rank's
 norm over data parallel, which is wrong once ranks hold different experts: clip_with_experts
-takes its place (dense gradients once, expert gradients summed over the ep group). ZeRO-1/2 sum
+takes its place (each distinct gradient once). ZeRO-1/2 sum
 their partitions' squares over data parallel, which counts each expert once. ZeRO-3 is refused
 (config/validate.moe_error): DeepSpeed refuses experts it did not build under ZeRO-3."""
 from __future__ import annotations
@@ -44,14 +44,19 @@ def is_expert(param: nn.Parameter) -> bool:
 
 
 def mark_for_deepspeed(module: nn.Module, expert) -> bool:
-    """Marks the expert parameters and registers the groups; whether experts are split (EP > 1).
-    Before deepspeed.initialize."""
-    if expert is None or expert.size == 1:
+    """Marks the expert parameters and registers the groups; whether the experts take
+    DeepSpeed's expert path (parallel/experts.ExpertParallel.split: EP > 1, or TP > 1, where
+    each TP rank routes other tokens). Before deepspeed.initialize.
+
+    `model_parallel = True`: DeepSpeed's ZeRO norm counts a parameter without it on TP rank 0
+    only (a replicated weight); an expert's gradient on every rank is its own share."""
+    if expert is None or not expert.split:
         return False
     name = group_name(expert.size)
     for param in module.parameters():
         if is_expert(param):
             param.allreduce, param.group_name = False, name
+            param.model_parallel = True
     from deepspeed.utils import groups
     groups._EXPERT_PARALLEL_GROUP[name] = expert.ep_group
     groups._EXPERT_DATA_PARALLEL_GROUP[name] = expert.edp_group
@@ -59,6 +64,18 @@ def mark_for_deepspeed(module: nn.Module, expert) -> bool:
     groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = dist.get_process_group_ranks(
         expert.edp_group)
     return True
+
+
+def moe_layers(module: nn.Module):
+    return [m for m in module.modules() if isinstance(m, MoELayer)]
+
+
+def set_aux_grad_scale(layers, scale: float) -> None:
+    """The gradient the routers' auxiliary losses get in the backward (model/moe/layer.py):
+    what the engine scales the loss by (1 / gradient-accumulation steps, times the fp16 loss
+    scale), so they weigh as if added to each micro-batch's loss."""
+    for layer in layers:
+        layer.aux_grad_scale = scale
 
 
 class _MoEOrOurs(type):
@@ -82,20 +99,38 @@ def recognised_as_moe(split: bool):
         ds_engine.MoE = real
 
 
-def clip_with_experts(engine, ep_group) -> None:
+def clip_with_experts(engine, expert, state) -> None:
     """Replaces the ZeRO-0 fp32 clipping of DeepSpeed `engine` by the norm over every distinct
-    gradient: after the reduction, dense gradients are alike on every rank and expert gradients
-    alike within edp, so sum_dense g^2 + (sum over the ep group of sum_expert g^2)."""
+    gradient. After the reduction a dense gradient is alike on its dp_cp ranks (a replicated
+    one on its tp ranks too), an expert's alike on its edp ranks: each rank adds its squares
+    divided by how many ranks hold the same gradient, and one all-reduce over the world sums
+    them. A weight tied across pipeline stages (ds_pipe_replicated) counts on its first stage
+    only, as in DeepSpeed's own norm."""
+    dp_cp, edp, tp_rank = state.dp_cp, expert.edp_size, state.tp_rank
+
+    def share(p) -> float:
+        if is_expert(p):
+            return 1.0 / edp
+        if getattr(p, "ds_pipe_replicated", False):
+            return 0.0
+        if getattr(p, "partition_dim", None) is None and tp_rank != 0:
+            return 0.0
+        return 1.0 / dp_cp
+
     def clip(self):
         grads = [p for p in self.module.parameters() if p.grad is not None]
-        dense = sum((p.grad.float().square().sum() for p in grads if not is_expert(p)),
-                    torch.zeros((), device=self.device))
-        experts = sum((p.grad.float().square().sum() for p in grads if is_expert(p)),
-                      torch.zeros((), device=self.device))
-        dist.all_reduce(experts, group=ep_group)
-        norm = (dense + experts).sqrt()
+        total = torch.zeros((), device=self.device)
+        for p in grads:
+            w = share(p)
+            if w:
+                total += p.grad.float().square().sum() * w
+        dist.all_reduce(total)
+        norm = total.sqrt()
         coef = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
         for p in grads:
             p.grad.mul_(coef)
+        # DeepSpeed reports the optimizer's _global_grad_norm after the step (our AdamW has
+        # none of its own under ZeRO-0), so the run's metrics carry this norm.
+        self.optimizer._global_grad_norm = norm
         return norm
     engine.clip_fp32_gradients = types.MethodType(clip, engine)

@@ -125,9 +125,9 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord,
         shape = tuple(p.ds_shape) if zero3 else tuple(p.shape)
         lp = LocalParam(name, shape, Partition.of(p), experts=ExpertSplit.of(p, shape))
         if lp.experts is not None and not zero3 and partitions is None:
-            # Replicated state: the first rank of each edp group writes its experts (data-
-            # parallel rank d holds expert slice d % EP), as rank dp=0 writes the dense ones.
-            lp.writes = coords.dp_cp < lp.experts.ep
+            # Replicated state: the first rank of each edp group writes its experts
+            # (parallel/experts.py), as rank dp=0 writes the dense ones.
+            lp.writes = lp.experts.writer
         if zero3:
             frag, lp.full = _zero3(opt, p)
             lp.fragments = [frag] if frag else []

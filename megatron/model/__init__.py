@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import torch
 
+from megatron.base.deepspeed_json import sequence_parallel_on
 from megatron.kernels import KernelSelection
 from megatron.model.attention import resolve_attention_backend
 from megatron.model.context import ModelContext
@@ -27,7 +28,7 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
         minutes=cfg.parallel.timeout_minutes)) if cfg.model.num_experts else None
     return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
                         recompute=t.activation_checkpointing,
-                        sequence_parallel=cfg.parallel.sequence_parallel and state.tp > 1,
+                        sequence_parallel=sequence_parallel_on(cfg),
                         expert=expert)
 
 

@@ -58,19 +58,9 @@ class GPTModel(nn.Module):
         head = self.embedding.word_embeddings if self.output is None else self.output.head
         if labels is not None and fused_head_applies(x, head.weight, self.state):
             target = local_labels(labels, self.state)
-            return self._with_moe_losses(head_loss(x, head.weight, target,
-                                                   self.head_workspace).mean())
+            return head_loss(x, head.weight, target, self.head_workspace).mean()
         logits = self.embedding.logits(x) if self.output is None else self.output(x)
-        return logits if labels is None else self._with_moe_losses(
-            lm_loss(logits, labels, self.state))
-
-    def _with_moe_losses(self, loss: torch.Tensor) -> torch.Tensor:
-        """The routers' auxiliary losses join the training loss, so their gradients reach the
-        routers; evaluation reports the language-model loss alone."""
-        losses = [layer.take_losses() for layer in self.moe_layers]
-        if not self.training:
-            return loss
-        return sum((aux for aux in losses if aux is not None), loss)
+        return logits if labels is None else lm_loss(logits, labels, self.state)
 
     def moe_stats(self) -> List[dict]:
         """Each MoE layer's numbers of the last forward (aux and z loss, tokens per expert max

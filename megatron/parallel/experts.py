@@ -1,9 +1,11 @@
 """The expert grid ("MoE parallel folding", Megatron core): the same ranks as the dense grid,
 folded as (pp, edp, ep, etp) instead of (pp, dp, cp, tp). Attention runs over the dense grid;
 the experts of a MoE layer are split over the ep ranks, and the ranks holding the same experts
-(edp) average their gradients. Expert-tensor parallelism (etp) is 1 in this slice, and tp = cp = 1
-(config/validate.moe_error), so the ep ranks of a group are consecutive data-parallel ranks:
-data-parallel rank d sits at ep index d % ep, edp index d // ep."""
+(edp) average their gradients. Expert-tensor parallelism (etp) is 1 in this slice. A stage's
+ranks fold in the dense order, tp fastest: stage rank L = dp_cp_rank x tp + tp_rank sits at ep
+index L % ep and edp index L // ep, so an ep group takes tensor-parallel ranks first (each of
+them routes its own share of the tokens: model/moe/layer.py), then context and data parallel
+ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ class ExpertParallel:
     grid: Grid
     rank: int
     groups: Dict[str, object] = field(default_factory=dict)
+    # The experts' gradients reduce over groups of their own (edp), not the dense dp_cp group:
+    # split over ranks (ep > 1), or tp > 1, whose ranks hold the same experts for other tokens.
+    split: bool = False
 
     @property
     def size(self) -> int:
@@ -63,7 +68,9 @@ class ExpertParallel:
 
 def build_expert_parallel(state: ParallelState, ep: int,
                           timeout: Optional[timedelta] = None) -> ExpertParallel:
-    """The expert grid and, for ep > 1, its groups (collective: every rank calls it alike)."""
+    """The expert grid and, when the experts reduce over groups of their own (split), its
+    groups (collective: every rank calls it alike)."""
     grid = expert_grid(state, ep)
-    groups = state.add_grid(grid, timeout) if ep > 1 else {}
-    return ExpertParallel(grid, state.rank, groups)
+    split = ep > 1 or state.tp > 1
+    groups = state.add_grid(grid, timeout) if split else {}
+    return ExpertParallel(grid, state.rank, groups, split)

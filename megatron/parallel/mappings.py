@@ -150,6 +150,20 @@ class _GatherFromSP(torch.autograd.Function):
         return _reduce_scatter_first(g, ctx.group), None
 
 
+class _GatherToReplicated(torch.autograd.Function):
+    """Forward: all-gather the sequence (dim 0). Backward: keep this rank's slice, because the
+    consumer of the full sequence is replicated: every rank holds the whole gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_first(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_first(g, ctx.group), None
+
+
 class _ReduceScatterToSP(torch.autograd.Function):
     """Forward: reduce-scatter partial sums along dim 0. Backward: all-gather dim 0."""
 
@@ -185,6 +199,10 @@ def scatter_to_sequence_parallel_region(x, group):
 
 def gather_from_sequence_parallel_region(x, group):
     return _GatherFromSP.apply(x, group) if _size(group) > 1 else x
+
+
+def gather_sequence_to_replicated(x, group):
+    return _GatherToReplicated.apply(x, group) if _size(group) > 1 else x
 
 
 def reduce_scatter_to_sequence_parallel_region(x, group):

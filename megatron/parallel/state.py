@@ -37,6 +37,9 @@ DENSE_GROUPS = (
     # The ranks that hold the same parameters: gradients are averaged and ZeRO state
     # partitioned over them.
     ("dp_cp", ("dp", "cp")),
+    # The ranks that split one micro-batch's tokens (a MoE layer's auxiliary losses are
+    # summed over them: model/moe/layer.py); the tp or cp group itself when the other is 1.
+    ("tp_cp", ("cp", "tp")),
 )
 
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
-from megatron.config.validate import layout_error, schedule_error
+from megatron.config.validate import experts_error, layout_error, schedule_error
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -146,18 +146,10 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
 
 
 def expert_problem(job: Job, lay: Layout) -> Optional[str]:
-    """What config/validate.check_experts adds to moe_error for a layout: EP among the
-    data-parallel ranks, no full recompute (a recomputed layer loses its router's auxiliary
-    losses), ZeRO 1-2 for a 16-bit model at EP > 1 (ZeRO-0's norm over split experts)."""
-    if not job.model.num_experts:
-        return None
-    if lay.ep < 1 or lay.dp % lay.ep:
-        return f"expert parallel {lay.ep} does not divide DP {lay.dp}"
-    if lay.recompute == "full":
-        return "full recompute with experts (the router's auxiliary losses would be lost)"
-    if lay.ep > 1 and lay.zero == 0 and job.precision != "fp32":
-        return f"ZeRO-0 with expert parallel {lay.ep} in {job.precision} (a wrong grad norm)"
-    return None
+    """The trainer's own rule (config/validate.experts_error) for a layout's experts."""
+    error = experts_error(job.model, lay.tp, lay.cp, lay.tp * lay.dp * lay.cp, lay.ep, lay.zero,
+                          job.precision, lay.sequence_parallel)
+    return None if error is None else str(error)
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:

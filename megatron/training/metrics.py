@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 import yaml
 
 import torch
+import torch.distributed as dist
 
 from megatron.base import store
 from megatron.base.records import (MetricsRecord, RecordError, StepRecord, is_number,
@@ -244,11 +245,26 @@ def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:
     return None if not peak else tflops_per_gpu / peak
 
 
-def moe_window(module) -> Optional[List[Dict[str, float]]]:
-    """The MoE layers' numbers since the last logged step (model/gpt.take_moe_window); None for
-    a dense model, or a pipeline stage (no GPTModel holds them; MoE refuses PP > 1)."""
-    take = getattr(module, "take_moe_window", None)
-    return (take() or None) if take is not None else None
+def moe_window(module, state, cfg, step: int) -> Optional[List[Dict[str, float]]]:
+    """At a logged step of a MoE model, the MoE layers' numbers since the last one (model/moe/layer.MoELayer.take_stats), in layer order, over the whole global
+    batch; None otherwise or when none ran. Collective (every rank calls it after each step):
+    the data-parallel replicas' micro-batches are summed, and under pipeline parallelism the
+    stages' lists (each holds some layers) gathered."""
+    from megatron.model.moe import MoELayer
+    if not cfg.model.num_experts or step % cfg.training.log_interval:
+        return None
+    dp_group = state.dp_group if state.dp > 1 else None
+    pp_group = state.pp_group if state.pp > 1 else None
+    taken = [m.take_stats() for m in module.modules() if isinstance(m, MoELayer)]
+    taken = [t for t in taken if t is not None]
+    if dp_group is not None:
+        taken = [t.summed_over(dp_group) for t in taken]
+    mine = [t.as_dict() for t in taken]
+    if pp_group is not None:
+        stages = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(stages, mine, group=pp_group)
+        mine = [layer for stage in stages for layer in stage]
+    return mine or None
 
 
 def step_record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,

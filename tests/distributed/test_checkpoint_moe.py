@@ -1,6 +1,7 @@
 """Checkpoints of experts split over expert-parallel ranks (docs/moe.md): a run saved at step 5
 at EP4 (4 ranks, ZeRO-0 and ZeRO-1) continues to step 10 at EP2 (2 ranks, ZeRO-1 and ZeRO-0) and
-on one process; steps 6-10 must match the uninterrupted EP4 run. The checkpoint stores each
+on one process, and one saved at EP2 x TP2 (SP) x DP2 continues at EP2 x TP2 x PP2 and on one
+process; steps 6-10 must match the uninterrupted source run. The checkpoint stores each
 expert tensor on its global expert axis [E, ...] (checkpoint/experts.py), with the fp32 masters
 and Adam moments, so any expert-parallel size reads its own experts' range. fp32, dropless, no
 dropout.
@@ -29,10 +30,18 @@ LAYOUTS = {
     "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
     "ep2_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
     "ep2_zero0": ["parallel.expert_parallel_size=2", "parallel.zero_stage=0"],
+    # experts over the TP ranks (sequence parallel), two data-parallel replicas ...
+    "ep2_tp2_dp2": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
+                    "parallel.sequence_parallel=true", "parallel.zero_stage=1"],
+    # ... continued on two pipeline stages instead
+    "ep2_tp2_pp2": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
+                    "parallel.sequence_parallel=true", "parallel.pipeline_parallel_size=2",
+                    "parallel.zero_stage=1"],
     "one": [],
 }
-LAUNCHES = {4: ("ep4_zero0,ep4_zero1", ""), 2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
-            1: ("", "ep4_zero1>one,ep4_zero0>one")}
+LAUNCHES = {4: ("ep4_zero0,ep4_zero1,ep2_tp2_dp2", "ep2_tp2_dp2>ep2_tp2_pp2"),
+            2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
+            1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one")}
 TOLERANCE = 1e-5
 
 
@@ -50,7 +59,7 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [t for w in (2, 1) for t in LAUNCHES[w][1].split(",")])
+@pytest.mark.parametrize("case", [t for w in (4, 2, 1) for t in LAUNCHES[w][1].split(",")])
 def test_moe_checkpoint_continues_at_another_expert_parallel_size(results, case):
     src = case.split(">")[0]
     ref, got = results[src], results[case]

@@ -1,9 +1,10 @@
 """Mixture of experts with expert parallelism against one rank (docs/moe.md). Failures localize
 to: the token exchange and the expert layer (the layer check: outputs and the experts' and
 router's gradients of one MoE layer at EP2 against the same layer on one rank, with the same
-weights, dropless and with a capacity), or the engine's reduction of expert gradients and the
-clipping norm (engine/experts.py: 10 training steps, fp32, no dropout, clipping on, at EP2
-under ZeRO-0, 1 and 2, EP4, and EP2 over four data-parallel ranks, against one rank).
+weights, dropless and with a capacity), or a layout's composition (10 training steps, fp32, no
+dropout, clipping on, against one rank: losses, gradient norms and the logged auxiliary
+losses): EP under ZeRO-0, 1 and 2, over data, tensor (with and without SP), context and
+pipeline (1F1B, ZB-H1) parallel ranks, and with full recomputation.
 
 Run by path under torchrun, this file is also the worker: it trains the layouts it is given
 in one launch (DeepSpeed's start-up is the slow part) and writes rank 0's results."""
@@ -22,16 +23,32 @@ if __name__ == "__main__":
 from tests.support.moe import MOE  # noqa: E402
 from tests.support.paths import TINY  # noqa: E402
 
+EP2, EP4 = "parallel.expert_parallel_size=2", "parallel.expert_parallel_size=4"
+TP2, SP = "parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"
+PP2, CP2 = "parallel.pipeline_parallel_size=2", "parallel.context_parallel_size=2"
+ZERO = "parallel.zero_stage={}".format
+# name: (world size, overrides)
 LAYOUTS = {
-    "one_rank": [],
-    "ep2_zero0": ["parallel.expert_parallel_size=2", "parallel.zero_stage=0"],
-    "ep2_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
-    "ep2_zero2": ["parallel.expert_parallel_size=2", "parallel.zero_stage=2"],
-    "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
-    "ep2dp4_zero1": ["parallel.expert_parallel_size=2", "parallel.zero_stage=1"],
+    "one_rank": (1, []),
+    "ep2_zero0": (2, [EP2, ZERO(0)]),
+    "ep2_zero1": (2, [EP2, ZERO(1)]),
+    "ep2_zero2": (2, [EP2, ZERO(2)]),
+    # the ep group is the tp group: each TP rank routes its sequence shard (SP) or its slice
+    "ep2_tp2_sp": (2, [EP2, TP2, SP, ZERO(1)]),
+    "ep2_tp2": (2, [EP2, TP2, ZERO(1)]),
+    # EP 1 under TP: both TP ranks hold every expert, trained on other tokens
+    "ep1_tp2_sp_zero0": (2, [TP2, SP, ZERO(0)]),
+    "ep2_cp2": (2, [EP2, CP2, ZERO(1)]),
+    "ep2_recompute_full": (2, [EP2, ZERO(1), "training.activation_checkpointing=full"]),
+    "ep4_zero1": (4, [EP4, ZERO(1)]),
+    "ep2dp4_zero1": (4, [EP2, ZERO(1)]),
+    "ep2_tp2_sp_dp2_zero2": (4, [EP2, TP2, SP, ZERO(2)]),
+    "ep4_tp2_dp2": (4, [EP4, TP2, ZERO(1)]),
+    "ep2_pp2_1f1b": (4, [EP2, PP2, ZERO(1)]),
+    "ep2_pp2_zbh1": (4, [EP2, PP2, ZERO(1), "parallel.pipeline_schedule=zbh1"]),
+    "ep2_cp2_tp2_sp": (4, [EP2, CP2, TP2, SP, ZERO(1)]),
+    "ep2_tp2_sp_pp2": (4, [EP2, TP2, SP, PP2, ZERO(1)]),
 }
-WORLD = {"one_rank": 1, "ep2_zero0": 2, "ep2_zero1": 2, "ep2_zero2": 2, "ep4_zero1": 4,
-         "ep2dp4_zero1": 4}
 TOLERANCE = 1e-5
 
 
@@ -40,7 +57,7 @@ def results(tmp_path_factory):
     from tests.support.procs import launch_json
     out = {}
     for world in (1, 2, 4):
-        layouts = [name for name, w in WORLD.items() if w == world]
+        layouts = [name for name, (w, _) in LAYOUTS.items() if w == world]
         tmp = tmp_path_factory.mktemp(f"world{world}")
         out.update(launch_json(world, os.path.abspath(__file__), str(tmp / "out.json"),
                                "--workdir", str(tmp), "--layouts", ",".join(layouts),
@@ -51,11 +68,15 @@ def results(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [n for n in LAYOUTS if n != "one_rank"])
 def test_expert_parallel_training_matches_one_rank(results, layout):
+    """Losses (language model), gradient norms (clipping on) and the routers' auxiliary losses
+    of every step, against one rank."""
     ref, got = results["one_rank"], results[layout]
-    assert len(got) == 10 and ref[-1] < ref[0] - 0.05, ref
-    diff = max(abs(a - b) for a, b in zip(ref, got))
-    print(f"{layout}: max loss difference {diff:.3g}")
-    assert diff < TOLERANCE, (layout, diff, ref, got)
+    assert len(got["loss"]) == 10 and ref["loss"][-1] < ref["loss"][0] - 0.05, ref
+    for key in ("loss", "grad_norm", "aux"):
+        assert len(got[key]) == len(ref[key]) == 10, (key, got)
+        diff = max(abs(a - b) for a, b in zip(ref[key], got[key]))
+        print(f"{layout}: max {key} difference {diff:.3g}")
+        assert diff < TOLERANCE, (layout, key, diff, ref[key], got[key])
 
 
 @pytest.mark.slow
@@ -92,10 +113,10 @@ def _layer_check(factor):
     ref_out = []
     for x, gy in zip(ref_in, grads):  # both ranks' tokens, one micro-batch at a time
         ref_out.append(layers[1](x))
-        ((ref_out[-1] * gy).sum() + layers[1].take_losses()).backward()
+        (ref_out[-1] * gy).sum().backward()  # the auxiliary losses ride on the output
     x = xs[rank].clone().requires_grad_()
     y = layers[2](x)
-    ((y * grads[rank]).sum() + layers[2].take_losses()).backward()
+    (y * grads[rank]).sum().backward()
     router = layers[2].router.weight.grad.clone()
     dist.all_reduce(router)
     local = slice(rank * 2, rank * 2 + 2)
@@ -112,12 +133,22 @@ def _layer_check(factor):
 
 def _worker(out: str, workdir: str, layouts) -> int:
     import torch.distributed as dist
+    from megatron.base.records import StepRecord, read_metrics
+    from megatron.base.rundir import RunDir
     from megatron.config import load_config
     from megatron.training.loop import train
     results = {}
     for name in layouts:
-        cfg = load_config(TINY, MOE + LAYOUTS[name] + [f"run.dir={workdir}/{name}"])
-        results[name] = train(cfg).losses
+        run_dir = f"{workdir}/{name}"
+        cfg = load_config(TINY, MOE + LAYOUTS[name][1] + [f"run.dir={run_dir}",
+                                                          "training.log_interval=1"])
+        summary = train(cfg)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            steps = [r for r in read_metrics(RunDir(run_dir).metrics)
+                     if isinstance(r, StepRecord)]
+            results[name] = {"loss": summary.losses, "grad_norm": [r.grad_norm for r in steps],
+                             "aux": [sum(layer["aux_loss"] + layer["z_loss"]
+                                         for layer in r.moe or []) for r in steps]}
     if dist.is_initialized() and dist.get_world_size() == 2:
         results["layer_dropless"] = _layer_check(None)
         results["layer_capacity"] = _layer_check(0.5)

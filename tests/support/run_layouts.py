@@ -39,6 +39,9 @@ LAYOUTS = {
     "tp2": ["parallel.tensor_parallel_size=2"],
     "pp2": ["parallel.pipeline_parallel_size=2"],
     "tp2pp2": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"],
+    # DeepSpeed's pipeline must send whole sequence shards (base/deepspeed_json.py)
+    "tp2pp2_sp": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2",
+                  "parallel.sequence_parallel=true"],
     "tp2dp2_zero1": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=1"],
     "tp2dp2_zero3_sp": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=3",
                         "parallel.sequence_parallel=true"],

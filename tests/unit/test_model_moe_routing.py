@@ -123,19 +123,41 @@ def test_grouped_gemm_backward_is_left_to_gpus():
     (["parallel.expert_parallel_size=2"], 2, "parallel.expert_parallel_size"),
     (MOE + ["parallel.expert_parallel_size=3"], 3, "parallel.expert_parallel_size"),
     (MOE + ["parallel.expert_parallel_size=4"], 2, "parallel.expert_parallel_size"),
-    (MOE + ["parallel.tensor_parallel_size=2"], 2, "parallel.tensor_parallel_size"),
-    (MOE + ["parallel.context_parallel_size=2"], 2, "parallel.context_parallel_size"),
-    (MOE + ["parallel.pipeline_parallel_size=2"], 2, "parallel.pipeline_parallel_size"),
+    # a stage of tp2 x dp1 ranks cannot hold experts split four ways
+    (MOE + ["parallel.expert_parallel_size=4", "parallel.tensor_parallel_size=2"], 2,
+     "parallel.expert_parallel_size"),
     (MOE + ["parallel.expert_parallel_size=2", "parallel.zero_stage=3"], 2,
      "parallel.zero_stage"),
-    (MOE + ["training.activation_checkpointing=full"], 1, "training.activation_checkpointing"),
+    (MOE + ["parallel.tensor_parallel_size=2", "parallel.zero_stage=3"], 2,
+     "parallel.zero_stage"),
     (MOE + ["parallel.expert_parallel_size=2", "parallel.zero_stage=0", "training.precision=bf16"],
      2, "parallel.zero_stage"),
+    (MOE + ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0", "training.precision=bf16"],
+     2, "parallel.zero_stage"),
+    # without sequence parallelism each TP rank routes 1/t of the sequence
+    (MOE + ["parallel.tensor_parallel_size=2", "model.seq_length=65"], 2, "model.seq_length"),
 ])
 def test_config_refusals_name_their_fields(overrides, world, field):
+    """Every layout experts cannot run is one message naming the field."""
     with pytest.raises(ConfigError) as e:
         validate_for_world(load_config(TINY, overrides), world)
     assert e.value.field == field and str(e.value).startswith(field), str(e.value)
+
+
+@pytest.mark.parametrize("overrides, world", [
+    (["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true",
+      "parallel.expert_parallel_size=2"], 2),
+    (["parallel.tensor_parallel_size=2", "parallel.expert_parallel_size=4"], 4),
+    (["parallel.context_parallel_size=2", "parallel.expert_parallel_size=2"], 2),
+    (["parallel.pipeline_parallel_size=2", "parallel.expert_parallel_size=2"], 4),
+    (["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=zbh1",
+      "parallel.expert_parallel_size=2"], 4),
+    (["training.activation_checkpointing=full", "parallel.expert_parallel_size=2"], 2),
+])
+def test_experts_compose_with_the_other_axes(overrides, world):
+    """What earlier slices refused: EP with TP (SP or not), CP, PP (1F1B, ZB-H1) and full
+    recomputation (the routers' losses ride on the layer's output)."""
+    validate_for_world(load_config(TINY, MOE + overrides), world)
 
 
 @pytest.mark.parametrize("extra", [[], ["model.activation=swiglu", "model.add_bias_linear=false",

@@ -22,9 +22,13 @@ from megatron.parallel.layers import sharded_normal
 from megatron.parallel.random import seed_for
 
 
-def mark_experts(param: nn.Parameter, num_experts: int, first: int) -> nn.Parameter:
-    """`param` holds experts [first, first + its dim 0) of num_experts, along dim 0."""
+def mark_experts(param: nn.Parameter, num_experts: int, first: int,
+                 writer: bool = True) -> nn.Parameter:
+    """`param` holds experts [first, first + its dim 0) of num_experts, along dim 0; writer:
+    this rank is the first of the ranks holding them (edp index 0), the one that writes them
+    to a checkpoint when their state is replicated."""
     param.expert_dim, param.num_experts, param.first_expert = 0, num_experts, first
+    param.expert_writer = writer
     return param
 
 
@@ -47,8 +51,9 @@ class Experts(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(count, spec.fc1_factor * f)) \
             if m.add_bias_linear else None
         self.b2 = nn.Parameter(torch.zeros(count, h)) if m.add_bias_linear else None
+        writer = ctx.expert is None or ctx.expert.grid.index(ctx.expert.rank, "edp") == 0
         for p in self.parameters():
-            mark_experts(p, m.num_experts, first)
+            mark_experts(p, m.num_experts, first, writer)
         self.grouped = None  # None: the grouped GEMM on GPUs, the loop elsewhere
 
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:

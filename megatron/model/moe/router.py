@@ -1,5 +1,6 @@
-"""The router of a MoE layer: token-choice top-k over E experts, in fp32, with its two
-auxiliary losses and the capacity rule.
+"""The router of a MoE layer: token-choice top-k over E experts, in fp32, its two auxiliary
+losses (taken by the layer, over the whole micro-batch: model/moe/layer.py) and the capacity
+rule.
 
     logits = x W^T                  x [T, h], W [E, h] (no bias, replicated), fp32
     softmax router: p = softmax(logits); weights, experts = top_k(p)        (not renormalised)
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.parallel.layers import sharded_normal
+from megatron.parallel.layers import replicated_param, sharded_normal
 from megatron.parallel.random import seed_for
 
 
@@ -35,8 +36,8 @@ class Routing:
     """One forward's routing of T tokens, k slots each, over E experts."""
     experts: torch.Tensor  # [T, k] int64: the chosen experts, best first
     weights: torch.Tensor  # [T, k] fp32: their combine weights
-    aux_loss: torch.Tensor  # scalar fp32, coefficient applied
-    z_loss: torch.Tensor  # scalar fp32, coefficient applied
+    probs: torch.Tensor  # [T, E] fp32: the probabilities the balancing loss reads
+    logits: torch.Tensor  # [T, E] fp32: what the z-loss reads
 
 
 def top_k(logits: torch.Tensor, k: int, router: str):
@@ -76,7 +77,8 @@ class Router(nn.Module):
     def __init__(self, m, ctx, layer_number: int):
         super().__init__()
         self.k, self.kind = m.moe_top_k, m.moe_router
-        self.aux_coeff, self.z_coeff = m.moe_aux_loss_coeff, m.moe_z_loss_coeff
+        # Under TP every rank routes other tokens (model/moe/layer.py): sum the gradient.
+        self.state, self.tokens_split = ctx.state, ctx.state.tp > 1
         # [E, h], one seeded stream per line like every weight: the same in every layout.
         self.weight = nn.Parameter(sharded_normal(
             (m.num_experts, m.hidden_size), m.init_method_std,
@@ -85,9 +87,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> Routing:  # x [T, h]
         # fp32 whatever the model's precision: the top-k choice and the losses are sensitive
         # to rounding of near-equal logits.
-        logits = F.linear(x.float(), self.weight.float())  # [T, E]
+        w = replicated_param(self.weight, self.state, self.tokens_split)
+        logits = F.linear(x.float(), w.float())  # [T, E]
         weights, experts, probs = top_k(logits, self.k, self.kind)
-        zero = logits.new_zeros(())
-        aux = load_balancing_loss(probs, experts, self.aux_coeff) if self.aux_coeff else zero
-        z = z_loss(logits, self.z_coeff) if self.z_coeff else zero
-        return Routing(experts, weights, aux, z)
+        return Routing(experts, weights, probs, logits)
