@@ -38,6 +38,33 @@ def test_recipe_carries_the_papers_training_setup(recipe):
     assert d.paths and d.vocab_file and d.merges_file
 
 
+def test_the_mixtral_recipe_validates_and_the_planner_fits_it():
+    """examples/frontier/mixtral-8x7b.yaml: the Mixtral-8x7B shape, EP 8 inside a node on the
+    ranks its launch line gives, and the planner's prediction its header quotes."""
+    from megatron.cli.plan import main as plan
+    recipe = "mixtral-8x7b.yaml"
+    cfg = load_config(os.path.join(FRONTIER, recipe))
+    m, p = cfg.model, cfg.parallel
+    assert (m.num_layers, m.hidden_size, m.num_query_groups, m.ffn_hidden_size) == \
+        (32, 4096, 8, 14336)
+    assert (m.num_experts, m.moe_top_k, m.moe_router) == (8, 2, "softmax_renorm")
+    nodes = launch_nodes(recipe)
+    assert validate_for_world(cfg, nodes * ranks_per_node()) == 256
+    assert p.expert_parallel_size <= ranks_per_node(), "the all-to-all stays inside a node"
+    header = read(os.path.join(FRONTIER, recipe))
+    quoted = re.search(r"predicts ([\d.]+) GB per GCD .* an ([\d.]+) s step", header, re.S)
+    assert quoted, "the header quotes the planner's memory and step"
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan(["memory", "--config", os.path.join(FRONTIER, recipe), "--cluster", "frontier",
+              "--nodes", str(nodes), "--global-batch", str(cfg.training.global_batch_size)])
+    text = out.getvalue()
+    assert f"{quoted.group(1)} GB allocated at peak" in text and "fits" in text, text
+    assert f"step {quoted.group(2)} s" in text, text
+
+
 def test_175b_is_the_logged_run():
     cfg = load_config(os.path.join(FRONTIER, "175b.yaml"))
     assert cfg.training.global_batch_size == 1280
