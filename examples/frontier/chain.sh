@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Chained jobs for a Slurm batch script (train.sbatch sources it): a training longer than one
 # job's time limit continues in the next job, which each job submits, behind itself, with the
 # same script and arguments, until training.train_iters is reached. Each job continues from the

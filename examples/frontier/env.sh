@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Environment of a megatron-frontier job on OLCF Frontier (MI250X, Slingshot 11).
 # GENERATED from megatron/launch/frontier_env.py, which the planner's Frontier sbatch also
 # embeds: edit there, then regenerate this file (see that module's docstring).

@@ -12,7 +12,7 @@ from megatron.launch import frontier_env
 from tests.support.frontier import ENV_SH, FRONTIER, RECIPES, SBATCH, launch_line, read
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("recipe", sorted(RECIPES) + ["mixtral-8x7b.yaml"])
 def test_the_signal_margin_holds_two_predicted_steps_and_a_save(recipe):
     """A step of these models takes minutes: --signal's margin must let the step under way end
     and a save fit (planner/emit.signal_margin_s of the planner's predicted step, within 20%)."""
@@ -25,6 +25,16 @@ def test_the_signal_margin_holds_two_predicted_steps_and_a_save(recipe):
                           str(nodes)], capture_output=True, text=True, timeout=120).stdout
     step = float(re.search(r"^step ([0-9.]+) s", out, re.MULTILINE).group(1))
     assert margin >= 0.8 * signal_margin_s(step), (recipe, step, margin)
+
+
+def test_the_frontier_scripts_pass_shellcheck():
+    """env.sh (generated), train.sbatch and chain.sh: no shellcheck finding at any severity."""
+    import shutil
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (make toolchains installs it as root)")
+    scripts = [ENV_SH, SBATCH, os.path.join(FRONTIER, "chain.sh")]
+    proc = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_sbatch_conventions():
