@@ -8,7 +8,8 @@ Two blocks' results (o1, lse1), (o2, lse2) merge exactly into those of the union
 lse = logaddexp(lse1, lse2), o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2.
 
 Math path only (explicit scores, mask, logsumexp, in fp32): correct on every device and the
-reference. Seam for a GPU: flash-attn's flash_attn_func(..., return_attn_probs=True) returns
+reference. block_attention_backward is the block's backward given the final log-sum-exp, what
+ring attention's explicit backward (model/context_attention.py) recomputes block by block. Seam for a GPU: flash-attn's flash_attn_func(..., return_attn_probs=True) returns
 the same lse per row (its softmax_lse, [b, n, s]); a `block_attention` that calls it for
 offset in (None, 0) (causal=False / causal=True) would slot in below, untested here."""
 from __future__ import annotations
@@ -41,6 +42,41 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: O
         probs = drop(probs)
     out = torch.einsum("bnij,jbnd->ibnd", probs, v.float())
     return out, lse.permute(2, 0, 1)
+
+
+def _expand(t: torch.Tensor, n: int) -> torch.Tensor:
+    """[sk, b, g, d] -> [sk, b, n, d]: each key/value head serves n/g consecutive query heads."""
+    return t.repeat_interleave(n // t.shape[2], dim=2) if n > t.shape[2] else t
+
+
+def _fold(t: torch.Tensor, g: int) -> torch.Tensor:
+    """The inverse sum of _expand: [sk, b, n, d] -> [sk, b, g, d]."""
+    sk, b, n, d = t.shape
+    return t.view(sk, b, g, n // g, d).sum(3) if n > g else t
+
+
+def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int]):
+    """The gradients of one block's share of an attention whose final log-sum-exp per query row
+    is `lse` [sq, b, n] and whose delta_i = sum_d dout_i x out_i is `delta` [sq, b, n]:
+    recomputes the block's probabilities p = exp(s - lse) (already normalised over every key
+    block) and returns (dq [sq, b, n, d], dk, dv [sk, b, g, d]), fp32, scores scaled as in
+    block_attention. Summed over the key blocks, dq is the whole query gradient; summed over
+    the query blocks, dk and dv the whole key and value gradients."""
+    sq, b, n, d = q.shape
+    g, scale = k.shape[2], 1.0 / math.sqrt(d)
+    qf, kf, vf, do = q.float(), _expand(k, n).float(), _expand(v, n).float(), dout.float()
+    scores = torch.einsum("ibnd,jbnd->bnij", qf, kf) * scale
+    if offset is not None:
+        rows = torch.arange(sq, device=q.device).unsqueeze(1)
+        cols = torch.arange(k.shape[0], device=q.device).unsqueeze(0)
+        scores = scores.masked_fill(cols > rows + offset, float("-inf"))
+    probs = torch.exp(scores - lse.permute(1, 2, 0).unsqueeze(-1))  # [b, n, sq, sk]
+    dv = torch.einsum("bnij,ibnd->jbnd", probs, do)
+    dprobs = torch.einsum("ibnd,jbnd->bnij", do, vf)
+    dscores = probs * (dprobs - delta.permute(1, 2, 0).unsqueeze(-1)) * scale
+    dq = torch.einsum("bnij,jbnd->ibnd", dscores, kf)
+    dk = torch.einsum("bnij,ibnd->jbnd", dscores, qf)
+    return dq, _fold(dk, g), _fold(dv, g)
 
 
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor

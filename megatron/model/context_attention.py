@@ -14,10 +14,15 @@ of every earlier position, most of which other ranks hold.
 - hybrid: Ulysses' head exchange (parallel/ulysses.py) over groups of U ranks first, so the
   ring (or nothing else) sees [S, b, n/U, d] of its ring rank's tokens, then the ring across.
 
-Backward: the forward is written in autograd-able pieces (the ring shift's backward sends the
-gradient back along the ring; the all-gather's backward reduce-scatters), so the backward is
-correct by construction; the cost is memory: autograd keeps every step's key/value block and
-scores (an explicit backward ring that recomputes them would keep only q, k, v, out and lse)."""
+Backward of the ring: without attention dropout, an explicit one (_RingAttention) keeps only
+q, k, v, the output and the log-sum-exp of each query row; it passes the key/value blocks
+around the ring again, each with the gradient of its keys and values accumulating as it
+travels, recomputes each pair's probabilities from the saved log-sum-exp
+(block_attention_backward) and, after the last step, one more pass hands every block's gradient
+to its owner. With attention dropout the forward runs in autograd-able pieces instead (the ring
+shift's backward sends the gradient back along the ring), which keeps every step's key/value
+block and scores: the masks would otherwise have to be replayed. The all-gather's backward
+reduce-scatters (autograd)."""
 from __future__ import annotations
 
 import logging
@@ -27,11 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.config import ModelConfig, variants
-from megatron.model.block_attention import block_attention, merge
+from megatron.model.block_attention import block_attention, block_attention_backward, merge
 from megatron.model.context import ModelContext
 from megatron.parallel import cp_layout, ulysses
 from megatron.parallel.mappings import gather_from_sequence_parallel_region
-from megatron.parallel.ring import ring_shift
+from megatron.parallel.ring import ring_pass, ring_shift
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +46,66 @@ def chunks_of(ring_rank: int, ring: int):
     return ring_rank, 2 * ring - 1 - ring_rank
 
 
+def _pairs(ring_rank: int, ring: int, step: int):
+    """(query chunk i of mine, key chunk j of the block held at `step`, causal offset) of every
+    pair a causal mask does not hide entirely."""
+    theirs = chunks_of((ring_rank - step) % ring, ring)
+    for i, qc in enumerate(chunks_of(ring_rank, ring)):
+        for j, kc in enumerate(theirs):
+            if kc <= qc:
+                yield i, j, (0 if kc == qc else None)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention without dropout, with the explicit backward the module docstring names."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, ring_rank: int, ring: int):
+        half, g = q.shape[0] // 2, k.shape[2]
+        q_parts, kv, acc = q.split(half), torch.cat([k, v], dim=2), [None, None]
+        for step in range(ring):
+            if step:
+                kv = ring_pass(kv, group)
+            k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
+            for i, j, offset in _pairs(ring_rank, ring, step):
+                part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset)
+                acc[i] = part if acc[i] is None else merge(*acc[i], *part)
+        out, lse = torch.cat([acc[0][0], acc[1][0]]), torch.cat([acc[0][1], acc[1][1]])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.ring_rank, ctx.ring = group, ring_rank, ring
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, half, g = ctx.ring, q.shape[0] // 2, k.shape[2]
+        dout = dout.float()
+        delta = (dout * out).sum(-1)  # [S, b, n]
+        dq = torch.zeros_like(out)
+        kv, dkv = torch.cat([k, v], dim=2), torch.zeros(k.shape[:2] + (2 * g, k.shape[3]),
+                                                        dtype=torch.float32, device=k.device)
+        rows = [slice(0, half), slice(half, 2 * half)]
+        for step in range(ring):
+            if step:  # the block and the gradient it has gathered so far move on together
+                kv, dkv = ring_pass(kv, ctx.group), ring_pass(dkv, ctx.group)
+            keys, values = kv.split(g, dim=2)
+            for i, j, offset in _pairs(ctx.ring_rank, ring, step):
+                qi, kj = rows[i], rows[j]
+                gq, gk, gv = block_attention_backward(q[qi], keys[kj], values[kj], dout[qi],
+                                                      lse[qi], delta[qi], offset)
+                dq[qi] += gq
+                dkv[kj, :, :g] += gk
+                dkv[kj, :, g:] += gv
+        if ring > 1:  # the last block held is the next rank's: hand each its gradient
+            dkv = ring_pass(dkv, ctx.group)
+        dk, dv = dkv.split(g, dim=2)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
 def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None) -> torch.Tensor:
     """q [S, b, n, d], k and v [S, b, g, d] of this ring rank's two chunks -> [S, b, n, d]."""
+    if drop is None:
+        return _RingAttention.apply(q, k, v, group, ring_rank, ring)
     half, g = q.shape[0] // 2, k.shape[2]
     q_parts, mine = q.split(half), chunks_of(ring_rank, ring)
     acc = [None, None]  # per query chunk: (out, lse) over the keys seen so far

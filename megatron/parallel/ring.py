@@ -37,6 +37,13 @@ class _RingShift(torch.autograd.Function):
         return _exchange(grad, ctx.prev, ctx.next, ctx.group), None
 
 
+def ring_pass(x: torch.Tensor, group) -> torch.Tensor:
+    """x to the next rank of `group`, the previous rank's x back; no autograd (the explicit
+    backward of ring attention moves key/value blocks and their gradients with it)."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    return _exchange(x, (rank + 1) % size, (rank - 1) % size, group)
+
+
 def ring_shift(x: torch.Tensor, group) -> torch.Tensor:
     """x from this rank -> x of the previous rank of `group` (autograd: gradient goes back)."""
     return _RingShift.apply(x, group)

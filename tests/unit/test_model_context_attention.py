@@ -2,7 +2,10 @@
 load-balanced tokens, merged through the log-sum-exp, equals full causal attention (outputs
 and the gradients of q, k and v), for ring degrees 2, 3 and 4, multi-head and grouped-query.
 The ring's shift and the all-gather are replaced by handing each simulated rank the other
-ranks' tensors, so a failure here is the chunking, the masks or the merge, not the transport."""
+ranks' tensors, so a failure here is the chunking, the masks or the merge, not the transport.
+The simulated ring runs the autograd form (an identity attention dropout selects it); the
+explicit backward's block step (block_attention_backward) is checked here against autograd,
+and the whole explicit ring on real ranks (tests/distributed/test_parallel_ring_attention.py)."""
 import math
 
 import pytest
@@ -25,6 +28,10 @@ def _full(q, k, v):
     return torch.einsum("bnij,jbnd->ibnd", scores.softmax(-1), v)
 
 
+def _identity(probs):
+    return probs
+
+
 def _inputs(seq, heads, groups):
     g = torch.Generator().manual_seed(seq * 10 + groups)
     return [torch.randn(seq, 2, h, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -42,7 +49,7 @@ def _simulated(fn, q, k, v, ring, monkeypatch):
         monkeypatch.setattr(ca, "ring_shift", lambda x, group: kvs[(r - next(steps)) % ring])
         monkeypatch.setattr(ca, "gather_from_sequence_parallel_region",
                             lambda x, group: torch.cat(kvs))
-        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring)
+        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity)
         out = out.index_put((index[r],), got.double())
     return out
 
@@ -76,3 +83,25 @@ def test_offset_mask_lets_query_i_see_keys_up_to_i_plus_offset():
                                 * ones, offset=2)
     # equal scores: each query averages the values of the keys it sees (0..i+2)
     assert out[:, 0, 0, 0].tolist() == pytest.approx([1.0, 1.5, 2.0])
+
+
+@pytest.mark.parametrize("heads, groups", [(4, 4), (4, 2), (4, 1)])
+def test_block_backward_summed_over_key_blocks_is_the_attention_gradient(heads, groups):
+    """The explicit ring backward's step: with the final log-sum-exp of each query row, the
+    per-block gradients (a causal diagonal block and an earlier one) sum to autograd's."""
+    q, k, v = _inputs(12, heads, groups)
+    qs, ks, vs = q[6:], (k[:6], k[6:]), (v[:6], v[6:])  # the later query half
+    parts = [ba.block_attention(qs, ks[0], vs[0], None), ba.block_attention(qs, ks[1], vs[1], 0)]
+    out, lse = ba.merge(*parts[0], *parts[1])
+    dout = torch.randn_like(out)
+    want = torch.autograd.grad(out, (qs, k, v), dout)
+    delta = (dout * out).sum(-1)
+    got_q = torch.zeros_like(qs)
+    got_k, got_v = torch.zeros_like(k), torch.zeros_like(v)
+    for rows, offset in ((slice(0, 6), None), (slice(6, 12), 0)):
+        dq, dk, dv = ba.block_attention_backward(qs, k[rows], v[rows], dout, lse, delta, offset)
+        got_q += dq
+        got_k[rows] += dk
+        got_v[rows] += dv
+    for name, a, b in zip("qkv", (got_q, got_k, got_v), want):
+        assert (a - b.float()).abs().max() <= TOLERANCE, f"d{name} differs"
