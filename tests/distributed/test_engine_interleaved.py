@@ -7,8 +7,13 @@ _take_model_step with the groups of its pipeline grid. The gradient norm is a su
 over ranks that hold other layers than under 1F1B, added in another grouping: measured equal at
 PP2 and within an ulp or two at PP4 and TP2 x PP2 (relative 1e-7), hence NORM_BOUND.
 
-Two launches: 2 ranks (PP2 x v2, GPT-2 with tied embeddings and Llama) and 4 ranks (PP4 x v2 on
-8 layers, TP2 x PP2 x v2)."""
+bf16 (DeepSpeed's ZeRO-1 optimizer over bf16 weights, as 1F1B gets it): the same gradient
+arithmetic, so the losses are measured identical too; they are held to BF16_BOUND, because at PP4
+the norm's last-ulp difference reaches the clipping coefficient and a bf16 weight may round
+the other way.
+
+Two launches: 2 ranks (PP2 x v2 fp32 and bf16, GPT-2 with tied embeddings and Llama) and 4
+ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2)."""
 import os
 
 import pytest
@@ -19,8 +24,11 @@ from tests.support.procs import launch_json
 WORKER = os.path.join(ROOT, "tests", "support", "interleaved_worker.py")
 TWO = ["pp2v2-gpt2", "pp2v2-llama"]
 FOUR = ["pp4v2-gpt2", "pp4v2-llama", "tp2pp2v2-gpt2"]
+BF16_TWO = ["pp2v2bf16-gpt2", "pp2v2bf16-llama"]
+BF16_FOUR = ["pp4v2bf16-llama"]
 STEPS = 10
 NORM_BOUND = 1e-6  # relative
+BF16_BOUND = 1e-3  # relative, per step's loss
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +41,8 @@ def _run(tmp, nproc, cases):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO)
-    merged.update(_run(tmp, 4, FOUR))
+    merged = _run(tmp, 2, TWO + BF16_TWO)
+    merged.update(_run(tmp, 4, FOUR + BF16_FOUR))
     return merged
 
 
@@ -45,6 +53,16 @@ def test_interleaved_is_bit_identical_to_1f1b(results, case):
     assert got["losses"] == ref["losses"], f"{case}: {got['losses']} vs {ref['losses']}"
     worst = max(abs(a - b) / b for a, b in zip(got["grad_norms"], ref["grad_norms"]))
     assert worst <= NORM_BOUND, f"{case}: {got['grad_norms']} vs {ref['grad_norms']}"
+    assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
+
+
+@pytest.mark.parametrize("case", BF16_TWO + BF16_FOUR)
+def test_bf16_interleaved_tracks_1f1b(results, case):
+    ref, got = results[case]["1f1b"], results[case]["interleaved"]
+    assert got["dtype"] == ref["dtype"] == "torch.bfloat16", (got["dtype"], ref["dtype"])
+    assert len(got["losses"]) == STEPS
+    worst = max(abs(a - b) / b for a, b in zip(got["losses"], ref["losses"]))
+    assert worst <= BF16_BOUND, f"{case}: {got['losses']} vs {ref['losses']} ({worst:.1e})"
     assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
 
 

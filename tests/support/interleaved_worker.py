@@ -1,9 +1,8 @@
 """Worker for the interleaved schedule's tests: run under torchrun, trains each requested case
 twice in this one launch, with parallel.pipeline_schedule=1f1b (DeepSpeed's PipelineEngine,
 one stage per rank) and =interleaved (engine/interleaved.py, virtual_pipeline_size chunks per
-rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses and
-gradient norms as JSON (rank 0). --save DIR: the interleaved run also saves its last step there
-(for the checkpoint test, which continues it under other layouts).
+rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses, gradient norms, parameter names and
+the weights' dtype as JSON (rank 0).
 
     torchrun --nproc_per_node 2 tests/support/interleaved_worker.py --out r.json \
         --cases pp2v2-gpt2 --workdir /tmp/vpp"""
@@ -29,6 +28,9 @@ LAYOUTS = {
     "pp2v2": ["parallel.pipeline_parallel_size=2"],
     "pp4v2": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
     "tp2pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+    "pp2v2bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
+    "pp4v2bf16": ["parallel.pipeline_parallel_size=4", "model.num_layers=8",
+                  "training.precision=bf16"],
 }
 
 
@@ -47,10 +49,12 @@ def train(overrides, run_dir: str, steps: int):
         r = job.engine.train_step(it)
         losses.append(r.loss)
         norms.append(r.grad_norm)
-    names = sorted(name for name, _ in job.engine.named_parameters())
+    params = job.engine.named_parameters()
+    names = sorted(name for name, _ in params)
     if job.lock:
         job.lock.release()
-    return {"losses": losses, "grad_norms": norms, "names": names}
+    return {"losses": losses, "grad_norms": norms, "names": names,
+            "dtype": str(params[0][1].dtype)}
 
 
 def main() -> int:
