@@ -8,8 +8,10 @@ from typing import Optional
 from megatron.config import schedules
 from megatron.config.errors import ConfigError
 
-# the runner id of the schedules that hold several chunks per rank (engine/runners.py)
+# the runner ids of the schedules that hold several chunks per rank (engine/runners.py):
+# interleaved 1F1B's loop of chunks, and ZB-V's V
 INTERLEAVED = "virtual_stages"
+CHUNKED = (INTERLEAVED, "v_stages")
 
 
 def chunks_error(cfg) -> Optional[ConfigError]:
@@ -25,14 +27,19 @@ def chunks_error(cfg) -> Optional[ConfigError]:
                            "chunks are spread over pipeline ranks",
                            "set parallel.pipeline_parallel_size>1 or "
                            "parallel.virtual_pipeline_size=1")
-    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:
+    record = schedules.get(p.pipeline_schedule)
+    if record.runner not in CHUNKED:
         return ConfigError("parallel.virtual_pipeline_size", v,
                            f"1 with parallel.pipeline_schedule={p.pipeline_schedule}: only the "
-                           "interleaved schedule holds several model chunks per rank "
+                           "interleaved and zbv schedules hold several model chunks per rank "
                            "(DeepSpeed's pipeline engine, which runs 1f1b and zbh1, holds one "
                            "stage; zbh1 is not interleaved in this trainer)",
                            "set parallel.pipeline_schedule=interleaved, or "
                            "parallel.virtual_pipeline_size=1")
+    # the schedule's own chunk count first (ZB-V: exactly 2), then the layers per chunk
+    own = record.rule(pp, p.context_parallel_size, v)
+    if own is not None:
+        return own
     if m.num_layers % (pp * v):
         return _layers_error(m.num_layers, pp, v)
     return None
@@ -59,6 +66,8 @@ def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
     of p, each group passing every chunk of a rank in turn."""
     p, t = cfg.parallel, cfg.training
     if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
+        return None
+    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:  # ZB-V's order takes any m
         return None
     pp, mb, gb = p.pipeline_parallel_size, t.micro_batch_size, t.global_batch_size
     m = gb // (mb * dp)

@@ -9,6 +9,8 @@ from tests.support.paths import TINY
 
 BASE = ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
         "parallel.virtual_pipeline_size=2"]
+ZBV = ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=zbv",
+       "parallel.virtual_pipeline_size=2"]
 
 
 def _refusal(overrides, world=2) -> ConfigError:
@@ -47,6 +49,11 @@ CASES = {
              ["not tested"], ["training.precision=bf16"]),
     "ZeRO-0": (BASE + ["parallel.zero_stage=0"], 2, "parallel.zero_stage", 0,
                ["first pipeline stage"], ["parallel.zero_stage=1"]),
+    "ZB-V with v = 4": (ZBV[:2] + ["parallel.virtual_pipeline_size=4", "model.num_layers=8"], 2,
+                        "parallel.virtual_pipeline_size", 4, ["exactly two", "zbv"],
+                        ["parallel.virtual_pipeline_size=2"]),
+    "ZB-V with v = 1": (ZBV[:2], 2, "parallel.virtual_pipeline_size", 1, ["exactly two"],
+                        ["parallel.virtual_pipeline_size=2"]),
 }
 
 
@@ -71,6 +78,11 @@ def test_the_layers_message_offers_the_chunk_counts_that_fit():
     assert "each of the 2 stages holds 6 layers" in text
     assert "set model.num_layers to a multiple of 8" in text
     assert "one of 2, 3, 6" in text
+
+
+def test_zbv_takes_any_number_of_micro_batches():
+    """ZB-V's order (engine/v_order.py) has no groups of p micro-batches: 3 on 2 stages run."""
+    assert validate_for_world(load_config(TINY, ZBV + ["training.global_batch_size=6"]), 2) == 1
 
 
 def test_bf16_runs_interleaved():
