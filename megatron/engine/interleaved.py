@@ -58,6 +58,7 @@ class InterleavedExecutor:
         self.order = module.order
         self.local: Dict[Tuple[int, int, int], torch.Tensor] = {}  # transfers within the rank
         self.stores: List[WeightGradStore] = []
+        self.deferred = 0  # TP layers whose weight gradients wait for a W pass
         if getattr(self.order, "W", None) is not None:  # the order splits each backward
             self.stores = [WeightGradStore() for _ in module.chunks]
             self.deferred = sum(defer_weight_grads(chunk, store)
