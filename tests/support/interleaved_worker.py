@@ -34,6 +34,8 @@ LAYOUTS = {
     # ZB-V (two chunks per rank in a V), against 1F1B on the same stages
     "pp2zbv": ["parallel.pipeline_parallel_size=2"],
     "pp4zbv": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
+    "tp2pp2zbv": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+    "pp2bf16zbv": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
 
 
