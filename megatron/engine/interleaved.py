@@ -1,5 +1,6 @@
-"""The interleaved 1F1B executor (parallel.pipeline_schedule=interleaved, runner "virtual_stages"):
-runs engine/interleaved_order.py's order over this rank's chunks (engine/chunks.py) and hands
+"""The executor of chunked pipelines (parallel.pipeline_schedule=interleaved, runner
+"virtual_stages", and zbv, runner "v_stages"): runs the schedule's order (engine/
+interleaved_order.py, engine/v_order.py) over this rank's chunks (engine/chunks.py) and hands
 the update to a plain DeepSpeed engine wrapped around them, called as DeepSpeed's
 PipelineEngine calls its own base class, so the numbers are 1F1B's:
 
