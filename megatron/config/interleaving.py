@@ -8,8 +8,10 @@ from typing import Optional
 from megatron.config import schedules
 from megatron.config.errors import ConfigError
 
-# the runner id of the schedules that hold several chunks per rank (engine/runners.py)
+# the runner ids of the schedules that hold several chunks per rank (engine/runners.py):
+# interleaved 1F1B's loop of chunks, and ZB-V's V
 INTERLEAVED = "virtual_stages"
+CHUNKED = (INTERLEAVED, "v_stages")
 
 
 def chunks_error(cfg) -> Optional[ConfigError]:
@@ -25,21 +27,38 @@ def chunks_error(cfg) -> Optional[ConfigError]:
                            "chunks are spread over pipeline ranks",
                            "set parallel.pipeline_parallel_size>1 or "
                            "parallel.virtual_pipeline_size=1")
-    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:
+    record = schedules.get(p.pipeline_schedule)
+    if record.runner not in CHUNKED:
         return ConfigError("parallel.virtual_pipeline_size", v,
                            f"1 with parallel.pipeline_schedule={p.pipeline_schedule}: only the "
-                           "interleaved schedule holds several model chunks per rank "
+                           "interleaved and zbv schedules hold several model chunks per rank "
                            "(DeepSpeed's pipeline engine, which runs 1f1b and zbh1, holds one "
                            "stage; zbh1 is not interleaved in this trainer)",
                            "set parallel.pipeline_schedule=interleaved, or "
                            "parallel.virtual_pipeline_size=1")
+    # the schedule's own chunk count first (ZB-V: exactly 2), then the layers per chunk
+    own = record.rule(pp, p.context_parallel_size, v)
+    if own is not None:
+        return own
     if m.num_layers % (pp * v):
-        return ConfigError("model.num_layers", m.num_layers,
-                           f"a multiple of pipeline_parallel_size x virtual_pipeline_size = "
-                           f"{pp} x {v} = {pp * v}: every model chunk holds the same number of "
-                           "layers", f"set model.num_layers to a multiple of {pp * v}, or "
-                           "lower parallel.virtual_pipeline_size")
+        return _layers_error(m.num_layers, pp, v)
     return None
+
+
+def _layers_error(layers: int, pp: int, v: int) -> ConfigError:
+    """v must divide each stage's layers: every model chunk holds the same number of layers."""
+    if layers % pp:
+        why = f"{layers} layers do not split evenly over {pp} stages"
+    else:
+        why = (f"each of the {pp} stages holds {layers // pp} layers, which "
+               f"virtual_pipeline_size={v} does not split into equal model chunks")
+    fits = [c for c in range(2, layers // pp + 1) if (layers // pp) % c == 0]
+    other = (f", or parallel.virtual_pipeline_size to one of {', '.join(map(str, fits))}"
+             if fits and not layers % pp else ", or lower parallel.virtual_pipeline_size")
+    return ConfigError("model.num_layers", layers,
+                       f"a multiple of pipeline_parallel_size x virtual_pipeline_size = {pp} x "
+                       f"{v} = {pp * v} ({why})",
+                       f"set model.num_layers to a multiple of {pp * v}{other}")
 
 
 def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
@@ -47,6 +66,8 @@ def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
     of p, each group passing every chunk of a rank in turn."""
     p, t = cfg.parallel, cfg.training
     if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
+        return None
+    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:  # ZB-V's order takes any m
         return None
     pp, mb, gb = p.pipeline_parallel_size, t.micro_batch_size, t.global_batch_size
     m = gb // (mb * dp)
@@ -60,17 +81,19 @@ def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
 
 
 def scope_error(cfg) -> Optional[ConfigError]:
-    """What this first slice of the interleaved executor does not run yet: 16-bit precision
-    (its optimizers keep gradients where the executor does not hand them on), ZeRO-0 and
-    experts."""
+    """What the interleaved executor does not run yet: fp16 (its loss scaling across chunks is
+    untried: DeepSpeed's CPU accelerator has no fp16, and no GPU was at hand), ZeRO-0 and
+    experts. bf16 under ZeRO-1 is DeepSpeed's ZeRO optimizer with bf16 weights, the same one
+    1f1b gets (tests/distributed/test_engine_interleaved.py)."""
     p, t, m = cfg.parallel, cfg.training, cfg.model
     if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
         return None
-    if t.precision != "fp32":
+    if t.precision == "fp16":
         return ConfigError("training.precision", t.precision,
-                           "fp32 with parallel.virtual_pipeline_size > 1: the interleaved "
-                           "executor is tested in fp32 only so far",
-                           "set training.precision=fp32, or parallel.virtual_pipeline_size=1")
+                           "fp32 or bf16 with parallel.virtual_pipeline_size > 1: the "
+                           "interleaved executor's fp16 loss scaling is not tested yet",
+                           "set training.precision=bf16 or fp32, or "
+                           "parallel.virtual_pipeline_size=1")
     if p.zero_stage == 0:
         return ConfigError("parallel.zero_stage", 0,
                            "1 with parallel.virtual_pipeline_size > 1: under ZeRO-0 DeepSpeed "

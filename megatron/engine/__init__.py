@@ -16,8 +16,9 @@
     runners.py        how each pipeline schedule's record (config/schedules) is run: DeepSpeed's
                       own TrainSchedule, or zero_bubble.py over pipe_order.py (torch-free)
     chunks.py         interleaved pipelines: this rank's model chunks and the groups DeepSpeed
-                      sees for them; interleaved_order.py their order (torch-free);
-                      interleaved.py the executor over a plain DeepSpeed engine
+                      sees for them; interleaved_order.py interleaved 1F1B's order and
+                      v_order.py ZB-V's (torch-free); interleaved.py the executor of both over
+                      a plain DeepSpeed engine
 
 Importing this package imports nothing else: the planner, which is torch-free, reads
 deepspeed_json and optimizer_kind from it."""

@@ -4,12 +4,15 @@ plain engine wraps for the optimizer step.
 
 Model chunk c of p v holds the c-th block of L / (p v) decoder layers, as
 model.pipeline_layers describes them; chunk 0 also holds the embedding, the last chunk the
-final norm and the head. Rank r holds chunks r, r + p, ..., local chunk i being model chunk
-i p + r. With tied embeddings the first chunk (rank 0) and the last (rank p - 1) each build the
-embedding, the last one's weight a copy of the first's broadcast at build time, and their
-gradients are summed over the pair before the update (tied_grads_all_reduce), as DeepSpeed's
-TiedLayerSpec does for 1F1B; the copy on rank p - 1 is marked ds_pipe_replicated so DeepSpeed's
-gradient norm counts the weight once."""
+final norm and the head. Which chunks a rank holds is its schedule's order's (PLACEMENTS, by
+the record's runner id): interleaved 1F1B's loop, rank r holding chunks r, r + p, ... (local
+chunk i is model chunk i p + r; engine/interleaved_order.py), or ZB-V's V, rank r holding
+chunks r and 2 p - 1 - r (engine/v_order.py). With tied embeddings the first chunk and the last
+each build the embedding, the last one's weight a copy of the first's made at build time, and
+their gradients are summed before the update (tied_grads_all_reduce), as DeepSpeed's
+TiedLayerSpec does for 1F1B: over the pair of ranks that hold them, or on the one rank that
+holds both (ZB-V; a + b is b + a, so the sum is the pair's bit for bit). The copy is marked
+ds_pipe_replicated so DeepSpeed's gradient norm counts the weight once."""
 from __future__ import annotations
 
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -18,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron.config import schedules
+from megatron.engine import interleaved_order, v_order
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.model import PipeLayer, lm_loss
 from megatron.parallel.state import ParallelState
@@ -56,17 +61,31 @@ class ChunkedModule(nn.Module):
     torch.no_grad() (the tied weight is broadcast in place)."""
 
     def __init__(self, layers: List[PipeLayer], state: ParallelState, chunks: int,
-                 boundary_shape: Tuple[int, ...], loss_fn):
+                 boundary_shape: Tuple[int, ...], loss_fn, order=interleaved_order):
         super().__init__()
         self.state, self.num_chunks, self.loss_fn = state, chunks, loss_fn
+        self.order = order  # the schedule's order: placement (model_chunk, owner) and passes
         self.boundary_shape = tuple(boundary_shape)  # every activation sent between chunks
         total = state.pp * chunks
         slices = chunk_slices(len(layers) - 3, total)
-        self.chunks = nn.ModuleList(
-            Chunk(layers[slice(*slices[local * state.pp + state.pp_rank])])
-            for local in range(chunks))
-        self.tie_group = _tie_group(state) if any(layer.tie_key for layer in layers) else None
+        self.chunk_ids = [order.model_chunk(state.pp, state.pp_rank, local)
+                          for local in range(chunks)]
+        self.chunks = nn.ModuleList(Chunk(layers[slice(*slices[c])]) for c in self.chunk_ids)
+        self.first_rank = order.owner(state.pp, 0)[0]  # pipeline ranks of the end chunks
+        self.last_rank = order.owner(state.pp, total - 1)[0]
+        tied = any(layer.tie_key for layer in layers)
+        self.tie_local = tied and self.first_rank == self.last_rank  # both on one rank (ZB-V)
+        self.tie_group = (_tie_group(state, self.first_rank, self.last_rank)
+                          if tied and not self.tie_local else None)
         self._sync_tied()
+
+    @property
+    def reads_tokens(self) -> bool:
+        return self.state.pp_rank == self.first_rank
+
+    @property
+    def holds_loss(self) -> bool:
+        return self.state.pp_rank == self.last_rank
 
     def forward(self, chunk: int, x):
         return self.chunks[chunk](x)
@@ -84,14 +103,30 @@ class ChunkedModule(nn.Module):
         in the gradient norm (DeepSpeed's PipelineModule: the lowest rank owns it)."""
         for p in self.parameters():
             p.ds_pipe_replicated = False
+        if self.tie_local:
+            if not self.reads_tokens:  # that one rank holds both, and it is not this one
+                return
+            first, *copies = self.tied_weights()
+            for weight in copies:
+                weight.data.copy_(first.data)
+                weight.ds_pipe_replicated = True
+            return
         if self.tie_group is None:
             return
         for weight in self.tied_weights():
-            dist.broadcast(weight.data, src=self.state.pp_ranks[0], group=self.tie_group)
-            weight.ds_pipe_replicated = not self.state.is_first_stage
+            dist.broadcast(weight.data, src=self.state.pp_ranks[self.first_rank],
+                           group=self.tie_group)
+            weight.ds_pipe_replicated = not self.reads_tokens
 
     def tied_grads_all_reduce(self) -> None:
         """The tied embedding's two gradient halves (input embedding, output head) summed."""
+        if self.tie_local:
+            weights = self.tied_weights()
+            if len(weights) == 2 and all(w.grad is not None for w in weights):
+                total = weights[0].grad + weights[1].grad
+                for w in weights:
+                    w.grad.copy_(total)
+            return
         if self.tie_group is None:
             return
         for weight in self.tied_weights():
@@ -106,15 +141,16 @@ class ChunkedModule(nn.Module):
                     yield prefix + name, param
 
 
-def _tie_group(state: ParallelState) -> Optional[object]:
-    """The first and last stage of this rank's pipeline (same data, context and tensor
-    position). Every rank creates every pair's group, in the same order (collective)."""
+def _tie_group(state: ParallelState, first_stage: int, last_stage: int) -> Optional[object]:
+    """The stages of the first and the last chunk in this rank's pipeline (same data, context
+    and tensor position). Every rank creates every pair's group, in the same order
+    (collective)."""
     world, pp = state.world_size, state.pp
     stride = world // pp  # pp is the outermost axis of the rank grid (parallel/state.py)
     mine = None
-    for first in range(stride):
-        group = dist.new_group([first, first + (pp - 1) * stride])
-        if state.rank % stride == first:
+    for offset in range(stride):
+        group = dist.new_group([offset + first_stage * stride, offset + last_stage * stride])
+        if state.rank % stride == offset:
             mine = group
     return mine
 
@@ -156,5 +192,11 @@ def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> Chunke
     def loss_fn(logits, labels):
         return lm_loss(logits, labels.to(logits.device), state)
 
+    order = PLACEMENTS[schedules.get(cfg.parallel.pipeline_schedule).runner]
     with torch.no_grad():  # the tied weight's broadcast stays out of autograd
-        return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn)
+        return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn,
+                             order)
+
+
+# a chunked schedule's runner id (its record's, engine/runners.py) -> the module of its order
+PLACEMENTS = {"virtual_stages": interleaved_order, "v_stages": v_order}

@@ -1,5 +1,6 @@
-"""The interleaved 1F1B executor (parallel.pipeline_schedule=interleaved, runner "virtual_stages"):
-runs engine/interleaved_order.py's order over this rank's chunks (engine/chunks.py) and hands
+"""The executor of chunked pipelines (parallel.pipeline_schedule=interleaved, runner
+"virtual_stages", and zbv, runner "v_stages"): runs the schedule's order (engine/
+interleaved_order.py, engine/v_order.py) over this rank's chunks (engine/chunks.py) and hands
 the update to a plain DeepSpeed engine wrapped around them, called as DeepSpeed's
 PipelineEngine calls its own base class, so the numbers are 1F1B's:
 
@@ -15,7 +16,13 @@ PipelineEngine calls its own base class, so the numbers are 1F1B's:
 
 Each chunk's gradients accumulate over micro-batches in micro-batch order, as under 1F1B.
 Transfers: isend (never waited for until the step ends) and blocking recv, each message tagged
-by (kind, chunk, micro-batch), so no order of posts can deadlock (interleaved_order.replay)."""
+by (kind, chunk, micro-batch), so no order of posts can deadlock (interleaved_order.replay);
+between two chunks of one rank (ZB-V's turn at rank p - 1) the tensor is handed over in memory.
+
+The order is the module's (chunks.ChunkedModule.order: engine/interleaved_order.py, or
+engine/v_order.py for ZB-V). An order with W passes splits each backward: B runs with its
+chunk's WeightGradStore open (parallel/layers.defer_weight_grads), so the TP layers leave their
+weight-gradient products there, and W runs them into .grad, in micro-batch order per chunk."""
 from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -23,8 +30,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.engine import interleaved_order as order
 from megatron.engine.chunks import ChunkedModule
+from megatron.parallel.layers import WeightGradStore, defer_weight_grads
 
 _ACT, _GRAD = 0, 1
 
@@ -49,21 +56,37 @@ class InterleavedExecutor:
         # engine.backward has divided already): a chunk's output gradient is passed unscaled.
         engine._backward_prologue_per_tensor = _unscaled
         self.sends: List[Tuple[object, torch.Tensor]] = []
+        self.order = module.order
+        self.local: Dict[Tuple[int, int, int], torch.Tensor] = {}  # transfers within the rank
+        self.stores: List[WeightGradStore] = []
+        self.deferred = 0  # TP layers whose weight gradients wait for a W pass
+        if getattr(self.order, "W", None) is not None:  # the order splits each backward
+            self.stores = [WeightGradStore() for _ in module.chunks]
+            self.deferred = sum(defer_weight_grads(chunk, store)
+                                for chunk, store in zip(module.chunks, self.stores))
 
     # --- transfers -----------------------------------------------------------------------------
 
     def _rank_of(self, chunk: int) -> int:
-        return self.state.pp_ranks[order.owner(self.p, chunk)[0]]
+        return self.state.pp_ranks[self.order.owner(self.p, chunk)[0]]
+
+    def _chunk(self, local: int) -> int:
+        return self.order.model_chunk(self.p, self.state.pp_rank, local)
 
     def _tag(self, kind: int, chunk: int, mb: int) -> int:
         return (kind * (self.last + 1) + chunk) * self.micro_batches + mb
 
     def _send(self, tensor: torch.Tensor, kind: int, chunk: int, mb: int, to_chunk: int) -> None:
         tensor = tensor.detach().contiguous()
+        if self._rank_of(to_chunk) == self.state.rank:
+            self.local[(kind, chunk, mb)] = tensor.clone()
+            return
         work = dist.isend(tensor, self._rank_of(to_chunk), tag=self._tag(kind, chunk, mb))
         self.sends.append((work, tensor))  # the tensor lives until the send completes
 
     def _recv(self, kind: int, chunk: int, mb: int, from_chunk: int) -> torch.Tensor:
+        if self._rank_of(from_chunk) == self.state.rank:
+            return self.local.pop((kind, chunk, mb))
         buf = torch.empty(self.module.boundary_shape, dtype=self.dtype, device=self.device)
         dist.recv(buf, self._rank_of(from_chunk), tag=self._tag(kind, chunk, mb))
         return buf
@@ -77,8 +100,9 @@ class InterleavedExecutor:
 
     def _load(self, data_iter: Iterator, micro_batches: int) -> Dict[int, Tuple]:
         """The step's micro-batches on the ranks that read them (the first chunk's tokens, the
-        last chunk's labels: ranks 0 and p - 1, as DeepSpeed's LoadMicroBatch)."""
-        if not (self.state.is_first_stage or self.state.is_last_stage):
+        last chunk's labels: ranks 0 and p - 1, as DeepSpeed's LoadMicroBatch; both rank 0
+        under ZB-V)."""
+        if not (self.module.reads_tokens or self.module.holds_loss):
             return {}
         out = {}
         for mb in range(micro_batches):
@@ -87,7 +111,7 @@ class InterleavedExecutor:
         return out
 
     def _forward(self, local: int, mb: int, held: Dict, batches: Dict, train: bool):
-        chunk = order.model_chunk(self.p, self.state.pp_rank, local)
+        chunk = self._chunk(local)
         if chunk == 0:
             x = batches[mb][0]
         else:
@@ -104,7 +128,25 @@ class InterleavedExecutor:
             held[(local, mb)] = (x, out)
 
     def _backward(self, local: int, mb: int, held: Dict) -> None:
-        chunk = order.model_chunk(self.p, self.state.pp_rank, local)
+        if self.stores:
+            self.stores[local].open()
+        try:
+            self._backward_pass(local, mb, held)
+        finally:
+            if self.stores:
+                self.stores[local].seal()
+
+    def _weights(self, local: int, mb: int) -> None:
+        """W: the chunk's deferred weight products of micro-batch `mb` into .grad (flagged as
+        an engine backward, as the PipelineEngine's own backward pass is)."""
+        self.engine._running_engine_backward = True
+        try:
+            self.stores[local].run(mb)
+        finally:
+            self.engine._running_engine_backward = False
+
+    def _backward_pass(self, local: int, mb: int, held: Dict) -> None:
+        chunk = self._chunk(local)
         x, out = held.pop((local, mb))
         if chunk == self.last:
             self.engine.backward(out)
@@ -131,11 +173,15 @@ class InterleavedExecutor:
         engine.module.train()
         self._begin(m)
         batches, held = self._load(data_iter, m), {}
-        for kind, local, mb in order.rank_ops(self.p, self.state.pp_rank, self.v, m):
-            if kind == order.F:
+        for store in self.stores:
+            store.reset()
+        for kind, local, mb in self.order.rank_ops(self.p, self.state.pp_rank, self.v, m):
+            if kind == self.order.F:
                 self._forward(local, mb, held, batches, train=True)
-            else:
+            elif kind == self.order.B:
                 self._backward(local, mb, held)
+            else:
+                self._weights(local, mb)
         self._drain()
         self._update()
         return self._aggregate(m)
@@ -159,8 +205,8 @@ class InterleavedExecutor:
         self.engine.module.eval()
         self._begin(m)
         batches = self._load(data_iter, m)
-        for kind, local, mb in order.rank_ops(self.p, self.state.pp_rank, self.v, m):
-            if kind == order.F:
+        for kind, local, mb in self.order.rank_ops(self.p, self.state.pp_rank, self.v, m):
+            if kind == self.order.F:
                 self._forward(local, mb, {}, batches, train=False)
         self._drain()
         return self._aggregate(m)
@@ -170,12 +216,12 @@ class InterleavedExecutor:
         stage and broadcast from there to the pipeline."""
         state = self.state
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        if state.is_last_stage:
+        if self.module.holds_loss:
             loss = (self.total / micro_batches).float()
             if state.dp_cp > 1:
                 dist.all_reduce(loss, group=state.dp_cp_group)
                 loss /= state.dp_cp
-        dist.broadcast(loss, src=state.pp_ranks[-1], group=state.pp_group)
+        dist.broadcast(loss, src=state.pp_ranks[self.module.last_rank], group=state.pp_group)
         return loss
 
 
@@ -187,7 +233,7 @@ def engine_micro_batches(engine) -> int:
     return engine.gradient_accumulation_steps()
 
 
-def use_interleaved(engine, module: ChunkedModule) -> str:
+def use_interleaved(engine, module: ChunkedModule, schedule: str) -> str:
     """Makes `engine` (DeepSpeed's plain engine over `module`) train and evaluate with the
     interleaved order: its train_batch and eval_batch become the executor's (instance
     attributes shadow the class's). Returns what changed, for the log."""
@@ -195,4 +241,6 @@ def use_interleaved(engine, module: ChunkedModule) -> str:
     engine.train_batch = executor.train_batch
     engine.eval_batch = executor.eval_batch
     engine.interleaved = executor
-    return f"{module.num_chunks} model chunks on this rank (interleaved 1F1B)"
+    deferred = (f", weight gradients of {executor.deferred} layers deferred"
+                if executor.stores else "")
+    return f"{module.num_chunks} model chunks on this rank ({schedule}){deferred}"

@@ -71,9 +71,11 @@ def _interleaved(engine, module, schedule: str) -> str:
     """engine/interleaved.py: the project's own executor over this rank's model chunks
     (engine/chunks.py), the update left to the plain DeepSpeed engine that wraps them."""
     from megatron.engine.interleaved import use_interleaved
-    return use_interleaved(engine, module)
+    return use_interleaved(engine, module, schedule)
 
 
 register_runner("deepspeed", _deepspeed)
 register_runner("zero_bubble", _zero_bubble)
 register_runner("virtual_stages", _interleaved)
+# ZB-V: the same executor; the module's chunks and order are the V's (chunks.PLACEMENTS)
+register_runner("v_stages", _interleaved)

@@ -4,7 +4,9 @@ continuing uninterrupted (fp32, dropout off). Weights alone would not do: with A
 fp32 masters, the step count, the schedule or the data position lost, step 6 already differs.
 
 Four launches (start-up dominates): 1 rank (sources TP1), 2 ranks (sources TP2, DP2 ZeRO-2, the
-bf16 case), 4 ranks (source PP2xDP2 ZeRO-1; continuations on 4 ranks), 1 rank (TP2 -> TP1).
+bf16 case, PP2 under interleaved 1F1B, ZB-V and 1F1B; continuations between them), 4 ranks
+(source PP2xDP2 ZeRO-1; continuations on 4 ranks, interleaved -> PP4), 1 rank (TP2 -> TP1,
+interleaved and ZB-V -> one process).
 A failure names the pair and the flavour: a wrong partition of one kind of weight (fused QKV,
 SwiGLU's stride, row/column, padded vocabulary) shows on one flavour or one pair only."""
 import os
@@ -19,6 +21,13 @@ PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
          ("dp2_zero2", "dp4_zero1")]
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
+# Interleaved 1F1B (pp2v2: rank r holds layers r and r + 2) and ZB-V (pp2zbv: rank 0 layers 0
+# and 3 and both copies of the tied embedding) run 1F1B's arithmetic bit for bit
+# (tests/distributed/test_engine_interleaved.py) and their checkpoints name each layer by its
+# global number, as every layout does: between them and 1F1B on the same stages a
+# continuation is exact; onto other stages or one process it is held to TOLERANCE.
+EXACT = [("pp2v2", "pp2"), ("pp2", "pp2v2"), ("pp2zbv", "pp2")]
+INTERLEAVED = [("pp2v2", "pp4"), ("pp2v2", "tp1"), ("pp2zbv", "tp1")]
 # bf16 (DP2 ZeRO-1, DeepSpeed's ZeRO optimizer) -> TP2 ZeRO-0 (its BF16_Optimizer): the fp32
 # masters carry over exactly, but TP splits each bf16 matmul's reduction differently.
 BF16_TOLERANCE = 2e-3
@@ -38,12 +47,14 @@ def _launch(tmp, nproc, **lists):
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("ckpt_layouts"))
     got = _launch(tmp, 1, sources=["tp1"])
-    got.update(_launch(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2"],
-                       targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2"]))
+    got.update(_launch(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2", "pp2v2", "pp2",
+                                        "pp2zbv"],
+                       targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2", "pp2v2>pp2",
+                                "pp2>pp2v2", "pp2zbv>pp2"]))
     got.update(_launch(tmp, 4, sources=["pp2dp2_zero1"],
                        targets=["tp1>tp2pp2", "dp2_zero2>dp4_zero1",
-                                "pp2dp2_zero1>tp2dp2_zero3"]))
-    got.update(_launch(tmp, 1, targets=["tp2>tp1"]))
+                                "pp2dp2_zero1>tp2dp2_zero3", "pp2v2>pp4"]))
+    got.update(_launch(tmp, 1, targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1"]))
     return got
 
 
@@ -53,7 +64,8 @@ def _worst(losses, reference):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-@pytest.mark.parametrize("src, dst", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+@pytest.mark.parametrize("src, dst", PAIRS + INTERLEAVED,
+                         ids=[f"{a}-to-{b}" for a, b in PAIRS + INTERLEAVED])
 def test_continuing_in_another_layout_matches_continuing_in_the_same(results, src, dst, flavour):
     continued = results[f"{src}>{dst}/{flavour}"]
     reference = results[f"{src}/{flavour}"]
@@ -66,3 +78,13 @@ def test_bf16_continues_in_another_layout_within_its_bound(results):
     continued = results["dp2_zero1_bf16>tp2_zero0_bf16/gpt2"]
     reference = results["dp2_zero1_bf16/gpt2"]
     assert _worst(continued, reference) <= BF16_TOLERANCE, (continued, reference)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("src, dst", EXACT, ids=[f"{a}-to-{b}" for a, b in EXACT])
+def test_interleaved_and_1f1b_continue_each_other_bit_for_bit(results, src, dst, flavour):
+    """A failure here and not in test_engine_interleaved.py: the checkpoint (names, the tied
+    embedding's copy on the last stage, optimizer state) is what differs."""
+    continued = results[f"{src}>{dst}/{flavour}"]
+    reference = results[f"{src}/{flavour}"]
+    assert continued == reference, f"{src} -> {dst} ({flavour}): {continued} vs {reference}"

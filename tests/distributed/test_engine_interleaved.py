@@ -7,8 +7,18 @@ _take_model_step with the groups of its pipeline grid. The gradient norm is a su
 over ranks that hold other layers than under 1F1B, added in another grouping: measured equal at
 PP2 and within an ulp or two at PP4 and TP2 x PP2 (relative 1e-7), hence NORM_BOUND.
 
-Two launches: 2 ranks (PP2 x v2, GPT-2 with tied embeddings and Llama) and 4 ranks (PP4 x v2 on
-8 layers, TP2 x PP2 x v2)."""
+bf16 (DeepSpeed's ZeRO-1 optimizer over bf16 weights, as 1F1B gets it): the same gradient
+arithmetic, so the losses are measured identical too; they are held to BF16_BOUND, because at PP4
+the norm's last-ulp difference reaches the clipping coefficient and a bf16 weight may round
+the other way.
+
+ZB-V (parallel.pipeline_schedule=zbv: two chunks per rank in a V, each backward split into B and
+a deferred W, engine/v_order.py) on the same executor: the same arithmetic again, each chunk's
+B and W in micro-batch order, the tied embedding's halves both on rank 0 and summed there; the
+losses bit for bit, at PP2, PP4 and TP2 x PP2, and in bf16 (held to BF16_BOUND) at PP2.
+
+Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2; GPT-2 with tied embeddings and Llama)
+and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2)."""
 import os
 
 import pytest
@@ -19,8 +29,13 @@ from tests.support.procs import launch_json
 WORKER = os.path.join(ROOT, "tests", "support", "interleaved_worker.py")
 TWO = ["pp2v2-gpt2", "pp2v2-llama"]
 FOUR = ["pp4v2-gpt2", "pp4v2-llama", "tp2pp2v2-gpt2"]
+ZBV_TWO = ["pp2zbv-gpt2", "pp2zbv-llama"]
+ZBV_FOUR = ["pp4zbv-gpt2", "pp4zbv-llama", "tp2pp2zbv-gpt2"]
+BF16_TWO = ["pp2v2bf16-gpt2", "pp2v2bf16-llama", "pp2bf16zbv-llama"]
+BF16_FOUR = ["pp4v2bf16-llama"]
 STEPS = 10
 NORM_BOUND = 1e-6  # relative
+BF16_BOUND = 1e-3  # relative, per step's loss
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +48,19 @@ def _run(tmp, nproc, cases):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO)
-    merged.update(_run(tmp, 4, FOUR))
+    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO)
+    merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR))
     return merged
 
 
-@pytest.mark.parametrize("case", TWO + FOUR)
+def _chunked(results, case):
+    """The case's run under its chunked schedule (interleaved, or zbv for the *zbv layouts)."""
+    return results[case]["zbv" if case.split("-")[0].endswith("zbv") else "interleaved"]
+
+
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR)
 def test_interleaved_is_bit_identical_to_1f1b(results, case):
-    ref, got = results[case]["1f1b"], results[case]["interleaved"]
+    ref, got = results[case]["1f1b"], _chunked(results, case)
     assert len(got["losses"]) == STEPS
     assert got["losses"] == ref["losses"], f"{case}: {got['losses']} vs {ref['losses']}"
     worst = max(abs(a - b) / b for a, b in zip(got["grad_norms"], ref["grad_norms"]))
@@ -48,11 +68,31 @@ def test_interleaved_is_bit_identical_to_1f1b(results, case):
     assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
 
 
-@pytest.mark.parametrize("case", TWO + FOUR)
+@pytest.mark.parametrize("case", BF16_TWO + BF16_FOUR)
+def test_bf16_interleaved_tracks_1f1b(results, case):
+    ref, got = results[case]["1f1b"], _chunked(results, case)
+    assert got["dtype"] == ref["dtype"] == "torch.bfloat16", (got["dtype"], ref["dtype"])
+    assert len(got["losses"]) == STEPS
+    worst = max(abs(a - b) / b for a, b in zip(got["losses"], ref["losses"]))
+    assert worst <= BF16_BOUND, f"{case}: {got['losses']} vs {ref['losses']} ({worst:.1e})"
+    assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
+
+
+@pytest.mark.parametrize("case", ZBV_TWO + ZBV_FOUR)
+def test_zbv_defers_the_weight_gradients(results, case):
+    """Rank 0 holds the embedding, layer 0, the last layer and the head (and with them the
+    tied embedding twice): W passes ran for its TP layers' weights."""
+    got = results[case]["zbv"]
+    assert got["deferred"] > 0
+    layers = sorted({int(n.split(".")[1]) for n in got["names"] if n.startswith("layers.")})
+    assert layers[0] == 0 and layers[-1] == (7 if case.startswith("pp4") else 3), layers
+
+
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR)
 def test_parameters_keep_their_gpt_model_names(results, case):
     """Rank 0 holds chunks 0 and p under interleaving: other layers than 1F1B's first stage,
     under the names a GPTModel gives them (the layout-free checkpoint's)."""
-    names = results[case]["interleaved"]["names"]
+    names = _chunked(results, case)["names"]
     assert "embedding.word_embeddings.weight" in names
     assert any(n.startswith("layers.0.") for n in names)
     assert all(n.split(".")[0] in ("embedding", "layers", "final_norm", "output") for n in names)

@@ -37,6 +37,14 @@ LAYOUTS = {
     "dp2_zero1_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "tp2_zero0_bf16": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0",
                        "training.precision=bf16"],
+    # interleaved 1F1B: rank r holds model chunks r and r + 2 (layers r and r + 2 of 4)
+    "pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
+              "parallel.virtual_pipeline_size=2"],
+    # ZB-V: rank 0 holds layers 0 and 3 (and the tied embedding twice), rank 1 layers 1 and 2
+    "pp2zbv": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=zbv",
+               "parallel.virtual_pipeline_size=2"],
+    "pp2": ["parallel.pipeline_parallel_size=2"],
+    "pp4": ["parallel.pipeline_parallel_size=4"],
 }
 
 

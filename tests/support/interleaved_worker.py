@@ -1,9 +1,8 @@
 """Worker for the interleaved schedule's tests: run under torchrun, trains each requested case
 twice in this one launch, with parallel.pipeline_schedule=1f1b (DeepSpeed's PipelineEngine,
 one stage per rank) and =interleaved (engine/interleaved.py, virtual_pipeline_size chunks per
-rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses and
-gradient norms as JSON (rank 0). --save DIR: the interleaved run also saves its last step there
-(for the checkpoint test, which continues it under other layouts).
+rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses, gradient norms, parameter names and
+the weights' dtype as JSON (rank 0).
 
     torchrun --nproc_per_node 2 tests/support/interleaved_worker.py --out r.json \
         --cases pp2v2-gpt2 --workdir /tmp/vpp"""
@@ -29,13 +28,26 @@ LAYOUTS = {
     "pp2v2": ["parallel.pipeline_parallel_size=2"],
     "pp4v2": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
     "tp2pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+    "pp2v2bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
+    "pp4v2bf16": ["parallel.pipeline_parallel_size=4", "model.num_layers=8",
+                  "training.precision=bf16"],
+    # ZB-V (two chunks per rank in a V), against 1F1B on the same stages
+    "pp2zbv": ["parallel.pipeline_parallel_size=2"],
+    "pp4zbv": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
+    "tp2pp2zbv": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
+    "pp2bf16zbv": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
 
 
+def chunked_schedule(layout: str) -> str:
+    """The schedule a case compares with 1F1B: zbv for the *zbv layouts, else interleaved."""
+    return "zbv" if layout.endswith("zbv") else "interleaved"
+
+
 def schedule_overrides(schedule: str):
-    if schedule == "interleaved":
-        return ["parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"]
-    return ["parallel.pipeline_schedule=1f1b"]
+    if schedule == "1f1b":
+        return ["parallel.pipeline_schedule=1f1b"]
+    return [f"parallel.pipeline_schedule={schedule}", "parallel.virtual_pipeline_size=2"]
 
 
 def train(overrides, run_dir: str, steps: int):
@@ -47,10 +59,15 @@ def train(overrides, run_dir: str, steps: int):
         r = job.engine.train_step(it)
         losses.append(r.loss)
         norms.append(r.grad_norm)
-    names = sorted(name for name, _ in job.engine.named_parameters())
+    params = job.engine.named_parameters()
+    names = sorted(name for name, _ in params)
     if job.lock:
         job.lock.release()
-    return {"losses": losses, "grad_norms": norms, "names": names}
+    executor = getattr(job.engine.engine, "interleaved", None)
+    return {"losses": losses, "grad_norms": norms, "names": names,
+            "dtype": str(params[0][1].dtype),
+            # TP layers whose weight gradients wait for a W pass (ZB-V's executor)
+            "deferred": getattr(executor, "deferred", 0) if executor else 0}
 
 
 def main() -> int:
@@ -67,7 +84,7 @@ def main() -> int:
         base = COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
         results[case] = {s: train(base + schedule_overrides(s),
                                   os.path.join(args.workdir, f"{case}-{s}"), args.steps)
-                         for s in ("1f1b", "interleaved")}
+                         for s in ("1f1b", chunked_schedule(layout))}
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,12 +1,11 @@
-"""The interleaved 1F1B order (engine/interleaved_order.py), the interleaved schedule's record
-and the config rules of parallel.virtual_pipeline_size (config/interleaving.py)."""
+"""The interleaved 1F1B order (engine/interleaved_order.py) and the interleaved schedule's
+record; the config rules of parallel.virtual_pipeline_size are in test_config_interleaving.py."""
 import pytest
 
-from megatron.config import ConfigError, load_config, schedules, validate_for_world
+from megatron.config import schedules
 from megatron.config.schedules.registry import Pipe
 from megatron.engine import interleaved_order as order
 from megatron.engine.chunks import chunk_slices
-from tests.support.paths import TINY
 
 LAYOUTS = [(2, 1, 4), (2, 2, 4), (2, 2, 8), (4, 2, 8), (4, 2, 16), (4, 4, 4), (8, 2, 16),
            (2, 3, 6)]
@@ -65,37 +64,3 @@ def test_the_record_prices_what_the_planner_prices_for_1f1b_with_chunks():
     assert mine.bubble(pipe, 0.0) == ref.bubble(pipe, 0.0) == 3 / 19
     assert mine.stored(pipe, 0, 1.0, 0.0) == ref.stored(pipe, 0, 1.0, 0.0)
     assert mine.runner == "virtual_stages"
-
-
-BASE = ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
-        "parallel.virtual_pipeline_size=2"]
-
-
-@pytest.mark.parametrize("overrides,field", [
-    (["parallel.virtual_pipeline_size=2"], "parallel.virtual_pipeline_size"),
-    (["parallel.pipeline_parallel_size=2", "parallel.virtual_pipeline_size=2"],
-     "parallel.virtual_pipeline_size"),
-    (["parallel.pipeline_parallel_size=2", "parallel.virtual_pipeline_size=2",
-      "parallel.pipeline_schedule=zbh1"], "parallel.virtual_pipeline_size"),
-    (["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved"],
-     "parallel.pipeline_schedule"),
-    (BASE[:2] + ["parallel.virtual_pipeline_size=4"], "model.num_layers"),
-    (BASE + ["training.global_batch_size=6"], "training.global_batch_size"),
-    (BASE + ["training.precision=bf16"], "training.precision"),
-    (BASE + ["parallel.zero_stage=0"], "parallel.zero_stage"),
-])
-def test_refusals_name_the_field(overrides, field):
-    cfg = load_config(TINY, overrides)
-    with pytest.raises(ConfigError) as e:
-        validate_for_world(cfg, 2)
-    assert e.value.field == field, str(e.value)
-    assert "set " in str(e.value)
-
-
-def test_a_valid_interleaved_layout():
-    assert validate_for_world(load_config(TINY, BASE), 2) == 1
-
-
-def test_virtual_pipeline_size_is_positive():
-    with pytest.raises(ConfigError):
-        load_config(TINY, ["parallel.virtual_pipeline_size=0"])

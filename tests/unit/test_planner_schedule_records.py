@@ -147,7 +147,7 @@ def test_the_trainer_refuses_it_at_start_up_naming_those_it_runs(gpipe, monkeypa
     with pytest.raises(ConfigError) as e:
         startup.start(cfg, StartupTimer())
     assert str(e.value).startswith("parallel.pipeline_schedule='gpipe' is invalid: expected a "
-                                   "schedule this trainer runs: one of 1f1b, zbh1, interleaved (gpipe, GPipe,")
+                                   "schedule this trainer runs: one of 1f1b, zbh1, interleaved, zbv (gpipe, GPipe,")
     with pytest.raises(ValueError, match="lock steps"):
         pipe_order.stage_steps("gpipe", 2, 0, 4)
     monkeypatch.setitem(runners.RUNNERS, "gpipe-runner", lambda engine, module, name: "")
@@ -172,7 +172,7 @@ def test_registration_refuses_a_second_record_under_a_name():
 
 
 RECORD_FILES = {"megatron/config/schedules/one_f_one_b.py", "megatron/config/schedules/zbh1.py",
-                "megatron/config/schedules/interleaved.py"}
+                "megatron/config/schedules/interleaved.py", "megatron/config/schedules/zbv.py"}
 
 
 def _branch_on_a_name() -> "re.Pattern":

@@ -6,6 +6,7 @@ from megatron.config.schedules.registry import (DEFAULT, Pipe, Schedule, StageKi
                                                 names, register, unregister, with_runner)
 from megatron.config.schedules import one_f_one_b, zbh1  # noqa: F401  (they register themselves)
 from megatron.config.schedules import interleaved  # noqa: F401,E402  (after them: names() order)
+from megatron.config.schedules import zbv  # noqa: F401,E402
 
 __all__ = ["DEFAULT", "Pipe", "Schedule", "StageKinds", "fill", "get", "names", "register",
            "unregister", "with_runner"]

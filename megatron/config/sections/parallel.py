@@ -42,12 +42,15 @@ class ParallelConfig:
         schedules.names, "config/schedules/"))
     """The pipeline schedule (pipeline_parallel_size > 1), a record of config/schedules: 1f1b is
     DeepSpeed's; zbh1 is the zero-bubble ZB-H1 schedule (Qi et al. 2023): each backward split into
-    an input-gradient pass and a deferred weight-gradient pass that fills the bubble. The same
-    gradients (docs/pipeline.md)."""
+    an input-gradient pass and a deferred weight-gradient pass that fills the bubble;
+    interleaved is Megatron-LM's interleaved 1F1B over virtual_pipeline_size chunks per rank;
+    zbv is ZB-V (Qi et al. 2024): virtual_pipeline_size=2 chunks per rank in a V, with ZB-H1's
+    split backward. The same gradients (docs/pipeline.md)."""
     virtual_pipeline_size: int = 1
     """Model chunks per pipeline rank (Megatron's virtual pipeline size v), run by
-    pipeline_schedule=interleaved: rank r holds chunks r, r + pp, ... of pp x v equal blocks of
-    layers, for a bubble v times smaller. 1: one contiguous stage per rank. docs/pipeline.md."""
+    pipeline_schedule=interleaved (rank r holds chunks r, r + pp, ... of pp x v equal blocks of
+    layers, for a bubble v times smaller) or zbv (v = 2: chunks r and 2 pp - 1 - r). 1: one
+    contiguous stage per rank. docs/pipeline.md."""
     timeout_minutes: int = 10
     """Minutes a rank waits for the others in the rendezvous and start-up before the job fails
     instead of hanging (torch's default: 10). From the first step on, the hang watchdog's limits
