@@ -106,8 +106,38 @@ def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     keep_scores = not lay.flash and lay.recompute == "none" and not ring
     total = layer_full_bytes(m, lay, precision, keep_scores)
     if ring and lay.recompute == "none":
-        total += ring_kept_bytes(m, lay, precision)
+        total += ring_explicit_kept_bytes(m, lay, precision) if ring_explicit(m, lay) \
+            else ring_kept_bytes(m, lay, precision)
     return total
+
+
+def ring_explicit(m: ModelConfig, lay: Layout) -> bool:
+    """Whether the ring runs its explicit backward (model/context_attention.py): the ring and
+    hybrid algorithms without attention dropout; allgather and dropout take autograd's form."""
+    return lay.cp_algo in ("ring", "hybrid") and lay.cp_parts[1] > 1 and not m.attention_dropout
+
+
+def ring_explicit_kept_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """What the explicit ring keeps per layer beyond q, k, v and the output the layer keeps
+    anyway: the fp32 log-sum-exp of each query row and head, and in 16-bit training the fp32
+    output it merged (the layer keeps its 16-bit copy)."""
+    rows = local_tokens(m, lay) * m.num_attention_heads / lay.tp  # a ring rank's rows x heads
+    out = rows * m.head_dim * 4 if act_bytes(precision) != 4 else 0.0
+    return rows * 4 + out
+
+
+def ring_explicit_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
+    """The explicit ring's transient bytes in one layer's backward: one chunk pair's fp32
+    scores, probabilities and their two gradients (heads/(t U) x b x (s/2R)^2 each), the
+    fp32 gradients of q and of the key/value block it holds, and the block and its gradient
+    arriving from the previous rank."""
+    u, r = lay.cp_parts
+    chunk = m.seq_length / (2 * r)
+    heads = m.num_attention_heads / lay.tp / u
+    pair = 4 * heads * lay.micro_batch * chunk * chunk * 4
+    block = kv_block_bytes(m, lay, precision)
+    rows = local_tokens(m, lay) * m.num_attention_heads / lay.tp
+    return pair + rows * m.head_dim * 4 + 2 * block + 2 * block * 4 / act_bytes(precision)
 
 
 def kv_block_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
@@ -163,7 +193,9 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     e, sb = act_bytes(precision), local_tokens(m, lay)
     width = max(m.hidden_size, fc1_factor(m) * m.ffn_hidden_size // lay.tp)
     grads = 2 * sb * width * e
-    if lay.recompute != "none" and lay.cp_parts[1] > 1:
+    if ring_explicit(m, lay):
+        grads += ring_explicit_working_bytes(m, lay, precision)
+    elif lay.recompute != "none" and lay.cp_parts[1] > 1:
         # the recomputed attention's ring blocks and scores, one layer's
         grads += ring_kept_bytes(m, lay, precision)
     if lay.recompute != "full":
