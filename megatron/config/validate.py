@@ -209,7 +209,8 @@ def context_parallel_combination_error(cfg) -> Optional[ConfigError]:
     p = cfg.parallel
     if p.context_parallel_size == 1:
         return None
-    return schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size)
+    return schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size,
+                          p.virtual_pipeline_size)
 
 
 def schedule_error(schedule: str, pp: int, cp: int = 1, chunks: int = 1

@@ -6,7 +6,8 @@ process (tests/support/ring_attention_worker.py, which extends context_parallel_
 Four launches (start-up dominates): 2 ranks (ring CP2, all-gather CP2; ring CP2's checkpoint
 continued under Ulysses CP2), 1 rank (the reference; ring CP2's checkpoint continued on one
 rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring 2, ring CP2 x TP2, ring CP2 x
-DP2 with ZeRO-1), 8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
+DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x PP2 under ZB-H1),
+8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -20,7 +21,8 @@ from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "ring_attention_worker.py")
 TWO_RANK = ["ring_cp2", "allgather_cp2"]
-FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp2dp2_zero1"]
+FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp2dp2_zero1",
+             "ring_cp2dp2_zero3", "ring_cp2pp2", "ring_cp2pp2_zbh1", "ulysses_cp2pp2_zbh1"]
 EIGHT_RANK = ["ring_cp8"]
 GRADS = ["ring_cp2", "allgather_cp2", "ring_cp4", "hybrid_cp4", "ring_cp8"]
 PAIRS = [("ring_cp2", "cp2"), ("ring_cp2", "single")]  # saved under ring, continued under ...

@@ -35,6 +35,14 @@ RING_LAYOUTS = {
     # ZeRO-1 where TP is in the group: DeepSpeed then reports the global gradient norm
     "ring_cp2tp2": _algo("ring", 2, "parallel.tensor_parallel_size=2", zero=1),
     "ring_cp2dp2_zero1": _algo("ring", 2, zero=1),
+    "ring_cp2dp2_zero3": _algo("ring", 2, zero=3),
+    # pipeline stages (ZeRO-1, as the other pipeline equivalence tests), 1F1B and ZB-H1 (its
+    # deferred weight gradients beside the ring's explicit backward), and Ulysses under ZB-H1
+    "ring_cp2pp2": _algo("ring", 2, "parallel.pipeline_parallel_size=2", zero=1),
+    "ring_cp2pp2_zbh1": _algo("ring", 2, "parallel.pipeline_parallel_size=2",
+                              "parallel.pipeline_schedule=zbh1", zero=1),
+    "ulysses_cp2pp2_zbh1": _algo("ulysses", 2, "parallel.pipeline_parallel_size=2",
+                                 "parallel.pipeline_schedule=zbh1", zero=1),
     # past the Ulysses cap: tiny.yaml's 4 query heads over 8 ranks (seq 64 = 16 chunks of 4)
     "ring_cp8": _algo("ring", 8),
 }

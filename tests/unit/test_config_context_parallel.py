@@ -38,8 +38,8 @@ def test_deepspeed_counts_each_context_parallel_rank_of_a_sample():
      "context_parallel_size x tensor_parallel_size = 4 with sequence parallelism"),
     (["parallel.context_parallel_size=2"], 3, "context_parallel_size (1 x 1 x 2 = 2)"),
     (["parallel.context_parallel_size=2", "parallel.pipeline_parallel_size=2",
-      "parallel.pipeline_schedule=zbh1"], 4,
-     "parallel.pipeline_schedule='zbh1' is invalid: expected 1f1b with "
+      "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=zbv"], 4,
+     "parallel.pipeline_schedule='zbv' is invalid: expected 1f1b with "
      "parallel.context_parallel_size=2"),
     (["parallel.context_parallel_size=0"], 1, "parallel.context_parallel_size=0"),
 ])

@@ -12,15 +12,9 @@ from megatron.config.schedules.registry import Pipe, Schedule, fill, register
 
 
 def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
-    """It reorders a pipeline's passes: with one stage there is nothing to reorder. Its deferred
-    weight gradients are not tested with context parallelism's all-to-all, and the planner
-    prices it for plain stages only (neither Qi et al. nor this trainer interleaves it)."""
-    if cp > 1:
-        return ConfigError("parallel.pipeline_schedule", "zbh1",
-                           f"1f1b with parallel.context_parallel_size={cp}: "
-                           "the zero-bubble schedule's deferred weight gradients are not tested "
-                           "with the attention's all-to-all",
-                           "set parallel.pipeline_schedule=1f1b or context_parallel_size=1")
+    """It reorders a pipeline's passes: with one stage there is nothing to reorder. The planner
+    prices it for plain stages only (neither Qi et al. nor this trainer interleaves it). Context
+    parallelism runs under it (Ulysses and ring: tests/distributed/test_parallel_ring_attention.py)."""
     if pp == 1:
         return ConfigError("parallel.pipeline_schedule", "zbh1",
                            "1f1b without pipeline parallelism (pipeline_parallel_size=1): the "
