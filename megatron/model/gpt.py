@@ -67,12 +67,6 @@ class GPTModel(nn.Module):
         and mean, dropped fraction), for a loop to log; [] for a dense model."""
         return [layer.stats.as_dict() for layer in self.moe_layers if layer.stats is not None]
 
-    def take_moe_window(self) -> List[dict]:
-        """Each MoE layer's numbers over the training forwards since the last call (this rank's
-        micro-batches), as moe_stats gives them; [] for a dense model or when none ran."""
-        taken = [layer.take_stats() for layer in self.moe_layers]
-        return [t.as_dict() for t in taken if t is not None]
-
 
 @dataclass
 class PipeLayer:

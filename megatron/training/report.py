@@ -254,8 +254,8 @@ def _moe_html(runs: Sequence[RunSeries]) -> str:
         for r in runs for i, step, load, worst, aux, z, drop, mean in moe_rows(r))
     if not rows:
         return ""
-    return ("<h2>Expert load (MoE)</h2><p>Per MoE layer, rank 0's micro-batches of the last "
-            "logged step window: the busiest expert's tokens over the mean (1.00: balanced).</p>"
+    return ("<h2>Expert load (MoE)</h2><p>Per MoE layer, the global batch's micro-batches of the "
+            "last logged step window: the busiest expert's tokens over the mean (1.00: balanced).</p>"
             "<table><tr><th>run</th><th>MoE layer</th><th>step</th><th>load max/mean</th>"
             "<th>largest in the run</th><th>aux loss</th><th>z-loss</th><th>dropped</th>"
             f"<th>tokens per expert (mean)</th></tr>{rows}</table>")
