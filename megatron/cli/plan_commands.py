@@ -12,7 +12,7 @@ from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit, jobs, longest, ranges, scaling
 from megatron.planner.jobs import ints
-from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job
+from megatron.planner.layout import INTERLEAVED_NOTE, Job
 from megatron.planner.memory import GIB, memory_per_stage
 from megatron.planner.params import active_params, model_params
 from megatron.planner.profile import Profile
@@ -52,7 +52,7 @@ def cmd_search(args) -> int:
           f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
         print(_config_layout_rank(args, job, cfg, result))
-    best = _runnable_best(result)
+    best = _runnable_best(result, cfg, job)
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
@@ -71,17 +71,24 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _runnable_best(result):
-    """The best layout this trainer runs, with a note where an interleaved one ranks above it
-    (a comparison the trainer cannot run)."""
+def _runnable_best(result, cfg, job):
+    """The best layout the trainer accepts (emit.layout_config validates each as the trainer
+    would), with a note where a faster one ranks above it and why it is refused."""
+    from megatron.config.errors import ConfigError
     best = result.best
-    if best.layout.interleave == 1:
-        return best
-    plain = next((c for c in result.ranked if c.layout.interleave == 1), best)
-    print(f"\nrank 1 interleaves {best.layout.interleave} chunks per stage, "
-          f"{plain.time.step_s / best.time.step_s - 1:.1%} faster than the best plain layout "
-          f"({plain.layout.key()}): {INTERLEAVED_UNAVAILABLE}; --out-config writes the plain one")
-    return plain
+    for cand in result.ranked:
+        try:
+            emit.layout_config(cfg, job, cand.layout)
+        except ConfigError as e:
+            if cand is best:
+                why = str(e)
+            continue
+        if cand is not best:
+            print(f"\nrank 1 ({best.layout.key()}) is {cand.time.step_s / best.time.step_s - 1:.1%} "
+                  f"faster than the best layout the trainer accepts ({cand.layout.key()}), "
+                  f"but the trainer refuses it: {why}; --out-config writes the accepted one")
+        return cand
+    return best
 
 
 def _layout_source(args, cfg: Optional[Config]) -> str:
@@ -121,7 +128,7 @@ def cmd_memory(args) -> int:
         print(f"schedule priced: {lay.schedule} ({schedules.get(lay.schedule).priced})")
     if lay.interleave > 1:
         print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
-              f"{INTERLEAVED_UNAVAILABLE}")
+              f"{INTERLEAVED_NOTE}")
     print()
     stages = memory_per_stage(job, lay, prof.constants, framework=prof.spec.framework)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
@@ -175,7 +182,7 @@ def cmd_scaling(args) -> int:
     print(f"layout at {smallest} node(s): {base.key()}{source}; DP grows with the nodes")
     if base.interleave > 1:
         print(f"schedule: interleaved 1F1B, {base.interleave} chunks per stage: "
-              f"{INTERLEAVED_UNAVAILABLE}")
+              f"{INTERLEAVED_NOTE}")
     print()
     print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
     if args.plot:

@@ -10,7 +10,7 @@ from megatron.config import Config, schedules, validate_for_world
 from megatron.config.errors import ConfigError
 from megatron.launch import frontier_env
 from megatron.planner.hardware import ClusterSpec
-from megatron.planner.layout import INTERLEAVED_UNAVAILABLE, Job, Layout
+from megatron.planner.layout import Job, Layout
 from megatron.planner.search import Candidate
 
 # The paper's optimizer (REFERENCE.md), used when the model comes from a preset.
@@ -52,9 +52,6 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                   run_dir: Optional[str] = None, paper_optimizer: bool = False) -> Config:
     """`base` with the layout applied; validated for the layout's world size exactly as the
     trainer will validate it (raises ConfigError otherwise)."""
-    if lay.interleave > 1:
-        raise ConfigError("layout", lay.key(), "a schedule this trainer runs (plain 1F1B)",
-                          INTERLEAVED_UNAVAILABLE)
     if lay.uneven:
         raise ConfigError("layout", lay.key(), "layers split as this trainer's pipeline splits "
                           "them (parallel.pipeline_partition_method)", "set first/last stage "
@@ -66,9 +63,13 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     raw: Dict[str, Dict] = base.to_dict()
     raw["model"] = dataclasses.asdict(job.model)
     raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"
+    # With chunks a record may run under another name (1f1b's is the interleaved schedule).
+    record = schedules.get(lay.schedule)
+    schedule = record.chunked if lay.interleave > 1 and record.chunked else lay.schedule
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,
-                           pipeline_schedule=lay.schedule, context_parallel_size=lay.cp,
+                           pipeline_schedule=schedule, virtual_pipeline_size=lay.interleave,
+                           context_parallel_size=lay.cp,
                            expert_parallel_size=lay.ep, context_parallel_algo=lay.cp_algo,
                            ulysses_degree=lay.ulysses_degree)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,

@@ -43,8 +43,8 @@ class SearchSpace:
     # parallel.context_parallel_algo values tried where CP > 1 (hybrid with every Ulysses
     # degree it allows); the library's default prices Ulysses only.
     cp_algos: Sequence[str] = ("ulysses",)
-    # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, a comparison:
-    # this trainer runs plain 1F1B, INTERLEAVED_UNAVAILABLE); the default prices plain only.
+    # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, which the
+    # trainer runs as its interleaved schedule; INTERLEAVED_NOTE); the default prices plain only.
     interleave: Sequence[int] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0

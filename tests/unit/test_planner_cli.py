@@ -137,29 +137,35 @@ def test_search_reports_where_the_config_layout_ranks(capsys, tmp_path):
     assert f"the layout {path} sets, tp8-pp1-dp32-mb1-ga32-z0-full-noflash, ranks " in out
 
 
-def test_memory_compares_the_interleaved_schedule_and_says_it_is_unavailable(capsys):
-    """--interleave prices Megatron-LM's schedule for comparison and says so on the output."""
+def test_memory_prices_the_interleaved_schedule_and_says_how_the_trainer_runs_it(capsys):
+    """--interleave prices Megatron-LM's schedule and names the trainer's settings for it."""
     base = ("memory", "--model", "175b", "--cluster", "frontier", "--nodes", "16",
             "--global-batch", "1280", "--tp", "4", "--pp", "16", "--recompute", "full")
     code, plain, _ = run(capsys, *base)
     assert code == 0 and "interleaved" not in plain
     code, out, _ = run(capsys, *base, "--interleave", "2")
     assert code == 0
-    assert "-v2" in out and "not available in this trainer" in out
+    assert "-v2" in out and "parallel.pipeline_schedule=interleaved" in out
     assert "bubble 1.2%" in out  # 15 / (2 x 640 + 15)
     code, _, err = run(capsys, *base, "--interleave", "5")
     assert code == 2 and "does not divide the 96 layers" in err
 
 
-def test_interleaved_layout_is_never_written_as_a_config():
+def test_an_interleaved_layout_is_written_as_the_trainers_interleaved_schedule():
+    """Megatron-LM's interleaved 1F1B (1f1b with chunks) is the trainer's interleaved schedule
+    with virtual_pipeline_size; a layout the trainer refuses with chunks (ZeRO-0) is refused
+    by the trainer's own rule."""
     from megatron.config import Config
     from megatron.config.errors import ConfigError
     from megatron.planner.emit import layout_config
     from megatron.planner.layout import Job, Layout
     from megatron.planner.models import preset_model
     job = Job(preset_model("175b"), 1280)
-    with pytest.raises(ConfigError, match="not available in this trainer"):
-        layout_config(Config(), job, Layout(4, 16, 2, 1, 640, interleave=2))
+    cfg = layout_config(Config(), job, Layout(4, 16, 2, 1, 640, interleave=2))
+    p = cfg.parallel
+    assert (p.pipeline_schedule, p.virtual_pipeline_size) == ("interleaved", 2)
+    with pytest.raises(ConfigError, match="zero_stage"):
+        layout_config(Config(), job, Layout(4, 16, 2, 1, 640, zero=0, interleave=2))
 
 
 # --- cluster files derived from a preset (`base:`, issue 26 items 3 and 4) ---

@@ -3,6 +3,7 @@ layout lessons, the emitted config (must load and validate as the trainer does) 
 import dataclasses
 
 import pytest
+import yaml
 
 from megatron.config import load_config, schedules, validate_for_world
 from megatron.config.errors import InputError
@@ -114,7 +115,8 @@ def test_search_proposes_the_interleaved_schedule_where_it_wins_within_memory(tm
     1F1B a bubble of 18-32%; interleaving divides the fill and drain by its chunks per stage,
     and its extra in-flight activations (1 + (p - 1)/(p v) stages' worth) still fit under full
     recompute. Offered V, search ranks an interleaved layout first, faster than every plain
-    one; not offered (the default), it proposes none; --out-config writes the best plain one."""
+    one; not offered (the default), it proposes none; --out-config writes it as the trainer's
+    interleaved (or ZB-V) schedule with its chunks per stage."""
     job = Job(preset_model("175b"), 64, "bf16")
     prof = load_profile("frontier")
     base = SearchSpace(tp=(4, 8), pp=(8, 16), micro_batch=(1,), zero=(1,), recompute=("full",),
@@ -137,5 +139,7 @@ def test_search_proposes_the_interleaved_schedule_where_it_wins_within_memory(tm
                  "--micro-batches", "1", "--zero-stages", "1", "--recompute-values", "full",
                  "--flash", "on", "--cp-values", "1", "--interleave-values", "1,2,3,4,6",
                  "--out-config", str(out)]) == 0
-    assert "rank 1 interleaves" in capsys.readouterr().out
-    assert "pipeline_parallel_size" in out.read_text()
+    assert "the trainer refuses it" not in capsys.readouterr().out
+    written = yaml.safe_load(out.read_text())["parallel"]
+    assert written["virtual_pipeline_size"] == best.layout.interleave
+    assert written["pipeline_schedule"] in ("interleaved", "zbv")

@@ -41,4 +41,4 @@ ONE_F_ONE_B = register(Schedule(
     name="1f1b", title="DeepSpeed's 1F1B",
     priced="bubble (p - 1)/(m + p - 1) of a balanced pipeline",
     bubble=bubble, stored=stored, pipeline_time=pipeline_time,
-    runner="deepspeed", lock_steps=True))
+    runner="deepspeed", lock_steps=True, chunked="interleaved"))

@@ -75,6 +75,10 @@ class Schedule:
     lock_steps: bool = False
     # stages besides the first and last that may hold the peak memory (memory.peak_memory)
     peak_stages: Callable[[Pipe, int], Tuple[int, ...]] = ends_only
+    # the schedule the trainer runs this one as with several model chunks per stage (the
+    # planner prices 1f1b with chunks as Megatron-LM's interleaved 1F1B; it writes that config
+    # as this record's `chunked`); None: the same name
+    chunked: Optional[str] = None
 
     def __post_init__(self):
         if not _NAME.match(self.name):
