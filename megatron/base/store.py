@@ -93,14 +93,41 @@ def write_json(path: str, obj: Any, what: Optional[str] = None) -> None:
                   what or os.path.basename(path))
 
 
+class AfterCommit(Exception):
+    """An error after the rename that committed `final`: the checkpoint is complete and resume
+    continues from it; only what follows the commit (the directory's flush, `latest`, the prune
+    of older checkpoints) failed. Callers say so: never "not committed" after the commit point."""
+
+    def __init__(self, final: str, cause: BaseException):
+        super().__init__(str(cause))
+        self.final, self.cause = final, cause
+
+
+def committed_message(final: str, what: str) -> str:
+    """The one message of an error after `final` was committed (AfterCommit, or a record of the
+    save that could not be written): which step is committed and that resume uses it."""
+    m = _TAG.match(os.path.basename(final))
+    step = f"step {int(m.group(1))}" if m else "its step"
+    return (f"checkpoint {final} is committed ({step} is complete and resume continues from "
+            f"it), but after its commit {what}")
+
+
 def commit(staging: str, final: str) -> None:
-    """The one atomic step: a complete staging folder becomes the checkpoint `final`."""
+    """The one atomic step: a complete staging folder becomes the checkpoint `final`. An error
+    before the rename leaves nothing committed; one after it raises AfterCommit."""
     fsync_dir(staging)
-    os.rename(staging, final)
+    os.rename(staging, final)  # the commit point
     parent = os.path.dirname(final)
-    fsync_dir(parent)
-    write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
-                  f"the pointer to the newest checkpoint ({LATEST})")
+    try:
+        fsync_dir(parent)
+    except OSError as e:
+        raise AfterCommit(final, OSError(f"flushing the folder {parent} to disk failed ({e})")
+                          ) from None
+    try:
+        write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
+                      f"the pointer to the newest checkpoint ({LATEST})")
+    except Exception as e:  # noqa: BLE001 - whatever it is, it happened after the commit
+        raise AfterCommit(final, e) from None
 
 
 class Incomplete(Exception):

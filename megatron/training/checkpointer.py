@@ -30,10 +30,11 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
 from megatron.base.records import (CheckpointMeta, SaveEvent, StopEvent, events,
-                                         read_metrics_tail)
+                                   read_metrics_tail)
 from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
-from megatron.base.store import Found
+from megatron.base.store import Found, committed_message, tag_for
 from megatron.config import Config
+from megatron.config.errors import InputError
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
 from megatron.training.agree import (WRITER_BUSY, WRITER_DONE, WRITER_FAILED, WRITER_IDLE,
@@ -179,9 +180,14 @@ class Checkpointer:
         gb, seconds = info["bytes"] / 1e9, info["seconds"]
         log.info("step %d: checkpoint committed, %.3f GB in %.2f s (the loop waited %.2f s)",
                  step, gb, seconds, blocking)
-        self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
-                              round(blocking, 4), round(background, 4)))
         self.deadline.save_took(seconds)
+        try:
+            self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
+                                  round(blocking, 4), round(background, 4)))
+        except (OSError, InputError) as e:  # past the commit point: the step is there
+            folder = os.path.join(self.job.run.checkpoints, tag_for(step))
+            raise InputError(committed_message(folder, f"its save record could not be "
+                                                       f"written: {e}")) from None
 
     def resume(self) -> Tuple[int, int]:
         """(step, consumed samples) of the checkpoint start-up chose, or (0, 0)."""
