@@ -29,8 +29,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
-from megatron.base.records import (CheckpointMeta, SaveEvent, StopEvent, events,
-                                   read_metrics_tail)
+from megatron.base.records import (BatchSizeEvent, CheckpointMeta, SaveEvent, StopEvent,
+                                   events, read_metrics_tail)
 from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
 from megatron.base.store import Found, committed_message, tag_for
 from megatron.config import Config
@@ -205,6 +205,11 @@ class Checkpointer:
         if resume.new_stream:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
             return meta.step, 0
+        change = batch_size_change(meta, self.t.global_batch_size, self.t.train_iters)
+        if change is not None:
+            event, text = change
+            log.warning("%s", text)
+            self._event(event)
         return meta.step, meta.consumed_samples
 
     def load(self, folder: str, last_good: Optional[str]) -> CheckpointMeta:
@@ -248,6 +253,30 @@ class Checkpointer:
     def _event(self, record) -> None:
         if self.writer:
             self.writer.write(record)
+
+
+def batch_size_change(meta: CheckpointMeta, gbs: int, train_iters: int
+                      ) -> Optional[Tuple[BatchSizeEvent, str]]:
+    """What a resume with another training.global_batch_size does to the data position (the
+    event and one line for the log), or None when the batch size is the checkpoint's. A
+    checkpoint that did not record its batch size counts as changed when its consumed samples
+    are not its steps times this run's batch size."""
+    before = meta.data.global_batch_size if meta.data is not None else None
+    done, step = meta.consumed_samples, meta.step
+    if before == gbs or (before is None and done == step * gbs):
+        return None
+    left = max(train_iters - step, 0)
+    event = BatchSizeEvent(step, done, before, gbs, left, left * gbs)
+    was = f"{before}" if before is not None else "not recorded in it"
+    then = f" (at the checkpoint's batch size: {left * before})" if before else ""
+    steps = f"steps {step + 1} to {train_iters}" if left else "no step"
+    return event, (
+        f"training.global_batch_size changed on resume: {gbs} now, the checkpoint's was {was}. "
+        f"The checkpoint consumed {done} samples in {step} steps; the data continues at sample "
+        f"{done}, {gbs} samples a step, none skipped or repeated; step numbers and the LR "
+        f"schedule continue by steps: {steps} of training.train_iters={train_iters} ({left} "
+        f"steps) take {left * gbs} samples{then}"
+        + (f", samples {done} to {done + left * gbs - 1}" if left else ""))
 
 
 PROBE_BYTES = 16 << 20

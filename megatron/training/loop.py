@@ -123,7 +123,7 @@ class _Loop:
         if job.resume is not None:
             timer.mark("checkpoint load")
         self.data = build_iterators(self.cfg, job.state.dp_rank, job.dp, self.consumed,
-                                    vocab_size=job.text_vocab)
+                                    job.text_vocab, self.step)
         timer.mark("data")
         write_run_files(job, self.cfg)
         timer.mark("run files and metrics")
