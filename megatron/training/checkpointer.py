@@ -23,10 +23,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Optional, Tuple
+from collections import deque
+from typing import Optional, Tuple
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from megatron.base import store
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
 from megatron.base.records import (BatchSizeEvent, CheckpointMeta, SaveEvent, StopEvent,
@@ -46,20 +48,24 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, cfg: Config, job: Job, writer, started: float,
-                 phase: Optional[Callable[[str], None]] = None):
+    def __init__(self, cfg: Config, job: Job, writer, started: float, watchdog=None):
         """writer: rank 0's MetricsWriter (None elsewhere); started: Unix time the run began
-        (the deadline counts start-up too); phase: the hang watchdog's enter(), told when a
-        save or a load really happens (each kind gets its own limit: the first of each
-        start-up's allowance)."""
+        (the deadline counts start-up too); watchdog: the hang watchdog (watchdog.py), told
+        when a save or a load really happens (enter) and what a save should cost (expect):
+        the run's last saves, else the estimate of an unmeasured one, then this job's saves."""
         self.t, self.ck, self.seed = cfg.training, cfg.checkpoint, cfg.training.seed
-        self.job, self.writer = job, writer
-        self.phase = phase or (lambda name: None)
+        self.job, self.writer, self.watchdog = job, writer, watchdog
+        self.phase = watchdog.enter if watchdog is not None else (lambda name: None)
         self.data = data_record(cfg)
         self.clock = SaveClock(self.ck.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
-        if self.deadline.at is not None and job.launch.rank == 0:
-            self.deadline.expect_save(*self._expected_save())
+        self.saves: deque = deque(maxlen=3)  # this job's last saves, seconds from start to commit
+        if self.deadline.at is not None or (watchdog is not None and watchdog.on):
+            expected = rank0_decides(self._expected_save)  # one probe, the same on every rank
+            if expected is not None:
+                if self.deadline.at is not None and job.launch.rank == 0:
+                    self.deadline.expect_save(*expected)
+                self._expect(expected[0])
         self.pending: Optional[sharded.PendingSave] = None  # the save in flight
         self.blocked = 0.0  # seconds the loop has waited for it so far
         self.background: Optional[bool] = None if self.ck.async_save else False
@@ -181,6 +187,8 @@ class Checkpointer:
         log.info("step %d: checkpoint committed, %.3f GB in %.2f s (the loop waited %.2f s)",
                  step, gb, seconds, blocking)
         self.deadline.save_took(seconds)
+        self.saves.append(seconds)
+        self._expect(max(self.saves))
         try:
             self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
                                   round(blocking, 4), round(background, 4)))
@@ -232,11 +240,17 @@ class Checkpointer:
         self.wait()
         return rank0_decides(lambda: self.job.run.continuation().found)
 
-    def _expected_save(self) -> Tuple[float, str]:
+    def _expect(self, seconds: float) -> None:
+        if self.watchdog is not None:
+            self.watchdog.expect("save", seconds)
+
+    def _expected_save(self) -> Optional[Tuple[float, str]]:
         """(seconds, why) a save should take before this job has made one: the slowest of the
         run's last three saves (metrics.jsonl), else the bytes this rank will write over the
-        disk's measured write speed. Never one step's time: a stop save that does not fit before
-        the deadline loses the job's only checkpoint."""
+        disk's measured write speed plus the fsyncs a save makes in series (store.SAVE_FSYNCS)
+        at their measured latency, plus the commit's collectives. Never one step's time: a stop
+        save that does not fit before the deadline loses the job's only checkpoint. None when
+        the checkpoint folder cannot be probed (the first save says why)."""
         saves = events(read_metrics_tail(self.job.run.metrics), "save")[-3:]
         if saves:
             return max(e.seconds for e in saves), f"the run's last {len(saves)} save(s)"
@@ -246,9 +260,16 @@ class Checkpointer:
         else:  # fp32 master and two Adam moments per element this rank owns
             shards = state.dp_cp if self.job.ds_config["zero_optimization"]["stage"] > 0 else 1
             nbytes = 12.0 * engine.parameters_on_rank() / shards
-        speed = _write_speed(self.job.run.checkpoints)
-        return COMMIT_S + nbytes / speed, (f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s "
-                                          "measured, plus the commit")
+        try:
+            speed, fsync_s = probe_storage(self.job.run.checkpoints)
+        except (OSError, InputError) as e:  # a full or read-only disk: the first save says so
+            log.warning("could not probe %s for the cost of a save (%s)", self.job.run.checkpoints,
+                        e)
+            return None
+        files = store.SAVE_FSYNCS * fsync_s
+        return COMMIT_S + nbytes / speed + files, (
+            f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s measured, plus the commit and "
+            f"{store.SAVE_FSYNCS} fsyncs in series at {fsync_s:.3f} s each measured")
 
     def _event(self, record) -> None:
         if self.writer:
@@ -280,22 +301,32 @@ def batch_size_change(meta: CheckpointMeta, gbs: int, train_iters: int
 
 
 PROBE_BYTES = 16 << 20
-COMMIT_S = 1.0  # the gather, index and meta, rename: seconds at scale on a parallel file system
+COMMIT_S = 1.0  # the commit's gather and broadcast: seconds at scale
 
 
-def _write_speed(folder: str) -> float:
-    """Bytes per second of one flushed write of PROBE_BYTES into `folder` (done only when the
-    run has a deadline and has not saved yet)."""
+def probe_storage(folder: str) -> Tuple[float, float]:
+    """(bytes per second, seconds per fsync) of `folder`'s storage, measured once at start-up on
+    rank 0: one small file written as a save writes its index (write, fsync, rename, fsync of
+    the folder: two fsyncs), then PROBE_BYTES flushed, whose time less one fsync is the
+    transfer. On a loaded parallel file system the fsyncs, not the bytes, are what a small
+    checkpoint's save costs. The folder is removed again if the probe made it."""
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f".write-probe-{os.getpid()}")
+    small, big = (os.path.join(folder, f".{n}-probe-{os.getpid()}") for n in ("file", "write"))
     data = os.urandom(PROBE_BYTES)  # incompressible, made before the clock starts
-    t0 = time.perf_counter()
     try:
-        with open(path, "wb") as f:
+        t0 = time.perf_counter()
+        store.write_durable(small, b"x" * 4096, "the storage probe")
+        fsync_s = (time.perf_counter() - t0) / 2
+        t0 = time.perf_counter()
+        with open(big, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            store.fsync(f.fileno())
+        transfer = max(time.perf_counter() - t0 - fsync_s, 1e-6)
     finally:
-        if os.path.exists(path):
-            os.remove(path)
-    return PROBE_BYTES / max(time.perf_counter() - t0, 1e-6)
+        for path in (small, big):
+            store.remove_quietly(path)
+        if made:
+            os.rmdir(folder)
+    return PROBE_BYTES / transfer, fsync_s

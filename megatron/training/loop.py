@@ -85,7 +85,7 @@ class _Loop:
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
         self.watchdog = watchdog
         self.writer = MetricsWriter(job.run, t.tensorboard, cfg) if job.launch.rank == 0 else None
-        self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog.enter)
+        self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog)
         self.divergence = Divergence(r, t.precision == "fp16", self.checkpointer, self.writer)
         self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
                            job.launch.rank) if r.rerun_suspect_steps else None

@@ -3,6 +3,7 @@ one InputError naming the path, 'no space left on device' and the bytes needed, 
 half-written left (no staging folder, no .tmp). And a prune a kill cut short (a .deleting-
 folder) is finished by the next prune or save. The real full disk (a tiny tmpfs) is
 tests/integration/test_checkpoint_full_disk_processes.py."""
+import collections
 import errno
 import io
 import logging
@@ -258,6 +259,7 @@ def test_a_save_record_that_cannot_be_written_says_the_step_is_committed(tmp_pat
                              "writing a metrics line")
     ck = Checkpointer.__new__(Checkpointer)
     ck.writer, ck.deadline = FullWriter(), Deadline(0, 0.0, environ={})
+    ck.saves, ck.watchdog = collections.deque(maxlen=3), None
     ck.job = SimpleNamespace(run=RunDir(str(tmp_path)))
     with pytest.raises(InputError) as e:
         ck._committed(6, {"bytes": 1e6, "seconds": 1.0}, 0.5, 0.0)

@@ -46,7 +46,9 @@ class ResilienceConfig:
     the first step is done (rendezvous, model, first step); 0: off."""
     hang_timeout_minutes: float = 5.0
     """The watchdog's limit after the first step: the larger of this and 5x the slowest such
-    phase measured; 0: off."""
+    phase measured; for a save, from the first on, the larger of this and 5x what a save costs
+    (the slowest of the last saves, start to commit, background write included; before any,
+    the estimate from the storage probed at start-up); 0: off."""
     straggler_interval: int = 50
     """Every this many steps the ranks compare their median forward pass (0: never)."""
     straggler_factor: float = 1.2
