@@ -72,8 +72,7 @@ def train(cfg: Config, startup: Optional[StartupTimer] = None) -> RunSummary:
             with StopFlag() as stop:
                 return _Loop(cfg, job, started, stop, watchdog).run(timer)
         finally:
-            if job.lock:
-                job.lock.release()
+            job.close()
 
 
 class _Loop:
