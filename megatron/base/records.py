@@ -24,8 +24,8 @@ meta.json (one per committed checkpoint, written last by rank 0):
 metrics.jsonl (one JSON object per line, appended): StepRecord for each logged step,
 EvalRecord for evaluations, and one line per event carrying "event": EVENTS declares every kind
 the trainer writes (save, stop, diverged, spike, rollback, hang, straggler, unresponsive,
-sdc_suspect); megatron-report lists and marks the kinds it finds there. Non-finite numbers are
-written as null and named in "nonfinite"."""
+sdc_suspect, batch_size); megatron-report lists and marks the kinds it finds there. Non-finite
+numbers are written as null and named in "nonfinite"."""
 from __future__ import annotations
 
 import dataclasses
@@ -133,13 +133,18 @@ class DataRecord:
     # same files elsewhere resume. None: synthetic data, or a checkpoint written before them,
     # whose paths are compared instead.
     fingerprints: Optional[List[str]] = None
+    # training.global_batch_size of the steps that wrote the checkpoint: not part of the stream
+    # (consumed_samples counts samples), but a resume that changes it says what happens to the
+    # position (training/checkpointer.py, BatchSizeEvent). None in checkpoints written before.
+    global_batch_size: Optional[int] = None
 
     @classmethod
     def from_json(cls, obj: Any) -> "DataRecord":
-        _check_keys(obj, cls, "its data record", optional=("fingerprints",))
+        _check_keys(obj, cls, "its data record", optional=("fingerprints", "global_batch_size"))
         _typed(obj, "its data record", seq_length=int, synthetic=bool, paths=list, split=str,
                tokenizer_type=str, tokenizer_model=(str, None), vocab_file=(str, None),
-               merges_file=(str, None), seed=int, fingerprints=(list, None))
+               merges_file=(str, None), seed=int, fingerprints=(list, None),
+               global_batch_size=(int, None))
         return cls(**obj)
 
 
@@ -346,13 +351,28 @@ class SdcSuspectEvent:
     event: str = "sdc_suspect"
 
 
+@dataclass(frozen=True)
+class BatchSizeEvent:
+    """A resume whose training.global_batch_size differs from the one the checkpoint's steps were
+    trained with (training/checkpointer.py): the data continues at sample consumed_samples (none
+    skipped or repeated), global_batch_size samples a step, for the steps_left steps up to
+    training.train_iters, which take samples_left samples."""
+    step: int                   # the checkpoint's step
+    consumed_samples: int
+    before: Optional[int]       # the checkpoint's batch size; None when it did not record it
+    global_batch_size: int      # this run's
+    steps_left: int
+    samples_left: int
+    event: str = "batch_size"
+
+
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
                                                 SpikeEvent, RollbackEvent, HangEvent,
                                                 StragglerEvent, UnresponsiveEvent,
-                                                SdcSuspectEvent)}
+                                                SdcSuspectEvent, BatchSizeEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
-                      SdcSuspectEvent]
+                      SdcSuspectEvent, BatchSizeEvent]
 _OPTIONAL = ("startup", "nonfinite", "moe")
 
 

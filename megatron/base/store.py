@@ -30,6 +30,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from megatron.base import faults
 from megatron.base.records import FORMAT, CheckpointMeta, RecordError
 from megatron.config.errors import disk_full
 
@@ -41,6 +42,15 @@ _TAG = re.compile(r"^step_(\d{7,})$")
 _STAGING, _DELETING = ".staging-", ".deleting-"
 
 
+# What one save does on rank 0, in series (tests/unit/test_checkpoint_save_cost.py counts them
+# in a real save): 9 fsyncs (its shard; index.json and meta.json, each file and folder; the
+# staging folder; checkpoints/ after the rename; latest, file and folder), 4 renames, 4 files
+# created. On a loaded parallel file system each costs a round trip to the metadata server
+# whatever its size: the estimate of an unmeasured save prices the fsyncs at the latency the
+# start-up probe measured (training/checkpointer.py).
+SAVE_FSYNCS, SAVE_RENAMES, SAVE_FILES = 9, 4, 4
+
+
 def tag_for(step: int) -> str:
     return f"step_{step:07d}"
 
@@ -49,10 +59,17 @@ def staging_folder(ckpt_dir: str, tag: str) -> str:
     return os.path.join(ckpt_dir, _STAGING + tag)
 
 
+def fsync(fd: int) -> None:
+    """Every fsync of a checkpoint's files and folders (the per-file cost a save pays, which
+    the start-up probe prices: training/checkpointer.py)."""
+    faults.file_latency()
+    os.fsync(fd)
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
@@ -77,7 +94,7 @@ def write_durable(path: str, data: bytes, what: str = "a checkpoint file") -> No
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         remove_quietly(tmp)
@@ -93,14 +110,41 @@ def write_json(path: str, obj: Any, what: Optional[str] = None) -> None:
                   what or os.path.basename(path))
 
 
+class AfterCommit(Exception):
+    """An error after the rename that committed `final`: the checkpoint is complete and resume
+    continues from it; only what follows the commit (the directory's flush, `latest`, the prune
+    of older checkpoints) failed. Callers say so: never "not committed" after the commit point."""
+
+    def __init__(self, final: str, cause: BaseException):
+        super().__init__(str(cause))
+        self.final, self.cause = final, cause
+
+
+def committed_message(final: str, what: str) -> str:
+    """The one message of an error after `final` was committed (AfterCommit, or a record of the
+    save that could not be written): which step is committed and that resume uses it."""
+    m = _TAG.match(os.path.basename(final))
+    step = f"step {int(m.group(1))}" if m else "its step"
+    return (f"checkpoint {final} is committed ({step} is complete and resume continues from "
+            f"it), but after its commit {what}")
+
+
 def commit(staging: str, final: str) -> None:
-    """The one atomic step: a complete staging folder becomes the checkpoint `final`."""
+    """The one atomic step: a complete staging folder becomes the checkpoint `final`. An error
+    before the rename leaves nothing committed; one after it raises AfterCommit."""
     fsync_dir(staging)
-    os.rename(staging, final)
+    os.rename(staging, final)  # the commit point
     parent = os.path.dirname(final)
-    fsync_dir(parent)
-    write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
-                  f"the pointer to the newest checkpoint ({LATEST})")
+    try:
+        fsync_dir(parent)
+    except OSError as e:
+        raise AfterCommit(final, OSError(f"flushing the folder {parent} to disk failed ({e})")
+                          ) from None
+    try:
+        write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
+                      f"the pointer to the newest checkpoint ({LATEST})")
+    except Exception as e:  # noqa: BLE001 - whatever it is, it happened after the commit
+        raise AfterCommit(final, e) from None
 
 
 class Incomplete(Exception):

@@ -49,6 +49,6 @@ def drain(src: str, dst: str) -> int:
             if n == 0:
                 raise OSError(f"{src} ended after {done} of {size} bytes while draining it")
             done += n
-        os.fsync(fout.fileno())
+        store.fsync(fout.fileno())
     os.remove(src)
     return done

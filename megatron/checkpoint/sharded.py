@@ -242,6 +242,8 @@ class PendingSave:
                                  self.ckpt_dir)
         dist.broadcast_object_list(outcome, src=0)
         status, info = outcome[0]
+        if status == "committed":  # an error after the commit point: the step is there
+            raise InputError(store.committed_message(self.final, info))
         if status != "ok":
             raise InputError(f"checkpoint {self.final} was not committed: {info}")
         return {"seconds": time.perf_counter() - self.t0, "bytes": float(info)}
@@ -258,7 +260,8 @@ def save(ckpt_dir: str, step: int, rs: RankState, meta: CheckpointMeta,
 
 def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
     """Rank 0: commits the staging folder when every rank wrote its file, else removes it.
-    Returns ("ok", bytes) or ("failed", the reason in one line)."""
+    Returns ("ok", bytes), ("failed", the reason in one line: nothing was committed) or
+    ("committed", what failed after the commit point: the checkpoint is complete)."""
     errors = [g[0] for g in gathered if g[0]]
     if errors:
         n = len(errors) - 1
@@ -284,12 +287,17 @@ def _commit(staging, final, gathered, meta, keep_last, ckpt_dir):
             log.warning("%s existed already; moved to %s, keeping the new checkpoint", final,
                         aside)
         store.commit(staging, final)
+    except store.AfterCommit as e:
+        return "committed", str(e)
+    except (OSError, RuntimeError, InputError) as e:
+        return "failed", str(e) + _discard(staging)
+    try:  # after the commit point: whatever fails here, the checkpoint is committed
         for gone in store.prune(ckpt_dir, keep_last):
             log.info("removed %s (checkpoint.keep_last=%d)", gone, keep_last)
-        return "ok", sum(files.values())
-    except (OSError, RuntimeError, InputError) as e:
-        done = "" if os.path.exists(staging) else f" ({final} itself is complete and committed)"
-        return "failed", str(e) + done
+    except Exception as e:  # noqa: BLE001
+        return "committed", f"removing older checkpoints (checkpoint.keep_last={keep_last}) " \
+                            f"failed: {e}"
+    return "ok", sum(files.values())
 
 
 def _discard(staging: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from megatron.base import store
 from megatron.checkpoint.state import RankState
 
 WRITEBACK_MIN = 4 << 20  # smaller writes are left to the kernel's own writeback
@@ -210,7 +211,7 @@ def write_file(path: str, snapshot: Snapshot) -> int:
         finally:
             torch.serialization.set_crc32_options(crc)
         snapshot.wait_copied()
-        os.fsync(fd)
+        store.fsync(fd)
         return stream.at
     finally:
         os.close(fd)

@@ -31,10 +31,13 @@ def tokenizer_vocab_size(cfg) -> int:
 
 
 def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
-                    vocab_size: Optional[int] = None):
+                    vocab_size: Optional[int] = None, step: int = 0):
     """Iterators of (tokens, labels) micro-batches for one data-parallel rank (DataIterators).
     vocab_size: the tokenizer's, when the caller already knows it (the tokenizer is then not
-    loaded a second time); real data only.
+    loaded a second time); real data only. step: the step the run resumes at; the training
+    index holds what the run reads, consumed_samples plus its remaining steps' samples, when
+    that is more than training.train_iters x global_batch_size (a resume that made the batch
+    smaller), so no sample wraps to the start.
 
     With real data every rank of an initialized torch.distributed job must call this: rank 0
     builds missing index files while the others wait for it."""
@@ -52,7 +55,8 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
                                  t.micro_batch_size, t.global_batch_size, dp_rank, dp_size)
         return DataIterators(train, valid, cfg.model.vocab_size)
     from megatron.data.gpt_dataset import build_gpt_iterators  # the real-data path
-    return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples, vocab_size)
+    reads = consumed_samples + max(t.train_iters - step, 0) * t.global_batch_size
+    return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples, vocab_size, reads)
 
 
 __all__ = ["Batch", "DataIterators", "build_iterators", "micro_batches", "SyntheticTokens",

@@ -129,7 +129,7 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
 
 
 def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
-                        vocab_size: Optional[int] = None):
+                        vocab_size: Optional[int] = None, train_samples: int = 0):
     """DataIterators over data.paths: train resumes at consumed_samples; valid and test restart
     at their first sample on every call, so successive evaluations compare like with like.
     vocab_size is the tokenizer's; the tokenizer is loaded for it only when it is not given."""
@@ -144,7 +144,8 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
     common = dict(split_text=d.split, seq_length=cfg.model.seq_length, seed=d.seed,
                   cache_dir=d.cache_dir, impl=d.index_impl, vocab_size=vocab_size)
     gb = t.global_batch_size
-    train = build_split("train", datasets, weights, num_samples=t.train_iters * gb, **common)
+    train = build_split("train", datasets, weights,
+                        num_samples=max(t.train_iters * gb, train_samples), **common)
     if train is None:
         raise InputError(f"data.split={d.split!r} leaves no training sequences in "
                          f"{', '.join(prefixes)}; expected a non-zero train share of at least "

@@ -142,6 +142,41 @@ def join_deepspeed():
     return deepspeed
 
 
+def _release_deepspeed_globals() -> None:
+    """What DeepSpeed's module globals keep of a closed engine's groups: the mpu (our
+    ParallelState, every group) until DeepSpeed's own destroy_process_group, which this project
+    does not call (launch.leave_distributed calls torch's), the pipeline grid of the p2p module,
+    and ZeRO-3's stack of modules in forward (a model, holding its ParallelState). A next run's
+    initialize sets them again."""
+    from deepspeed.utils import groups
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)
+    else:  # an older DeepSpeed: the mpu is the reference to our groups
+        groups.mpu = None
+    p2p = sys.modules.get("deepspeed.runtime.pipe.p2p")
+    if p2p is not None and hasattr(p2p, "_grid"):
+        p2p._grid = None
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None and isinstance(getattr(offload, "FWD_MODULE_STACK", None), list):
+        offload.FWD_MODULE_STACK.clear()  # no forward runs once the engine is closed
+    _unbind_world_defaults()
+
+
+def _unbind_world_defaults() -> None:
+    """DeepSpeed's TorchBackend.barrier and monitored_barrier take group=GroupMember.WORLD as a
+    default argument, bound when deepspeed.comm.torch was imported, after the join: the world
+    group itself, held for the life of the process. Their bodies read None as the world group,
+    so None is the same default and holds nothing."""
+    from deepspeed.comm.torch import TorchBackend
+    for fn in vars(TorchBackend).values():
+        for f in (fn, getattr(fn, "__wrapped__", None)):
+            defaults = getattr(f, "__defaults__", None)
+            if defaults and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+                f.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d
+                                       for d in defaults)
+
+
 class Engine:
     def __init__(self, module: nn.Module, layer_names: List[str], state: ParallelState,
                  device: torch.device, ds_config: Dict[str, Any], optimizer_cfg,
@@ -195,6 +230,17 @@ class Engine:
             if changed:
                 log.info("pipeline schedule %s: %s", pipeline_schedule, changed)
         mark("deepspeed initialize")
+
+    def close(self) -> None:
+        """Unhooks DeepSpeed from the model (DeepSpeedEngine.destroy: ZeRO's hooks on the
+        gradient accumulators). Those hooks hold the engine, its optimizer and, through the
+        parameters, its process groups in a cycle through C++ objects that Python's collector
+        cannot see: left in place, the groups and their gloo threads live until interpreter
+        exit, where their teardown raced the process's own (a finished 2-rank run aborting with
+        "terminate called without an active exception"). DeepSpeed's module globals hold them
+        too (_release_deepspeed_globals)."""
+        self.engine.destroy()
+        _release_deepspeed_globals()
 
     def parameters_on_rank(self) -> int:
         return sum(p.numel() for p in self.module.parameters())

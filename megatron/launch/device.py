@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import gc
 import inspect
 import logging
 import os
@@ -123,6 +124,10 @@ def init_distributed(launch: LaunchEnv, device: DeviceInfo, timeout_s: int = 600
     log.info("joining %s process group: rank %d of %d via %s (%s, %d node(s), timeout %d s)",
              device.backend, launch.rank, launch.world_size, where, launch.source,
              launch.num_nodes, timeout_s)
+    # Its functions take `group=group.WORLD` as a default argument, bound at import: imported
+    # after the join (by DeepSpeed, or the MoE exchange), they would hold the world group past
+    # destroy_process_group, and its gloo threads would live into interpreter exit.
+    import torch.distributed.nn.functional  # noqa: F401
     kwargs = {}
     accepts = "device_id" in inspect.signature(dist.init_process_group).parameters
     if device.is_gpu and passes_device_id(torch.__version__, accepts, launch.world_size):
@@ -234,3 +239,8 @@ def leave_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        # The groups' objects go now, while the interpreter is whole: each gloo group joins its
+        # threads in its destructor. A group still held (by a model or engine not closed) keeps
+        # them running into interpreter exit, where their teardown races the process's own and
+        # a finished rank could abort ("terminate called without an active exception").
+        gc.collect()

@@ -23,17 +23,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Optional, Tuple
+from collections import deque
+from typing import Optional, Tuple
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from megatron.base import store
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
-from megatron.base.records import (CheckpointMeta, SaveEvent, StopEvent, events,
-                                         read_metrics_tail)
+from megatron.base.records import (BatchSizeEvent, CheckpointMeta, SaveEvent, StopEvent,
+                                   events, read_metrics_tail)
 from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
-from megatron.base.store import Found
+from megatron.base.store import Found, committed_message, tag_for
 from megatron.config import Config
+from megatron.config.errors import InputError
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
 from megatron.training.agree import (WRITER_BUSY, WRITER_DONE, WRITER_FAILED, WRITER_IDLE,
@@ -45,20 +48,24 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, cfg: Config, job: Job, writer, started: float,
-                 phase: Optional[Callable[[str], None]] = None):
+    def __init__(self, cfg: Config, job: Job, writer, started: float, watchdog=None):
         """writer: rank 0's MetricsWriter (None elsewhere); started: Unix time the run began
-        (the deadline counts start-up too); phase: the hang watchdog's enter(), told when a
-        save or a load really happens (each kind gets its own limit: the first of each
-        start-up's allowance)."""
+        (the deadline counts start-up too); watchdog: the hang watchdog (watchdog.py), told
+        when a save or a load really happens (enter) and what a save should cost (expect):
+        the run's last saves, else the estimate of an unmeasured one, then this job's saves."""
         self.t, self.ck, self.seed = cfg.training, cfg.checkpoint, cfg.training.seed
-        self.job, self.writer = job, writer
-        self.phase = phase or (lambda name: None)
+        self.job, self.writer, self.watchdog = job, writer, watchdog
+        self.phase = watchdog.enter if watchdog is not None else (lambda name: None)
         self.data = data_record(cfg)
         self.clock = SaveClock(self.ck.save_interval_minutes)
         self.deadline = Deadline(self.t.exit_duration_minutes, started)
-        if self.deadline.at is not None and job.launch.rank == 0:
-            self.deadline.expect_save(*self._expected_save())
+        self.saves: deque = deque(maxlen=3)  # this job's last saves, seconds from start to commit
+        if self.deadline.at is not None or (watchdog is not None and watchdog.on):
+            expected = rank0_decides(self._expected_save)  # one probe, the same on every rank
+            if expected is not None:
+                if self.deadline.at is not None and job.launch.rank == 0:
+                    self.deadline.expect_save(*expected)
+                self._expect(expected[0])
         self.pending: Optional[sharded.PendingSave] = None  # the save in flight
         self.blocked = 0.0  # seconds the loop has waited for it so far
         self.background: Optional[bool] = None if self.ck.async_save else False
@@ -179,9 +186,16 @@ class Checkpointer:
         gb, seconds = info["bytes"] / 1e9, info["seconds"]
         log.info("step %d: checkpoint committed, %.3f GB in %.2f s (the loop waited %.2f s)",
                  step, gb, seconds, blocking)
-        self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
-                              round(blocking, 4), round(background, 4)))
         self.deadline.save_took(seconds)
+        self.saves.append(seconds)
+        self._expect(max(self.saves))
+        try:
+            self._event(SaveEvent(step, seconds, gb, gb / seconds if seconds > 0 else None,
+                                  round(blocking, 4), round(background, 4)))
+        except (OSError, InputError) as e:  # past the commit point: the step is there
+            folder = os.path.join(self.job.run.checkpoints, tag_for(step))
+            raise InputError(committed_message(folder, f"its save record could not be "
+                                                       f"written: {e}")) from None
 
     def resume(self) -> Tuple[int, int]:
         """(step, consumed samples) of the checkpoint start-up chose, or (0, 0)."""
@@ -199,6 +213,11 @@ class Checkpointer:
         if resume.new_stream:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
             return meta.step, 0
+        change = batch_size_change(meta, self.t.global_batch_size, self.t.train_iters)
+        if change is not None:
+            event, text = change
+            log.warning("%s", text)
+            self._event(event)
         return meta.step, meta.consumed_samples
 
     def load(self, folder: str, last_good: Optional[str]) -> CheckpointMeta:
@@ -221,11 +240,17 @@ class Checkpointer:
         self.wait()
         return rank0_decides(lambda: self.job.run.continuation().found)
 
-    def _expected_save(self) -> Tuple[float, str]:
+    def _expect(self, seconds: float) -> None:
+        if self.watchdog is not None:
+            self.watchdog.expect("save", seconds)
+
+    def _expected_save(self) -> Optional[Tuple[float, str]]:
         """(seconds, why) a save should take before this job has made one: the slowest of the
         run's last three saves (metrics.jsonl), else the bytes this rank will write over the
-        disk's measured write speed. Never one step's time: a stop save that does not fit before
-        the deadline loses the job's only checkpoint."""
+        disk's measured write speed plus the fsyncs a save makes in series (store.SAVE_FSYNCS)
+        at their measured latency, plus the commit's collectives. Never one step's time: a stop
+        save that does not fit before the deadline loses the job's only checkpoint. None when
+        the checkpoint folder cannot be probed (the first save says why)."""
         saves = events(read_metrics_tail(self.job.run.metrics), "save")[-3:]
         if saves:
             return max(e.seconds for e in saves), f"the run's last {len(saves)} save(s)"
@@ -235,32 +260,73 @@ class Checkpointer:
         else:  # fp32 master and two Adam moments per element this rank owns
             shards = state.dp_cp if self.job.ds_config["zero_optimization"]["stage"] > 0 else 1
             nbytes = 12.0 * engine.parameters_on_rank() / shards
-        speed = _write_speed(self.job.run.checkpoints)
-        return COMMIT_S + nbytes / speed, (f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s "
-                                          "measured, plus the commit")
+        try:
+            speed, fsync_s = probe_storage(self.job.run.checkpoints)
+        except (OSError, InputError) as e:  # a full or read-only disk: the first save says so
+            log.warning("could not probe %s for the cost of a save (%s)", self.job.run.checkpoints,
+                        e)
+            return None
+        files = store.SAVE_FSYNCS * fsync_s
+        return COMMIT_S + nbytes / speed + files, (
+            f"{nbytes / 1e9:.2f} GB at {speed / 1e9:.2f} GB/s measured, plus the commit and "
+            f"{store.SAVE_FSYNCS} fsyncs in series at {fsync_s:.3f} s each measured")
 
     def _event(self, record) -> None:
         if self.writer:
             self.writer.write(record)
 
 
+def batch_size_change(meta: CheckpointMeta, gbs: int, train_iters: int
+                      ) -> Optional[Tuple[BatchSizeEvent, str]]:
+    """What a resume with another training.global_batch_size does to the data position (the
+    event and one line for the log), or None when the batch size is the checkpoint's. A
+    checkpoint that did not record its batch size counts as changed when its consumed samples
+    are not its steps times this run's batch size."""
+    before = meta.data.global_batch_size if meta.data is not None else None
+    done, step = meta.consumed_samples, meta.step
+    if before == gbs or (before is None and done == step * gbs):
+        return None
+    left = max(train_iters - step, 0)
+    event = BatchSizeEvent(step, done, before, gbs, left, left * gbs)
+    was = f"{before}" if before is not None else "not recorded in it"
+    then = f" (at the checkpoint's batch size: {left * before})" if before else ""
+    steps = f"steps {step + 1} to {train_iters}" if left else "no step"
+    return event, (
+        f"training.global_batch_size changed on resume: {gbs} now, the checkpoint's was {was}. "
+        f"The checkpoint consumed {done} samples in {step} steps; the data continues at sample "
+        f"{done}, {gbs} samples a step, none skipped or repeated; step numbers and the LR "
+        f"schedule continue by steps: {steps} of training.train_iters={train_iters} ({left} "
+        f"steps) take {left * gbs} samples{then}"
+        + (f", samples {done} to {done + left * gbs - 1}" if left else ""))
+
+
 PROBE_BYTES = 16 << 20
-COMMIT_S = 1.0  # the gather, index and meta, rename: seconds at scale on a parallel file system
+COMMIT_S = 1.0  # the commit's gather and broadcast: seconds at scale
 
 
-def _write_speed(folder: str) -> float:
-    """Bytes per second of one flushed write of PROBE_BYTES into `folder` (done only when the
-    run has a deadline and has not saved yet)."""
+def probe_storage(folder: str) -> Tuple[float, float]:
+    """(bytes per second, seconds per fsync) of `folder`'s storage, measured once at start-up on
+    rank 0: one small file written as a save writes its index (write, fsync, rename, fsync of
+    the folder: two fsyncs), then PROBE_BYTES flushed, whose time less one fsync is the
+    transfer. On a loaded parallel file system the fsyncs, not the bytes, are what a small
+    checkpoint's save costs. The folder is removed again if the probe made it."""
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f".write-probe-{os.getpid()}")
+    small, big = (os.path.join(folder, f".{n}-probe-{os.getpid()}") for n in ("file", "write"))
     data = os.urandom(PROBE_BYTES)  # incompressible, made before the clock starts
-    t0 = time.perf_counter()
     try:
-        with open(path, "wb") as f:
+        t0 = time.perf_counter()
+        store.write_durable(small, b"x" * 4096, "the storage probe")
+        fsync_s = (time.perf_counter() - t0) / 2
+        t0 = time.perf_counter()
+        with open(big, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            store.fsync(f.fileno())
+        transfer = max(time.perf_counter() - t0 - fsync_s, 1e-6)
     finally:
-        if os.path.exists(path):
-            os.remove(path)
-    return PROBE_BYTES / max(time.perf_counter() - t0, 1e-6)
+        for path in (small, big):
+            store.remove_quietly(path)
+        if made:
+            os.rmdir(folder)
+    return PROBE_BYTES / transfer, fsync_s

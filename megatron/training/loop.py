@@ -72,8 +72,7 @@ def train(cfg: Config, startup: Optional[StartupTimer] = None) -> RunSummary:
             with StopFlag() as stop:
                 return _Loop(cfg, job, started, stop, watchdog).run(timer)
         finally:
-            if job.lock:
-                job.lock.release()
+            job.close()
 
 
 class _Loop:
@@ -85,7 +84,7 @@ class _Loop:
         self.cfg, self.job, self.stop, self.device = cfg, job, stop, job.device
         self.watchdog = watchdog
         self.writer = MetricsWriter(job.run, t.tensorboard, cfg) if job.launch.rank == 0 else None
-        self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog.enter)
+        self.checkpointer = Checkpointer(cfg, job, self.writer, started, watchdog)
         self.divergence = Divergence(r, t.precision == "fp16", self.checkpointer, self.writer)
         self.rerun = Rerun(self.divergence.guard, job.model.ctx.tracker, job.nodes,
                            job.launch.rank) if r.rerun_suspect_steps else None
@@ -123,7 +122,7 @@ class _Loop:
         if job.resume is not None:
             timer.mark("checkpoint load")
         self.data = build_iterators(self.cfg, job.state.dp_rank, job.dp, self.consumed,
-                                    vocab_size=job.text_vocab)
+                                    job.text_vocab, self.step)
         timer.mark("data")
         write_run_files(job, self.cfg)
         timer.mark("run files and metrics")

@@ -43,7 +43,8 @@ EVENT_KINDS = tuple(EVENTS)
 _EVENT_STYLE = {"save": ("tab:green", ":"), "stop": ("black", "-"), "spike": ("tab:orange", "--"),
                 "rollback": ("tab:red", "-."), "diverged": ("tab:purple", "-"),
                 "hang": ("tab:brown", "-"), "unresponsive": ("tab:red", ":"),
-                "straggler": ("tab:olive", "--"), "sdc_suspect": ("tab:pink", "-")}
+                "straggler": ("tab:olive", "--"), "sdc_suspect": ("tab:pink", "-"),
+                "batch_size": ("tab:cyan", "-.")}
 _DEFAULT_STYLE = ("tab:gray", "--")
 
 
@@ -124,6 +125,9 @@ _DETAIL = {
     "unresponsive": lambda e: f"never reported; {e.reported} rank(s) waited in {e.phase}",
     "straggler": lambda e: f"forward pass {_num(e.ratio, '.2f')} x the other ranks' median",
     "sdc_suspect": lambda e: f"loss {e.first}, computed again {e.again}: a silent data error",
+    "batch_size": lambda e: f"global batch {e.before} -> {e.global_batch_size} on resume: the "
+                            f"data continues at sample {e.consumed_samples}; {e.steps_left} steps "
+                            f"left take {e.samples_left} samples",
 }
 _LISTED = ("event", "step", "rank", "ranks", "host", "nodes")
 

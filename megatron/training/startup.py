@@ -85,6 +85,17 @@ class Job:
     def dp(self) -> int:
         return self.state.dp
 
+    def close(self) -> None:
+        """The end of this run's job: the engine lets go of the model (Engine.close) and rank 0
+        of run.dir; the process group stays for another run (launch.leave_distributed)."""
+        try:
+            self.engine.close()
+        except Exception as e:  # noqa: BLE001 - never in place of the error that ended the run
+            log.warning("closing the engine failed: %s", e)
+        finally:
+            if self.lock:
+                self.lock.release()
+
 
 def start(cfg: Config, timer: StartupTimer) -> Job:
     """Joins the job and builds model and engine; `timer` gets a mark per phase."""

@@ -5,8 +5,12 @@ A rank stuck in a collective (a peer stopped, a dead link, a broadcast two ranks
 waits for the process group's timeout, which must be long enough for the rendezvous of thousands
 of ranks, and then dies with a bare backend traceback. The watchdog gives each phase its own
 limit instead: resilience.startup_timeout_minutes for start-up (rendezvous, model) and for the first
-phase of each kind (the first step, save, evaluation, load); after that, the larger of
-resilience.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind.
+phase of each kind (the first step, evaluation, load); after that, the larger of
+resilience.hang_timeout_minutes and FACTOR times the slowest completed phase of the same kind. A
+save's limit follows what a save costs (expect()): the larger of hang_timeout_minutes and FACTOR
+times the slowest of the last saves (start to commit, the background write included), or, before
+the job's first, times the checkpointer's estimate, so a stuck first save is named within minutes
+and a slow but healthy asynchronous save is not taken for a hang.
 Past it, the rank writes every thread's Python stack to <run.dir>/hangs/<job>/rank<N>.txt,
 appends {"event": "hang", rank, host, phase, ...} to metrics.jsonl, waits a grace period for the
 other ranks to report, and exits EXIT_HANG, so srun --kill-on-bad-exit or torchrun ends the
@@ -24,8 +28,8 @@ backstop when the watchdog thread itself cannot run.
 
 The phases: step, agreement, guard (the divergence guard's action), evaluation, after-step (the
 checkpointer's decision), and save and load, which the checkpointer enters only when a save or a
-load really happens, so the first real save of a run gets start-up's allowance however many
-steps came before it.
+load really happens, so a load and a save are timed against their own cost, however many steps
+came before them.
 
 The loop's cost is a few attribute writes and one comparison per phase; the thread wakes every
 POLL_S seconds."""
@@ -78,6 +82,7 @@ class Watchdog:
         self.since = time.monotonic()
         self.step = 0
         self.longest: Dict[str, float] = {}
+        self.expected: Dict[str, float] = {}  # what a phase should cost (expect())
         self.job, self.nodes = job_stamp(time.time()), None  # this rank's own until join()
         self._collectives: Optional[Callable[[float], object]] = None
         self._base_s = self._applied_s = 0.0
@@ -133,15 +138,24 @@ class Watchdog:
             self.longest[phase] = took
         self.phase = None
 
+    def expect(self, phase: str, seconds: float) -> None:
+        """What a phase should cost, known before it runs: for a save, the slowest of the last
+        saves measured from start to commit, else the estimate of an unmeasured one
+        (training/checkpointer.py). Its limit is then FACTOR times that (at least the floor)
+        from its first run on, and an asynchronous save's commit, which waits for the writer,
+        is held to the whole save's cost, not to the short phase that started it."""
+        self.expected[phase] = seconds
+
     def limit(self, phase: str) -> float:
         """Seconds this phase may take now (0: no limit). A kind of phase not yet completed
-        once (start-up, the first step, the first save, evaluation or load) gets start-up's
-        allowance: at scale those take minutes, and nothing measured says how many."""
-        if phase not in self.longest:
+        once and with no expected cost (start-up, the first step, evaluation or load) gets
+        start-up's allowance: at scale those take minutes, and nothing measured says how many."""
+        expected = self.expected.get(phase)
+        if phase not in self.longest and expected is None:
             return self.startup_s
         if self.floor_s <= 0:
-            return 0.0
-        return max(self.floor_s, FACTOR * self.longest[phase])
+            return 0.0 if phase in self.longest else self.startup_s
+        return max(self.floor_s, FACTOR * max(self.longest.get(phase, 0.0), expected or 0.0))
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):

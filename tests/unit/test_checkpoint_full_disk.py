@@ -3,6 +3,7 @@ one InputError naming the path, 'no space left on device' and the bytes needed, 
 half-written left (no staging folder, no .tmp). And a prune a kill cut short (a .deleting-
 folder) is finished by the next prune or save. The real full disk (a tiny tmpfs) is
 tests/integration/test_checkpoint_full_disk_processes.py."""
+import collections
 import errno
 import io
 import logging
@@ -177,3 +178,92 @@ def test_the_next_save_finishes_a_deletion_cut_short(tmp_path, one_rank_group, c
         sharded.save(str(ckpt), 4, rank_state(), meta(4), keep_last=1)
     assert sorted(os.listdir(ckpt)) == ["latest", "step_0000004"]
     assert sum(str(doomed) in r.getMessage() for r in caplog.records) == 1
+
+
+def _fail_after_rename(monkeypatch, where):
+    """A full disk at one point after the rename that commits a checkpoint: the directory's
+    flush, the `latest` pointer, or the prune of older checkpoints (keep_last)."""
+    if where == "latest":
+        def open_failing_on(path, mode="r", *a, **k):
+            if os.path.basename(path) == store.LATEST + ".tmp":
+                return full_open(path, mode)
+            return open(path, mode, *a, **k)
+        monkeypatch.setattr(FullFile, "room", 0)
+        monkeypatch.setattr(store, "open", open_failing_on, raising=False)
+    elif where == "fsync":
+        real = store.fsync_dir
+
+        def fsync_failing_on_parent(path):
+            if os.path.basename(path) == "checkpoints":
+                raise FULL
+            real(path)
+        monkeypatch.setattr(store, "fsync_dir", fsync_failing_on_parent)
+    else:
+        def prune(ckpt_dir, keep_last):
+            raise FULL
+        monkeypatch.setattr(store, "prune", prune)
+
+
+@pytest.mark.parametrize("where", ["fsync", "latest", "prune"])
+def test_an_error_after_the_commit_says_the_step_is_committed_and_resume_uses_it(
+        tmp_path, one_rank_group, monkeypatch, where):
+    """Issue 40 item 11a: past the rename, the checkpoint is complete; the message must say so
+    and which step, never 'not committed'; and the run's continuation is that step."""
+    ckpt = str(tmp_path / "checkpoints")
+    sharded.save(ckpt, 2, rank_state(), meta(2))
+    _fail_after_rename(monkeypatch, where)
+    with pytest.raises(InputError) as e:
+        sharded.save(ckpt, 4, rank_state(), meta(4), keep_last=1)
+    msg = str(e.value)
+    assert "not committed" not in msg and "\n" not in msg, msg
+    assert msg.startswith(f"checkpoint {ckpt}/step_0000004 is committed (step 4 is complete and "
+                          "resume continues from it), but after its commit "), msg
+    cause = {"fsync": f"flushing the folder {ckpt} to disk failed ([Errno 28] No space left",
+             "latest": f"{ckpt}/latest: no space left on device while writing the pointer",
+             "prune": "removing older checkpoints (checkpoint.keep_last=1) failed: [Errno 28]"}
+    assert cause[where] in msg, msg
+    assert leftovers(ckpt) == []
+    found = RunDir(str(tmp_path)).continuation().found
+    assert found is not None and found.step == 4
+
+
+def test_an_error_at_the_rename_itself_says_not_committed_and_removes_the_staging(
+        tmp_path, one_rank_group, monkeypatch):
+    """The other side of the commit point: a rename that fails leaves nothing committed."""
+    ckpt = str(tmp_path / "checkpoints")
+    sharded.save(ckpt, 2, rank_state(), meta(2))
+
+    def rename(src, dst):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    monkeypatch.setattr(store.os, "rename", rename)
+    with pytest.raises(InputError) as e:
+        sharded.save(ckpt, 4, rank_state(), meta(4))
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {ckpt}/step_0000004 was not committed: "), msg
+    assert "is committed" not in msg and "staging-step_0000004 was removed" in msg, msg
+    monkeypatch.undo()
+    assert sorted(os.listdir(ckpt)) == ["latest", "step_0000002"]
+    assert RunDir(str(tmp_path)).continuation().found.step == 2
+
+
+def test_a_save_record_that_cannot_be_written_says_the_step_is_committed(tmp_path):
+    """The save's record in metrics.jsonl comes after the commit: a full disk there names the
+    committed step too."""
+    from types import SimpleNamespace
+    from megatron.training.checkpointer import Checkpointer
+    from megatron.training.clock import Deadline
+
+    class FullWriter:
+        def write(self, record):
+            raise InputError(f"{tmp_path}/metrics.jsonl: no space left on device while "
+                             "writing a metrics line")
+    ck = Checkpointer.__new__(Checkpointer)
+    ck.writer, ck.deadline = FullWriter(), Deadline(0, 0.0, environ={})
+    ck.saves, ck.watchdog = collections.deque(maxlen=3), None
+    ck.job = SimpleNamespace(run=RunDir(str(tmp_path)))
+    with pytest.raises(InputError) as e:
+        ck._committed(6, {"bytes": 1e6, "seconds": 1.0}, 0.5, 0.0)
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {tmp_path}/checkpoints/step_0000006 is committed (step 6 "
+                          "is complete"), msg
+    assert "its save record could not be written" in msg and "metrics.jsonl" in msg, msg

@@ -76,8 +76,22 @@ def test_suspicious_says_what_observe_would_call_a_spike_without_counting_it():
 
 def test_rerun_suspect_steps_is_refused_under_pipeline_parallelism():
     from megatron.config import validate_for_world
-    cfg = load_config(None, ["training.rerun_suspect_steps=true",
+    cfg = load_config(None, ["training.rerun_suspect_steps=true", "resilience.loss_spike_factor=3",
                              "parallel.pipeline_parallel_size=2", "model.num_layers=2"])
     with pytest.raises(ConfigError, match="resilience.rerun_suspect_steps=True is invalid: "
                                           "expected false under pipeline parallelism"):
         validate_for_world(cfg, 2)
+
+
+def test_rerun_suspect_steps_without_a_spike_factor_is_refused_naming_both_fields():
+    """Issue 40 item 4: rerun_suspect_steps=true with loss_spike_factor 0 re-ran only
+    non-finite losses, and no text said so; now it is one message naming both fields."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["resilience.rerun_suspect_steps=true"])
+    msg = str(e.value)
+    assert msg.startswith("resilience.loss_spike_factor=0.0 is invalid: expected a factor "
+                          "above 1 with resilience.rerun_suspect_steps=true"), msg
+    assert "resilience.rerun_suspect_steps=false" in msg and "e.g. 3.0" in msg, msg
+    cfg = load_config(None, ["resilience.rerun_suspect_steps=true",
+                             "resilience.loss_spike_factor=3"])
+    assert cfg.resilience.rerun_suspect_steps and cfg.resilience.loss_spike_factor == 3.0

@@ -1,6 +1,6 @@
 """The hang watchdog's limits and what it leaves when it fires (training/watchdog.py): start-up
 and each kind of phase's first run get the start-up allowance, later ones the floor or FACTOR x
-the slowest measured; past the limit the stacks and a hang event land in the run directory and
+the slowest measured, a save FACTOR x its expected cost; past the limit the stacks and a hang event land in the run directory and
 the rank exits EXIT_HANG. The real hang (a stopped peer under torchrun):
 tests/integration/test_training_watchdog_hang.py."""
 import time
@@ -136,9 +136,10 @@ def test_the_process_groups_timeout_follows_the_phase_limit():
     assert len(applied) == 2  # the watchdog off: parallel.timeout_minutes stays
 
 
-def test_a_first_real_save_gets_the_start_up_allowance_after_many_steps():
+def test_a_first_real_save_without_an_expected_cost_gets_the_start_up_allowance():
     """The loop's after-step phase runs every step; "save" is entered only by a real save
-    (training/checkpointer.py), so steps without one leave its allowance at start-up's."""
+    (training/checkpointer.py), so steps without one leave its allowance at start-up's when
+    nothing says what a save costs."""
     dog = Watchdog(RunDir("unused"), 0, startup_s=1800, floor_s=300)
     for step in range(1, 50):
         dog.enter("step", step)
@@ -150,3 +151,21 @@ def test_a_first_real_save_gets_the_start_up_allowance_after_many_steps():
     dog.since -= 100.0  # the first save took 100 s
     dog.done()
     assert dog.limit("save") == pytest.approx(FACTOR * 100.0, abs=0.1)
+
+
+def test_a_saves_limit_follows_its_expected_cost_from_the_first_save_on():
+    """Issue 40 item 1: the first save is held to FACTOR x the estimate (at least the floor),
+    not to start-up's 30 minutes; and an asynchronous save, whose phase that starts it is short,
+    is held at its commit to FACTOR x the whole save's measured cost, not to FACTOR x that
+    short phase (a healthy save slower than the floor used to exit 4)."""
+    dog = Watchdog(RunDir("unused"), 0, startup_s=1800, floor_s=6)
+    dog.expect("save", 2.0)  # the estimate of an unmeasured save
+    assert dog.limit("save") == FACTOR * 2.0  # 10 s: a stuck first save is named then
+    dog.expect("save", 0.5)
+    assert dog.limit("save") == 6  # never under the floor
+    dog.enter("save")  # an asynchronous save: the snapshot starts, 0.05 s
+    dog.since -= 0.05
+    dog.done()
+    dog.expect("save", 40.0)  # the first save measured start to commit: 40 s in the background
+    assert dog.limit("save") == FACTOR * 40.0  # its commit may wait for the writer that long
+    assert dog.limit("load") == 1800  # other phases keep their rule

@@ -38,7 +38,9 @@ class ResilienceConfig:
     sees a spike or a non-finite loss, the step's batch is computed again without an update and
     compared on each rank; a rank whose result differs is named ({"event": "sdc_suspect"}), an
     identical result is a real spike and the guard's policy applies. Not with pipeline
-    parallelism."""
+    parallelism. Needs loss_spike_factor above 1: a spike is what it re-runs (with 0 only a
+    non-finite loss would be, and a wrong but finite one would pass unseen), so true with
+    loss_spike_factor 0 is refused."""
     startup_timeout_minutes: float = 30.0
     """The hang watchdog (training/watchdog.py): a rank whose step, agreement, evaluation, save or
     load runs past its limit dumps every thread's stack into <run.dir>/hangs/, writes a hang event
@@ -46,7 +48,9 @@ class ResilienceConfig:
     the first step is done (rendezvous, model, first step); 0: off."""
     hang_timeout_minutes: float = 5.0
     """The watchdog's limit after the first step: the larger of this and 5x the slowest such
-    phase measured; 0: off."""
+    phase measured; for a save, from the first on, the larger of this and 5x what a save costs
+    (the slowest of the last saves, start to commit, background write included; before any,
+    the estimate from the storage probed at start-up); 0: off."""
     straggler_interval: int = 50
     """Every this many steps the ranks compare their median forward pass (0: never)."""
     straggler_factor: float = 1.2
@@ -68,3 +72,12 @@ class ResilienceConfig:
             raise ConfigError("resilience.loss_spike_factor", self.loss_spike_factor,
                               "0 (off) or a factor above 1", "e.g. 3.0: a loss three times its "
                               "running median")
+        if self.rerun_suspect_steps is True and not self.loss_spike_factor:
+            raise ConfigError(
+                "resilience.loss_spike_factor", self.loss_spike_factor, "a factor above 1 "
+                "with resilience.rerun_suspect_steps=true: the re-run looks only at losses the "
+                "divergence guard calls suspect, and with the factor 0 only a non-finite loss "
+                "is one, so a silent data error that leaves the loss finite passes unseen",
+                "set resilience.loss_spike_factor (e.g. 3.0: a loss three times its running "
+                "median is re-run; loss_spike_action=log keeps a real spike's effect to a log "
+                "line), or resilience.rerun_suspect_steps=false")
