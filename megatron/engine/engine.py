@@ -281,8 +281,9 @@ class Engine:
 
     def checkpoint_state(self, rng: Optional[dict]) -> RankState:
         """What this rank owns of the training state, as the checkpoint code reads and fills it."""
-        return engine_state.rank_state(self.engine, self.named_parameters(), self.state.coord,
-                                       rng)
+        rs = engine_state.rank_state(self.engine, self.named_parameters(), self.state.coord, rng)
+        rs.params += engine_state.buffer_states(self.module, self.state.coord)
+        return rs
 
     def checkpoint_meta(self) -> OptimizerRecord:
         """The schedule, Adam's step and DeepSpeed's counters (the same on every rank)."""

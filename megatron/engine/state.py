@@ -152,6 +152,25 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord,
     return RankState(params, writes, coords, rng, adam_step(engine))
 
 
+def buffer_states(module: nn.Module, coords: RankCoord) -> List[LocalParam]:
+    """The buffers modules name in `checkpointed_buffers` (the router's expert bias,
+    model/moe/router.py): replicated fp32 state the optimizer does not step, stored as a
+    parameter's master with zero moments, written by data-parallel rank 0. Names are GPTModel's
+    (PP = 1: MoE runs without pipeline stages)."""
+    out = []
+    for prefix, sub in module.named_modules():
+        for attr in getattr(sub, "checkpointed_buffers", ()):
+            b = getattr(sub, attr, None)
+            if b is None:
+                continue
+            flat = b.data.view(-1)
+            out.append(LocalParam(f"{prefix}.{attr}" if prefix else attr, tuple(b.shape),
+                                  Partition(), writes=coords.dp_cp == 0,
+                                  fragments=[Fragment(0, flat.numel(), flat, {
+                                      k: torch.zeros_like(flat) for k in MOMENTS})]))
+    return out
+
+
 def adam_step(engine) -> int:
     steps = [int(st["step"]) for st in _base(engine.optimizer).state.values() if "step" in st]
     return max(steps, default=0)

@@ -17,6 +17,7 @@ from megatron.model.context import ModelContext
 from megatron.model.embedding import Embedding, OutputLayer
 from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, token_losses
 from megatron.model.moe import MoELayer
+from megatron.model.moe.router import update_bias
 from megatron.model.norm import build_norm, norm_class
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState
@@ -76,6 +77,12 @@ class GPTModel(nn.Module):
         """Each MoE layer's numbers of the last forward (aux and z loss, tokens per expert max
         and mean, dropped fraction), for a loop to log; [] for a dense model."""
         return [layer.stats.as_dict() for layer in self.moe_layers if layer.stats is not None]
+
+    def update_router_biases(self, group, skipped: bool = False) -> None:
+        """After each optimizer step: the auxiliary-loss-free router biases move toward balance
+        from the step's loads summed over `group` (model/moe/router.update_bias); a no-op
+        without model.moe_router_bias_update_rate."""
+        update_bias([layer.router for layer in self.moe_layers], group, skipped)
 
     def take_moe_window(self) -> List[dict]:
         """Each MoE layer's numbers over the training forwards since the last call (this rank's

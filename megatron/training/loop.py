@@ -161,6 +161,9 @@ class _Loop:
         t0 = time.perf_counter()
         rerun = self.rerun.for_step(self.step + 1) if self.rerun else None
         result = self.job.engine.train_step(self.data.train, rerun)
+        update = getattr(self.job.model.module, "update_router_biases", None)
+        if update is not None:  # GPTModel (MoE refuses pipeline stages); a collective: timed
+            update(self.job.state.dp_cp_group, result.skipped)
         _sync(self.device)
         dt = time.perf_counter() - t0
         self.watchdog.done()

@@ -2,7 +2,7 @@
 
     x [s, b, h] -> tokens [T = s*b, h] -> router -> plan (sort by expert, capacity) -> permute
     -> exchange over the ep group (EP > 1) -> experts -> reverse exchange -> weighted combine
-    -> [s, b, h]
+    -> [s, b, h]  (+ the shared expert's MLP of every token, model.moe_shared_expert_ffn_hidden_size)
 
 The router's auxiliary losses are kept on the layer (`take_losses`) for GPTModel to add to the
 loss it returns, so they reach the backward; the numbers a loop may log are in `stats`: the
@@ -10,12 +10,15 @@ last forward's, or in training, summed over the forwards since `take_stats` (a l
 window of micro-batches), as detached tensors read only when asked, so no step waits for them."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
+from megatron.config import moe
+from megatron.model.mlp import MLP
 from megatron.model.moe.dispatch import (combine, plan, return_from_experts, send_to_experts)
 from megatron.model.moe.experts import Experts
 from megatron.model.moe.router import Router, capacity
@@ -59,6 +62,9 @@ class MoELayer(nn.Module):
         self.num_experts, self.k, self.factor = m.num_experts, m.moe_top_k, m.moe_capacity_factor
         self.router = Router(m, ctx, layer_number)
         self.experts = Experts(m, ctx, layer_number, first, local)
+        # Replicated like any dense MLP (not marked as experts), its own seed streams.
+        self.shared_expert = MLP(dataclasses.replace(m, ffn_hidden_size=moe.shared_ffn(m)), ctx,
+                                 layer_number, "shared_expert.") if moe.shared_ffn(m) else None
         self._losses: Optional[torch.Tensor] = None
         self.stats: Optional[LayerStats] = None
         self._window: Optional[LayerStats] = None  # training forwards since take_stats
@@ -87,4 +93,5 @@ class MoELayer(nn.Module):
                                 p.dropped, routing.experts.numel())
         if self.training:
             self._window = self.stats if self._window is None else self._window.add(self.stats)
-        return combine(rows, p, s * b).view(s, b, h)
+        out = combine(rows, p, s * b).view(s, b, h)
+        return out if self.shared_expert is None else out + self.shared_expert(x)
