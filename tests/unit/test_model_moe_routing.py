@@ -140,7 +140,9 @@ def test_config_refusals_name_their_fields(overrides, world, field):
 
 @pytest.mark.parametrize("extra", [[], ["model.activation=swiglu", "model.add_bias_linear=false",
                                         "model.moe_layer_freq=3", "model.moe_ffn_hidden_size=96",
-                                        "model.tie_embeddings=false"]])
+                                        "model.tie_embeddings=false"],
+                                   ["model.activation=swiglu",
+                                    "model.moe_shared_expert_ffn_hidden_size=48"]])
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_the_planner_counts_what_each_expert_parallel_rank_holds(extra, ep):
     from megatron.model import GPTModel, build_context
