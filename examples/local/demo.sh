@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # make demo: prepare the Shakespeare corpus (cached after the first run), train a small GPT on
 # this machine's CPU showing the loss fall, then sample a few lines from the trained model.
+# CONFIG picks another model (examples/local/moe-tiny.yaml: a mixture of experts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 eval "$($PY tools/prepare_demo_data.py --shell)"
+CONFIG=${CONFIG:-examples/local/demo.yaml}
 RUN_DIR=${RUN_DIR:-runs/demo}
 rm -rf "$RUN_DIR"
 echo "== training (metrics: $RUN_DIR/metrics.jsonl, TensorBoard: $RUN_DIR/tensorboard)"
-$PY -m megatron.cli.train --config examples/local/demo.yaml \
+$PY -m megatron.cli.train --config "$CONFIG" \
   --set data.tokenizer_model="$TOKENIZER_MODEL" --set "data.paths=[$DATA_PREFIX]" \
   --set run.dir="$RUN_DIR" "$@" 2>&1 | grep -E "step [0-9]+ |validation|done:|error" || true
 test -f "$RUN_DIR/checkpoints/latest" || { echo "demo: training did not finish" >&2; exit 1; }

@@ -39,7 +39,8 @@ StateDict = Dict[str, torch.Tensor]
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {},
                "mixtral": {"add_bias_linear": False, "moe_layer_freq": 1,
-                           "moe_router": "softmax_renorm"}}
+                           "moe_router": "softmax_renorm", "moe_router_bias_update_rate": 0.0,
+                           "moe_shared_expert_ffn_hidden_size": None}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mixtral": "Mixtral"}
 # Mixtral's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names serve it.
 VARIANT_ARCH = {"mixtral": "llama"}

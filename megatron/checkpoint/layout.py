@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", "ffn_hidden_size",
                 "max_position_embeddings", "position_embedding_type", "normalization",
                 "activation", "add_bias_linear", "tie_embeddings", "num_experts",
-                "moe_ffn_hidden_size", "moe_layer_freq")
+                "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_ffn_hidden_size")
 # Fields recorded only where they differ from these (the dense model's values): records written
 # before the field existed lack it and mean this value, and dense records stay as they were.
-SHAPE_DEFAULTS = {"num_experts": 0, "moe_ffn_hidden_size": None, "moe_layer_freq": 1}
+SHAPE_DEFAULTS = {"num_experts": 0, "moe_ffn_hidden_size": None, "moe_layer_freq": 1,
+                  "moe_shared_expert_ffn_hidden_size": None}
 
 
 def rng_state(tracker) -> Dict[str, Any]:

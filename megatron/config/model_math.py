@@ -7,7 +7,8 @@ GeLU MLP. Written per token and layer it is 3 * (2 * matmul parameters + 4*s*h a
 logits' 3 * 2*h*V, which extends exactly to GQA (smaller K/V projections), SwiGLU (three FFN
 matrices) and any FFN width; the attention-score term depends on the query heads only, and the
 causal mask is not halved (as Megatron counts). A MoE layer (config/moe.py) counts the FLOPs a
-token really costs: its router (h x E) and the top_k experts it is sent to, not all E."""
+token really costs: its router (h x E), the top_k experts it is sent to, not all E, and the
+shared expert every token runs (model.moe_shared_expert_ffn_hidden_size)."""
 from __future__ import annotations
 
 from megatron.config import moe, variants
@@ -22,13 +23,14 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
 
 def layer_matmul_params(m, index: int = -1) -> int:
     """Matmul weights one token meets in layer `index` (-1: a dense layer): for a MoE layer the
-    router and top_k experts (the active parameters)."""
+    router, top_k experts and the shared expert, if any (the active parameters)."""
     h, d = m.hidden_size, m.head_dim
     qkv = h * (m.num_attention_heads + 2 * m.kv_heads) * d
     proj = h * m.num_attention_heads * d
     fc = variants.of(m, "activation").fc1_factor + 1
     if index >= 0 and moe.is_moe_layer(m, index):
-        return qkv + proj + h * m.num_experts + m.moe_top_k * fc * h * moe.expert_ffn(m)
+        return qkv + proj + h * m.num_experts + fc * h * (
+            m.moe_top_k * moe.expert_ffn(m) + moe.shared_ffn(m))
     return qkv + proj + fc * h * m.ffn_hidden_size
 
 

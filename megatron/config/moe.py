@@ -32,8 +32,15 @@ def expert_ffn(m) -> int:
     return m.moe_ffn_hidden_size or m.ffn_hidden_size
 
 
+def shared_ffn(m) -> int:
+    """Width of each MoE layer's shared expert; 0: none."""
+    return m.moe_shared_expert_ffn_hidden_size or 0
+
+
 def check_fields(m) -> None:
     """The MoE fields of model section `m` (called from ModelConfig.__post_init__)."""
+    if m.moe_shared_expert_ffn_hidden_size == 0:
+        m.moe_shared_expert_ffn_hidden_size = None  # one spelling of "none" in records
     if m.num_experts < 0:
         raise ConfigError("model.num_experts", m.num_experts, "0 (a dense model) or a number "
                           "of experts >= 1")
@@ -53,6 +60,13 @@ def check_fields(m) -> None:
                           "a factor > 0, or null for dropless routing")
     if m.moe_router not in ROUTERS:
         raise ConfigError("model.moe_router", m.moe_router, f"one of {', '.join(ROUTERS)}")
+    if not m.moe_router_bias_update_rate >= 0:
+        raise ConfigError("model.moe_router_bias_update_rate", m.moe_router_bias_update_rate,
+                          "a rate >= 0 (DeepSeek-V3: 0.001)", "use 0 for no router bias")
+    if m.moe_shared_expert_ffn_hidden_size is not None and m.moe_shared_expert_ffn_hidden_size < 0:
+        raise ConfigError("model.moe_shared_expert_ffn_hidden_size",
+                          m.moe_shared_expert_ffn_hidden_size,
+                          "a positive width, or 0 / null for no shared expert")
     for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
         if getattr(m, name) < 0:
             raise ConfigError(f"model.{name}", getattr(m, name), "a coefficient >= 0",

@@ -270,6 +270,8 @@ class Engine:
         if check is not None:
             loss = self._checked_step(it, check)
             if loss is None:
+                if self.moe_layers:  # the update was withheld: so is the bias's
+                    engine_experts.update_router_biases(self.moe_layers, self.state, True)
                 return StepResult(float("nan"), None, lr, self._loss_scale(), True, True)
         elif self.pipeline:
             loss = float(self.engine.train_batch(data_iter=it))
@@ -286,8 +288,10 @@ class Engine:
             loss = self._mean_over_dp(total / self.gas)
         norm = self.engine.get_global_grad_norm()
         norm = None if norm is None else float(norm)
-        return StepResult(loss, norm, lr, self._loss_scale(),
-                          self.engine.skipped_steps > skipped_before)
+        skipped = self.engine.skipped_steps > skipped_before
+        if self.moe_layers:  # a collective over the stage's ranks, inside the timed step
+            engine_experts.update_router_biases(self.moe_layers, self.state, skipped)
+        return StepResult(loss, norm, lr, self._loss_scale(), skipped)
 
     def _checked_step(self, it: Iterator, check) -> Optional[float]:
         """The step with its update held back until check.judge() has seen the loss (PP=1):
@@ -332,8 +336,9 @@ class Engine:
 
     def checkpoint_state(self, rng: Optional[dict]) -> RankState:
         """What this rank owns of the training state, as the checkpoint code reads and fills it."""
-        return engine_state.rank_state(self.engine, self.named_parameters(), self.state.coord,
-                                       rng)
+        rs = engine_state.rank_state(self.engine, self.named_parameters(), self.state.coord, rng)
+        rs.params += engine_state.buffer_states(self.module, self.state.coord, self._prefixes)
+        return rs
 
     def checkpoint_meta(self) -> OptimizerRecord:
         """The schedule, Adam's step and DeepSpeed's counters (the same on every rank)."""

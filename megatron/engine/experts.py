@@ -66,6 +66,15 @@ def mark_for_deepspeed(module: nn.Module, expert) -> bool:
     return True
 
 
+def update_router_biases(layers, state, skipped: bool) -> None:
+    """After each optimizer step, the auxiliary-loss-free router biases of this stage's MoE
+    layers move toward balance (model/moe/router.update_bias), from the loads of every rank of
+    the stage: summed over data x context parallel, then over tensor parallel."""
+    from megatron.model.moe.router import update_bias
+    update_bias([layer.router for layer in layers], (state.dp_cp_group, state.tp_group),
+                skipped)
+
+
 def moe_layers(module: nn.Module):
     return [m for m in module.modules() if isinstance(m, MoELayer)]
 

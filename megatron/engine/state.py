@@ -152,6 +152,44 @@ def rank_state(engine, named: List[Tuple[str, nn.Parameter]], coords: RankCoord,
     return RankState(params, writes, coords, rng, adam_step(engine))
 
 
+def buffer_states(module: nn.Module, coords: RankCoord, prefixes: List[str]
+                  ) -> List[LocalParam]:
+    """The buffers modules name in `checkpointed_buffers` (the router's expert bias,
+    model/moe/router.py): replicated fp32 state the optimizer does not step, stored as a
+    parameter's master with zero moments, written by the rank at data x context and tensor
+    parallel index 0 of each stage. Names are GPTModel's (prefixes as for
+    global_named_parameters)."""
+    out = []
+    for prefix, sub in global_named_modules(module, prefixes):
+        for attr in getattr(sub, "checkpointed_buffers", ()):
+            b = getattr(sub, attr, None)
+            if b is None:
+                continue
+            flat = b.data.view(-1)
+            out.append(LocalParam(prefix + attr, tuple(b.shape), Partition(),
+                                  writes=coords.dp_cp == 0 and coords.tp == 0,
+                                  fragments=[Fragment(0, flat.numel(), flat, {
+                                      k: torch.zeros_like(flat) for k in MOMENTS})]))
+    return out
+
+
+def global_named_modules(model: nn.Module, prefixes: List[str]
+                         ) -> Iterator[Tuple[str, nn.Module]]:
+    """This rank's submodules under their GPTModel names, each ending in '.' (or '' for the
+    model itself), as global_named_parameters names parameters (interleaved chunks hold no
+    module with checkpointed buffers: MoE is refused there)."""
+    if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
+        for name, sub in model.named_modules():
+            yield (name + "." if name else ""), sub
+        return
+    for idx, func in enumerate(model.forward_funcs):
+        layer = func.args[0] if isinstance(func, functools.partial) else func
+        if isinstance(layer, nn.Module):
+            base = prefixes[idx + model._local_start]
+            for name, sub in layer.named_modules():
+                yield base + (name + "." if name else ""), sub
+
+
 def adam_step(engine) -> int:
     steps = [int(st["step"]) for st in _base(engine.optimizer).state.values() if "step" in st]
     return max(steps, default=0)

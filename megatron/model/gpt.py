@@ -17,6 +17,7 @@ from megatron.model.context import ModelContext
 from megatron.model.embedding import Embedding, OutputLayer
 from megatron.model.loss import HeadWorkspace, fused_head_applies, head_loss, token_losses
 from megatron.model.moe import MoELayer
+from megatron.model.moe.router import update_bias
 from megatron.model.norm import build_norm, norm_class
 from megatron.model.transformer import TransformerLayer
 from megatron.parallel.state import ParallelState

@@ -27,7 +27,9 @@ def bias_swiglu(y, bias, sel):
 
 
 class MLP(nn.Module):
-    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int, stream: str = ""):
+        """`stream` names a second MLP of a layer (a MoE layer's shared expert) in its weights'
+        seed streams, so its initialisation is its own."""
         super().__init__()
         state, seq_par, seed = ctx.state, ctx.sequence_parallel, ctx.seed
         spec = variants.of(m, "activation")
@@ -36,12 +38,12 @@ class MLP(nn.Module):
         self.fc1 = ColumnParallelLinear(m.hidden_size, spec.fc1_factor * m.ffn_hidden_size, state,
                                         bias=m.add_bias_linear, sequence_parallel=seq_par,
                                         skip_bias_add=True, init_std=m.init_method_std,
-                                        init_seed=seed_for(seed, f"layer{layer_number}.fc1"),
+                                        init_seed=seed_for(seed, f"layer{layer_number}.{stream}fc1"),
                                         stride=spec.fc1_factor)
         self.fc2 = RowParallelLinear(m.ffn_hidden_size, m.hidden_size, state,
                                      bias=m.add_bias_linear, sequence_parallel=seq_par,
                                      init_std=m.init_method_std / math.sqrt(2 * m.num_layers),
-                                     init_seed=seed_for(seed, f"layer{layer_number}.fc2"))
+                                     init_seed=seed_for(seed, f"layer{layer_number}.{stream}fc2"))
 
     def forward(self, x):
         y, bias = self.fc1(x)  # [s, b, fc1_factor*ffn/t]

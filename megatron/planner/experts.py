@@ -48,7 +48,8 @@ def stored_delta(m, lay: Layout, precision: str) -> float:
         act.fc1_factor(m)
     dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
     experts = k * sb * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
-    return experts + 2 * 4 * sb * m.num_experts - dense
+    shared = sb * moe.shared_ffn(m) * (fc1 + 1) * e / lay.tp  # as the dense MLP stores
+    return experts + shared + 2 * 4 * sb * m.num_experts - dense
 
 
 def working_delta(m, lay: Layout, precision: str) -> float:
@@ -81,7 +82,10 @@ def layer_delta_features(x) -> np.ndarray:
     experts = m.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
                                          + gemm_seconds((rows, h, fe), peak, half))
     router = gemm_seconds((tok, m.num_experts, h), peak, half)
-    out[GEMM] = 3 * (experts + router - dense)
+    fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
+    shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
+              + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0
+    out[GEMM] = 3 * (experts + router + shared - dense)
     out[MEM] = 3 * 4 * all_to_all_bytes(x) / x.hbm
     if lay.ep > 1:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)

@@ -11,8 +11,9 @@ The last stage holds the final norm and either the untied output layer or, when 
 embeddings are tied, a second copy of the tied word embedding (DeepSpeed's TiedLayerSpec builds
 the module again on that stage, without a position table). A MoE layer (config/moe.py) holds a
 replicated router [E, h] and, in place of the MLP, num_experts / EP experts of the same
-activation, width moe_ffn_hidden_size, with biases when add_bias_linear; `active_params` counts
-the top_k experts a token meets instead of all of them."""
+activation, width moe_ffn_hidden_size, with biases when add_bias_linear, and the shared expert
+(moe_shared_expert_ffn_hidden_size, an MLP like the dense one: split over TP, replicated over
+EP); `active_params` counts the top_k experts a token meets instead of all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
     if index >= 0 and moe.is_moe_layer(m, index):
         experts = m.moe_top_k if active else m.num_experts // ep
         mlp = m.num_experts * h + experts * _mlp(m, moe.expert_ffn(m), 1)
+        if moe.shared_ffn(m):
+            mlp += _mlp(m, moe.shared_ffn(m), tp)
     else:
         mlp = _mlp(m, m.ffn_hidden_size, tp)
     return 2 * _norm(m) + qkv + core + proj + mlp

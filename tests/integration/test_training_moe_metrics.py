@@ -48,3 +48,51 @@ def test_moe_run_logs_expert_load_and_the_report_lists_it(tmp_path):
     assert "| moe aux " in out and " load max/mean " in out and " drop " in out, out[-3000:]
     rows = int(out.split("MOE_ROWS ")[1].split()[0])
     assert rows >= 1, out[-2000:]
+
+
+BIAS = r"""
+import os, sys
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
+from megatron.checkpoint.sharded import Reader, read_meta
+from megatron.config import load_config
+from megatron.launch import leave_distributed
+from megatron.training.loop import train
+
+def run(path, iters, load=None):
+    sets = [f"run.dir={path}", "training.tensorboard=false", f"training.train_iters={iters}",
+            "model.num_experts=4", "model.moe_router=sigmoid", "model.moe_aux_loss_coeff=0",
+            "model.moe_router_bias_update_rate=0.01", "checkpoint.save=true",
+            "checkpoint.save_interval=2"] + ([f"checkpoint.load={load}"] if load else [])
+    train(load_config(sys.argv[2], sets))
+
+def biases(path, step):
+    folder = os.path.join(RunDir(path).checkpoints, f"step_{step:07d}")
+    meta, index = read_meta(folder)
+    names = sorted(n for n in index if n.endswith("router.expert_bias"))
+    return [Reader(folder, index).merged(n, "master").tolist() for n in names]
+
+a, b = sys.argv[1] + "/a", sys.argv[1] + "/b"
+run(a, 4)
+at2, at4 = biases(a, 2), biases(a, 4)
+assert len(at4) == 4 and at2 != at4, (at2, at4)
+# each step moves each expert by the rate (or not at all): after 2 steps |b| <= 0.02
+assert all(abs(x) <= 0.02 + 1e-6 for layer in at2 for x in layer) and any(x for l in at2 for x in l)
+run(b, 4, os.path.join(RunDir(a).checkpoints, "step_0000002"))
+assert biases(b, 4) == at4, (biases(b, 4), at4)
+la = [r.loss for r in steps(read_metrics(RunDir(a).metrics))][2:]
+lb = [r.loss for r in steps(read_metrics(RunDir(b).metrics))]
+assert lb == la, (la, lb)
+print("BIAS", at4[0])
+leave_distributed()
+print("OK")
+"""
+
+
+def test_router_bias_moves_each_step_and_resumes_from_a_checkpoint(tmp_path):
+    """The loop updates the auxiliary-loss-free bias after each step; a checkpoint keeps it: a
+    run resumed at step 2 ends at step 4 with the uninterrupted run's bias and losses."""
+    proc = subprocess.run([sys.executable, "-c", BIAS, str(tmp_path), TINY], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.stdout[-2000:]
+                                                          + proc.stderr[-3000:])

@@ -96,19 +96,31 @@ def test_grouped_gemm_forward_equals_the_loop(flavour):
     assert torch.allclose(experts(x, counts), loop, atol=1e-6, rtol=1e-5)
 
 
-def test_grouped_gemm_backward_is_left_to_gpus():
-    """Why the CPU runs the loop: torch 2.13's CPU grouped GEMM has no working backward."""
+@pytest.mark.parametrize("flavour", [[], ["model.activation=swiglu",
+                                          "model.add_bias_linear=false"]])
+def test_grouped_gemm_backward_equals_the_loop(flavour):
+    """The CPU runs the grouped GEMM too (experts.py): its gradients are the loop's, also for a
+    broadcast output gradient (sum().backward()), which its raw backward refuses."""
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no torch._grouped_mm")
-    experts = _experts()
-    experts.grouped = True
-    x = torch.randn(8, 64, requires_grad=True)
-    try:
-        experts(x, [2, 2, 2, 2]).sum().backward()
-    except RuntimeError:
-        return
-    pytest.skip("the CPU grouped GEMM has a backward in this torch: the loop is no longer "
-                "the only CPU path that trains (experts.py could use it)")
+    experts = _experts(flavour)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(20, 64, generator=torch.Generator().manual_seed(1))
+    counts = [7, 0, 5, 8]
+    grads = {}
+    for grouped in (False, True):
+        experts.grouped = grouped
+        experts.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        experts(xi, counts).backward(g)
+        grads[grouped] = [xi.grad] + [p.grad for p in experts.parameters()]
+        experts(x, counts).sum().backward()  # a zero-stride gradient: must not raise
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert experts.grouped is True and experts(x[:0], [0, 0, 0, 0]).shape == (0, 64)
 
 
 @pytest.mark.parametrize("overrides, world, field", [
@@ -162,7 +174,9 @@ def test_experts_compose_with_the_other_axes(overrides, world):
 
 @pytest.mark.parametrize("extra", [[], ["model.activation=swiglu", "model.add_bias_linear=false",
                                         "model.moe_layer_freq=3", "model.moe_ffn_hidden_size=96",
-                                        "model.tie_embeddings=false"]])
+                                        "model.tie_embeddings=false"],
+                                   ["model.activation=swiglu",
+                                    "model.moe_shared_expert_ffn_hidden_size=48"]])
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_the_planner_counts_what_each_expert_parallel_rank_holds(extra, ep):
     from megatron.model import GPTModel, build_context

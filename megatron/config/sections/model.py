@@ -85,6 +85,15 @@ class ModelConfig:
     """Weight of the Switch/GShard load-balancing loss; 0 switches it off."""
     moe_z_loss_coeff: float = 0.0
     """Weight of the router z-loss (ST-MoE), which keeps router logits small; 0: off."""
+    moe_router_bias_update_rate: float = 0.0
+    """Auxiliary-loss-free load balancing (DeepSeek-V3): a per-expert bias added to the router's
+    scores for the top-k choice only (the weights stay unbiased), moved by this much toward
+    balance after each optimizer step, from the step's loads summed over data-parallel ranks;
+    kept in checkpoints. 0: no bias. DeepSeek-V3 used 0.001."""
+    moe_shared_expert_ffn_hidden_size: Optional[int] = None
+    """Width of a shared expert (DeepSeek-MoE, Qwen-MoE): a dense MLP of the model's activation
+    in each MoE layer that every token runs, its output added to the routed experts'; replicated,
+    not split over expert-parallel ranks. null or 0: none."""
 
     def __post_init__(self):
         s = "model"

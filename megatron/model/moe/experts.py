@@ -3,11 +3,12 @@
 [E_local, ...] and marked as split over the expert axis (mark_experts), so checkpoints and the
 engine can tell them from replicated weights.
 
-Two ways to run them, the same products: a loop over the local experts (any device), and
-torch._grouped_mm, one grouped GEMM per matrix. In torch 2.13 the grouped GEMM runs forward on
-the CPU but its backward does not (it fails on the CPU's strides), so the loop is used on the
-CPU and the grouped GEMM on GPUs; the forward equality is tested on the CPU
-(tests/unit/test_model_moe_routing.py)."""
+Two ways to run them, the same products: a loop over the local experts, and torch._grouped_mm,
+one grouped GEMM per matrix, used wherever this torch has it (CPU and GPUs). The CPU grouped
+GEMM's backward (torch 2.13) refuses a gradient with zero strides (what `.sum().backward()`
+hands it: "Invalid strides/sizes"), so its output passes its gradient on contiguous
+(_ContiguousGrad). On the CPU it is 2-3x faster than the loop (benchmarks/results/
+moe_layer.md); both are tested against each other (tests/unit/test_model_moe_routing.py)."""
 from __future__ import annotations
 
 import math
@@ -54,24 +55,26 @@ class Experts(nn.Module):
         writer = ctx.expert is None or ctx.expert.grid.index(ctx.expert.rank, "edp") == 0
         for p in self.parameters():
             mark_experts(p, m.num_experts, first, writer)
-        self.grouped = None  # None: the grouped GEMM on GPUs, the loop elsewhere
+        self.grouped = None  # None: the grouped GEMM where torch has it, else the loop
 
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """x [M, h] grouped by local expert, counts [E_local] -> [M, h]."""
-        grouped = self.grouped if self.grouped is not None else x.device.type == "cuda"
+        grouped = self.grouped if self.grouped is not None else True
         if grouped and hasattr(torch, "_grouped_mm"):
             return self._grouped(x, counts)
         return self._loop(x, counts)
 
-    def _bias(self, b, e):
-        return None if b is None else b[e]
-
     def _loop(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        # unbind, not w1[e] per expert: each indexing's backward would write a zero tensor of
+        # the whole stack and add it up, E times; unbind's backward stacks the E gradients once.
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
+        b1 = self.b1.unbind(0) if self.b1 is not None else [None] * len(counts)
+        b2 = self.b2.unbind(0) if self.b2 is not None else [None] * len(counts)
         out = []
         for e, rows in enumerate(x.split(counts)):
-            y = F.linear(rows, self.w1[e])  # [n_e, fc1_factor*f]
-            y = self.act(y, self._bias(self.b1, e), self.sel)  # [n_e, f]
-            out.append(F.linear(y, self.w2[e], self._bias(self.b2, e)))  # [n_e, h]
+            y = F.linear(rows, w1[e])  # [n_e, fc1_factor*f]
+            y = self.act(y, b1[e], self.sel)  # [n_e, f]
+            out.append(F.linear(y, w2[e], b2[e]))  # [n_e, h]
         return torch.cat(out) if out else x.new_zeros((0, x.shape[-1]))
 
     def _grouped(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
@@ -83,4 +86,18 @@ class Experts(nn.Module):
             y = y + self.b1[which]
         y = self.act(y, None, self.sel)
         y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
+        y = _ContiguousGrad.apply(y)
         return y if self.b2 is None else y + self.b2[which]
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Forward: identity. Backward: the gradient made contiguous, for the grouped GEMM's
+    backward, which refuses a broadcast (zero-stride) gradient on the CPU."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()

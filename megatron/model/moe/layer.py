@@ -2,7 +2,7 @@
 
     x [s, b, h] -> tokens [T = s*b, h] -> router -> plan (sort by expert, capacity) -> permute
     -> exchange over the ep group (EP > 1) -> experts -> reverse exchange -> weighted combine
-    -> [s, b, h]
+    -> [s, b, h]  (+ the shared expert's MLP of every token, model.moe_shared_expert_ffn_hidden_size)
 
 Tokens: under tensor parallelism the layer works on this rank's share of the sequence: the
 sequence-parallel shard it is given, or without sequence parallelism its 1/t slice of the
@@ -20,6 +20,7 @@ forward's, or in training, summed over the forwards since `take_stats` (a logged
 of micro-batches), as detached tensors read only when asked, so no step waits for them."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron.config import moe
+from megatron.model.mlp import MLP
 from megatron.model.moe.dispatch import (combine, plan, return_from_experts, send_to_experts)
 from megatron.model.moe.experts import Experts
 from megatron.model.moe.router import Router, Routing, capacity, load_balancing_loss, z_loss
@@ -107,6 +110,9 @@ class MoELayer(nn.Module):
         self.router = Router(m, ctx, layer_number)
         self.experts = Experts(m, ctx, layer_number, first, local)
         self.aux_grad_scale = 1.0  # set by the engine each step (engine/experts.py)
+        # Replicated like any dense MLP (not marked as experts), its own seed streams.
+        self.shared_expert = MLP(dataclasses.replace(m, ffn_hidden_size=moe.shared_ffn(m)), ctx,
+                                 layer_number, "shared_expert.") if moe.shared_ffn(m) else None
         self.stats: Optional[LayerStats] = None
         self._window: Optional[LayerStats] = None  # training forwards since take_stats
 
@@ -147,6 +153,7 @@ class MoELayer(nn.Module):
                                    int(g_dropped), int(total) * self.k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [s, b, h] -> same
+        given = x  # the shared expert is a dense MLP: it takes the layer's input as given
         if self.tp_group is not None:
             x = scatter_to_sequence_parallel_region(x, self.tp_group)
         s, b, h = x.shape
@@ -167,4 +174,4 @@ class MoELayer(nn.Module):
         y = y.view(s, b, h)
         if self.tp_group is not None:
             y = gather_sequence_to_replicated(y, self.tp_group)
-        return y
+        return y if self.shared_expert is None else y + self.shared_expert(given)
