@@ -25,6 +25,8 @@ if __name__ == "__main__":
 from tests.support.moe import MOE  # noqa: E402
 from tests.support.paths import TINY  # noqa: E402
 
+# the router bias (kept in the checkpoint, on pipeline stages too) and a shared expert
+BIAS = ["model.moe_router_bias_update_rate=0.01", "model.moe_shared_expert_ffn_hidden_size=48"]
 LAYOUTS = {
     "ep4_zero0": ["parallel.expert_parallel_size=4", "parallel.zero_stage=0"],
     "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
@@ -32,16 +34,17 @@ LAYOUTS = {
     "ep2_zero0": ["parallel.expert_parallel_size=2", "parallel.zero_stage=0"],
     # experts over the TP ranks (sequence parallel), two data-parallel replicas ...
     "ep2_tp2_dp2": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
-                    "parallel.sequence_parallel=true", "parallel.zero_stage=1"],
+                    "parallel.sequence_parallel=true", "parallel.zero_stage=1", *BIAS],
     # ... continued on two pipeline stages instead
     "ep2_tp2_pp2": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
                     "parallel.sequence_parallel=true", "parallel.pipeline_parallel_size=2",
-                    "parallel.zero_stage=1"],
+                    "parallel.zero_stage=1", *BIAS],
     "one": [],
+    "one_bias": BIAS,
 }
 LAUNCHES = {4: ("ep4_zero0,ep4_zero1,ep2_tp2_dp2", "ep2_tp2_dp2>ep2_tp2_pp2"),
             2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
-            1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one")}
+            1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one_bias")}
 TOLERANCE = 1e-5
 
 

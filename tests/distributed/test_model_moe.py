@@ -27,6 +27,7 @@ EP2, EP4 = "parallel.expert_parallel_size=2", "parallel.expert_parallel_size=4"
 TP2, SP = "parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"
 PP2, CP2 = "parallel.pipeline_parallel_size=2", "parallel.context_parallel_size=2"
 ZERO = "parallel.zero_stage={}".format
+BIAS, SHARED = "model.moe_router_bias_update_rate=0.01", "model.moe_shared_expert_ffn_hidden_size=48"
 # name: (world size, overrides)
 LAYOUTS = {
     "one_rank": (1, []),
@@ -48,6 +49,11 @@ LAYOUTS = {
     "ep2_pp2_zbh1": (4, [EP2, PP2, ZERO(1), "parallel.pipeline_schedule=zbh1"]),
     "ep2_cp2_tp2_sp": (4, [EP2, CP2, TP2, SP, ZERO(1)]),
     "ep2_tp2_sp_pp2": (4, [EP2, TP2, SP, PP2, ZERO(1)]),
+    # the auxiliary-loss-free router bias (its loads summed over every rank of a stage) and a
+    # shared expert, against their own one-rank run
+    "bias_one_rank": (1, [BIAS, SHARED]),
+    "bias_ep2_tp2": (2, [EP2, TP2, ZERO(1), BIAS, SHARED]),
+    "bias_ep2_tp2_sp_pp2": (4, [EP2, TP2, SP, PP2, ZERO(1), BIAS, SHARED]),
 }
 TOLERANCE = 1e-5
 
@@ -66,11 +72,12 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [n for n in LAYOUTS if n != "one_rank"])
+@pytest.mark.parametrize("layout", [n for n in LAYOUTS if not n.endswith("one_rank")])
 def test_expert_parallel_training_matches_one_rank(results, layout):
     """Losses (language model), gradient norms (clipping on) and the routers' auxiliary losses
-    of every step, against one rank."""
-    ref, got = results["one_rank"], results[layout]
+    of every step, against one rank (with the router bias and a shared expert: its own)."""
+    ref = results["bias_one_rank" if layout.startswith("bias_") else "one_rank"]
+    got = results[layout]
     assert len(got["loss"]) == 10 and ref["loss"][-1] < ref["loss"][0] - 0.05, ref
     for key in ("loss", "grad_norm", "aux"):
         assert len(got[key]) == len(ref[key]) == 10, (key, got)
