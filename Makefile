@@ -22,7 +22,8 @@ setup: $(VENV)/.installed
 toolchains:
 	bash tools/install_toolchains.sh
 
-# --durations: the 20 slowest tests, so a CI log says where the suite's time goes
+# --durations: the 20 slowest phases (setup, call, teardown); tests/conftest.py then closes with
+# the 10 slowest tests, their phases together, so a CI log says where the suite's time goes
 test: setup toolchains
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
