@@ -59,12 +59,19 @@ class Batches:
     _results: dict = field(default_factory=dict)
     _errors: dict = field(default_factory=dict)
     _ran: bool = False
+    _broken: str = ""
     log: list = field(default_factory=list)
 
     def results(self, module: str) -> dict:
         if not self._ran:
-            self._run_all()
-            self._ran = True
+            self._ran = True  # once: an error below is each module's, not a reason to rerun
+            try:
+                self._run_all()
+            except Exception as e:
+                self._broken = f"the shared launches could not run: {e!r}"
+                raise
+        if self._broken:
+            raise AssertionError(self._broken)
         if module in self._errors:
             raise AssertionError(self._errors[module])
         return self._results[module]
@@ -109,18 +116,24 @@ class Batches:
                        for j in jobs], f, indent=1)
         timeout = JOB_TIMEOUT_S * len(jobs)
         begin = time.monotonic()
-        if ranks == 1:  # a plain process, without torchrun's rendezvous
-            proc = subprocess.run([sys.executable, LAUNCHER, "--jobs", spec], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=timeout,
-                                  env=dict(os.environ, OMP_NUM_THREADS="1"))
-        else:
-            proc = torchrun(ranks, LAUNCHER, "--jobs", spec, timeout=timeout)
+        try:
+            if ranks == 1:  # a plain process, without torchrun's rendezvous
+                proc = subprocess.run([sys.executable, LAUNCHER, "--jobs", spec], cwd=ROOT,
+                                      capture_output=True, text=True, timeout=timeout,
+                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
+            else:
+                proc = torchrun(ranks, LAUNCHER, "--jobs", spec, timeout=timeout)
+            status, stderr = f"exit {proc.returncode}", proc.stderr
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            status, stderr = f"timed out after {timeout} s", err or ""
         self.log.append(f"{ranks} rank(s), {len(jobs)} job(s): {time.monotonic() - begin:.0f} s")
         for i, job in enumerate(jobs):
             if not os.path.exists(job.done):
-                self._errors[job.module] = (
-                    f"{job.name} failed (launch exit {proc.returncode}):\n{proc.stderr[-5000:]}")
+                self._errors[job.module] = f"{job.name} failed (launch {status}):\n{stderr[-5000:]}"
                 return jobs[i + 1:]
-        assert proc.returncode == 0, f"every job done, yet the launch exited " \
-                                     f"{proc.returncode}:\n{proc.stderr[-5000:]}"
+        if status != "exit 0":  # every job done, yet the launch failed (at its exit)
+            for job in jobs:
+                self._errors[job.module] = f"{job.name}'s launch failed after every job was " \
+                                           f"done ({status}):\n{stderr[-5000:]}"
         return []
