@@ -27,8 +27,9 @@ toolchains:
 test: setup toolchains
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
-# Under 5 minutes on 2 cores: unit tests and the integration tests not marked slow (no
-# distributed, e2e or GPU tests, no CUDA wheel build). `make test` still runs everything.
+# A check while editing: unit tests and the integration tests not marked slow (no distributed,
+# e2e or GPU tests, no compiler runs: the CUDA wheel, the ahead-of-time kernel build and the
+# kernel simulator are left to `make test`, which still runs everything).
 test-fast: setup toolchains
 	MEGATRON_SKIP_CUDA_WHEEL=1 $(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests/unit tests/integration
 
