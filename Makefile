@@ -22,12 +22,14 @@ setup: $(VENV)/.installed
 toolchains:
 	bash tools/install_toolchains.sh
 
-# --durations: the 20 slowest tests, so a CI log says where the suite's time goes
+# --durations: the 20 slowest phases (setup, call, teardown); tests/conftest.py then closes with
+# the 10 slowest tests, their phases together, so a CI log says where the suite's time goes
 test: setup toolchains
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
-# Under 5 minutes on 2 cores: unit tests and the integration tests not marked slow (no
-# distributed, e2e or GPU tests, no CUDA wheel build). `make test` still runs everything.
+# A check while editing: unit tests and the integration tests not marked slow (no distributed,
+# e2e or GPU tests, no compiler runs: the CUDA wheel, the ahead-of-time kernel build and the
+# kernel simulator are left to `make test`, which still runs everything).
 test-fast: setup toolchains
 	MEGATRON_SKIP_CUDA_WHEEL=1 $(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests/unit tests/integration
 

@@ -45,3 +45,25 @@ def registries_left_as_found(request):
         changed = [name for name in before if before[name] != after[name]]
         pytest.fail(f"{request.module.__name__} left the registries changed ({', '.join(changed)}):"
                     " register in a fixture that unregisters", pytrace=False)
+
+
+SLOWEST = 10  # how many tests the closing summary names
+_took: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """The slowest tests with setup, call and teardown together (a module's shared fixture is
+    paid in the setup of its first test), last before pytest's closing line, so a CI log ends
+    saying where the suite's time went."""
+    if not _took:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", f"slowest {min(SLOWEST, len(_took))} tests (setup + call + teardown)")
+    for nodeid, seconds in sorted(_took.items(), key=lambda kv: -kv[1])[:SLOWEST]:
+        tr.write_line(f"{seconds:8.1f}s {nodeid}")
+    tr.write_line(f"{sum(_took.values()):8.1f}s in all {len(_took)} tests")

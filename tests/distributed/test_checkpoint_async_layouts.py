@@ -1,40 +1,45 @@
 """The cross-layout continuation of tests/distributed/test_checkpoint_layouts.py with
 training.async_save=true for every run: checkpoints written and read back by asynchronous saves
 continue in another layout with the losses of the source layout continuing uninterrupted
-(fp32, dropout off). Three launches: 2 ranks (sources TP2 and DP2 ZeRO-2), 1 rank (TP2 -> TP1),
-4 ranks (source PP2 x DP2 ZeRO-1; DP2 ZeRO-2 -> DP4 ZeRO-1, TP2 -> TP2 x PP2). A failure names the pair and the flavour."""
+(fp32, dropout off). Three jobs, in the launches shared with the other equivalence modules (one
+per world size; tests/support/launch_batches.py): 2 ranks (sources TP2 and DP2 ZeRO-2), 1 rank
+(TP2 -> TP1), 4 ranks (source PP2 x DP2 ZeRO-1; DP2 ZeRO-2 -> DP4 ZeRO-1, TP2 -> TP2 x PP2).
+A failure names the pair and the flavour."""
 import os
 
 import pytest
 
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("dp2_zero2", "dp4_zero1"), ("tp2", "tp2pp2")]
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _launch(tmp, nproc, **lists):
-    out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
+def _job(tmp, nproc, **lists):
     args = ["--workdir", tmp, "--set", "training.async_save=true"]
     for key, values in lists.items():
         args += [f"--{key}", ",".join(values)]
-    return launch_json(nproc, WORKER, out, *args)
+    return nproc, WORKER, args
+
+
+def launches(tmp):
+    """Shared with the other equivalence modules, one launch per world size
+    (tests/support/launch_batches.py)."""
+    return [_job(tmp, 2, sources=["tp2", "dp2_zero2"]),
+            _job(tmp, 1, targets=["tp2>tp1"]),
+            # A source first: the worker's targets copy on rank 0 of a joined group only.
+            _job(tmp, 4, sources=["pp2dp2_zero1:gpt2"],
+                 targets=["dp2_zero2>dp4_zero1", "tp2>tp2pp2"])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("ckpt_async_layouts"))
-    got = _launch(tmp, 2, sources=["tp2", "dp2_zero2"])
-    got.update(_launch(tmp, 1, targets=["tp2>tp1"]))
-    # A source first: the worker's targets copy on rank 0 of a joined group only.
-    got.update(_launch(tmp, 4, sources=["pp2dp2_zero1:gpt2"],
-                       targets=["dp2_zero2>dp4_zero1", "tp2>tp2pp2"]))
-    return got
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

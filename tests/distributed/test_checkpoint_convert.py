@@ -1,7 +1,8 @@
 """megatron-convert: merging a TP2 x PP2 checkpoint (GPT-2 and Llama flavours) and a TP1/PP1 one
 into one unsharded model, and clear errors.
 
-One 4-rank launch (convert_worker.py) trains each run for 2 steps, saves it and records the
+One 4-rank job (convert_worker.py, in the 4-rank launch shared with the equivalence modules:
+tests/support/launch_batches.py) trains each run for 2 steps, saves it and records the
 validation loss its own engine computed on one fixed global batch with the saved weights. A
 failure of the loss check with the key/shape check passing localizes to the order in which
 shards are concatenated (QKV groups, the SwiGLU [gate; up] stride, row- vs column-parallel dims);
@@ -21,7 +22,7 @@ from megatron.parallel.state import ParallelState
 from megatron.checkpoint.convert import build_single_model, load_single, merge_run, single_config
 from megatron.checkpoint.state import Partition
 from megatron.checkpoint.export import load_run
-from tests.support.procs import launch_json
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT, TINY
 
 WORKER = os.path.join(ROOT, "tests", "support", "convert_worker.py")
@@ -35,10 +36,15 @@ TOLERANCE = 1e-5
 BIN = os.path.dirname(sys.executable)
 
 
+def launches(tmp):
+    """The one 4-rank job, in the 4-rank launch shared with the equivalence modules
+    (tests/support/launch_batches.py)."""
+    return [(4, WORKER, ["--workdir", tmp])]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("convert"))
-    return launch_json(4, WORKER, os.path.join(tmp, "results.json"), "--workdir", tmp)
+def runs(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def fixed_batch_loss(model, run_cfg) -> float:
@@ -92,6 +98,7 @@ def test_run_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("name", RUNS)
 def test_merged_keys_and_shapes_match_unsharded_model(runs, name, tmp_path):
     out = str(tmp_path / f"{name}.pt")
@@ -106,6 +113,7 @@ def test_merged_keys_and_shapes_match_unsharded_model(runs, name, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("name", RUNS)
 def test_merged_loss_matches_sharded_eval(runs, name):
     # Through load_run, the reader megatron-generate uses.
@@ -117,6 +125,7 @@ def test_merged_loss_matches_sharded_eval(runs, name):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 def test_merged_weights_match_single_process_run(runs):
     # Same config, same data: the layouts train to the same weights up to reduction order
     # (measured 2.5e-6); a misplaced shard is off by the init scale (0.02).
@@ -128,6 +137,7 @@ def test_merged_weights_match_single_process_run(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 def test_trim_vocab_keeps_real_token_logits(runs):
     run_dir = runs["tp2pp2-llama"]["run_dir"]
     kept, trimmed = merge_run(run_dir), merge_run(run_dir, trim_vocab=True)
@@ -140,6 +150,7 @@ def test_trim_vocab_keeps_real_token_logits(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("name", ["tp2pp2-gpt2", "tp2pp2-llama"])
 def test_to_hf_from_a_sharded_run_reproduces_the_merged_logits(runs, name, tmp_path):
     """megatron-convert to-hf on a TP2 x PP2 run: transformers loads the folder and gives the

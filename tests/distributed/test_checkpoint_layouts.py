@@ -3,18 +3,19 @@ train 5 steps in layout X, save, continue steps 6-10 in layout Y; the losses equ
 continuing uninterrupted (fp32, dropout off). Weights alone would not do: with Adam moments,
 fp32 masters, the step count, the schedule or the data position lost, step 6 already differs.
 
-Four launches (start-up dominates): 1 rank (sources TP1), 2 ranks (sources TP2, DP2 ZeRO-2, the
-bf16 case, PP2 under interleaved 1F1B, ZB-V and 1F1B; continuations between them), 4 ranks
-(source PP2xDP2 ZeRO-1; continuations on 4 ranks, interleaved -> PP4), 1 rank (TP2 -> TP1,
-interleaved and ZB-V -> one process).
+Three jobs, in the launches shared with the other equivalence modules (one per world size:
+start-up dominates; tests/support/launch_batches.py): 2 ranks (sources TP2, DP2 ZeRO-2, the
+bf16 case, PP2 under interleaved 1F1B, ZB-V and 1F1B; continuations between them), 1 rank
+(source TP1; TP2 -> TP1, interleaved and ZB-V -> one process), 4 ranks (source PP2xDP2 ZeRO-1;
+continuations on 4 ranks, interleaved -> PP4).
 A failure names the pair and the flavour: a wrong partition of one kind of weight (fused QKV,
 SwiGLU's stride, row/column, padded vocabulary) shows on one flavour or one pair only."""
 import os
 
 import pytest
 
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
@@ -32,30 +33,34 @@ INTERLEAVED = [("pp2v2", "pp4"), ("pp2v2", "tp1"), ("pp2zbv", "tp1")]
 # masters carry over exactly, but TP splits each bf16 matmul's reduction differently.
 BF16_TOLERANCE = 2e-3
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _launch(tmp, nproc, **lists):
-    out = os.path.join(tmp, f"launch{nproc}-{len(os.listdir(tmp))}.json")
+def _job(tmp, nproc, **lists):
     args = ["--workdir", tmp]
     for key, values in lists.items():
         args += [f"--{key}", ",".join(values)]
-    return launch_json(nproc, WORKER, out, *args)
+    return nproc, WORKER, args
+
+
+def launches(tmp):
+    """Shared with the other equivalence modules, one launch per world size
+    (tests/support/launch_batches.py): 2 ranks' sources first, then 1 rank (TP1's source, and
+    TP2's, interleaved and ZB-V checkpoints continued), then 4 (continuations of the 1- and
+    2-rank sources)."""
+    return [_job(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2", "pp2v2", "pp2",
+                                  "pp2zbv"],
+                 targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2", "pp2v2>pp2", "pp2>pp2v2",
+                          "pp2zbv>pp2"]),
+            _job(tmp, 1, sources=["tp1"], targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1"]),
+            _job(tmp, 4, sources=["pp2dp2_zero1"],
+                 targets=["tp1>tp2pp2", "dp2_zero2>dp4_zero1", "pp2dp2_zero1>tp2dp2_zero3",
+                          "pp2v2>pp4"])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("ckpt_layouts"))
-    got = _launch(tmp, 1, sources=["tp1"])
-    got.update(_launch(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2", "pp2v2", "pp2",
-                                        "pp2zbv"],
-                       targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2", "pp2v2>pp2",
-                                "pp2>pp2v2", "pp2zbv>pp2"]))
-    got.update(_launch(tmp, 4, sources=["pp2dp2_zero1"],
-                       targets=["tp1>tp2pp2", "dp2_zero2>dp4_zero1",
-                                "pp2dp2_zero1>tp2dp2_zero3", "pp2v2>pp4"]))
-    got.update(_launch(tmp, 1, targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1"]))
-    return got
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def _worst(losses, reference):

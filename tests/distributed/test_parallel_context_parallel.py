@@ -3,18 +3,19 @@ off, clipping on, 5 steps and an evaluation after them, for the GPT-2 and the Ll
 (Llama's two key/value heads are fewer than CP4's degree and than CP2 x TP2's per
 tensor-parallel rank, so the replication of key/value heads is exercised).
 
-Three launches (start-up dominates): 2 ranks (CP2, recomputation, bf16; the CP2 checkpoint),
-1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x TP2,
-CP2 x PP2, CP2 x DP2 with ZeRO-1, 2 and 3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
-continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the
-exchange (CP only), its composition with TP's heads, PP's activations, ZeRO's group (dp x cp)
-or SP's sequence shards; `grads` compares every parameter's gradient directly."""
+Three jobs, in the launches shared with the other equivalence modules (one per world size: start-up
+dominates; tests/support/launch_batches.py): 2 ranks (CP2, recomputation, bf16; the CP2
+checkpoint), 1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x
+TP2, CP2 x PP2, CP2 x DP2 with ZeRO-1, 2 and 3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
+continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the exchange
+(CP only), its composition with TP's heads, PP's activations, ZeRO's group (dp x cp) or SP's
+sequence shards; `grads` compares every parameter's gradient directly."""
 import os
 
 import pytest
 
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
 TWO_RANK = ["cp2", "cp2_recompute_full"]
@@ -26,23 +27,22 @@ FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-3  # bf16 activations against fp32, as tests/distributed/test_training_*
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _run(tmp, nproc, *args):
-    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--workdir", tmp, *args,
-                       plain_single=True)
+def launches(tmp):
+    """2 ranks (the CP2 checkpoint), then 1 (which continues it), then 4: shared with the other
+    equivalence modules, one launch per world size (tests/support/launch_batches.py)."""
+    return [(2, WORKER, ["--workdir", tmp, "--grads", "--layouts",
+                         ",".join(TWO_RANK + ["cp2_bf16"]), "--sources", "cp2"]),
+            (1, WORKER, ["--workdir", tmp, "--layouts", "single", "--continue", "cp2>single"]),
+            (4, WORKER, ["--workdir", tmp, "--grads", "--layouts", ",".join(FOUR_RANK),
+                         "--sources", "tp2pp2", "--continue", "tp2pp2>cp2tp2"])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("context_parallel"))
-    got = _run(tmp, 2, "--grads", "--layouts", ",".join(TWO_RANK + ["cp2_bf16"]),
-               "--sources", "cp2")
-    got.update(_run(tmp, 1, "--layouts", "single", "--continue", "cp2>single"))
-    got.update(_run(tmp, 4, "--grads", "--layouts", ",".join(FOUR_RANK), "--sources", "tp2pp2",
-                    "--continue", "tp2pp2>cp2tp2"))
-    return got
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def _close(got, ref):

@@ -3,11 +3,12 @@ rank: fp32, dropout off, clipping on, 5 steps and an evaluation, GPT-2 (learned 
 Llama (rotary, two key/value heads: grouped-query attention) flavours, through the trainer in
 process (tests/support/ring_attention_worker.py, which extends context_parallel_worker.py).
 
-Four launches (start-up dominates): 2 ranks (ring CP2, all-gather CP2; ring CP2's checkpoint
-continued under Ulysses CP2), 1 rank (the reference; ring CP2's checkpoint continued on one
-rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring 2, ring CP2 x TP2, ring CP2 x
-DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x PP2 under ZB-H1),
-8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
+Four jobs, in the launches shared with the other equivalence modules (one per world size:
+start-up dominates; tests/support/launch_batches.py): 2 ranks (ring CP2, all-gather CP2; ring
+CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference; ring CP2's checkpoint
+continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring 2, ring CP2 x
+TP2, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x
+PP2 under ZB-H1), 8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -16,8 +17,8 @@ import os
 
 import pytest
 
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "ring_attention_worker.py")
 TWO_RANK = ["ring_cp2", "allgather_cp2"]
@@ -29,23 +30,23 @@ PAIRS = [("ring_cp2", "cp2"), ("ring_cp2", "single")]  # saved under ring, conti
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _run(tmp, nproc, *args):
-    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--workdir", tmp, *args,
-                       plain_single=True, timeout=900)
+def launches(tmp):
+    """2 ranks (ring CP2's checkpoint), 1 (continues it), 4, 8: shared with the other
+    equivalence modules, one launch per world size (tests/support/launch_batches.py)."""
+    return [(2, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(TWO_RANK),
+                         "--sources", "ring_cp2", "--continue", "ring_cp2>cp2"]),
+            (1, WORKER, ["--workdir", tmp, "--layouts", "single", "--continue",
+                         "ring_cp2>single"]),
+            (4, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(FOUR_RANK)]),
+            (8, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(EIGHT_RANK)])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("ring_attention"))
-    got = _run(tmp, 2, "--ring-grads", "--layouts", ",".join(TWO_RANK), "--sources", "ring_cp2",
-               "--continue", "ring_cp2>cp2")
-    got.update(_run(tmp, 1, "--layouts", "single", "--continue", "ring_cp2>single"))
-    got.update(_run(tmp, 4, "--ring-grads", "--layouts", ",".join(FOUR_RANK)))
-    got.update(_run(tmp, 8, "--ring-grads", "--layouts", ",".join(EIGHT_RANK)))
-    return got
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def _worst(got, ref):

@@ -1,16 +1,17 @@
 """Whole-model equivalence: 10 fp32 training steps (dropout off, clipping on) under every layout
 reproduce the single-process losses step by step, for the GPT-2 and the Llama flavour.
 
-Three process launches cover everything (startup dominates the cost): the single-process
-reference, one 2-rank launch for the 2-rank layouts, one 4-rank launch for the 4-rank ones
-(TP2 x PP2, TP2 x DP2 with ZeRO-1 and with ZeRO-3 + sequence parallelism, PP2 x DP2).
+Three jobs cover everything: the single-process reference, one on 2 ranks for the 2-rank
+layouts, one on 4 ranks for the 4-rank ones (TP2 x PP2, TP2 x DP2 with ZeRO-1 and with ZeRO-3 +
+sequence parallelism, PP2 x DP2); they run in the launches shared with the other equivalence
+modules, one per world size (start-up dominates the cost; tests/support/launch_batches.py).
 A failure names the layout and flavour, so it localizes to TP, PP, ZeRO stage or SP."""
 import os
 
 import pytest
 
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "run_layouts.py")
 TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
@@ -25,21 +26,20 @@ TOLERANCE = 1e-5
 # bf16 activations against the fp32 reference: measured about 2.5e-4 after 10 steps.
 BF16_TOLERANCE = 2e-3
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _run(tmp, nproc, layouts):
-    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--layouts", layouts,
-                       "--workdir", tmp, plain_single=True)
+def launches(tmp):
+    """Shared with the other equivalence modules, one launch per world size
+    (tests/support/launch_batches.py)."""
+    return [(2, WORKER, ["--workdir", tmp, "--layouts", ",".join(TWO_RANK + MIXED)]),
+            (1, WORKER, ["--workdir", tmp, "--layouts", "single"]),
+            (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("equivalence"))
-    merged = _run(tmp, 1, "single")
-    merged.update(_run(tmp, 2, ",".join(TWO_RANK + MIXED)))
-    merged.update(_run(tmp, 4, ",".join(FOUR_RANK)))
-    return merged
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def worst_relative(losses, reference):

@@ -45,6 +45,11 @@ TORCH_HIPCC_FLAGS = ["-DCUDA_HAS_FP16=1", "-D__HIP_NO_HALF_OPERATORS__=1",
                      "-D__HIP_NO_HALF_CONVERSIONS__=1", "-D__HIP_PLATFORM_AMD__=1", "-DUSE_ROCM=1",
                      "-fPIC", "-fno-gpu-rdc"]
 
+# slow: eight compiler runs (hipcc and nvcc), like the CUDA wheel build that make test-fast also
+# leaves to make test
+pytestmark = pytest.mark.slow
+
+
 def _compile(cmd, env=None):
     begin = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

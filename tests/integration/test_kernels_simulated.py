@@ -37,7 +37,10 @@ SIGNATURES = {
     "sim_swiglu": [INT, P, P, P, P, P, I64, INT],
 }
 
-pytestmark = pytest.mark.skipif(CXX is None, reason="g++ is needed to build the simulator")
+# slow: two g++ builds of the simulator and 188 simulated launches, a quarter of make test-fast's
+# time before; make test runs it
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CXX is None, reason="g++ is needed to build the simulator")]
 
 
 def _build(work: Path, width: int) -> Path:

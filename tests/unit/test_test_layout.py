@@ -14,10 +14,11 @@ TESTS = Path(ROOT, "tests")
 UNIT = TESTS / "unit"
 # Helpers that only the e2e tests use stay beside them.
 E2E_HELPERS = {"e2e/e2e_helpers.py", "e2e/slurm_cluster.py"}
-# The directories that hold tests, and the two tests that hold the layers and this layout
-# instead of one package.
+# The directories that hold tests, and the tests that hold the layers, this layout and the
+# tests' own shared launches instead of one package.
 TEST_DIRS = ("unit", "integration", "distributed", "e2e", "gpu")
-META_TESTS = {"unit/test_architecture.py", "unit/test_test_layout.py"}
+META_TESTS = {"unit/test_architecture.py", "unit/test_test_layout.py",
+              "integration/test_test_shared_launches.py"}
 ARCHITECTURE_MD = Path(ROOT, "docs", "architecture.md")
 TABLE_HEADING = "## Tests by package"
 PROCESS_MODULES = {"subprocess", "multiprocessing", "torch.multiprocessing",

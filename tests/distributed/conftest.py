@@ -1,0 +1,28 @@
+import pytest
+
+from tests.support.launch_batches import Batches
+
+_logs: list = []
+
+
+@pytest.fixture(scope="session")
+def shared_launches(request, tmp_path_factory):
+    """One launch per world size for every module of this session that defines `launches(tmp)`
+    (tests/support/launch_batches.py); a module's fixture reads its results with
+    `shared_launches.results(__name__)`. Only the modules with a selected test
+    that reads them take part."""
+    modules = {}
+    for item in request.session.items:
+        launches = getattr(item.module, "launches", None)
+        if callable(launches) and "shared_launches" in getattr(item, "fixturenames", ()):
+            modules[item.module.__name__] = launches
+    batches = Batches(str(tmp_path_factory.mktemp("shared_launches")), modules)
+    _logs.append(batches.log)
+    return batches
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the shared launches cost: one line per launch (ranks, jobs, seconds)."""
+    for log in _logs:
+        if log:
+            terminalreporter.write_line("shared launches: " + "; ".join(log))

@@ -1,0 +1,139 @@
+"""Launches shared among distributed test modules: each module that defines
+
+    def launches(tmp) -> [(ranks, worker path, [arguments]), ...]
+
+(in the order its jobs must run; a later job may read what an earlier one wrote under tmp) has
+its jobs run in one process launch per world size together with every other such module of the
+session (tests/support/shared_launch.py), instead of a launch per job: ~10-20 s of start-up
+(python, torch, DeepSpeed, the rendezvous) per launch on 2 cores, each paid once per world size.
+The world sizes run in the order WORLD_ORDER, so a module's jobs must be listed in that order.
+
+A module's results are its jobs' JSON outputs merged in job order, as its own launches gave
+them. A job that fails fails only its module's tests: the launch stops at it, its error (the end
+of the launch's stderr) goes to that module, and the jobs after it run in a new launch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tests.support.paths import ROOT
+from tests.support.procs import torchrun
+
+SUPPORT = os.path.join(ROOT, "tests", "support")
+LAUNCHER = os.path.join(SUPPORT, "shared_launch.py")
+WORLD_ORDER = (2, 1, 4, 8)
+JOB_TIMEOUT_S = 900  # a job's share of its launch's time limit
+# pytest's limit for a test of a sharing module: the first one to ask pays for every module's
+# jobs in its setup (pyproject's 30 minutes is meant for one test's own work)
+TIMEOUT_S = 3600
+
+
+@dataclass
+class Job:
+    module: str
+    index: int
+    ranks: int
+    worker: str
+    argv: list
+    out: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}#{self.index} ({self.worker}, {self.ranks} rank(s))"
+
+    @property
+    def done(self) -> str:
+        return self.out + ".done"
+
+
+@dataclass
+class Batches:
+    """Runs the jobs of the given modules (name -> launches function) once, on first use."""
+    workdir: str
+    modules: dict
+    _results: dict = field(default_factory=dict)
+    _errors: dict = field(default_factory=dict)
+    _ran: bool = False
+    _broken: str = ""
+    log: list = field(default_factory=list)
+
+    def results(self, module: str) -> dict:
+        if not self._ran:
+            self._ran = True  # once: an error below is each module's, not a reason to rerun
+            try:
+                self._run_all()
+            except Exception as e:
+                self._broken = f"the shared launches could not run: {e!r}"
+                raise
+        if self._broken:
+            raise AssertionError(self._broken)
+        if module in self._errors:
+            raise AssertionError(self._errors[module])
+        return self._results[module]
+
+    def _jobs(self) -> list:
+        jobs = []
+        for module, launches in sorted(self.modules.items()):
+            tmp = os.path.join(self.workdir, module.rsplit(".", 1)[-1])
+            os.makedirs(tmp, exist_ok=True)
+            order = []
+            for index, (ranks, worker, argv) in enumerate(launches(tmp)):
+                assert os.path.dirname(os.path.abspath(worker)) == SUPPORT, worker
+                order.append(WORLD_ORDER.index(ranks))
+                out = os.path.join(tmp, f"job{index}-{ranks}ranks.json")
+                jobs.append(Job(module, index, ranks, os.path.basename(worker)[:-3],
+                                [*argv, "--out", out], out))
+            assert order == sorted(order), \
+                f"{module}: launches must come in the world order {WORLD_ORDER}"
+        return jobs
+
+    def _run_all(self) -> None:
+        jobs = self._jobs()
+        for ranks in WORLD_ORDER:
+            pending = [j for j in jobs if j.ranks == ranks]
+            while pending:
+                pending = self._launch(ranks, pending)
+        for job in jobs:
+            if job.module in self._errors:
+                continue
+            with open(job.out) as f:
+                self._results.setdefault(job.module, {}).update(json.load(f))
+
+    def _launch(self, ranks: int, jobs: list) -> list:
+        """Runs `jobs` in one launch; returns the jobs still to run (after a failed one)."""
+        # a module whose earlier job failed runs no more of its jobs
+        jobs = [j for j in jobs if j.module not in self._errors]
+        if not jobs:
+            return []
+        spec = os.path.join(self.workdir, f"launch{len(self.log)}-{ranks}ranks.json")
+        with open(spec, "w") as f:
+            json.dump([{"name": j.name, "worker": j.worker, "argv": j.argv, "done": j.done}
+                       for j in jobs], f, indent=1)
+        timeout = JOB_TIMEOUT_S * len(jobs)
+        begin = time.monotonic()
+        try:
+            if ranks == 1:  # a plain process, without torchrun's rendezvous
+                proc = subprocess.run([sys.executable, LAUNCHER, "--jobs", spec], cwd=ROOT,
+                                      capture_output=True, text=True, timeout=timeout,
+                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
+            else:
+                proc = torchrun(ranks, LAUNCHER, "--jobs", spec, timeout=timeout)
+            status, stderr = f"exit {proc.returncode}", proc.stderr
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            status, stderr = f"timed out after {timeout} s", err or ""
+        self.log.append(f"{ranks} rank(s), {len(jobs)} job(s): {time.monotonic() - begin:.0f} s")
+        for i, job in enumerate(jobs):
+            if not os.path.exists(job.done):
+                self._errors[job.module] = f"{job.name} failed (launch {status}):\n{stderr[-5000:]}"
+                return jobs[i + 1:]
+        if status != "exit 0":  # every job done, yet the launch failed (at its exit)
+            for job in jobs:
+                self._errors[job.module] = f"{job.name}'s launch failed after every job was " \
+                                           f"done ({status}):\n{stderr[-5000:]}"
+        return []
