@@ -53,8 +53,11 @@ def test_a_stop_save_on_slow_per_file_storage_commits_before_the_deadline(tmp_pa
     from tests.support.cli import train_cmd
     from tests.support.paths import ROOT
     run = RunDir(str(tmp_path / "run"))
+    # train_iters far past what a minute trains on an idle machine (1000 steps took 15 s): the
+    # deadline, not the end of training, must stop the job
     proc = subprocess.run(train_cmd("--config", TINY, *sets(
-        f"run.dir={run.path}", *FAST, "training.exit_duration_minutes=1")), capture_output=True,
+        f"run.dir={run.path}", *FAST, "training.exit_duration_minutes=1",
+        "training.train_iters=1000000")), capture_output=True,
         text=True, cwd=ROOT, timeout=150, env=clean_env(**{SLOW_FILES_VAR: "1.0"}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"plus the commit and 9 fsyncs in series at 1\.\d\d\d s each measured",
@@ -62,7 +65,7 @@ def test_a_stop_save_on_slow_per_file_storage_commits_before_the_deadline(tmp_pa
     when = re.search(r"stops with a checkpoint before (\S+ \S+)", proc.stderr).group(1)
     deadline = datetime.datetime.strptime(when, "%Y-%m-%d %H:%M:%S").timestamp() + 1.0
     lines = read_metrics(run.metrics)
-    assert [e.reason for e in events(lines, "stop")] == ["deadline"]
+    assert [e.reason for e in events(lines, "stop")] == ["deadline"], proc.stderr[-3000:]
     (save,) = events(lines, "save")
     committed = os.path.getmtime(os.path.join(run.checkpoints, store.LATEST))
     assert committed <= deadline, f"committed {committed - deadline:.1f} s after the deadline"
