@@ -82,12 +82,14 @@ class _AttachAux(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, losses, scale):
-        ctx.scale, ctx.like = scale, losses
+        # what the losses' gradient looks like, not the tensor (no reference to the graph)
+        ctx.scale, ctx.spec = scale, (losses.shape, losses.dtype, losses.device)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        return g, torch.full_like(ctx.like, ctx.scale), None
+        shape, dtype, device = ctx.spec
+        return g, torch.full(shape, ctx.scale, dtype=dtype, device=device), None
 
 
 class MoELayer(nn.Module):
