@@ -48,8 +48,10 @@ def train_steps(sets, cp: int, run_dir: str, port: int):
     return [r for r in read_metrics(RunDir(run_dir).metrics) if isinstance(r, StepRecord)]
 
 
-def run(cp: int, tmp: str) -> dict:
-    steps = train_steps(MODEL, cp, os.path.join(tmp, f"cp{cp}"), 29793)
+def run(cp: int, tmp: str, sets=MODEL, port: int = 29793) -> dict:
+    """Peak memory per rank, losses and the median step of `sets` at context-parallel degree
+    cp (bench_ring_memory.py passes its own settings)."""
+    steps = train_steps(sets, cp, os.path.join(tmp, f"cp{cp}"), port)
     return {"ranks": cp, "peak_gb": max(r.mem_gb for r in steps),
             "losses": [r.loss for r in steps],
             "step_s": sorted(r.step_time_s for r in steps)[len(steps) // 2]}

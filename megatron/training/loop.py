@@ -172,7 +172,7 @@ class _Loop:
         if not self.summary.timing.startup:
             self.summary.timing.startup = dict(self.timer.record(), first_step_s=round(dt, 3))
             log.info("start-up: %s; the first step took %.2f s", self.timer.text(), dt)
-        moe = moe_window(self.job.model.module, self.job.state, self.cfg, self.step)
+        moe = moe_window(self.job.engine.moe_layers, self.job.state, self.cfg, self.step)
         if self.writer and self.step % self.t.log_interval == 0:
             record = step_record(self.step, result, dt, self.step_flops, self.tokens_step,
                                  self.job.launch.world_size, self.peak, self.device, moe)

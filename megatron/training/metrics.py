@@ -245,17 +245,17 @@ def mfu(tflops_per_gpu: float, peak: Optional[float]) -> Optional[float]:
     return None if not peak else tflops_per_gpu / peak
 
 
-def moe_window(module, state, cfg, step: int) -> Optional[List[Dict[str, float]]]:
-    """At a logged step of a MoE model, the MoE layers' numbers since the last one (model/moe/layer.MoELayer.take_stats), in layer order, over the whole global
-    batch; None otherwise or when none ran. Collective (every rank calls it after each step):
-    the data-parallel replicas' micro-batches are summed, and under pipeline parallelism the
-    stages' lists (each holds some layers) gathered."""
-    from megatron.model.moe import MoELayer
+def moe_window(layers, state, cfg, step: int) -> Optional[List[Dict[str, float]]]:
+    """At a logged step of a MoE model, the numbers of this rank's MoE layers (`layers`, the
+    engine's list, in layer order) since the last one (model/moe/layer.MoELayer.take_stats),
+    over the whole global batch; None otherwise or when none ran. Collective (every rank
+    calls it after each step): the data-parallel replicas' micro-batches are summed, and
+    under pipeline parallelism the stages' lists (each holds some layers) gathered."""
     if not cfg.model.num_experts or step % cfg.training.log_interval:
         return None
     dp_group = state.dp_group if state.dp > 1 else None
     pp_group = state.pp_group if state.pp > 1 else None
-    taken = [m.take_stats() for m in module.modules() if isinstance(m, MoELayer)]
+    taken = [layer.take_stats() for layer in layers]
     taken = [t for t in taken if t is not None]
     if dp_group is not None:
         taken = [t.summed_over(dp_group) for t in taken]
