@@ -1,6 +1,7 @@
 """Test-only fault hooks read from the environment: faults the fault tests inject into a real run
-(per-file storage latency), in one place so a reader can see every way a test can bend a run.
-Each is a no-op unless its variable is set; none is a setting for users.
+(per-file storage latency; a corrupted optimizer state, gradient or weight), in one place so a
+reader can see every way a test can bend a run. Each is a no-op unless its variable is set;
+none is a setting for users.
 
 Hooks older than this module still live beside the code they bend: MEGATRON_TEST_STOP_AT
 (training/watchdog.py), MEGATRON_TEST_CORRUPT (training/sdc.py), MEGATRON_TEST_FAIL_WRITER and
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 # Seconds added to every fsync of a checkpoint's file or folder, the start-up probe's included:
 # a loaded parallel file system, where each file costs a round trip to the metadata server.
@@ -20,3 +23,48 @@ def file_latency() -> None:
     value = os.environ.get(SLOW_FILES_VAR)
     if value:
         time.sleep(float(value))
+
+
+# RANK:STEP:TARGET:FACTOR: on that rank, in that step, the largest-magnitude element of the first
+# tensor of TARGET holding a non-zero one is multiplied by FACTOR, as a flipped exponent bit
+# would: exp_avg or exp_avg_sq (its AdamW state, after the update), param (its copy of the
+# weights, after the update) or grad (its reduced gradients, before the update; ZeRO-0 without
+# pipelining). Read by training/state_check.py.
+STATE_FAULT_VAR = "MEGATRON_TEST_STATE_FAULT"
+STATE_TARGETS = ("exp_avg", "exp_avg_sq", "param", "grad")
+
+
+@dataclass(frozen=True)
+class StateFault:
+    step: int
+    target: str
+    factor: float
+
+
+def state_fault(rank: int, environ=os.environ) -> Optional[StateFault]:
+    """This rank's MEGATRON_TEST_STATE_FAULT, or None."""
+    value = environ.get(STATE_FAULT_VAR)
+    if not value:
+        return None
+    try:
+        who, step, target, factor = value.split(":")
+        fault = StateFault(int(step), target, float(factor))
+        who = int(who)
+    except ValueError:
+        raise ValueError(f"{STATE_FAULT_VAR}={value!r}: expected RANK:STEP:TARGET:FACTOR, e.g. "
+                         "1:3:exp_avg:1e20") from None
+    if target not in STATE_TARGETS:
+        raise ValueError(f"{STATE_FAULT_VAR}={value!r}: TARGET {target!r} is not one of "
+                         f"{', '.join(STATE_TARGETS)}")
+    return fault if who == rank else None
+
+
+def scale_largest(tensors, factor: float) -> None:
+    """Multiplies the largest-magnitude element of the first tensor with a non-zero one."""
+    for t in tensors:
+        flat = t.detach().view(-1)
+        if flat.numel() and bool(flat.abs().max() > 0):
+            i = int(flat.abs().argmax())
+            flat[i] = flat[i] * factor
+            return
+    raise RuntimeError(f"{STATE_FAULT_VAR}: no tensor holds a non-zero element to corrupt")

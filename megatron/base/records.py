@@ -24,8 +24,8 @@ meta.json (one per committed checkpoint, written last by rank 0):
 metrics.jsonl (one JSON object per line, appended): StepRecord for each logged step,
 EvalRecord for evaluations, and one line per event carrying "event": EVENTS declares every kind
 the trainer writes (save, stop, diverged, spike, rollback, hang, straggler, unresponsive,
-sdc_suspect, batch_size); megatron-report lists and marks the kinds it finds there. Non-finite
-numbers are written as null and named in "nonfinite"."""
+sdc_suspect, state_suspect, batch_size); megatron-report lists and marks the kinds it finds
+there. Non-finite numbers are written as null and named in "nonfinite"."""
 from __future__ import annotations
 
 import dataclasses
@@ -350,6 +350,26 @@ class SdcSuspectEvent:
     again: float   # the same, computed again
     event: str = "sdc_suspect"
 
+    def describe(self) -> str:
+        return f"loss {self.first!r}, computed again {self.again!r}: a silent data error"
+
+
+@dataclass(frozen=True)
+class StateSuspectEvent:
+    """After this step's update, this rank's optimizer state or weights broke an invariant
+    (training/state_check.py, resilience.check_state): a silent data error outside the forward
+    pass. known: this rank is the faulty one (false: one of two replicas that disagree)."""
+    step: int
+    rank: int
+    host: str
+    what: str
+    known: bool
+    event: str = "state_suspect"
+
+    def describe(self) -> str:
+        return (f"{self.what}: a silent data error in the training state"
+                + ("" if self.known else " (one of two replicas that disagree)"))
+
 
 @dataclass(frozen=True)
 class BatchSizeEvent:
@@ -369,10 +389,11 @@ class BatchSizeEvent:
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
                                                 SpikeEvent, RollbackEvent, HangEvent,
                                                 StragglerEvent, UnresponsiveEvent,
-                                                SdcSuspectEvent, BatchSizeEvent)}
+                                                SdcSuspectEvent, StateSuspectEvent,
+                                                BatchSizeEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
-                      SdcSuspectEvent, BatchSizeEvent]
+                      SdcSuspectEvent, StateSuspectEvent, BatchSizeEvent]
 _OPTIONAL = ("startup", "nonfinite", "moe")
 
 

@@ -131,7 +131,10 @@ class StepResult:
     lr: float
     loss_scale: Optional[float]
     skipped: bool
-    withheld: bool = False  # the update was not applied: a silent data error (training/sdc.py)
+    # the update was not applied (training/sdc.py), or must not be kept: the training state broke
+    # an invariant (training/state_check.py); suspect: the checker that says who and why
+    withheld: bool = False
+    suspect: Any = None
 
 
 def join_deepspeed():
@@ -217,6 +220,7 @@ class Engine:
         if split and ds_config["zero_optimization"]["stage"] == 0:
             engine_experts.clip_with_experts(self.engine, expert, state)
         self.moe_layers = engine_experts.moe_layers(module)
+        self.state_check = None  # a training.state_check.StateCheck (resilience.check_state)
         if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0 and not split:
             # Averaging gradients over a data-parallel group of one rank changes nothing, but
             # DeepSpeed still copies them all into one flat buffer, all-reduces it and copies
@@ -257,10 +261,12 @@ class Engine:
             value = value / self.state.dp_cp
         return value.item()
 
-    def train_step(self, it: Iterator, check=None) -> StepResult:
+    def train_step(self, it: Iterator, check=None, step: int = 0) -> StepResult:
         """One optimizer step over gradient_accumulation_steps micro-batches. check: a
         training.sdc.Rerun for this step (resilience.rerun_suspect_steps), which sees the loss
-        before the update and may withhold it (StepResult.withheld)."""
+        before the update and may withhold it (StepResult.withheld). step: the step's number,
+        for self.state_check, which verifies the state after the update."""
+        checker = self.state_check
         self.engine.train()
         if self.moe_layers:
             engine_experts.set_aux_grad_scale(self.moe_layers, (self._loss_scale() or 1.0)
@@ -272,23 +278,27 @@ class Engine:
             if loss is None:
                 if self.moe_layers:  # the update was withheld: so is the bias's
                     engine_experts.update_router_biases(self.moe_layers, self.state, True)
-                return StepResult(float("nan"), None, lr, self._loss_scale(), True, True)
+                return StepResult(float("nan"), None, lr, self._loss_scale(), True, True, check)
         elif self.pipeline:
             loss = float(self.engine.train_batch(data_iter=it))
         else:
             total = torch.zeros((), device=self.device)
-            for _ in range(self.gas):
+            for i in range(self.gas):
                 batch = self._batch(it)
                 self.compute.start()
                 out = self.engine(*batch)
                 self.compute.stop()
                 self.engine.backward(out)
+                if checker is not None and i == self.gas - 1:
+                    checker.before_update(step)
                 self.engine.step()
                 total += out.detach().float()
             loss = self._mean_over_dp(total / self.gas)
         norm = self.engine.get_global_grad_norm()
         norm = None if norm is None else float(norm)
         skipped = self.engine.skipped_steps > skipped_before
+        if checker is not None and not skipped and not checker.verify(step):
+            return StepResult(loss, norm, lr, self._loss_scale(), skipped, True, checker)
         if self.moe_layers:  # a collective over the stage's ranks, inside the timed step
             engine_experts.update_router_biases(self.moe_layers, self.state, skipped)
         return StepResult(loss, norm, lr, self._loss_scale(), skipped)
@@ -310,6 +320,8 @@ class Engine:
         loss = self._mean_over_dp(torch.stack(local).sum() / self.gas)
         if not check.judge(local, loss, lambda: [self.engine(*b).float() for b in batches]):
             return None
+        if self.state_check is not None:
+            self.state_check.before_update(check.step)
         self.engine.step()
         return loss
 

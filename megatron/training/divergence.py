@@ -39,19 +39,20 @@ class Divergence:
             self._event(SpikeEvent(step, verdict.reason))
         return None
 
-    def silent_data_error(self, rerun, run) -> None:
-        """A suspect step whose result differed when computed again (training/sdc.py): the
-        suspects are named in metrics.jsonl and in bad_nodes (by rank 0), and the run stops."""
-        for event in rerun.events():
-            log.error("step %d: rank %d on %s computed %r, then %r for the same batch and "
-                      "weights: a silent data error", event.step, event.rank, event.host,
-                      event.first, event.again)
+    def silent_data_error(self, suspect, run) -> None:
+        """A step whose update was withheld or must not be kept: a suspect result that differed
+        when computed again (training/sdc.py) or a training state that broke an invariant
+        (state_check.py). The suspects are named in metrics.jsonl and their nodes in bad_nodes
+        (by rank 0), and the run stops with the checker's error (exit 5)."""
+        for event in suspect.events():
+            if self.writer:  # rank 0; every rank raises the error below, which names them too
+                log.error("step %d: rank %d on %s: %s", event.step, event.rank, event.host,
+                          event.describe())
             self._event(event)
-            if self.writer:
-                run.add_bad_node(event.host, f"rank {event.rank} computed a different loss for "
-                                             f"the same batch and weights in step {event.step} "
-                                             "(resilience.rerun_suspect_steps)")
-        raise rerun.error(run.bad_nodes)
+        if self.writer:
+            for node, reason in suspect.bad_nodes():
+                run.add_bad_node(node, reason)
+        raise suspect.error(run.bad_nodes)
 
     def _roll_back(self, step: int, reason: str) -> int:
         """Reloads the newest checkpoint; the data stream goes on from where it is, so the

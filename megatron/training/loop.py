@@ -159,12 +159,12 @@ class _Loop:
         _sync(self.device)
         t0 = time.perf_counter()
         rerun = self.rerun.for_step(self.step + 1) if self.rerun else None
-        result = self.job.engine.train_step(self.data.train, rerun)
+        result = self.job.engine.train_step(self.data.train, rerun, self.step + 1)
         _sync(self.device)
         dt = time.perf_counter() - t0
         self.watchdog.done()
         if result.withheld:
-            self.divergence.silent_data_error(rerun, self.job.run)
+            self.divergence.silent_data_error(result.suspect, self.job.run)
         self.step += 1
         self.consumed += self.t.global_batch_size
         self.summary.losses.append(result.loss)

@@ -44,6 +44,7 @@ _EVENT_STYLE = {"save": ("tab:green", ":"), "stop": ("black", "-"), "spike": ("t
                 "rollback": ("tab:red", "-."), "diverged": ("tab:purple", "-"),
                 "hang": ("tab:brown", "-"), "unresponsive": ("tab:red", ":"),
                 "straggler": ("tab:olive", "--"), "sdc_suspect": ("tab:pink", "-"),
+                "state_suspect": ("tab:pink", ":"),
                 "batch_size": ("tab:cyan", "-.")}
 _DEFAULT_STYLE = ("tab:gray", "--")
 
@@ -124,7 +125,8 @@ _DETAIL = {
                       f"{_num(e.limit_s, '.1f')} s limit",
     "unresponsive": lambda e: f"never reported; {e.reported} rank(s) waited in {e.phase}",
     "straggler": lambda e: f"forward pass {_num(e.ratio, '.2f')} x the other ranks' median",
-    "sdc_suspect": lambda e: f"loss {e.first}, computed again {e.again}: a silent data error",
+    "sdc_suspect": lambda e: e.describe(),
+    "state_suspect": lambda e: e.describe(),
     "batch_size": lambda e: f"global batch {e.before} -> {e.global_batch_size} on resume: the "
                             f"data continues at sample {e.consumed_samples}; {e.steps_left} steps "
                             f"left take {e.samples_left} samples",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -87,13 +87,19 @@ class Rerun:
         second_t = torch.stack([x.detach().double().reshape(()) for x in second])
         mine = torch.tensor([float(not torch.equal(first_t, second_t)), first_t.sum().item(),
                              second_t.sum().item()], dtype=torch.float64)
-        every = _gather(mine, local[0].device)
+        every = gather_rows(mine, local[0].device)
         self.suspects = [Suspect(r, row[1], row[2]) for r, row in enumerate(every) if row[0]]
         return not self.suspects
 
     def events(self) -> List[SdcSuspectEvent]:
         return [SdcSuspectEvent(self.step, s.rank, self.nodes[s.rank], s.first, s.again)
                 for s in self.suspects]
+
+    def bad_nodes(self) -> List[Tuple[str, str]]:
+        """(node, reason) of each suspect rank, for <run.dir>/bad_nodes."""
+        return [(self.nodes[s.rank], f"rank {s.rank} computed a different loss for the same batch "
+                                     f"and weights in step {self.step} "
+                                     "(resilience.rerun_suspect_steps)") for s in self.suspects]
 
     def error(self, bad_nodes: str) -> SilentDataError:
         named = "; ".join(f"rank {s.rank} on {self.nodes[s.rank]}: {s.first!r}, then "
@@ -106,7 +112,8 @@ class Rerun:
             "leaves out of the next job, and the run resumes from its last checkpoint")
 
 
-def _gather(mine: torch.Tensor, device: torch.device) -> List[List[float]]:
+def gather_rows(mine: torch.Tensor, device: torch.device) -> List[List[float]]:
+    """Every rank's `mine` (a small 1-D tensor), in rank order, as lists (a collective)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [mine.tolist()]
     mine = mine.to(device)

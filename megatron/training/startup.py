@@ -42,6 +42,7 @@ from megatron.model import GPTModel, ModelContext, build_context, pipeline_layer
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.cp_layout import cp_layout_of
 from megatron.parallel.state import ParallelState
+from megatron.training.state_check import StateCheck
 from megatron.training.run_paths import check_run_paths
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
         model = build_model(cfg, state, vocab, device_info.device, timer)
         _init_from(cfg, model, state, vocab, text_vocab, resume, timer)
         engine = wrap(cfg, model, state, device_info.device, ds_config, timer)
+        engine.state_check = StateCheck.of(cfg.resilience, engine, state, nodes, launch.rank)
     except BaseException:
         if lock:
             lock.release()

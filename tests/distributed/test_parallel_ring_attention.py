@@ -3,12 +3,15 @@ rank: fp32, dropout off, clipping on, 5 steps and an evaluation, GPT-2 (learned 
 Llama (rotary, two key/value heads: grouped-query attention) flavours, through the trainer in
 process (tests/support/ring_attention_worker.py, which extends context_parallel_worker.py).
 
-Four jobs, in the launches shared with the other equivalence modules (one per world size:
+Six jobs, in the launches shared with the other equivalence modules (one per world size:
 start-up dominates; tests/support/launch_batches.py): 2 ranks (ring CP2, all-gather CP2; ring
-CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference; ring CP2's checkpoint
-continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring 2, ring CP2 x
-TP2, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x
-PP2 under ZB-H1), 8 ranks (ring CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap).
+CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15 steps in place;
+ring CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses
+2 x ring 2, ring CP2 x TP2, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B
+and ZB-H1, Ulysses CP2 x PP2 under ZB-H1; ring CP4 saved at step 5 of 15), 8 ranks (ring CP8:
+8 ranks past tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring CP4's
+checkpoint continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued to
+step 15), held to one rank's 15 steps in place.
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -27,6 +30,8 @@ FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp
 EIGHT_RANK = ["ring_cp8"]
 GRADS = ["ring_cp2", "allgather_cp2", "ring_cp4", "hybrid_cp4", "ring_cp8"]
 PAIRS = [("ring_cp2", "cp2"), ("ring_cp2", "single")]  # saved under ring, continued under ...
+# saved under ring CP4 at step 5, continued under Ulysses CP2 to step 10, then on one rank to 15
+CHAIN, CHAIN_STEPS = ["ring_cp4", "cp2", "single"], 15
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
 
@@ -39,9 +44,13 @@ def launches(tmp):
     return [(2, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(TWO_RANK),
                          "--sources", "ring_cp2", "--continue", "ring_cp2>cp2"]),
             (1, WORKER, ["--workdir", tmp, "--layouts", "single", "--continue",
-                         "ring_cp2>single"]),
-            (4, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(FOUR_RANK)]),
-            (8, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(EIGHT_RANK)])]
+                         "ring_cp2>single", "--in-place", f"single@{CHAIN_STEPS}"]),
+            (4, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(FOUR_RANK),
+                         "--saved", f"{CHAIN[0]}@{CHAIN_STEPS}"]),
+            (8, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(EIGHT_RANK)]),
+            # the second round: ring CP4's checkpoint under Ulysses CP2, then on one rank
+            (2, WORKER, ["--workdir", tmp, "--continue", f"{'>'.join(CHAIN[:2])}@{CHAIN_STEPS}"]),
+            (1, WORKER, ["--workdir", tmp, "--continue", f"{'>'.join(CHAIN)}@{CHAIN_STEPS}"])]
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +94,18 @@ def test_ring_checkpoint_continues_under_another_algorithm(results, src, dst, fl
     worst = _worst(continued, in_place)
     assert len(continued) == 5 and worst <= TOLERANCE, \
         f"{src} -> {dst} ({flavour}): steps 6-10 {continued} vs in place {in_place}"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_ring_cp4_checkpoint_continues_under_ulysses_cp2_then_on_one_rank(results, flavour):
+    hops = [results[f"{'>'.join(CHAIN[:n])}@{CHAIN_STEPS}/{flavour}"]["losses"]
+            for n in range(2, len(CHAIN) + 1)]
+    first = results[f"{CHAIN[0]}@{CHAIN_STEPS}:saved/{flavour}"]["losses"]
+    one_rank = results[f"single@{CHAIN_STEPS}/{flavour}"]["losses"]
+    assert [len(h) for h in [first, *hops]] == [5, 5, 5], (first, hops)
+    chained = first + hops[0] + hops[1]
+    worst = _worst(chained, one_rank)
+    print(f"ring CP4 -> Ulysses CP2 -> one rank ({flavour}): worst relative loss difference "
+          f"{worst:.2e} over {CHAIN_STEPS} steps")
+    assert worst <= TOLERANCE, \
+        f"{' -> '.join(CHAIN)} ({flavour}): {chained} vs one rank in place {one_rank}"

@@ -8,7 +8,11 @@ the one-rank reference). In one launch it
   gradient norms from metrics.jsonl, and the validation loss after step 5);
 - for each --sources layout, trains 10 steps in place (`<src>@10/<flavour>`) and, in a second
   run, 5 steps saved; each --continue pair `<src>><dst>` continues src's checkpoint to step 10
-  in dst (`<src>><dst>/<flavour>`: the losses of steps 6-10).
+  in dst (`<src>><dst>/<flavour>`: the losses of steps 6-10);
+- chains over more hops, each of 5 steps, toward a total T: `--in-place single@15` trains 15
+  steps in place, `--saved ring_cp4@15` saves step 5 of a 15-step run, and `--continue
+  ring_cp4>cp2@15` (steps 6-10, saved) then, in a later launch, `ring_cp4>cp2>single@15`
+  (steps 11-15) continue it, each from the hop before.
 
     torchrun --nproc_per_node 4 tests/support/context_parallel_worker.py --out r.json \
         --layouts cp4,cp2tp2 --grads --workdir /tmp/w
@@ -79,23 +83,58 @@ def _train(layout, flavour, run_dir, extra):
     return summary.losses, [r.grad_norm for r in steps], summary.valid_losses
 
 
+HOP = 5  # steps per hop of a chain
+
+
+def _total(spec):
+    """`name@T` -> (name, T, its directory suffix); T is 10 when not given."""
+    name, _, total = spec.partition("@")
+    total = int(total or 10)
+    return name, total, "" if total == 10 else f"@{total}"
+
+
+def _in_place(spec, flavour, workdir):
+    """`<layout>[@T]`: T steps of layout in place (the losses)."""
+    src, total, tag = _total(spec)
+    return _train(src, flavour, os.path.join(workdir, f"{src}-in-place{tag}-{flavour}"),
+                  [f"training.train_iters={total}"])[0]
+
+
+def _saved(spec, flavour, workdir):
+    """`<layout>[@T]`: a T-step run of layout, saved at step 5 (the losses of steps 1-5)."""
+    src, total, tag = _total(spec)
+    return _train(src, flavour, os.path.join(workdir, f"{src}-saved{tag}-{flavour}"),
+                  [f"training.train_iters={total}", f"training.exit_interval={HOP}",
+                   "training.save=true"])[0]
+
+
 def _source(src, flavour, workdir):
     """10 steps of src in place (`<src>@10`), and a second run of it saved at step 5."""
-    losses = _train(src, flavour, os.path.join(workdir, f"{src}-in-place-{flavour}"),
-                    ["training.train_iters=10"])[0]
-    _train(src, flavour, os.path.join(workdir, f"{src}-saved-{flavour}"),
-           ["training.train_iters=10", "training.exit_interval=5", "training.save=true"])
+    losses = _in_place(src, flavour, workdir)
+    _saved(src, flavour, workdir)
     return losses
 
 
-def _continue(pair, flavour, workdir):
-    """src>dst: src's checkpoint of step 5 (written by _source, in this launch or an earlier
-    one) continued to step 10 in dst: the losses of steps 6-10."""
-    src, dst = pair.split(">")
-    saved = os.path.join(workdir, f"{src}-saved-{flavour}", "checkpoints")
-    dst_dir = os.path.join(workdir, f"{pair.replace('>', '-to-')}-{flavour}")
-    return _train(dst, flavour, dst_dir, ["training.train_iters=10",
-                                          f"training.load={saved}"])[0]
+def _chain_dir(chain, tag, flavour, workdir):
+    return os.path.join(workdir, f"{chain.replace('>', '-to-')}{tag}-{flavour}")
+
+
+def _continue(spec, flavour, workdir):
+    """`a>b[@T]`: a's checkpoint of step 5 (written by _saved, in this launch or an earlier one)
+    continued in b to step 10 (the losses of steps 6-10); `a>b>c[@T]` continues a>b's checkpoint
+    of step 10 in c to step 15, and so on. A hop that ends before T saves its last step."""
+    chain, total, tag = _total(spec)
+    hops = chain.split(">")
+    before = ">".join(hops[:-1])
+    if len(hops) == 2:
+        saved = os.path.join(workdir, f"{before}-saved{tag}-{flavour}", "checkpoints")
+    else:
+        saved = os.path.join(_chain_dir(before, tag, flavour, workdir), "checkpoints")
+    stop = HOP * len(hops)
+    extra = [f"training.train_iters={total}", f"training.load={saved}"]
+    if stop < total:
+        extra += [f"training.exit_interval={stop}", "training.save=true"]
+    return _train(hops[-1], flavour, _chain_dir(chain, tag, flavour, workdir), extra)[0]
 
 
 def _grad_check(flavour, cp):
@@ -127,7 +166,9 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--layouts", default="")
     p.add_argument("--sources", default="", help="layouts whose checkpoints others continue")
-    p.add_argument("--continue", dest="pairs", default="", help="src>dst,...")
+    p.add_argument("--continue", dest="pairs", default="", help="src>dst[>...][@T],...")
+    p.add_argument("--in-place", default="", help="layout@T,...: T steps in place")
+    p.add_argument("--saved", default="", help="layout@T,...: a T-step run saved at step 5")
     p.add_argument("--grads", action="store_true")
     p.add_argument("--flavours", default="gpt2,llama")
     p.add_argument("--workdir", required=True, help="shared by all ranks (run directories)")
@@ -144,6 +185,10 @@ def main() -> int:
                                               "valid": valid}
         for src in filter(None, args.sources.split(",")):
             results[f"{src}@10/{flavour}"] = {"losses": _source(src, flavour, args.workdir)}
+        for spec in filter(None, args.in_place.split(",")):
+            results[f"{spec}/{flavour}"] = {"losses": _in_place(spec, flavour, args.workdir)}
+        for spec in filter(None, args.saved.split(",")):
+            results[f"{spec}:saved/{flavour}"] = {"losses": _saved(spec, flavour, args.workdir)}
         for pair in filter(None, args.pairs.split(",")):
             results[f"{pair}/{flavour}"] = {"losses": _continue(pair, flavour, args.workdir)}
         if args.grads and world > 1:

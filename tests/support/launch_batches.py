@@ -6,7 +6,11 @@
 its jobs run in one process launch per world size together with every other such module of the
 session (tests/support/shared_launch.py), instead of a launch per job: ~10-20 s of start-up
 (python, torch, DeepSpeed, the rendezvous) per launch on 2 cores, each paid once per world size.
-The world sizes run in the order WORLD_ORDER, so a module's jobs must be listed in that order.
+The world sizes run in the order WORLD_ORDER, in rounds: a module's jobs listed in that order
+run in the first round; a job whose world size comes earlier in WORLD_ORDER than the job before
+it (a checkpoint of 4 ranks continued on 2, then on 1) starts the module's next round, which
+runs after every module's jobs of the round before. A round costs launches only for the world
+sizes some module's jobs of it need.
 
 A module's results are its jobs' JSON outputs merged in job order, as its own launches gave
 them. A job that fails fails only its module's tests: the launch stops at it, its error (the end
@@ -41,6 +45,7 @@ class Job:
     worker: str
     argv: list
     out: str
+    round: int = 0
 
     @property
     def name(self) -> str:
@@ -81,23 +86,25 @@ class Batches:
         for module, launches in sorted(self.modules.items()):
             tmp = os.path.join(self.workdir, module.rsplit(".", 1)[-1])
             os.makedirs(tmp, exist_ok=True)
-            order = []
+            rnd, last = 0, 0
             for index, (ranks, worker, argv) in enumerate(launches(tmp)):
                 assert os.path.dirname(os.path.abspath(worker)) == SUPPORT, worker
-                order.append(WORLD_ORDER.index(ranks))
+                assert ranks in WORLD_ORDER, f"{module}: {ranks} ranks is not in {WORLD_ORDER}"
+                if WORLD_ORDER.index(ranks) < last:
+                    rnd += 1  # an earlier world size: the next round
+                last = WORLD_ORDER.index(ranks)
                 out = os.path.join(tmp, f"job{index}-{ranks}ranks.json")
                 jobs.append(Job(module, index, ranks, os.path.basename(worker)[:-3],
-                                [*argv, "--out", out], out))
-            assert order == sorted(order), \
-                f"{module}: launches must come in the world order {WORLD_ORDER}"
+                                [*argv, "--out", out], out, rnd))
         return jobs
 
     def _run_all(self) -> None:
         jobs = self._jobs()
-        for ranks in WORLD_ORDER:
-            pending = [j for j in jobs if j.ranks == ranks]
-            while pending:
-                pending = self._launch(ranks, pending)
+        for rnd in range(1 + max((j.round for j in jobs), default=0)):
+            for ranks in WORLD_ORDER:
+                pending = [j for j in jobs if j.ranks == ranks and j.round == rnd]
+                while pending:
+                    pending = self._launch(ranks, pending)
         for job in jobs:
             if job.module in self._errors:
                 continue

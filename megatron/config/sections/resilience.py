@@ -1,7 +1,7 @@
 """The resilience section: the components that notice a run going wrong and end it or route
 around it: the node check, the divergence guard (training/health.py, divergence.py), silent
-data error re-runs (sdc.py), the hang watchdog (watchdog.py) and the straggler check
-(stragglers.py)."""
+data error re-runs (sdc.py), the training state's invariants (state_check.py), the hang
+watchdog (watchdog.py) and the straggler check (stragglers.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,6 +41,13 @@ class ResilienceConfig:
     parallelism. Needs loss_spike_factor above 1: a spike is what it re-runs (with 0 only a
     non-finite loss would be, and a wrong but finite one would pass unseen), so true with
     loss_spike_factor 0 is refused."""
+    check_state: bool = True
+    """After every update each rank checks cheap invariants of the training state
+    (training/state_check.py): its AdamW moments obey m^2 <= C v (a bound any gradients keep),
+    and its weights' checksum equals its data-parallel replicas' (ZeRO 0-2). A rank that breaks
+    one is named ({"event": "state_suspect"}, its node in bad_nodes) and the run stops with
+    exit 5 before anything of the step is saved. One pass over the optimizer state and weights
+    and one small all-gather per step (benchmarks/trainer/bench_state_check.py)."""
     startup_timeout_minutes: float = 30.0
     """The hang watchdog (training/watchdog.py): a rank whose step, agreement, evaluation, save or
     load runs past its limit dumps every thread's stack into <run.dir>/hangs/, writes a hang event
