@@ -1,12 +1,13 @@
 """Checks that need several sections or the world size. Each raises one ConfigError."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 from megatron.config import context_parallel, schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error
+from megatron.config.stages import set_or_none, stage_layers, uneven_problem
 
 
 def data_parallel_size(cfg, world_size: int) -> int:
@@ -220,8 +221,45 @@ def schedule_error(schedule: str, pp: int, cp: int = 1, chunks: int = 1
     return schedules.get(schedule).rule(pp, cp, chunks)
 
 
+def stages_error(cfg) -> Optional[ConfigError]:
+    """Set first/last stage layer counts (config/stages.py): Megatron-LM's rule, and not beside
+    a partition method they replace."""
+    p = cfg.parallel
+    first, last = set_or_none(p.pipeline_first_stage_layers), \
+        set_or_none(p.pipeline_last_stage_layers)
+    if first is None and last is None:
+        return None
+    field = "parallel.pipeline_first_stage_layers" if first is not None \
+        else "parallel.pipeline_last_stage_layers"
+    problem = uneven_problem(cfg.model.num_layers, p.pipeline_parallel_size, first, last,
+                             p.virtual_pipeline_size)
+    if problem:
+        return ConfigError(field, first if first is not None else last,
+                           f"a split of model.num_layers={cfg.model.num_layers} over "
+                           f"pipeline_parallel_size={p.pipeline_parallel_size} stages that "
+                           f"Megatron-LM's rule accepts: {problem}",
+                           "change the counts (0: not set), or the stages")
+    if p.pipeline_partition_method != "uniform":
+        return ConfigError("parallel.pipeline_partition_method", p.pipeline_partition_method,
+                           "uniform (the default) with set first/last stage layers, which "
+                           "replace the partition method", "unset one of them")
+    return None
+
+
+def pipeline_stage_layers(cfg) -> Optional[List[int]]:
+    """Transformer layers per stage when first/last counts are set (uneven stages), else None
+    (the partition method splits them)."""
+    p = cfg.parallel
+    first, last = set_or_none(p.pipeline_first_stage_layers), \
+        set_or_none(p.pipeline_last_stage_layers)
+    if first is None and last is None:
+        return None
+    return stage_layers(cfg.model.num_layers, p.pipeline_parallel_size, first, last)
+
+
 def check_pipeline(cfg) -> None:
     _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
+    _raise(stages_error(cfg))
     p = cfg.parallel
     _raise(chunks_error(cfg))  # before the schedule's rule: it names virtual_pipeline_size
     _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size,

@@ -2,7 +2,8 @@
 the attributes DeepSpeed reads on tensor-parallel parameters."""
 from __future__ import annotations
 
-from typing import List
+import re
+from typing import List, Optional
 
 from torch import nn
 
@@ -25,11 +26,26 @@ def mark_tensor_parallel(module: nn.Module) -> None:
             param.model_parallel = True
 
 
-def pipeline_module(layers: List[PipeLayer], partition_method: str, state: ParallelState):
+def stage_bounds(layers: List[PipeLayer], counts: List[int]) -> List[int]:
+    """The layer-spec index where each stage starts, and the spec count at the end, for
+    `counts` transformer layers per stage: stage s > 0 starts at its first transformer layer,
+    so the embedding stays on the first stage and the final norm and head on the last, as
+    DeepSpeed's type-balanced partitioning places them."""
+    blocks = [i for i, layer in enumerate(layers)
+              if re.search(_BALANCED_LAYER[len("type:"):], layer.cls.__name__, re.IGNORECASE)]
+    if len(blocks) != sum(counts) or min(counts) < 1:
+        raise ValueError(f"{counts} transformer layers per stage for {len(blocks)} layers")
+    starts = [blocks[sum(counts[:s])] for s in range(1, len(counts))]
+    return [0, *starts, len(layers)]
+
+
+def pipeline_module(layers: List[PipeLayer], partition_method: str, state: ParallelState,
+                    counts: Optional[List[int]] = None):
     """DeepSpeed's PipelineModule over model.pipeline_layers, with the token embedding tied
-    between the first and the last stage. partition_method: parallel.pipeline_partition_method.
-    Build it under torch.no_grad(): DeepSpeed broadcasts the tied weight in place while
-    building."""
+    between the first and the last stage. partition_method: parallel.pipeline_partition_method;
+    counts: transformer layers per stage when set (uneven stages, config/stages.py), which
+    replace it. Build it under torch.no_grad(): DeepSpeed broadcasts the tied weight in place
+    while building."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     specs = []
@@ -47,5 +63,18 @@ def pipeline_module(layers: List[PipeLayer], partition_method: str, state: Paral
     def loss_fn(logits, labels):
         return lm_loss(logits, labels.to(logits.device), state)
 
-    return PipelineModule(layers=specs, topology=topo, loss_fn=loss_fn, partition_method=method,
-                          activation_checkpoint_interval=0)
+    cls = PipelineModule
+    if counts is not None:
+        bounds = stage_bounds(layers, counts)
+
+        class StagedPipelineModule(PipelineModule):
+            """DeepSpeed's module with the stage bounds given (it has no such method)."""
+
+            def _partition_layers(self, method="uniform"):
+                self.parts = list(bounds)
+                stage = self._topo.get_coord(self.global_rank).pipe
+                self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+        cls = StagedPipelineModule
+    return cls(layers=specs, topology=topo, loss_fn=loss_fn, partition_method=method,
+               activation_checkpoint_interval=0)

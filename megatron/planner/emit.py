@@ -52,10 +52,6 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                   run_dir: Optional[str] = None, paper_optimizer: bool = False) -> Config:
     """`base` with the layout applied; validated for the layout's world size exactly as the
     trainer will validate it (raises ConfigError otherwise)."""
-    if lay.uneven:
-        raise ConfigError("layout", lay.key(), "layers split as this trainer's pipeline splits "
-                          "them (parallel.pipeline_partition_method)", "set first/last stage "
-                          "layers only to compare with Megatron-LM")
     if schedules.get(lay.schedule).runner is None:
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (one of "
                           f"{', '.join(schedules.with_runner())})",
@@ -71,7 +67,9 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                            pipeline_schedule=schedule, virtual_pipeline_size=lay.interleave,
                            context_parallel_size=lay.cp,
                            expert_parallel_size=lay.ep, context_parallel_algo=lay.cp_algo,
-                           ulysses_degree=lay.ulysses_degree)
+                           ulysses_degree=lay.ulysses_degree,
+                           pipeline_first_stage_layers=lay.first_stage_layers or 0,
+                           pipeline_last_stage_layers=lay.last_stage_layers or 0)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:

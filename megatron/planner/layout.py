@@ -8,6 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
+from megatron.config.stages import even_stage_layers
+from megatron.config.stages import stage_layers as config_stage_layers
+from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import experts_error, layout_error, schedule_error
 
 RECOMPUTE = ("none", "selective", "full")
@@ -181,43 +184,19 @@ def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
 
 
 def stage_layers(num_layers: int, pp: int) -> List[int]:
-    """Transformer layers per stage, spread evenly; the first stages take any remainder
-    (DeepSpeed's partition_uniform)."""
-    base, extra = divmod(num_layers, pp)
-    return [base + (1 if i < extra else 0) for i in range(pp)]
+    """Transformer layers per stage, spread evenly (config/stages.py: the trainer's split)."""
+    return even_stage_layers(num_layers, pp)
 
 
 def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
-    """Megatron-LM's rule for set first/last stage layer counts: PP > 1, at least one layer
-    each, the rest split evenly (at least one layer) over the stages in between; not with the
-    interleaved schedule (its chunks are equal)."""
-    if not lay.uneven:
-        return None
-    fixed = [v for v in (lay.first_stage_layers, lay.last_stage_layers) if v is not None]
-    middle, rest = lay.pp - len(fixed), num_layers - sum(fixed)
-    if lay.pp < 2 or min(fixed) < 1 or lay.interleave > 1:
-        return ("first/last stage layers need PP > 1, at least 1 layer each and no interleaving "
-                f"(got PP {lay.pp}, {fixed}, interleave {lay.interleave})")
-    if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
-        return (f"first/last stage layers {fixed} leave {rest} of the {num_layers} layers for "
-                f"{middle} other stage(s): not an even split of at least one layer each")
-    return None
+    """The trainer's rule for set first/last stage layer counts (config/stages.py)."""
+    return stages_uneven_problem(num_layers, lay.pp, lay.first_stage_layers,
+                                 lay.last_stage_layers, lay.interleave)
 
 
 def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
-    """Transformer layers per stage of `lay`: the set first/last counts (uneven_problem checked
-    them), the rest even; else stage_layers."""
-    if not lay.uneven:
-        return stage_layers(num_layers, lay.pp)
-    first, last = lay.first_stage_layers, lay.last_stage_layers
-    middle = lay.pp - (first is not None) - (last is not None)
-    rest = num_layers - (first or 0) - (last or 0)
-    counts = [rest // middle if middle else 0] * lay.pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
+    """Transformer layers per stage of `lay` (config/stages.py)."""
+    return config_stage_layers(num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
 
 
 def check_layout(job: Job, lay: Layout) -> None:

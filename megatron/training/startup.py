@@ -27,7 +27,7 @@ from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
 from megatron.config.errors import BadNode
-from megatron.config.validate import check_device
+from megatron.config.validate import check_device, pipeline_stage_layers
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base.deepspeed_json import deepspeed_config
@@ -258,7 +258,8 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
             module = chunked_module(layers, cfg, state)
         else:
             with torch.no_grad():
-                module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state)
+                module = pipeline_module(layers, cfg.parallel.pipeline_partition_method, state,
+                                         pipeline_stage_layers(cfg))
     else:
         module = GPTModel(cfg.model, ctx)
     mark_tensor_parallel(module)  # what DeepSpeed reads on TP parameters before it wraps them

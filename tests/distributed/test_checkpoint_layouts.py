@@ -19,7 +19,9 @@ from tests.support.paths import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "support", "checkpoint_layouts_worker.py")
 PAIRS = [("tp2", "tp1"), ("tp1", "tp2pp2"), ("pp2dp2_zero1", "tp2dp2_zero3"),
-         ("dp2_zero2", "dp4_zero1")]
+         ("dp2_zero2", "dp4_zero1"),
+         # uneven stages (1 + 3 layers) onto even ones and onto one process
+         ("pp2_first1", "pp2"), ("pp2_first1", "tp1")]
 FLAVOURS = ["gpt2", "llama"]
 TOLERANCE = 1e-5
 # Interleaved 1F1B (pp2v2: rank r holds layers r and r + 2) and ZB-V (pp2zbv: rank 0 layers 0
@@ -49,10 +51,11 @@ def launches(tmp):
     TP2's, interleaved and ZB-V checkpoints continued), then 4 (continuations of the 1- and
     2-rank sources)."""
     return [_job(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2", "pp2v2", "pp2",
-                                  "pp2zbv"],
+                                  "pp2zbv", "pp2_first1"],
                  targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2", "pp2v2>pp2", "pp2>pp2v2",
-                          "pp2zbv>pp2"]),
-            _job(tmp, 1, sources=["tp1"], targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1"]),
+                          "pp2zbv>pp2", "pp2_first1>pp2"]),
+            _job(tmp, 1, sources=["tp1"], targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1",
+                                                   "pp2_first1>tp1"]),
             _job(tmp, 4, sources=["pp2dp2_zero1"],
                  targets=["tp1>tp2pp2", "dp2_zero2>dp4_zero1", "pp2dp2_zero1>tp2dp2_zero3",
                           "pp2v2>pp4"])]

@@ -45,6 +45,8 @@ LAYOUTS = {
                "parallel.virtual_pipeline_size=2"],
     "pp2": ["parallel.pipeline_parallel_size=2"],
     "pp4": ["parallel.pipeline_parallel_size=4"],
+    # uneven stages: layer 0 on the first stage (with the embedding), layers 1-3 on the last
+    "pp2_first1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_first_stage_layers=1"],
 }
 
 

@@ -58,6 +58,9 @@ LAYOUTS = {
                            "training.activation_checkpointing=full"],
     # Mixed precision cannot match fp32 to 1e-5; the test checks they track it loosely and learn.
     # (fp16 needs a GPU: DeepSpeed's CPU accelerator refuses it; see tests/gpu.)
+    # uneven stages (config/stages.py): 1 + 3 and 3 + 1 of the 4 layers
+    "pp2_first1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_first_stage_layers=1"],
+    "pp2_last1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_last_stage_layers=1"],
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }

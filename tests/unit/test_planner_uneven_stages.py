@@ -70,3 +70,21 @@ def test_the_cli_takes_the_counts(capsys):
                  "--tp", "8", "--pp", "8", "--recompute", "full", "--first-stage-layers", "9",
                  "--last-stage-layers", "9"]) == 0
     assert "busiest stage 1" in capsys.readouterr().out
+
+
+def test_a_planned_uneven_layout_is_written_as_a_config_the_trainer_accepts():
+    """The planner and the trainer share the rule (config/stages.py): the emitted config carries
+    the counts and passes the trainer's validation; one the rule refuses is refused there too."""
+    from megatron.config import Config
+    from megatron.config.errors import ConfigError
+    from megatron.config.validate import pipeline_stage_layers
+    from megatron.planner.emit import layout_config
+    job = Job(preset_model("175b"), 1280)  # 96 layers
+    lay = dataclasses.replace(Layout(8, 16, 2, 1, 640), first_stage_layers=5, last_stage_layers=7)
+    cfg = layout_config(Config(), job, lay)
+    p = cfg.parallel
+    assert (p.pipeline_first_stage_layers, p.pipeline_last_stage_layers) == (5, 7)
+    assert pipeline_stage_layers(cfg) == [5] + [6] * 14 + [7] == layout_stage_layers(96, lay)
+    bad = dataclasses.replace(lay, last_stage_layers=4)  # 87 over 14 stages
+    with pytest.raises(ConfigError, match="pipeline_first_stage_layers"):
+        layout_config(Config(), job, bad)

@@ -38,6 +38,14 @@ class ParallelConfig:
     pipeline_partition_method: Literal["uniform", "parameters"] = "uniform"
     """DeepSpeed's pipeline partitioning: uniform spreads the transformer layers evenly over the
     stages; parameters balances their parameter counts."""
+    pipeline_first_stage_layers: int = 0
+    """Transformer layers on the first pipeline stage, which also holds the embedding (Megatron-
+    LM's --decoder-first-pipeline-num-layers); the stages without a set count split the rest
+    evenly, at least one layer each (config/stages.py). 0: not set. Replaces
+    pipeline_partition_method; not with virtual_pipeline_size > 1."""
+    pipeline_last_stage_layers: int = 0
+    """Transformer layers on the last pipeline stage, which also holds the output layer and the
+    loss (--decoder-last-pipeline-num-layers); as pipeline_first_stage_layers. 0: not set."""
     pipeline_schedule: str = field(default=schedules.DEFAULT, metadata=registry(
         schedules.names, "config/schedules/"))
     """The pipeline schedule (pipeline_parallel_size > 1), a record of config/schedules: 1f1b is
@@ -66,6 +74,8 @@ class ParallelConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
                      "expert_parallel_size", "virtual_pipeline_size", "timeout_minutes"):
             positive(s, name, getattr(self, name))
-        positive(s, "ulysses_degree", self.ulysses_degree, allow_zero=True)
+        for name in ("ulysses_degree", "pipeline_first_stage_layers",
+                     "pipeline_last_stage_layers"):
+            positive(s, name, getattr(self, name), allow_zero=True)
         choice(s, "zero_stage", self.zero_stage, (0, 1, 2, 3))
         check_choices(s, self)

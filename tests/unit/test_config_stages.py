@@ -1,0 +1,96 @@
+"""Uneven pipeline stages (config/stages.py, parallel.pipeline_first/last_stage_layers): the
+split, the stage bounds the trainer gives DeepSpeed's pipeline module (the even split must land
+exactly where DeepSpeed's own type-balanced partitioning puts it, so that only the counts
+change), and one message for each bad setting, before anything is built."""
+import pytest
+
+from megatron.config import ConfigError, load_config
+from megatron.config.stages import stage_layers, uneven_problem
+from megatron.config.validate import pipeline_stage_layers, validate_for_world
+from megatron.engine.model import stage_bounds
+from megatron.model.gpt import PipeLayer
+from tests.support.paths import TINY
+
+
+class Embedding:
+    pass
+
+
+class TransformerLayer:
+    pass
+
+
+class LayerNorm:
+    pass
+
+
+def _layers(n):
+    return ([PipeLayer(Embedding, (), "embedding")]
+            + [PipeLayer(TransformerLayer, (), f"layers.{i}") for i in range(n)]
+            + [PipeLayer(LayerNorm, (), "final_norm"), PipeLayer(Embedding, (), "embedding")])
+
+
+def test_the_split_follows_megatrons_rule():
+    assert stage_layers(126, 16, 7, 7) == [7] + [8] * 14 + [7]  # Llama 3 405B's
+    assert stage_layers(4, 2, 1, None) == [1, 3]
+    assert stage_layers(4, 2, None, 1) == [3, 1]
+    assert stage_layers(10, 4) == [3, 3, 2, 2]  # even: the first stages take the remainder
+    assert uneven_problem(126, 16, 7, 7) is None
+    assert uneven_problem(10, 4, 1, 1) is None  # 8 over 2 middle stages
+    assert "not an even split" in uneven_problem(10, 4, 1, 2)  # 7 over 2
+    assert uneven_problem(10, 4, 2, 2) is None
+    assert "at least 1 layer" in uneven_problem(4, 2, 0, None)
+    assert "no interleaving" in uneven_problem(8, 2, 2, None, chunks=2)
+
+
+@pytest.mark.parametrize("layers, pp", [(4, 2), (4, 4), (7, 3), (12, 4), (5, 2)])
+def test_the_even_split_lands_where_deepspeeds_partitioning_does(layers, pp):
+    from deepspeed.runtime.utils import partition_balanced
+    specs = _layers(layers)
+    binary = [1 if s.cls is TransformerLayer else 0 for s in specs]
+    assert stage_bounds(specs, stage_layers(layers, pp)) == partition_balanced(binary, pp)
+
+
+def test_uneven_bounds_keep_the_embedding_first_and_the_head_last():
+    specs = _layers(4)  # 0 embedding, 1-4 layers, 5 norm, 6 tied head
+    assert stage_bounds(specs, [1, 3]) == [0, 2, 7]
+    assert stage_bounds(specs, [3, 1]) == [0, 4, 7]
+    with pytest.raises(ValueError, match="transformer layers per stage for 4 layers"):
+        stage_bounds(specs, [2, 3])
+
+
+def _cfg(*sets):
+    return load_config(TINY, ["parallel.pipeline_parallel_size=2", *sets])
+
+
+def test_the_counts_reach_the_trainer_only_when_set():
+    assert pipeline_stage_layers(_cfg()) is None
+    assert pipeline_stage_layers(_cfg("parallel.pipeline_first_stage_layers=1")) == [1, 3]
+    assert pipeline_stage_layers(_cfg("parallel.pipeline_last_stage_layers=1")) == [3, 1]
+    validate_for_world(_cfg("parallel.pipeline_first_stage_layers=1"), 2)
+
+
+@pytest.mark.parametrize("sets, field, says", [
+    (["parallel.pipeline_first_stage_layers=4"], "parallel.pipeline_first_stage_layers",
+     "leave 0 of the 4 layers for 1 other stage"),
+    (["parallel.pipeline_first_stage_layers=2", "parallel.pipeline_last_stage_layers=1"],
+     "parallel.pipeline_first_stage_layers", "leave 1 of the 4 layers for 0 other stage"),
+    (["parallel.pipeline_parallel_size=1", "parallel.pipeline_last_stage_layers=2"],
+     "parallel.pipeline_last_stage_layers", "need PP > 1"),
+    (["parallel.pipeline_first_stage_layers=1", "parallel.pipeline_partition_method=parameters"],
+     "parallel.pipeline_partition_method", "replace the partition method"),
+    (["parallel.pipeline_first_stage_layers=1", "parallel.pipeline_schedule=interleaved",
+      "parallel.virtual_pipeline_size=2", "training.global_batch_size=16"],
+     "parallel.pipeline_first_stage_layers", "no interleaving"),
+])
+def test_a_bad_split_is_one_message_naming_the_field(sets, field, says):
+    cfg = _cfg(*sets)
+    world = 2 if cfg.parallel.pipeline_parallel_size == 2 else 1
+    with pytest.raises(ConfigError) as err:
+        validate_for_world(cfg, world)
+    assert err.value.field == field and says in str(err.value), str(err.value)
+
+
+def test_a_negative_count_is_refused_by_its_section():
+    with pytest.raises(ConfigError, match="pipeline_last_stage_layers"):
+        _cfg("parallel.pipeline_last_stage_layers=-1")
