@@ -20,7 +20,7 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # stop and checkpoint at step 5, resume in a new engine: steps 6-10 must not move
             "resume_pp2", "resume_dp2_zero2",
             # uneven stages: 1 + 3 and 3 + 1 layers (parallel.pipeline_first/last_stage_layers)
-            "pp2_first1", "pp2_last1"]
+            "pp2_first1", "pp2_last1", "pp2_first1_zbh1"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
 FLAVOURS = ["gpt2", "llama"]

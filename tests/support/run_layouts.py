@@ -61,6 +61,8 @@ LAYOUTS = {
     # uneven stages (config/stages.py): 1 + 3 and 3 + 1 of the 4 layers
     "pp2_first1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_first_stage_layers=1"],
     "pp2_last1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_last_stage_layers=1"],
+    "pp2_first1_zbh1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_first_stage_layers=1",
+                        "parallel.pipeline_schedule=zbh1"],
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
