@@ -98,6 +98,12 @@ class Layout:
         return self.micro_batch * self.grad_accum * self.dp
 
     @property
+    def head_stage(self) -> int:
+        """The stage holding the output layer, final norm and loss: the last, or the first
+        where the schedule's chunks run in a V (Schedule.head_on_first: ZB-V)."""
+        return 0 if schedules.get(self.schedule).head_on_first else self.pp - 1
+
+    @property
     def pipe(self) -> Pipe:
         """What the schedule's closed forms read: stages, micro-batches, chunks per stage."""
         return Pipe(self.pp, self.grad_accum, self.interleave)

@@ -198,7 +198,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     m, prec = job.model, job.precision
     schedule = schedules.get(lay.schedule)
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
-    first, last = stage == 0, stage == lay.pp - 1
+    first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last:
         # the stage output kept for its backward (one per chunk when interleaved)
@@ -288,7 +288,8 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
 def memory_per_stage(job: Job, lay: Layout, c: Constants, device: Optional[str] = None,
                      framework: str = "deepspeed") -> List[StageMemory]:
     params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep,
-                              counts=layout_stage_layers(job.model.num_layers, lay))
+                              counts=layout_stage_layers(job.model.num_layers, lay),
+                              head_stage=lay.head_stage)
     return [stage_memory(job, lay, sp, i, c, device, framework) for i, sp in enumerate(params)]
 
 
@@ -302,6 +303,7 @@ def peak_memory(job: Job, lay: Layout, c: Constants, device: Optional[str] = Non
     peak_stages = schedules.get(lay.schedule).peak_stages(lay.pipe, job.model.num_layers)
     ends = range(lay.pp) if lay.uneven else sorted({0, lay.pp - 1, *peak_stages})
     counts = layout_stage_layers(job.model.num_layers, lay)
-    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i, lay.ep, counts),
+    stages = [stage_memory(job, lay, stage_params(job.model, lay.tp, lay.pp, i, lay.ep, counts,
+                                                  lay.head_stage),
                            i, c, device, framework) for i in ends]
     return max(stages, key=lambda s: s.peak_bytes)

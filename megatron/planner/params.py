@@ -107,13 +107,15 @@ class StageParams:
 
 
 def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1,
-                 counts: Optional[Sequence[int]] = None) -> StageParams:
+                 counts: Optional[Sequence[int]] = None,
+                 head_stage: Optional[int] = None) -> StageParams:
     """Parameters held by each TP rank of pipeline stage `stage` (0-based); ep: the
     expert-parallel size (parallel.expert_parallel_size); counts: layers per stage (default
-    the even split, layout.stage_layers)."""
+    the even split, layout.stage_layers); head_stage: the stage with the output layer and
+    final norm (default the last; Layout.head_stage)."""
     counts = list(counts) if counts is not None else stage_layers(m.num_layers, pp)
     layers = counts[stage]
-    first, last = stage == 0, stage == pp - 1
+    first, last = stage == 0, stage == (pp - 1 if head_stage is None else head_stage)
     embed = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, tp) * m.hidden_size // tp
     output = 0
     if last and not m.tie_embeddings:
@@ -127,8 +129,9 @@ def stage_params(m: ModelConfig, tp: int, pp: int, stage: int, ep: int = 1,
 
 
 def all_stage_params(m: ModelConfig, tp: int, pp: int, ep: int = 1,
-                     counts: Optional[Sequence[int]] = None) -> List[StageParams]:
-    return [stage_params(m, tp, pp, s, ep, counts) for s in range(pp)]
+                     counts: Optional[Sequence[int]] = None,
+                     head_stage: Optional[int] = None) -> List[StageParams]:
+    return [stage_params(m, tp, pp, s, ep, counts, head_stage) for s in range(pp)]
 
 
 def model_params(m: ModelConfig, active: bool = False) -> int:

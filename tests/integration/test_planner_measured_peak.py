@@ -35,8 +35,12 @@ def predicted_gb(layout: str, world: int = 2) -> float:
     cfg = load_config(TINY, overrides)
     zero = cfg.parallel.zero_stage
     job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision)
+    p = cfg.parallel
+    # the trainer's interleaved schedule is the planner's 1f1b with chunks (INTERLEAVED_NOTE)
+    schedule = "1f1b" if p.pipeline_schedule == "interleaved" else p.pipeline_schedule
     lay = Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, zero=zero,
-                 recompute="none", flash=True)  # CPU SDPA keeps no s x s scores
+                 recompute="none", flash=True,  # CPU SDPA keeps no s x s scores
+                 schedule=schedule, interleave=p.virtual_pipeline_size)
     return peak_memory(job, lay, CPU_CONSTANTS).peak_bytes / GIB
 
 

@@ -48,6 +48,14 @@ LAYOUTS = {
     "dp2_zero1": (["parallel.zero_stage=1"], 1),
     "dp2_zero3": (["parallel.zero_stage=3"], 1),
     "single": (["parallel.zero_stage=0"], 1),
+    # the other schedules on the same two stages: ZB-H1 (deferred weight gradients), interleaved
+    # 1F1B and ZB-V over two chunks per rank (2 x 2 chunks of the 8 layers)
+    "pp2_zbh1": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
+                  "parallel.pipeline_schedule=zbh1"], 2),
+    "pp2v2": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
+               "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 2),
+    "pp2_zbv": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
+                 "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"], 2),
 }
 
 

@@ -79,6 +79,9 @@ class Schedule:
     # planner prices 1f1b with chunks as Megatron-LM's interleaved 1F1B; it writes that config
     # as this record's `chunked`); None: the same name
     chunked: Optional[str] = None
+    # the chunks run in a V that ends on the first stage: it holds the output layer, the final
+    # norm and the loss beside the embedding (ZB-V); otherwise the last stage does
+    head_on_first: bool = False
 
     def __post_init__(self):
         if not _NAME.match(self.name):
