@@ -8,8 +8,9 @@ memory.peak_memory's prediction.
 Constants (no CPU profile is calibrated for this model): act_scale 1 (the formulas as they
 stand), fixed_gb 0 (the baseline removes the process's fixed memory), bucket_touched 1
 (resident memory sees only the pages of DeepSpeed's 5e8-element bucket that gradients write:
-all of a ZeRO-3 stage's gradients are copied through it). Other layouts:
-MEGATRON_MEASURED_LAYOUTS=tp2,pp2,dp2_zero1,dp2_zero3."""
+all of a ZeRO-3 stage's gradients are copied through it). The layouts: TP2, PP2 under each
+schedule (1F1B, ZB-H1, interleaved v2, ZB-V), DP2 under ZeRO-1 and ZeRO-3; others:
+MEGATRON_MEASURED_LAYOUTS=tp2,pp2,...""" 
 import json
 import os
 
@@ -26,7 +27,9 @@ from tests.support.procs import torchrun
 
 # DeepSpeed's bucket (5e8 elements) counted as resident only where gradients touch it.
 CPU_CONSTANTS = Constants(act_scale=1.0, fixed_gb=0.0, bucket_touched=1.0)
-DEFAULT_LAYOUTS = "tp2,pp2,dp2_zero1,dp2_zero3"
+# the pipeline schedules on the same two stages too: ZB-H1, interleaved v2, ZB-V (whose V puts
+# the output layer and the tied embedding's second copy on the first stage)
+DEFAULT_LAYOUTS = "tp2,pp2,dp2_zero1,dp2_zero3,pp2_zbh1,pp2v2,pp2_zbv"
 TOLERANCE = 0.20
 
 
