@@ -10,7 +10,7 @@ stand), fixed_gb 0 (the baseline removes the process's fixed memory), bucket_tou
 (resident memory sees only the pages of DeepSpeed's 5e8-element bucket that gradients write:
 all of a ZeRO-3 stage's gradients are copied through it). The layouts: TP2, PP2 under each
 schedule (1F1B, ZB-H1, interleaved v2, ZB-V), DP2 under ZeRO-1 and ZeRO-3; others:
-MEGATRON_MEASURED_LAYOUTS=tp2,pp2,...""" 
+MEGATRON_MEASURED_LAYOUTS=tp2,pp2,..."""
 import json
 import os
 
