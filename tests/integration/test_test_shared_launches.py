@@ -2,8 +2,8 @@
 shared_launch.py), with a stand-in worker (tests/support/echo_worker.py) in plain one-rank
 launches: several modules' jobs run in one launch, each job imports its worker anew, a module
 reads its own jobs' results merged, a failed job fails its module alone (with the worker's
-error) and the jobs after it still run in a new launch, and a module must list its jobs in the
-launch order."""
+error) and the jobs after it still run in a new launch; a job of an earlier world size than the
+one before it starts its module's next round."""
 import os
 
 import pytest
@@ -37,9 +37,18 @@ def test_modules_share_a_launch_and_a_failure_stays_in_its_module(tmp_path):
                                                             "1 rank(s), 1 job(s)"]
 
 
-def test_a_module_lists_its_jobs_in_the_launch_order(tmp_path):
-    batches = Batches(str(tmp_path), {"a": lambda tmp: [(1, ECHO, []), (2, ECHO, [])]})
-    with pytest.raises(AssertionError, match="must come in the world order"):
-        batches.results("a")
-    with pytest.raises(AssertionError, match="could not run(.|\n)*must come in the world order"):
-        batches.results("a")  # asked again, the same error, not a second try
+def test_a_job_of_an_earlier_world_size_starts_the_modules_next_round(tmp_path):
+    """A checkpoint of 4 ranks continued on 2, then on 1: the jobs after the 4-rank one go to a
+    second round, which runs after every module's first; a world size outside the launch
+    order is refused."""
+    batches = Batches(str(tmp_path), {
+        "chain": lambda tmp: [(2, ECHO, []), (1, ECHO, []), (4, ECHO, []), (2, ECHO, []),
+                              (1, ECHO, []), (8, ECHO, []), (4, ECHO, [])],
+        "plain": lambda tmp: [(1, ECHO, []), (4, ECHO, [])]})
+    rounds = {(j.module, j.index): (j.ranks, j.round) for j in batches._jobs()}
+    assert [rounds["chain", i] for i in range(7)] == [(2, 0), (1, 0), (4, 0), (2, 1), (1, 1),
+                                                     (8, 1), (4, 2)]
+    assert [rounds["plain", i] for i in range(2)] == [(1, 0), (4, 0)]
+    bad = Batches(str(tmp_path), {"a": lambda tmp: [(3, ECHO, [])]})
+    with pytest.raises(AssertionError, match="3 ranks is not in"):
+        bad._jobs()
