@@ -43,6 +43,16 @@ RING_LAYOUTS = {
                               "parallel.pipeline_schedule=zbh1", zero=1),
     "ulysses_cp2pp2_zbh1": _algo("ulysses", 2, "parallel.pipeline_parallel_size=2",
                                  "parallel.pipeline_schedule=zbh1", zero=1),
+    # the project's chunk executor: interleaved 1F1B and ZB-V, two chunks per rank
+    "ring_cp2pp2v2": _algo("ring", 2, "parallel.pipeline_parallel_size=2",
+                           "parallel.pipeline_schedule=interleaved",
+                           "parallel.virtual_pipeline_size=2", zero=1),
+    "ring_cp2pp2_zbv": _algo("ring", 2, "parallel.pipeline_parallel_size=2",
+                             "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2",
+                             zero=1),
+    "ulysses_cp2pp2v2": _algo("ulysses", 2, "parallel.pipeline_parallel_size=2",
+                              "parallel.pipeline_schedule=interleaved",
+                              "parallel.virtual_pipeline_size=2", zero=1),
     # past the Ulysses cap: tiny.yaml's 4 query heads over 8 ranks (seq 64 = 16 chunks of 4)
     "ring_cp8": _algo("ring", 8),
 }

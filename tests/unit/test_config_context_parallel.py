@@ -37,16 +37,23 @@ def test_deepspeed_counts_each_context_parallel_rank_of_a_sample():
       "parallel.sequence_parallel=true", "model.seq_length=66"], 4,
      "context_parallel_size x tensor_parallel_size = 4 with sequence parallelism"),
     (["parallel.context_parallel_size=2"], 3, "context_parallel_size (1 x 1 x 2 = 2)"),
-    (["parallel.context_parallel_size=2", "parallel.pipeline_parallel_size=2",
-      "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=zbv"], 4,
-     "parallel.pipeline_schedule='zbv' is invalid: expected 1f1b with "
-     "parallel.context_parallel_size=2"),
     (["parallel.context_parallel_size=0"], 1, "parallel.context_parallel_size=0"),
 ])
 def test_a_layout_that_cannot_work_is_one_message_naming_the_fields(overrides, world, words):
     with pytest.raises(ConfigError) as e:
         validate_for_world(_cfg(*overrides), world)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("zbh1", 1), ("interleaved", 2),
+                                         ("zbv", 2)])
+def test_every_pipeline_schedule_runs_with_context_parallelism(schedule, v):
+    """Each rank sends its 1/cp of the sequence between stages or chunks: no schedule is
+    refused with CP (tests/distributed/test_parallel_ring_attention.py runs them)."""
+    cfg = _cfg("parallel.context_parallel_size=2", "parallel.pipeline_parallel_size=2",
+               f"parallel.pipeline_schedule={schedule}", f"parallel.virtual_pipeline_size={v}",
+               "training.global_batch_size=8")
+    assert validate_for_world(cfg, 4) == 1
 
 
 def test_fewer_key_value_heads_than_the_degree_is_accepted():

@@ -19,8 +19,8 @@ from megatron.config.schedules.registry import Pipe, Schedule, register
 
 
 def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
-    """Several chunks on each of several stages; context parallelism is not tested with this
-    executor yet (its activations would be 1/cp of the sequence)."""
+    """Several chunks on each of several stages (with context parallelism too: the executor
+    sends each rank's 1/cp of the sequence, engine/chunks.py)."""
     if pp == 1:
         return ConfigError("parallel.pipeline_schedule", "interleaved",
                            "1f1b without pipeline parallelism (pipeline_parallel_size=1): "
@@ -32,12 +32,6 @@ def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
                            f"parallel.virtual_pipeline_size > 1 (it is {chunks}): with one "
                            "chunk per rank the schedule is DeepSpeed's 1f1b",
                            "set parallel.virtual_pipeline_size=2 or more, or "
-                           "parallel.pipeline_schedule=1f1b")
-    if cp > 1:
-        return ConfigError("parallel.pipeline_schedule", "interleaved",
-                           f"1f1b with parallel.context_parallel_size={cp}: the interleaved "
-                           "executor is not tested with context parallelism yet",
-                           "set parallel.context_parallel_size=1 or "
                            "parallel.pipeline_schedule=1f1b")
     return None
 

@@ -34,12 +34,6 @@ def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
                            "model chunks per rank, in a V",
                            f"set parallel.virtual_pipeline_size={CHUNKS}, or "
                            "parallel.pipeline_schedule=interleaved for other chunk counts")
-    if cp > 1:
-        return ConfigError("parallel.pipeline_schedule", "zbv",
-                           f"1f1b with parallel.context_parallel_size={cp}: the V executor is "
-                           "not tested with context parallelism",
-                           "set parallel.context_parallel_size=1 or "
-                           "parallel.pipeline_schedule=1f1b")
     return None
 
 
