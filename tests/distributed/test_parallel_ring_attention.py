@@ -7,13 +7,13 @@ Six jobs, in the launches shared with the other equivalence modules (one per wor
 start-up dominates; tests/support/launch_batches.py): 2 ranks (ring CP2, all-gather CP2; ring
 CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15 steps in place;
 ring CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses
-2 x ring 2, ring CP2 x TP2, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B
-and ZB-H1, Ulysses CP2 x PP2 under ZB-H1; ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V
-and Ulysses CP2 x PP2 interleaved, on the project's chunk executor; ring CP4 saved at step 5 of
-15), 8 ranks (ring CP8:
-8 ranks past tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring CP4's
-checkpoint continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued to
-step 15), held to one rank's 15 steps in place.
+2 x ring 2, ring CP2 x TP2 without and with sequence parallelism, and with it under full
+recompute, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses
+CP2 x PP2 under ZB-H1; ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V and Ulysses CP2 x PP2
+interleaved, on the project's chunk executor; ring CP4 saved at step 5 of 15), 8 ranks (ring
+CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring
+CP4's checkpoint continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued
+to step 15), held to one rank's 15 steps in place.
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -27,7 +27,8 @@ from tests.support.paths import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "support", "ring_attention_worker.py")
 TWO_RANK = ["ring_cp2", "allgather_cp2"]
-FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp2dp2_zero1",
+FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp2tp2_sp",
+             "ring_cp2tp2_sp_recompute", "ring_cp2dp2_zero1",
              "ring_cp2dp2_zero3", "ring_cp2pp2", "ring_cp2pp2_zbh1", "ulysses_cp2pp2_zbh1",
              "ring_cp2pp2v2", "ring_cp2pp2_zbv", "ulysses_cp2pp2v2"]
 EIGHT_RANK = ["ring_cp8"]

@@ -34,6 +34,12 @@ RING_LAYOUTS = {
     "hybrid_u2r2": _algo("hybrid", 4, "parallel.ulysses_degree=2"),
     # ZeRO-1 where TP is in the group: DeepSpeed then reports the global gradient norm
     "ring_cp2tp2": _algo("ring", 2, "parallel.tensor_parallel_size=2", zero=1),
+    # sequence parallelism: each TP rank's 1/t of the ring rank's sequence; and full recompute
+    "ring_cp2tp2_sp": _algo("ring", 2, "parallel.tensor_parallel_size=2",
+                            "parallel.sequence_parallel=true", zero=1),
+    "ring_cp2tp2_sp_recompute": _algo("ring", 2, "parallel.tensor_parallel_size=2",
+                                      "parallel.sequence_parallel=true",
+                                      "training.activation_checkpointing=full", zero=1),
     "ring_cp2dp2_zero1": _algo("ring", 2, zero=1),
     "ring_cp2dp2_zero3": _algo("ring", 2, zero=3),
     # pipeline stages (ZeRO-1, as the other pipeline equivalence tests), 1F1B and ZB-H1 (its
