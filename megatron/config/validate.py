@@ -221,12 +221,16 @@ def schedule_error(schedule: str, pp: int, cp: int = 1, chunks: int = 1
     return schedules.get(schedule).rule(pp, cp, chunks)
 
 
+def _set_counts(p):
+    """(first, last) stage layer counts of the parallel section, None where not set."""
+    return set_or_none(p.pipeline_first_stage_layers), set_or_none(p.pipeline_last_stage_layers)
+
+
 def stages_error(cfg) -> Optional[ConfigError]:
     """Set first/last stage layer counts (config/stages.py): Megatron-LM's rule, and not beside
     a partition method they replace."""
     p = cfg.parallel
-    first, last = set_or_none(p.pipeline_first_stage_layers), \
-        set_or_none(p.pipeline_last_stage_layers)
+    first, last = _set_counts(p)
     if first is None and last is None:
         return None
     field = "parallel.pipeline_first_stage_layers" if first is not None \
@@ -250,8 +254,7 @@ def pipeline_stage_layers(cfg) -> Optional[List[int]]:
     """Transformer layers per stage when first/last counts are set (uneven stages), else None
     (the partition method splits them)."""
     p = cfg.parallel
-    first, last = set_or_none(p.pipeline_first_stage_layers), \
-        set_or_none(p.pipeline_last_stage_layers)
+    first, last = _set_counts(p)
     if first is None and last is None:
         return None
     return stage_layers(cfg.model.num_layers, p.pipeline_parallel_size, first, last)

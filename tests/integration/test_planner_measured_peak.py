@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from megatron.config import load_config
+from megatron.config import load_config, schedules
 from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.profile import Constants
@@ -39,8 +39,10 @@ def predicted_gb(layout: str, world: int = 2) -> float:
     zero = cfg.parallel.zero_stage
     job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision)
     p = cfg.parallel
-    # the trainer's interleaved schedule is the planner's 1f1b with chunks (INTERLEAVED_NOTE)
-    schedule = "1f1b" if p.pipeline_schedule == "interleaved" else p.pipeline_schedule
+    # the planner prices a schedule the trainer runs under another name with chunks (1f1b with
+    # chunks is the trainer's interleaved): the record whose `chunked` this run's schedule is
+    schedule = next((n for n in schedules.names() if schedules.get(n).chunked ==
+                     p.pipeline_schedule), p.pipeline_schedule)
     lay = Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, zero=zero,
                  recompute="none", flash=True,  # CPU SDPA keeps no s x s scores
                  schedule=schedule, interleave=p.virtual_pipeline_size)
