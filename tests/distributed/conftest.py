@@ -24,5 +24,9 @@ def shared_launches(request, tmp_path_factory):
 def pytest_terminal_summary(terminalreporter):
     """What the shared launches cost: one line per launch (ranks, jobs, seconds)."""
     for log in _logs:
-        if log:
-            terminalreporter.write_line("shared launches: " + "; ".join(log))
+        retried = [line for line in log if "SECOND TRY" in line]
+        costs = [line for line in log if line not in retried]
+        if costs:
+            terminalreporter.write_line("shared launches: " + "; ".join(costs))
+        for line in retried:
+            terminalreporter.write_line("shared launches: " + line, yellow=True, bold=True)

@@ -1,11 +1,12 @@
 """A stand-in worker for tests/integration/test_test_shared_launches.py: writes its --value and
 how many times this module's main ran in this import of it (1 when each job imports it anew),
-or fails when --fail is given."""
+or fails when --fail is given (or on --fail-rank, while the others hang)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 
 RUNS: list = []  # module state a second job must not see
 
@@ -15,11 +16,20 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--value", default="")
     p.add_argument("--fail", action="store_true")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="this rank fails and every other one sleeps, as if stuck, until ended")
+    p.add_argument("--fail-once", default="", help="fails unless this file exists, then makes it")
     args = p.parse_args()
     RUNS.append(args.value)
-    if args.fail:
+    if args.fail_once and not os.path.exists(args.fail_once):
+        open(args.fail_once, "w").close()
+        raise RuntimeError(f"echo_worker failed once as asked ({args.value})")
+    rank = int(os.environ.get("RANK", "0"))
+    if args.fail_rank >= 0 and rank != args.fail_rank:
+        time.sleep(600)
+    if args.fail or rank == args.fail_rank:
         raise RuntimeError(f"echo_worker failed as asked ({args.value})")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank == 0:
         with open(args.out, "w") as f:
             json.dump({args.value: {"runs_in_this_import": len(RUNS)}}, f)
     return 0

@@ -13,8 +13,11 @@ runs after every module's jobs of the round before. A round costs launches only 
 sizes some module's jobs of it need.
 
 A module's results are its jobs' JSON outputs merged in job order, as its own launches gave
-them. A job that fails fails only its module's tests: the launch stops at it, its error (the end
-of the launch's stderr) goes to that module, and the jobs after it run in a new launch.
+them. A job that fails fails only its module's tests: the launch stops at it, its error (what
+each rank wrote of it, then the end of the launch's stderr) goes to that module, and the jobs
+after it run in a new launch. Once all have run, each failed module runs once more, whole, in
+fresh directories; it fails if it fails again, and a second try that passes is named in the
+session's summary.
 """
 from __future__ import annotations
 
@@ -81,10 +84,13 @@ class Batches:
             raise AssertionError(self._errors[module])
         return self._results[module]
 
-    def _jobs(self) -> list:
+    def _jobs(self, modules=None, attempt: str = "") -> list:
+        """The jobs of `modules` (default all), their files under <workdir>/<module><attempt>."""
         jobs = []
         for module, launches in sorted(self.modules.items()):
-            tmp = os.path.join(self.workdir, module.rsplit(".", 1)[-1])
+            if modules is not None and module not in modules:
+                continue
+            tmp = os.path.join(self.workdir, module.rsplit(".", 1)[-1] + attempt)
             os.makedirs(tmp, exist_ok=True)
             rnd, last = 0, 0
             for index, (ranks, worker, argv) in enumerate(launches(tmp)):
@@ -100,16 +106,36 @@ class Batches:
 
     def _run_all(self) -> None:
         jobs = self._jobs()
-        for rnd in range(1 + max((j.round for j in jobs), default=0)):
-            for ranks in WORLD_ORDER:
-                pending = [j for j in jobs if j.ranks == ranks and j.round == rnd]
-                while pending:
-                    pending = self._launch(ranks, pending)
+        self._run_rounds(jobs)
+        first = dict(self._errors)
+        if first:
+            # A module that failed runs once more, whole and alone, in fresh directories: 4 and 8
+            # gloo ranks on 2 cores have lost a launch to something of the machine's (CI did once;
+            # its cause was lost with the launch's stderr, which rank_notes now keeps). A failure that repeats fails the module with both tries' causes; one
+            # that does not is said in the session's summary (conftest), never silently.
+            for module in first:
+                del self._errors[module]
+            again = self._jobs(set(first), attempt="-try2")
+            self._run_rounds(again)
+            for module, error in first.items():
+                if module in self._errors:
+                    self._errors[module] += f"\n\nand on the first try:\n{error}"
+                else:
+                    self.log.append(f"{module} PASSED ONLY ON A SECOND TRY; the first: "
+                                    f"{error[:3000]}")
+            jobs = [j for j in jobs if j.module not in first] + again
         for job in jobs:
             if job.module in self._errors:
                 continue
             with open(job.out) as f:
                 self._results.setdefault(job.module, {}).update(json.load(f))
+
+    def _run_rounds(self, jobs: list) -> None:
+        for rnd in range(1 + max((j.round for j in jobs), default=0)):
+            for ranks in WORLD_ORDER:
+                pending = [j for j in jobs if j.ranks == ranks and j.round == rnd]
+                while pending:
+                    pending = self._launch(ranks, pending)
 
     def _launch(self, ranks: int, jobs: list) -> list:
         """Runs `jobs` in one launch; returns the jobs still to run (after a failed one)."""
@@ -137,10 +163,24 @@ class Batches:
         self.log.append(f"{ranks} rank(s), {len(jobs)} job(s): {time.monotonic() - begin:.0f} s")
         for i, job in enumerate(jobs):
             if not os.path.exists(job.done):
-                self._errors[job.module] = f"{job.name} failed (launch {status}):\n{stderr[-5000:]}"
+                self._errors[job.module] = f"{job.name} failed (launch {status}):\n" \
+                                           f"{_rank_notes(spec, ranks)}{stderr[-5000:]}"
                 return jobs[i + 1:]
         if status != "exit 0":  # every job done, yet the launch failed (at its exit)
             for job in jobs:
                 self._errors[job.module] = f"{job.name}'s launch failed after every job was " \
                                            f"done ({status}):\n{stderr[-5000:]}"
         return []
+
+
+def _rank_notes(spec: str, ranks: int) -> str:
+    """What each rank of the launch of `spec` wrote of its failure (shared_launch.rank_notes:
+    the traceback that ended it, or its stack when the launcher ended it), ahead of the
+    launcher's interleaved stderr, whose end alone may not name the first cause."""
+    said = []
+    for rank in range(ranks):
+        path = f"{spec}.rank{rank}.txt"
+        text = open(path).read().strip() if os.path.exists(path) else ""
+        if text:
+            said.append(f"--- rank {rank} ---\n{text[-3000:]}\n")
+    return "".join(said) + ("--- the launch's stderr ---\n" if said else "")

@@ -11,14 +11,17 @@ its sibling modules are imported anew for each job (no module state, such as a w
 list, carries from one job to the next); only the libraries (torch, DeepSpeed, megatron) and the
 process group stay. After a job's main returns 0 every rank waits for the others, then rank 0
 writes the job's `done` marker; the first job that fails (an exception or a non-zero status) ends
-the launch with its status, so the launcher knows which job failed and runs the rest anew.
+the launch with its status at once (no goodbye barrier), so the launcher knows which job failed
+and runs the rest anew; each rank's notes (rank_notes) keep what it said of the failure.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -35,10 +38,26 @@ def _forget_workers() -> None:
             del sys.modules[name]
 
 
+def rank_notes(jobs_path: str, rank: int) -> str:
+    """Where rank `rank` of the launch of `jobs_path` writes what it says of a failure."""
+    return f"{jobs_path}.rank{rank}.txt"
+
+
 def _barrier() -> None:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
+
+
+def _leave_now(said: str, code: int, notes) -> None:
+    """Ends this rank at once with `code`: not through leave_distributed, whose barrier would
+    hold it for the process group's timeout (minutes) while its peers are still in the failed
+    job; its exit ends their collectives, or the launcher ends them (their stacks go to their
+    notes)."""
+    print(said, file=sys.stderr, flush=True)
+    print(said, file=notes, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def run_job(job: dict) -> int:
@@ -59,17 +78,21 @@ def main() -> int:
     with open(args.jobs) as f:
         jobs = json.load(f)
     rank = int(os.environ.get("RANK", "0"))
+    # What each rank says of a failure goes to a file of its own as well (stderr interleaves the
+    # ranks and the launcher keeps only its end): the traceback of a job that raised, and the
+    # stack of a rank the launcher ends with SIGTERM (one stuck while its peers failed).
+    notes = open(rank_notes(args.jobs, rank), "w")
+    faulthandler.register(signal.SIGTERM, file=notes, all_threads=True, chain=True)
     for job in jobs:
         print(f"shared_launch: {job['name']}", file=sys.stderr, flush=True)
         try:
             code = run_job(job)
         except BaseException:
             traceback.print_exc()
-            print(f"shared_launch: job {job['name']} failed", file=sys.stderr, flush=True)
-            return 1
+            traceback.print_exc(file=notes)
+            _leave_now(f"shared_launch: job {job['name']} failed", 1, notes)
         if code != 0:
-            print(f"shared_launch: job {job['name']} exited {code}", file=sys.stderr, flush=True)
-            return code
+            _leave_now(f"shared_launch: job {job['name']} exited {code}", code, notes)
         _barrier()
         if rank == 0:
             with open(job["done"], "w") as f:
