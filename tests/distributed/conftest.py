@@ -3,6 +3,7 @@ import pytest
 from tests.support.launch_batches import Batches
 
 _logs: list = []
+_seconds_of: list = []
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +19,7 @@ def shared_launches(request, tmp_path_factory):
             modules[item.module.__name__] = launches
     batches = Batches(str(tmp_path_factory.mktemp("shared_launches")), modules)
     _logs.append(batches.log)
+    _seconds_of.append(batches.job_seconds)
     return batches
 
 
@@ -30,3 +32,8 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line("shared launches: " + "; ".join(costs))
         for line in retried:
             terminalreporter.write_line("shared launches: " + line, yellow=True, bold=True)
+    for seconds in _seconds_of:
+        slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:10]
+        if slowest:
+            terminalreporter.write_line("shared launches, slowest jobs: " + "; ".join(
+                f"{name} {s:.0f} s" for name, s in slowest))

@@ -69,6 +69,7 @@ class Batches:
     _ran: bool = False
     _broken: str = ""
     log: list = field(default_factory=list)
+    job_seconds: dict = field(default_factory=dict)  # each job done: its seconds in its launch
 
     def results(self, module: str) -> dict:
         if not self._ran:
@@ -161,6 +162,8 @@ class Batches:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
             status, stderr = f"timed out after {timeout} s", err or ""
         self.log.append(f"{ranks} rank(s), {len(jobs)} job(s): {time.monotonic() - begin:.0f} s")
+        self.job_seconds.update({j.name: float(open(j.done).read()) for j in jobs
+                                 if os.path.exists(j.done)})
         for i, job in enumerate(jobs):
             if not os.path.exists(job.done):
                 self._errors[job.module] = f"{job.name} failed (launch {status}):\n" \

@@ -10,7 +10,7 @@ sys.argv, as run_layouts.py) and its arguments. The worker runs as it would alon
 its sibling modules are imported anew for each job (no module state, such as a worker's --set
 list, carries from one job to the next); only the libraries (torch, DeepSpeed, megatron) and the
 process group stay. After a job's main returns 0 every rank waits for the others, then rank 0
-writes the job's `done` marker; the first job that fails (an exception or a non-zero status) ends
+writes the job's `done` marker (its seconds); the first job that fails (an exception or a non-zero status) ends
 the launch with its status at once (no goodbye barrier), so the launcher knows which job failed
 and runs the rest anew; each rank's notes (rank_notes) keep what it said of the failure.
 """
@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,6 +86,7 @@ def main() -> int:
     faulthandler.register(signal.SIGTERM, file=notes, all_threads=True, chain=True)
     for job in jobs:
         print(f"shared_launch: {job['name']}", file=sys.stderr, flush=True)
+        began = time.monotonic()
         try:
             code = run_job(job)
         except BaseException:
@@ -96,7 +98,7 @@ def main() -> int:
         _barrier()
         if rank == 0:
             with open(job["done"], "w") as f:
-                f.write("ok\n")
+                f.write(f"{time.monotonic() - began:.1f}\n")  # the job's seconds
     return 0
 
 
