@@ -149,8 +149,8 @@ def _release_deepspeed_globals() -> None:
     """What DeepSpeed's module globals keep of a closed engine's groups: the mpu (our
     ParallelState, every group) until DeepSpeed's own destroy_process_group, which this project
     does not call (launch.leave_distributed calls torch's), the pipeline grid of the p2p module,
-    and ZeRO-3's stack of modules in forward (a model, holding its ParallelState). A next run's
-    initialize sets them again."""
+    ZeRO-3's stack of modules in forward (a model, holding its ParallelState) and its cache of
+    released parameters (_clear_zero3_release_cache). A next run's initialize sets them again."""
     from deepspeed.utils import groups
     release = getattr(groups, "_release_process_group_references", None)
     if release is not None:
@@ -163,7 +163,42 @@ def _release_deepspeed_globals() -> None:
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     if offload is not None and isinstance(getattr(offload, "FWD_MODULE_STACK", None), list):
         offload.FWD_MODULE_STACK.clear()  # no forward runs once the engine is closed
+    _clear_zero3_release_cache()
     _unbind_world_defaults()
+
+
+def _drop_graphs(engine) -> None:
+    """What a closed engine still holds of autograd graphs: the last micro-batches' outputs and
+    loss (a pipeline engine's pipe_buffers, fwd_outputs, loss). Each such tensor holds, through
+    the backward hooks DeepSpeed put on it, methods of the engine: a cycle through autograd's
+    C++ side that the collector cannot see, which kept a last pipeline stage's engine, model
+    and process groups alive until the process ended."""
+    def graphed(value) -> bool:
+        return isinstance(value, torch.Tensor) and value.grad_fn is not None
+
+    for name, value in list(vars(engine).items()):
+        if graphed(value):
+            setattr(engine, name, None)
+        elif isinstance(value, list) and any(graphed(v) for v in value):
+            value.clear()
+    for kept in (getattr(engine, "pipe_buffers", None) or {}).values():
+        if isinstance(kept, list):
+            kept.clear()
+
+
+def _clear_zero3_release_cache() -> None:
+    """ZeRO-3's PartitionedParameterCoordinator caches which parameters each submodule releases
+    in an unbounded functools.lru_cache on the method, keyed by (coordinator, submodule, step):
+    a class-wide cache that holds every ZeRO-3 run's coordinator, model and (through the
+    parameters' ds_process_group) two process groups with their gloo threads until the process
+    ends. The cache sits inside DeepSpeed's nvtx wrapper, in its closure."""
+    module = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+    coordinator = getattr(module, "PartitionedParameterCoordinator", None)
+    method = vars(coordinator).get("_PartitionedParameterCoordinator__params_to_release") \
+        if coordinator is not None else None
+    for fn in (method, *(cell.cell_contents for cell in getattr(method, "__closure__", None) or ())):
+        if callable(getattr(fn, "cache_clear", None)):
+            fn.cache_clear()
 
 
 def _unbind_world_defaults() -> None:
@@ -244,6 +279,7 @@ class Engine:
         "terminate called without an active exception"). DeepSpeed's module globals hold them
         too (_release_deepspeed_globals)."""
         self.engine.destroy()
+        _drop_graphs(self.engine)
         _release_deepspeed_globals()
 
     def parameters_on_rank(self) -> int:

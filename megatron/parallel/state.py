@@ -16,6 +16,7 @@ second Grid over the same world, whose groups ParallelState.add_grid builds."""
 from __future__ import annotations
 
 import functools
+import logging
 from datetime import timedelta
 from functools import cached_property
 from typing import Dict, List, NamedTuple, Optional, Tuple
@@ -25,6 +26,8 @@ import torch.distributed as dist
 from megatron.config import context_parallel
 from megatron.parallel.cp_layout import CPLayout, split_grid
 from megatron.parallel.grid import Grid, build_groups
+
+log = logging.getLogger(__name__)
 
 DENSE_AXES = ("pp", "dp", "cp", "tp")
 DENSE_GROUPS = (
@@ -202,7 +205,39 @@ def set_collective_timeout(seconds: float) -> int:
     if not dist.is_initialized():
         return 0
     from torch.distributed import distributed_c10d as c10d
-    groups = [g for g in list(c10d._world.pg_map) if not c10d._rank_not_in_group(g)]
+    groups = [g for g in _group_map() if not c10d._rank_not_in_group(g)]
     for group in groups:
         c10d._set_pg_timeout(timedelta(seconds=seconds), group)
     return len(groups)
+
+
+def live_groups() -> frozenset:
+    """The process groups this process holds now, the world's included (empty when not
+    joined); destroy_groups_since ends those created after."""
+    if not dist.is_initialized():
+        return frozenset()
+    return frozenset(_group_map())
+
+
+def destroy_groups_since(before: frozenset) -> None:
+    """Destroys every process group created since `before` (live_groups()) by anyone: the
+    layout's groups, DeepSpeed's pipeline grid and ZeRO's, a chunk executor's pairs. A run that
+    ends keeps none: each gloo group holds a thread per peer and a socket, and a process that
+    trains several runs (a sweep, the shared test launches) collected ~25 threads and ~37 file
+    descriptors per PP2 run until the process ended. Not collective: each rank ends its own;
+    a group a later run needs is built anew by it."""
+    if not dist.is_initialized():
+        return
+    world = dist.GroupMember.WORLD
+    for group in list(_group_map()):
+        if group not in before and group is not world:
+            try:
+                dist.destroy_process_group(group)
+            except (RuntimeError, ValueError) as e:  # already gone: nothing of it left to end
+                log.debug("process group already destroyed: %s", e)
+
+
+def _group_map() -> dict:
+    """torch's registry of this process's groups (distributed_c10d._world.pg_map)."""
+    from torch.distributed import distributed_c10d as c10d
+    return dict(c10d._world.pg_map)

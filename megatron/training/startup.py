@@ -9,6 +9,7 @@ from the engine."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.cp_layout import cp_layout_of
-from megatron.parallel.state import ParallelState
+from megatron.parallel.state import ParallelState, destroy_groups_since, live_groups
 from megatron.training.state_check import StateCheck
 from megatron.training.run_paths import check_run_paths
 
@@ -77,6 +78,7 @@ class Job:
     lock: Optional[RunLock]  # rank 0's hold on run.dir
     nodes: List[str]  # every rank's node, by rank (Slurm's node name, else the host name)
     started_at: float  # rank 0's Unix time at the rendezvous: names this job alike on all ranks
+    groups_before: frozenset = frozenset()  # the process groups alive before this job's own
 
     @property
     def device(self) -> torch.device:
@@ -87,8 +89,11 @@ class Job:
         return self.state.dp
 
     def close(self) -> None:
-        """The end of this run's job: the engine lets go of the model (Engine.close) and rank 0
-        of run.dir; the process group stays for another run (launch.leave_distributed)."""
+        """The end of this run's job: the engine lets go of the model (Engine.close), rank 0 of
+        run.dir, and every rank of the process groups the job made (parallel/state.py
+        destroy_groups_since), whose objects and gloo threads go with the job's engine and
+        model, collected now rather than when a later collection finds their cycles. The world's
+        group stays for another run (launch.leave_distributed ends it)."""
         try:
             self.engine.close()
         except Exception as e:  # noqa: BLE001 - never in place of the error that ended the run
@@ -96,6 +101,9 @@ class Job:
         finally:
             if self.lock:
                 self.lock.release()
+            destroy_groups_since(self.groups_before)
+            self.engine = self.model = self.state = None  # closed: nothing uses them after
+            gc.collect()
 
 
 def start(cfg: Config, timer: StartupTimer) -> Job:
@@ -112,6 +120,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     layout = layout_record(cfg, dp, vocab, text_vocab)
     timer.mark("tokenizer")
     nodes, started_at = _join(cfg, launch, device_info, timer)
+    groups_before = live_groups()
     run = RunDir(cfg.run.dir)
     lock = _claim(run, launch.rank)
     try:
@@ -131,11 +140,12 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     except BaseException:
         if lock:
             lock.release()
+        destroy_groups_since(groups_before)
         raise
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
-               ds_config, engine, lock, nodes, started_at)
+               ds_config, engine, lock, nodes, started_at, groups_before)
 
 
 def _join(cfg: Config, launch, device_info, timer: StartupTimer) -> Tuple[List[str], float]:
