@@ -186,8 +186,12 @@ def boundary_send_bytes(x: _Ctx, whole: float) -> float:
     return whole if x.lay.sequence_parallel else whole / x.lay.tp
 
 
-def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
-    """One micro-batch through one stage: its layers, embedding or logits, pipeline sends."""
+def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
+                   turn: bool = False) -> np.ndarray:
+    """One micro-batch through one stage: its layers, embedding (first) or output layer and loss
+    (last: the stage that holds them, Layout.head_stage), pipeline sends. turn: the stage where
+    a V-shaped schedule's chunks turn back (ZB-V's last stage), whose two chunks hand the
+    activation and its gradient to each other without a send."""
     f = layers * layer_features(x)
     if x.m.num_experts:
         f += experts.stage_delta_features(x, layers)
@@ -204,7 +208,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
         # every stage holds v chunks and only the first chunk's input and last one's output
         # stay put
         v = x.lay.interleave
-        hops = 4 * v - (2 if last else 0) - (2 if first else 0)
+        hops = 4 * v - (2 if last else 0) - (2 if first else 0) - (4 if turn else 0)
         link = x.spec.link(2, x.lay.tp * x.lay.dp * x.lay.cp)
         if not (x.overlap.pipe_send and v > 1):  # overlap_p2p_comm: interleaved only
             whole = act.boundary_bytes(x.m, x.lay, x.job.precision)
@@ -221,7 +225,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
 
 def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
     """The W share of stage_features under a schedule that splits the backward (zbh1): the
-    weight-gradient GEMMs (one forward GEMM's worth per linear layer, the output head's on the
+    weight-gradient GEMMs (one forward GEMM's worth per linear layer, the output head.s on the
     last stage) and the embedding's gradient scatter-add (two of the three passes over its
     output that stage_features counts)."""
     w = layers * linear_gemms(x)
@@ -282,7 +286,8 @@ def grad_wire_bytes(x: _Ctx, kind: str) -> float:
 
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
                        window_s: float = 0.0, layers: int = 1) -> np.ndarray:
-    """Gradient reduction over DP by ZeRO stage, the tied-embedding sync, the optimizer.
+    """Gradient reduction over DP by ZeRO stage, the tied-embedding sync (first_or_last: the
+    stage holds one of the tied embedding's two copies, on different stages), the optimizer.
     window_s: one micro-batch's backward on the stage (backward_window); layers: the stage's
     transformer layers (the chunks an engine that overlaps per layer reduces)."""
     f = np.zeros(len(FEATURES))
@@ -323,32 +328,42 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     return f
 
 
-def _stage_kinds(m, lay) -> List[Tuple[int, bool, bool, int]]:
-    """(layers, first, last, count) for each distinct stage."""
+def stage_keys(m, lay) -> List[Tuple[int, bool, bool, bool]]:
+    """Each stage's (layers, first, last, turn), in stage order: first holds the embedding,
+    last the output layer and loss (Layout.head_stage: the first stage under ZB-V, whose V
+    ends where it began), turn the V's turn (ZB-V's last stage; stage_features)."""
+    turn = lay.head_stage == 0 and lay.pp > 1
+    return [(layers, i == 0, i == lay.head_stage, turn and i == lay.pp - 1)
+            for i, layers in enumerate(layout_stage_layers(m.num_layers, lay))]
+
+
+def _stage_kinds(keys) -> List[Tuple[Tuple[int, bool, bool, bool], int]]:
+    """(key, count) for each distinct stage key."""
     counts = {}
-    for i, layers in enumerate(layout_stage_layers(m.num_layers, lay)):
-        key = (layers, i == 0, i == lay.pp - 1)
+    for key in keys:
         counts[key] = counts.get(key, 0) + 1
-    return [k + (n,) for k, n in counts.items()]
+    return list(counts.items())
 
 
 def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dict]:
     x = _Ctx(job, lay, prof)
     th = theta(prof.constants)
-    kinds = _stage_kinds(job.model, lay)
-    stages = [(stage_features(x, layers, first, last), n) for layers, first, last, n in kinds]
-    weights = [weight_grad_features(x, layers, first, last) for layers, first, last, _ in kinds]
+    keys = stage_keys(job.model, lay)
+    kinds = _stage_kinds(keys)
+    per_key = {key: stage_features(x, *key) for key, _ in kinds}
+    stages = [(per_key[key], n) for key, n in kinds]
+    weights = [weight_grad_features(x, *key[:3]) for key, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
     layers_of = layout_stage_layers(job.model.num_layers, lay)
-    params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep, counts=layers_of)
+    params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep, counts=layers_of,
+                              head_stage=lay.head_stage)
     # the ends reduce the most, unless set first/last layer counts leave a middle stage more
     ends = sorted({0, lay.pp - 1, *([1] if lay.uneven and lay.pp > 2 else [])})
-    # each priced stage's own per-micro-batch features, for its backward window
-    ends_f = {i: next(f for (f, _), (_, first, last, _) in zip(stages, kinds)
-                      if (first, last) == (i == 0, i == lay.pp - 1)) for i in ends}
+    # a tied embedding is summed between the stages of its two copies: none when one holds both
+    tied = {0, lay.head_stage} if lay.head_stage != 0 else set()
     reduce_of = experts.reducer(reduction_features, job.model)
-    reductions = [reduce_of(x, params[i], i in (0, lay.pp - 1), backward_window(x, ends_f[i]),
+    reductions = [reduce_of(x, params[i], i in tied, backward_window(x, per_key[keys[i]]),
                             layers_of[i]) for i in ends]
     reduce = max(reductions, key=lambda f: dot(th, f))
     step = np.eye(len(FEATURES))[STEP]
