@@ -72,6 +72,7 @@ def join_alone(rank: int, port: int, timeout_s: int) -> subprocess.CompletedProc
                           env=env, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow  # waits out a 15 s rendezvous deadline: make test, not test-fast
 @pytest.mark.parametrize("accepts", [True, False], ids=["silent-accept", "never-accept"])
 def test_a_rank_whose_master_port_is_held_ends_within_the_deadline(accepts):
     with held_port(accepts) as port:

@@ -4,6 +4,8 @@ checkpoint instead of training on until a save no longer fits; without a previou
 estimate comes from the checkpoint's size and the disk's measured write speed."""
 import json
 
+import pytest
+
 from megatron.base import store
 from megatron.base.records import SaveEvent, events, read_metrics, record_json, steps
 from megatron.base.rundir import RunDir
@@ -38,6 +40,7 @@ def test_without_a_previous_save_the_size_and_write_speed_give_the_estimate(tmp_
     assert [r.step for r in steps(read_metrics(run.metrics))] == [1, 2, 3]
 
 
+@pytest.mark.slow  # a minute of slowed saves: make test, not test-fast
 def test_a_stop_save_on_slow_per_file_storage_commits_before_the_deadline(tmp_path):
     """Issue 40 item 2: every fsync of the checkpoint folder takes 1 s longer (a loaded
     parallel file system), so a save of this small model costs 9 fsyncs, about 9 s, whatever

@@ -29,6 +29,7 @@ FAST = ("training.tensorboard=false", "model.num_layers=2", "training.global_bat
         "training.micro_batch_size=2", "checkpoint.save=true", "checkpoint.save_interval=2")
 
 
+@pytest.mark.slow  # saves slowed past the hang limit: make test, not test-fast
 def test_a_slow_healthy_async_save_does_not_trip_the_watchdog(tmp_path):
     run = RunDir(str(tmp_path / "run"))
     proc = subprocess.run(train_cmd("--config", TINY, *sets(

@@ -131,8 +131,10 @@ def test_scaling_uses_the_layout_the_config_sets(capsys, tmp_path):
 def test_search_reports_where_the_config_layout_ranks(capsys, tmp_path):
     path = tmp_path / "18b.yaml"
     path.write_text(LAYOUT_18B)
+    # a narrowed space that still holds the config's layout (the whole space is 20 s)
     code, out, _ = run(capsys, "search", "--config", str(path), "--cluster", "a100",
-                       "--nodes", "32", "--top", "3")
+                       "--nodes", "32", "--top", "3", "--pp-values", "1,2",
+                       "--micro-batches", "1,2", "--zero-stages", "0,1")
     assert code == 0
     assert f"the layout {path} sets, tp8-pp1-dp32-mb1-ga32-z0-full-noflash, ranks " in out
 
