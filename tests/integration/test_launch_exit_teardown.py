@@ -21,9 +21,9 @@ import pytest
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
 from tests.support.procs import free_port
+from tests.support.threads import GLOO_THREADS
 
 WORKER = os.path.join(ROOT, "tests", "support", "exit_threads_worker.py")
-GLOO = ("pt_gloo_runloop", "gloo_tcp_loop")
 
 
 # DP2 (ZeRO-1), PP2 (DeepSpeed's pipeline grid: 8 groups) and ZeRO-3 (whose class-wide cache of
@@ -47,5 +47,5 @@ def test_finished_two_rank_runs_exit_0_with_no_gloo_thread_left(tmp_path):
         assert "terminate called" not in proc.stderr and "done: 2 steps" in proc.stderr
         for rank in (0, 1):
             threads = json.loads((out / f"rank{rank}.json").read_text())
-            left = [t for t in threads if t in GLOO]
+            left = [t for t in threads if t in GLOO_THREADS]
             assert not left, f"run {attempt}, rank {rank}: gloo threads alive at exit: {threads}"
