@@ -196,9 +196,19 @@ def _clear_zero3_release_cache() -> None:
     coordinator = getattr(module, "PartitionedParameterCoordinator", None)
     method = vars(coordinator).get("_PartitionedParameterCoordinator__params_to_release") \
         if coordinator is not None else None
-    for fn in (method, *(cell.cell_contents for cell in getattr(method, "__closure__", None) or ())):
+    for fn in (method, *_closure_values(method)):
         if callable(getattr(fn, "cache_clear", None)):
             fn.cache_clear()
+
+
+def _closure_values(fn) -> list:
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return values
 
 
 def _unbind_world_defaults() -> None:
