@@ -158,9 +158,10 @@ def cmd_memory(args) -> int:
 
 
 def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range:
-    """The step's range over what the user did not fix (planner/ranges.py)."""
+    """The step's range over what the user did not fix, and around it the time model's own
+    held-out error (planner/ranges.py)."""
     return ranges.step_range(job, lay, prof, lambda j, l, p: step_time(j, l, p).step_s,
-                             free_micro_batch=free_micro_batch)
+                             free_micro_batch=free_micro_batch, model_error=ranges.MODEL_ERROR)
 
 
 def cmd_scaling(args) -> int:

@@ -9,11 +9,18 @@ Three settings, each varied over the values it can plausibly take, the others at
   of it hidden (DeepSpeed without overlap_comm; Megatron Core's overlaps off, i.e. megatron-lm);
 - interconnect: the links' efficiency +-INTERCONNECT (comm_eff and inter_comm_eff).
 The range is the least and the largest step time over every combination of those values; the
-setting that moves it most is the one whose own swing (the others at the point) is widest."""
+setting that moves it most is the one whose own swing (the others at the point) is widest.
+
+Around it sits the time model's own error: the settings' range widened by MODEL_ERROR each way,
+the split-conformal bound of the published cases' leave-one-source-out errors (`conformal_band`:
+the ceil((n + 1) COVERAGE)-th smallest |error| of n), so that about COVERAGE of published runs
+like those in published.yaml fall inside (range_validation.py measures it with every case's own
+source held out of the bound too)."""
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -25,6 +32,10 @@ from megatron.planner.profile import Profile
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 INTERCONNECT = 0.15
 SETTINGS = ("micro_batch", "overlap", "interconnect")
+COVERAGE = 0.8
+# conformal_band of the 48 published cases' leave-one-source-out |errors| (validation.py);
+# tests/unit/test_planner_ranges.py recomputes it
+MODEL_ERROR = 0.0890
 Variant = Tuple[Job, Layout, Profile]
 
 
@@ -34,25 +45,58 @@ class Range:
     low_s: float
     high_s: float
     swings: Dict[str, Tuple[float, float]]   # setting -> (least, largest) step, others at point
+    model_error: float = 0.0                 # the time model's own error band, a fraction
 
     @property
     def width(self) -> float:
-        """(high - low) / point."""
+        """(high - low) / point: the settings' range."""
         return (self.high_s - self.low_s) / self.point_s
+
+    @property
+    def band_low_s(self) -> float:
+        return self.low_s * (1 - self.model_error)
+
+    @property
+    def band_high_s(self) -> float:
+        return self.high_s * (1 + self.model_error)
+
+    @property
+    def band_width(self) -> float:
+        """(band high - band low) / point: the settings' range with the model's error."""
+        return (self.band_high_s - self.band_low_s) / self.point_s
 
     @property
     def widest(self) -> str:
         return max(self.swings, key=lambda k: self.swings[k][1] - self.swings[k][0])
 
     def contains(self, step_s: float) -> bool:
+        """Inside the settings' range."""
         return self.low_s <= step_s <= self.high_s
+
+    def band_contains(self, step_s: float) -> bool:
+        """Inside the settings' range widened by the model's error."""
+        return self.band_low_s <= step_s <= self.band_high_s
 
     def describe(self) -> str:
         lo, hi = self.swings[self.widest]
         down, up = self.low_s / self.point_s - 1, self.high_s / self.point_s - 1
-        return (f"range {self.low_s:.3g}-{self.high_s:.3g} s ({100 * down:+.1f}%/{100 * up:+.1f}%)"
+        text = (f"range {self.low_s:.3g}-{self.high_s:.3g} s ({100 * down:+.1f}%/{100 * up:+.1f}%)"
                 f" over {', '.join(self.swings)}; moved most by {self.widest} "
                 f"({lo:.3g}-{hi:.3g} s)")
+        if self.model_error:
+            text += (f"; with the time model's error (+-{100 * self.model_error:.1f}%, its held-out"
+                     f" bound for {100 * COVERAGE:.0f}% of published runs) "
+                     f"{self.band_low_s:.3g}-{self.band_high_s:.3g} s")
+        return text
+
+
+def conformal_band(errors: Sequence[float], coverage: float = COVERAGE) -> float:
+    """The ceil((n + 1) coverage)-th smallest |error| of n held-out relative errors: a new case
+    exchangeable with them lies within it with probability at least `coverage` (split conformal
+    prediction); infinite when n is too small for that."""
+    ordered = sorted(abs(e) for e in errors)
+    k = math.ceil((len(ordered) + 1) * coverage - 1e-9)  # a float product a hair above a whole number
+    return ordered[k - 1] if k <= len(ordered) else math.inf
 
 
 def micro_batch_layouts(job: Job, lay: Layout, prof: Profile) -> List[Layout]:
@@ -122,8 +166,9 @@ def _axes(job: Job, lay: Layout, prof: Profile, free_micro_batch: bool) -> Dict[
 
 def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layout, Profile],
                float], free_micro_batch: bool = False,
-               settings: Sequence[str] = SETTINGS) -> Range:
-    """The Range of step_s(job, layout, profile) over `settings` (see the module docstring)."""
+               settings: Sequence[str] = SETTINGS, model_error: float = 0.0) -> Range:
+    """The Range of step_s(job, layout, profile) over `settings`, with `model_error` the time
+    model's own band around it (see the module docstring)."""
     axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
             if k in settings and (k != "micro_batch" or free_micro_batch)}
     point = step_s(job, lay, prof)
@@ -137,4 +182,4 @@ def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layo
         for f in combo:
             v = f(v)
         every.append(step_s(*v))
-    return Range(point, min(every), max(every), swings)
+    return Range(point, min(every), max(every), swings, model_error)

@@ -61,6 +61,7 @@ def test_memory_and_search_print_the_range(capsys):
                  "64"]) == 0
     out = capsys.readouterr().out
     assert "predicted step range" in out and "moved most by" in out
+    assert f"with the time model's error (+-{100 * ranges.MODEL_ERROR:.1f}%" in out
     assert "micro-batch not given: 1 priced; over those that fit (1, 2, 4, 8)" in out
     lo, hi, mbs = ranges.memory_range(JOB, LAY, PROF)
     assert mbs == [1, 2, 4, 8] and lo < hi
@@ -75,6 +76,35 @@ def test_the_reported_coverage_is_what_the_published_cases_give():
     from megatron.planner import range_validation as rv, validation as v
     with open(os.path.join(ROOT, "benchmarks", "results", "planner_ranges.json")) as f:
         recorded = json.load(f)["coverage"]
-    cov = rv.coverage(rv.case_ranges(v.leave_one_out(v.load_cases())))
+    cases = v.load_cases()
+    cov = rv.coverage(rv.case_ranges(v.leave_one_out(cases), rv.source_bands(cases)))
     assert cov["inside"] == recorded["inside"] and cov["cases"] == recorded["cases"]
+    assert cov["inside_band"] == recorded["inside_band"]
     assert cov["median_width"] == pytest.approx(recorded["median_width"], rel=1e-9)
+    assert cov["median_band_width"] == pytest.approx(recorded["median_band_width"], rel=1e-9)
+    # issue 38: the published figure inside the printed range in at least 80% of cases
+    assert cov["band_coverage"] >= ranges.COVERAGE
+
+
+def test_the_conformal_band_is_the_ceil_n_plus_1_times_coverage_th_smallest_error():
+    errors = [0.05, -0.01, 0.2, -0.3, 0.02, 0.07, -0.04, 0.11, 0.09]   # n = 9
+    # ceil(10 x 0.8) = 8th smallest |error| of 0.01 0.02 0.04 0.05 0.07 0.09 0.11 0.2 0.3
+    assert ranges.conformal_band(errors) == 0.2
+    assert ranges.conformal_band(errors, coverage=0.5) == 0.07      # ceil(5) = 5th
+    assert ranges.conformal_band(errors[:3]) == float("inf")       # ceil(3.2) = 4 > 3
+
+
+def test_the_band_widens_the_settings_range_both_ways():
+    rng = ranges.step_range(JOB, LAY, PROF, _step, model_error=0.1)
+    assert rng.band_low_s == pytest.approx(rng.low_s * 0.9)
+    assert rng.band_high_s == pytest.approx(rng.high_s * 1.1)
+    assert rng.band_contains(rng.high_s * 1.09) and not rng.contains(rng.high_s * 1.09)
+    assert not rng.band_contains(rng.high_s * 1.11)
+
+
+def test_the_cli_band_is_the_conformal_bound_of_every_held_out_error():
+    """ranges.MODEL_ERROR, what `memory` and `search` print, recomputed from published.yaml: the
+    bound over every case's error with its own source held out of the fit."""
+    from megatron.planner import range_validation as rv, validation as v
+    band = ranges.conformal_band(rv.held_out_errors(v.load_cases()))
+    assert ranges.MODEL_ERROR == pytest.approx(band, abs=5e-4)
