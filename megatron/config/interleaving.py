@@ -16,7 +16,8 @@ CHUNKED = (INTERLEAVED, "v_stages")
 
 def chunks_error(cfg) -> Optional[ConfigError]:
     """v > 1 needs stages, the schedule that holds several chunks per rank, and layers that
-    split into p v equal chunks (the embedding rides on chunk 0, the head on the last)."""
+    split into p v equal chunks (the embedding rides on chunk 0, the head on the last), or set
+    first/last chunk layers (config/stages.py) with the rest even."""
     p, m = cfg.parallel, cfg.model
     v, pp = p.virtual_pipeline_size, p.pipeline_parallel_size
     if v == 1:
@@ -40,7 +41,8 @@ def chunks_error(cfg) -> Optional[ConfigError]:
     own = record.rule(pp, p.context_parallel_size, v)
     if own is not None:
         return own
-    if m.num_layers % (pp * v):
+    uneven = p.pipeline_first_stage_layers or p.pipeline_last_stage_layers
+    if m.num_layers % (pp * v) and not uneven:  # set counts: validate.stages_error's rule
         return _layers_error(m.num_layers, pp, v)
     return None
 

@@ -3,8 +3,15 @@ counts (parallel.pipeline_first_stage_layers / pipeline_last_stage_layers; Megat
 --decoder-first/last-pipeline-num-layers): the first stage also holds the embedding and the last
 the output layer and loss, so published recipes give them fewer transformer layers (Llama 3 405B:
 126 layers on 16 stages, one fewer on each end). One home for the rule: the trainer's validation
-(validate.check_pipeline), its pipeline partitioning (engine/model.py) and the planner
-(planner/layout.py) all call it. Torch-free."""
+(validate.check_pipeline), its pipeline partitioning (engine/model.py, engine/chunks.py) and the
+planner (planner/layout.py) all call it. Torch-free.
+
+With model chunks (parallel.virtual_pipeline_size v > 1: interleaved 1F1B, ZB-V) the counts are
+the first and the last model chunk's, the chunks that hold the embedding and the head, and the
+rest split evenly over the other p v - 1 or - 2 chunks (as a per-virtual-stage layout such as
+Megatron Core's --pipeline-model-parallel-layout writes it; its older first/last flags instead
+split a rank's layers evenly over its chunks, which leaves the embedding's chunk as heavy as any
+other)."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -20,18 +27,20 @@ def even_stage_layers(num_layers: int, pp: int) -> List[int]:
 def uneven_problem(num_layers: int, pp: int, first: Optional[int], last: Optional[int],
                    chunks: int = 1) -> Optional[str]:
     """Megatron-LM's rule for set first/last counts (None: not set): PP > 1, at least one layer
-    each, the rest split evenly (at least one layer each) over the stages in between; not with
-    model chunks (virtual stages are equal chunks). None when the split is fine."""
+    each, the rest split evenly (at least one layer each) over the stages in between, or with
+    `chunks` model chunks per stage over the model chunks in between. None when the split is
+    fine."""
     fixed = [v for v in (first, last) if v is not None]
     if not fixed:
         return None
-    middle, rest = pp - len(fixed), num_layers - sum(fixed)
-    if pp < 2 or min(fixed) < 1 or chunks > 1:
-        return ("first/last stage layers need PP > 1, at least 1 layer each and no interleaving "
-                f"(one model chunk per stage; got PP {pp}, {fixed}, {chunks} chunk(s) per stage)")
+    middle, rest = pp * chunks - len(fixed), num_layers - sum(fixed)
+    if pp < 2 or min(fixed) < 1:
+        return ("first/last stage layers need PP > 1 and at least 1 layer each "
+                f"(got PP {pp}, {fixed})")
+    where = "stage(s)" if chunks == 1 else f"model chunk(s) of the {pp} x {chunks}"
     if (middle == 0 and rest != 0) or (middle and (rest < middle or rest % middle)):
         return (f"first/last stage layers {fixed} leave {rest} of the {num_layers} layers for "
-                f"{middle} other stage(s): not an even split of at least one layer each")
+                f"{middle} other {where}: not an even split of at least one layer each")
     return None
 
 
@@ -49,6 +58,17 @@ def stage_layers(num_layers: int, pp: int, first: Optional[int] = None,
     if last is not None:
         counts[-1] = last
     return counts
+
+
+def rank_layers(num_layers: int, pp: int, chunks: int, owner, first: Optional[int] = None,
+                last: Optional[int] = None) -> List[int]:
+    """Transformer layers per pipeline rank with `chunks` model chunks per rank: the sum of its
+    chunks' (stage_layers over p x chunks), owner(pp, chunk) -> (rank, local chunk) placing them
+    (engine/interleaved_order.owner, engine/v_order.owner)."""
+    out = [0] * pp
+    for chunk, layers in enumerate(stage_layers(num_layers, pp * chunks, first, last)):
+        out[owner(pp, chunk)[0]] += layers
+    return out
 
 
 def set_or_none(value: int) -> Optional[int]:

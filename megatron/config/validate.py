@@ -251,13 +251,15 @@ def stages_error(cfg) -> Optional[ConfigError]:
 
 
 def pipeline_stage_layers(cfg) -> Optional[List[int]]:
-    """Transformer layers per stage when first/last counts are set (uneven stages), else None
-    (the partition method splits them)."""
+    """Transformer layers per stage (per model chunk, p x virtual_pipeline_size of them, with
+    model chunks) when first/last counts are set (uneven stages), else None (the partition
+    method splits them; model chunks split evenly)."""
     p = cfg.parallel
     first, last = _set_counts(p)
     if first is None and last is None:
         return None
-    return stage_layers(cfg.model.num_layers, p.pipeline_parallel_size, first, last)
+    return stage_layers(cfg.model.num_layers, p.pipeline_parallel_size * p.virtual_pipeline_size,
+                        first, last)
 
 
 def check_pipeline(cfg) -> None:

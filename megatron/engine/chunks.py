@@ -3,8 +3,9 @@ the DeepSpeed-free module the interleaved executor (engine/interleaved.py) runs 
 plain engine wraps for the optimizer step.
 
 Model chunk c of p v holds the c-th block of L / (p v) decoder layers, as
-model.pipeline_layers describes them; chunk 0 also holds the embedding, the last chunk the
-final norm and the head. Which chunks a rank holds is its schedule's order's (PLACEMENTS, by
+model.pipeline_layers describes them, or with set first/last counts (parallel.pipeline_first_
+stage_layers / _last_: config/stages.py) those on chunks 0 and p v - 1 and the rest even; chunk
+0 also holds the embedding, the last chunk the final norm and the head. Which chunks a rank holds is its schedule's order's (PLACEMENTS, by
 the record's runner id): interleaved 1F1B's loop, rank r holding chunks r, r + p, ... (local
 chunk i is model chunk i p + r; engine/interleaved_order.py), or ZB-V's V, rank r holding
 chunks r and 2 p - 1 - r (engine/v_order.py). With tied embeddings the first chunk and the last
@@ -22,18 +23,23 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron.config import schedules
+from megatron.config.validate import pipeline_stage_layers
 from megatron.engine import interleaved_order, v_order
 from megatron.engine.mpu import DeepSpeedMPU
 from megatron.model import PipeLayer, lm_loss
 from megatron.parallel.state import ParallelState
 
 
-def chunk_slices(num_layers: int, total_chunks: int) -> List[Tuple[int, int]]:
+def chunk_slices(num_layers: int, total_chunks: int, counts: Optional[Sequence[int]] = None
+                 ) -> List[Tuple[int, int]]:
     """[start, end) into model.pipeline_layers' list (embedding, L layers, norm, head) of each
-    model chunk: equal blocks of decoder layers, the embedding on the first, the norm and head
-    on the last."""
-    per = num_layers // total_chunks
-    bounds = [1 + c * per for c in range(total_chunks + 1)]
+    model chunk: `counts` decoder layers each (None: equal blocks), the embedding on the first,
+    the norm and head on the last."""
+    counts = list(counts) if counts is not None else [num_layers // total_chunks] * total_chunks
+    assert len(counts) == total_chunks and sum(counts) == num_layers, (counts, num_layers)
+    bounds = [1]
+    for layers in counts:
+        bounds.append(bounds[-1] + layers)
     bounds[0], bounds[-1] = 0, num_layers + 3
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -61,13 +67,14 @@ class ChunkedModule(nn.Module):
     torch.no_grad() (the tied weight is broadcast in place)."""
 
     def __init__(self, layers: List[PipeLayer], state: ParallelState, chunks: int,
-                 boundary_shape: Tuple[int, ...], loss_fn, order=interleaved_order):
+                 boundary_shape: Tuple[int, ...], loss_fn, order=interleaved_order,
+                 counts: Optional[Sequence[int]] = None):
         super().__init__()
         self.state, self.num_chunks, self.loss_fn = state, chunks, loss_fn
         self.order = order  # the schedule's order: placement (model_chunk, owner) and passes
         self.boundary_shape = tuple(boundary_shape)  # every activation sent between chunks
         total = state.pp * chunks
-        slices = chunk_slices(len(layers) - 3, total)
+        slices = chunk_slices(len(layers) - 3, total, counts)
         self.chunk_ids = [order.model_chunk(state.pp, state.pp_rank, local)
                           for local in range(chunks)]
         self.chunks = nn.ModuleList(Chunk(layers[slice(*slices[c])]) for c in self.chunk_ids)
@@ -195,7 +202,7 @@ def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> Chunke
     order = PLACEMENTS[schedules.get(cfg.parallel.pipeline_schedule).runner]
     with torch.no_grad():  # the tied weight's broadcast stays out of autograd
         return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn,
-                             order)
+                             order, counts=pipeline_stage_layers(cfg))
 
 
 # a chunked schedule's runner id (its record's, engine/runners.py) -> the module of its order

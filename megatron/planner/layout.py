@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
-from megatron.config.stages import even_stage_layers
+from megatron.config.stages import even_stage_layers, rank_layers
 from megatron.config.stages import stage_layers as config_stage_layers
+from megatron.engine import interleaved_order, v_order  # torch-free: the trainer's placements
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import experts_error, layout_error, schedule_error
 
@@ -182,7 +183,7 @@ def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
         return None
     if v < 1 or lay.pp < 2:
         return f"interleave {v} needs PP > 1 and at least one chunk per stage"
-    if num_layers % (lay.pp * v):
+    if num_layers % (lay.pp * v) and not lay.uneven:  # set counts: uneven_problem's rule
         return f"interleave {v} x PP {lay.pp} does not divide the {num_layers} layers"
     if lay.grad_accum % lay.pp:
         return f"interleaving needs micro-batches ({lay.grad_accum}) in multiples of PP {lay.pp}"
@@ -201,7 +202,14 @@ def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
 
 
 def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
-    """Transformer layers per stage of `lay` (config/stages.py)."""
+    """Transformer layers per stage of `lay` (config/stages.py); with set first/last counts and
+    model chunks, each rank's chunks summed, placed as the trainer places them (a V under ZB-V,
+    else interleaved 1F1B's loop). An approximation for those: the closed forms price a rank's
+    chunks as equal."""
+    if lay.interleave > 1 and lay.uneven:
+        order = v_order if schedules.get(lay.schedule).head_on_first else interleaved_order
+        return rank_layers(num_layers, lay.pp, lay.interleave, order.owner,
+                           lay.first_stage_layers, lay.last_stage_layers)
     return config_stage_layers(num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
 
 

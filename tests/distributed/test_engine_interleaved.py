@@ -17,7 +17,12 @@ a deferred W, engine/v_order.py) on the same executor: the same arithmetic again
 B and W in micro-batch order, the tied embedding's halves both on rank 0 and summed there; the
 losses bit for bit, at PP2, PP4 and TP2 x PP2, and in bf16 (held to BF16_BOUND) at PP2.
 
-Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2; GPT-2 with tied embeddings and Llama)
+Uneven model chunks (parallel.pipeline_first/last_stage_layers with v = 2: the first and the last
+chunk 1 layer of 6, chunks [1, 2, 2, 1]) under both schedules, against 1F1B on even stages: the
+losses bit for bit, and rank 0 holding the layers the split puts there.
+
+Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks; GPT-2 with tied
+embeddings and Llama)
 and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2)."""
 import os
 
@@ -33,6 +38,8 @@ ZBV_TWO = ["pp2zbv-gpt2", "pp2zbv-llama"]
 ZBV_FOUR = ["pp4zbv-gpt2", "pp4zbv-llama", "tp2pp2zbv-gpt2"]
 BF16_TWO = ["pp2v2bf16-gpt2", "pp2v2bf16-llama", "pp2bf16zbv-llama"]
 BF16_FOUR = ["pp4v2bf16-llama"]
+# uneven model chunks, first and last 1 layer of 6, against 1F1B on even stages
+UNEVEN_TWO = ["pp2v2u-llama", "pp2uzbv-gpt2"]
 STEPS = 10
 NORM_BOUND = 1e-6  # relative
 BF16_BOUND = 1e-3  # relative, per step's loss
@@ -48,7 +55,7 @@ def _run(tmp, nproc, cases):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO)
+    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO)
     merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR))
     return merged
 
@@ -58,7 +65,7 @@ def _chunked(results, case):
     return results[case]["zbv" if case.split("-")[0].endswith("zbv") else "interleaved"]
 
 
-@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR)
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO)
 def test_interleaved_is_bit_identical_to_1f1b(results, case):
     ref, got = results[case]["1f1b"], _chunked(results, case)
     assert len(got["losses"]) == STEPS
@@ -88,7 +95,17 @@ def test_zbv_defers_the_weight_gradients(results, case):
     assert layers[0] == 0 and layers[-1] == (7 if case.startswith("pp4") else 3), layers
 
 
-@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR)
+@pytest.mark.parametrize("case, layers", [("pp2v2u-llama", [0, 3, 4]), ("pp2uzbv-gpt2", [0, 5])])
+def test_uneven_chunks_hold_the_set_layers(results, case, layers):
+    """Chunks [1, 2, 2, 1] of 6 layers: rank 0 holds chunks 0 and 2 under the interleaved loop
+    (layers 0, 3, 4), chunks 0 and 3 under ZB-V's V (layers 0 and 5, the embedding and the head
+    beside them)."""
+    names = _chunked(results, case)["names"]
+    assert sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")}) == layers
+    assert "embedding.word_embeddings.weight" in names
+
+
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO)
 def test_parameters_keep_their_gpt_model_names(results, case):
     """Rank 0 holds chunks 0 and p under interleaving: other layers than 1F1B's first stage,
     under the names a GPTModel gives them (the layout-free checkpoint's)."""

@@ -36,7 +36,14 @@ LAYOUTS = {
     "pp4zbv": ["parallel.pipeline_parallel_size=4", "model.num_layers=8"],
     "tp2pp2zbv": ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2"],
     "pp2bf16zbv": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
+    # uneven model chunks (first and last chunk 1 layer of 6: chunks [1, 2, 2, 1]) against 1F1B
+    # on even stages: where the layers sit does not change the arithmetic
+    "pp2v2u": ["parallel.pipeline_parallel_size=2", "model.num_layers=6"],
+    "pp2uzbv": ["parallel.pipeline_parallel_size=2", "model.num_layers=6"],
 }
+# overrides of the chunked run only (1F1B's stages stay even)
+CHUNKED_ONLY = {name: ["parallel.pipeline_first_stage_layers=1",
+                       "parallel.pipeline_last_stage_layers=1"] for name in ("pp2v2u", "pp2uzbv")}
 
 
 def chunked_schedule(layout: str) -> str:
@@ -82,9 +89,11 @@ def main() -> int:
     for case in args.cases.split(","):
         layout, flavour = case.split("-")
         base = COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
-        results[case] = {s: train(base + schedule_overrides(s),
+        chunked = chunked_schedule(layout)
+        results[case] = {s: train(base + schedule_overrides(s)
+                                  + (CHUNKED_ONLY.get(layout, []) if s == chunked else []),
                                   os.path.join(args.workdir, f"{case}-{s}"), args.steps)
-                         for s in ("1f1b", chunked_schedule(layout))}
+                         for s in ("1f1b", chunked)}
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -40,7 +40,42 @@ def test_the_split_follows_megatrons_rule():
     assert "not an even split" in uneven_problem(10, 4, 1, 2)  # 7 over 2
     assert uneven_problem(10, 4, 2, 2) is None
     assert "at least 1 layer" in uneven_problem(4, 2, 0, None)
-    assert "no interleaving" in uneven_problem(8, 2, 2, None, chunks=2)
+    # with model chunks the counts are the first and last chunk's, the rest even over the others
+    assert uneven_problem(6, 2, 1, 1, chunks=2) is None          # 4 over 2 middle chunks
+    assert uneven_problem(8, 2, 2, None, chunks=2) is None        # 6 over 3 chunks
+    assert "7 of the 9 layers for 3 other model chunk(s) of the 2 x 2" in \
+        uneven_problem(9, 2, 2, None, chunks=2)
+    assert "5 other model chunk(s) of the 2 x 3" in uneven_problem(8, 2, 2, None, chunks=3)
+    assert stage_layers(8, 6, 3) == [3, 1, 1, 1, 1, 1]
+
+
+def test_model_chunks_place_the_set_counts_on_the_end_chunks():
+    """6 layers, PP2 x 2 chunks, first and last 1: chunks [1, 2, 2, 1]. Interleaved 1F1B's loop
+    gives rank 0 chunks 0 and 2 (3 layers) and rank 1 chunks 1 and 3 (3); ZB-V's V gives rank 0
+    chunks 0 and 3, the embedding's and the head's (2 layers), rank 1 chunks 1 and 2 (4)."""
+    from megatron.config.stages import rank_layers
+    from megatron.engine import interleaved_order, v_order
+    from megatron.engine.chunks import chunk_slices
+    assert stage_layers(6, 4, 1, 1) == [1, 2, 2, 1]
+    assert rank_layers(6, 2, 2, interleaved_order.owner, 1, 1) == [3, 3]
+    assert rank_layers(6, 2, 2, v_order.owner, 1, 1) == [2, 4]
+    assert rank_layers(8, 2, 2, v_order.owner) == [4, 4]
+    # pipeline_layers' list: embedding, 6 layers, final norm, head
+    assert chunk_slices(6, 4, [1, 2, 2, 1]) == [(0, 2), (2, 4), (4, 6), (6, 9)]
+    assert chunk_slices(8, 4) == [(0, 3), (3, 5), (5, 7), (7, 11)]
+
+
+def test_set_counts_with_model_chunks_reach_the_chunks():
+    chunked = ["parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2",
+               "training.global_batch_size=16", "model.num_layers=6"]
+    cfg = _cfg(*chunked, "parallel.pipeline_first_stage_layers=1",
+               "parallel.pipeline_last_stage_layers=1")
+    validate_for_world(cfg, 2)
+    assert pipeline_stage_layers(cfg) == [1, 2, 2, 1]
+    zbv = _cfg("parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2",
+               "model.num_layers=7", "parallel.pipeline_first_stage_layers=1")
+    validate_for_world(zbv, 2)
+    assert pipeline_stage_layers(zbv) == [1, 2, 2, 2]
 
 
 @pytest.mark.parametrize("layers, pp", [(4, 2), (4, 4), (7, 3), (12, 4), (5, 2)])
@@ -79,9 +114,10 @@ def test_the_counts_reach_the_trainer_only_when_set():
      "parallel.pipeline_last_stage_layers", "need PP > 1"),
     (["parallel.pipeline_first_stage_layers=1", "parallel.pipeline_partition_method=parameters"],
      "parallel.pipeline_partition_method", "replace the partition method"),
-    (["parallel.pipeline_first_stage_layers=1", "parallel.pipeline_schedule=interleaved",
+    (["parallel.pipeline_first_stage_layers=2", "parallel.pipeline_schedule=interleaved",
       "parallel.virtual_pipeline_size=2", "training.global_batch_size=16"],
-     "parallel.pipeline_first_stage_layers", "no interleaving"),
+     "parallel.pipeline_first_stage_layers",
+     "leave 2 of the 4 layers for 3 other model chunk(s) of the 2 x 2"),
 ])
 def test_a_bad_split_is_one_message_naming_the_field(sets, field, says):
     cfg = _cfg(*sets)

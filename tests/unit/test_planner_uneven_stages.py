@@ -31,7 +31,7 @@ def test_the_rest_is_split_evenly_over_the_middle_stages():
 @pytest.mark.parametrize("kw,needle", [
     (dict(first_stage_layers=4, last_stage_layers=4), "not an even split"),
     (dict(first_stage_layers=0), "at least 1 layer each"),
-    (dict(first_stage_layers=9, interleave=2), "no interleaving"),
+    (dict(first_stage_layers=9, interleave=2), "other model chunk(s) of the 8 x 2"),
 ])
 def test_a_split_megatron_would_refuse_is_refused_in_one_line(kw, needle):
     assert needle in layout_problem(JOB, dataclasses.replace(EVEN, **kw))
@@ -88,3 +88,21 @@ def test_a_planned_uneven_layout_is_written_as_a_config_the_trainer_accepts():
     bad = dataclasses.replace(lay, last_stage_layers=4)  # 87 over 14 stages
     with pytest.raises(ConfigError, match="pipeline_first_stage_layers"):
         layout_config(Config(), job, bad)
+
+
+def test_with_model_chunks_each_rank_prices_the_sum_of_its_chunks():
+    """96 layers on PP8 x 2 chunks, first 5 and last 7: chunks [5, 6 x 14, 7]. Interleaved
+    1F1B's loop gives rank 0 chunks 0 and 8 (11 layers) and rank 7 chunks 7 and 15 (13); ZB-V's V
+    gives rank 0 chunks 0 and 15 (12), as every other rank."""
+    lay = dataclasses.replace(EVEN, interleave=2, schedule="interleaved", first_stage_layers=5,
+                              last_stage_layers=7, grad_accum=640)
+    assert layout_problem(JOB, lay) is None
+    assert layout_stage_layers(96, lay) == [11] + [12] * 6 + [13]
+    zbv = dataclasses.replace(lay, schedule="zbv")
+    assert layout_problem(JOB, zbv) is None
+    assert layout_stage_layers(96, zbv) == [12] * 8
+    stages = memory_per_stage(JOB, lay, Constants())
+    counts = [11] + [12] * 6 + [13]
+    assert [s.params for s in stages] == [stage_params(M, 8, 8, i, counts=counts).total
+                                          for i in range(8)]
+    assert step_time(JOB, lay, load_profile("frontier")).step_s > 0

@@ -41,8 +41,9 @@ class ParallelConfig:
     pipeline_first_stage_layers: int = 0
     """Transformer layers on the first pipeline stage, which also holds the embedding (Megatron-
     LM's --decoder-first-pipeline-num-layers); the stages without a set count split the rest
-    evenly, at least one layer each (config/stages.py). 0: not set. Replaces
-    pipeline_partition_method; not with virtual_pipeline_size > 1."""
+    evenly, at least one layer each (config/stages.py). With virtual_pipeline_size > 1, the
+    layers of the first model chunk, the rest split evenly over the other chunks. 0: not set.
+    Replaces pipeline_partition_method."""
     pipeline_last_stage_layers: int = 0
     """Transformer layers on the last pipeline stage, which also holds the output layer and the
     loss (--decoder-last-pipeline-num-layers); as pipeline_first_stage_layers. 0: not set."""
