@@ -40,8 +40,8 @@ def worker(args) -> None:
     state = ParallelState.build(tp=1, pp=1)
     sets = [f"model.hidden_size={args.hidden}", "model.num_attention_heads=4",
             "model.activation=swiglu", "model.add_bias_linear=false",
-            f"model.num_experts={EXPERTS}", f"model.moe_top_k={TOP_K}",
-            f"model.moe_ffn_hidden_size={args.ffn}", "model.moe_router=softmax_renorm"]
+            f"model.moe.num_experts={EXPERTS}", f"model.moe.top_k={TOP_K}",
+            f"model.moe.ffn_hidden_size={args.ffn}", "model.moe.router=softmax_renorm"]
     cfg = load_config(os.path.join(ROOT, "examples/local/tiny.yaml"), sets)
     ctx = build_context(cfg, state, 512)
     ctx.expert = build_expert_parallel(state, world)

@@ -38,10 +38,10 @@ def ours(h: int, f: int):
     from megatron.model.moe import MoELayer
     from megatron.parallel.state import ParallelState
     sets = [f"model.hidden_size={h}", "model.num_attention_heads=4", "model.activation=swiglu",
-            "model.add_bias_linear=false", f"model.num_experts={EXPERTS}",
-            f"model.moe_top_k={TOP_K}", f"model.moe_ffn_hidden_size={f}",
-            "model.moe_router=softmax_renorm", "model.moe_aux_loss_coeff=0",
-            "model.moe_z_loss_coeff=0"]
+            "model.add_bias_linear=false", f"model.moe.num_experts={EXPERTS}",
+            f"model.moe.top_k={TOP_K}", f"model.moe.ffn_hidden_size={f}",
+            "model.moe.router=softmax_renorm", "model.moe.aux_loss_coeff=0",
+            "model.moe.z_loss_coeff=0"]
     cfg = load_config(os.path.join(ROOT, "examples/local/tiny.yaml"), sets)
     return MoELayer(cfg.model, build_context(cfg, ParallelState.single(), 512), 0).train()
 

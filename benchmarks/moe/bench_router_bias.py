@@ -1,4 +1,4 @@
-"""Auxiliary-loss-free balancing (model.moe_router_bias_update_rate) on a skewed router: the
+"""Auxiliary-loss-free balancing (model.moe.router_bias_update_rate) on a skewed router: the
 max/mean tokens per expert before and after a short run of steps, with the bias off and on,
 for the sigmoid and softmax routers.
 
@@ -30,9 +30,9 @@ def run(router_kind: str, rate: float) -> dict:
     from megatron.model.moe.router import Router, update_bias
     from megatron.parallel.state import ParallelState
     cfg = load_config(os.path.join(ROOT, "examples/local/tiny.yaml"),
-                      [f"model.num_experts={EXPERTS}", "model.moe_top_k=2",
-                       f"model.moe_router={router_kind}",
-                       f"model.moe_router_bias_update_rate={rate}"])
+                      [f"model.moe.num_experts={EXPERTS}", "model.moe.top_k=2",
+                       f"model.moe.router={router_kind}",
+                       f"model.moe.router_bias_update_rate={rate}"])
     router = Router(cfg.model, build_context(cfg, ParallelState.single(), 512), 0).train()
     torch.manual_seed(0)
     v = torch.randn(cfg.model.hidden_size)

@@ -9,12 +9,12 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
 - Llama (rotary over the whole head, RMSNorm, SwiGLU; any number of key/value groups; tied or
   untied; biases on or off) -> LlamaForCausalLM. q/k/v and gate/up are split out of our fused
   QKV (per group: its query heads, then its key, then its value) and [gate; up] fc1.
-- Mixtral (the Llama settings with experts in every layer, model.moe_layer_freq=1, no biases,
-  model.moe_router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
+- Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
+  model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
   (block_sparse_moe.gate, experts.<e>.w1/w3/w2: gate, up, down), which transformers 5 folds into
   its stacked experts on load and transformers 4 reads as is. Mixtral runs dropless: a model
-  trained with model.moe_capacity_factor gives the same logits only where no expert overflows.
+  trained with model.moe.capacity_factor gives the same logits only where no expert overflows.
 
 The vocabulary keeps the rows the merge kept (padding included unless trimmed), so the exported
 model gives the trained model's logits. Tokenizer files named in the run's config are copied
@@ -38,9 +38,9 @@ StateDict = Dict[str, torch.Tensor]
 # Beyond the variants (each selected norm, activation, position and attention core declares the
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {},
-               "mixtral": {"add_bias_linear": False, "moe_layer_freq": 1,
-                           "moe_router": "softmax_renorm", "moe_router_bias_update_rate": 0.0,
-                           "moe_shared_expert_ffn_hidden_size": None}}
+               "mixtral": {"add_bias_linear": False, "moe.layer_freq": 1,
+                           "moe.router": "softmax_renorm", "moe.router_bias_update_rate": 0.0,
+                           "moe.shared_expert_ffn_hidden_size": None}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mixtral": "Mixtral"}
 # Mixtral's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names serve it.
 VARIANT_ARCH = {"mixtral": "llama"}
@@ -56,14 +56,21 @@ def _selected(m):
     return out
 
 
+def _field(m, dotted: str):
+    """A model section's field by its dotted name (moe.layer_freq: the sub-section's)."""
+    for part in dotted.split("."):
+        m = getattr(m, part)
+    return m
+
+
 def _arch_problems(m, arch: str) -> List[str]:
     why = [f"model.{name}={value!r} declares no {ARCH_NAMES[arch]} names"
            for name, value, v in _selected(m) if VARIANT_ARCH.get(arch, arch) not in v.hf]
-    if (arch == "mixtral") != (m.num_experts > 0):
-        why.append(f"num_experts={m.num_experts} (needs "
+    if (arch == "mixtral") != (m.moe.num_experts > 0):
+        why.append(f"moe.num_experts={m.moe.num_experts} (needs "
                    f"{'> 0' if arch == 'mixtral' else '0: experts map to Mixtral'})")
-    why += [f"{k}={getattr(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
-            if getattr(m, k) != v]
+    why += [f"{k}={_field(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
+            if _field(m, k) != v]
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")
@@ -142,7 +149,7 @@ def _mixtral_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
 
 def llama_state_dict(sd: StateDict, m) -> StateDict:
     """Llama, or Mixtral (experts in place of the MLP of every layer)."""
-    mlp = _mixtral_moe if m.num_experts else _llama_mlp
+    mlp = _mixtral_moe if m.moe.num_experts else _llama_mlp
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
     out.update(_norm_names(m, "llama", "final_norm.", "model.norm.", sd))
     if not m.tie_embeddings:
@@ -186,8 +193,8 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     if kind == "llama":
         return llama
     return dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral",
-                intermediate_size=moe.expert_ffn(m), num_local_experts=m.num_experts,
-                num_experts_per_tok=m.moe_top_k, router_aux_loss_coef=m.moe_aux_loss_coeff,
+                intermediate_size=moe.expert_ffn(m), num_local_experts=m.moe.num_experts,
+                num_experts_per_tok=m.moe.top_k, router_aux_loss_coef=m.moe.aux_loss_coeff,
                 output_router_logits=False, router_jitter_noise=0.0, sliding_window=None)
 
 

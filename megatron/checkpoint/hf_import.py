@@ -84,10 +84,10 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     if hf.get("sliding_window") is not None:
         raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention)")
     out = _llama_section(dict(hf, mlp_bias=hf.get("attention_bias", False)))
-    return dict(out, num_experts=hf.get("num_local_experts", 8),
-                moe_top_k=hf.get("num_experts_per_tok", 2), moe_layer_freq=1,
-                moe_router="softmax_renorm",
-                moe_aux_loss_coeff=float(hf.get("router_aux_loss_coef", 0.001)))
+    return dict(out, moe={"num_experts": hf.get("num_local_experts", 8),
+                          "top_k": hf.get("num_experts_per_tok", 2), "layer_freq": 1,
+                          "router": "softmax_renorm",
+                          "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
 
 
 def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
@@ -179,7 +179,7 @@ def _mixtral_moe(w, m, hf: str, ours: str, x: str) -> StateDict:
                 ours + "mlp.experts.w1": w(hf + "mlp.experts.gate_up_proj"),
                 ours + "mlp.experts.w2": w(hf + "mlp.experts.down_proj")}
     moe = hf + "block_sparse_moe."
-    experts = range(m.num_experts)
+    experts = range(m.moe.num_experts)
     return {ours + "mlp.router.weight": w(moe + "gate.weight"),
             ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{moe}experts.{e}.w1.weight"),
                                                              w(f"{moe}experts.{e}.w3.weight")])
@@ -204,7 +204,7 @@ class _Weights:
 def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
     """Llama, or Mixtral (experts in place of every layer's MLP)."""
     w = _Weights(sd, hf_dir)
-    mlp = _mixtral_moe if m.num_experts else _llama_mlp
+    mlp = _mixtral_moe if m.moe.num_experts else _llama_mlp
     out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight")}
     out.update(_norm_from(m, "llama", "model.norm.", "final_norm.", w))
     if not m.tie_embeddings:

@@ -28,6 +28,18 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "kv_heads", 
 # before the field existed lack it and mean this value, and dense records stay as they were.
 SHAPE_DEFAULTS = {"num_experts": 0, "moe_ffn_hidden_size": None, "moe_layer_freq": 1,
                   "moe_shared_expert_ffn_hidden_size": None}
+# The record keys of the model.moe fields (the names they had before model.moe held them, which
+# checkpoints written since keep): record key -> the dotted field
+MOE_RECORD = {"num_experts": "moe.num_experts", "moe_ffn_hidden_size": "moe.ffn_hidden_size",
+              "moe_layer_freq": "moe.layer_freq",
+              "moe_shared_expert_ffn_hidden_size": "moe.shared_expert_ffn_hidden_size"}
+
+
+def _shape_field(m, key: str):
+    value = m
+    for part in MOE_RECORD.get(key, key).split("."):
+        value = getattr(value, part)
+    return value
 
 
 def rng_state(tracker) -> Dict[str, Any]:
@@ -43,10 +55,10 @@ def set_rng_state(state: Optional[Dict[str, Any]], tracker) -> None:
 
 
 def model_shape(m) -> Dict[str, Any]:
-    """The ModelConfig fields in SHAPE_FIELDS, by name (those of SHAPE_DEFAULTS only when they
-    differ from the default)."""
-    return {name: getattr(m, name) for name in SHAPE_FIELDS
-            if name not in SHAPE_DEFAULTS or getattr(m, name) != SHAPE_DEFAULTS[name]}
+    """The ModelConfig fields in SHAPE_FIELDS, by record key (those of SHAPE_DEFAULTS only when
+    they differ from the default; model.moe's under MOE_RECORD's keys)."""
+    return {name: _shape_field(m, name) for name in SHAPE_FIELDS
+            if name not in SHAPE_DEFAULTS or _shape_field(m, name) != SHAPE_DEFAULTS[name]}
 
 
 def shape_differences(theirs: Dict[str, Any], ours: Dict[str, Any], what: str) -> List[str]:
@@ -56,7 +68,7 @@ def shape_differences(theirs: Dict[str, Any], ours: Dict[str, Any], what: str) -
     for k in list(ours) + [k for k in SHAPE_DEFAULTS if k not in ours]:
         a, b = (d.get(k, SHAPE_DEFAULTS.get(k)) for d in (theirs, ours))
         if a != b:
-            out.append(f"model.{k}: {what} {a!r}, this run {b!r}")
+            out.append(f"model.{MOE_RECORD.get(k, k)}: {what} {a!r}, this run {b!r}")
     return out
 
 

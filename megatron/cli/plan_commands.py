@@ -27,8 +27,8 @@ def _check_nodes(nodes: int) -> None:
 
 def _describe(job: Job, prof: Profile, nodes: int) -> str:
     m, s = job.model, prof.spec
-    active = (f", {active_params(m) / 1e9:.2f}B active ({m.num_experts} experts, top "
-              f"{m.moe_top_k})" if m.num_experts else "")
+    active = (f", {active_params(m) / 1e9:.2f}B active ({m.moe.num_experts} experts, top "
+              f"{m.moe.top_k})" if m.moe.num_experts else "")
     grads = f" ({job.grad_dtype} gradients)" if job.grad_dtype else ""
     return (f"model: {model_params(m) / 1e9:.2f}B parameters{active} ({m.num_layers} layers, "
             f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), "

@@ -103,8 +103,8 @@ def scope_error(cfg) -> Optional[ConfigError]:
                            "pipeline grid's model-parallel rank 0), which interleaved chunks "
                            "cannot reproduce; ZeRO-1 takes the norm of every stage and runs "
                            "bit for bit as 1f1b", "set parallel.zero_stage=1")
-    if m.num_experts:
-        return ConfigError("model.num_experts", m.num_experts,
+    if m.moe.num_experts:
+        return ConfigError("model.moe.num_experts", m.moe.num_experts,
                            "0 with parallel.virtual_pipeline_size > 1: mixture-of-experts "
                            "layers are not run by the interleaved executor yet",
                            "set parallel.virtual_pipeline_size=1")

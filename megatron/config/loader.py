@@ -129,8 +129,10 @@ def _field_types(section_cls) -> Dict[str, Any]:
     return {f.name: hints(section_cls)[f.name] for f in dataclasses.fields(section_cls)}
 
 
-def _build_section(name: str, values: Dict[str, Any]):
-    cls = SECTIONS[name]
+def _build_section(name: str, values: Dict[str, Any], cls=None):
+    """The section class `cls` (SECTIONS[name] when None) from a mapping of its keys: unknown
+    keys, nulls and types checked per key, a sub-section's mapping (model.moe) built the same."""
+    cls = cls or SECTIONS[name]
     types = _field_types(cls)
     kwargs = {}
     for key, value in values.items():
@@ -138,6 +140,12 @@ def _build_section(name: str, values: Dict[str, Any]):
             raise ConfigError(f"{name}.{key}", value, f"a known key of section '{name}' "
                               f"({', '.join(sorted(types))})", "remove it or fix its spelling")
         annotation = types[key]
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}.{key}", value, f"a mapping of the keys of section "
+                                  f"'{name}.{key}'", "write it as a nested mapping")
+            kwargs[key] = _build_section(f"{name}.{key}", value, annotation)
+            continue
         if value is None:
             if type(None) not in typing.get_args(annotation):
                 raise ConfigError(f"{name}.{key}", value, f"a value of type "
@@ -148,6 +156,39 @@ def _build_section(name: str, values: Dict[str, Any]):
         kwargs[key] = _check_type(f"{name}.{key}", value,
                                   base[0] if typing.get_origin(annotation) is typing.Union else annotation)
     return cls(**kwargs)
+
+
+def _override_target(section: str, name: str, text: str, out: Dict[str, Dict[str, Any]]):
+    """(the mapping a --set writes into, the key, its type) for section.name, name dotted into
+    a sub-section (model.moe.top_k)."""
+    cls, target, where = SECTIONS[section], out.setdefault(section, {}), section
+    while "." in name:
+        sub, name = name.split(".", 1)
+        annotation = _field_types(cls).get(sub)
+        if not dataclasses.is_dataclass(annotation):
+            raise ConfigError(f"{where}.{sub}.{name}", text, f"a key of section '{where}', or of "
+                              f"one of its sub-sections", "fix its spelling")
+        cls, where = annotation, f"{where}.{sub}"
+        target = target.setdefault(sub, {})
+    types = _field_types(cls)
+    if dataclasses.is_dataclass(types.get(name)):
+        raise ConfigError(f"{where}.{name}", text, f"a key of the sub-section '{where}.{name}' "
+                          f"({', '.join(sorted(_field_types(types[name])))})",
+                          f"set one key at a time, e.g. {where}.{name}.<key>=<value>")
+    if name not in types:
+        raise ConfigError(f"{where}.{name}", text, f"a known key of section '{where}' "
+                          f"({', '.join(sorted(types))})", "fix its spelling")
+    return target, name, types[name]
+
+
+def _merge(into: Dict[str, Any], values: Dict[str, Any]) -> None:
+    """values into `into`, a sub-section's mapping merged key by key (a YAML file's model.moe
+    and a --set of model.moe.top_k both hold)."""
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
@@ -167,11 +208,8 @@ def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
             continue
         if section not in SECTIONS:
             raise ConfigError(key, text, f"a section among {', '.join(ALL_SECTIONS)}")
-        types = _field_types(SECTIONS[section])
-        if name not in types:
-            raise ConfigError(key, text, f"a known key of section '{section}' "
-                              f"({', '.join(sorted(types))})", "fix its spelling")
-        out.setdefault(section, {})[name] = _coerce(key, text.strip(), types[name])
+        target, leaf, annotation = _override_target(section, name, text, out)
+        target[leaf] = _coerce(key, text.strip(), annotation)
     return out
 
 
@@ -201,13 +239,13 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
     merged: Dict[str, Dict[str, Any]] = {name: {} for name in ALL_SECTIONS}
     if path:
         for section, values in relocate(_read_yaml(path), f" (in {path})").items():
-            merged[section].update(values)
+            _merge(merged[section], values)
     ds = deepspeed_section.SECTION
     for section, values in parse_overrides(overrides).items():
         if section == ds:
             merged[ds] = deepspeed_section.merge(merged[ds], values)
         else:
-            merged[section].update(values)
+            _merge(merged[section], values)
     return build_config(merged)
 
 

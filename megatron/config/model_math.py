@@ -8,7 +8,7 @@ logits' 3 * 2*h*V, which extends exactly to GQA (smaller K/V projections), SwiGL
 matrices) and any FFN width; the attention-score term depends on the query heads only, and the
 causal mask is not halved (as Megatron counts). A MoE layer (config/moe.py) counts the FLOPs a
 token really costs: its router (h x E), the top_k experts it is sent to, not all E, and the
-shared expert every token runs (model.moe_shared_expert_ffn_hidden_size)."""
+shared expert every token runs (model.moe.shared_expert_ffn_hidden_size)."""
 from __future__ import annotations
 
 from megatron.config import moe, variants
@@ -29,8 +29,8 @@ def layer_matmul_params(m, index: int = -1) -> int:
     proj = h * m.num_attention_heads * d
     fc = variants.of(m, "activation").fc1_factor + 1
     if index >= 0 and moe.is_moe_layer(m, index):
-        return qkv + proj + h * m.num_experts + fc * h * (
-            m.moe_top_k * moe.expert_ffn(m) + moe.shared_ffn(m))
+        return qkv + proj + h * m.moe.num_experts + fc * h * (
+            m.moe.top_k * moe.expert_ffn(m) + moe.shared_ffn(m))
     return qkv + proj + fc * h * m.ffn_hidden_size
 
 
@@ -49,7 +49,7 @@ def layer_forward_flops_per_token(m, index: int = -1) -> float:
 def model_flops_per_token(m, vocab_size: int) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward), counting only model math:
     recomputation adds hardware FLOPs, not model FLOPs (MFU)."""
-    if m.num_experts:
+    if m.moe.num_experts:
         layers = sum(layer_forward_flops_per_token(m, i) for i in range(m.num_layers))
     else:
         layers = m.num_layers * layer_forward_flops_per_token(m)

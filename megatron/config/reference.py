@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from megatron.config.errors import ConfigError
-from megatron.config.sections import MOVED, SECTIONS
+from megatron.config.sections import MOVED, SECTIONS, SUBSECTIONS
 from megatron.config.sections.checks import CHOICES, SOURCE, hints, literal_values
 
 
@@ -85,11 +85,29 @@ def _choices(f: dataclasses.Field, annotation) -> str:
     return ""
 
 
+def documented() -> Dict[str, type]:
+    """Every section and sub-section in the order the reference lists them: each sub-section
+    (model.moe) right after its section."""
+    out = {}
+    for name, cls in SECTIONS.items():
+        out[name] = cls
+        out.update({sub: c for sub, c in SUBSECTIONS.items() if sub.startswith(name + ".")})
+    return out
+
+
 def rows(section: str) -> List[Row]:
-    cls, docs = SECTIONS[section], field_docs(SECTIONS[section])
-    return [Row(section, f.name, type_name(hints(cls)[f.name]), yaml_value(_default(f)),
-                _choices(f, hints(cls)[f.name]), docs.get(f.name, ""))
-            for f in dataclasses.fields(cls)]
+    cls = documented()[section]
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        annotation = hints(cls)[f.name]
+        if dataclasses.is_dataclass(annotation):  # a sub-section: listed on its own
+            out.append(Row(section, f.name, "section", f"see {section}.{f.name}", "",
+                           docs.get(f.name, "")))
+            continue
+        out.append(Row(section, f.name, type_name(annotation), yaml_value(_default(f)),
+                       _choices(f, annotation), docs.get(f.name, "")))
+    return out
 
 
 def _cell(text: str) -> str:
@@ -102,8 +120,10 @@ Generated from the section dataclasses in `megatron/config/sections/` by
 `python tools/config_reference.py` (a unit test checks that this file matches them); the same
 text is in the terminal with `megatron-train --help-config [SECTION]`. A config is a YAML file
 of these sections (`--config FILE.yaml`) plus repeated `--set section.key=value` overrides;
-unknown keys are errors. The `deepspeed:` section (expert DeepSpeed keys merged into
-deepspeed.json) is checked against its own allow-list: `megatron/config/deepspeed_section.py`.
+unknown keys are errors. A sub-section (`model.moe`) is a nested mapping in YAML
+(`model: {moe: {num_experts: 8}}`) and a dotted key in `--set` (`model.moe.num_experts=8`).
+The `deepspeed:` section (expert DeepSpeed keys merged into deepspeed.json) is checked against
+its own allow-list: `megatron/config/deepspeed_section.py`.
 
 Choices marked "registry" come from a registry of records (model variants, pipeline schedules):
 listed here are the names registered when this file was generated; a plugin (`--plugin MODULE`
@@ -131,18 +151,19 @@ def _moved_md() -> List[str]:
 def markdown() -> str:
     """docs/config.md."""
     lines = [HEADER]
-    for section in SECTIONS:
+    for section in documented():
         lines += _section_md(section)
     return "\n".join(lines + _moved_md())
 
 
 def text(section: Optional[str] = None, width: int = 96) -> str:
     """The reference as terminal text: every section, or one."""
-    if section is not None and section not in SECTIONS:
-        raise ConfigError("--help-config", section, f"a section among {', '.join(SECTIONS)}",
+    sections = documented()
+    if section is not None and section not in sections:
+        raise ConfigError("--help-config", section, f"a section among {', '.join(sections)}",
                           "e.g. --help-config checkpoint, or no section for all of them")
     out = []
-    for name in [section] if section else list(SECTIONS):
+    for name in [section] if section else list(sections):
         out.append(f"{name}:")
         for r in rows(name):
             facts = f"{r.type}, default {r.default}" + (f"; one of {r.choices}" if r.choices

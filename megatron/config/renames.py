@@ -35,6 +35,10 @@ def relocate(sections: Dict[str, Dict[str, Any]], where: str = "") -> Dict[str, 
             continue
         value = values.pop(name)
         target = out.setdefault(section, {})
+        if "." in new_name:  # into a sub-section (model.moe.top_k)
+            sub, new_name = new_name.split(".", 1)
+            target[sub] = dict(target.get(sub) or {})
+            target, section = target[sub], f"{section}.{sub}"
         if new_name in target:
             raise ConfigError(f"{old_section}.{name}", value, f"unset: it is now "
                               f"{section}.{new_name}, which is set too{where}",

@@ -14,7 +14,7 @@ split a rank's layers evenly over its chunks, which leaves the embedding's chunk
 other)."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 
 def even_stage_layers(num_layers: int, pp: int) -> List[int]:
@@ -60,14 +60,23 @@ def stage_layers(num_layers: int, pp: int, first: Optional[int] = None,
     return counts
 
 
-def rank_layers(num_layers: int, pp: int, chunks: int, owner, first: Optional[int] = None,
-                last: Optional[int] = None) -> List[int]:
+def chunk_owner(pp: int, chunk: int, v_shape: bool = False) -> Tuple[int, int]:
+    """(pipeline rank, local chunk) of model chunk `chunk`: interleaved 1F1B's loop (rank r holds
+    chunks r, r + p, ...) or, v_shape, ZB-V's V (rank r holds chunks r and 2 p - 1 - r). The
+    executor's orders (engine/interleaved_order.py, engine/v_order.py) and the planner place
+    chunks by it."""
+    if v_shape:
+        return (chunk, 0) if chunk < pp else (2 * pp - 1 - chunk, 1)
+    return chunk % pp, chunk // pp
+
+
+def rank_layers(num_layers: int, pp: int, chunks: int, v_shape: bool = False,
+                first: Optional[int] = None, last: Optional[int] = None) -> List[int]:
     """Transformer layers per pipeline rank with `chunks` model chunks per rank: the sum of its
-    chunks' (stage_layers over p x chunks), owner(pp, chunk) -> (rank, local chunk) placing them
-    (engine/interleaved_order.owner, engine/v_order.owner)."""
+    chunks' (stage_layers over p x chunks), placed by chunk_owner."""
     out = [0] * pp
     for chunk, layers in enumerate(stage_layers(num_layers, pp * chunks, first, last)):
-        out[owner(pp, chunk)[0]] += layers
+        out[chunk_owner(pp, chunk, v_shape)[0]] += layers
     return out
 
 

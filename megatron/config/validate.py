@@ -152,15 +152,15 @@ def deepspeed_error(deepspeed, pp: int, sequence_parallel: bool = False
 def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[ConfigError]:
     """What mixture of experts runs with (docs/moe.md): experts split over the ranks of a
     pipeline stage (tensor, context and data parallel ones folded: parallel/experts.py)."""
-    if m.num_experts == 0:
+    if m.moe.num_experts == 0:
         if ep > 1:
             return ConfigError("parallel.expert_parallel_size", ep, "1 for a dense model "
-                               "(model.num_experts=0)", "set model.num_experts or "
+                               "(model.moe.num_experts=0)", "set model.moe.num_experts or "
                                "parallel.expert_parallel_size=1")
         return None
-    if m.num_experts % ep:
+    if m.moe.num_experts % ep:
         return ConfigError("parallel.expert_parallel_size", ep,
-                           f"a divisor of model.num_experts={m.num_experts} (each rank holds "
+                           f"a divisor of model.moe.num_experts={m.moe.num_experts} (each rank holds "
                            "num_experts / expert_parallel_size experts)")
     if (ep > 1 or tp > 1) and zero == 3:
         why = (f"parallel.expert_parallel_size={ep}" if ep > 1 else
@@ -282,7 +282,7 @@ def experts_error(m, tp: int, cp: int, stage: int, ep: int, zero: int, precision
     """What check_experts adds to moe_error once the world is known (the planner prices only
     layouts this accepts): EP among the `stage` ranks of a pipeline stage, the sequence slice
     each TP rank routes, and ZeRO-0's 16-bit norm."""
-    if not m.num_experts:
+    if not m.moe.num_experts:
         return None
     if stage % ep:
         return ConfigError("parallel.expert_parallel_size", ep,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
+from megatron.config.stages import chunk_owner
+
 F, B = "F", "B"
 Op = Tuple[str, int, int]  # (F or B, local chunk, micro-batch)
 
@@ -65,7 +67,7 @@ def model_chunk(stages: int, rank: int, local: int) -> int:
 
 def owner(stages: int, chunk: int) -> Tuple[int, int]:
     """(rank, local chunk) of model chunk `chunk`."""
-    return chunk % stages, chunk // stages
+    return chunk_owner(stages, chunk)
 
 
 def _ready(op: Op, rank: int, stages: int, chunks: int, done: set) -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Dict, List, Sequence, Tuple
 
+from megatron.config.stages import chunk_owner
+
 F, B, W = "F", "B", "W"
 Op = Tuple[str, int, int]  # (F, B or W; local chunk; micro-batch)
 CHUNKS = 2
@@ -30,7 +32,7 @@ def model_chunk(stages: int, rank: int, local: int) -> int:
 
 def owner(stages: int, chunk: int) -> Tuple[int, int]:
     """(rank, local chunk) of model chunk `chunk`."""
-    return (chunk, 0) if chunk < stages else (2 * stages - 1 - chunk, 1)
+    return chunk_owner(stages, chunk, v_shape=True)
 
 
 def _inputs(op: Op, rank: int, stages: int) -> List[Tuple[str, int, int]]:

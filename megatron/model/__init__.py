@@ -25,7 +25,7 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
     # The expert grid's groups (collective for EP > 1); a dense model builds none.
     expert = build_expert_parallel(state, cfg.parallel.expert_parallel_size, timedelta(
-        minutes=cfg.parallel.timeout_minutes)) if cfg.model.num_experts else None
+        minutes=cfg.parallel.timeout_minutes)) if cfg.model.moe.num_experts else None
     return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
                         recompute=t.activation_checkpointing,
                         sequence_parallel=sequence_parallel_on(cfg),

@@ -2,8 +2,8 @@
 experts").
 
 A MoE layer (config/moe.py) replaces the dense MLP by a router (h -> E, replicated, fp32) and
-E experts of width moe_ffn_hidden_size, E / EP on each rank (Layout.ep). Per MoE layer and
-micro-batch, with T = the rank's tokens and k = moe_top_k:
+E experts of width moe.ffn_hidden_size, E / EP on each rank (Layout.ep). Per MoE layer and
+micro-batch, with T = the rank's tokens and k = moe.top_k:
 - stored for backward: the dense MLP's terms are replaced by k T rows of the expert MLP (its
   input, as dispatched, and fc1/activation outputs: k T (h + f_e (fc1_factor + 1)) elements)
   plus the router's fp32 logits and probabilities (2 x 4 T E bytes);
@@ -42,30 +42,30 @@ def stage_moe_layers(m, lay: Layout, stage: int) -> int:
 def stored_delta(m, lay: Layout, precision: str) -> float:
     """Bytes a MoE layer stores per micro-batch beyond the dense layer act.layer_stored_bytes
     counts (negative where the experts keep less than the dense MLP would)."""
-    if not m.num_experts or lay.recompute == "full":
+    if not m.moe.num_experts or lay.recompute == "full":
         return 0.0
-    e, sb, k, fc1 = act.act_bytes(precision), act.local_tokens(m, lay), m.moe_top_k, \
+    e, sb, k, fc1 = act.act_bytes(precision), act.local_tokens(m, lay), m.moe.top_k, \
         act.fc1_factor(m)
     dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
     experts = k * sb * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
     shared = sb * moe.shared_ffn(m) * (fc1 + 1) * e / lay.tp  # as the dense MLP stores
-    return experts + shared + 2 * 4 * sb * m.num_experts - dense
+    return experts + shared + 2 * 4 * sb * m.moe.num_experts - dense
 
 
 def working_delta(m, lay: Layout, precision: str) -> float:
     """What a MoE layer's backward adds to act.layer_working_bytes: the activation gradients
     of k T rows of fc1's output where they are wider than the dense layer's widest."""
-    if not m.num_experts:
+    if not m.moe.num_experts:
         return 0.0
     e, sb = act.act_bytes(precision), act.local_tokens(m, lay)
     dense = max(m.hidden_size, act.fc1_factor(m) * m.ffn_hidden_size // lay.tp)
-    wide = m.moe_top_k * act.fc1_factor(m) * moe.expert_ffn(m)
+    wide = m.moe.top_k * act.fc1_factor(m) * moe.expert_ffn(m)
     return 2 * sb * max(0, wide - dense) * e
 
 
 def all_to_all_bytes(x) -> float:
     """Bytes one rank hands one dispatch (or combine) all-to-all: k T rows of h."""
-    return x.tokens * x.m.moe_top_k * x.m.hidden_size * x.e
+    return x.tokens * x.m.moe.top_k * x.m.hidden_size * x.e
 
 
 def layer_delta_features(x) -> np.ndarray:
@@ -78,10 +78,10 @@ def layer_delta_features(x) -> np.ndarray:
     peak, half = x.peak, x.c.gemm_half_dim
     dense = (gemm_seconds((tok, fc1 * f / lay.tp, h), peak, half)
              + gemm_seconds((tok, h, f / lay.tp), peak, half))
-    rows, fe = tok * m.moe_top_k * lay.ep / m.num_experts, moe.expert_ffn(m)
-    experts = m.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
+    rows, fe = tok * m.moe.top_k * lay.ep / m.moe.num_experts, moe.expert_ffn(m)
+    experts = m.moe.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
                                          + gemm_seconds((rows, h, fe), peak, half))
-    router = gemm_seconds((tok, m.num_experts, h), peak, half)
+    router = gemm_seconds((tok, m.moe.num_experts, h), peak, half)
     fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
     shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
               + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0
@@ -112,13 +112,13 @@ def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: f
 def reducer(reduce, m):
     """timing.reduction_features (`reduce`) as a stage of model m runs it: split_reduction's
     for a model with experts."""
-    return functools.partial(split_reduction, reduce) if m.num_experts else reduce
+    return functools.partial(split_reduction, reduce) if m.moe.num_experts else reduce
 
 
 def stage_delta_features(x, layers: int) -> np.ndarray:
     """layer_delta_features for the MoE layers among a stage's `layers` (their share of the
     model's: exact at PP 1, the only pipeline the trainer runs experts with)."""
     m = x.m
-    if not m.num_experts or not layers:
+    if not m.moe.num_experts or not layers:
         return np.zeros(len(FEATURES))
     return moe.moe_layers(m) * layers / m.num_layers * layer_delta_features(x)

@@ -10,7 +10,6 @@ from megatron.config.errors import ConfigError
 from megatron.config.schedules import Pipe
 from megatron.config.stages import even_stage_layers, rank_layers
 from megatron.config.stages import stage_layers as config_stage_layers
-from megatron.engine import interleaved_order, v_order  # torch-free: the trainer's placements
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import experts_error, layout_error, schedule_error
 
@@ -207,9 +206,9 @@ def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
     else interleaved 1F1B's loop). An approximation for those: the closed forms price a rank's
     chunks as equal."""
     if lay.interleave > 1 and lay.uneven:
-        order = v_order if schedules.get(lay.schedule).head_on_first else interleaved_order
-        return rank_layers(num_layers, lay.pp, lay.interleave, order.owner,
-                           lay.first_stage_layers, lay.last_stage_layers)
+        return rank_layers(num_layers, lay.pp, lay.interleave,
+                           schedules.get(lay.schedule).head_on_first, lay.first_stage_layers,
+                           lay.last_stage_layers)
     return config_stage_layers(num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
 
 

@@ -205,7 +205,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
     per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab) if schedule.split_backward
              else 0.0)
-    moe_layers = experts.stage_moe_layers(m, lay, stage) if m.num_experts else 0
+    moe_layers = experts.stage_moe_layers(m, lay, stage) if m.moe.num_experts else 0
     if moe_layers:
         per_mb += moe_layers * experts.stored_delta(m, lay, prec)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
@@ -227,7 +227,7 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
                or grad_dtype_problem(job.grad_dtype, job.precision))
     if problem:
         raise InputError(problem)
-    n_exp = expert_stage_params(job, lay, stage) if job.model.num_experts else 0
+    n_exp = expert_stage_params(job, lay, stage) if job.model.moe.num_experts else 0
     if not n_exp:
         return _engine_states(job, lay, sp, c, device, framework, lay.zero_dp)
     # experts' states partition over the expert-data-parallel group, the rest over dp x cp

@@ -11,8 +11,8 @@ The last stage holds the final norm and either the untied output layer or, when 
 embeddings are tied, a second copy of the tied word embedding (DeepSpeed's TiedLayerSpec builds
 the module again on that stage, without a position table). A MoE layer (config/moe.py) holds a
 replicated router [E, h] and, in place of the MLP, num_experts / EP experts of the same
-activation, width moe_ffn_hidden_size, with biases when add_bias_linear, and the shared expert
-(moe_shared_expert_ffn_hidden_size, an MLP like the dense one: split over TP, replicated over
+activation, width moe.ffn_hidden_size, with biases when add_bias_linear, and the shared expert
+(moe.shared_expert_ffn_hidden_size, an MLP like the dense one: split over TP, replicated over
 EP); `active_params` counts the top_k experts a token meets instead of all of them."""
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
     proj = h * (m.num_attention_heads * m.head_dim // tp) + (h if bias else 0)
     core = variants.attention_of(m).weight_params(m, tp)
     if index >= 0 and moe.is_moe_layer(m, index):
-        experts = m.moe_top_k if active else m.num_experts // ep
-        mlp = m.num_experts * h + experts * _mlp(m, moe.expert_ffn(m), 1)
+        experts = m.moe.top_k if active else m.moe.num_experts // ep
+        mlp = m.moe.num_experts * h + experts * _mlp(m, moe.expert_ffn(m), 1)
         if moe.shared_ffn(m):
             mlp += _mlp(m, moe.shared_ffn(m), tp)
     else:
@@ -71,7 +71,7 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
 def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,
             active: bool = False) -> int:
     """Parameters of layers [first, first + count) on one TP (and expert-parallel) rank."""
-    if not m.num_experts:
+    if not m.moe.num_experts:
         return count * layer_params(m, tp)
     return sum(layer_params(m, tp, i, ep, active) for i in range(first, first + count))
 
@@ -79,7 +79,7 @@ def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,
 def expert_params(m: ModelConfig, first: int, count: int, ep: int = 1) -> int:
     """Expert parameters one rank holds in layers [first, first + count): num_experts / ep
     whole experts of each MoE layer (the router is not an expert: it is replicated)."""
-    per_layer = m.num_experts // ep * _mlp(m, moe.expert_ffn(m), 1) if m.num_experts else 0
+    per_layer = m.moe.num_experts // ep * _mlp(m, moe.expert_ffn(m), 1) if m.moe.num_experts else 0
     return per_layer * sum(moe.is_moe_layer(m, i) for i in range(first, first + count))
 
 

@@ -143,11 +143,11 @@ def _cp_variants(cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
 def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
     """Expert-parallel sizes to try: the space's, else every divisor of num_experts dividing
     DP (1 for a dense model)."""
-    if not job.model.num_experts:
+    if not job.model.moe.num_experts:
         return [1]
     if space.ep is not None:
-        return [e for e in space.ep if dp % e == 0 and job.model.num_experts % e == 0]
-    return [e for e in _divisors(job.model.num_experts) if dp % e == 0]
+        return [e for e in space.ep if dp % e == 0 and job.model.moe.num_experts % e == 0]
+    return [e for e in _divisors(job.model.moe.num_experts) if dp % e == 0]
 
 
 def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, int]]:

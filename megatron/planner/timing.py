@@ -193,7 +193,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
     a V-shaped schedule's chunks turn back (ZB-V's last stage), whose two chunks hand the
     activation and its gradient to each other without a send."""
     f = layers * layer_features(x)
-    if x.m.num_experts:
+    if x.m.moe.num_experts:
         f += experts.stage_delta_features(x, layers)
     tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
     if first:

@@ -251,7 +251,7 @@ def moe_window(layers, state, cfg, step: int) -> Optional[List[Dict[str, float]]
     over the whole global batch; None otherwise or when none ran. Collective (every rank
     calls it after each step): the data-parallel replicas' micro-batches are summed, and
     under pipeline parallelism the stages' lists (each holds some layers) gathered."""
-    if not cfg.model.num_experts or step % cfg.training.log_interval:
+    if not cfg.model.moe.num_experts or step % cfg.training.log_interval:
         return None
     dp_group = state.dp_group if state.dp > 1 else None
     pp_group = state.pp_group if state.pp > 1 else None

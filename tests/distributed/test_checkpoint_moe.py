@@ -26,7 +26,7 @@ from tests.support.moe import MOE  # noqa: E402
 from tests.support.paths import TINY  # noqa: E402
 
 # the router bias (kept in the checkpoint, on pipeline stages too) and a shared expert
-BIAS = ["model.moe_router_bias_update_rate=0.01", "model.moe_shared_expert_ffn_hidden_size=48"]
+BIAS = ["model.moe.router_bias_update_rate=0.01", "model.moe.shared_expert_ffn_hidden_size=48"]
 LAYOUTS = {
     "ep4_zero0": ["parallel.expert_parallel_size=4", "parallel.zero_stage=0"],
     "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],

@@ -27,7 +27,7 @@ EP2, EP4 = "parallel.expert_parallel_size=2", "parallel.expert_parallel_size=4"
 TP2, SP = "parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"
 PP2, CP2 = "parallel.pipeline_parallel_size=2", "parallel.context_parallel_size=2"
 ZERO = "parallel.zero_stage={}".format
-BIAS, SHARED = "model.moe_router_bias_update_rate=0.01", "model.moe_shared_expert_ffn_hidden_size=48"
+BIAS, SHARED = "model.moe.router_bias_update_rate=0.01", "model.moe.shared_expert_ffn_hidden_size=48"
 # name: (world size, overrides)
 LAYOUTS = {
     "one_rank": (1, []),
@@ -106,7 +106,7 @@ def _layer_check(factor):
     from megatron.model import build_context
     from megatron.model.moe import MoELayer
     from megatron.parallel.state import ParallelState
-    extra = [] if factor is None else [f"model.moe_capacity_factor={factor}"]
+    extra = [] if factor is None else [f"model.moe.capacity_factor={factor}"]
     state = ParallelState.build(1, 1)
     rank, out = dist.get_rank(), {}
     layers = {}

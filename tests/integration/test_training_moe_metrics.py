@@ -20,8 +20,8 @@ from megatron.training.report import write_report
 logging.basicConfig(level=logging.INFO)  # the step lines, as megatron-train logs them
 cfg = load_config(sys.argv[2], [f"run.dir={sys.argv[1]}", "training.tensorboard=false",
                                 "training.train_iters=3", "training.log_interval=1",
-                                "model.num_experts=4", "model.moe_capacity_factor=1.0",
-                                "model.moe_z_loss_coeff=0.001"])
+                                "model.moe.num_experts=4", "model.moe.capacity_factor=1.0",
+                                "model.moe.z_loss_coeff=0.001"])
 train(cfg)
 lines = steps(read_metrics(RunDir(sys.argv[1]).metrics))
 assert [r.step for r in lines] == [1, 2, 3]
@@ -61,8 +61,8 @@ from megatron.training.loop import train
 
 def run(path, iters, load=None):
     sets = [f"run.dir={path}", "training.tensorboard=false", f"training.train_iters={iters}",
-            "model.num_experts=4", "model.moe_router=sigmoid", "model.moe_aux_loss_coeff=0",
-            "model.moe_router_bias_update_rate=0.01", "checkpoint.save=true",
+            "model.moe.num_experts=4", "model.moe.router=sigmoid", "model.moe.aux_loss_coeff=0",
+            "model.moe.router_bias_update_rate=0.01", "checkpoint.save=true",
             "checkpoint.save_interval=2"] + ([f"checkpoint.load={load}"] if load else [])
     train(load_config(sys.argv[2], sets))
 

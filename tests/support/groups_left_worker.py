@@ -34,7 +34,7 @@ LAYOUTS = {
     "dp2_zero1": ["parallel.zero_stage=1"],
     "dp2_zero3": ["parallel.zero_stage=3"],
     "cp2": ["parallel.context_parallel_size=2", "parallel.zero_stage=0"],
-    "ep2": ["model.num_experts=2", "model.moe_top_k=1", "parallel.expert_parallel_size=2"],
+    "ep2": ["model.moe.num_experts=2", "model.moe.top_k=1", "parallel.expert_parallel_size=2"],
     "pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
               "parallel.virtual_pipeline_size=2"],
 }

@@ -56,8 +56,8 @@ def test_transformers_reproduces_our_logits(case, tmp_path, root):
 
 
 MIXTRAL = LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false",
-                   "model.num_experts=4", "model.moe_top_k=2", "model.moe_router=softmax_renorm",
-                   "model.moe_ffn_hidden_size=96"]
+                   "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.router=softmax_renorm",
+                   "model.moe.ffn_hidden_size=96"]
 
 
 def test_mixtral_reproduces_our_moe_logits(tmp_path, root):
@@ -76,9 +76,9 @@ def test_mixtral_reproduces_our_moe_logits(tmp_path, root):
 
 
 def test_experts_map_only_to_mixtral_with_its_router_and_every_layer_moe(tmp_path, root):
-    for extra, why in ((["model.moe_router=softmax"], "moe_router='softmax' (needs "
+    for extra, why in ((["model.moe.router=softmax"], "moe.router='softmax' (needs "
                         "'softmax_renorm')"),
-                       (["model.moe_layer_freq=2"], "moe_layer_freq=2 (needs 1)")):
+                       (["model.moe.layer_freq=2"], "moe.layer_freq=2 (needs 1)")):
         _, merged = merged_model(MIXTRAL + extra, root)
         with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
             export_hf(merged, str(tmp_path / "x"))

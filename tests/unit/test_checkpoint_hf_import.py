@@ -84,7 +84,7 @@ def test_export_then_import_gives_back_our_tensors(name, tmp_path):
 MIXTRAL = ["model.vocab_size=500", "model.position_embedding_type=rotary",
            "model.normalization=rmsnorm", "model.activation=swiglu",
            "model.add_bias_linear=false", "model.num_query_groups=2", "model.tie_embeddings=false",
-           "model.num_experts=4", "model.moe_top_k=2", "model.moe_router=softmax_renorm"]
+           "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.router=softmax_renorm"]
 
 
 def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
@@ -100,7 +100,7 @@ def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
     model, merged = trained_moe((model, MergedCheckpoint(cfg, {}, 500, 512, {})))
     export_hf(merged, str(tmp_path / "mixtral"))
     back = import_hf(str(tmp_path / "mixtral"))
-    assert back.config.model.moe_router == "softmax_renorm" and back.config.model.num_experts == 4
+    assert back.config.model.moe.router == "softmax_renorm" and back.config.model.moe.num_experts == 4
     ours = build_single_model(back).eval()
     tokens = torch.randint(0, 500, (2, 64))
     with torch.no_grad():

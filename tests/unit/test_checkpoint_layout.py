@@ -153,18 +153,18 @@ def test_the_number_of_experts_is_part_of_the_model_and_old_records_are_dense(tm
     dense = record(1)
     assert "num_experts" not in dense.model and "moe_layer_freq" not in dense.model
     folder = committed(tmp_path / "checkpoints", 4, layout=record(4, **{
-        "model.num_experts": 4, "parallel.expert_parallel_size": 4}))
+        "model.moe.num_experts": 4, "parallel.expert_parallel_size": 4}))
     resume = find_resume(cfg_for(tmp_path))
-    check_model(resume, record(2, **{"model.num_experts": 4}))  # any EP size
+    check_model(resume, record(2, **{"model.moe.num_experts": 4}))  # any EP size
     with pytest.raises(InputError, match="holds another model") as e:
-        check_model(resume, record(1, **{"model.num_experts": 8}))
-    assert "model.num_experts: checkpoint 4, this run 8" in str(e.value) and folder in str(e.value)
-    with pytest.raises(InputError, match="model.num_experts: checkpoint 4, this run 0"):
+        check_model(resume, record(1, **{"model.moe.num_experts": 8}))
+    assert "model.moe.num_experts: checkpoint 4, this run 8" in str(e.value) and folder in str(e.value)
+    with pytest.raises(InputError, match="model.moe.num_experts: checkpoint 4, this run 0"):
         check_model(resume, dense)
     old = committed(tmp_path / "old" / "checkpoints", 3, layout=dense)
     check_model(find_resume(cfg_for(tmp_path / "old")), record(2))
-    with pytest.raises(InputError, match="model.num_experts: checkpoint 0, this run 4"):
-        check_model(find_resume(cfg_for(tmp_path / "old")), record(1, **{"model.num_experts": 4}))
+    with pytest.raises(InputError, match="model.moe.num_experts: checkpoint 0, this run 4"):
+        check_model(find_resume(cfg_for(tmp_path / "old")), record(1, **{"model.moe.num_experts": 4}))
     assert old
 
 

@@ -25,5 +25,5 @@ def test_example_loads_and_validates(path):
 def test_the_moe_demo_is_a_moe_model_with_the_new_features():
     assert os.path.join(ROOT, "examples", "local", "moe-tiny.yaml") in EXAMPLES
     m = load_config(os.path.join(ROOT, "examples", "local", "moe-tiny.yaml"), DATA).model
-    assert m.num_experts == 8 and m.moe_router_bias_update_rate > 0
-    assert m.moe_shared_expert_ffn_hidden_size and m.moe_aux_loss_coeff == 0
+    assert m.moe.num_experts == 8 and m.moe.router_bias_update_rate > 0
+    assert m.moe.shared_expert_ffn_hidden_size and m.moe.aux_loss_coeff == 0

@@ -47,7 +47,7 @@ def test_the_mixtral_recipe_validates_and_the_planner_fits_it():
     m, p = cfg.model, cfg.parallel
     assert (m.num_layers, m.hidden_size, m.num_query_groups, m.ffn_hidden_size) == \
         (32, 4096, 8, 14336)
-    assert (m.num_experts, m.moe_top_k, m.moe_router) == (8, 2, "softmax_renorm")
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.router) == (8, 2, "softmax_renorm")
     nodes = launch_nodes(recipe)
     assert validate_for_world(cfg, nodes * ranks_per_node()) == 256
     assert p.expert_parallel_size <= ranks_per_node(), "the all-to-all stays inside a node"

@@ -8,7 +8,7 @@ import pytest
 
 from megatron.config import load_config
 from megatron.config.errors import ConfigError
-from megatron.config.sections import SECTIONS
+from megatron.config.reference import documented
 
 
 def test_yaml_file_nonfinite_value(tmp_path):
@@ -20,7 +20,7 @@ def test_yaml_file_nonfinite_value(tmp_path):
 
 
 def _float_fields():
-    for section, cls in SECTIONS.items():
+    for section, cls in documented().items():  # the sections and sub-sections (model.moe)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             args = typing.get_args(hints[f.name]) or (hints[f.name],)
@@ -32,7 +32,8 @@ FLOAT_FIELDS = list(_float_fields())
 
 
 def test_there_are_float_fields_to_check():
-    assert {"optimizer.lr", "training.clip_grad", "model.rotary_base"} <= set(FLOAT_FIELDS)
+    assert {"optimizer.lr", "training.clip_grad", "model.rotary_base",
+            "model.moe.aux_loss_coeff"} <= set(FLOAT_FIELDS)
 
 
 @pytest.mark.parametrize("key", FLOAT_FIELDS)

@@ -17,10 +17,39 @@ def _warnings(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_every_moved_key_keeps_its_name_in_an_existing_section():
+def test_every_moved_key_has_a_home_in_an_existing_section():
+    """The training section's keys kept their names in their owners' sections; the model's MoE
+    keys moved into its moe sub-section, the moe_ prefix dropped."""
     for (old, name), (section, new) in MOVED.items():
-        assert old == "training" and name == new
-        assert name in Config().to_dict()[section]
+        home = Config().to_dict()[section]
+        if old == "training":
+            assert name == new and name in home
+        else:
+            sub, leaf = new.split(".")
+            assert (old, section, sub) == ("model", "model", "moe")
+            assert leaf in home["moe"] and name.replace("moe_", "") == leaf
+
+
+def test_an_old_moe_key_loads_into_the_sub_section_from_yaml_set_and_a_saved_config(
+        tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text("model:\n  num_experts: 4\n  moe_top_k: 1\n  moe_router: sigmoid\n")
+    cfg = load_config(str(path), ["model.moe_capacity_factor=1.5"])
+    moe = cfg.model.moe
+    assert (moe.num_experts, moe.top_k, moe.router, moe.capacity_factor) == (4, 1, "sigmoid",
+                                                                              1.5)
+    assert "model.moe_top_k is now model.moe.top_k" in " ".join(_warnings(caplog))
+    saved = cfg.to_dict()
+    assert "num_experts" not in saved["model"] and saved["model"]["moe"]["num_experts"] == 4
+    old = dict(saved, model={**{k: v for k, v in saved["model"].items() if k != "moe"},
+                             "num_experts": 4, "moe_top_k": 1})
+    assert Config.from_dict(old).model.moe.top_k == 1
+    new = load_config(str(path), ["model.moe.top_k=2"]).model.moe   # --set over the file
+    assert (new.num_experts, new.top_k) == (4, 2)
+    path.write_text("model:\n  moe_top_k: 1\n  moe:\n    num_experts: 4\n    top_k: 2\n")
+    with pytest.raises(ConfigError, match="model.moe_top_k=1 is invalid: expected unset: it is "
+                                          "now model.moe.top_k, which is set too"):
+        load_config(str(path))
 
 
 def test_an_old_key_in_yaml_loads_into_its_new_home_with_one_warning(tmp_path, caplog):

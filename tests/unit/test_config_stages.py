@@ -54,12 +54,11 @@ def test_model_chunks_place_the_set_counts_on_the_end_chunks():
     gives rank 0 chunks 0 and 2 (3 layers) and rank 1 chunks 1 and 3 (3); ZB-V's V gives rank 0
     chunks 0 and 3, the embedding's and the head's (2 layers), rank 1 chunks 1 and 2 (4)."""
     from megatron.config.stages import rank_layers
-    from megatron.engine import interleaved_order, v_order
     from megatron.engine.chunks import chunk_slices
     assert stage_layers(6, 4, 1, 1) == [1, 2, 2, 1]
-    assert rank_layers(6, 2, 2, interleaved_order.owner, 1, 1) == [3, 3]
-    assert rank_layers(6, 2, 2, v_order.owner, 1, 1) == [2, 4]
-    assert rank_layers(8, 2, 2, v_order.owner) == [4, 4]
+    assert rank_layers(6, 2, 2, False, 1, 1) == [3, 3]
+    assert rank_layers(6, 2, 2, True, 1, 1) == [2, 4]
+    assert rank_layers(8, 2, 2, True) == [4, 4]
     # pipeline_layers' list: embedding, 6 layers, final norm, head
     assert chunk_slices(6, 4, [1, 2, 2, 1]) == [(0, 2), (2, 4), (4, 6), (6, 9)]
     assert chunk_slices(8, 4) == [(0, 3), (3, 5), (5, 7), (7, 11)]

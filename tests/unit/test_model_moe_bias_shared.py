@@ -12,7 +12,7 @@ from megatron.config import ConfigError, load_config
 from megatron.model.moe.router import top_k, update_bias
 from tests.support.paths import TINY
 
-MOE = ["model.num_experts=4", "model.moe_top_k=2"]
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
 
 
 def _model(extra, seed=None):
@@ -46,9 +46,9 @@ def _skewed_router(rate: float, router: str = "sigmoid"):
     from megatron.model import build_context
     from megatron.model.moe.router import Router
     from megatron.parallel.state import ParallelState
-    cfg = load_config(TINY, ["model.num_experts=8", "model.moe_top_k=2",
-                             f"model.moe_router={router}",
-                             f"model.moe_router_bias_update_rate={rate}"])
+    cfg = load_config(TINY, ["model.moe.num_experts=8", "model.moe.top_k=2",
+                             f"model.moe.router={router}",
+                             f"model.moe.router_bias_update_rate={rate}"])
     r = Router(cfg.model, build_context(cfg, ParallelState.single(), 512), 0).train()
     torch.manual_seed(0)
     v = torch.randn(cfg.model.hidden_size)
@@ -100,7 +100,7 @@ def test_a_skipped_step_moves_nothing_and_forgets_its_loads():
 def test_the_bias_stays_fp32_and_is_checkpointed_as_replicated_state():
     from megatron.engine.state import buffer_states
     from megatron.parallel.state import RankCoord
-    _, model = _model(["model.moe_router_bias_update_rate=0.001", "model.moe_layer_freq=2"])
+    _, model = _model(["model.moe.router_bias_update_rate=0.001", "model.moe.layer_freq=2"])
     model.bfloat16()
     biases = {n: b for n, b in model.named_buffers() if n.endswith("expert_bias")}
     assert sorted(biases) == ["layers.0.mlp.router.expert_bias", "layers.2.mlp.router.expert_bias"]
@@ -118,7 +118,7 @@ def test_the_bias_stays_fp32_and_is_checkpointed_as_replicated_state():
 
 def test_the_shared_expert_adds_a_dense_mlp_of_every_token_to_the_routed_output():
     _, plain = _model([])
-    cfg, shared = _model(["model.moe_shared_expert_ffn_hidden_size=48"])
+    cfg, shared = _model(["model.moe.shared_expert_ffn_hidden_size=48"])
     layer, base = shared.moe_layers[0].eval(), plain.moe_layers[0].eval()
     fc1 = layer.shared_expert.fc1.weight
     assert tuple(fc1.shape) == (48, cfg.model.hidden_size)
@@ -129,16 +129,16 @@ def test_the_shared_expert_adds_a_dense_mlp_of_every_token_to_the_routed_output(
         # The routed part is the model without a shared expert: the same seeds, the same output.
         torch.testing.assert_close(layer(x) - layer.shared_expert(x), base(x))
     # Its own seed streams: not the dense MLP's fc1 of a dense layer at the same position.
-    _, dense = _model(["model.moe_layer_freq=2"])
+    _, dense = _model(["model.moe.layer_freq=2"])
     assert not torch.equal(dense.layers[1].mlp.fc1.weight[:48], fc1)
-    _, again = _model(["model.moe_shared_expert_ffn_hidden_size=48"])
+    _, again = _model(["model.moe.shared_expert_ffn_hidden_size=48"])
     assert torch.equal(again.moe_layers[0].shared_expert.fc1.weight, fc1)
 
 
 def test_the_shared_expert_is_counted_by_the_planner_and_in_flops():
     from megatron.config.model_math import model_flops_per_token
     from megatron.planner.params import active_params, model_params
-    cfg, model = _model(["model.moe_shared_expert_ffn_hidden_size=48"])
+    cfg, model = _model(["model.moe.shared_expert_ffn_hidden_size=48"])
     base, _ = _model([])
     m, h = cfg.model, cfg.model.hidden_size
     per_layer = 48 * h + 48 + h * 48 + h  # fc1, its bias, fc2, its bias (GeLU)
@@ -149,14 +149,14 @@ def test_the_shared_expert_is_counted_by_the_planner_and_in_flops():
     assert model_flops_per_token(m, 512) == model_flops_per_token(base.model, 512) + extra
 
 
-@pytest.mark.parametrize("field,value", [("moe_router_bias_update_rate", -0.1),
-                                         ("moe_shared_expert_ffn_hidden_size", -4)])
+@pytest.mark.parametrize("field,value", [("router_bias_update_rate", -0.1),
+                                         ("shared_expert_ffn_hidden_size", -4)])
 def test_config_refuses_negative_values(field, value):
-    with pytest.raises(ConfigError, match=f"model.{field}"):
-        load_config(TINY, MOE + [f"model.{field}={value}"])
+    with pytest.raises(ConfigError, match=f"model.moe.{field}"):
+        load_config(TINY, MOE + [f"model.moe.{field}={value}"])
 
 
 def test_zero_means_no_shared_expert():
-    cfg, model = _model(["model.moe_shared_expert_ffn_hidden_size=0"])
-    assert cfg.model.moe_shared_expert_ffn_hidden_size is None
+    cfg, model = _model(["model.moe.shared_expert_ffn_hidden_size=0"])
+    assert cfg.model.moe.shared_expert_ffn_hidden_size is None
     assert model.moe_layers[0].shared_expert is None

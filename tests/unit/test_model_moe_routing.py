@@ -15,7 +15,7 @@ from megatron.model.moe.dispatch import combine, plan
 from megatron.model.moe.router import capacity, load_balancing_loss, top_k, z_loss
 from tests.support.paths import TINY
 
-MOE = ["model.num_experts=4", "model.moe_top_k=2"]
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
 
 
 def test_capacity_keeps_first_choices_in_token_order_then_second_choices():
@@ -124,13 +124,13 @@ def test_grouped_gemm_backward_equals_the_loop(flavour):
 
 
 @pytest.mark.parametrize("overrides, world, field", [
-    (["model.num_experts=-1"], 1, "model.num_experts"),
-    (MOE[:1] + ["model.moe_top_k=5"], 1, "model.moe_top_k"),
-    (MOE + ["model.moe_layer_freq=0"], 1, "model.moe_layer_freq"),
-    (MOE + ["model.moe_capacity_factor=0"], 1, "model.moe_capacity_factor"),
-    (MOE + ["model.moe_router=relu"], 1, "model.moe_router"),
-    (MOE + ["model.moe_aux_loss_coeff=-1"], 1, "model.moe_aux_loss_coeff"),
-    (MOE + ["model.moe_ffn_hidden_size=0"], 1, "model.moe_ffn_hidden_size"),
+    (["model.moe.num_experts=-1"], 1, "model.moe.num_experts"),
+    (MOE[:1] + ["model.moe.top_k=5"], 1, "model.moe.top_k"),
+    (MOE + ["model.moe.layer_freq=0"], 1, "model.moe.layer_freq"),
+    (MOE + ["model.moe.capacity_factor=0"], 1, "model.moe.capacity_factor"),
+    (MOE + ["model.moe.router=relu"], 1, "model.moe.router"),
+    (MOE + ["model.moe.aux_loss_coeff=-1"], 1, "model.moe.aux_loss_coeff"),
+    (MOE + ["model.moe.ffn_hidden_size=0"], 1, "model.moe.ffn_hidden_size"),
     (["parallel.expert_parallel_size=0"], 1, "parallel.expert_parallel_size"),
     (["parallel.expert_parallel_size=2"], 2, "parallel.expert_parallel_size"),
     (MOE + ["parallel.expert_parallel_size=3"], 3, "parallel.expert_parallel_size"),
@@ -173,10 +173,10 @@ def test_experts_compose_with_the_other_axes(overrides, world):
 
 
 @pytest.mark.parametrize("extra", [[], ["model.activation=swiglu", "model.add_bias_linear=false",
-                                        "model.moe_layer_freq=3", "model.moe_ffn_hidden_size=96",
+                                        "model.moe.layer_freq=3", "model.moe.ffn_hidden_size=96",
                                         "model.tie_embeddings=false"],
                                    ["model.activation=swiglu",
-                                    "model.moe_shared_expert_ffn_hidden_size=48"]])
+                                    "model.moe.shared_expert_ffn_hidden_size=48"]])
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_the_planner_counts_what_each_expert_parallel_rank_holds(extra, ep):
     from megatron.model import GPTModel, build_context
@@ -203,7 +203,7 @@ def test_a_dense_model_has_no_expert_parameters_and_the_same_flops():
     cfg = load_config(TINY, [])
     names = [n for n, _ in build_model(cfg, ParallelState.single(), 512).named_parameters()]
     assert not [n for n in names if "router" in n or "experts" in n]
-    moe = load_config(TINY, MOE + ["model.moe_layer_freq=2"])
+    moe = load_config(TINY, MOE + ["model.moe.layer_freq=2"])
     # top-2 of 4 experts as wide as the dense MLP: each of the 2 MoE layers (0 and 2) costs one
     # more MLP and the router, 2 FLOPs a weight forward, x3 with the backward
     m, h = cfg.model, cfg.model.hidden_size

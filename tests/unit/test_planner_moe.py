@@ -7,6 +7,7 @@ import pytest
 
 from megatron.config import moe
 from megatron.planner import activations as act, experts
+from megatron.config.sections import MoEConfig
 from megatron.planner.features import COMM, GEMM, gemm_seconds
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import memory_per_stage, peak_memory
@@ -15,7 +16,8 @@ from megatron.planner.profile import Constants, load_profile
 from megatron.planner.search import SearchSpace, search
 from megatron.planner.timing import _Ctx, stage_features, step_time
 
-M = dataclasses.replace(preset_model("gpt3-350m"), num_experts=8, moe_top_k=2, moe_layer_freq=2)
+M = dataclasses.replace(preset_model("gpt3-350m"),
+                        moe=MoEConfig(num_experts=8, top_k=2, layer_freq=2))
 JOB = Job(M, 64, "bf16")
 MOE_LAYERS = M.num_layers // 2
 
@@ -97,7 +99,7 @@ def test_search_tries_the_expert_parallel_sizes_and_memory_falls_with_ep():
 
 def test_the_cli_prices_ep(capsys):
     from megatron.cli.plan import main
-    sets = ["--set", "model.num_experts=8", "--set", "model.moe_top_k=2", "--set",
+    sets = ["--set", "model.moe.num_experts=8", "--set", "model.moe.top_k=2", "--set",
             "training.precision=bf16"]
     assert main(["memory", "--config", "examples/local/tiny.yaml", *sets, "--cluster", "h100",
                  "--ep", "4"]) == 0

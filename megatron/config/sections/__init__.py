@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 from megatron.config.sections.checkpoint import CheckpointConfig
 from megatron.config.sections.data import DataConfig, split_fractions
 from megatron.config.sections.model import ModelConfig
+from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.optimizer import OptimizerConfig
 from megatron.config.sections.parallel import ParallelConfig
 from megatron.config.sections.resilience import ResilienceConfig
@@ -31,6 +32,20 @@ SECTIONS = {
 }
 
 
+# Sub-sections: a field of a section that is a section of its own, written nested in YAML
+# (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
+SUBSECTIONS = {"model.moe": MoEConfig}
+
+# The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
+# moe_ prefix the sub-section now says).
+_MOE_RENAMED = {"num_experts": "num_experts", "moe_top_k": "top_k",
+                "moe_ffn_hidden_size": "ffn_hidden_size", "moe_layer_freq": "layer_freq",
+                "moe_capacity_factor": "capacity_factor", "moe_router": "router",
+                "moe_aux_loss_coeff": "aux_loss_coeff", "moe_z_loss_coeff": "z_loss_coeff",
+                "moe_router_bias_update_rate": "router_bias_update_rate",
+                "moe_shared_expert_ffn_hidden_size": "shared_expert_ffn_hidden_size"}
+
+
 def _moved(section: str, cls) -> Dict[Tuple[str, str], Tuple[str, str]]:
     return {("training", name): (section, name) for name in cls.__dataclass_fields__}
 
@@ -40,8 +55,9 @@ def _moved(section: str, cls) -> Dict[Tuple[str, str], Tuple[str, str]]:
 # load through this map (config/renames.py).
 MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
     **_moved("eval", EvalConfig), **_moved("checkpoint", CheckpointConfig),
-    **_moved("resilience", ResilienceConfig)}
+    **_moved("resilience", ResilienceConfig),
+    **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()}}
 
-__all__ = ["SECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig", "KernelsConfig",
-           "ModelConfig", "OptimizerConfig", "ParallelConfig", "ResilienceConfig", "RunConfig",
+__all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig", "KernelsConfig",
+           "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig", "ResilienceConfig", "RunConfig",
            "TrainingConfig", "split_fractions"]

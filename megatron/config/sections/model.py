@@ -1,5 +1,6 @@
 """The model section: the architecture, read as one unit by the model builders, model_math and
-the planner (which price a model section without a job). Each field's docstring is its entry in
+the planner (which price a model section without a job), its mixture of experts a sub-section
+(model.moe). Each field's docstring is its entry in
 docs/config.md (config/reference.py)."""
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
-from megatron.config import moe, variants
+from megatron.config import variants
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, fraction, positive, registry
+from megatron.config.sections.moe import MoEConfig
 
 
 def _variant(kind: str):
@@ -65,35 +67,9 @@ class ModelConfig:
     can run on the device found at start-up (logged once)."""
     init_method_std: float = 0.02
     """Standard deviation of the normal initialisation of the weights."""
-    num_experts: int = 0
-    """Mixture of experts (config/moe.py, docs/moe.md): experts per MoE layer; 0: a dense model."""
-    moe_top_k: int = 2
-    """Experts each token is routed to, between 1 and num_experts."""
-    moe_ffn_hidden_size: Optional[int] = None
-    """Width of each expert's MLP. null: ffn_hidden_size."""
-    moe_layer_freq: int = 1
-    """Every moe_layer_freq-th layer from the first is MoE (Megatron-LM's integer
-    --moe-layer-freq); 1: every layer."""
-    moe_capacity_factor: Optional[float] = None
-    """Tokens an expert takes, as a factor of its even share; the rest are dropped. null:
-    dropless routing."""
-    moe_router: moe.Router = "softmax"
-    """Router scores: softmax (the chosen experts' probabilities as weights), softmax_renorm (the
-    same experts, their probabilities renormalised to sum to 1: Mixtral's router, which the
-    Hugging Face export needs), or sigmoid (the top-k scores normalised to sum to 1)."""
-    moe_aux_loss_coeff: float = 0.01
-    """Weight of the Switch/GShard load-balancing loss; 0 switches it off."""
-    moe_z_loss_coeff: float = 0.0
-    """Weight of the router z-loss (ST-MoE), which keeps router logits small; 0: off."""
-    moe_router_bias_update_rate: float = 0.0
-    """Auxiliary-loss-free load balancing (DeepSeek-V3): a per-expert bias added to the router's
-    scores for the top-k choice only (the weights stay unbiased), moved by this much toward
-    balance after each optimizer step, from the step's loads summed over data-parallel ranks;
-    kept in checkpoints. 0: no bias. DeepSeek-V3 used 0.001."""
-    moe_shared_expert_ffn_hidden_size: Optional[int] = None
-    """Width of a shared expert (DeepSeek-MoE, Qwen-MoE): a dense MLP of the model's activation
-    in each MoE layer that every token runs, its output added to the routed experts'; replicated,
-    not split over expert-parallel ranks. null or 0: none."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Mixture of experts, a sub-section (`model.moe.*`, config/sections/moe.py, docs/moe.md);
+    its defaults are a dense model."""
 
     def __post_init__(self):
         s = "model"
@@ -112,8 +88,9 @@ class ModelConfig:
             if self.num_attention_heads % self.num_query_groups:
                 raise ConfigError("model.num_query_groups", self.num_query_groups,
                                   f"a divisor of model.num_attention_heads={self.num_attention_heads}")
+        if isinstance(self.moe, dict):  # a saved config's mapping (Config.from_dict)
+            self.moe = MoEConfig(**self.moe)
         self._defaults()
-        moe.check_fields(self)
 
     def _defaults(self) -> None:
         """The fields whose null means "derived from the others"."""

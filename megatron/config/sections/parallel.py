@@ -68,7 +68,7 @@ class ParallelConfig:
     off (both 0) this stays the timeout of every collective."""
     expert_parallel_size: int = 1
     """Data-parallel ranks the experts of each MoE layer are split over (docs/moe.md); a divisor
-    of model.num_experts and of the data-parallel size."""
+    of model.moe.num_experts and of the data-parallel size."""
 
     def __post_init__(self):
         s = "parallel"

@@ -54,7 +54,7 @@ class Experts(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(count, h)) if m.add_bias_linear else None
         writer = ctx.expert is None or ctx.expert.grid.index(ctx.expert.rank, "edp") == 0
         for p in self.parameters():
-            mark_experts(p, m.num_experts, first, writer)
+            mark_experts(p, m.moe.num_experts, first, writer)
         self.grouped = None  # None: the grouped GEMM where torch has it, else the loop
 
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:

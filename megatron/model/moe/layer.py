@@ -2,7 +2,7 @@
 
     x [s, b, h] -> tokens [T = s*b, h] -> router -> plan (sort by expert, capacity) -> permute
     -> exchange over the ep group (EP > 1) -> experts -> reverse exchange -> weighted combine
-    -> [s, b, h]  (+ the shared expert's MLP of every token, model.moe_shared_expert_ffn_hidden_size)
+    -> [s, b, h]  (+ the shared expert's MLP of every token, model.moe.shared_expert_ffn_hidden_size)
 
 Tokens: under tensor parallelism the layer works on this rank's share of the sequence: the
 sequence-parallel shard it is given, or without sequence parallelism its 1/t slice of the
@@ -98,10 +98,10 @@ class MoELayer(nn.Module):
         expert, state = ctx.expert, ctx.state
         self.ep = expert.size if expert is not None else 1
         self.group = expert.ep_group if expert is not None else None
-        local = m.num_experts // self.ep
+        local = m.moe.num_experts // self.ep
         first = (expert.index if expert is not None else 0) * local
-        self.num_experts, self.k, self.factor = m.num_experts, m.moe_top_k, m.moe_capacity_factor
-        self.aux_coeff, self.z_coeff = m.moe_aux_loss_coeff, m.moe_z_loss_coeff
+        self.num_experts, self.k, self.factor = m.moe.num_experts, m.moe.top_k, m.moe.capacity_factor
+        self.aux_coeff, self.z_coeff = m.moe.aux_loss_coeff, m.moe.z_loss_coeff
         # Without sequence parallelism the input is replicated over TP: take this rank's slice.
         self.tp_group = state.tp_group if state.tp > 1 and not ctx.sequence_parallel else None
         # The ranks that split one micro-batch's tokens; cp: each rank's loss is the mean over

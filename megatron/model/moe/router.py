@@ -11,14 +11,14 @@ rule.
                 assignments that chose e (before any drop), P_e the mean of p[:, e] over tokens
     z-loss    = coeff x mean_t(logsumexp(logits_t)^2)  (ST-MoE)
 
-Auxiliary-loss-free balancing (DeepSeek-V3; model.moe_router_bias_update_rate u > 0): a bias
+Auxiliary-loss-free balancing (DeepSeek-V3; model.moe.router_bias_update_rate u > 0): a bias
 b [E] (a buffer, not trained by the optimizer) is added to the scores (p, or q for sigmoid) for
 the top-k choice only; the weights stay the unbiased scores of the chosen experts. After each
 optimizer step, b_e += u x sign(mean_e(load) - load_e), the load counted over the step's
 training forwards and summed over the data-parallel ranks (update_bias), so every rank keeps
 the same b.
 
-Capacity (model.moe_capacity_factor c, null: dropless): an expert takes at most
+Capacity (model.moe.capacity_factor c, null: dropless): an expert takes at most
 ceil(T x k / E x c) assignments of this rank's T tokens. The drop policy: assignments are ranked
 slot-major, every token's first choice (in token order) before any token's second choice, and
 each expert keeps its first `capacity` in that order; a dropped assignment contributes nothing
@@ -95,18 +95,18 @@ class Router(nn.Module):
 
     def __init__(self, m, ctx, layer_number: int):
         super().__init__()
-        self.k, self.kind = m.moe_top_k, m.moe_router
+        self.k, self.kind = m.moe.top_k, m.moe.router
         # Under TP every rank routes other tokens (model/moe/layer.py): sum the gradient.
         self.state, self.tokens_split = ctx.state, ctx.state.tp > 1
         # [E, h], one seeded stream per line like every weight: the same in every layout.
         self.weight = nn.Parameter(sharded_normal(
-            (m.num_experts, m.hidden_size), m.init_method_std,
+            (m.moe.num_experts, m.hidden_size), m.init_method_std,
             seed_for(ctx.seed, f"layer{layer_number}.router")))
-        self.bias_rate = m.moe_router_bias_update_rate
+        self.bias_rate = m.moe.router_bias_update_rate
         if self.bias_rate:
             # [E] fp32, replicated; checkpointed beside the parameters (engine/state.py).
-            self.register_buffer("expert_bias", torch.zeros(m.num_experts))
-            self.step_load = torch.zeros(m.num_experts)  # this step's assignments per expert
+            self.register_buffer("expert_bias", torch.zeros(m.moe.num_experts))
+            self.step_load = torch.zeros(m.moe.num_experts)  # this step's assignments per expert
         else:
             self.expert_bias = None
 
