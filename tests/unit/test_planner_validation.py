@@ -35,8 +35,9 @@ def _table(rows):
 def test_cases_cover_the_sources_the_issue_names(published):
     sources = {c.source for c in published.cases}
     assert {"narayanan21", "korthikanti22", "mtnlg22", "bloom22", "dash23", "mcore24",
-            "mosaic23", "neox22"} <= sources
-    assert len(published.cases) >= 40
+            "mosaic23", "neox22", "lumi23"} <= sources
+    assert len(published.cases) >= 56
+    assert sum(c.profile.spec.name == "frontier" for c in published.cases) >= 9  # MI250X
     assert {c.profile.spec.name for c in published.cases} >= {"a100", "frontier", "h100"}
     for c in published.cases:
         assert c.published_step_s > 0, c.id
@@ -66,10 +67,11 @@ def _loso_table(rows):
 def test_leave_one_source_out_error_is_within_bounds(rows):
     """Each case predicted by a fit that saw no case of its paper. Bounds set with 29 cases from
     5 sources (median 6.8%, max 27.6% on MT-NLG); with 48 cases from 8 sources and 4 device
-    kinds: median 5.9%, max 15.7% (mpt-1b-h128), so the bounds are now issue 26's: median
-    <= 10% and every case <= 20%."""
+    kinds: median 5.9%, max 15.7% (mpt-1b-h128), so the bounds became issue 26's: median
+    <= 10% and every case <= 20%; with 56 cases from 9 sources (LUMI's MI250X runs added):
+    median 5.7%, max 12.3% (lumi-175b-16n), held to issue 38's median <= 8%."""
     errors = np.abs([r.loso_error for r in rows])
-    assert np.median(errors) <= 0.10, _loso_table(rows)
+    assert np.median(errors) <= 0.08, _loso_table(rows)
     assert errors.max() <= 0.20, _loso_table(rows)
 
 
@@ -113,7 +115,7 @@ def test_a_group_no_case_exercises_is_not_fitted(published):
     assert not np.allclose(fit[:3], v.PRIOR[:3])
     assert v.constrained_by(megatron_only)["pipe_engine"] == ()
     assert set(v.constrained_by(published.cases)["pipe_engine"]) == \
-        {"mtnlg22", "bloom22", "dash23", "neox22"}
+        {"mtnlg22", "bloom22", "dash23", "neox22", "lumi23"}
 
 
 def test_fit_improves_on_the_prior(rows):
