@@ -16,17 +16,10 @@ import os
 
 import pytest
 
-from megatron.config import load_config, schedules
-from megatron.planner.layout import Job, Layout
-from megatron.planner.memory import GIB, peak_memory
-from megatron.planner.profile import Constants
-
 from tests.support.paths import ROOT
-from tests.support.planner_mem_worker import LAYOUTS, TINY, layout_overrides
+from tests.support.planner_mem_worker import LAYOUTS, predicted_stage_gb
 from tests.support.procs import torchrun
 
-# DeepSpeed's bucket (5e8 elements) counted as resident only where gradients touch it.
-CPU_CONSTANTS = Constants(act_scale=1.0, fixed_gb=0.0, bucket_touched=1.0)
 # the pipeline schedules on the same two stages too: ZB-H1, interleaved v2, ZB-V (whose V puts
 # the output layer and the tied embedding's second copy on the first stage)
 DEFAULT_LAYOUTS = "tp2,pp2,dp2_zero1,dp2_zero3,pp2_zbh1,pp2v2,pp2_zbv"
@@ -34,19 +27,8 @@ TOLERANCE = 0.20
 
 
 def predicted_gb(layout: str, world: int = 2) -> float:
-    overrides, (tp, pp, dp, mb, ga) = layout_overrides(layout, world)
-    cfg = load_config(TINY, overrides)
-    zero = cfg.parallel.zero_stage
-    job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision)
-    p = cfg.parallel
-    # the planner prices a schedule the trainer runs under another name with chunks (1f1b with
-    # chunks is the trainer's interleaved): the record whose `chunked` this run's schedule is
-    schedule = next((n for n in schedules.names() if schedules.get(n).chunked ==
-                     p.pipeline_schedule), p.pipeline_schedule)
-    lay = Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, zero=zero,
-                 recompute="none", flash=True,  # CPU SDPA keeps no s x s scores
-                 schedule=schedule, interleave=p.virtual_pipeline_size)
-    return peak_memory(job, lay, CPU_CONSTANTS).peak_bytes / GIB
+    """The planner's peak over the stages (memory.peak_memory's figure), GiB."""
+    return max(predicted_stage_gb(layout, world))
 
 
 @pytest.mark.slow

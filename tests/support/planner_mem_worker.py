@@ -22,7 +22,10 @@ import re
 import sys
 import time
 
-from megatron.config import load_config
+from megatron.config import load_config, schedules
+from megatron.planner.layout import Job, Layout
+from megatron.planner.memory import GIB, memory_per_stage
+from megatron.planner.profile import Constants
 from megatron.training.loop import train
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
@@ -56,7 +59,20 @@ LAYOUTS = {
                "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 2),
     "pp2_zbv": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
                  "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"], 2),
+    # four stages, four micro-batches (benchmarks/pipeline/bench_pp4_memory.py, 4 ranks): 1F1B
+    # holds p - i in flight on stage i, interleaving more on the first, ZB-V the same on each
+    "pp4": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1"], 4),
+    "pp4_zbh1": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
+                  "parallel.pipeline_schedule=zbh1"], 4),
+    "pp4v2": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
+               "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 4),
+    "pp4_zbv": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
+                 "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"], 4),
 }
+# No CPU profile is calibrated for this model: act_scale 1 (the formulas as they stand), fixed_gb
+# 0 (the baseline removes the process's fixed memory), bucket_touched 1 (resident memory sees only
+# the pages of DeepSpeed's 5e8-element bucket that gradients write).
+CPU_CONSTANTS = Constants(act_scale=1.0, fixed_gb=0.0, bucket_touched=1.0)
 
 
 def _status_mib(field: str) -> float:
@@ -75,6 +91,28 @@ def layout_overrides(layout: str, world: int):
     overrides = MODEL + items + [f"training.global_batch_size={mb * dp * ga}",
                                  f"training.train_iters={STEPS}"]
     return overrides, (tp, pp, dp, mb, ga)
+
+
+def planned(layout: str, world: int):
+    """(Job, Layout) of `layout` on `world` ranks as the planner prices it. The planner names a
+    schedule the trainer runs under another name with chunks (1f1b with chunks is the trainer's
+    interleaved) by the record whose `chunked` it is."""
+    overrides, (tp, pp, dp, mb, ga) = layout_overrides(layout, world)
+    cfg = load_config(TINY, overrides)
+    p = cfg.parallel
+    job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision)
+    schedule = next((n for n in schedules.names() if schedules.get(n).chunked ==
+                     p.pipeline_schedule), p.pipeline_schedule)
+    lay = Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, zero=p.zero_stage,
+                 recompute="none", flash=True,  # CPU SDPA keeps no s x s scores
+                 schedule=schedule, interleave=p.virtual_pipeline_size)
+    return job, lay
+
+
+def predicted_stage_gb(layout: str, world: int):
+    """The planner's peak per pipeline stage, GiB (memory.memory_per_stage)."""
+    job, lay = planned(layout, world)
+    return [s.peak_bytes / GIB for s in memory_per_stage(job, lay, CPU_CONSTANTS)]
 
 
 def main() -> int:
