@@ -1,3 +1,6 @@
+import json
+import os
+
 import pytest
 
 from tests.support.paths import ROOT
@@ -47,6 +50,29 @@ def registries_left_as_found(request):
                     " register in a fixture that unregisters", pytrace=False)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): the tests pytest-xdist runs on one "
+                                       "worker (tests/conftest.py sets it)")
+
+
+def worker_group(item) -> str:
+    """Which tests `make test`'s workers (pytest-xdist, --dist loadgroup) keep together: the
+    distributed modules, whose session fixture makes one launch per world size for all of them;
+    the tests on the session's Slurm cluster; and each other file whole, so a module's fixture
+    (the CUDA wheel build, a module's own launch) runs once."""
+    path = os.path.relpath(str(item.fspath), ROOT)
+    if path.startswith(os.path.join("tests", "distributed") + os.sep):
+        return "distributed"
+    if "slurm" in getattr(item, "fixturenames", ()):
+        return "slurm"
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
 SLOWEST = 10  # how many tests the closing summary names
 _took: dict = {}
 
@@ -60,10 +86,41 @@ def pytest_terminal_summary(terminalreporter):
     """The slowest tests with setup, call and teardown together (a module's shared fixture is
     paid in the setup of its first test), last before pytest's closing line, so a CI log ends
     saying where the suite's time went."""
+    tr = terminalreporter
+    _print_shared_launches(tr)
     if not _took:
         return
-    tr = terminalreporter
     tr.write_sep("=", f"slowest {min(SLOWEST, len(_took))} tests (setup + call + teardown)")
     for nodeid, seconds in sorted(_took.items(), key=lambda kv: -kv[1])[:SLOWEST]:
         tr.write_line(f"{seconds:8.1f}s {nodeid}")
     tr.write_line(f"{sum(_took.values()):8.1f}s in all {len(_took)} tests")
+
+
+def _shared_launch_notes(config):
+    """What tests/distributed/conftest.py noted of the shared launches, in this session's base
+    temp directory or (under pytest-xdist) a worker's under it."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return []
+    base = factory.getbasetemp()
+    paths = [base / "shared_launches_summary.json"] + sorted(
+        base.glob("*/shared_launches_summary.json"))
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def _print_shared_launches(tr):
+    """What the shared launches cost: one line per launch (ranks, jobs, seconds), a module
+    that passed only on its second try in yellow, and the 10 slowest jobs."""
+    for note in _shared_launch_notes(tr.config):
+        for log in note["logs"]:
+            retried = [line for line in log if "SECOND TRY" in line]
+            costs = [line for line in log if line not in retried]
+            if costs:
+                tr.write_line("shared launches: " + "; ".join(costs))
+            for line in retried:
+                tr.write_line("shared launches: " + line, yellow=True, bold=True)
+        for seconds in note["seconds"]:
+            slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:10]
+            if slowest:
+                tr.write_line("shared launches, slowest jobs: " + "; ".join(
+                    f"{name} {s:.0f} s" for name, s in slowest))

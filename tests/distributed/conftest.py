@@ -1,7 +1,14 @@
+import json
+import os
+
 import pytest
 
 from tests.support.launch_batches import Batches
 
+# what the shared launches cost, for the closing summary (tests/conftest.py), which reads it from
+# this file in the session's base temp directory (a pytest-xdist worker's own, under the
+# controller's: the controller collects nothing, so this conftest's hooks run on workers only)
+NOTE = "shared_launches_summary.json"
 _logs: list = []
 _seconds_of: list = []
 
@@ -23,17 +30,8 @@ def shared_launches(request, tmp_path_factory):
     return batches
 
 
-def pytest_terminal_summary(terminalreporter):
-    """What the shared launches cost: one line per launch (ranks, jobs, seconds)."""
-    for log in _logs:
-        retried = [line for line in log if "SECOND TRY" in line]
-        costs = [line for line in log if line not in retried]
-        if costs:
-            terminalreporter.write_line("shared launches: " + "; ".join(costs))
-        for line in retried:
-            terminalreporter.write_line("shared launches: " + line, yellow=True, bold=True)
-    for seconds in _seconds_of:
-        slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:10]
-        if slowest:
-            terminalreporter.write_line("shared launches, slowest jobs: " + "; ".join(
-                f"{name} {s:.0f} s" for name, s in slowest))
+def pytest_sessionfinish(session):
+    if _logs:
+        base = session.config._tmp_path_factory.getbasetemp()
+        with open(os.path.join(base, NOTE), "w") as f:
+            json.dump({"logs": _logs, "seconds": _seconds_of}, f)
