@@ -4,11 +4,11 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test and test-fast. tests/conftest.py keeps together what shares
-# a fixture (the distributed modules' shared launches, the Slurm cluster, each other file), so
-# the tests that wait out a deadline or a compiler overlap the others' compute. 0: one process.
-TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadgroup)
+# make test's and test-fast's pytest processes side by side (tools/run_tests.sh): 2, for make
+# test the distributed modules in one and every other test in the other, so the many tests that
+# wait out a deadline, a Slurm job or a compiler overlap the distributed launches' compute (for
+# test-fast the unit and the integration tests); 1: one process, as before.
+TEST_PROCESSES ?= 2
 
 .PHONY: setup test test-fast demo toolchains clean
 
@@ -30,13 +30,14 @@ toolchains:
 # --durations: the 20 slowest phases (setup, call, teardown); tests/conftest.py then closes with
 # the 10 slowest tests, their phases together, so a CI log says where the suite's time goes
 test: setup toolchains
-	$(PY) -m pytest -q -ra --durations=20 $(XDIST) $(PYTEST_ARGS) tests
+	PY=$(PY) TEST_PROCESSES=$(TEST_PROCESSES) bash tools/run_tests.sh $(PYTEST_ARGS)
 
 # A check while editing: unit tests and the integration tests not marked slow (no distributed,
 # e2e or GPU tests, no compiler runs: the CUDA wheel, the ahead-of-time kernel build and the
 # kernel simulator are left to `make test`, which still runs everything).
 test-fast: setup toolchains
-	MEGATRON_SKIP_CUDA_WHEEL=1 $(PY) -m pytest -q -ra -m "not slow" $(XDIST) $(PYTEST_ARGS) tests/unit tests/integration
+	MEGATRON_SKIP_CUDA_WHEEL=1 PY=$(PY) TEST_PROCESSES=$(TEST_PROCESSES) TEST_SET=fast \
+		bash tools/run_tests.sh $(PYTEST_ARGS)
 
 demo: setup
 	bash examples/local/demo.sh

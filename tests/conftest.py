@@ -50,29 +50,6 @@ def registries_left_as_found(request):
                     " register in a fixture that unregisters", pytrace=False)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): the tests pytest-xdist runs on one "
-                                       "worker (tests/conftest.py sets it)")
-
-
-def worker_group(item) -> str:
-    """Which tests `make test`'s workers (pytest-xdist, --dist loadgroup) keep together: the
-    distributed modules, whose session fixture makes one launch per world size for all of them;
-    the tests on the session's Slurm cluster; and each other file whole, so a module's fixture
-    (the CUDA wheel build, a module's own launch) runs once."""
-    path = os.path.relpath(str(item.fspath), ROOT)
-    if path.startswith(os.path.join("tests", "distributed") + os.sep):
-        return "distributed"
-    if "slurm" in getattr(item, "fixturenames", ()):
-        return "slurm"
-    return path
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
-
-
 SLOWEST = 10  # how many tests the closing summary names
 _took: dict = {}
 
@@ -98,7 +75,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def _shared_launch_notes(config):
     """What tests/distributed/conftest.py noted of the shared launches, in this session's base
-    temp directory or (under pytest-xdist) a worker's under it."""
+    temp directory (or a worker's under it, were the session split over workers)."""
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is None:
         return []
@@ -124,3 +101,4 @@ def _print_shared_launches(tr):
             if slowest:
                 tr.write_line("shared launches, slowest jobs: " + "; ".join(
                     f"{name} {s:.0f} s" for name, s in slowest))
+

@@ -6,8 +6,7 @@ import pytest
 from tests.support.launch_batches import Batches
 
 # what the shared launches cost, for the closing summary (tests/conftest.py), which reads it from
-# this file in the session's base temp directory (a pytest-xdist worker's own, under the
-# controller's: the controller collects nothing, so this conftest's hooks run on workers only)
+# this file in the session's base temp directory
 NOTE = "shared_launches_summary.json"
 _logs: list = []
 _seconds_of: list = []

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# make test's and make test-fast's runner: two pytest processes side by side on the 2 cores.
+#   make test (TEST_SET=all): tests/distributed ([dist]; its modules share one launch per world
+#     size, a session fixture, so they stay in one process) and every other test ([rest]). Most
+#     of the second's time is waiting (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip
+#     and compilers), which then overlaps the first's compute.
+#   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
+#     slow ([intg]).
+# Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
+# the shared launches' costs). The exit status is the first failing process's; a half that
+# selects no test (pytest's 5) counts as passed. TEST_PROCESSES=1: one pytest, as before.
+# Arguments go to pytest.
+set -uo pipefail
+PY=${PY:-.venv/bin/python}
+ARGS=(-q -ra --durations=20 "$@")
+if [ "${TEST_SET:-all}" = "fast" ]; then
+    ARGS+=(-m "not slow")
+    names=(unit intg); first=(tests/unit); second=(tests/integration)
+else
+    names=(dist rest); first=(tests/distributed)
+    second=(tests/e2e tests/gpu tests/integration tests/unit)
+fi
+if [ "${TEST_PROCESSES:-2}" = "1" ]; then
+    exec "$PY" -m pytest "${ARGS[@]}" "${first[@]}" "${second[@]}"
+fi
+export PYTHONUNBUFFERED=1
+half() {  # name, paths...: one pytest, its lines prefixed
+    local name=$1; shift
+    "$PY" -m pytest "${ARGS[@]}" "$@" 2>&1 | sed -u "s/^/[$name] /"
+}
+half "${names[0]}" "${first[@]}" & one=$!
+half "${names[1]}" "${second[@]}" & two=$!
+status=0
+for pid in $one $two; do
+    wait "$pid"; code=$?
+    if [ "$code" -ne 0 ] && [ "$code" -ne 5 ] && [ "$status" -eq 0 ]; then
+        status=$code
+    fi
+done
+echo "run_tests.sh: ${first[*]} and ${second[*]} side by side; exit status $status"
+exit $status
