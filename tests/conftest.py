@@ -74,15 +74,13 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def _shared_launch_notes(config):
-    """What tests/distributed/conftest.py noted of the shared launches, in this session's base
-    temp directory (or a worker's under it, were the session split over workers)."""
+    """What tests/distributed/conftest.py noted of the shared launches in this session's base
+    temp directory."""
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is None:
         return []
-    base = factory.getbasetemp()
-    paths = [base / "shared_launches_summary.json"] + sorted(
-        base.glob("*/shared_launches_summary.json"))
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+    path = factory.getbasetemp() / "shared_launches_summary.json"
+    return [json.loads(path.read_text())] if path.exists() else []
 
 
 def _print_shared_launches(tr):

@@ -31,6 +31,7 @@ import torch
 
 from megatron.config import moe, variants
 from megatron.config.errors import InputError
+from megatron.config.sections import field_at
 from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
@@ -56,21 +57,14 @@ def _selected(m):
     return out
 
 
-def _field(m, dotted: str):
-    """A model section's field by its dotted name (moe.layer_freq: the sub-section's)."""
-    for part in dotted.split("."):
-        m = getattr(m, part)
-    return m
-
-
 def _arch_problems(m, arch: str) -> List[str]:
     why = [f"model.{name}={value!r} declares no {ARCH_NAMES[arch]} names"
            for name, value, v in _selected(m) if VARIANT_ARCH.get(arch, arch) not in v.hf]
     if (arch == "mixtral") != (m.moe.num_experts > 0):
         why.append(f"moe.num_experts={m.moe.num_experts} (needs "
                    f"{'> 0' if arch == 'mixtral' else '0: experts map to Mixtral'})")
-    why += [f"{k}={_field(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
-            if _field(m, k) != v]
+    why += [f"{k}={field_at(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
+            if field_at(m, k) != v]
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")

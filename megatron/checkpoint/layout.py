@@ -14,6 +14,7 @@ from megatron.base import store
 from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord
 from megatron.base.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
+from megatron.config.sections import field_at
 from megatron.data.blended_dataset import parse_paths
 from megatron.data.fingerprint import fingerprint
 
@@ -36,10 +37,7 @@ MOE_RECORD = {"num_experts": "moe.num_experts", "moe_ffn_hidden_size": "moe.ffn_
 
 
 def _shape_field(m, key: str):
-    value = m
-    for part in MOE_RECORD.get(key, key).split("."):
-        value = getattr(value, part)
-    return value
+    return field_at(m, MOE_RECORD.get(key, key))
 
 
 def rng_state(tracker) -> Dict[str, Any]:

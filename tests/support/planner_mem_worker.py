@@ -43,32 +43,33 @@ MODEL = ["model.num_layers=8", "model.hidden_size=512", "model.num_attention_hea
 # run with every state allocated.
 STEPS = 2
 
-# name: (overrides, gradient accumulation). PP gets two micro-batches so that stage 0 holds two
-# in flight under 1F1B; the others run one per step (the 2-core budget).
+
+
+def _pipeline(pp: int, schedule: str = "", chunks: int = 1):
+    """PP on `pp` stages under ZeRO-1 with `pp` micro-batches a step, one schedule."""
+    items = [f"parallel.pipeline_parallel_size={pp}", "parallel.zero_stage=1"]
+    if schedule:
+        items.append(f"parallel.pipeline_schedule={schedule}")
+    if chunks > 1:
+        items.append(f"parallel.virtual_pipeline_size={chunks}")
+    return items, pp
+
+
+# name: (overrides, gradient accumulation). PP gets as many micro-batches as stages, so that stage
+# 0 holds that many in flight under 1F1B; the others run one per step (the 2-core budget).
 LAYOUTS = {
     "tp2": (["parallel.tensor_parallel_size=2", "parallel.zero_stage=1"], 1),
-    "pp2": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1"], 2),
     "dp2_zero1": (["parallel.zero_stage=1"], 1),
     "dp2_zero3": (["parallel.zero_stage=3"], 1),
     "single": (["parallel.zero_stage=0"], 1),
-    # the other schedules on the same two stages: ZB-H1 (deferred weight gradients), interleaved
-    # 1F1B and ZB-V over two chunks per rank (2 x 2 chunks of the 8 layers)
-    "pp2_zbh1": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
-                  "parallel.pipeline_schedule=zbh1"], 2),
-    "pp2v2": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
-               "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 2),
-    "pp2_zbv": (["parallel.pipeline_parallel_size=2", "parallel.zero_stage=1",
-                 "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"], 2),
-    # four stages, four micro-batches (benchmarks/pipeline/bench_pp4_memory.py, 4 ranks): 1F1B
-    # holds p - i in flight on stage i, interleaving more on the first, ZB-V the same on each
-    "pp4": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1"], 4),
-    "pp4_zbh1": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
-                  "parallel.pipeline_schedule=zbh1"], 4),
-    "pp4v2": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
-               "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 4),
-    "pp4_zbv": (["parallel.pipeline_parallel_size=4", "parallel.zero_stage=1",
-                 "parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"], 4),
 }
+# every pipeline schedule on two stages (the test) and four (benchmarks/pipeline/
+# bench_pp4_memory.py, 4 ranks): 1F1B, ZB-H1 (deferred weight gradients), interleaved 1F1B and
+# ZB-V over two chunks per rank
+for _pp in (2, 4):
+    LAYOUTS.update({f"pp{_pp}": _pipeline(_pp), f"pp{_pp}_zbh1": _pipeline(_pp, "zbh1"),
+                    f"pp{_pp}v2": _pipeline(_pp, "interleaved", 2),
+                    f"pp{_pp}_zbv": _pipeline(_pp, "zbv", 2)})
 # No CPU profile is calibrated for this model: act_scale 1 (the formulas as they stand), fixed_gb
 # 0 (the baseline removes the process's fixed memory), bucket_touched 1 (resident memory sees only
 # the pages of DeepSpeed's 5e8-element bucket that gradients write).

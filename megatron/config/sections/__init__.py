@@ -46,6 +46,13 @@ _MOE_RENAMED = {"num_experts": "num_experts", "moe_top_k": "top_k",
                 "moe_shared_expert_ffn_hidden_size": "shared_expert_ffn_hidden_size"}
 
 
+def field_at(section, dotted: str):
+    """A section's value by its dotted key ("moe.layer_freq": the sub-section's field)."""
+    for part in dotted.split("."):
+        section = getattr(section, part)
+    return section
+
+
 def _moved(section: str, cls) -> Dict[Tuple[str, str], Tuple[str, str]]:
     return {("training", name): (section, name) for name in cls.__dataclass_fields__}
 
@@ -58,6 +65,7 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
     **_moved("resilience", ResilienceConfig),
     **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()}}
 
-__all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig", "KernelsConfig",
-           "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig", "ResilienceConfig", "RunConfig",
+__all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig",
+           "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
+           "ResilienceConfig", "RunConfig", "field_at",
            "TrainingConfig", "split_fractions"]
