@@ -36,8 +36,11 @@ def _layout(c: v.Case) -> str:
         extra.append("flash")
     if lay.interleave > 1:
         extra.append(f"interleaved v{lay.interleave}")
-    return (f"TP{lay.tp} PP{lay.pp} DP{lay.dp}, mb {lay.micro_batch}, gb {c.job.global_batch}, "
-            f"ZeRO-{lay.zero}, {' '.join(extra)}")
+    if lay.uneven:
+        extra.append(f"first/last {lay.first_stage_layers}/{lay.last_stage_layers} layers")
+    cp = f" CP{lay.cp} {lay.cp_label()}" if lay.cp > 1 else ""
+    return (f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp}, mb {lay.micro_batch}, "
+            f"gb {c.job.global_batch}, ZeRO-{lay.zero}, {' '.join(extra)}")
 
 
 def main() -> int:
@@ -71,7 +74,8 @@ def main() -> int:
                     f"{100 * x['loso_max']:.1f}%"] for src, x in sources.items()]
     ranks = [v.rank_published_layout(c) for c in pub.cases]
     rank_rows = [[k.case.id, "yes" if k.case.source in v.CHOSEN_FOR_SPEED else "no",
-                  f"TP{k.case.layout.tp} PP{k.case.layout.pp} DP{k.case.layout.dp}",
+                  f"TP{k.case.layout.tp}{f' CP{k.case.layout.cp}' if k.case.layout.cp > 1 else ''}"
+                  f" PP{k.case.layout.pp} DP{k.case.layout.dp}",
                   "does not fit" if k.rank is None else f"{k.rank}/{k.fitting}",
                   f"TP{k.best.tp} PP{k.best.pp} DP{k.best.dp}" if k.best else "-",
                   "-" if k.behind is None else f"{100 * k.behind:.1f}%"] for k in ranks]

@@ -112,13 +112,20 @@ def _case(raw: Dict, defaults: Dict) -> Case:
                         vocab_size=v["vocab"], hidden_dropout=0.1, attention_dropout=0.1,
                         **shape)
     job = Job(model, v["batch"], v["precision"])
-    tp, pp, mb = v["tp"], v["pp"], v["micro_batch"]
-    dp = v["gpus"] // (tp * pp)
+    tp, pp, mb, cp = v["tp"], v["pp"], v["micro_batch"], v.get("cp", 1)
+    dp = v["gpus"] // (tp * pp * cp)
+    # optional layout fields: context parallelism (cp, cp_algo), model chunks per stage
+    # (interleave), set layer counts of the first and last model chunk (Megatron-LM's
+    # --decoder-first/last-pipeline-num-layers)
     lay = Layout(tp, pp, dp, mb, v["batch"] // (mb * dp), zero=v["zero"],
                  recompute=v["recompute"], flash=v["flash"], sequence_parallel=v["sp"],
-                 interleave=v.get("interleave", 1))
+                 interleave=v.get("interleave", 1), cp=cp,
+                 cp_algo=v.get("cp_algo", Layout.cp_algo),
+                 first_stage_layers=v.get("first_stage_layers"),
+                 last_stage_layers=v.get("last_stage_layers"))
     if lay.world != v["gpus"]:
-        raise InputError(f"published case {v['id']}: {v['gpus']} devices is not TP x PP x DP")
+        raise InputError(f"published case {v['id']}: {v['gpus']} devices is not "
+                         "TP x CP x PP x DP")
     check_layout(job, lay)
     if v["framework"] not in FRAMEWORKS:
         raise InputError(f"published case {v['id']}: framework {v['framework']!r} is not one "
@@ -361,6 +368,8 @@ def ordering_holds(comp: Comparison, cases: Dict[str, Case],
 # TP and PP grown with the model). Korthikanti et al.'s layouts (DP 1, batches of 4-512) were
 # set to compare recompute strategies, not tuned; MosaicML's FSDP runs have no TP or PP to
 # choose; GPT-NeoX's paper does not say how its layout was chosen: ranked for information only.
+# Llama 3's (llama3_24) were tuned, but the search cannot express them (set first/last stage
+# layer counts) and the memory model puts them above 80 GB: ranked for information only.
 CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23", "mcore24")
 
 
