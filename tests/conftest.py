@@ -1,5 +1,7 @@
 import json
 import os
+import resource
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +54,20 @@ def registries_left_as_found(request):
 
 SLOWEST = 10  # how many tests the closing summary names
 _took: dict = {}
+_cpu: dict = {}  # nodeid -> CPU seconds of this process and its finished children
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for descendants, recursively
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    begin = _cpu_seconds()
+    yield
+    _cpu[item.nodeid] = _cpu_seconds() - begin
 
 
 def pytest_runtest_logreport(report):
@@ -67,10 +83,16 @@ def pytest_terminal_summary(terminalreporter):
     _print_shared_launches(tr)
     if not _took:
         return
-    tr.write_sep("=", f"slowest {min(SLOWEST, len(_took))} tests (setup + call + teardown)")
+    tr.write_sep("=", f"slowest {min(SLOWEST, len(_took))} tests (setup + call + teardown; "
+                      "wall and CPU seconds, CPU with the test's processes)")
     for nodeid, seconds in sorted(_took.items(), key=lambda kv: -kv[1])[:SLOWEST]:
-        tr.write_line(f"{seconds:8.1f}s {nodeid}")
-    tr.write_line(f"{sum(_took.values()):8.1f}s in all {len(_took)} tests")
+        tr.write_line(f"{seconds:8.1f}s {_cpu.get(nodeid, 0.0):8.1f}s {nodeid}")
+    tr.write_line(f"{sum(_took.values()):8.1f}s {sum(_cpu.values()):8.1f}s in all {len(_took)} tests")
+    record = os.environ.get("MEGATRON_TEST_TIMES")
+    if record:  # every test's wall and CPU seconds, for finding where the suite's time goes
+        Path(record).write_text(json.dumps(
+            {nodeid: [round(_took[nodeid], 2), round(_cpu.get(nodeid, 0.0), 2)]
+             for nodeid in sorted(_took)}, indent=0))
 
 
 def _shared_launch_notes(config):
