@@ -20,6 +20,8 @@ else
     names=(dist rest); first=(tests/distributed)
     second=(tests/e2e tests/gpu tests/integration tests/unit)
 fi
+# one OpenMP thread per process (tests/conftest.py says why); a value already set is kept
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "${TEST_PROCESSES:-2}" = "1" ]; then
     exec "$PY" -m pytest "${ARGS[@]}" "${first[@]}" "${second[@]}"
 fi

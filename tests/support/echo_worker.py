@@ -25,8 +25,17 @@ def main() -> int:
         open(args.fail_once, "w").close()
         raise RuntimeError(f"echo_worker failed once as asked ({args.value})")
     rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.fail_rank >= 0 and rank != args.fail_rank:
+        open(f"{args.out}.hanging{rank}", "w").close()
         time.sleep(600)
+    if args.fail_rank >= 0 and rank == args.fail_rank:
+        # fail only once every other rank hangs where the launcher's SIGTERM will find it: on a
+        # loaded machine a rank still starting up had no stack to show yet (a flaky test)
+        others = [f"{args.out}.hanging{r}" for r in range(world) if r != rank]
+        deadline = time.monotonic() + 120
+        while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+            time.sleep(0.05)
     if args.fail or rank == args.fail_rank:
         raise RuntimeError(f"echo_worker failed as asked ({args.value})")
     if rank == 0:
