@@ -63,7 +63,7 @@ def kill_rank1_while_step8_is_in_flight(run_dir, *items):
         time.sleep(0.05)
     assert os.path.isdir(staging), "the save of step 8 never started"
     time.sleep(1.0)  # inside the writer's 3 s hold
-    pid = pid_of("megatron-train", env_has="RANK=1")
+    pid = pid_of("megatron-train", run_dir, env_has="RANK=1")  # this run's rank, no other test's
     assert pid is not None, "rank 1 not found"
     os.kill(pid, signal.SIGKILL)
     _, err = job.communicate(timeout=120)

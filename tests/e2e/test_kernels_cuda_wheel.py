@@ -70,8 +70,10 @@ def cuda_venv():
         shutil.rmtree(venv, ignore_errors=True)
         _run([sys.executable, "-m", "venv", str(venv)], 120)
         begin = time.monotonic()
-        _run([str(py), "-m", "pip", "install", "-q", CUDA_TORCH, "numpy", "pyyaml", "pybind11",
-              "sentencepiece", "setuptools", "wheel"], 1800)
+        # --no-compile: no bytecode for the thousands of modules this venv never imports (the
+        # build and the import checks load a few; Python compiles those when it does)
+        _run([str(py), "-m", "pip", "install", "-q", "--no-compile", CUDA_TORCH, "numpy",
+              "pyyaml", "pybind11", "sentencepiece", "setuptools", "wheel"], 1800)
         print(f"\nCUDA torch venv: {time.monotonic() - begin:.0f}s to install {CUDA_TORCH}")
     return py
 
@@ -93,8 +95,8 @@ def wheel(cuda_venv, tmp_path_factory):
     print(f"\nCUDA wheel build: {time.monotonic() - begin:.0f}s on {os.cpu_count()} cores")
     assert "kernel_build: cuda" in proc.stdout + proc.stderr, "setup.py built no kernels"
     (path,) = (work / "dist").glob("megatron_frontier-*.whl")
-    _run([str(cuda_venv), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-          str(path)], 600)
+    _run([str(cuda_venv), "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+          "--force-reinstall", str(path)], 600)
     return path
 
 
