@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron.config import ConfigError, load_config, validate_for_world
-from megatron.model.moe.dispatch import combine, plan
+from megatron.model.moe.dispatch import combine, plan, select_rows
 from megatron.model.moe.router import capacity, load_balancing_loss, top_k, z_loss
 from tests.support.paths import TINY
 
@@ -94,6 +94,28 @@ def test_grouped_gemm_forward_equals_the_loop(flavour):
     loop = experts(x, counts)
     experts.grouped = True
     assert torch.allclose(experts(x, counts), loop, atol=1e-6, rtol=1e-5)
+
+
+def test_repeated_rows_sum_their_gradients_in_a_fixed_order():
+    """select_rows (the permute's tokens, the experts' biases per row): on two intra-op threads
+    the backward gives the same bits every time. src[index] did not: its CPU backward,
+    index_put_ with accumulate, adds with atomics from both threads (here 40 distinct results
+    in 40, and a MoE run's loss moved in its last bits from run to run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.randn(4096, 32, generator=torch.Generator().manual_seed(0))
+        index = torch.zeros(4096, dtype=torch.long)  # every row from one: the most contention
+        src = torch.zeros(1, 32, requires_grad=True)
+        assert torch.equal(select_rows(src.detach(), index), src.detach()[index])
+        grads = set()
+        for _ in range(20):
+            src.grad = None
+            select_rows(src, index).backward(g)
+            grads.add(src.grad.numpy().tobytes())
+    finally:
+        torch.set_num_threads(threads)
+    assert len(grads) == 1
 
 
 @pytest.mark.parametrize("flavour", [[], ["model.activation=swiglu",

@@ -9,7 +9,10 @@ expert-parallel ranks, and the way back.
               (torch.distributed.nn.functional, so the backward is the reverse exchange); what a
               rank receives, [source rank][local expert], is regrouped [local expert][source]
     combine   the reverse path, then out[t] = sum over t's kept slots of weight x expert output
-              (index_add in the sorted order, the same order in every layout)"""
+              (index_add in the sorted order, the same order in every layout)
+
+Rows are gathered with repeats (a token per kept slot, an expert's bias per row) by
+select_rows, whose backward sums the repeats in a fixed order on the CPU too."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +50,20 @@ def plan(experts: torch.Tensor, weights: torch.Tensor, num_experts: int,
     counts = torch.bincount(flat[order], minlength=num_experts)
     return Plan(tokens=order % t, weights=weights.t().reshape(-1)[order], counts=counts,
                 routed=routed, dropped=dropped)
+
+
+def select_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src[index] along dim 0, where index repeats rows, with a backward that adds each row's
+    repeats in a fixed order: index_select on the CPU (its backward, index_add_, adds serially),
+    advanced indexing elsewhere (its backward on CUDA, index_put_ with accumulate, sorts the
+    indices first). Each other pairing is nondeterministic (torch.use_deterministic_algorithms
+    lists both): the CPU's index_put_ with accumulate adds with atomics from every intra-op
+    thread once 32768 elements move, so the sums' last bits change from run to run (the
+    experts' b1 gradient of tiny.yaml's MoE did, 16 distinct results in 500 on 2 threads, and a
+    run's step-4 loss with it); CUDA's index_add_ adds with atomics."""
+    if src.device.type == "cpu":
+        return src.index_select(0, index)
+    return src[index]
 
 
 def _regroup_order(received: torch.Tensor) -> torch.Tensor:

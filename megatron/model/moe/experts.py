@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.config import moe, variants
+from megatron.model.moe.dispatch import select_rows
 from megatron.parallel.layers import sharded_normal
 from megatron.parallel.random import seed_for
 
@@ -83,11 +84,11 @@ class Experts(nn.Module):
                                         torch.tensor(counts, device=x.device))  # expert of row
         y = torch._grouped_mm(x, self.w1.transpose(1, 2), offs=offs)  # [M, fc1_factor*f]
         if self.b1 is not None:  # per row, before the activation (the fused ops take [f] biases)
-            y = y + self.b1[which]
+            y = y + select_rows(self.b1, which)
         y = self.act(y, None, self.sel)
         y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
         y = _ContiguousGrad.apply(y)
-        return y if self.b2 is None else y + self.b2[which]
+        return y if self.b2 is None else y + select_rows(self.b2, which)
 
 
 class _ContiguousGrad(torch.autograd.Function):

@@ -30,7 +30,8 @@ from torch import nn
 
 from megatron.config import moe
 from megatron.model.mlp import MLP
-from megatron.model.moe.dispatch import (combine, plan, return_from_experts, send_to_experts)
+from megatron.model.moe.dispatch import (combine, plan, return_from_experts, select_rows,
+                                         send_to_experts)
 from megatron.model.moe.experts import Experts
 from megatron.model.moe.router import Router, Routing, capacity, load_balancing_loss, z_loss
 from megatron.parallel.mappings import (gather_sequence_to_replicated,
@@ -163,7 +164,8 @@ class MoELayer(nn.Module):
         routing = self.router(tokens)
         cap = capacity(s * b, self.k, self.num_experts, self.factor)
         p = plan(routing.experts, routing.weights, self.num_experts, cap)
-        rows, ex = send_to_experts(tokens[p.tokens], p.counts, self.ep, self.group)  # [M, h]
+        rows, ex = send_to_experts(select_rows(tokens, p.tokens), p.counts, self.ep,
+                                  self.group)  # [M, h]
         rows = self.experts(rows, ex.per_expert)
         rows = return_from_experts(rows, ex, self.ep, self.group)  # [N, h]
         losses, self.stats = self._losses(routing, s * b, p.dropped)
