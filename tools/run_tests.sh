@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # make test's and make test-fast's runner: two pytest processes side by side on the 2 cores.
-#   make test (TEST_SET=all): tests/distributed ([dist]; its modules share one launch per world
-#     size, a session fixture, so they stay in one process) and every other test ([rest]). Most
-#     of the second's time is waiting (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip
-#     and compilers), which then overlaps the first's compute.
+#   make test (TEST_SET=all): [dist] tests/distributed (its modules share one launch per world
+#     size, a session fixture, so they stay in one process), tests/unit and the compiler-bound
+#     kernel tests of tests/integration (the HIP simulator, the gfx90a build); [rest] every other
+#     test. The split balances the CPU seconds each half took in a run with every test's times
+#     (MEGATRON_TEST_TIMES; about 1300 and 1500 before the one-thread change): the rest's many
+#     waits (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip) overlap the first's ranks.
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
 # Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
@@ -16,14 +18,17 @@ ARGS=(-q -ra --durations=20 "$@")
 if [ "${TEST_SET:-all}" = "fast" ]; then
     ARGS+=(-m "not slow")
     names=(unit intg); first=(tests/unit); second=(tests/integration)
+    everything=("${first[@]}" "${second[@]}")
 else
-    names=(dist rest); first=(tests/distributed)
-    second=(tests/e2e tests/gpu tests/integration tests/unit)
+    kernels=(tests/integration/test_kernels_simulated.py tests/integration/test_kernels_aot_build.py)
+    names=(dist rest); first=(tests/distributed tests/unit "${kernels[@]}")
+    second=(tests/e2e tests/gpu tests/integration "${kernels[@]/#/--ignore=}")
+    everything=(tests/distributed tests/e2e tests/gpu tests/integration tests/unit)
 fi
 # one OpenMP thread per process (tests/conftest.py says why); a value already set is kept
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "${TEST_PROCESSES:-2}" = "1" ]; then
-    exec "$PY" -m pytest "${ARGS[@]}" "${first[@]}" "${second[@]}"
+    exec "$PY" -m pytest "${ARGS[@]}" "${everything[@]}"
 fi
 export PYTHONUNBUFFERED=1
 half() {  # name, paths...: one pytest, its lines prefixed
@@ -39,5 +44,5 @@ for pid in $one $two; do
         status=$code
     fi
 done
-echo "run_tests.sh: ${first[*]} and ${second[*]} side by side; exit status $status"
+echo "run_tests.sh: [${names[0]}] ${first[*]} and [${names[1]}] ${second[*]} side by side; exit status $status"
 exit $status
