@@ -128,4 +128,3 @@ def _print_shared_launches(tr):
             if slowest:
                 tr.write_line("shared launches, slowest jobs: " + "; ".join(
                     f"{name} {s:.0f} s" for name, s in slowest))
-

@@ -3,9 +3,9 @@
 #   make test (TEST_SET=all): [dist] tests/distributed (its modules share one launch per world
 #     size, a session fixture, so they stay in one process), tests/unit and the compiler-bound
 #     kernel tests of tests/integration (the HIP simulator, the gfx90a build); [rest] every other
-#     test. The split balances the CPU seconds each half took in a run with every test's times
-#     (MEGATRON_TEST_TIMES; about 1300 and 1500 before the one-thread change): the rest's many
-#     waits (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip) overlap the first's ranks.
+#     test. Measured (MEGATRON_TEST_TIMES, fresh clone, 2 cores): 1326 CPU seconds in 20 min and
+#     1509 in 39 min. The second is wait-bound (deadlines, hang limits, Slurm jobs, the CUDA
+#     wheel's pip), so balancing CPU seconds does not balance wall time: it is the long pole.
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
 # Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
@@ -25,8 +25,6 @@ else
     second=(tests/e2e tests/gpu tests/integration "${kernels[@]/#/--ignore=}")
     everything=(tests/distributed tests/e2e tests/gpu tests/integration tests/unit)
 fi
-# one OpenMP thread per process (tests/conftest.py says why); a value already set is kept
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "${TEST_PROCESSES:-2}" = "1" ]; then
     exec "$PY" -m pytest "${ARGS[@]}" "${everything[@]}"
 fi
