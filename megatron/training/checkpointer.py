@@ -58,7 +58,8 @@ class Checkpointer:
         self.phase = watchdog.enter if watchdog is not None else (lambda name: None)
         self.data = data_record(cfg)
         self.clock = SaveClock(self.ck.save_interval_minutes)
-        self.deadline = Deadline(self.t.exit_duration_minutes, started)
+        self.deadline = Deadline(self.t.exit_duration_minutes, started,
+                                 reserve=self.t.exit_reserve_seconds)
         self.saves: deque = deque(maxlen=3)  # this job's last saves, seconds from start to commit
         if self.deadline.at is not None or (watchdog is not None and watchdog.on):
             expected = rank0_decides(self._expected_save)  # one probe, the same on every rank

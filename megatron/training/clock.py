@@ -58,9 +58,10 @@ class Deadline:
     """Stops the run once the time left would not hold another step and a save."""
 
     def __init__(self, minutes: float, started: float, environ: Optional[Mapping[str, str]] = None,
-                 now=time.time):
-        """started: when the run began (Unix time), from which exit_duration_minutes counts."""
-        self.now = now
+                 now=time.time, reserve: float = 0.0):
+        """started: when the run began (Unix time), from which exit_duration_minutes counts;
+        reserve: seconds kept free after the last save for the exit (exit_reserve_seconds)."""
+        self.now, self.reserve = now, reserve
         self.at, self.source = job_end(minutes, os.environ if environ is None else environ,
                                        started)
         self.steps: deque = deque(maxlen=8)
@@ -94,8 +95,8 @@ class Deadline:
 
     def needed(self) -> float:
         """Seconds one more step, the wait for a save still in flight, and a save take, with
-        room (the slowest recent step; a save as save_estimate says)."""
-        return SAFETY * (max(self.steps) + self.in_flight + self.save_estimate())
+        room (the slowest recent step; a save as save_estimate says), and then the exit."""
+        return SAFETY * (max(self.steps) + self.in_flight + self.save_estimate()) + self.reserve
 
     def reached(self) -> bool:
         if self.at is None or not self.steps:
@@ -104,5 +105,6 @@ class Deadline:
 
     def reason(self) -> str:
         flight = " (and the save in flight)" if self.in_flight else ""
+        exit_ = f" and {self.reserve:g} s kept for the exit" if self.reserve else ""
         return (f"{self.at - self.now():.1f} s left before the deadline ({self.source}), "
-                f"one more step and a save{flight} need about {self.needed():.1f} s")
+                f"one more step and a save{flight}{exit_} need about {self.needed():.1f} s")

@@ -2,7 +2,7 @@
 stops a run while one more step and a save still fit; wall-clock saves fall due."""
 import pytest
 
-from megatron.config.errors import InputError
+from megatron.config.errors import ConfigError, InputError
 from megatron.training.clock import SAFETY, Deadline, job_end
 
 
@@ -69,3 +69,26 @@ def test_a_save_this_job_has_not_made_yet_counts_as_expected_not_as_a_step():
     assert d.reached()
     d.save_took(5.0)  # a save this job measured replaces the expectation
     assert d.needed() == pytest.approx(SAFETY * 5.15)
+
+
+def test_the_exit_has_its_own_reserve_after_the_last_save():
+    """Stop 46's CI: the run stopped 2.0 s before a Slurm job's end with room for a step and a
+    save but none for its own exit, and the loaded machine took longer than 1 s to exit; Slurm
+    recorded TIMEOUT. exit_reserve_seconds is added after the scaled step and save."""
+    now = FakeTime(1000.0)
+    d = Deadline(0, 0.0, {"MEGATRON_JOB_END_TIME": "1100"}, now, reserve=15.0)
+    d.step_took(10.0)
+    d.save_took(20.0)
+    assert d.needed() == pytest.approx(SAFETY * 30.0 + 15.0)
+    now.t = 1100 - SAFETY * 30.0 - 15.0 - 0.1
+    assert not d.reached()
+    now.t += 0.2
+    assert d.reached()
+    assert "and 15 s kept for the exit" in d.reason()
+
+
+def test_the_exit_reserve_is_checked_and_defaults_to_some_room():
+    from megatron.config.sections.training import TrainingConfig
+    assert TrainingConfig().exit_reserve_seconds > 0
+    with pytest.raises(ConfigError, match="training.exit_reserve_seconds=-1.0 is invalid"):
+        TrainingConfig(exit_reserve_seconds=-1.0)

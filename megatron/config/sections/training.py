@@ -47,6 +47,11 @@ class TrainingConfig:
     would not hold another step and a save, this many minutes after it started (0: no limit).
     The batch job's end time (MEGATRON_JOB_END_TIME, or SLURM_JOB_END_TIME, Unix seconds)
     applies too."""
+    exit_reserve_seconds: float = 10.0
+    """Under a deadline (exit_duration_minutes or the batch job's end time), seconds kept free
+    after the last save for the run's own exit (run report, process-group teardown, interpreter
+    exit) and the job's (the srun step ending): training stops this much earlier. Raise it on
+    thousands of nodes, where tearing down the communicators takes longer."""
     peak_tflops: Optional[float] = None
     """Peak dense TFLOP/s per device, the denominator of MFU. null: the built-in table for the
     detected GPU (config/devices.py); MFU is null where that is unknown."""
@@ -63,6 +68,7 @@ class TrainingConfig:
             positive(s, name, getattr(self, name))
         positive(s, "exit_interval", self.exit_interval, allow_zero=True)
         positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
+        positive(s, "exit_reserve_seconds", self.exit_reserve_seconds, allow_zero=True)
         positive(s, "clip_grad", self.clip_grad, allow_zero=True)
         check_choices(s, self)
         if self.peak_tflops is not None:
