@@ -97,9 +97,23 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line(f"{sum(_took.values()):8.1f}s {sum(_cpu.values()):8.1f}s in all {len(_took)} tests")
     record = os.environ.get("MEGATRON_TEST_TIMES")
     if record:  # every test's wall and CPU seconds, for finding where the suite's time goes
-        Path(record).write_text(json.dumps(
-            {nodeid: [round(_took[nodeid], 2), round(_cpu.get(nodeid, 0.0), 2)]
-             for nodeid in sorted(_took)}, indent=0))
+        _merge_times(Path(record), {nodeid: [round(_took[nodeid], 2),
+                                             round(_cpu.get(nodeid, 0.0), 2)] for nodeid in _took})
+
+
+def _merge_times(path: Path, mine: dict) -> None:
+    """make test's pytest processes end one by one and each adds its tests to the one file
+    (under a lock, so none overwrites another's)."""
+    import fcntl
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        times = json.loads(text) if text.strip() else {}
+        times.update(mine)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(dict(sorted(times.items())), indent=0))
 
 
 def _shared_launch_notes(config):
