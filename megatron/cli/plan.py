@@ -106,9 +106,9 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
                         "allgather, hybrid, or all; hybrid with every Ulysses degree it allows)")
     g.add_argument("--interleave-values", default="1", metavar="V,..",
                    help="model chunks per stage to try where PP > 1 (Megatron-LM's interleaved "
-                        "1F1B, e.g. 1,2,4): proposed where it wins within memory, as a "
-                        "comparison (NOT available in this trainer; --out-config writes the "
-                        "best plain layout); default 1")
+                        "1F1B, which this trainer runs as its interleaved schedule, e.g. "
+                        "1,2,4; zbv takes exactly 2): proposed where it wins within memory, "
+                        "and --out-config writes it; default 1 (plain stages only)")
     g.add_argument("--ep-values", default=ep_default,
                    help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
                         "mixture-of-experts model; auto: every divisor of num_experts that "
@@ -146,14 +146,16 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    "config's, else 1): each rank holds num_experts / EP experts (docs/moe.md)")
     g.add_argument("--first-stage-layers", type=int, metavar="N",
                    help="transformer layers on the first stage (Megatron-LM's "
-                        "--decoder-first-pipeline-num-layers; the other stages share the rest "
-                        "evenly); a comparison: this trainer partitions uniformly")
+                        "--decoder-first-pipeline-num-layers, this trainer's "
+                        "parallel.pipeline_first_stage_layers; the other stages share the rest "
+                        "evenly)")
     g.add_argument("--last-stage-layers", type=int, metavar="N",
                    help="transformer layers on the last stage (--decoder-last-pipeline-num-"
-                        "layers)")
+                        "layers, parallel.pipeline_last_stage_layers)")
     g.add_argument("--interleave", type=int, metavar="V",
-                   help="compare with Megatron-LM's interleaved 1F1B schedule, V model chunks "
-                        "per stage; NOT available in this trainer (DeepSpeed runs plain 1F1B)")
+                   help="V model chunks per stage (parallel.virtual_pipeline_size): "
+                        "Megatron-LM's interleaved 1F1B (this trainer's interleaved "
+                        "schedule), or 2 with --schedule zbv")
 
 
 def _add_search(sub, fmt) -> None:

@@ -12,7 +12,7 @@ from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit, jobs, longest, ranges, scaling
 from megatron.planner.jobs import ints
-from megatron.planner.layout import INTERLEAVED_NOTE, Job
+from megatron.planner.layout import Job, chunks_note, run_as
 from megatron.planner.memory import GIB, memory_per_stage
 from megatron.planner.params import active_params, model_params
 from megatron.planner.profile import Profile
@@ -125,10 +125,9 @@ def cmd_memory(args) -> int:
     print(_describe(job, prof, args.nodes))
     print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
     if lay.pp > 1:
-        print(f"schedule priced: {lay.schedule} ({schedules.get(lay.schedule).priced})")
+        print(f"schedule priced: {run_as(lay)} ({schedules.get(run_as(lay)).priced})")
     if lay.interleave > 1:
-        print(f"schedule: interleaved 1F1B, {lay.interleave} chunks per stage: "
-              f"{INTERLEAVED_NOTE}")
+        print(f"schedule: {chunks_note(lay)}")
     print()
     stages = memory_per_stage(job, lay, prof.constants, framework=prof.spec.framework)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
@@ -182,8 +181,7 @@ def cmd_scaling(args) -> int:
     source = "" if args.best else _layout_source(args, cfg)
     print(f"layout at {smallest} node(s): {base.key()}{source}; DP grows with the nodes")
     if base.interleave > 1:
-        print(f"schedule: interleaved 1F1B, {base.interleave} chunks per stage: "
-              f"{INTERLEAVED_NOTE}")
+        print(f"schedule: {chunks_note(base)}")
     print()
     print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
     if args.plot:

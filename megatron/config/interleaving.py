@@ -18,8 +18,16 @@ def chunks_error(cfg) -> Optional[ConfigError]:
     """v > 1 needs stages, the schedule that holds several chunks per rank, and layers that
     split into p v equal chunks (the embedding rides on chunk 0, the head on the last), or set
     first/last chunk layers (config/stages.py) with the rest even."""
-    p, m = cfg.parallel, cfg.model
-    v, pp = p.virtual_pipeline_size, p.pipeline_parallel_size
+    p = cfg.parallel
+    uneven = bool(p.pipeline_first_stage_layers or p.pipeline_last_stage_layers)
+    return chunk_rule(cfg.model.num_layers, p.pipeline_parallel_size, p.context_parallel_size,
+                      p.virtual_pipeline_size, p.pipeline_schedule, uneven)
+
+
+def chunk_rule(num_layers: int, pp: int, cp: int, v: int, schedule: str,
+               uneven: bool) -> Optional[ConfigError]:
+    """chunks_error's rule on plain values, the one the planner applies to its layouts
+    (planner/layout.interleave_problem): v chunks per stage of pp stages under `schedule`."""
     if v == 1:
         return None
     if pp == 1:
@@ -28,22 +36,21 @@ def chunks_error(cfg) -> Optional[ConfigError]:
                            "chunks are spread over pipeline ranks",
                            "set parallel.pipeline_parallel_size>1 or "
                            "parallel.virtual_pipeline_size=1")
-    record = schedules.get(p.pipeline_schedule)
+    record = schedules.get(schedule)
     if record.runner not in CHUNKED:
         return ConfigError("parallel.virtual_pipeline_size", v,
-                           f"1 with parallel.pipeline_schedule={p.pipeline_schedule}: only the "
+                           f"1 with parallel.pipeline_schedule={schedule}: only the "
                            "interleaved and zbv schedules hold several model chunks per rank "
                            "(DeepSpeed's pipeline engine, which runs 1f1b and zbh1, holds one "
                            "stage; zbh1 is not interleaved in this trainer)",
                            "set parallel.pipeline_schedule=interleaved, or "
                            "parallel.virtual_pipeline_size=1")
     # the schedule's own chunk count first (ZB-V: exactly 2), then the layers per chunk
-    own = record.rule(pp, p.context_parallel_size, v)
+    own = record.rule(pp, cp, v)
     if own is not None:
         return own
-    uneven = p.pipeline_first_stage_layers or p.pipeline_last_stage_layers
-    if m.num_layers % (pp * v) and not uneven:  # set counts: validate.stages_error's rule
-        return _layers_error(m.num_layers, pp, v)
+    if num_layers % (pp * v) and not uneven:  # set counts: validate.stages_error's rule
+        return _layers_error(num_layers, pp, v)
     return None
 
 
@@ -67,11 +74,18 @@ def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
     """Megatron-LM's rule for its interleaved order: the micro-batches of a step come in groups
     of p, each group passing every chunk of a rank in turn."""
     p, t = cfg.parallel, cfg.training
-    if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
+    return micro_batch_rule(p.pipeline_schedule, p.pipeline_parallel_size,
+                            p.virtual_pipeline_size, t.micro_batch_size, dp, t.global_batch_size)
+
+
+def micro_batch_rule(schedule: str, pp: int, v: int, mb: int, dp: int,
+                     gb: int) -> Optional[ConfigError]:
+    """micro_batches_error's rule on plain values (the planner's too): under the interleaved
+    order, global_batch_size / (mb x dp) micro-batches a multiple of pp; ZB-V's takes any."""
+    if v == 1 or pp == 1:
         return None
-    if schedules.get(p.pipeline_schedule).runner != INTERLEAVED:  # ZB-V's order takes any m
+    if schedules.get(schedule).runner != INTERLEAVED:  # ZB-V's order takes any m
         return None
-    pp, mb, gb = p.pipeline_parallel_size, t.micro_batch_size, t.global_batch_size
     m = gb // (mb * dp)
     if m % pp:
         return ConfigError("training.global_batch_size", gb,

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
+from megatron.config.interleaving import chunk_rule, micro_batch_rule
 from megatron.config.schedules import Pipe
 from megatron.config.stages import even_stage_layers, rank_layers
 from megatron.config.stages import stage_layers as config_stage_layers
@@ -46,7 +47,7 @@ class Layout:
     sequence_parallel: bool = False
     # Model chunks per pipeline stage (Megatron-LM's interleaved 1F1B schedule, Narayanan et al.
     # 2021 section 2.2.2). 1 is the plain 1F1B schedule DeepSpeed's pipeline engine runs; more
-    # is what the trainer's interleaved (and ZB-V) executor runs (INTERLEAVED_NOTE).
+    # is what the trainer's interleaved (and ZB-V) executor runs (chunks_note).
     interleave: int = 1
     # parallel.pipeline_schedule: a record of config/schedules, which prices it ("1f1b",
     # DeepSpeed's; "zbh1", zero-bubble ZB-H1, PP > 1: each backward split into B, the input
@@ -59,8 +60,8 @@ class Layout:
     # Transformer layers on the first and on the last stage when the user fixes them
     # (Megatron-LM's --decoder-first/last-pipeline-num-layers, which recipes lower to make
     # room for the embedding and the logits); the other stages share the rest evenly. None:
-    # the even split (stage_layers). A comparison option: this trainer's DeepSpeed pipeline
-    # partitions uniformly or by parameters (parallel.pipeline_partition_method).
+    # the even split (stage_layers). The trainer's parallel.pipeline_first_stage_layers and
+    # pipeline_last_stage_layers (config/stages.py).
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
     # parallel.expert_parallel_size (docs/moe.md): each rank holds num_experts / ep experts,
@@ -170,23 +171,36 @@ def schedule_problem(lay: Layout) -> Optional[str]:
     return None if error is None else str(error)
 
 
-INTERLEAVED_NOTE = ("the trainer runs it as parallel.pipeline_schedule=interleaved with "
-                    "parallel.virtual_pipeline_size (fp32 or bf16, ZeRO-1, dense models)")
+def run_as(lay: "Layout") -> str:
+    """The schedule the trainer runs a layout under: with chunks, a record may run under
+    another name (1f1b's chunked form is the interleaved schedule), as emit.layout_config
+    writes it."""
+    record = schedules.get(lay.schedule)
+    return record.chunked if lay.interleave > 1 and record.chunked else lay.schedule
+
+
+def chunks_note(lay: "Layout") -> str:
+    """What `memory` and `scaling` print of a layout with chunks: the schedule and settings
+    the trainer runs it with, and what the chunked executor runs."""
+    name = run_as(lay)
+    return (f"{schedules.get(name).title}, {lay.interleave} chunks per stage: the trainer runs "
+            f"it as parallel.pipeline_schedule={name} with parallel.virtual_pipeline_size="
+            f"{lay.interleave} (fp32 or bf16, ZeRO-1, dense models)")
 
 
 def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
-    """Megatron-LM's conditions for the interleaved schedule: v chunks of equal layer count
-    on every stage, and micro-batches in multiples of the stage count."""
+    """The trainer's rules for chunks per stage (config/interleaving.py: v chunks of equal
+    layer count on every stage unless first/last counts are set, the schedule's own chunk
+    count, and micro-batches in multiples of the stage count under the interleaved order)."""
     v = lay.interleave
     if v == 1:
         return None
     if v < 1 or lay.pp < 2:
         return f"interleave {v} needs PP > 1 and at least one chunk per stage"
-    if num_layers % (lay.pp * v) and not lay.uneven:  # set counts: uneven_problem's rule
-        return f"interleave {v} x PP {lay.pp} does not divide the {num_layers} layers"
-    if lay.grad_accum % lay.pp:
-        return f"interleaving needs micro-batches ({lay.grad_accum}) in multiples of PP {lay.pp}"
-    return None
+    name = run_as(lay)
+    error = (chunk_rule(num_layers, lay.pp, lay.cp, v, name, lay.uneven)
+             or micro_batch_rule(name, lay.pp, v, lay.micro_batch, lay.dp, lay.global_batch))
+    return None if error is None else str(error)
 
 
 def stage_layers(num_layers: int, pp: int) -> List[int]:

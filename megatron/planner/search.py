@@ -44,7 +44,7 @@ class SearchSpace:
     # degree it allows); the library's default prices Ulysses only.
     cp_algos: Sequence[str] = ("ulysses",)
     # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, which the
-    # trainer runs as its interleaved schedule; INTERLEAVED_NOTE); the default prices plain only.
+    # trainer runs as its interleaved schedule; layout.chunks_note); the default prices plain only.
     interleave: Sequence[int] = (1,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0

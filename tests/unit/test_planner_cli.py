@@ -150,7 +150,7 @@ def test_memory_prices_the_interleaved_schedule_and_says_how_the_trainer_runs_it
     assert "-v2" in out and "parallel.pipeline_schedule=interleaved" in out
     assert "bubble 1.2%" in out  # 15 / (2 x 640 + 15)
     code, _, err = run(capsys, *base, "--interleave", "5")
-    assert code == 2 and "does not divide the 96 layers" in err
+    assert code == 2 and "set model.num_layers to a multiple of 80" in err
 
 
 def test_an_interleaved_layout_is_written_as_the_trainers_interleaved_schedule():

@@ -257,12 +257,25 @@ def test_interleaved_bubble_and_memory():
 
 
 def test_interleaving_needs_megatrons_divisibility(published):
+    """The planner applies the trainer's rules (config/interleaving.py), with its messages."""
     job = published.by_id()["il-175b-b12-v2"].job
     assert layout_problem(job, Layout(8, 12, 1, 1, 12, interleave=2)) is None
-    assert "divide" in layout_problem(job, Layout(8, 12, 1, 1, 12, interleave=3))
+    assert "a multiple of pipeline_parallel_size x virtual_pipeline_size = 12 x 3" in \
+        layout_problem(job, Layout(8, 12, 1, 1, 12, interleave=3))
     small = dataclasses.replace(job, global_batch=6)
-    assert "multiples" in layout_problem(small, Layout(8, 12, 1, 1, 6, interleave=2))
+    assert "6 / (1 x 1) = 6, a multiple of parallel.pipeline_parallel_size=12 under " \
+        "interleaving" in layout_problem(small, Layout(8, 12, 1, 1, 6, interleave=2))
     assert "PP > 1" in layout_problem(job, Layout(8, 1, 12, 1, 1, interleave=2))
+
+
+def test_zbv_takes_any_micro_batch_count_as_the_trainer_does(published):
+    """ZB-V's order takes any number of micro-batches (config/interleaving.micro_batch_rule);
+    before, the planner restated the interleaved rule for every schedule with chunks and
+    refused ZB-V layouts the trainer runs. Its own rule, two chunks exactly, still holds."""
+    job = dataclasses.replace(published.by_id()["il-175b-b12-v2"].job, global_batch=6)
+    assert layout_problem(job, Layout(8, 12, 1, 1, 6, interleave=2, schedule="zbv")) is None
+    assert "virtual_pipeline_size" in layout_problem(
+        job, Layout(8, 12, 1, 1, 6, interleave=4, schedule="zbv"))
 
 
 def test_step_time_reports_the_interleaved_bubble(published):
