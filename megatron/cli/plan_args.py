@@ -30,7 +30,8 @@ def load_space(args) -> SearchSpace:
                              args.schedules, getattr(args, "cp_values", "1"),
                              getattr(args, "ep_values", "1"),
                              getattr(args, "cp_algos", "ulysses"),
-                             getattr(args, "interleave_values", "1"))
+                             getattr(args, "interleave_values", "1"),
+                             getattr(args, "lighter_ends", "0"))
 
 
 def layout_overrides(args) -> dict:

@@ -29,7 +29,11 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         dp = f"{lay.dp} ep{lay.ep}" if lay.ep > 1 else str(lay.dp)
         cp = str(lay.cp) if lay.cp == 1 or lay.cp_algo == "ulysses" else \
             f"{lay.cp} {lay.cp_label()}"
-        rows.append([str(i), str(lay.tp), str(lay.pp), dp, cp,
+        # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage)
+        ends = (lay.first_stage_layers if lay.first_stage_layers == lay.last_stage_layers else
+                f"{lay.first_stage_layers},{lay.last_stage_layers}")
+        pp = f"{lay.pp} ends {ends}" if lay.uneven else str(lay.pp)
+        rows.append([str(i), str(lay.tp), pp, dp, cp,
                      str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
                      "flash" if lay.flash else "math", "on" if lay.sequence_parallel else "off",

@@ -145,7 +145,8 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                  sequence_parallel: str = "both", max_tp: Optional[int] = None,
                  memory_fraction: float = 1.0, schedules: Optional[str] = None,
                  cp_values: str = "1", ep_values: str = "1",
-                 cp_algos: str = "ulysses", interleave_values: str = "1") -> SearchSpace:
+                 cp_algos: str = "ulysses", interleave_values: str = "1",
+                 lighter_ends: str = "0") -> SearchSpace:
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
     tries every context-parallel degree the model allows (SearchSpace.cp = None);
     schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
@@ -174,7 +175,8 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
                        ep=None if ep_values.strip() == "auto" else _positive_ints(ep_values,
                                                                                   "--ep-values"),
                        cp_algos=_cp_algos(cp_algos),
-                       interleave=_positive_ints(interleave_values, "--interleave-values"))
+                       interleave=_positive_ints(interleave_values, "--interleave-values"),
+                       lighter_ends=tuple(ints("--lighter-ends", lighter_ends)))
 
 
 def _cp_algos(text: str) -> Tuple[str, ...]:

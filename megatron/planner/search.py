@@ -46,6 +46,11 @@ class SearchSpace:
     # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, which the
     # trainer runs as its interleaved schedule; layout.chunks_note); the default prices plain only.
     interleave: Sequence[int] = (1,)
+    # Layers fewer on the first and the last model chunk than on each chunk between them, tried
+    # where there are more than two chunks (parallel.pipeline_first/last_stage_layers, what
+    # recipes do to make room for the embedding and the logits: Llama 3 405B's 126 layers on
+    # 16 stages as 7, 8 x 14, 7 is 1); 0: the even split. The default prices even splits only.
+    lighter_ends: Sequence[int] = (0,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
 
@@ -103,13 +108,40 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
         if world % tp:
             continue
         pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
-                           (space.uneven_pp or job.model.num_layers % p == 0)]
+                           (space.uneven_pp or job.model.num_layers % p == 0 or
+                            any(end_layers(job.model.num_layers, p * v, d)
+                                for d in space.lighter_ends if d for v in space.interleave))]
         for pp in pps:
             if (world // tp) % pp:
                 continue
             for cp in _cp_degrees(job, tp, world // (tp * pp), space):
                 yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp,
                                           framework)
+
+
+def end_layers(num_layers: int, chunks: int, lighter: int) -> Optional[int]:
+    """Layers on the first and on the last of `chunks` model chunks when each holds `lighter`
+    fewer than every chunk between them (those share the rest evenly), or None where no such
+    split exists: f + f + (chunks - 2) (f + lighter) = num_layers."""
+    if chunks <= 2 or lighter < 1:
+        return None
+    f, r = divmod(num_layers - (chunks - 2) * lighter, chunks)
+    return f if r == 0 and f >= 1 else None
+
+
+def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Optional[int]]:
+    """First/last chunk layer counts to try (None: the even split, where the layers allow it
+    or the engine splits them itself, space.uneven_pp)."""
+    if pp == 1:
+        return [None]
+    out: List[Optional[int]] = []
+    if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp):
+        out.append(None)
+    for d in space.lighter_ends:
+        f = end_layers(job.model.num_layers, pp * v, d)
+        if f is not None and f not in out:
+            out.append(f)
+    return out
 
 
 def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
@@ -177,11 +209,13 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                         if sp and tp == 1:
                             continue
                         for schedule, v in _schedule_variants(pp, cp, space):
-                            for ep in _ep_sizes(job, dp, space):
-                                for algo, u in _cp_variants(cp, space):
-                                    yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
-                                                 schedule, cp=cp, ep=ep, cp_algo=algo,
-                                                 ulysses_degree=u)
+                            for ends in _stage_splits(job, pp, v, space):
+                                for ep in _ep_sizes(job, dp, space):
+                                    for algo, u in _cp_variants(cp, space):
+                                        yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
+                                                     schedule, cp=cp, first_stage_layers=ends,
+                                                     last_stage_layers=ends, ep=ep,
+                                                     cp_algo=algo, ulysses_degree=u)
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),
@@ -197,12 +231,13 @@ def rank_key(c: Candidate):
     pipeline engine takes the same BF16 optimizer path at ZeRO-0 and ZeRO-1; ZeRO-1 is the
     paper's choice and the one DeepSpeed tests most), then the fewer features switched on
     (the schedules in registration order, the default first: 1f1b before zbh1, which is
-    proposed only where it predicts a faster step or less memory)."""
+    proposed only where it predicts a faster step or less memory; the even split before
+    lighter end stages)."""
     lay = c.layout
     speed = float(f"{c.time.tokens_per_s:.4g}")
     return (-speed, round(c.memory.peak_bytes / GIB, 1), lay.zero != 1,
             RECOMPUTE.index(lay.recompute), not lay.flash, lay.sequence_parallel,
-            schedules.names().index(lay.schedule), lay.interleave, lay.cp, lay.ep,
+            schedules.names().index(lay.schedule), lay.interleave, lay.uneven, lay.cp, lay.ep,
             ("ulysses", "allgather", "ring", "hybrid").index(lay.cp_algo), lay.ulysses_degree)
 
 

@@ -38,6 +38,7 @@ F = ("--cluster", "frontier")
     (("search", "--model", "175b", "--cluster", "nowhere.yaml"), "nowhere.yaml"),
     (("search", "--config", "missing.yaml", *F), "missing.yaml"),
     (("search", "--model", "175b", "--micro-batches", "1,x", *F), "--micro-batches"),
+    (("search", "--model", "175b", "--lighter-ends", "0,-1", *F), "--lighter-ends='0,-1'"),
     (("memory", "--model", "175b", "--tp", "3", *F), "--tp x --pp"),
     (("memory", "--model", "175b", "--nodes", "16", "--tp", "8", "--pp", "3", *F), "--tp x --pp"),
     (("search", "--model", "1t", "--nodes", "1", *F), "no layout of 8 devices fits"),

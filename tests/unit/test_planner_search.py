@@ -143,3 +143,55 @@ def test_search_proposes_the_interleaved_schedule_where_it_wins_within_memory(tm
     written = yaml.safe_load(out.read_text())["parallel"]
     assert written["virtual_pipeline_size"] == best.layout.interleave
     assert written["pipeline_schedule"] in ("interleaved", "zbv")
+
+
+def test_end_layers_by_hand():
+    """f + f + (chunks - 2)(f + d) = layers: Llama 3 405B's 126 layers on 16 stages are 7,
+    8 x 14, 7 (d = 1), and on 16 x 2 chunks 3, 4 x 30, 3; no split where f is not whole."""
+    from megatron.planner.search import end_layers
+    assert end_layers(126, 16, 1) == 7 and 7 + 14 * 8 + 7 == 126
+    assert end_layers(126, 32, 1) == 3 and 3 + 30 * 4 + 3 == 126
+    assert end_layers(46, 4, 1) == 11
+    assert end_layers(48, 4, 3) is None  # 10.5
+    assert end_layers(48, 2, 1) is None and end_layers(48, 4, 0) is None
+
+
+def test_search_proposes_lighter_end_stages_where_they_win_within_memory(tmp_path):
+    """A 2048-wide model with a 256k vocabulary on 4 stages: the logits on the last stage cost
+    several layers (2 h V against about 24 h^2 multiply-adds per token), so the even split (12
+    a stage) waits on its last stage, and lighter first and last stages (the planner puts
+    10, 14, 14, 10 first, 12% faster) are predicted faster. Without lighter_ends no split is
+    offered; for the 22B model (51200 vocabulary, 6144 wide) the even split stays first."""
+    model = dataclasses.replace(preset_model("22b"), hidden_size=2048, num_attention_heads=16,
+                                vocab_size=256000)
+    job = Job(model, 512, "bf16")
+    base = SearchSpace(tp=(1,), pp=(4,), micro_batch=(2,), zero=(1,), recompute=("none",),
+                       flash=(True,), sequence_parallel=(False,), schedules=("1f1b",))
+    even = search(job, 1, FRONTIER, base)
+    assert all(not c.layout.uneven for c in even.ranked)
+    split = search(job, 1, FRONTIER, dataclasses.replace(base, lighter_ends=tuple(range(11))))
+    best = split.best.layout
+    assert best.first_stage_layers == best.last_stage_layers < 12
+    assert split.best.time.step_s < 0.9 * even.best.time.step_s
+    for c in split.ranked:
+        assert layout_problem(job, c.layout) is None
+    cfg = emit.layout_config(load_config(None), job, best)  # validated as the trainer does
+    assert cfg.parallel.pipeline_first_stage_layers == best.first_stage_layers
+    assert cfg.parallel.pipeline_last_stage_layers == best.last_stage_layers
+    plain = Job(preset_model("22b"), 512, "bf16")
+    assert not search(plain, 1, FRONTIER, dataclasses.replace(
+        base, tp=(2,), recompute=("full",), lighter_ends=(0, 1, 2))).best.layout.uneven
+
+
+def test_lighter_ends_open_stage_counts_that_do_not_divide_the_layers():
+    """46 layers: 4 stages only as 11, 12, 12, 11, 8 as 5, 6 x 6, 5 and 16 as 2, 3 x 14, 2, each a split the
+    trainer's rule accepts; the default space offers neither stage count."""
+    job = Job(dataclasses.replace(preset_model("22b"), num_layers=46), 512, "bf16")
+    space = SearchSpace(tp=(2,), micro_batch=(1,), zero=(1,), recompute=("full",),
+                        flash=(True,), sequence_parallel=(False,))
+    assert {lay.pp for lay in enumerate_layouts(job, 64, 8, space)} == {1, 2}
+    wide = dataclasses.replace(space, lighter_ends=(0, 1))
+    ends = {(lay.pp, lay.first_stage_layers) for lay in enumerate_layouts(job, 64, 8, wide)}
+    assert ends == {(1, None), (2, None), (4, 11), (8, 5), (16, 2)}  # 2, 3 x 14, 2
+    for lay in enumerate_layouts(job, 64, 8, wide):
+        assert layout_problem(job, lay) is None
