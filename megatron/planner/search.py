@@ -130,12 +130,13 @@ def end_layers(num_layers: int, chunks: int, lighter: int) -> Optional[int]:
 
 
 def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Optional[int]]:
-    """First/last chunk layer counts to try (None: the even split, where the layers allow it
-    or the engine splits them itself, space.uneven_pp)."""
+    """First/last chunk layer counts to try (None: the even split, where the layers allow it,
+    the engine splits them itself, space.uneven_pp, or the stage counts were given)."""
     if pp == 1:
         return [None]
     out: List[Optional[int]] = []
-    if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp):
+    if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp or
+                                    space.pp is not None):
         out.append(None)
     for d in space.lighter_ends:
         f = end_layers(job.model.num_layers, pp * v, d)
