@@ -2,13 +2,13 @@
 # make test's and make test-fast's runner: pytest processes side by side on the 2 cores.
 #   make test (TEST_SET=all), three processes:
 #     [dist] tests/distributed (its modules share one launch per world size, a session fixture,
-#       so they stay in one process), tests/unit and the compiler-bound kernel tests of
-#       tests/integration (the HIP simulator, the gfx90a build);
+#       so they stay in one process), tests/unit, the compiler-bound kernel tests of
+#       tests/integration (the HIP simulator, the gfx90a build) and its 1 GB preprocessing runs;
 #     [e2e] tests/e2e and tests/gpu; [intg] the rest of tests/integration.
-#     Measured before (MEGATRON_TEST_TIMES, fresh clone, 2 cores, two processes): [dist] 1326
-#     CPU seconds in 20 min; e2e and integration together 1509 CPU seconds in 39 min. Those two
-#     are wait-bound (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip), so they get a
-#     process each and their waits overlap the other processes' compute.
+#     Measured (fresh clone, 2 cores): with two processes ([dist], and e2e with integration)
+#     1326 CPU seconds in 20 min and 1509 in 39 min, the second wait-bound (deadlines, hang
+#     limits, Slurm jobs, the CUDA wheel's pip); split in three, 25, 30 and 34 min (the whole
+#     suite then used about 2900 CPU seconds, so 2 cores need at least 24 min).
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
 # Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
@@ -25,6 +25,7 @@ if [ "${TEST_SET:-all}" = "fast" ]; then
     everything=(tests/unit tests/integration)
 else
     kernels="tests/integration/test_kernels_simulated.py tests/integration/test_kernels_aot_build.py"
+    kernels+=" tests/integration/test_data_preprocess_memory.py"  # 245 s: [intg] was the longest
     names=(dist e2e intg)
     parts=("tests/distributed tests/unit $kernels" "tests/e2e tests/gpu"
            "tests/integration ${kernels//tests\//--ignore=tests/}")
