@@ -44,7 +44,8 @@ class TrainingConfig:
     still spans train_iters, so a later run resumes exactly where this one stopped."""
     exit_duration_minutes: float = 0.0
     """Megatron-LM's exit-duration: the run commits a checkpoint and exits 0 once the time left
-    would not hold another step and a save, this many minutes after it started (0: no limit).
+    would not hold another step, a save and exit_reserve_seconds, this many minutes after it
+    started (0: no limit).
     The batch job's end time (MEGATRON_JOB_END_TIME, or SLURM_JOB_END_TIME, Unix seconds)
     applies too."""
     exit_reserve_seconds: float = 10.0
