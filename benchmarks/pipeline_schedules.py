@@ -14,8 +14,17 @@ Next to them, what each schedule predicts, from its record and its own order:
   rank divided by the cores (3 m p units over `cores`), which hides the bubble when there are
   fewer cores than ranks.
 
+With --device-gflops R every TP-layer GEMM also sleeps its time at R GFLOP/s, in the pass that
+computes it (MEGATRON_TEST_DEVICE_GFLOPS, megatron/base/faults.py): each rank then waits as it
+would on an accelerator, without holding a core, so a rank with nothing to do idles and the
+bubbles show even with more ranks than cores. What is measured is then the schedules' real
+order, point-to-point exchange and dependencies over an emulated device time; the attention
+products, norms and the rest still compute on the shared cores, unemulated.
+
     .venv/bin/python benchmarks/pipeline_schedules.py [--rounds 4] [--steps 2] [--keep]
-    # writes benchmarks/results/pipeline_schedules.{json,md}; --keep appends to earlier runs
+        [--device-gflops R]
+    # writes benchmarks/results/pipeline_schedules.{json,md} (with --device-gflops
+    # pipeline_schedules_device.{json,md}); --keep appends to earlier runs
 Run under torchrun with --worker it is the worker (4 ranks)."""
 from __future__ import annotations
 
@@ -129,7 +138,7 @@ def predicted(name: str, m: int, cores: int) -> dict:
 
 # --- the driver ----------------------------------------------------------------------------------
 
-def launch(rounds: int, steps: int) -> dict:
+def launch(rounds: int, steps: int, device_gflops: float = 0.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={P}",
@@ -137,6 +146,9 @@ def launch(rounds: int, steps: int) -> dict:
                "--workdir", tmp, "--rounds", str(rounds), "--steps", str(steps)]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if device_gflops:
+            from megatron.base.faults import DEVICE_GFLOPS_VAR
+            env[DEVICE_GFLOPS_VAR] = str(device_gflops)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if proc.returncode:
             sys.stderr.write(proc.stderr[-5000:])
@@ -165,8 +177,11 @@ def summarise(raw: dict, cores: int) -> list:
 
 def table(run: dict) -> str:
     rows, cores, load = run["rows"], run["cores"], run["load_average"]
+    device = (f", an emulated device of {run['device_gflops']:g} GFLOP/s per rank"
+              if run.get("device_gflops") else "")
     lines = [f"## {run.get('when', 'a run')}: load average (1, 5, 15 min) {load[0]:.1f}, "
-             f"{load[1]:.1f}, {load[2]:.1f} at the start, {run.get('seconds', 0):.0f} s", "",
+             f"{load[1]:.1f}, {load[2]:.1f} at the start, {run.get('seconds', 0):.0f} s{device}",
+             "",
              "| m | schedule | median s | min s | ratio (median) | ratio (min) | "
              "bubble (closed form) | predicted ratio, a core per rank | "
              f"predicted ratio, {cores} cores |", "|---|---|---|---|---|---|---|---|---|"]
@@ -190,6 +205,19 @@ HEADER = (f"# Pipeline schedules against 1F1B, PP{P} on {P} CPU ranks (gloo)\n\n
           "the cores, which hides every bubble when there are fewer cores than ranks).\n")
 
 
+DEVICE_HEADER = (f"# Pipeline schedules against 1F1B, PP{P} on {P} CPU ranks (gloo) with an emulated "
+                 "device\n\n"
+                 "benchmarks/pipeline_schedules.py --device-gflops R: the model and method of "
+                 "pipeline_schedules.md, and every TP-layer GEMM also sleeps its multiply-adds' "
+                 "time at R GFLOP/s in the pass that computes it (forward, input gradient, weight "
+                 "gradient: a deferred W carries its own), so a rank waits as on an accelerator "
+                 "without holding a core and an idle rank idles. Measured: the schedules' real "
+                 "order, exchange and dependencies; the attention products, norms, loss and "
+                 "optimizer still compute on the shared cores. Compare with the predicted "
+                 "ratio with a core per rank (each schedule's order replayed, F = 1, B = 2 a "
+                 "stage, B = W = 1 split).\n")
+
+
 def _runs(path: str) -> list:
     if not os.path.exists(path):
         return []
@@ -207,20 +235,24 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2, help="steps of an engine per round")
     ap.add_argument("--keep", action="store_true",
                     help="keep the earlier runs in results/ (newest first)")
+    ap.add_argument("--device-gflops", type=float, default=0.0,
+                    help="emulate a device of this many GFLOP/s per rank (module docstring)")
     args = ap.parse_args()
     if args.worker:
         return worker(args.out, args.workdir, args.rounds, args.steps)
     cores, load, t0 = os.cpu_count() or 1, os.getloadavg(), time.time()
-    rows = summarise(launch(args.rounds, args.steps), cores)
-    path = os.path.join(OUT, "pipeline_schedules.json")
+    rows = summarise(launch(args.rounds, args.steps, args.device_gflops), cores)
+    name = "pipeline_schedules_device" if args.device_gflops else "pipeline_schedules"
+    path = os.path.join(OUT, f"{name}.json")
     run = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "cores": cores,
            "load_average": load, "seconds": time.time() - t0, "rounds": args.rounds,
-           "steps": args.steps, "rows": rows}
+           "steps": args.steps, "device_gflops": args.device_gflops, "rows": rows}
     runs = [run] + (_runs(path) if args.keep else [])
     with open(path, "w") as f:
         json.dump({"runs": runs}, f, indent=1)
-    text = HEADER + "\n" + "\n".join(table(r) for r in runs)
-    with open(os.path.join(OUT, "pipeline_schedules.md"), "w") as f:
+    header = DEVICE_HEADER if args.device_gflops else HEADER
+    text = header + "\n" + "\n".join(table(r) for r in runs)
+    with open(os.path.join(OUT, f"{name}.md"), "w") as f:
         f.write(text)
     print(table(run))
     return 0

@@ -3,6 +3,9 @@
 reader can see every way a test can bend a run. Each is a no-op unless its variable is set;
 none is a setting for users.
 
+One is a benchmark's, not a fault: MEGATRON_TEST_DEVICE_GFLOPS, an emulated accelerator's
+time for each TP-layer GEMM (read by parallel/layers.py at import).
+
 Hooks older than this module still live beside the code they bend: MEGATRON_TEST_STOP_AT
 (training/watchdog.py), MEGATRON_TEST_CORRUPT (training/sdc.py), MEGATRON_TEST_FAIL_WRITER and
 MEGATRON_TEST_SLOW_WRITER (checkpoint/sharded.py)."""
@@ -68,3 +71,27 @@ def scale_largest(tensors, factor: float) -> None:
             flat[i] = flat[i] * factor
             return
     raise RuntimeError(f"{STATE_FAULT_VAR}: no tensor holds a non-zero element to corrupt")
+
+
+# GFLOP/s of an emulated accelerator: every GEMM of the TP layers (parallel/layers.linear) also
+# sleeps its multiply-adds' time at this rate, in the pass that computes it (forward, input
+# gradient, weight gradient, so a deferred W pass carries its own share). A rank then waits as
+# it would on a device, without holding a core: with more ranks than cores, the pipeline
+# schedules' bubbles show (benchmarks/pipeline_schedules.py --device-gflops).
+DEVICE_GFLOPS_VAR = "MEGATRON_TEST_DEVICE_GFLOPS"
+
+
+def device_seconds_per_flop(environ=os.environ) -> Optional[float]:
+    """1 / (MEGATRON_TEST_DEVICE_GFLOPS x 1e9), or None when unset."""
+    value = environ.get(DEVICE_GFLOPS_VAR)
+    if not value:
+        return None
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0:
+        raise ValueError(f"{DEVICE_GFLOPS_VAR}={value!r}: expected a positive rate in GFLOP/s, "
+                         "e.g. 5")
+    return 1.0 / (rate * 1e9)
+

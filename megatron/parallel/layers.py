@@ -15,6 +15,7 @@ autograd computes, in the same order, so the gradients keep their bits. Biases k
 gradient in the backward (a reduction, not a GEMM)."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable, List, Optional, Tuple
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.base.faults import device_seconds_per_flop
 from megatron.parallel.mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
                                         gather_from_tp_region, reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region)
@@ -191,9 +193,60 @@ class _EmbeddingDeferred(torch.autograd.Function):
         return None, None, None
 
 
+# An emulated device's seconds per multiply-add pair (MEGATRON_TEST_DEVICE_GFLOPS, a benchmark
+# hook in base/faults.py); None, the rule, leaves linear() as it is.
+_DEVICE_S_PER_FLOP = device_seconds_per_flop()
+
+
+def _device_wait(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Sleeps the emulated device's time for one GEMM of x's tokens with weight."""
+    time.sleep(2.0 * x.numel() * weight.shape[0] * _DEVICE_S_PER_FLOP)
+
+
+class _LinearEmulated(torch.autograd.Function):
+    """_LinearDeferred's products (the weight's deferred when a store is given), each followed
+    by the emulated device's time for it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, store):
+        ctx.save_for_backward(x, weight)
+        ctx.store, ctx.has_bias = store, bias is not None
+        out = F.linear(x, weight, bias)
+        _device_wait(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.matmul(weight)
+            _device_wait(x, weight)
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            flat_x = x.reshape(-1, x.shape[-1])
+
+            def weight_grad():
+                product = flat_grad.t().mm(flat_x)
+                _device_wait(x, weight)
+                return product
+            if ctx.store is None:
+                grad_w = weight_grad()
+            else:
+                ctx.store.put(weight, weight_grad)
+        return grad_x, grad_w, grad_bias, None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
     """F.linear, with the weight's gradient deferred when the weight has a store."""
     store = _store(weight)
+    if _DEVICE_S_PER_FLOP is not None:
+        if not torch.is_grad_enabled():
+            _device_wait(x, weight)
+            return F.linear(x, weight, bias)
+        return _LinearEmulated.apply(x, weight, bias, store)
     if store is None or not torch.is_grad_enabled():
         return F.linear(x, weight, bias)
     return _LinearDeferred.apply(x, weight, bias, store)
