@@ -7,8 +7,9 @@
 #     [e2e] tests/e2e and tests/gpu; [intg] the rest of tests/integration.
 #     Measured (fresh clone, 2 cores): with two processes ([dist], and e2e with integration)
 #     1326 CPU seconds in 20 min and 1509 in 39 min, the second wait-bound (deadlines, hang
-#     limits, Slurm jobs, the CUDA wheel's pip); split in three, 25, 30 and 34 min (the whole
-#     suite then used about 2900 CPU seconds, so 2 cores need at least 24 min).
+#     limits, Slurm jobs, the CUDA wheel's pip); split in three, 25, 30 and 34 min, and with
+#     the preprocessing runs moved to [dist] 27, 30 and 29 (the whole suite uses about 2900 CPU
+#     seconds, so 2 cores need at least 24 min).
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
 # Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
