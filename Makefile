@@ -4,11 +4,13 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# make test's and test-fast's pytest processes side by side (tools/run_tests.sh): empty, three
-# for make test (the distributed modules with the unit tests, the end-to-end tests, the other
-# integration tests: the many tests that wait out a deadline, a Slurm job or a compiler overlap
-# the distributed launches' compute) and two for test-fast (unit, integration); 1: one process.
-TEST_PROCESSES ?=
+# make test's and test-fast's pytest processes side by side (tools/run_tests.sh): 2, for make
+# test the distributed modules with the unit tests in one and every other test in the other, so
+# the many tests that wait out a deadline, a Slurm job or a compiler overlap the distributed
+# launches' compute (for test-fast the unit and the integration tests); 3: make test's second
+# process split in two (faster, busier cores; tools/run_tests.sh says what was measured);
+# 1: one process.
+TEST_PROCESSES ?= 2
 
 .PHONY: setup test test-fast demo toolchains clean
 

@@ -65,6 +65,8 @@ def join_alone(rank: int, port: int, timeout_s: int) -> subprocess.CompletedProc
         "cpu = DeviceInfo(torch.device('cpu'), 'cpu', 'cpu', None, None)\n"
         "main = entry_point('join')(lambda argv: init_distributed(discover(), cpu, "
         f"timeout_s={timeout_s}) or 0)\n"
+        "import time\n"
+        "print(f'joining at {time.monotonic()}', flush=True)\n"
         "sys.exit(main())\n")
     env = clean_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port))
@@ -72,13 +74,20 @@ def join_alone(rank: int, port: int, timeout_s: int) -> subprocess.CompletedProc
                           env=env, cwd=ROOT, timeout=120)
 
 
+def joining_took(proc) -> float:
+    """Seconds from the moment the rank began to join (printed once torch is imported, on the
+    machine-wide monotonic clock) to now: the deadline's share, not the interpreter's start-up,
+    which a loaded machine stretched past a bound that counted it (28.2 s against 13 + 15)."""
+    began = float(proc.stdout.split("joining at ")[1].split()[0])
+    return time.monotonic() - began
+
+
 @pytest.mark.slow  # waits out a 15 s rendezvous deadline: make test, not test-fast
 @pytest.mark.parametrize("accepts", [True, False], ids=["silent-accept", "never-accept"])
 def test_a_rank_whose_master_port_is_held_ends_within_the_deadline(accepts):
     with held_port(accepts) as port:
-        began = time.monotonic()
         proc = join_alone(1, port, timeout_s=3)
-        took = time.monotonic() - began
+        took = joining_took(proc)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert took < rendezvous_deadline(3) + 15, f"took {took:.0f} s"
     last = proc.stderr.strip().splitlines()[-1]
@@ -89,9 +98,8 @@ def test_a_rank_whose_master_port_is_held_ends_within_the_deadline(accepts):
 
 def test_rank_0_on_a_held_port_fails_at_once_with_one_message():
     with held_port(accepts=True) as port:
-        began = time.monotonic()
         proc = join_alone(0, port, timeout_s=60)
-        took = time.monotonic() - began
+        took = joining_took(proc)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert took < 30, f"took {took:.0f} s"
     last = proc.stderr.strip().splitlines()[-1]
@@ -127,11 +135,12 @@ def test_two_srun_style_ranks_on_a_held_port_both_end_with_exit_2(tmp_path):
                  for rank in (0, 1)]
         ended = []
         for proc in procs:
-            out, err = proc.communicate(timeout=60 + 30 + 30)
+            out, err = proc.communicate(timeout=60 + 45 + 30)
             ended.append((proc.returncode, err, time.monotonic() - began))
     for rank, (code, err, took) in enumerate(ended):
         assert code == 2, f"rank {rank} exit {code}:\n{err[-3000:]}"
-        assert took < 60 + 30, f"rank {rank} took {took:.0f} s"
+        # the 60 s timeout, and start-up on a loaded machine (a hang would be 10 minutes)
+        assert took < 60 + 45, f"rank {rank} took {took:.0f} s"
         assert_clean_error(subprocess.CompletedProcess([], code, "", err),
                            f"megatron-train: error: rank {rank} of 2 could not join the process "
                            f"group at 127.0.0.1:{port}", "held by another program",
