@@ -8,10 +8,10 @@ The ranks run on an emulated device (MEGATRON_TEST_DEVICE_GFLOPS, base/faults.py
 also sleeps its time at 2.5 GFLOP/s, about 95 ms of each ~100 ms forward, so a forward's span is
 mostly device time, as on a GPU, and the CPU's scheduling noise is a small part of it. Without
 it, on the 2-core CPU two even ranks' median forwards differed by up to 15% from one window to
-the next, and with the suite's other processes on the cores rank 0's median once came out 1.4x
-the 60%-slowed rank 1's, two windows in a row (stop 47's third fresh-clone run), naming the
-wrong rank. Why 60% and not the issue's 30%: room for what noise remains. The decision itself
-(factor, two windows, the median of the others) is tested exactly in
+the next, and with three test processes on the cores rank 0's median once came out 1.4x the
+60%-slowed rank 1's, two windows in a row, naming the wrong rank. Why 60% and not the issue's
+30%: room for what noise remains. The decision itself (factor, two windows, the median of the
+others) is tested exactly in
 tests/unit/test_training_stragglers.py."""
 import os
 import subprocess
