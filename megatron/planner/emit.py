@@ -10,7 +10,7 @@ from megatron.config import Config, schedules, validate_for_world
 from megatron.config.errors import ConfigError
 from megatron.launch import frontier_env
 from megatron.planner.hardware import ClusterSpec
-from megatron.planner.layout import Job, Layout
+from megatron.planner.layout import Job, Layout, run_as
 from megatron.planner.search import Candidate
 
 # The paper's optimizer (REFERENCE.md), used when the model comes from a preset.
@@ -63,9 +63,7 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
     raw: Dict[str, Dict] = base.to_dict()
     raw["model"] = dataclasses.asdict(job.model)
     raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"
-    # With chunks a record may run under another name (1f1b's is the interleaved schedule).
-    record = schedules.get(lay.schedule)
-    schedule = record.chunked if lay.interleave > 1 and record.chunked else lay.schedule
+    schedule = run_as(lay)  # with chunks, 1f1b runs as the interleaved schedule
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,
                            pipeline_schedule=schedule, virtual_pipeline_size=lay.interleave,
