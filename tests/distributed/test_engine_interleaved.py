@@ -4,8 +4,11 @@ micro-batches: fp32, dropout off, ZeRO-1, clipping on, 10 steps. The per-step lo
 the same bit for bit: each chunk accumulates its micro-batches' gradients in the same order, the
 tied embedding's two halves are summed as DeepSpeed sums them, and the update is DeepSpeed's own
 _take_model_step with the groups of its pipeline grid. The gradient norm is a sum of squares
-over ranks that hold other layers than under 1F1B, added in another grouping: measured equal at
-PP2 and within an ulp or two at PP4 and TP2 x PP2 (relative 1e-7), hence NORM_BOUND.
+over ranks that hold other layers than under 1F1B, added in another grouping: equal, or an ulp
+or two apart (relative 1e-7, NORM_BOUND), by the values and the CPU (GPT-2 at PP2 was equal on
+one development machine and an ulp apart at step 4 on an AVX-512 one, and its loss 2e-7 apart
+from step 9). So the losses are bit for bit up to the first step clipped with different norms,
+and within tests/support/exactness.DRIFT_BOUND after it.
 
 bf16 (DeepSpeed's ZeRO-1 optimizer over bf16 weights, as 1F1B gets it): the same gradient
 arithmetic, so the losses are measured identical too; they are held to BF16_BOUND, because at PP4
@@ -28,6 +31,7 @@ import os
 
 import pytest
 
+from tests.support.exactness import assert_same_arithmetic
 from tests.support.paths import ROOT
 from tests.support.procs import launch_json
 
@@ -69,9 +73,8 @@ def _chunked(results, case):
 def test_interleaved_is_bit_identical_to_1f1b(results, case):
     ref, got = results[case]["1f1b"], _chunked(results, case)
     assert len(got["losses"]) == STEPS
-    assert got["losses"] == ref["losses"], f"{case}: {got['losses']} vs {ref['losses']}"
-    worst = max(abs(a - b) / b for a, b in zip(got["grad_norms"], ref["grad_norms"]))
-    assert worst <= NORM_BOUND, f"{case}: {got['grad_norms']} vs {ref['grad_norms']}"
+    assert_same_arithmetic(case, ref["losses"], got["losses"], ref["grad_norms"],
+                           got["grad_norms"], clip=ref["clip"], norm_bound=NORM_BOUND)
     assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
 
 

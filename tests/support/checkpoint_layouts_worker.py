@@ -2,7 +2,8 @@
 
 --sources: layouts trained 10 steps uninterrupted, saving at step 5 (their steps 6-10 are the
 "continued in X" reference). --targets SRC>DST: step 5 of SRC's run copied into a new run
-directory and continued to step 10 in layout DST. Rank 0 writes {case: losses} as JSON.
+directory and continued to step 10 in layout DST. Rank 0 writes {case: losses of steps 6-10,
+case/norms: {norms: their gradient norms, clip: the clipping threshold}} as JSON.
 
     torchrun --nproc_per_node 4 checkpoint_layouts_worker.py --workdir W --out r.json \
         --sources pp2dp2_zero1 --targets tp1>tp2pp2
@@ -62,11 +63,23 @@ def run_dir(workdir, *parts):
     return os.path.join(workdir, "-".join(parts))
 
 
+def norms(cfg, summary, steps):
+    """The gradient norms of `steps` (1-based) from the run's metrics.jsonl, and the clipping
+    threshold: what tests/support/exactness.py needs to tell a norm's last bit from an error."""
+    by_step = {}
+    with open(os.path.join(summary.run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if "grad_norm" in record and "step" in record:
+                by_step[record["step"]] = record["grad_norm"]
+    return {"norms": [by_step[s] for s in steps], "clip": cfg.training.clip_grad}
+
+
 def source(workdir, layout, flavour):
-    summary = train(load_config(TINY, overrides(layout, flavour, run_dir(workdir, layout,
-                                                                          flavour))
-                                + ["training.save_interval=5"]))
-    return summary.losses[5:]
+    cfg = load_config(TINY, overrides(layout, flavour, run_dir(workdir, layout, flavour))
+                      + ["training.save_interval=5"])
+    summary = train(cfg)
+    return summary.losses[5:], norms(cfg, summary, range(6, 11))
 
 
 def target(workdir, src, dst, flavour):
@@ -77,9 +90,10 @@ def target(workdir, src, dst, flavour):
                         os.path.join(new, "checkpoints", "step_0000005"))
     if dist.is_initialized():
         dist.barrier()
-    summary = train(load_config(TINY, overrides(dst, flavour, new) + ["training.load=auto"]))
+    cfg = load_config(TINY, overrides(dst, flavour, new) + ["training.load=auto"])
+    summary = train(cfg)
     assert summary.steps == 10 and len(summary.losses) == 5, (summary.steps, summary.losses)
-    return summary.losses
+    return summary.losses, norms(cfg, summary, range(6, 11))
 
 
 def _rank0() -> bool:
@@ -102,12 +116,14 @@ def main() -> int:
     for case in filter(None, args.sources.split(",")):
         layout, _, only = case.partition(":")
         for flavour in ([only] if only else args.flavours.split(",")):
-            results[f"{layout}/{flavour}"] = source(args.workdir, layout, flavour)
+            key = f"{layout}/{flavour}"
+            results[key], results[f"{key}/norms"] = source(args.workdir, layout, flavour)
     for case in filter(None, args.targets.split(",")):
         pair, _, only = case.partition(":")
         src, dst = pair.split(">")
         for flavour in ([only] if only else args.flavours.split(",")):
-            results[f"{src}>{dst}/{flavour}"] = target(args.workdir, src, dst, flavour)
+            key = f"{src}>{dst}/{flavour}"
+            results[key], results[f"{key}/norms"] = target(args.workdir, src, dst, flavour)
     if _rank0():
         with open(args.out, "w") as f:
             json.dump(results, f)

@@ -72,7 +72,7 @@ def train(overrides, run_dir: str, steps: int):
         job.lock.release()
     executor = getattr(job.engine.engine, "interleaved", None)
     return {"losses": losses, "grad_norms": norms, "names": names,
-            "dtype": str(params[0][1].dtype),
+            "dtype": str(params[0][1].dtype), "clip": cfg.training.clip_grad,
             # TP layers whose weight gradients wait for a W pass (ZB-V's executor)
             "deferred": getattr(executor, "deferred", 0) if executor else 0}
 
