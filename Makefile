@@ -4,13 +4,12 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# make test's and test-fast's pytest processes side by side (tools/run_tests.sh): 2, for make
-# test the distributed modules with the unit tests in one and every other test in the other, so
-# the many tests that wait out a deadline, a Slurm job or a compiler overlap the distributed
-# launches' compute (for test-fast the unit and the integration tests); 3: make test's second
-# process split in two (faster, busier cores; tools/run_tests.sh says what was measured);
-# 1: one process.
-TEST_PROCESSES ?= 2
+# make test's and test-fast's pytest processes side by side (tools/run_tests.sh): 4, for make
+# test the distributed modules with the unit tests, the end-to-end tests, the integration tests,
+# and the tests that mostly wait (Slurm jobs, hang limits, deadlines), whose waits then overlap
+# the others' compute (for test-fast: the unit and the integration tests); 3 or 2: fewer, longer
+# processes (tools/run_tests.sh says what each was measured at); 1: one process.
+TEST_PROCESSES ?= 4
 
 .PHONY: setup test test-fast demo toolchains clean
 

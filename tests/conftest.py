@@ -8,7 +8,7 @@ import pytest
 from tests.support.paths import ROOT
 
 # One OpenMP thread for torch in this process and every process a test starts (they inherit it;
-# torchrun keeps a value it finds): the suite runs two pytest processes, and up to 8 ranks, on 2
+# torchrun keeps a value it finds): the suite runs four pytest processes, and up to 8 ranks, on 2
 # cores, where a second thread per process only spins. Measured on the 2-core machine, loaded: a
 # 4-step tiny.yaml run took 9.6 s of CPU with torch's default of 2 threads and 5.5 s with 1, its
 # steps 0.2-3.3 s against 0.1 s. Set before any test imports torch; a value already set is kept.

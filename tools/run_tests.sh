@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # make test's and make test-fast's runner: pytest processes side by side on the 2 cores.
-#   make test (TEST_SET=all), two processes by default:
+#   make test (TEST_SET=all), four processes by default (TEST_PROCESSES=4):
 #     [dist] tests/distributed (its modules share one launch per world size, a session fixture,
 #       so they stay in one process), tests/unit and the compiler-bound kernel tests of
-#       tests/integration (the HIP simulator, the gfx90a build); [rest] every other test.
-#     Measured (fresh clone, 2 cores): 1326 CPU seconds in 20 min and 1509 in 37-39 min, the
-#     second wait-bound (deadlines, hang limits, Slurm jobs, the CUDA wheel's pip).
-#   TEST_PROCESSES=3: [rest] split in two, [e2e] tests/e2e and tests/gpu, [intg] the other
-#     integration tests, and the 1 GB preprocessing runs join [dist]. Measured 27, 30 and 29 min
-#     (32 for the fresh clone's .ci/run; the suite uses about 2900 CPU seconds, so 2 cores need
-#     at least 24), but the cores are then busier, and two of three runs each failed a test
-#     with a wall-clock bound (a straggler named on noise; a bound that counted start-up),
-#     both since fixed; not the default until it has passed as often as two.
+#       tests/integration (the HIP simulator, the gfx90a build);
+#     [e2e] tests/e2e and tests/gpu; [intg] the other integration tests;
+#     [wait] the tests that mostly wait ($waiting below: Slurm jobs, hang limits, a held
+#       port's deadline, save bounds, signals; about 900 s of wall time for 200 CPU seconds),
+#       so their waits overlap the others' compute instead of lengthening [e2e] and [intg].
+#     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
+#     suite takes about 2370 CPU seconds, so 2 cores need at least 20 minutes; three processes
+#     (the same without [wait]) took 21:51, 24:20 and 24:20, the whole .ci/run 25:29.
+#   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e], [intg] (with [wait]'s).
+#   TEST_PROCESSES=2: [dist] and [rest], every other test (37-39 min on an older machine).
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
 # Each line is prefixed with its process, and each ends with its own summary (the slowest tests,
@@ -28,7 +29,23 @@ if [ "${TEST_SET:-all}" = "fast" ]; then
     everything=(tests/unit tests/integration)
 else
     kernels="tests/integration/test_kernels_simulated.py tests/integration/test_kernels_aot_build.py"
-    if [ "${TEST_PROCESSES:-2}" = "3" ]; then
+    # the tests that mostly wait (a Slurm job's end, a hang limit, a held port's deadline, a
+    # save's bound, a signal's effect): about 900 s of wall time for 200 CPU seconds
+    waiting="tests/e2e/test_launch_slurm.py tests/e2e/test_launch_slurm_hang.py"
+    waiting+=" tests/e2e/test_training_slurm_chain.py tests/e2e/test_launch_torchrun_signals.py"
+    waiting+=" tests/integration/test_launch_rendezvous_port.py"
+    waiting+=" tests/integration/test_training_save_limits.py"
+    waiting+=" tests/integration/test_training_watchdog_hang.py"
+    waiting+=" tests/integration/test_training_hang_resume.py"
+    waiting+=" tests/integration/test_launch_exit_teardown.py"
+    waiting+=" tests/integration/test_training_deadline_save.py"
+    if [ "${TEST_PROCESSES:-4}" = "4" ]; then
+        names=(dist e2e intg wait)
+        parts=("tests/distributed tests/unit $kernels"
+               "tests/e2e tests/gpu ${waiting//tests\//--ignore=tests/}"
+               "tests/integration ${kernels//tests\//--ignore=tests/} ${waiting//tests\//--ignore=tests/}"
+               "$waiting")
+    elif [ "${TEST_PROCESSES:-4}" = "3" ]; then
         kernels+=" tests/integration/test_data_preprocess_memory.py"  # 245 s: [intg] was longest
         names=(dist e2e intg)
         parts=("tests/distributed tests/unit $kernels" "tests/e2e tests/gpu"
@@ -40,7 +57,7 @@ else
     fi
     everything=(tests/distributed tests/e2e tests/gpu tests/integration tests/unit)
 fi
-if [ "${TEST_PROCESSES:-2}" = "1" ]; then
+if [ "${TEST_PROCESSES:-4}" = "1" ]; then
     exec "$PY" -m pytest "${ARGS[@]}" "${everything[@]}"
 fi
 export PYTHONUNBUFFERED=1
