@@ -115,11 +115,13 @@ def _case(raw: Dict, defaults: Dict) -> Case:
     tp, pp, mb, cp = v["tp"], v["pp"], v["micro_batch"], v.get("cp", 1)
     dp = v["gpus"] // (tp * pp * cp)
     # optional layout fields: context parallelism (cp, cp_algo), model chunks per stage
-    # (interleave), set layer counts of the first and last model chunk (Megatron-LM's
+    # (interleave), the pipeline schedule by its config/schedules name (schedule: zbh1, zbv),
+    # set layer counts of the first and last model chunk (Megatron-LM's
     # --decoder-first/last-pipeline-num-layers)
     lay = Layout(tp, pp, dp, mb, v["batch"] // (mb * dp), zero=v["zero"],
                  recompute=v["recompute"], flash=v["flash"], sequence_parallel=v["sp"],
                  interleave=v.get("interleave", 1), cp=cp,
+                 schedule=v.get("schedule", Layout.schedule),
                  cp_algo=v.get("cp_algo", Layout.cp_algo),
                  first_stage_layers=v.get("first_stage_layers"),
                  last_stage_layers=v.get("last_stage_layers"))
