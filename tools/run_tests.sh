@@ -9,7 +9,7 @@
 #       port's deadline, save bounds, signals; about 900 s of wall time for 200 CPU seconds),
 #       so their waits overlap the others' compute instead of lengthening [e2e] and [intg].
 #     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
-#     suite takes 2240-2370 CPU seconds, so 2 cores need about 20 minutes; in three runs the
+#     suite takes 2240-2370 CPU seconds, so 2 cores need about 20 minutes; in four runs the
 #     four took 19-22, 20-22, 19-20 and 17-18 minutes, the whole .ci/run 21:10-23:01; three
 #     processes (the same without [wait]) 21:51, 24:20 and 24:20, the .ci/run 25:29.
 #   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e], [intg] (with [wait]'s).
