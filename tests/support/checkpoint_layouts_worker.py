@@ -19,6 +19,8 @@ import sys
 
 import torch.distributed as dist
 
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.training.loop import train
 
@@ -63,16 +65,13 @@ def run_dir(workdir, *parts):
     return os.path.join(workdir, "-".join(parts))
 
 
-def norms(cfg, summary, steps):
-    """The gradient norms of `steps` (1-based) from the run's metrics.jsonl, and the clipping
-    threshold: what tests/support/exactness.py needs to tell a norm's last bit from an error."""
-    by_step = {}
-    with open(os.path.join(summary.run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if "grad_norm" in record and "step" in record:
-                by_step[record["step"]] = record["grad_norm"]
-    return {"norms": [by_step[s] for s in steps], "clip": cfg.training.clip_grad}
+def norms(cfg, summary, wanted):
+    """The gradient norms of the steps `wanted` (1-based) from the run's metrics.jsonl, and the
+    clipping threshold: what tests/support/exactness.py needs to tell a norm's last bit from an
+    error."""
+    records = steps(read_metrics(RunDir(summary.run_dir).metrics))
+    by_step = {r.step: r.grad_norm for r in records}
+    return {"norms": [by_step[s] for s in wanted], "clip": cfg.training.clip_grad}
 
 
 def source(workdir, layout, flavour):
