@@ -6,13 +6,14 @@
 #       tests/integration (the HIP simulator, the gfx90a build);
 #     [e2e] tests/e2e and tests/gpu; [intg] the other integration tests;
 #     [wait] the tests that mostly wait ($waiting below: Slurm jobs, hang limits, a held
-#       port's deadline, save bounds, signals; about 900 s of wall time for 200 CPU seconds),
+#       port's deadline, save bounds, signals; 1000-1070 s of wall time for 190-210 CPU s),
 #       so their waits overlap the others' compute instead of lengthening [e2e] and [intg].
 #     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
 #     suite takes 2240-2370 CPU seconds, so 2 cores need about 20 minutes; in four runs the
 #     four took 19-22, 20-22, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:01; three
 #     processes (the same without [wait]) 21:51, 24:20 and 24:20, the .ci/run 25:29.
-#   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e], [intg] (with [wait]'s).
+#   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e] and [intg], each with
+#     its own waiting tests.
 #   TEST_PROCESSES=2: [dist] and [rest], every other test (37-39 min on an older machine).
 #   make test-fast (TEST_SET=fast): tests/unit ([unit]) and the integration tests not marked
 #     slow ([intg]).
@@ -22,6 +23,12 @@
 # Arguments go to pytest.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
+processes=${TEST_PROCESSES:-4}
+case $processes in
+    1|2|3|4) ;;
+    *) echo "run_tests.sh: TEST_PROCESSES=$processes: expected 1, 2, 3 or 4 (the default)" >&2
+       exit 2 ;;
+esac
 ARGS=(-q -ra --durations=20 "$@")
 if [ "${TEST_SET:-all}" = "fast" ]; then
     ARGS+=(-m "not slow")
@@ -30,8 +37,7 @@ if [ "${TEST_SET:-all}" = "fast" ]; then
     everything=(tests/unit tests/integration)
 else
     kernels="tests/integration/test_kernels_simulated.py tests/integration/test_kernels_aot_build.py"
-    # the tests that mostly wait (a Slurm job's end, a hang limit, a held port's deadline, a
-    # save's bound, a signal's effect): about 900 s of wall time for 200 CPU seconds
+    # [wait]'s tests (above)
     waiting="tests/e2e/test_launch_slurm.py tests/e2e/test_launch_slurm_hang.py"
     waiting+=" tests/e2e/test_training_slurm_chain.py tests/e2e/test_launch_torchrun_signals.py"
     waiting+=" tests/integration/test_launch_rendezvous_port.py"
@@ -40,13 +46,12 @@ else
     waiting+=" tests/integration/test_training_hang_resume.py"
     waiting+=" tests/integration/test_launch_exit_teardown.py"
     waiting+=" tests/integration/test_training_deadline_save.py"
-    if [ "${TEST_PROCESSES:-4}" = "4" ]; then
+    if [ "$processes" = "4" ]; then
+        not_waiting=${waiting//tests\//--ignore=tests/}
         names=(dist e2e intg wait)
-        parts=("tests/distributed tests/unit $kernels"
-               "tests/e2e tests/gpu ${waiting//tests\//--ignore=tests/}"
-               "tests/integration ${kernels//tests\//--ignore=tests/} ${waiting//tests\//--ignore=tests/}"
-               "$waiting")
-    elif [ "${TEST_PROCESSES:-4}" = "3" ]; then
+        parts=("tests/distributed tests/unit $kernels" "tests/e2e tests/gpu $not_waiting"
+               "tests/integration ${kernels//tests\//--ignore=tests/} $not_waiting" "$waiting")
+    elif [ "$processes" = "3" ]; then
         kernels+=" tests/integration/test_data_preprocess_memory.py"  # 245 s: [intg] was longest
         names=(dist e2e intg)
         parts=("tests/distributed tests/unit $kernels" "tests/e2e tests/gpu"
@@ -58,7 +63,7 @@ else
     fi
     everything=(tests/distributed tests/e2e tests/gpu tests/integration tests/unit)
 fi
-if [ "${TEST_PROCESSES:-4}" = "1" ]; then
+if [ "$processes" = "1" ]; then
     exec "$PY" -m pytest "${ARGS[@]}" "${everything[@]}"
 fi
 export PYTHONUNBUFFERED=1
