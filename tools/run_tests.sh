@@ -10,7 +10,7 @@
 #       so their waits overlap the others' compute instead of lengthening [e2e] and [intg].
 #     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
 #     suite takes 2240-2370 CPU seconds, so 2 cores need about 20 minutes; in five runs the
-#     four took 19-22, 20-22, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:30; three
+#     four took 19-22, 20-23, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:30; three
 #     processes (the same without [wait]) 21:51, 24:20 and 24:20, the .ci/run 25:29.
 #   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e] and [intg], each with
 #     its own waiting tests.
