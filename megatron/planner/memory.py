@@ -116,7 +116,7 @@ def engine_problem(framework: str, zero: int, pp: int) -> Optional[str]:
     optimizer); FSDP shards at ZeRO-2 or 3 and, as llm-foundry runs it, has no pipeline;
     DeepSpeed runs all four."""
     if framework in MEGATRON and zero > 1:
-        return (f"--zero {zero} under framework megatron-lm/megatron-core: Megatron-LM has no "
+        return (f"--zero {zero} under framework {framework}: Megatron-LM has no "
                 "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
                 "(--use-distributed-optimizer): pick --zero 0 or 1")
     if framework == "fsdp" and pp > 1:

@@ -5,8 +5,14 @@
   project's layers; the gradient reduction hides what `overlap_comm` and the bucket size allow
   (zero_settings.overlap_claim; nothing under the pipeline engine, which reduces after the last
   micro-batch); ZeRO's weight all-gather and the pipeline engine's sends block.
-- megatron-lm (Megatron-LM as in Narayanan et al. 2021 and Korthikanti et al. 2022): the
-  gradient all-reduce runs after the backward, the sends block: nothing hidden.
+- megatron-lm (Megatron-LM without Transformer Engine's overlaps, as it has run since
+  September 2021 and in Korthikanti et al. 2022): the gradient all-reduce runs after the
+  backward and the sends block, but the backward's collective of each column-parallel layer
+  (QKV, fc1: the all-reduce of the input gradient, under SP its reduce-scatter) runs
+  asynchronously under that layer's weight-gradient GEMM (Megatron-LM commit 3f65246, 2 Sep
+  2021: on unless --no-async-tensor-model-parallel-allreduce).
+- megatron-lm-2021 (Megatron-LM as in Narayanan et al. 2021, before that commit): nothing
+  hidden.
 - megatron-core (Megatron-LM/Megatron Core with --tp-comm-overlap, --overlap-grad-reduce,
   --overlap-param-gather and the distributed optimizer): NVIDIA's "Communication Overlap" pages
   (NeMo / Megatron Bridge user guides): the DP reduce-scatter and the parameter all-gather are
@@ -33,21 +39,25 @@ class Overlap:
     #                      "none": exposed
     param_gather: bool   # the distributed optimizer's weight all-gather under the next forward
     pipe_send: bool      # pipeline sends under compute (interleaved schedule only)
+    tp_wgrad: bool = False  # the backward's column-parallel TP collectives under their
+    #                         weight-gradient GEMMs (Megatron-LM's async all-reduce)
 
 
 OVERLAP: Dict[str, Overlap] = {
     "deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
                          pipe_send=False),
     "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                           pipe_send=False),
+                           pipe_send=False, tp_wgrad=True),
+    "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
+                                pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
-                             pipe_send=True),
+                             pipe_send=True, tp_wgrad=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=False),
 }
 FRAMEWORKS = tuple(OVERLAP)
-MEGATRON = ("megatron-lm", "megatron-core")  # the engines with Megatron-LM's optimizer
+MEGATRON = ("megatron-lm", "megatron-lm-2021", "megatron-core")  # the engines with Megatron-LM's optimizer
 
 
 def exposed_share(comm_s: float, cover_s: float) -> float:

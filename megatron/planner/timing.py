@@ -86,16 +86,24 @@ class _Ctx:
             self.collective(f, 2 * (size - 1) / size * nbytes, link, calls)
 
 
-def linear_gemms(x: _Ctx) -> np.ndarray:
-    """The four linear layers' forward GEMMs of one layer (QKV, out-projection, fc1, fc2) for
-    one micro-batch on one rank; their weight gradients (dW = dY^T X) cost the same again."""
+def _linear_dims(x: _Ctx) -> Tuple[Tuple[float, float, float], ...]:
+    """(M, N, K) of the four linear layers' forward GEMMs on one rank: QKV and fc1
+    (column-parallel), the out-projection and fc2 (row-parallel)."""
     m, t, tok = x.m, x.lay.tp, x.tokens
     h, f, d = m.hidden_size, m.ffn_hidden_size, m.head_dim
     fc1 = act.fc1_factor(m) * f
+    return ((tok, (m.num_attention_heads + 2 * m.kv_heads) * d / t, h),
+            (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t))
+
+
+def linear_gemms(x: _Ctx, column_only: bool = False) -> np.ndarray:
+    """The four linear layers' forward GEMMs of one layer (QKV, out-projection, fc1, fc2) for
+    one micro-batch on one rank; their weight gradients (dW = dY^T X) cost the same again.
+    column_only: QKV and fc1 alone."""
+    dims = _linear_dims(x)
     out = np.zeros(len(FEATURES))
-    for dims in ((tok, (m.num_attention_heads + 2 * m.kv_heads) * d / t, h),
-                 (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t)):
-        out[GEMM] += gemm_seconds(dims, x.peak, x.c.gemm_half_dim)
+    for d in (dims[0], dims[2]) if column_only else dims:
+        out[GEMM] += gemm_seconds(d, x.peak, x.c.gemm_half_dim)
     return out
 
 
@@ -123,12 +131,19 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _exposed_tp(x: _Ctx, tp: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) TP collectives left exposed: all of them, or, under Transformer
+    """(forward, backward) TP collectives left exposed: all of them; under Transformer
     Engine's overlap (SP only), what one pass (forward) or two (backward) of the layer's linear
-    GEMMs cannot cover."""
-    if x.overlap.tp_comm and x.lay.sequence_parallel and x.lay.tp > 1:
+    GEMMs cannot cover; under Megatron-LM's asynchronous backward collective (tp_wgrad), the
+    backward's two (one a column-parallel layer) less what those layers' weight-gradient GEMMs
+    cover, the forward's exposed."""
+    if x.lay.tp <= 1:
+        return tp, tp
+    if x.overlap.tp_comm and x.lay.sequence_parallel:
         comm_s, gemm_s = dot(x.th, tp), dot(x.th, linear_gemms(x))
         return tp * exposed_share(comm_s, gemm_s), tp * exposed_share(comm_s, 2 * gemm_s)
+    if x.overlap.tp_wgrad:
+        comm_s, wgrad_s = dot(x.th, tp), dot(x.th, linear_gemms(x, column_only=True))
+        return tp, tp * exposed_share(comm_s, wgrad_s)
     return tp, tp
 
 

@@ -242,12 +242,47 @@ def test_deepspeed_framework_is_this_trainers_pricing():
     lay = Layout(4, 2, 4, 1, 64, zero=1, recompute="full", sequence_parallel=True)
     ds = load_profile("h100")
     assert ds.spec.framework == "deepspeed"
-    lm = _framework("h100", "megatron-lm")
+    lm = _framework("h100", "megatron-lm-2021")  # nothing overlapped, as this trainer
     share = ds.constants.pipe_engine_share
     assert 0 < share < 1
     with_engine, plain = step_time(job, lay, ds), step_time(job, lay, lm)
     assert with_engine.reduce_s == pytest.approx(plain.reduce_s)
     assert with_engine.pipeline_s == pytest.approx((1 + share) * plain.pipeline_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_megatron_lm_hides_the_backward_column_collectives_under_their_weight_gradients(sp):
+    """Megatron-LM since September 2021 (commit 3f65246, on unless
+    --no-async-tensor-model-parallel-allreduce) runs the backward's collective of QKV and fc1
+    (all-reduce of the input gradient; with SP its reduce-scatter) under that layer's
+    weight-gradient GEMM; megatron-lm-2021 (Narayanan et al.'s runs) and this trainer expose
+    it. By hand: the two backward collectives of a layer (bus bytes 2 (t-1)/t s b h e each)
+    less the QKV and fc1 weight-gradient GEMMs (each the cost of its forward GEMM)."""
+    from megatron.planner.overlap import exposed_share
+    from megatron.planner.timing import (COMM, GEMM, LAT, _Ctx, gemm_seconds,
+                                         layer_features, theta)
+    job = Job(preset_model("gpt3-175b"), 8, "fp16")
+    lay = Layout(8, 1, 1, 1, 8, zero=0, recompute="full", sequence_parallel=sp)
+    old, new = _framework("a100", "megatron-lm-2021"), _framework("a100", "megatron-lm")
+    x_old, x_new = _Ctx(job, lay, old), _Ctx(job, lay, new)
+    th = theta(old.constants)
+    m, t, tok = job.model, 8, x_old.tokens
+    h = m.hidden_size
+    link = x_old.tp_link
+    comm = 2 * (2 * 7 / 8 * tok * h * 2 / link.bus_bytes_per_s * th[COMM] + link.alpha_s * th[LAT])
+    qkv = gemm_seconds((tok, 3 * h / t, h), x_old.peak, old.constants.gemm_half_dim)
+    fc1 = gemm_seconds((tok, m.ffn_hidden_size / t, h), x_old.peak, old.constants.gemm_half_dim)
+    wgrad = (qkv + fc1) * th[GEMM]
+    hidden = comm * (1 - exposed_share(comm, wgrad))
+    assert 0 < hidden <= comm
+    saved = float(th @ layer_features(x_old)) - float(th @ layer_features(x_new))
+    assert saved == pytest.approx(hidden, rel=1e-9)
+    # 175B at TP 8: each 50 MB collective fits under its layer's weight gradient
+    assert hidden == pytest.approx(comm, rel=1e-9)
+    # TP 1 has nothing to hide
+    one = dataclasses.replace(lay, tp=1, sequence_parallel=False)
+    assert float(th @ layer_features(_Ctx(job, one, old))) == pytest.approx(
+        float(th @ layer_features(_Ctx(job, one, new))))
 
 
 def test_an_unknown_framework_is_refused():
