@@ -112,11 +112,13 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
                         "1,2,4; zbv takes exactly 2): proposed where it wins within memory, "
                         "and --out-config writes it; default 1 (plain stages only)")
     g.add_argument("--lighter-ends", default="0", metavar="D,..",
-                   help="layers fewer on the first and the last stage (model chunk) than on "
-                        "each one between them, tried where there are more than two "
-                        "(parallel.pipeline_first/last_stage_layers; Llama 3 405B's 126 layers "
-                        "on 16 stages as 7, 8 x 14, 7 is 1), e.g. 0,1,2: proposed where it wins "
-                        "within memory; default 0 (the even split only)")
+                   help="layers fewer on the first and on the last stage (model chunk) than "
+                        "on each one between them, each end taking any of these values apart "
+                        "from the other (parallel.pipeline_first/last_stage_layers; Llama 3 "
+                        "405B's 126 layers on 16 stages as 7, 8 x 14, 7 is 1 at both ends; a "
+                        "large vocabulary's logits may want the last alone lighter), e.g. "
+                        "0,1,2: proposed where it wins within memory; default 0 (the even "
+                        "split only)")
     g.add_argument("--ep-values", default=ep_default,
                    help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
                         "mixture-of-experts model; auto: every divisor of num_experts that "

@@ -29,9 +29,11 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         dp = f"{lay.dp} ep{lay.ep}" if lay.ep > 1 else str(lay.dp)
         cp = str(lay.cp) if lay.cp == 1 or lay.cp_algo == "ulysses" else \
             f"{lay.cp} {lay.cp_label()}"
-        # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage)
+        # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage;
+        # "4 ends -,9": the first as the middle ones, 9 on the last)
         ends = (lay.first_stage_layers if lay.first_stage_layers == lay.last_stage_layers else
-                f"{lay.first_stage_layers},{lay.last_stage_layers}")
+                ",".join("-" if v is None else str(v)
+                         for v in (lay.first_stage_layers, lay.last_stage_layers)))
         pp = f"{lay.pp} ends {ends}" if lay.uneven else str(lay.pp)
         rows.append([str(i), str(lay.tp), pp, dp, cp,
                      str(lay.micro_batch),

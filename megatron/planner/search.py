@@ -46,10 +46,12 @@ class SearchSpace:
     # Model chunks per stage tried where PP > 1 (Megatron-LM's interleaved 1F1B, which the
     # trainer runs as its interleaved schedule; layout.chunks_note); the default prices plain only.
     interleave: Sequence[int] = (1,)
-    # Layers fewer on the first and the last model chunk than on each chunk between them, tried
-    # where there are more than two chunks (parallel.pipeline_first/last_stage_layers, what
-    # recipes do to make room for the embedding and the logits: Llama 3 405B's 126 layers on
-    # 16 stages as 7, 8 x 14, 7 is 1); 0: the even split. The default prices even splits only.
+    # Layers fewer on the first and on the last model chunk than on each chunk between them,
+    # each end taking its own value of these (end_splits; parallel.pipeline_first/last_stage_
+    # layers, what recipes do to make room for the embedding and the logits: Llama 3 405B's
+    # 126 layers on 16 stages as 7, 8 x 14, 7 is 1 at both ends; a large vocabulary's logits
+    # may call for a lighter last stage alone); 0: as the middle. The default prices even
+    # splits only.
     lighter_ends: Sequence[int] = (0,)
     # A layout fits when its reserved memory is at most this share of device memory.
     memory_fraction: float = 1.0
@@ -109,8 +111,8 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
             continue
         pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
                            (space.uneven_pp or job.model.num_layers % p == 0 or
-                            any(end_layers(job.model.num_layers, p * v, d)
-                                for d in space.lighter_ends if d for v in space.interleave))]
+                            any(end_splits(job.model.num_layers, p * v, space.lighter_ends)
+                                for v in space.interleave))]
         for pp in pps:
             if (world // tp) % pp:
                 continue
@@ -119,30 +121,43 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
                                           framework)
 
 
-def end_layers(num_layers: int, chunks: int, lighter: int) -> Optional[int]:
-    """Layers on the first and on the last of `chunks` model chunks when each holds `lighter`
-    fewer than every chunk between them (those share the rest evenly), or None where no such
-    split exists: f + f + (chunks - 2) (f + lighter) = num_layers."""
-    if chunks <= 2 or lighter < 1:
-        return None
-    f, r = divmod(num_layers - (chunks - 2) * lighter, chunks)
-    return f if r == 0 and f >= 1 else None
+Ends = Tuple[Optional[int], Optional[int]]
 
 
-def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Optional[int]]:
-    """First/last chunk layer counts to try (None: the even split, where the layers allow it,
-    the engine splits them itself, space.uneven_pp, or the stage counts were given)."""
+def end_splits(num_layers: int, chunks: int, lighter: Sequence[int]) -> List[Ends]:
+    """(first, last) model-chunk layer counts where the first chunk holds d_first and the last
+    d_last layers fewer than each chunk between them, for every pair of `lighter` values, the
+    two ends chosen apart (the first chunk carries the embedding, the last the logits and the
+    loss: not the same weight). None on a side: that chunk holds as many as the middle ones (the
+    trainer's unset count). The even split (0, 0) is not listed; a pair is left out where the
+    layers do not split so: d_first + d_last + num_layers = chunks x middle, every chunk at
+    least one layer. With two chunks only the unequal pairs (no chunk lies between them)."""
+    out: List[Ends] = []
+    if chunks < 2:
+        return out
+    for d_first in lighter:
+        for d_last in lighter:
+            if d_first < 0 or d_last < 0 or (d_first == d_last and (d_first == 0 or chunks == 2)):
+                continue
+            mid, r = divmod(num_layers + d_first + d_last, chunks)
+            if r or mid - max(d_first, d_last) < 1:
+                continue
+            ends = (mid - d_first if d_first else None, mid - d_last if d_last else None)
+            if ends not in out:
+                out.append(ends)
+    return out
+
+
+def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Ends]:
+    """First/last chunk layer counts to try ((None, None): the even split, where the layers
+    allow it, the engine splits them itself, space.uneven_pp, or the stage counts were given)."""
     if pp == 1:
-        return [None]
-    out: List[Optional[int]] = []
+        return [(None, None)]
+    out: List[Ends] = []
     if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp or
                                     space.pp is not None):
-        out.append(None)
-    for d in space.lighter_ends:
-        f = end_layers(job.model.num_layers, pp * v, d)
-        if f is not None and f not in out:
-            out.append(f)
-    return out
+        out.append((None, None))
+    return out + end_splits(job.model.num_layers, pp * v, space.lighter_ends)
 
 
 def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
@@ -214,8 +229,8 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                 for ep in _ep_sizes(job, dp, space):
                                     for algo, u in _cp_variants(cp, space):
                                         yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
-                                                     schedule, cp=cp, first_stage_layers=ends,
-                                                     last_stage_layers=ends, ep=ep,
+                                                     schedule, cp=cp, first_stage_layers=ends[0],
+                                                     last_stage_layers=ends[1], ep=ep,
                                                      cp_algo=algo, ulysses_degree=u)
 
 

@@ -145,23 +145,26 @@ def test_search_proposes_the_interleaved_schedule_where_it_wins_within_memory(tm
     assert written["pipeline_schedule"] in ("interleaved", "zbv")
 
 
-def test_end_layers_by_hand():
-    """f + f + (chunks - 2)(f + d) = layers: Llama 3 405B's 126 layers on 16 stages are 7,
-    8 x 14, 7 (d = 1), and on 16 x 2 chunks 3, 4 x 30, 3; no split where f is not whole."""
-    from megatron.planner.search import end_layers
-    assert end_layers(126, 16, 1) == 7 and 7 + 14 * 8 + 7 == 126
-    assert end_layers(126, 32, 1) == 3 and 3 + 30 * 4 + 3 == 126
-    assert end_layers(46, 4, 1) == 11
-    assert end_layers(48, 4, 3) is None  # 10.5
-    assert end_layers(48, 2, 1) is None and end_layers(48, 4, 0) is None
+def test_end_splits_cut_alike_by_hand():
+    """Both ends d lighter: f + f + (chunks - 2)(f + d) = layers. Llama 3 405B's 126 layers on
+    16 stages are 7, 8 x 14, 7 (d = 1), and on 16 x 2 chunks 3, 4 x 30, 3; no split where f is
+    not whole, none at d = 0 (the even split), none alike on two chunks."""
+    from megatron.planner.search import end_splits
+    assert end_splits(126, 16, (1,)) == [(7, 7)] and 7 + 14 * 8 + 7 == 126
+    assert end_splits(126, 32, (1,)) == [(3, 3)] and 3 + 30 * 4 + 3 == 126
+    assert end_splits(46, 4, (1,)) == [(11, 11)]
+    assert end_splits(48, 4, (3,)) == []  # 10.5
+    assert end_splits(48, 2, (1,)) == [] and end_splits(48, 4, (0,)) == []
 
 
 def test_search_proposes_lighter_end_stages_where_they_win_within_memory(tmp_path):
     """A 2048-wide model with a 256k vocabulary on 4 stages: the logits on the last stage cost
     several layers (2 h V against about 24 h^2 multiply-adds per token), so the even split (12
-    a stage) waits on its last stage, and lighter first and last stages (the planner puts
-    10, 14, 14, 10 first, 12% faster) are predicted faster. Without lighter_ends no split is
-    offered; for the 22B model (51200 vocabulary, 6144 wide) the even split stays first."""
+    a stage) waits on its last stage. Lighter ends are predicted faster, and the ends are
+    chosen apart: the embedding costs the first stage little, so the planner puts 13, 13, 13, 9
+    first (66.8 s a step against 80.9 s even), ahead of the best split with both ends alike
+    (10, 14, 14, 10: 71.5 s). Without lighter_ends no split is offered; for the 22B model
+    (51200 vocabulary, 6144 wide) the even split stays first."""
     model = dataclasses.replace(preset_model("22b"), hidden_size=2048, num_attention_heads=16,
                                 vocab_size=256000)
     job = Job(model, 512, "bf16")
@@ -171,16 +174,40 @@ def test_search_proposes_lighter_end_stages_where_they_win_within_memory(tmp_pat
     assert all(not c.layout.uneven for c in even.ranked)
     split = search(job, 1, FRONTIER, dataclasses.replace(base, lighter_ends=tuple(range(11))))
     best = split.best.layout
-    assert best.first_stage_layers == best.last_stage_layers < 12
+    from megatron.config.stages import stage_layers
+    counts = stage_layers(48, 4, best.first_stage_layers, best.last_stage_layers)
+    assert counts[-1] == min(counts) < 12 < counts[0]  # the last stage alone lighter
     assert split.best.time.step_s < 0.9 * even.best.time.step_s
+    alike = [c for c in split.ranked if c.layout.uneven and
+             c.layout.first_stage_layers == c.layout.last_stage_layers]
+    assert alike and split.best.time.step_s < 0.95 * alike[0].time.step_s
     for c in split.ranked:
         assert layout_problem(job, c.layout) is None
     cfg = emit.layout_config(load_config(None), job, best)  # validated as the trainer does
-    assert cfg.parallel.pipeline_first_stage_layers == best.first_stage_layers
+    assert (cfg.parallel.pipeline_first_stage_layers or None) == best.first_stage_layers
     assert cfg.parallel.pipeline_last_stage_layers == best.last_stage_layers
     plain = Job(preset_model("22b"), 512, "bf16")
     assert not search(plain, 1, FRONTIER, dataclasses.replace(
         base, tp=(2,), recompute=("full",), lighter_ends=(0, 1, 2))).best.layout.uneven
+
+
+def test_end_splits_choose_each_end_apart():
+    """By hand: 48 layers on 4 chunks, one end lighter by d: middle (48 + d) / 4, so d = 4
+    gives 13, 13, 13, 9 (last lighter) or 9, 13, 13, 13; both by 2: 11, 13, 13, 11; two chunks
+    take only unequal pairs (24/24 is the even split); the trainer's rule accepts each."""
+    from megatron.config.stages import stage_layers, uneven_problem
+    from megatron.planner.search import end_splits
+    splits = end_splits(48, 4, (0, 2, 4))
+    assert (None, 9) in splits and (9, None) in splits and (11, 11) in splits
+    assert (None, None) not in splits
+    assert stage_layers(48, 4, None, 9) == [13, 13, 13, 9]
+    assert end_splits(48, 4, (0,)) == [] and end_splits(48, 1, (0, 1)) == []
+    assert end_splits(48, 4, (0, 1)) == []  # 49 / 4 and 50 / 4 do not split
+    assert end_splits(48, 2, (0, 2)) == [(None, 23), (23, None)]
+    for chunks, lighter in ((4, (0, 2, 4)), (2, (0, 2)), (16, (0, 1, 2, 3))):
+        for first, last in end_splits(48, chunks, lighter):
+            assert uneven_problem(48, chunks, first, last) is None
+            assert sum(stage_layers(48, chunks, first, last)) == 48
 
 
 def test_lighter_ends_open_stage_counts_that_do_not_divide_the_layers():
@@ -191,7 +218,10 @@ def test_lighter_ends_open_stage_counts_that_do_not_divide_the_layers():
                         flash=(True,), sequence_parallel=(False,))
     assert {lay.pp for lay in enumerate_layouts(job, 64, 8, space)} == {1, 2}
     wide = dataclasses.replace(space, lighter_ends=(0, 1))
-    ends = {(lay.pp, lay.first_stage_layers) for lay in enumerate_layouts(job, 64, 8, wide)}
-    assert ends == {(1, None), (2, None), (4, 11), (8, 5), (16, 2)}  # 2, 3 x 14, 2
+    ends = {(lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+            for lay in enumerate_layouts(job, 64, 8, wide)}
+    # two stages: 23/23 is the even split; 24/22 and 22/24 take one end lighter by 2, not 1
+    assert ends == {(1, None, None), (2, None, None), (4, 11, 11), (8, 5, 5),
+                    (16, 2, 2)}  # 2, 3 x 14, 2
     for lay in enumerate_layouts(job, 64, 8, wide):
         assert layout_problem(job, lay) is None
