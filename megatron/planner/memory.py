@@ -19,7 +19,7 @@ The peak is the larger of two phases: backward (states + activations in flight +
 working set) and the optimizer step (states + the fp32 gradient partition it flattens).
 
 The other engines the planner prices for comparison (overlap.FRAMEWORKS) hold other states:
-- megatron-lm / megatron-core: Megatron-LM's bytes per parameter (docs/source/
+- megatron-lm / megatron-lm-2021 / megatron-core: Megatron-LM's bytes per parameter (docs/source/
   distrib_optimizer.md): ZeRO-0 is its non-distributed optimizer (20 with fp16 gradients, 18
   with fp32 ones, 16 in fp32), ZeRO-1 its distributed optimizer (4 + 16/d, 6 + 12/d, 8 + 8/d).
   bf16 accumulates and reduces gradients in fp32 (megatron/training/arguments.py forces
