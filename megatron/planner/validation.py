@@ -109,9 +109,10 @@ def _case(raw: Dict, defaults: Dict) -> Case:
              "tie_embeddings": v.get("tied", True)}
     model = ModelConfig(num_layers=v["layers"], hidden_size=v["hidden"],
                         num_attention_heads=v["heads"], seq_length=v["seq"],
-                        vocab_size=v["vocab"], hidden_dropout=0.1, attention_dropout=0.1,
+                        vocab_size=v["vocab"], hidden_dropout=v.get("dropout", 0.1),
+                        attention_dropout=v.get("dropout", 0.1),
                         **shape)
-    job = Job(model, v["batch"], v["precision"])
+    job = Job(model, v["batch"], v["precision"], grad_dtype=v.get("grad_dtype"))
     tp, pp, mb, cp = v["tp"], v["pp"], v["micro_batch"], v.get("cp", 1)
     dp = v["gpus"] // (tp * pp * cp)
     # optional layout fields: context parallelism (cp, cp_algo), model chunks per stage
@@ -372,6 +373,8 @@ def ordering_holds(comp: Comparison, cases: Dict[str, Case],
 # choose; GPT-NeoX's paper does not say how its layout was chosen: ranked for information only.
 # Llama 3's (llama3_24) were tuned, but the search cannot express them (set first/last stage
 # layer counts) and the memory model puts them above 80 GB: ranked for information only.
+# NVIDIA's benchmark recipes (dgxc24): their README does not say how the layouts were chosen:
+# ranked for information only.
 CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23", "mcore24")
 
 
@@ -388,16 +391,20 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                           memory_fraction: float = 1.0) -> LayoutRank:
     """Where the published layout ranks among every fitting TP x PP x DP layout of the same
     model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
-    attention path, sequence parallelism and schedule (1F1B for every one). PP divides the
+    attention path, sequence parallelism and schedule; its context-parallel degree and model
+    chunks per stage, where it has them, beside none (CP 1, plain stages). PP divides the
     layers for Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them
     unevenly (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
     lay = case.layout
     prof = prof or in_sample_profile(case)
+    cp_space = dict(cp=tuple(sorted({1, lay.cp})), cp_algos=(lay.cp_algo,)) if lay.cp > 1 else {}
     space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
                         recompute=(lay.recompute,), flash=(lay.flash,),
                         sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
-                        uneven_pp=case.framework == "deepspeed", memory_fraction=memory_fraction)
+                        interleave=tuple(sorted({1, lay.interleave})),
+                        uneven_pp=case.framework == "deepspeed", memory_fraction=memory_fraction,
+                        **cp_space)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]
     if lay.key() not in keys:
