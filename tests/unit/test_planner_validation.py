@@ -201,6 +201,25 @@ def test_four_in_five_layouts_chosen_for_speed_rank_in_the_top_3(published):
     assert len(ranks) - len(outside) >= 0.8 * len(ranks), outside
 
 
+def test_a_published_layout_that_fits_is_found_by_its_own_search(published):
+    """Every published case whose layout fits its device is among the layouts its ranking
+    searches: context parallelism and model chunks are searched at the published degree beside
+    none, so a layout with them (NVIDIA's recipes: CP 2 ring, 5-12 virtual stages) is ranked,
+    not reported as not fitting. A layout over the device memory is reported as such."""
+    from megatron.planner.memory import GIB, peak_memory
+    checked = 0
+    for case in published.cases:
+        if case.layout.uneven:  # set first/last stage counts: the search's lighter_ends
+            continue
+        prof = v.in_sample_profile(case)
+        mem = peak_memory(case.job, case.layout, prof.constants, framework=prof.spec.framework)
+        fits = mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB
+        rank = v.rank_published_layout(case, prof)
+        assert (rank.rank is not None) == fits, (case.id, rank.rank, mem.reserved_bytes / GIB)
+        checked += fits and (case.layout.cp > 1 or case.layout.interleave > 1)
+    assert checked >= 6  # dgxc24's CP and virtual-stage layouts that fit
+
+
 def test_frontier_prior_is_not_the_fitted_preset(published):
     """The frontier preset's efficiencies were set from the 175B case; validation must not use
     them, or that case would predict itself."""
