@@ -194,10 +194,14 @@ def _pending_w_bytes(job: Job, lay: Layout, sp: StageParams, first: bool, last: 
     return per_w
 
 
-def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants):
+def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,
+                       framework: str = "deepspeed"):
     m, prec = job.model, job.precision
     schedule = schedules.get(lay.schedule)
-    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec)
+    # Megatron Core runs context parallelism in Transformer Engine's flash-based attention,
+    # which keeps no block pair's scores under any algorithm (activations.ring_explicit)
+    te_cp = framework == "megatron-core"
+    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, te_cp)
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last:
@@ -209,7 +213,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     if moe_layers:
         per_mb += moe_layers * experts.stored_delta(m, lay, prec)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
-    working = act.layer_working_bytes(m, lay, prec) if sp.layers else 0.0
+    working = act.layer_working_bytes(m, lay, prec, te_cp) if sp.layers else 0.0
     if moe_layers:
         working += experts.working_delta(m, lay, prec)
     if last:
@@ -267,7 +271,7 @@ def _engine_states(job: Job, lay: Layout, sp: StageParams, c: Constants, device,
 def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,
                  device: Optional[str] = None, framework: str = "deepspeed") -> StageMemory:
     states = stage_states(job, lay, sp, c, device, framework, stage)
-    stored, working = _stage_activations(job, lay, sp, stage, c)
+    stored, working = _stage_activations(job, lay, sp, stage, c, framework)
     base = states.weights + states.optimizer + c.fixed_gb * GIB
     backward = base + states.grads + stored + working
     if states.bucket_in_backward:

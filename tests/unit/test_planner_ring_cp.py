@@ -41,6 +41,33 @@ def test_the_ring_keeps_every_steps_block_and_its_fp32_scores():
         act.layer_working_bytes(M, _lay(4, "ulysses", recompute="selective"), "bf16") + kept)
 
 
+@pytest.mark.parametrize("algo", ["allgather", "ring"])
+def test_megatron_core_cp_attention_keeps_no_block_scores(algo):
+    """Under Megatron Core the exchange runs in Transformer Engine's flash-based CP attention:
+    every algorithm, dropout or not, keeps what the explicit ring keeps (each query row's fp32
+    log-sum-exp and the fp32 merged output, act.ring_explicit_kept_bytes), not this trainer's
+    autograd form (received blocks and every attended pair's fp32 scores). By hand at R = 4,
+    16 heads, s/4 = 512 rows: 512 x 16 x 4 + 512 x 16 x 128 x 4 bytes. peak_memory follows the
+    framework; at CP 1 the frameworks' activations agree."""
+    from megatron.planner.memory import peak_memory
+    lay = _lay(4, algo)
+    assert M.attention_dropout > 0  # this trainer's autograd form under dropout
+    plain = act.layer_full_bytes(M, lay, "bf16", keep_scores=False)
+    rows = 2048 / 4 * 16
+    te = rows * 4 + rows * 128 * 4
+    assert act.ring_explicit_kept_bytes(M, lay, "bf16") == pytest.approx(te)
+    assert act.layer_stored_bytes(M, lay, "bf16", te_cp=True) == pytest.approx(plain + te)
+    assert act.layer_stored_bytes(M, lay, "bf16") == pytest.approx(
+        plain + act.ring_kept_bytes(M, lay, "bf16"))
+    c = load_profile("h100").constants
+    core = peak_memory(JOB, lay, c, framework="megatron-core")
+    lm = peak_memory(JOB, lay, c, framework="megatron-lm")
+    assert core.activations < lm.activations
+    one = _lay(1, "ulysses")
+    assert peak_memory(JOB, one, c, framework="megatron-core").activations == pytest.approx(
+        peak_memory(JOB, one, c, framework="megatron-lm").activations)
+
+
 def test_hybrid_rings_over_r_with_ulysses_inside_u():
     """Hybrid 2 x 4 (C = 8): Ulysses over U = 2, the ring over R = 4 with 16/2 heads."""
     lay = _lay(8, "hybrid", 2)
