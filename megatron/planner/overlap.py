@@ -57,7 +57,8 @@ OVERLAP: Dict[str, Overlap] = {
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=False),
 }
 FRAMEWORKS = tuple(OVERLAP)
-MEGATRON = ("megatron-lm", "megatron-lm-2021", "megatron-core")  # the engines with Megatron-LM's optimizer
+# the engines with Megatron-LM's optimizer
+MEGATRON = ("megatron-lm", "megatron-lm-2021", "megatron-core")
 
 
 def exposed_share(comm_s: float, cover_s: float) -> float:

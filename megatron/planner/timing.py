@@ -134,8 +134,8 @@ def _exposed_tp(x: _Ctx, tp: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(forward, backward) TP collectives left exposed: all of them; under Transformer
     Engine's overlap (SP only), what one pass (forward) or two (backward) of the layer's linear
     GEMMs cannot cover; under Megatron-LM's asynchronous backward collective (tp_wgrad), the
-    backward's two (one a column-parallel layer) less what those layers' weight-gradient GEMMs
-    cover, the forward's exposed."""
+    forward's all exposed and the backward's two (one per column-parallel layer) less what
+    those two layers' weight-gradient GEMMs cover."""
     if x.lay.tp <= 1:
         return tp, tp
     if x.overlap.tp_comm and x.lay.sequence_parallel:
