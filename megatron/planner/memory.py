@@ -45,7 +45,7 @@ from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, experts
 from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
 from megatron.planner.layout import Job, Layout, layout_stage_layers
-from megatron.planner.overlap import MEGATRON
+from megatron.planner.overlap import MEGATRON, OVERLAP
 from megatron.planner.params import (StageParams, all_stage_params, expert_params, padded_vocab,
                                      stage_params)
 from megatron.planner.profile import Constants
@@ -198,9 +198,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
                        framework: str = "deepspeed"):
     m, prec = job.model, job.precision
     schedule = schedules.get(lay.schedule)
-    # Megatron Core runs context parallelism in Transformer Engine's flash-based attention,
-    # which keeps no block pair's scores under any algorithm (activations.ring_explicit)
-    te_cp = framework == "megatron-core"
+    te_cp = OVERLAP[framework].te_cp  # Megatron Core's CP attention keeps no block scores
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, te_cp)
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)

@@ -20,7 +20,8 @@
   compute, exposing one chunk; the TP collectives overlap the GEMMs they feed (Transformer
   Engine's userbuffers), which needs TP >= 2 and sequence parallelism; pipeline sends overlap
   compute (overlap_p2p_comm) only with the interleaved schedule, else they are batched and
-  exposed.
+  exposed. Its context-parallel attention is Transformer Engine's, flash-based for every
+  algorithm (te_cp: memory.py keeps no block pair's scores).
 - fsdp (PyTorch FSDP as llm-foundry runs its MPT benchmarks, FULL_SHARD or SHARD_GRAD_OP,
   forward and backward prefetch, limit_all_gathers): the gradient reduce-scatter runs per
   wrapped block under the backward and the weight all-gathers are prefetched, like
@@ -41,6 +42,8 @@ class Overlap:
     pipe_send: bool      # pipeline sends under compute (interleaved schedule only)
     tp_wgrad: bool = False  # the backward's column-parallel TP collectives under their
     #                         weight-gradient GEMMs (Megatron-LM's async all-reduce)
+    te_cp: bool = False     # context parallelism in Transformer Engine's flash-based attention:
+    #                         no block pair's scores kept (activations.ring_explicit)
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -51,7 +54,7 @@ OVERLAP: Dict[str, Overlap] = {
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                                 pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
-                             pipe_send=True, tp_wgrad=True),
+                             pipe_send=True, tp_wgrad=True, te_cp=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=False),
