@@ -20,13 +20,16 @@ from collections import deque
 from typing import Callable, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from megatron.base.faults import device_seconds_per_flop
-from megatron.parallel.mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
+from megatron.parallel.mappings import (all_gather_first, copy_to_tp_region,
+                                        gather_from_sequence_parallel_region,
                                         gather_from_tp_region, reduce_from_tp_region,
-                                        reduce_scatter_to_sequence_parallel_region)
+                                        reduce_scatter_to_sequence_parallel_region,
+                                        start_all_reduce, start_reduce_scatter_first)
 from megatron.parallel.state import ParallelState
 
 
@@ -252,6 +255,91 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return _LinearDeferred.apply(x, weight, bias, store)
 
 
+# Whether a column-parallel layer's backward runs its input gradient's TP collective under its
+# weight-gradient GEMM (_ColumnLinear). On, the rule; benchmarks/trainer/tp_overlap.py turns it
+# off for its peer run.
+OVERLAP_INPUT_GRAD = True
+
+# What _ColumnLinear's backward does, in order, when set to a list (tests read it): "start" (the
+# collective), "weight" (the weight gradient computed or deferred), "wait".
+_TRACE: Optional[List[str]] = None
+
+
+def _trace(event: str) -> None:
+    if _TRACE is not None:
+        _TRACE.append(event)
+
+
+class _ColumnLinear(torch.autograd.Function):
+    """The entry of the TP region and a column-parallel GEMM in one function, so that the
+    backward can overlap them. Forward: the input as it is (all-gathered along the sequence
+    under SP) times this rank's rows of the weight. Backward: the input gradient dy W, then its
+    all-reduce across TP (reduce-scatter along the sequence under SP) started asynchronously,
+    then the weight and bias gradients (the weight's deferred to its store under the zero-bubble
+    schedule) while it runs, then the wait. The products are _LinearDeferred's and the
+    collective is the one copy_to_tp_region / gather_from_sequence_parallel_region would run, so
+    the gradients keep their bits."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, sequence_parallel, store):
+        full = all_gather_first(x, group) if sequence_parallel else x
+        ctx.save_for_backward(full, weight)
+        ctx.group, ctx.sequence_parallel = group, sequence_parallel
+        ctx.store, ctx.has_bias = store, bias is not None
+        out = F.linear(full, weight, bias)
+        if _DEVICE_S_PER_FLOP is not None:
+            _device_wait(full, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        full, weight = ctx.saved_tensors
+        grad_x = work = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.matmul(weight)
+            if _DEVICE_S_PER_FLOP is not None:
+                _device_wait(full, weight)
+            start = start_reduce_scatter_first if ctx.sequence_parallel else start_all_reduce
+            grad_x, work = start(grad_x, ctx.group)
+            _trace("start")
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            flat_x = full.reshape(-1, full.shape[-1])
+
+            def weight_grad():
+                product = flat_grad.t().mm(flat_x)
+                if _DEVICE_S_PER_FLOP is not None:
+                    _device_wait(full, weight)
+                return product
+            if ctx.store is None:
+                grad_w = weight_grad()
+            else:
+                ctx.store.put(weight, weight_grad)
+            _trace("weight")
+        if work is not None:
+            work.wait()
+            _trace("wait")
+        return grad_x, grad_w, grad_bias, None, None, None
+
+
+def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  group, sequence_parallel: bool) -> torch.Tensor:
+    """A column-parallel GEMM on the TP region's input x ([s/t, b, h] under SP, else [s, b, h]):
+    copy_to_tp_region (or the SP all-gather) then linear(), with the backward's collective
+    under the weight gradient (_ColumnLinear) unless OVERLAP_INPUT_GRAD is off."""
+    if group is None or dist.get_world_size(group) == 1:
+        return linear(x, weight, bias)
+    if not OVERLAP_INPUT_GRAD or not torch.is_grad_enabled():
+        if sequence_parallel:
+            x = gather_from_sequence_parallel_region(x, group)  # [s/t,b,h] -> [s,b,h]
+        else:
+            x = copy_to_tp_region(x, group)
+        return linear(x, weight, bias)
+    return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel, _store(weight))
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     store = _store(weight)
     if store is None or not torch.is_grad_enabled():
@@ -291,12 +379,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor):
         group = self.state.tp_group
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, group)  # [s/t,b,h] -> [s,b,h]
-        else:
-            x = copy_to_tp_region(x, group)
         bias = None if self.skip_bias_add else self.bias
-        y = linear(x, self.weight, bias)  # [s, b, out/t]
+        y = column_linear(x, self.weight, bias, group, self.sequence_parallel)  # [s, b, out/t]
         if self.gather_output:
             y = gather_from_tp_region(y, group)
         return (y, self.bias) if self.skip_bias_add else y
@@ -358,8 +442,4 @@ class VocabParallelEmbedding(nn.Module):
 def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, state: ParallelState,
                        sequence_parallel: bool, bias: Optional[torch.Tensor] = None):
     """hidden [s(/t), b, h] -> this rank's vocabulary slice of the logits [s, b, V/t]."""
-    if sequence_parallel:
-        hidden = gather_from_sequence_parallel_region(hidden, state.tp_group)
-    else:
-        hidden = copy_to_tp_region(hidden, state.tp_group)
-    return linear(hidden, weight, bias)
+    return column_linear(hidden, weight, bias, state.tp_group, sequence_parallel)

@@ -65,6 +65,25 @@ def _reduce_scatter_first(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+def all_gather_first(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gather along dim 0 (the sequence), outside autograd."""
+    return _gather_first(x, group)
+
+
+def start_all_reduce(x: torch.Tensor, group):
+    """Starts a sum of x across the group in place (x made contiguous); returns (x, work):
+    work.wait() before reading x."""
+    x = x.contiguous()
+    return x, dist.all_reduce(x, group=group, async_op=True)
+
+
+def start_reduce_scatter_first(x: torch.Tensor, group):
+    """Starts the reduce-scatter of x along dim 0; returns (this rank's slice, work)."""
+    n = _size(group)
+    out = torch.empty((x.shape[0] // n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, dist.reduce_scatter_tensor(out, x.contiguous(), group=group, async_op=True)
+
+
 class _CopyToTP(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce the gradient across TP."""
 

@@ -24,8 +24,10 @@ import torch.nn.functional as F
 
 from megatron.parallel import mappings as M
 from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.parallel import layers as L
 from megatron.parallel.layers import (ColumnParallelLinear, RowParallelLinear,
-                                      VocabParallelEmbedding, full_normal, parallel_lm_logits,
+                                      VocabParallelEmbedding, WeightGradStore,
+                                      defer_weight_grads, full_normal, parallel_lm_logits,
                                       shard)
 from megatron.parallel.state import ParallelState
 
@@ -66,6 +68,42 @@ def check_column(st: ParallelState, *, gather_output=False, stride=1, skip_bias_
     rep.close("input grad", x_in.grad, seq_chunk(gx_ref, st) if sequence_parallel else gx_ref)
     rep.close("weight grad slice", layer.weight.grad, shard(gw_ref, 0, r, t, stride))
     rep.close("bias grad slice", layer.bias.grad, shard(gb_ref, 0, r, t, stride))
+    rep.raise_if_failed()
+
+
+def check_column_overlap(st: ParallelState, *, sequence_parallel=False, deferred=False) -> None:
+    """The column-parallel backward with its input gradient's collective under the weight
+    gradient (layers._ColumnLinear): the collective starts before the weight gradient is
+    computed (or deferred) and is waited for after it, and every gradient has the bits of the
+    path without the overlap (copy_to_tp_region or the SP all-gather, then linear)."""
+    rep, r, t = Report(), st.tp_rank, st.tp
+    x, grad = randn(S, B, IN, seed=41), randn(S, B, OUT, seed=42)
+    grads = {}
+    for overlap in (False, True):
+        layer = ColumnParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel,
+                                     init_std=0.5, init_seed=43)
+        store = WeightGradStore()
+        if deferred:
+            defer_weight_grads(layer, store)
+            store.open()
+        x_in = leaf(seq_chunk(x, st) if sequence_parallel else x)
+        L.OVERLAP_INPUT_GRAD, L._TRACE = overlap, []
+        try:
+            layer(x_in).backward(shard(grad, -1, r, t))
+            trace = L._TRACE
+        finally:
+            L.OVERLAP_INPUT_GRAD, L._TRACE = True, None
+        if deferred:
+            rep.true(f"weight gradient left in the store (overlap={overlap})",
+                     layer.weight.grad is None)
+            store.seal()
+            store.run(0)
+        grads[overlap] = (x_in.grad, layer.weight.grad, layer.bias.grad)
+        rep.true(f"backward order with overlap={overlap}: {trace}",
+                 trace == (["start", "weight", "wait"] if overlap else []))
+    for label, got, want in zip(("input", "weight", "bias"), grads[True], grads[False]):
+        rep.true(f"{label} gradient bits differ from the path without overlap",
+                 got is not None and want is not None and torch.equal(got, want))
     rep.raise_if_failed()
 
 
@@ -218,6 +256,10 @@ def checks(world: int) -> List[Tuple[str, str, Callable[[ParallelState], None]]]
         add("column_parallel.stride2", check_column, stride=2)
         add("column_parallel.skip_bias_add", check_column, skip_bias_add=True)
         add("column_parallel.sequence_parallel", check_column, sequence_parallel=True)
+        add("column_parallel.overlap", check_column_overlap)
+        add("column_parallel.overlap.sequence_parallel", check_column_overlap,
+            sequence_parallel=True)
+        add("column_parallel.overlap.deferred", check_column_overlap, deferred=True)
         add("row_parallel.all_reduce", check_row)
         add("row_parallel.sequence_parallel", check_row, sequence_parallel=True)
         add("vocab_embedding.all_reduce", check_vocab_embedding)
