@@ -45,7 +45,7 @@ from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, experts
 from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
 from megatron.planner.layout import Job, Layout, layout_stage_layers
-from megatron.planner.overlap import MEGATRON, OVERLAP
+from megatron.planner.overlap import DEEPSPEED, MEGATRON, OVERLAP
 from megatron.planner.params import (StageParams, all_stage_params, expert_params, padded_vocab,
                                      stage_params)
 from megatron.planner.profile import Constants
@@ -276,7 +276,7 @@ def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constant
         backward += states.bucket
     # At the step ZeRO-1 frees the gradients outside this rank's partition first; Megatron's
     # distributed optimizer keeps its whole grad buffer (the parameter all-gather reuses it).
-    freed = lay.zero == 1 and framework == "deepspeed"
+    freed = lay.zero == 1 and framework in DEEPSPEED
     kept = (states.grads_partition if states.grads_partition is not None
             else states.grads / lay.zero_dp)
     step_grads = kept if freed else states.grads

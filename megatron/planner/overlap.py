@@ -1,10 +1,15 @@
 """What each training engine hides behind compute, by communication kind (docs/planner.md,
 "Overlap by framework"). Defaults are the engines' documented behaviour, not fitted.
 
-- deepspeed (this trainer, DeepSpeed 0.19): tensor-parallel collectives are synchronous in this
-  project's layers; the gradient reduction hides what `overlap_comm` and the bucket size allow
-  (zero_settings.overlap_claim; nothing under the pipeline engine, which reduces after the last
-  micro-batch); ZeRO's weight all-gather and the pipeline engine's sends block.
+- deepspeed (this trainer, DeepSpeed 0.19): the backward's collective of each column-parallel
+  layer runs asynchronously under that layer's weight-gradient GEMM, as Megatron-LM's
+  (parallel/layers._ColumnLinear); the other TP collectives are synchronous; the gradient
+  reduction hides what `overlap_comm` and the bucket size allow (zero_settings.overlap_claim;
+  nothing under the pipeline engine, which reduces after the last micro-batch); ZeRO's weight
+  all-gather and the pipeline engine's sends block.
+- megatron-deepspeed (the Megatron-DeepSpeed forks the published DeepSpeed-engine runs used:
+  MT-NLG, BLOOM, GPT-NeoX, Frontier's, LUMI's): as deepspeed, but every TP collective
+  synchronous (their layers predate or lack the asynchronous all-reduce).
 - megatron-lm (Megatron-LM without Transformer Engine's overlaps, as it has run since
   September 2021 and in Korthikanti et al. 2022): the gradient all-reduce runs after the
   backward and the sends block, but the backward's collective of each column-parallel layer
@@ -48,7 +53,9 @@ class Overlap:
 
 OVERLAP: Dict[str, Overlap] = {
     "deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
-                         pipe_send=False),
+                         pipe_send=False, tp_wgrad=True),
+    "megatron-deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
+                                  pipe_send=False),
     "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                            pipe_send=False, tp_wgrad=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
@@ -62,6 +69,8 @@ OVERLAP: Dict[str, Overlap] = {
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer
 MEGATRON = ("megatron-lm", "megatron-lm-2021", "megatron-core")
+# the engines on DeepSpeed's ZeRO optimizer and pipeline engine
+DEEPSPEED = ("deepspeed", "megatron-deepspeed")
 
 
 def exposed_share(comm_s: float, cover_s: float) -> float:

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 from megatron.config.errors import InputError
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import GIB, peak_memory
+from megatron.planner.overlap import DEEPSPEED
 from megatron.planner.profile import Profile
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -132,7 +133,7 @@ def overlap_variants(job: Job, prof: Profile) -> List[Tuple[Job, Profile]]:
     """The point, everything hidden the windows allow, and nothing of the reduction hidden."""
     hidden = dataclasses.replace(prof, constants=prof.constants.replace(dp_overlap=1.0))
     out = [(job, prof), (job, hidden)]
-    if prof.spec.framework == "deepspeed":
+    if prof.spec.framework in DEEPSPEED:
         ds = dict(job.deepspeed)
         ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "overlap_comm": False}
         out.append((dataclasses.replace(job, deepspeed=ds), prof))

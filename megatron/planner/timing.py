@@ -49,7 +49,7 @@ from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
 from megatron.planner.layout import Job, Layout, layout_stage_layers
-from megatron.planner.overlap import OVERLAP, exposed_share
+from megatron.planner.overlap import DEEPSPEED, OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Profile
 from megatron.planner.zero_settings import comm_bytes, overlap_claim, profile_settings
@@ -232,7 +232,7 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
                 # the receiver's all-gather of the TP ranks' slices, one per received hop
                 x.collective(f, (t - 1) / t * whole, x.tp_link, hops / 2)
     f[MB] += 1
-    if x.lay.pp > 1 and x.spec.framework == "deepspeed":
+    if x.lay.pp > 1 and x.spec.framework in DEEPSPEED:
         # the pipeline engine's own cost: a share of the slot's time as priced so far
         f[PIPE] += dot(x.th[:PIPE], f[:PIPE])
     return f

@@ -55,7 +55,7 @@ PRIOR = np.array([1.0, 1.0, 1.0, 0.0])
 # issue 26 it was a cost per slot in ms with a pull of 1e-4 per ms^2, which at the ~45 ms the
 # runs needed outweighed their errors and held the fit at 18.7 ms.)
 RIDGE = np.array([0.05, 0.05, 0.05, 0.01])
-from megatron.planner.overlap import FRAMEWORKS  # noqa: E402  (what each engine overlaps)
+from megatron.planner.overlap import DEEPSPEED, FRAMEWORKS  # noqa: E402  (what each engine overlaps)
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def group_seconds(case: Case) -> np.ndarray:
     parts = theta(case.profile.constants) * feats
     factors = [float(sum(parts[i] for i in idx)) for idx in list(GROUPS.values())[:-1]]
     # only runs of DeepSpeed's pipeline engine pay its share; the prior's is 0
-    slots = float(feats[PIPE]) if case.framework == "deepspeed" else 0.0
+    slots = float(feats[PIPE]) if case.framework in DEEPSPEED else 0.0
     rest = float(parts.sum()) - sum(factors) - float(parts[PIPE])
     return np.array(factors + [slots, rest])
 
@@ -321,7 +321,7 @@ def in_sample_profile(case: Case) -> Profile:
     pipeline engine's share dropped for Megatron-LM's own runs, which do not use it."""
     name = case.profile.spec.name
     c = PRESET_CONSTANTS.get(name, Constants())
-    if case.framework != "deepspeed":
+    if case.framework not in DEEPSPEED:
         c = c.replace(pipe_engine_share=0.0)
     return Profile(case.profile.spec, c)
 
@@ -403,7 +403,7 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                         recompute=(lay.recompute,), flash=(lay.flash,),
                         sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
                         interleave=tuple(sorted({1, lay.interleave})),
-                        uneven_pp=case.framework == "deepspeed", memory_fraction=memory_fraction,
+                        uneven_pp=case.framework in DEEPSPEED, memory_fraction=memory_fraction,
                         **cp_space)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]

@@ -11,6 +11,7 @@ import pytest
 from megatron.planner import validation as v
 from megatron.config.schedules.one_f_one_b import in_flight
 from megatron.planner.layout import Layout, layout_problem
+from megatron.planner.overlap import DEEPSPEED
 from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, PRESET_CONSTANTS,
                                       PUBLISHED_FIT, apply_fit, load_profile)
 from megatron.planner.timing import pipeline_bubble, step_time
@@ -124,7 +125,7 @@ def test_no_fit_moves_bytes_faster_than_a_links_line_rate(published, rows, monke
 def test_a_group_no_case_exercises_is_not_fitted(published):
     """Without a DeepSpeed-engine run in the fit, nothing constrains the share the pipeline
     engine adds to a slot: it stays at the prior exactly (0), while the other factors move."""
-    megatron_only = [c for c in published.cases if c.framework != "deepspeed"]
+    megatron_only = [c for c in published.cases if c.framework not in DEEPSPEED]
     fit = v.fit_factors(megatron_only)
     assert fit[list(v.GROUPS).index("pipe_engine")] == 0.0
     assert not np.allclose(fit[:3], v.PRIOR[:3])
