@@ -70,12 +70,16 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
     g.add_argument("--framework", choices=FRAMEWORKS,
                    help="the engine whose overlap of communication with compute and whose "
                    "model states to price (default: the cluster file's `framework`, else "
-                   "deepspeed, what this trainer runs); megatron-core: --tp-comm-overlap, "
+                   "deepspeed, what this trainer runs: DeepSpeed's overlap_comm and the "
+                   "backward's column-parallel TP collectives under their weight gradients); "
+                   "megatron-deepspeed: DeepSpeed with every TP collective exposed (the "
+                   "published Megatron-DeepSpeed runs: MT-NLG, BLOOM, Frontier's); "
+                   "megatron-core: --tp-comm-overlap, "
                    "--overlap-grad-reduce and --overlap-param-gather on; megatron-lm: only the "
                    "backward's column-parallel TP collectives under their weight gradients "
                    "(Megatron-LM since Sep 2021); megatron-lm-2021: nothing overlapped; all three "
                    "with Megatron's optimizer (ZeRO-0 or 1 only); fsdp: PyTorch "
-                   "FSDP (ZeRO-2 or 3, no PP); the other four are comparisons (docs/planner.md, "
+                   "FSDP (ZeRO-2 or 3, no PP); the other five are comparisons (docs/planner.md, "
                    "\"Overlap by framework\")")
     if nodes:
         g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
