@@ -1,6 +1,7 @@
 """The column-parallel backward with its input gradient's TP collective under the weight-gradient
 GEMM (parallel/layers._ColumnLinear) against the same backward without the overlap
-(layers.OVERLAP_INPUT_GRAD off: the collective, then the GEMM), on TP2 over 2 CPU ranks (gloo).
+(parallel.tp_backward_overlap off, ColumnParallelLinear's overlap_backward: the collective,
+then the GEMM), on TP2 over 2 CPU ranks (gloo).
 
 The ranks run a stack of MLP blocks (a column-parallel fc1, h -> 4h, then a row-parallel fc2,
 4h -> h), with and without sequence parallelism, on an emulated device
@@ -62,15 +63,18 @@ def worker(out_path: str, rounds: int) -> None:
             y.sum().backward()
             return time.perf_counter() - start
 
+        def set_overlap(on: bool) -> None:
+            for fc1, _ in blocks:
+                fc1.overlap_backward = on
+
         times = {False: [], True: []}
         for overlap in (False, True):  # warm-up
-            L.OVERLAP_INPUT_GRAD = overlap
+            set_overlap(overlap)
             step()
         for _ in range(rounds):
             for overlap in (False, True):
-                L.OVERLAP_INPUT_GRAD = overlap
+                set_overlap(overlap)
                 times[overlap].append(step())
-        L.OVERLAP_INPUT_GRAD = True
         # the collective alone, on a tensor of fc1's input gradient's shape
         grad = torch.randn(S, B, H)
         alone = []

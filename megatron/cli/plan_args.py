@@ -49,7 +49,10 @@ def overridden_flags(args, cfg: Optional[Config]) -> List[str]:
     return [f"--{name.replace('_', '-')}" for name in replaced]
 
 
-def profile_from_args(args) -> Profile:
+def profile_from_args(args, cfg: Optional[Config] = None) -> Profile:
+    """The --cluster profile under --framework; a config with parallel.tp_backward_overlap
+    false runs this trainer (deepspeed) with every TP collective exposed: megatron-deepspeed's
+    pricing."""
     if not args.cluster:
         raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, "
                          "a100-40gb, h100, h200, gh200) or --cluster FILE.yaml "
@@ -58,4 +61,8 @@ def profile_from_args(args) -> Profile:
     framework = getattr(args, "framework", None)
     if framework and framework != prof.spec.framework:
         prof = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, framework=framework))
+    if cfg is not None and not cfg.parallel.tp_backward_overlap and \
+            prof.spec.framework == "deepspeed":
+        prof = dataclasses.replace(prof, spec=dataclasses.replace(
+            prof.spec, framework="megatron-deepspeed"))
     return prof

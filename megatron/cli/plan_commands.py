@@ -39,7 +39,7 @@ def _describe(job: Job, prof: Profile, nodes: int) -> str:
 
 def cmd_search(args) -> int:
     job, cfg, preset = load_job(args)
-    prof = profile_from_args(args)
+    prof = profile_from_args(args, cfg)
     _check_nodes(args.nodes)
     result = search(job, args.nodes, prof, load_space(args))
     print(_describe(job, prof, args.nodes))
@@ -118,7 +118,7 @@ def _config_layout_rank(args, job: Job, cfg: Config, result) -> str:
 
 def cmd_memory(args) -> int:
     job, cfg, preset = load_job(args)
-    prof = profile_from_args(args)
+    prof = profile_from_args(args, cfg)
     _check_nodes(args.nodes)
     cfg = None if preset else cfg
     lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg)
@@ -165,7 +165,7 @@ def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range
 
 def cmd_scaling(args) -> int:
     job, cfg, preset = load_job(args)
-    prof = profile_from_args(args)
+    prof = profile_from_args(args, cfg)
     cfg = None if preset else cfg
     nodes = ints("--nodes", args.nodes)
     if min(nodes) < 1:

@@ -29,7 +29,7 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
                         recompute=t.activation_checkpointing,
                         sequence_parallel=sequence_parallel_on(cfg),
-                        expert=expert)
+                        expert=expert, tp_backward_overlap=cfg.parallel.tp_backward_overlap)
 
 
 def build_model(cfg, state: ParallelState, vocab_size: int,

@@ -69,7 +69,8 @@ class SelfAttention(nn.Module):
         seed, std = ctx.seed, m.init_method_std
         self.qkv = ColumnParallelLinear(m.hidden_size, qkv_out, state, bias=m.add_bias_linear,
                                         sequence_parallel=seq_par, init_std=std,
-                                        init_seed=seed_for(seed, f"layer{layer_number}.qkv"))
+                                        init_seed=seed_for(seed, f"layer{layer_number}.qkv"),
+                                        overlap_backward=ctx.tp_backward_overlap)
         # Output projection scaled by 1/sqrt(2L) (GPT-2 / Megatron) to keep the residual stable.
         self.dense = RowParallelLinear(m.num_attention_heads * m.head_dim, m.hidden_size, state,
                                        bias=m.add_bias_linear, sequence_parallel=seq_par,

@@ -28,3 +28,6 @@ class ModelContext:
     sequence_parallel: bool
     # Mixture of experts: this rank on the expert grid and its ep/edp groups (None: dense).
     expert: Optional[ExpertParallel] = None
+    # parallel.tp_backward_overlap: column-parallel layers overlap their backward's TP collective
+    # with their weight gradient (parallel/layers._ColumnLinear)
+    tp_backward_overlap: bool = True

@@ -25,7 +25,7 @@ class Embedding(nn.Module):
         super().__init__()
         state, seed = ctx.state, ctx.seed
         self.state, self.tracker, self.p = state, ctx.tracker, m.hidden_dropout
-        self.seq_par = ctx.sequence_parallel
+        self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
@@ -63,7 +63,8 @@ class Embedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Tied output head: hidden [s(/t), b, h] -> logits [s, b, V/t]."""
-        return parallel_lm_logits(hidden, self.word_embeddings.weight, self.state, self.seq_par)
+        return parallel_lm_logits(hidden, self.word_embeddings.weight, self.state, self.seq_par,
+                                  overlap_backward=self.overlap)
 
 
 class OutputLayer(nn.Module):
@@ -72,10 +73,11 @@ class OutputLayer(nn.Module):
     def __init__(self, m: ModelConfig, ctx: ModelContext):
         super().__init__()
         self.state = ctx.state
-        self.seq_par = ctx.sequence_parallel
+        self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
         self.head = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, ctx.state,
                                            init_std=m.init_method_std,
                                            init_seed=seed_for(ctx.seed, "output_layer"))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par)
+        return parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par,
+                                  overlap_backward=self.overlap)

@@ -39,7 +39,8 @@ class MLP(nn.Module):
                                         bias=m.add_bias_linear, sequence_parallel=seq_par,
                                         skip_bias_add=True, init_std=m.init_method_std,
                                         init_seed=seed_for(seed, f"layer{layer_number}.{stream}fc1"),
-                                        stride=spec.fc1_factor)
+                                        stride=spec.fc1_factor,
+                                        overlap_backward=ctx.tp_backward_overlap)
         self.fc2 = RowParallelLinear(m.ffn_hidden_size, m.hidden_size, state,
                                      bias=m.add_bias_linear, sequence_parallel=seq_par,
                                      init_std=m.init_method_std / math.sqrt(2 * m.num_layers),

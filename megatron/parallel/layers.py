@@ -255,11 +255,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return _LinearDeferred.apply(x, weight, bias, store)
 
 
-# Whether a column-parallel layer's backward runs its input gradient's TP collective under its
-# weight-gradient GEMM (_ColumnLinear). On, the rule; benchmarks/trainer/tp_overlap.py turns it
-# off for its peer run.
-OVERLAP_INPUT_GRAD = True
-
 # What _ColumnLinear's backward does, in order, when set to a list (tests read it): "start" (the
 # collective), "weight" (the weight gradient computed or deferred), "wait".
 _TRACE: Optional[List[str]] = None
@@ -325,13 +320,13 @@ class _ColumnLinear(torch.autograd.Function):
 
 
 def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  group, sequence_parallel: bool) -> torch.Tensor:
+                  group, sequence_parallel: bool, overlap: bool = True) -> torch.Tensor:
     """A column-parallel GEMM on the TP region's input x ([s/t, b, h] under SP, else [s, b, h]):
-    copy_to_tp_region (or the SP all-gather) then linear(), with the backward's collective
-    under the weight gradient (_ColumnLinear) unless OVERLAP_INPUT_GRAD is off."""
+    copy_to_tp_region (or the SP all-gather) then linear(); overlap: the backward's collective
+    under the weight gradient (_ColumnLinear; parallel.tp_backward_overlap)."""
     if group is None or dist.get_world_size(group) == 1:
         return linear(x, weight, bias)
-    if not OVERLAP_INPUT_GRAD or not torch.is_grad_enabled():
+    if not overlap or not torch.is_grad_enabled():
         if sequence_parallel:
             x = gather_from_sequence_parallel_region(x, group)  # [s/t,b,h] -> [s,b,h]
         else:
@@ -364,11 +359,12 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, state: ParallelState, *,
                  bias: bool = True, gather_output: bool = False, sequence_parallel: bool = False,
                  skip_bias_add: bool = False, init_std: float = 0.02, init_seed: int = 0,
-                 stride: int = 1):
+                 stride: int = 1, overlap_backward: bool = True):
         super().__init__()
         if out_features % state.tp:
             raise ValueError(f"output size {out_features} is not divisible by TP={state.tp}")
         self.state, self.gather_output = state, gather_output
+        self.overlap_backward = overlap_backward  # parallel.tp_backward_overlap
         self.sequence_parallel = sequence_parallel
         self.skip_bias_add = skip_bias_add
         weight = sharded_normal((out_features, in_features), init_std, init_seed, 0,
@@ -380,7 +376,8 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor):
         group = self.state.tp_group
         bias = None if self.skip_bias_add else self.bias
-        y = column_linear(x, self.weight, bias, group, self.sequence_parallel)  # [s, b, out/t]
+        y = column_linear(x, self.weight, bias, group, self.sequence_parallel,
+                          self.overlap_backward)  # [s, b, out/t]
         if self.gather_output:
             y = gather_from_tp_region(y, group)
         return (y, self.bias) if self.skip_bias_add else y
@@ -440,6 +437,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, state: ParallelState,
-                       sequence_parallel: bool, bias: Optional[torch.Tensor] = None):
+                       sequence_parallel: bool, bias: Optional[torch.Tensor] = None,
+                       overlap_backward: bool = True):
     """hidden [s(/t), b, h] -> this rank's vocabulary slice of the logits [s, b, V/t]."""
-    return column_linear(hidden, weight, bias, state.tp_group, sequence_parallel)
+    return column_linear(hidden, weight, bias, state.tp_group, sequence_parallel,
+                         overlap_backward)

@@ -81,18 +81,18 @@ def check_column_overlap(st: ParallelState, *, sequence_parallel=False, deferred
     grads = {}
     for overlap in (False, True):
         layer = ColumnParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel,
-                                     init_std=0.5, init_seed=43)
+                                     init_std=0.5, init_seed=43, overlap_backward=overlap)
         store = WeightGradStore()
         if deferred:
             defer_weight_grads(layer, store)
             store.open()
         x_in = leaf(seq_chunk(x, st) if sequence_parallel else x)
-        L.OVERLAP_INPUT_GRAD, L._TRACE = overlap, []
+        L._TRACE = []
         try:
             layer(x_in).backward(shard(grad, -1, r, t))
             trace = L._TRACE
         finally:
-            L.OVERLAP_INPUT_GRAD, L._TRACE = True, None
+            L._TRACE = None
         if deferred:
             rep.true(f"weight gradient left in the store (overlap={overlap})",
                      layer.weight.grad is None)

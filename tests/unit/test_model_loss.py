@@ -109,3 +109,21 @@ def test_gpt_model_loss_is_the_same_fused_or_not(one_rank_group, tied, monkeypat
     assert torch.equal(runs[0][0], runs[1][0])
     for name, grad in runs[0][1].items():
         assert torch.equal(grad, runs[1][1][name]), name
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_backward_tp_overlap_setting_reaches_every_column_parallel_layer(one_rank_group,
+                                                                           overlap):
+    """parallel.tp_backward_overlap is each column-parallel layer's overlap_backward (QKV, fc1)
+    and the output head's (model/embedding.py), resolved once in build_context."""
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.layers import ColumnParallelLinear
+    cfg = load_config("examples/local/tiny.yaml", [
+        f"parallel.tp_backward_overlap={str(overlap).lower()}", "model.tie_embeddings=false"])
+    model = build_model(cfg, ParallelState.build(1, 1), 512)
+    columns = [m for m in model.modules() if isinstance(m, ColumnParallelLinear)]
+    assert len(columns) == 2 * cfg.model.num_layers
+    assert all(m.overlap_backward is overlap for m in columns)
+    heads = [m for m in model.modules() if hasattr(m, "head")]
+    assert heads and all(h.overlap is overlap for h in heads)

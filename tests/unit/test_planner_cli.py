@@ -249,3 +249,20 @@ def test_framework_flag_and_cluster_field_select_the_overlap(capsys, tmp_path):
     assert step != [line for line in ds.splitlines() if line.startswith("step ")]
     code, _, err = run(capsys, *argv, "--cluster", _derived(tmp_path, "base: h100\nframework: x\n"))
     assert code == 2 and "cluster.framework" in err
+
+
+def test_a_config_without_the_backward_tp_overlap_is_priced_with_it_exposed(capsys):
+    """parallel.tp_backward_overlap=false runs this trainer's column-parallel layers with the
+    backward's collective before the weight gradient: `memory --config` prices it as
+    megatron-deepspeed (every TP collective exposed), slower at TP 4; with the default it is
+    priced as this trainer, hiding them."""
+    import re
+    argv = ["memory", "--config", "examples/frontier/175b.yaml", "--cluster", "frontier",
+            "--nodes", "16"]
+    steps = {}
+    for label, extra in (("on", []), ("off", ["--set", "parallel.tp_backward_overlap=false"]),
+                         ("paper", ["--framework", "megatron-deepspeed"])):
+        code, out, _ = run(capsys, *argv, *extra)
+        assert code == 0
+        steps[label] = float(re.search(r"^step ([0-9.]+) s", out, re.M).group(1))
+    assert steps["off"] == steps["paper"] > steps["on"]

@@ -22,6 +22,13 @@ class ParallelConfig:
     sequence_parallel: bool = False
     """Megatron's sequence parallelism: the norms and dropouts between tensor-parallel regions
     hold 1/tensor_parallel_size of the sequence, saving activation memory."""
+    tp_backward_overlap: bool = True
+    """A column-parallel layer's backward (QKV, fc1, the output head) starts the all-reduce of its
+    input gradient across the tensor-parallel ranks (with sequence_parallel its reduce-scatter)
+    asynchronously and computes its weight gradient while it runs, as Megatron-LM's asynchronous
+    TP all-reduce; the gradients are bit-identical either way. false: the collective, then the
+    weight gradient (Megatron-LM's --no-async-tensor-model-parallel-allreduce), e.g. to rule it
+    out when a run hangs or slows. Nothing changes at tensor_parallel_size 1."""
     context_parallel_size: int = 1
     """Context parallelism (Megatron's name; DeepSpeed-Ulysses' all-to-all algorithm, Megatron's
     cp_comm_type=a2a): each of these ranks holds 1/context_parallel_size of every sequence and
