@@ -29,7 +29,8 @@ from megatron.parallel.mappings import (all_gather_first, copy_to_tp_region,
                                         gather_from_sequence_parallel_region,
                                         gather_from_tp_region, reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region,
-                                        start_all_reduce, start_reduce_scatter_first)
+                                        start_all_gather_first, start_all_reduce,
+                                        start_reduce_scatter_first)
 from megatron.parallel.state import ParallelState
 
 
@@ -268,18 +269,21 @@ def _trace(event: str) -> None:
 class _ColumnLinear(torch.autograd.Function):
     """The entry of the TP region and a column-parallel GEMM in one function, so that the
     backward can overlap them. Forward: the input as it is (all-gathered along the sequence
-    under SP) times this rank's rows of the weight. Backward: the input gradient dy W, then its
+    under SP) times this rank's rows of the weight; under SP only this rank's shard of the input
+    is kept, and the backward gathers it again under the input gradient's GEMM (as Megatron-LM
+    does: the layer keeps s/t of the tokens, not s). Backward: the input gradient dy W, then its
     all-reduce across TP (reduce-scatter along the sequence under SP) started asynchronously,
     then the weight and bias gradients (the weight's deferred to its store under the zero-bubble
-    schedule) while it runs, then the wait. The products are _LinearDeferred's and the
-    collective is the one copy_to_tp_region / gather_from_sequence_parallel_region would run, so
-    the gradients keep their bits."""
+    schedule) while it runs, then the wait; with overlap off the wait comes before the weight
+    gradient. The products are _LinearDeferred's and the collectives copies or the sums
+    copy_to_tp_region / gather_from_sequence_parallel_region run, so the gradients keep their
+    bits."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, sequence_parallel, store):
+    def forward(ctx, x, weight, bias, group, sequence_parallel, store, overlap):
         full = all_gather_first(x, group) if sequence_parallel else x
-        ctx.save_for_backward(full, weight)
-        ctx.group, ctx.sequence_parallel = group, sequence_parallel
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.sequence_parallel, ctx.overlap = group, sequence_parallel, overlap
         ctx.store, ctx.has_bias = store, bias is not None
         out = F.linear(full, weight, bias)
         if _DEVICE_S_PER_FLOP is not None:
@@ -288,15 +292,25 @@ class _ColumnLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        full, weight = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
+        full, gather = x, None
+        if ctx.sequence_parallel and ctx.needs_input_grad[1]:
+            full, gather = start_all_gather_first(x, ctx.group)
         grad_x = work = None
         if ctx.needs_input_grad[0]:
             grad_x = grad.matmul(weight)
             if _DEVICE_S_PER_FLOP is not None:
-                _device_wait(full, weight)
+                _device_wait(grad, weight.t())  # tokens x out x in, as the forward's
+        if gather is not None:
+            gather.wait()
+        if grad_x is not None:
             start = start_reduce_scatter_first if ctx.sequence_parallel else start_all_reduce
             grad_x, work = start(grad_x, ctx.group)
             _trace("start")
+            if not ctx.overlap:
+                work.wait()
+                _trace("wait")
+                work = None
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         grad_w = None
@@ -316,7 +330,7 @@ class _ColumnLinear(torch.autograd.Function):
         if work is not None:
             work.wait()
             _trace("wait")
-        return grad_x, grad_w, grad_bias, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None
 
 
 def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -326,13 +340,13 @@ def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     under the weight gradient (_ColumnLinear; parallel.tp_backward_overlap)."""
     if group is None or dist.get_world_size(group) == 1:
         return linear(x, weight, bias)
-    if not overlap or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled():
         if sequence_parallel:
             x = gather_from_sequence_parallel_region(x, group)  # [s/t,b,h] -> [s,b,h]
         else:
             x = copy_to_tp_region(x, group)
         return linear(x, weight, bias)
-    return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel, _store(weight))
+    return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel, _store(weight), overlap)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,13 @@ def start_all_reduce(x: torch.Tensor, group):
     return x, dist.all_reduce(x, group=group, async_op=True)
 
 
+def start_all_gather_first(x: torch.Tensor, group):
+    """Starts the all-gather of x along dim 0; returns (the gathered tensor, work)."""
+    n = _size(group)
+    out = torch.empty((x.shape[0] * n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, dist.all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True)
+
+
 def start_reduce_scatter_first(x: torch.Tensor, group):
     """Starts the reduce-scatter of x along dim 0; returns (this rank's slice, work)."""
     n = _size(group)

@@ -138,12 +138,24 @@ def _exposed_tp(x: _Ctx, tp: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     those two layers' weight-gradient GEMMs cover."""
     if x.lay.tp <= 1:
         return tp, tp
+    # Under SP the engines with the asynchronous backward keep only the shard of each
+    # column-parallel layer's input and all-gather it again in the backward, under that layer's
+    # input-gradient GEMM (Korthikanti et al. 2022, section 4.2.2; this trainer's
+    # parallel/layers._ColumnLinear): two more all-gathers, the forward's bus bytes each.
+    regather = np.zeros(len(FEATURES))
+    if x.lay.sequence_parallel and (x.overlap.tp_wgrad or x.overlap.tp_comm):
+        t = x.lay.tp
+        x.collective(regather, (t - 1) / t * x.tokens * x.m.hidden_size * x.e, x.tp_link, 2)
     if x.overlap.tp_comm and x.lay.sequence_parallel:
         comm_s, gemm_s = dot(x.th, tp), dot(x.th, linear_gemms(x))
-        return tp * exposed_share(comm_s, gemm_s), tp * exposed_share(comm_s, 2 * gemm_s)
+        back = tp + regather
+        return tp * exposed_share(comm_s, gemm_s), back * exposed_share(
+            dot(x.th, back), 2 * gemm_s)
     if x.overlap.tp_wgrad:
-        comm_s, wgrad_s = dot(x.th, tp), dot(x.th, linear_gemms(x, column_only=True))
-        return tp, tp * exposed_share(comm_s, wgrad_s)
+        column_s = dot(x.th, linear_gemms(x, column_only=True))
+        comm_s, gather_s = dot(x.th, tp), dot(x.th, regather)
+        return tp, (tp * exposed_share(comm_s, column_s) +
+                    regather * exposed_share(gather_s, column_s))
     return tp, tp
 
 

@@ -71,14 +71,41 @@ def check_column(st: ParallelState, *, gather_output=False, stride=1, skip_bias_
     rep.raise_if_failed()
 
 
+def _saved_elements(fn):
+    """fn()'s result and the elements autograd saved for its backward, parameters left out."""
+    saved = []
+
+    def pack(t):
+        if not isinstance(t, torch.nn.Parameter):
+            saved.append(t.numel())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(saved)
+
+
 def check_column_overlap(st: ParallelState, *, sequence_parallel=False, deferred=False) -> None:
-    """The column-parallel backward with its input gradient's collective under the weight
-    gradient (layers._ColumnLinear): the collective starts before the weight gradient is
-    computed (or deferred) and is waited for after it, and every gradient has the bits of the
-    path without the overlap (copy_to_tp_region or the SP all-gather, then linear)."""
+    """The column-parallel layer's fused backward (layers._ColumnLinear): with overlap the
+    input gradient's collective starts before the weight gradient is computed (or deferred) and
+    is waited for after it, without overlap before it; either way every gradient has the bits
+    of the unfused path (copy_to_tp_region or the SP all-gather, then F.linear under autograd),
+    and under SP the layer keeps only this rank's shard of its input (s/t of the tokens: the
+    backward gathers it again), where the unfused path kept the gathered s."""
     rep, r, t = Report(), st.tp_rank, st.tp
     x, grad = randn(S, B, IN, seed=41), randn(S, B, OUT, seed=42)
-    grads = {}
+    x_local = seq_chunk(x, st) if sequence_parallel else x
+    # the unfused path on the same weights
+    ref = ColumnParallelLinear(IN, OUT, st, init_std=0.5, init_seed=43)
+    w_ref, b_ref = leaf(ref.weight), leaf(ref.bias)
+    x_ref = leaf(x_local)
+
+    def unfused():
+        mapped = (M.gather_from_sequence_parallel_region(x_ref, st.tp_group) if sequence_parallel
+                  else M.copy_to_tp_region(x_ref, st.tp_group))
+        return F.linear(mapped, w_ref, b_ref)
+    y_ref, kept_ref = _saved_elements(unfused)
+    y_ref.backward(shard(grad, -1, r, t))
+    want = (x_ref.grad, w_ref.grad, b_ref.grad)
     for overlap in (False, True):
         layer = ColumnParallelLinear(IN, OUT, st, sequence_parallel=sequence_parallel,
                                      init_std=0.5, init_seed=43, overlap_backward=overlap)
@@ -86,24 +113,28 @@ def check_column_overlap(st: ParallelState, *, sequence_parallel=False, deferred
         if deferred:
             defer_weight_grads(layer, store)
             store.open()
-        x_in = leaf(seq_chunk(x, st) if sequence_parallel else x)
+        x_in = leaf(x_local)
         L._TRACE = []
         try:
-            layer(x_in).backward(shard(grad, -1, r, t))
+            y, kept = _saved_elements(lambda: layer(x_in))
+            y.backward(shard(grad, -1, r, t))
             trace = L._TRACE
         finally:
             L._TRACE = None
+        rep.true(f"output bits (overlap={overlap})", torch.equal(y, y_ref))
+        rep.true(f"kept {kept} elements for backward, want {x_local.numel()} (overlap="
+                 f"{overlap}; the unfused path kept {kept_ref})", kept == x_local.numel())
         if deferred:
             rep.true(f"weight gradient left in the store (overlap={overlap})",
                      layer.weight.grad is None)
             store.seal()
             store.run(0)
-        grads[overlap] = (x_in.grad, layer.weight.grad, layer.bias.grad)
-        rep.true(f"backward order with overlap={overlap}: {trace}",
-                 trace == (["start", "weight", "wait"] if overlap else []))
-    for label, got, want in zip(("input", "weight", "bias"), grads[True], grads[False]):
-        rep.true(f"{label} gradient bits differ from the path without overlap",
-                 got is not None and want is not None and torch.equal(got, want))
+        order = ["start", "weight", "wait"] if overlap else ["start", "wait", "weight"]
+        rep.true(f"backward order with overlap={overlap}: {trace}", trace == order)
+        got = (x_in.grad, layer.weight.grad, layer.bias.grad)
+        for label, g, w in zip(("input", "weight", "bias"), got, want):
+            rep.true(f"{label} gradient bits differ from the unfused path (overlap={overlap})",
+                     g is not None and w is not None and torch.equal(g, w))
     rep.raise_if_failed()
 
 

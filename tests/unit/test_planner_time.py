@@ -357,3 +357,39 @@ def test_pipeline_sends_are_split_over_the_tp_ranks():
     sp = _Ctx(job, dataclasses.replace(lay, sequence_parallel=True), prof)
     sp_whole = act.boundary_bytes(job.model, sp.lay, "bf16")
     assert boundary_send_bytes(sp, sp_whole) == pytest.approx(sp_whole)
+
+
+def test_sequence_parallel_gathers_the_column_inputs_again_under_their_input_gradients():
+    """Under SP the engines with the asynchronous backward (megatron-lm, megatron-core, this
+    trainer) keep each column-parallel layer's input shard, not the gathered s tokens
+    (activations.layer_full_bytes' 1/t), and all-gather it again in the backward under that
+    layer's input-gradient GEMM. By hand on a narrow model (hidden 1024 at TP 8, where the
+    GEMMs are too short to cover it): the backward pays the two re-gathers (bus bytes
+    (t-1)/t s b h e each) less the QKV and fc1 input-gradient GEMMs (each its forward GEMM's
+    cost), on top of what megatron-lm's pricing without them gives."""
+    import numpy as np
+    from megatron.planner.overlap import exposed_share
+    from megatron.planner.timing import (COMM, FEATURES, LAT, _Ctx, _exposed_tp,
+                                         _layer_forward, linear_gemms, theta)
+    model = dataclasses.replace(preset_model("gpt3-1.3b"), hidden_size=1024,
+                                num_attention_heads=16, ffn_hidden_size=4096)
+    job = Job(model, 8, "bf16")
+    lay = Layout(8, 1, 1, 1, 8, zero=0, recompute="none", sequence_parallel=True)
+    for framework in ("deepspeed", "megatron-lm"):
+        x = _Ctx(job, lay, _framework("a100", framework))
+        th = theta(x.c)
+        _, _, tp = _layer_forward(x)
+        _, back = _exposed_tp(x, tp)
+        link = x.tp_link
+        gather_s = 2 * (7 / 8 * x.tokens * 1024 * 2 / link.bus_bytes_per_s * th[COMM] +
+                        link.alpha_s * th[LAT])
+        column_s = float(th @ linear_gemms(x, column_only=True))
+        comm_s = float(th @ tp)
+        want = comm_s * exposed_share(comm_s, column_s) + gather_s * exposed_share(gather_s,
+                                                                                 column_s)
+        assert 0 < exposed_share(gather_s, column_s) < 1  # partly exposed here
+        assert float(th @ back) == pytest.approx(want, rel=1e-9)
+    # the forks without the asynchronous backward are priced without them
+    x = _Ctx(job, lay, _framework("a100", "megatron-deepspeed"))
+    _, _, tp = _layer_forward(x)
+    assert np.array_equal(_exposed_tp(x, tp)[1], tp) and len(tp) == len(FEATURES)
