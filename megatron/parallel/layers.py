@@ -26,7 +26,6 @@ from torch import nn
 
 from megatron.base.faults import device_seconds_per_flop
 from megatron.parallel.mappings import (all_gather_first, copy_to_tp_region,
-                                        gather_from_sequence_parallel_region,
                                         gather_from_tp_region, reduce_from_tp_region,
                                         reduce_scatter_to_sequence_parallel_region,
                                         start_all_gather_first, start_all_reduce,
@@ -173,8 +172,7 @@ class _LinearDeferred(torch.autograd.Function):
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[1]:
-            flat_x = x.reshape(-1, x.shape[-1])
-            ctx.store.put(weight, lambda: flat_grad.t().mm(flat_x))
+            _weight_grad(ctx.store, weight, grad, x)
         return grad_x, None, grad_bias, None
 
 
@@ -207,6 +205,23 @@ def _device_wait(x: torch.Tensor, weight: torch.Tensor) -> None:
     time.sleep(2.0 * x.numel() * weight.shape[0] * _DEVICE_S_PER_FLOP)
 
 
+def _weight_grad(store: Optional[WeightGradStore], weight: torch.Tensor, grad: torch.Tensor,
+                 x: torch.Tensor) -> Optional[torch.Tensor]:
+    """dW = dy^T x over the flattened tokens (autograd's product), with the emulated device's
+    time for it: computed now and returned without a store, else left in the store (None)."""
+    flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+
+    def product() -> torch.Tensor:
+        out = flat_grad.t().mm(flat_x)
+        if _DEVICE_S_PER_FLOP is not None:
+            _device_wait(x, weight)
+        return out
+    if store is None:
+        return product()
+    store.put(weight, product)
+    return None
+
+
 class _LinearEmulated(torch.autograd.Function):
     """_LinearDeferred's products (the weight's deferred when a store is given), each followed
     by the emulated device's time for it."""
@@ -228,18 +243,7 @@ class _LinearEmulated(torch.autograd.Function):
             _device_wait(x, weight)
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            flat_x = x.reshape(-1, x.shape[-1])
-
-            def weight_grad():
-                product = flat_grad.t().mm(flat_x)
-                _device_wait(x, weight)
-                return product
-            if ctx.store is None:
-                grad_w = weight_grad()
-            else:
-                ctx.store.put(weight, weight_grad)
+        grad_w = _weight_grad(ctx.store, weight, grad, x) if ctx.needs_input_grad[1] else None
         return grad_x, grad_w, grad_bias, None
 
 
@@ -315,17 +319,7 @@ class _ColumnLinear(torch.autograd.Function):
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            flat_x = full.reshape(-1, full.shape[-1])
-
-            def weight_grad():
-                product = flat_grad.t().mm(flat_x)
-                if _DEVICE_S_PER_FLOP is not None:
-                    _device_wait(full, weight)
-                return product
-            if ctx.store is None:
-                grad_w = weight_grad()
-            else:
-                ctx.store.put(weight, weight_grad)
+            grad_w = _weight_grad(ctx.store, weight, grad, full)
             _trace("weight")
         if work is not None:
             work.wait()
@@ -339,12 +333,6 @@ def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     copy_to_tp_region (or the SP all-gather) then linear(); overlap: the backward's collective
     under the weight gradient (_ColumnLinear; parallel.tp_backward_overlap)."""
     if group is None or dist.get_world_size(group) == 1:
-        return linear(x, weight, bias)
-    if not torch.is_grad_enabled():
-        if sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, group)  # [s/t,b,h] -> [s,b,h]
-        else:
-            x = copy_to_tp_region(x, group)
         return linear(x, weight, bias)
     return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel, _store(weight), overlap)
 

@@ -47,11 +47,16 @@ def _split_first(x: torch.Tensor, group) -> torch.Tensor:
     return x.chunk(n, dim=0)[_rank(group)].contiguous()
 
 
+def _rows_like(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """An empty tensor of x's dtype, device and trailing shape with `rows` along dim 0."""
+    return torch.empty((rows,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+
+
 def _gather_first(x: torch.Tensor, group) -> torch.Tensor:
     n = _size(group)
     if n == 1:
         return x
-    out = torch.empty((x.shape[0] * n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = _rows_like(x, x.shape[0] * n)
     dist.all_gather_into_tensor(out, x.contiguous(), group=group)
     return out
 
@@ -60,7 +65,7 @@ def _reduce_scatter_first(x: torch.Tensor, group) -> torch.Tensor:
     n = _size(group)
     if n == 1:
         return x
-    out = torch.empty((x.shape[0] // n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = _rows_like(x, x.shape[0] // n)
     dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
     return out
 
@@ -79,15 +84,13 @@ def start_all_reduce(x: torch.Tensor, group):
 
 def start_all_gather_first(x: torch.Tensor, group):
     """Starts the all-gather of x along dim 0; returns (the gathered tensor, work)."""
-    n = _size(group)
-    out = torch.empty((x.shape[0] * n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = _rows_like(x, x.shape[0] * _size(group))
     return out, dist.all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True)
 
 
 def start_reduce_scatter_first(x: torch.Tensor, group):
     """Starts the reduce-scatter of x along dim 0; returns (this rank's slice, work)."""
-    n = _size(group)
-    out = torch.empty((x.shape[0] // n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = _rows_like(x, x.shape[0] // _size(group))
     return out, dist.reduce_scatter_tensor(out, x.contiguous(), group=group, async_op=True)
 
 
