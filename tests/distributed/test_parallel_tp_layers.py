@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from tests.support.procs import free_port
 from tests.support import tp_layers_worker
 
 WORKER = tp_layers_worker.__file__
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.slow
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp_layers")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), WORKER, str(out)]
+           "--standalone", WORKER, str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     per_rank = []

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.procs import free_port
+from tests.support.procs import PORT_ATTEMPTS, free_port, port_taken
 
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "sinfo", "scontrol", "scancel")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -115,35 +115,55 @@ def cluster(d):
                     "apt-get install slurm-wlm (or `make toolchains`)")
     (d / "state").mkdir()
     conf = d / "slurm.conf"
-    conf.write_text(CONF.format(d=d, user=getpass.getuser(), ctld_port=free_port(),
-                                n1_port=free_port(), n2_port=free_port(),
-                                first_job_id=first_job_id()))
     env = dict(os.environ, SLURM_CONF=str(conf))
     daemons = []
     try:
-        daemons.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for node in ("n1", "n2"):
-            daemons.append(subprocess.Popen(["slurmd", "-D", "-N", node, "-f", str(conf)],
-                                            env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
-        if not wait_idle(env, daemons):
+        # The ports are free when picked; another test's launch may take one before a daemon
+        # binds it. Such a start is retried on fresh ports; any other failure skips at once.
+        for attempt in range(PORT_ATTEMPTS):
+            conf.write_text(CONF.format(d=d, user=getpass.getuser(), ctld_port=free_port(),
+                                        n1_port=free_port(), n2_port=free_port(),
+                                        first_job_id=first_job_id()))
+            daemons = _start(conf, env)
+            if wait_idle(env, daemons):
+                break
+            logs = [tail(d / name, 10 ** 6) for name in LOGS]
+            _stop(daemons)
+            daemons = []
+            if attempt + 1 < PORT_ATTEMPTS and port_taken("\n".join(logs)):
+                for name in LOGS:
+                    (d / name).unlink(missing_ok=True)
+                continue
             pytest.skip("Slurm did not come up (a daemon exited, or nodes n1, n2 were not idle "
                         "within 30 s); "
                         f"slurmctld log:\n{tail(d / 'slurmctld.log')}\n"
                         f"slurmd n1 log:\n{tail(d / 'slurmd-n1.log')}")
         yield {"conf": str(conf), "dir": d}
     finally:
-        for proc in daemons:
-            proc.terminate()
-        for proc in daemons:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(daemons)
 
 
+LOGS = ("slurmctld.log", "slurmd-n1.log", "slurmd-n2.log")
+
+
+def _start(conf, env):
+    daemons = [subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    for node in ("n1", "n2"):
+        daemons.append(subprocess.Popen(["slurmd", "-D", "-N", node, "-f", str(conf)], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return daemons
+
+
+def _stop(daemons):
+    for proc in daemons:
+        proc.terminate()
+    for proc in daemons:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def submit(slurm, run_env, script_text: str, tmp_path, timeout: float = 300):

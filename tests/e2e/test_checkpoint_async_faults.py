@@ -18,7 +18,7 @@ from megatron.checkpoint import sharded
 from megatron.base.records import read_metrics, steps
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
-from tests.support.procs import free_port, pid_of
+from tests.support.procs import pid_of
 
 pytestmark = pytest.mark.slow
 COMMON = ("training.train_iters=10", "training.save_interval=4", "training.tensorboard=false",
@@ -27,7 +27,7 @@ COMMON = ("training.train_iters=10", "training.save_interval=4", "training.tenso
 
 def command(run_dir, *items):
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            f"--master_port={free_port()}",
+            "--standalone",
             *train_cmd("--config", TINY, *sets(f"run.dir={run_dir}", *COMMON, *items))]
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from megatron.base import store
-from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args
 
 pytestmark = pytest.mark.slow
 EXE = os.path.join(os.path.dirname(sys.executable), "megatron-train")
@@ -31,7 +31,7 @@ SEED = 20261130
 
 def _cmd(nproc, run_dir, *items):
     cmd = [EXE] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                    f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                                    f"--nproc_per_node={nproc}", "--standalone",
                                     EXE]
     return cmd + ["--config", TINY, *set_args(*BIG, f"run.dir={run_dir}", *items)]
 

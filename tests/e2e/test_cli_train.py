@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.procs import free_port
 
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "tflops_per_gpu", "mfu", "mem_gb",
         "loss_scale", "skipped"}
@@ -23,7 +22,7 @@ def test_torchrun_tp2_pp2_writes_run_directory(tmp_path):
                                                          "megatron-train")
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
-           f"--master_port={free_port()}", exe, "--config", "examples/local/tiny.yaml",
+           "--standalone", exe, "--config", "examples/local/tiny.yaml",
            "--set", "parallel.tensor_parallel_size=2", "--set", "parallel.pipeline_parallel_size=2",
            "--set", "training.train_iters=3", "--set", "training.eval_interval=3",
            "--set", f"run.dir={run_dir}"]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, free_port, set_args, train_steps
+from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def _torchrun_job(tmp_path, steps: int):
     out_path = tmp_path / "torchrun.out"
     out = open(out_path, "w")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", "-m", "megatron.cli.train", "--config", TINY]
+           "--standalone", "-m", "megatron.cli.train", "--config", TINY]
     cmd += set_args("training.train_iters=100000", "training.global_batch_size=4",
                     "training.tensorboard=false", f"run.dir={run_dir}")
     agent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=run_env.env,

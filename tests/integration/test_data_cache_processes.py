@@ -9,7 +9,6 @@ import torch.distributed
 
 from megatron.config.errors import InputError
 from megatron.data import index_cache
-from tests.support.procs import free_port
 
 
 def _build_marked(directory, marks, start, results):
@@ -43,9 +42,10 @@ def test_concurrent_processes_build_once(tmp_path):
     assert open(marks).read() == "built\n"
 
 
-def _rank(rank, port, directory, fail, queue):
+def _rank(rank, store, directory, fail, queue):
     dist = torch.distributed
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # a file store: no port to pick in advance and lose to another process before it is bound
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=2)
     try:
         def build():
@@ -64,9 +64,9 @@ def _rank(rank, port, directory, fail, queue):
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_distributed_rank0_builds_and_errors_reach_every_rank(tmp_path, fail):
-    port = free_port()
+    store = str(tmp_path / "store")
     queue = CONTEXT.Queue()
-    procs = [CONTEXT.Process(target=_rank, args=(r, port, str(tmp_path / "c"), fail, queue))
+    procs = [CONTEXT.Process(target=_rank, args=(r, store, str(tmp_path / "c"), fail, queue))
              for r in (0, 1)]
     for p in procs:
         p.start()

@@ -20,7 +20,6 @@ import pytest
 
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
-from tests.support.procs import free_port
 from tests.support.threads import GLOO_THREADS
 
 WORKER = os.path.join(ROOT, "tests", "support", "exit_threads_worker.py")
@@ -37,7 +36,7 @@ def test_finished_two_rank_runs_exit_0_with_no_gloo_thread_left(tmp_path):
         out = tmp_path / f"threads{attempt}"
         out.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               f"--master_port={free_port()}", WORKER, "--config", TINY, *sets(
+               "--standalone", WORKER, "--config", TINY, *sets(
                    f"run.dir={tmp_path / f'run{attempt}'}", "training.train_iters=2",
                    "training.tensorboard=false", "model.num_layers=2",
                    "training.global_batch_size=4", "checkpoint.save=true", *layout)]

@@ -9,7 +9,6 @@ import pytest
 
 from megatron.planner.memory import state_bytes, zero3_gathered_elems
 from megatron.planner.params import padded_vocab, stage_params
-from tests.support.procs import free_port
 
 # (zero, precision, tp, pp) on 2 ranks
 CASES = [(0, "fp32", 1, 1), (0, "bf16", 1, 1), (1, "bf16", 1, 1), (2, "bf16", 1, 1),
@@ -79,11 +78,12 @@ def _measure_case(rank, zero, precision, tp, pp):
             "n": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params)}
 
 
-def _worker(rank, port, out_dir):
+def _worker(rank, out_dir):
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    # a file store: no port to pick in advance and lose to another process before it is bound
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}",
+                            rank=rank, world_size=2)
     results = [dict(_measure_case(rank, *case), case=list(case)) for case in CASES]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
@@ -97,7 +97,7 @@ def test_state_bytes_equal_deepspeed_tensors(tmp_path):
     import torch.multiprocessing as mp
     from megatron.config import load_config
 
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2)
     model = load_config("examples/local/tiny.yaml").model
     for rank in (0, 1):
         for got in json.loads((tmp_path / f"rank{rank}.json").read_text()):

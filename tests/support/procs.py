@@ -1,5 +1,6 @@
-"""Process helpers: a free local port for a rendezvous, a torchrun launch on CPU ranks, and a
-worker launch that returns the JSON its rank 0 wrote."""
+"""Process helpers: a free local port for a rendezvous, a torchrun launch on CPU ranks (its
+rendezvous port bound by torchrun itself: --standalone), and a worker launch that returns the
+JSON its rank 0 wrote."""
 import json
 import os
 import socket
@@ -10,15 +11,27 @@ from tests.support.paths import ROOT
 
 
 def free_port() -> int:
+    """A port free now. Another process may bind it before the caller does: launches that can
+    let their server bind port 0 do (torchrun --standalone, init_method file://); the others
+    retry a start that failed with port_taken (PORT_ATTEMPTS times)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+PORT_ATTEMPTS = 3
+
+
+def port_taken(text: str) -> bool:
+    """Whether a failed start's output says its port was bound by someone else first."""
+    low = text.lower()
+    return "eaddrinuse" in low or "address already in use" in low
+
+
 def torchrun(nproc: int, script: str, *args: str, timeout: int = 600, env=None):
     """Launches `script` on `nproc` CPU ranks (gloo) through torchrun; returns CompletedProcess."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", script, *args]
+           "--standalone", script, *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
