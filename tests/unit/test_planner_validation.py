@@ -85,7 +85,8 @@ def test_leave_one_source_out_error_is_within_bounds(rows):
     median 5.7%, max 12.3% (lumi-175b-16n), held to issue 38's median <= 8%; with 59 cases
     from 10 sources (Llama 3's 405B added): median 5.3%, max 18.6% (llama3-405b-128k-16384);
     with 69 cases from 11 (NVIDIA's DGX Cloud benchmark recipes added): median 5.0%, max
-    18.9% (llama3-405b-128k-16384)."""
+    18.9% (llama3-405b-128k-16384); with Narayanan's Table 1 on the interleaved schedule its
+    section 5.1 names and Figure 13 on its own shape: median 5.5%, max 19.2%."""
     errors = np.abs([r.loso_error for r in rows])
     assert np.median(errors) <= 0.08, _loso_table(rows)
     assert errors.max() <= 0.20, _loso_table(rows)
@@ -244,9 +245,10 @@ def test_published_orderings_hold(published, factors):
 
 
 def test_known_failures_are_few(published):
-    """The orderings the planner does not reproduce stay an exception (docs/planner.md)."""
+    """Every published ordering holds (the last known failure, Figure 13 at batch 128, came
+    from a stand-in shape; docs/planner.md)."""
     known = [c for c in published.comparisons if c.known_failure]
-    assert len(known) <= 1 and len(published.comparisons) >= 10
+    assert not known and len(published.comparisons) >= 10
 
 
 def test_selective_recompute_gain_is_near_korthikanti(published):
