@@ -142,7 +142,7 @@ def launch(rounds: int, steps: int, device_gflops: float = 0.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={P}",
-               "--master_port=29793", os.path.abspath(__file__), "--worker", "--out", out,
+               "--standalone", os.path.abspath(__file__), "--worker", "--out", out,
                "--workdir", tmp, "--rounds", str(rounds), "--steps", str(steps)]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -34,24 +34,25 @@ MODEL = [f"model.seq_length={SEQ}", f"model.max_position_embeddings={SEQ}",
          "training.precision=fp32", "parallel.zero_stage=0", "data.synthetic=true"]
 
 
-def train_steps(sets, cp: int, run_dir: str, port: int):
+def train_steps(sets, cp: int, run_dir: str):
     """megatron-train on tiny.yaml with `sets` at context-parallel degree `cp` (one process, or
-    torchrun with cp ranks on `port`); the step records rank 0 wrote."""
+    torchrun with cp ranks, which binds its own rendezvous port); the step records rank 0
+    wrote."""
     sets = list(sets) + [f"parallel.context_parallel_size={cp}", f"run.dir={run_dir}"]
     args = ["--config", TINY] + [a for s in sets for a in ("--set", s)]
     train = [sys.executable, "-m", "megatron.cli.train"]
     cmd = train + args if cp == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cp}",
-        f"--master_port={port}", "-m", "megatron.cli.train"] + args
+        "--standalone", "-m", "megatron.cli.train"] + args
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
     return [r for r in read_metrics(RunDir(run_dir).metrics) if isinstance(r, StepRecord)]
 
 
-def run(cp: int, tmp: str, sets=MODEL, port: int = 29793) -> dict:
+def run(cp: int, tmp: str, sets=MODEL) -> dict:
     """Peak memory per rank, losses and the median step of `sets` at context-parallel degree
     cp (bench_ring_memory.py passes its own settings)."""
-    steps = train_steps(sets, cp, os.path.join(tmp, f"cp{cp}"), port)
+    steps = train_steps(sets, cp, os.path.join(tmp, f"cp{cp}"))
     return {"ranks": cp, "peak_gb": max(r.mem_gb for r in steps),
             "losses": [r.loss for r in steps],
             "step_s": sorted(r.step_time_s for r in steps)[len(steps) // 2]}

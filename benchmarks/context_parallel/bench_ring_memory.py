@@ -31,7 +31,7 @@ RING += [f"model.seq_length={SEQ}", f"model.max_position_embeddings={SEQ}",
 
 def run(cp: int, tmp: str) -> dict:
     extra = ["parallel.context_parallel_algo=ring"] if cp > 1 else []
-    return bench_memory.run(cp, tmp, RING + extra, 29794)  # one step: its median is that step
+    return bench_memory.run(cp, tmp, RING + extra)  # one step: its median is that step
 
 
 def main() -> int:

@@ -83,7 +83,7 @@ def worker(args) -> None:
 def launch(ep: int, args) -> dict:
     result = os.path.join(args.tmp, f"dispatch_ep{ep}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ep}",
-           "--master-port", str(29600 + ep), os.path.abspath(__file__), "--worker",
+           "--standalone", os.path.abspath(__file__), "--worker",
            "--result", result, "--hidden", str(args.hidden), "--ffn", str(args.ffn),
            "--tokens", str(args.tokens), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")

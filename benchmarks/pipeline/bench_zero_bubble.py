@@ -26,7 +26,7 @@ def run(m: int, rounds: int, steps: int):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               "--master_port=29791", WORKER, "--out", out, "--cases", "bench-gpt2",
+               "--standalone", WORKER, "--out", out, "--cases", "bench-gpt2",
                "--workdir", tmp, "--alternate", str(rounds), "--steps", str(steps),
                "--set", f"training.global_batch_size={2 * m}"]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True,

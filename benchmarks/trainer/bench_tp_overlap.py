@@ -112,7 +112,7 @@ def main() -> int:
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    MEGATRON_TEST_DEVICE_GFLOPS=str(args.device_gflops))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", "29533", __file__,
+               "--standalone", __file__,
                "--worker", raw, "--rounds", str(args.rounds)]
         subprocess.run(cmd, check=True, env=env, cwd=ROOT)
         with open(raw) as f:

@@ -113,14 +113,7 @@ def _worker_cmd(ranks: int) -> List[str]:
     if ranks == 1:
         return [sys.executable, str(HERE / "worker.py")]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-            f"--master_port={_free_port()}", str(HERE / "worker.py")]
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            "--standalone", str(HERE / "worker.py")]
 
 
 def _cpu_ticks():
@@ -308,7 +301,7 @@ def _startup_once(work: Path, tag: str, ranks: int, variant: str, timeout: float
         run_dir = work / f"{tag}{suffix}_run"
         cmd = [sys.executable] if ranks == 1 else \
             [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-             f"--master_port={_free_port()}"]
+             "--standalone"]
         cmd += STARTUP_VARIANTS[variant] + ["--config", TINY_YAML, "--set",
                                             "training.train_iters=1", "--set", f"run.dir={run_dir}"]
         if ranks == 4:
