@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from tests.support import tp_layers_worker
+from tests.support.procs import torchrun_cmd
 
 WORKER = tp_layers_worker.__file__
 WORLD = 4
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp_layers")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-           "--standalone", WORKER, str(out)]
+    cmd = [*torchrun_cmd(WORLD), WORKER, str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     per_rank = []

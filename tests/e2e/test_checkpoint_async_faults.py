@@ -9,7 +9,6 @@ test_training_async_save.py."""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +17,7 @@ from megatron.checkpoint import sharded
 from megatron.base.records import read_metrics, steps
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
-from tests.support.procs import pid_of
+from tests.support.procs import pid_of, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 COMMON = ("training.train_iters=10", "training.save_interval=4", "training.tensorboard=false",
@@ -26,8 +25,7 @@ COMMON = ("training.train_iters=10", "training.save_interval=4", "training.tenso
 
 
 def command(run_dir, *items):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            "--standalone",
+    return [*torchrun_cmd(2),
             *train_cmd("--config", TINY, *sets(f"run.dir={run_dir}", *COMMON, *items))]
 
 

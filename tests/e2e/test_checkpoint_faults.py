@@ -20,6 +20,7 @@ import torch
 
 from megatron.base import store
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 EXE = os.path.join(os.path.dirname(sys.executable), "megatron-train")
@@ -30,9 +31,7 @@ SEED = 20261130
 
 
 def _cmd(nproc, run_dir, *items):
-    cmd = [EXE] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                    f"--nproc_per_node={nproc}", "--standalone",
-                                    EXE]
+    cmd = [EXE] if nproc == 1 else [*torchrun_cmd(nproc), EXE]
     return cmd + ["--config", TINY, *set_args(*BIG, f"run.dir={run_dir}", *items)]
 
 

@@ -14,6 +14,7 @@ from megatron.cli.convert import main as convert_main
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args
 from megatron.base.records import read_metrics, steps
 from megatron.base.rundir import RunDir
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 EXE = shutil.which("megatron-train") or os.path.join(os.path.dirname(sys.executable),
@@ -36,9 +37,7 @@ def _env(tmp_path):
 
 def train(tmp_path, nproc, run_dir, *items):
     """megatron-train on nproc CPU ranks (plain for one, torchrun for more)."""
-    cmd = [EXE] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                    f"--nproc_per_node={nproc}", "--standalone",
-                                    EXE]
+    cmd = [EXE] if nproc == 1 else [*torchrun_cmd(nproc), EXE]
     cmd += ["--config", TINY, *set_args(*BASE, f"run.dir={run_dir}", *items)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=_env(tmp_path))

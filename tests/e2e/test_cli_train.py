@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
+from tests.support.procs import torchrun_cmd
 
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "tflops_per_gpu", "mfu", "mem_gb",
         "loss_scale", "skipped"}
@@ -21,8 +22,7 @@ def test_torchrun_tp2_pp2_writes_run_directory(tmp_path):
     exe = shutil.which("megatron-train") or os.path.join(os.path.dirname(sys.executable),
                                                          "megatron-train")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
-           "--standalone", exe, "--config", "examples/local/tiny.yaml",
+    cmd = [*torchrun_cmd(4), exe, "--config", "examples/local/tiny.yaml",
            "--set", "parallel.tensor_parallel_size=2", "--set", "parallel.pipeline_parallel_size=2",
            "--set", "training.train_iters=3", "--set", "training.eval_interval=3",
            "--set", f"run.dir={run_dir}"]

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.e2e.e2e_helpers import ROOT, TINY, RunEnv, set_args, train_steps
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +60,7 @@ def _torchrun_job(tmp_path, steps: int):
     run_env, run_dir = RunEnv(tmp_path), tmp_path / "run"
     out_path = tmp_path / "torchrun.out"
     out = open(out_path, "w")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--standalone", "-m", "megatron.cli.train", "--config", TINY]
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY]
     cmd += set_args("training.train_iters=100000", "training.global_batch_size=4",
                     "training.tensorboard=false", f"run.dir={run_dir}")
     agent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=run_env.env,

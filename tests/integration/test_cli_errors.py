@@ -14,7 +14,7 @@ import pytest
 from tests.support.cli import (ENTRY, assert_clean_error, clean_env, run_cli, sets,
                                train_cmd)
 from tests.support.paths import TINY
-from tests.support.procs import free_port
+from tests.support.procs import free_port, torchrun_cmd
 
 WORLD_1 = [
     ("global_batch_not_multiple_of_micro_x_dp", sets("training.global_batch_size=15"),
@@ -120,8 +120,7 @@ def test_real_torchrun_two_ranks(tmp_path):
     other rank as soon as the first one exits."""
     # --standalone: the rendezvous port is the one the OS hands out when torchrun binds it, not a
     # port probed beforehand that another process can take in between (seen once under load).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "--log-dir", str(tmp_path), "--redirects", "3"]
+    cmd = [*torchrun_cmd(2), "--log-dir", str(tmp_path), "--redirects", "3"]
     cmd += train_cmd("--config", TINY, *sets("model.hidden_size=48",
                                             "model.num_attention_heads=3",
                                             "parallel.tensor_parallel_size=2"))

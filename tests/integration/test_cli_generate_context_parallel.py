@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # one torchrun launch, one process, two generations: about 40 s
 
@@ -18,8 +19,7 @@ TRAIN = ("training.train_iters=3", "training.save=true", "training.tensorboard=f
 
 def _train(run_dir, nproc):
     head = [sys.executable, "-m", "megatron.cli.train"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", "-m", "megatron.cli.train"]
+        *torchrun_cmd(nproc), "-m", "megatron.cli.train"]
     cp = [f"parallel.context_parallel_size={nproc}"]
     done = subprocess.run([*head, "--config", TINY, *sets(f"run.dir={run_dir}", *TRAIN, *cp)],
                           cwd=ROOT, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True,

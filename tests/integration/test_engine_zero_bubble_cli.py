@@ -2,7 +2,6 @@
 ranks with zbh1 logs the same per-step losses, bit for bit, as with 1f1b (fp32, dropout off),
 and a zbh1 checkpoint continues under 1f1b; with PP=1 the key is refused by name."""
 import subprocess
-import sys
 
 import pytest
 
@@ -10,13 +9,13 @@ from megatron.base.records import read_metrics, steps
 from megatron.base.rundir import RunDir
 from tests.support.cli import assert_clean_error, clean_env, run_cli, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # four torchrun launches of two ranks: about 80 s
 
 
 def _losses(run_dir, schedule, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "megatron.cli.train", "--config", TINY,
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY,
            *sets(f"run.dir={run_dir}", "training.train_iters=4", "training.tensorboard=false",
                  "parallel.pipeline_parallel_size=2", f"parallel.pipeline_schedule={schedule}",
                  "model.hidden_dropout=0.0", "model.attention_dropout=0.0", *extra)]

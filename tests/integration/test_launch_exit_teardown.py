@@ -14,13 +14,13 @@ each of DP2, PP2 and ZeRO-3."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
 from tests.support.threads import GLOO_THREADS
+from tests.support.procs import torchrun_cmd
 
 WORKER = os.path.join(ROOT, "tests", "support", "exit_threads_worker.py")
 
@@ -35,8 +35,7 @@ def test_finished_two_rank_runs_exit_0_with_no_gloo_thread_left(tmp_path):
     for attempt, layout in enumerate(LAYOUTS):
         out = tmp_path / f"threads{attempt}"
         out.mkdir()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               "--standalone", WORKER, "--config", TINY, *sets(
+        cmd = [*torchrun_cmd(2), WORKER, "--config", TINY, *sets(
                    f"run.dir={tmp_path / f'run{attempt}'}", "training.train_iters=2",
                    "training.tensorboard=false", "model.num_layers=2",
                    "training.global_batch_size=4", "checkpoint.save=true", *layout)]

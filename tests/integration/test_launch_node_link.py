@@ -5,20 +5,19 @@ impossible one, naming its own 2 ranks; then megatron-train on two ranks with an
 floor ends with exit 5 naming the node, which goes into bad_nodes."""
 import json
 import subprocess
-import sys
 
 import pytest
 
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # two torchrun launches: about 30 s
 
 
 def test_each_node_times_its_own_ranks_and_a_slow_link_is_named(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-           "-m", "tests.support.node_link_worker", str(tmp_path)]
+    cmd = [*torchrun_cmd(4), "-m", "tests.support.node_link_worker", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, env=clean_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -32,8 +31,7 @@ def test_each_node_times_its_own_ranks_and_a_slow_link_is_named(tmp_path):
 
 def test_megatron_train_refuses_a_node_whose_link_is_too_slow(tmp_path):
     run = RunDir(str(tmp_path / "run"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "megatron.cli.train", "--config", TINY,
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY,
            *sets(f"run.dir={run.path}", "training.train_iters=2", "training.tensorboard=false")]
     done = subprocess.run(cmd, cwd=ROOT, env=clean_env(OMP_NUM_THREADS="1",
                                                        MEGATRON_HEALTH_MIN_GBPS="1e6"),

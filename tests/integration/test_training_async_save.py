@@ -14,7 +14,6 @@ import filecmp
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
@@ -24,6 +23,7 @@ from megatron.base.records import events, read_metrics, steps
 from tests.support.cli import clean_env, run_cli, sets, train_cmd
 from tests.support.disks import tmpfs
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 COMMON = ("training.train_iters=10", "training.save_interval=4", "training.save=true",
@@ -33,8 +33,7 @@ COMMON = ("training.train_iters=10", "training.save_interval=4", "training.save=
 def launch(run_dir, *items, nproc=2, env=None, timeout=120):
     cmd = train_cmd("--config", TINY, *sets(f"run.dir={run_dir}", *COMMON, *items))
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--standalone", *cmd]
+        cmd = [*torchrun_cmd(nproc), *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                           env=clean_env(OMP_NUM_THREADS="1", **(env or {})))
 

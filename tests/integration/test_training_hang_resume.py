@@ -7,7 +7,6 @@ job resumes from the last committed checkpoint; the three jobs together give an 
 run's losses."""
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from megatron.base.records import events, read_metrics, steps
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # four torchrun launches of four ranks: about 3 minutes
 
@@ -29,8 +29,7 @@ def _torchrun(run_dir, stop_at=None, timeout=240):
     env = clean_env(OMP_NUM_THREADS="1")
     if stop_at:
         env["MEGATRON_TEST_STOP_AT"] = stop_at
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-           "-m", "megatron.cli.train", "--config", TINY,
+    cmd = [*torchrun_cmd(4), "-m", "megatron.cli.train", "--config", TINY,
            *sets(f"run.dir={run_dir}", "training.load=auto", *TRAIN)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,

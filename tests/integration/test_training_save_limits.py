@@ -12,7 +12,6 @@ checkpoint file or folder, the start-up probe's too, takes that much longer).
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -23,6 +22,7 @@ from megatron.base.rundir import RunDir
 from megatron.base.store import validate
 from tests.support.cli import clean_env, sets, train_cmd
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 FAST = ("training.tensorboard=false", "model.num_layers=2", "training.global_batch_size=4",
         "training.micro_batch_size=2", "checkpoint.save=true", "checkpoint.save_interval=2")
@@ -46,8 +46,7 @@ def test_a_slow_healthy_async_save_does_not_trip_the_watchdog(tmp_path):
 @pytest.mark.slow  # torchrun, two ranks, the grace period and the teardown: about 45 s
 def test_a_rank_stuck_in_the_first_save_is_named_within_its_expected_cost(tmp_path):
     run = RunDir(str(tmp_path / "run"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--standalone", *train_cmd("--config", TINY, *sets(
+    cmd = [*torchrun_cmd(2), *train_cmd("--config", TINY, *sets(
                f"run.dir={run.path}", *FAST, "training.train_iters=100",
                "resilience.hang_timeout_minutes=0.1", "resilience.startup_timeout_minutes=10"))]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -6,7 +6,6 @@ rank 1's losses (and so its gradients) once, as a faulty unit would: the recompu
 on rank 1 only, which is named ({"event": "sdc_suspect"}) with its node in bad_nodes; the step's
 update is not applied, nothing is saved after it, and the run exits 5."""
 import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +13,7 @@ from megatron.base.records import events, read_metrics, steps
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # two torchrun launches of two ranks: about 70 s
 
@@ -22,8 +22,7 @@ TRAIN = ("training.train_iters=20", "training.save_interval=5", "training.tensor
 
 
 def _torchrun(run_dir, *extra, **env):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "megatron.cli.train", "--config", TINY,
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY,
            *sets(f"run.dir={run_dir}", *TRAIN, *extra)]
     return subprocess.run(cmd, cwd=ROOT, env=clean_env(OMP_NUM_THREADS="1", **env),
                           capture_output=True, text=True, timeout=300)

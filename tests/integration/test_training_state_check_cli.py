@@ -5,7 +5,6 @@ writes a state_suspect event and the node into bad_nodes, and commits no checkpo
 although it saves every step. Without the hook the same run trains to the end: the check passes
 healthy steps (every other test runs with it on too)."""
 import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +13,7 @@ from megatron.base.records import events, read_metrics, steps
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 pytestmark = pytest.mark.slow  # one torchrun launch of two ranks: about 30 s
 
@@ -24,8 +24,8 @@ TRAIN = ("training.train_iters=6", "training.save_interval=1", "training.tensorb
 
 def test_a_flipped_moment_on_rank_1_stops_the_run_in_its_step_with_exit_5(tmp_path):
     run = RunDir(str(tmp_path / "run"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "megatron.cli.train", "--config", TINY, *sets(f"run.dir={run.path}", *TRAIN)]
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY,
+           *sets(f"run.dir={run.path}", *TRAIN)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=clean_env(OMP_NUM_THREADS="1",
                                         **{faults.STATE_FAULT_VAR: "1:3:exp_avg:1e20"}))

@@ -15,7 +15,6 @@ others) is tested exactly in
 tests/unit/test_training_stragglers.py."""
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -24,13 +23,13 @@ from megatron.base.records import events, read_metrics
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
+from tests.support.procs import torchrun_cmd
 
 WORKER = os.path.join(ROOT, "tests", "support", "straggler_worker.py")
 
 
 def _run(run: RunDir, **env):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           WORKER, "--config", TINY, *sets(
+    cmd = [*torchrun_cmd(2), WORKER, "--config", TINY, *sets(
                f"run.dir={run.path}", "training.train_iters=40", "training.tensorboard=false",
                # micro-batches of 8 sequences: ~235 MFLOP a forward, ~95 ms on the emulated
                # device beside ~8 ms of CPU

@@ -8,7 +8,6 @@ traceback naming no rank and no phase."""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,14 +16,13 @@ from megatron.base.records import events, read_metrics, steps
 from megatron.base.rundir import RunDir
 from tests.support.cli import clean_env, sets
 from tests.support.paths import ROOT, TINY
-from tests.support.procs import pid_of
+from tests.support.procs import pid_of, torchrun_cmd
 
 
 @pytest.mark.slow  # torchrun, two ranks and the teardown after the hang: about 45 s
 def test_a_stopped_rank_ends_the_job_in_the_hang_limit_with_stacks_and_an_event(tmp_path):
     run = RunDir(str(tmp_path / "run"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "megatron.cli.train", "--config", TINY, *sets(
+    cmd = [*torchrun_cmd(2), "-m", "megatron.cli.train", "--config", TINY, *sets(
                f"run.dir={run.path}", "training.train_iters=100000", "training.tensorboard=false",
                "training.global_batch_size=4", "model.num_layers=2",
                "training.hang_timeout_minutes=0.1")]

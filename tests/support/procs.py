@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import List
 
 from tests.support.paths import ROOT
 
@@ -28,10 +29,17 @@ def port_taken(text: str) -> bool:
     return "eaddrinuse" in low or "address already in use" in low
 
 
+def torchrun_cmd(nproc: int) -> List[str]:
+    """The argv that starts torchrun with `nproc` ranks on this machine, the one home of the
+    tests' launcher line: --standalone, whose rendezvous store binds port 0 itself (no port
+    picked in advance for another process to take first)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}"]
+
+
 def torchrun(nproc: int, script: str, *args: str, timeout: int = 600, env=None):
     """Launches `script` on `nproc` CPU ranks (gloo) through torchrun; returns CompletedProcess."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--standalone", script, *args]
+    cmd = [*torchrun_cmd(nproc), script, *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
