@@ -17,9 +17,11 @@ CHUNKED = (INTERLEAVED, "v_stages")
 def chunks_error(cfg) -> Optional[ConfigError]:
     """v > 1 needs stages, the schedule that holds several chunks per rank, and layers that
     split into p v equal chunks (the embedding rides on chunk 0, the head on the last), or set
-    first/last chunk layers (config/stages.py) with the rest even."""
+    first/last chunk layers or the ends counted as a layer (config/stages.py) with the rest
+    even."""
     p = cfg.parallel
-    uneven = bool(p.pipeline_first_stage_layers or p.pipeline_last_stage_layers)
+    uneven = bool(p.pipeline_first_stage_layers or p.pipeline_last_stage_layers
+                  or p.pipeline_embedding_as_layer or p.pipeline_loss_as_layer)
     return chunk_rule(cfg.model.num_layers, p.pipeline_parallel_size, p.context_parallel_size,
                       p.virtual_pipeline_size, p.pipeline_schedule, uneven)
 

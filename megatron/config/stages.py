@@ -11,7 +11,12 @@ the first and the last model chunk's, the chunks that hold the embedding and the
 rest split evenly over the other p v - 1 or - 2 chunks (as a per-virtual-stage layout such as
 Megatron Core's --pipeline-model-parallel-layout writes it; its older first/last flags instead
 split a rank's layers evenly over its chunks, which leaves the embedding's chunk as heavy as any
-other)."""
+other).
+
+Or the ends are counted instead of set (parallel.pipeline_embedding_as_layer,
+pipeline_loss_as_layer; Megatron Core's account_for_embedding/loss_in_pipeline_split): the
+embedding and the head each take one layer's place in an even split, so their chunks hold one
+layer fewer, none when every chunk holds one (accounted_ends)."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -46,8 +51,9 @@ def uneven_problem(num_layers: int, pp: int, first: Optional[int], last: Optiona
 
 def stage_layers(num_layers: int, pp: int, first: Optional[int] = None,
                  last: Optional[int] = None) -> List[int]:
-    """Transformer layers per stage: the set first/last counts (uneven_problem checked them),
-    the rest even; else even_stage_layers."""
+    """Transformer layers per stage: the set first/last counts (uneven_problem checked them;
+    0, a chunk of the embedding or the head alone, comes from accounted_ends), the rest even;
+    else even_stage_layers."""
     if first is None and last is None:
         return even_stage_layers(num_layers, pp)
     middle = pp - (first is not None) - (last is not None)
@@ -78,6 +84,45 @@ def rank_layers(num_layers: int, pp: int, chunks: int, v_shape: bool = False,
     for chunk, layers in enumerate(stage_layers(num_layers, pp * chunks, first, last)):
         out[chunk_owner(pp, chunk, v_shape)[0]] += layers
     return out
+
+
+def accounted_ends(num_layers: int, chunks: int, embedding: bool, loss: bool
+                   ) -> Tuple[Optional[int], Optional[int]]:
+    """(first, last) model-chunk layer counts when the embedding and/or the output layer with the
+    loss count as one transformer layer each in the even split over `chunks` model chunks
+    (parallel.pipeline_embedding_as_layer / pipeline_loss_as_layer; Megatron Core's
+    account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split): (L + e + l)
+    / chunks a chunk, one fewer on a counted end, which holds none when each chunk holds one
+    (Llama 3 405B: 126 layers, 16 stages x 8 chunks, the first chunk the embedding alone, the
+    last the head and loss alone). None on a side not counted. accounted_problem checks the
+    split."""
+    per = (num_layers + int(embedding) + int(loss)) // chunks
+    return (per - 1 if embedding else None, per - 1 if loss else None)
+
+
+def accounted_problem(num_layers: int, pp: int, chunks: int, embedding: bool, loss: bool
+                      ) -> Optional[str]:
+    """Why the embedding/loss-as-a-layer split does not apply (one line), or None: it needs
+    PP > 1 and the layers plus the counted ends in an even split over the p x chunks model
+    chunks (Megatron Core asserts the same divisibility)."""
+    if not (embedding or loss):
+        return None
+    counted = int(embedding) + int(loss)
+    if pp < 2:
+        return f"counting the embedding or the loss as a layer needs PP > 1 (got PP {pp})"
+    total, n = num_layers + counted, pp * chunks
+    where = "stages" if chunks == 1 else f"model chunks of the {pp} x {chunks}"
+    if total % n:
+        return (f"{num_layers} layers + {counted} counted end(s) = {total} do not split evenly "
+                f"over the {n} {where}")
+    if chunks == 1 and embedding and total == n:
+        # the embedding's stage would hold no norm or bias: one optimizer parameter group where
+        # every other stage holds two, and DeepSpeed's ZeRO gradient norm all-reduces once a
+        # group over the pipeline, so it would wait forever (measured: a hang at the first step)
+        return (f"the first of the {pp} stages would hold the embedding alone, which "
+                "DeepSpeed's pipeline engine cannot step with the others; model chunks "
+                "(virtual_pipeline_size > 1) run it")
+    return None
 
 
 def set_or_none(value: int) -> Optional[int]:

@@ -7,7 +7,8 @@ from megatron.config import context_parallel, schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error
-from megatron.config.stages import set_or_none, stage_layers, uneven_problem
+from megatron.config.stages import (accounted_ends, accounted_problem, set_or_none,
+                                     stage_layers, uneven_problem)
 
 
 def data_parallel_size(cfg, world_size: int) -> int:
@@ -117,15 +118,19 @@ def _sequence_error(m, tp: int, cp: int, r: int, sequence_parallel: bool
     return None
 
 
-def pipeline_error(m, pp: int, zero: int) -> Optional[ConfigError]:
+def pipeline_error(m, pp: int, zero: int, counted: int = 0) -> Optional[ConfigError]:
+    """counted: the ends counted as a layer (parallel.pipeline_embedding_as_layer and
+    pipeline_loss_as_layer), whose stages may hold none."""
     if pp > 1 and zero > 1:
         return ConfigError("parallel.zero_stage", zero,
                            f"0 or 1 with pipeline parallelism (pipeline_parallel_size={pp}): "
                            "DeepSpeed's pipeline engine refuses ZeRO-2/3",
                            "set parallel.zero_stage=1 or parallel.pipeline_parallel_size=1")
-    if m.num_layers < pp:
+    if m.num_layers + counted < pp:
+        counts = (f" less the {counted} end(s) counted as a layer" if counted else "")
         return ConfigError("model.num_layers", m.num_layers,
-                           f"at least parallel.pipeline_parallel_size={pp} (one layer per stage)")
+                           f"at least parallel.pipeline_parallel_size={pp}{counts} (one layer "
+                           "per stage)")
     return None
 
 
@@ -174,14 +179,14 @@ def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[
 
 def layout_error(m, tp: int, pp: int, zero: int, sequence_parallel: bool,
                  deepspeed=None, cp: int = 1, ep: int = 1,
-                 cp_algo: str = context_parallel.DEFAULT, ulysses_degree: int = 0
-                 ) -> Optional[ConfigError]:
+                 cp_algo: str = context_parallel.DEFAULT, ulysses_degree: int = 0,
+                 counted: int = 0) -> Optional[ConfigError]:
     """The first rule a layout of model section `m` breaks, or None: the one home of the layout
     rules, read by validate_for_world and by the planner (megatron/planner/layout.py), which
     prices only layouts the trainer accepts."""
     return (tensor_parallel_error(m, tp, sequence_parallel)
             or context_parallel_error(m, tp, cp, sequence_parallel, cp_algo, ulysses_degree)
-            or pipeline_error(m, pp, zero)
+            or pipeline_error(m, pp, zero, counted)
             or deepspeed_error(deepspeed or {}, pp, sequence_parallel and tp > 1)
             or moe_error(m, tp, pp, cp, zero, ep))
 
@@ -226,36 +231,79 @@ def _set_counts(p):
     return set_or_none(p.pipeline_first_stage_layers), set_or_none(p.pipeline_last_stage_layers)
 
 
+def _ends(cfg):
+    """(first, last) chunk layer counts the trainer splits by: the set ones, else those of the
+    embedding/loss counted as a layer (config/stages.accounted_ends), None where neither."""
+    p = cfg.parallel
+    if p.pipeline_embedding_as_layer or p.pipeline_loss_as_layer:
+        return accounted_ends(cfg.model.num_layers,
+                              p.pipeline_parallel_size * p.virtual_pipeline_size,
+                              p.pipeline_embedding_as_layer, p.pipeline_loss_as_layer)
+    return _set_counts(p)
+
+
+def _accounted_error(cfg) -> Optional[ConfigError]:
+    """The embedding/loss counted as a layer: an even split of the layers and the counted ends,
+    not beside set counts, which say the same thing another way."""
+    p = cfg.parallel
+    field = "parallel.pipeline_embedding_as_layer" if p.pipeline_embedding_as_layer \
+        else "parallel.pipeline_loss_as_layer"
+    if any(_set_counts(p)):
+        return ConfigError(field, True,
+                           "false beside set parallel.pipeline_first_stage_layers / "
+                           "pipeline_last_stage_layers, which fix the end stages' layers "
+                           "themselves", "unset one of them")
+    problem = accounted_problem(cfg.model.num_layers, p.pipeline_parallel_size,
+                                p.virtual_pipeline_size, p.pipeline_embedding_as_layer,
+                                p.pipeline_loss_as_layer)
+    if problem:
+        return ConfigError(field, True,
+                           f"a split of model.num_layers={cfg.model.num_layers} over "
+                           f"pipeline_parallel_size={p.pipeline_parallel_size} x "
+                           f"virtual_pipeline_size={p.virtual_pipeline_size} that counts the "
+                           f"ends: {problem}",
+                           "change model.num_layers or the stages, or set it false")
+    return None
+
+
 def stages_error(cfg) -> Optional[ConfigError]:
     """Set first/last stage layer counts (config/stages.py): Megatron-LM's rule, and not beside
-    a partition method they replace."""
+    a partition method they replace; or the ends counted as a layer (_accounted_error)."""
     p = cfg.parallel
     first, last = _set_counts(p)
-    if first is None and last is None:
+    accounted = p.pipeline_embedding_as_layer or p.pipeline_loss_as_layer
+    if first is None and last is None and not accounted:
         return None
-    field = "parallel.pipeline_first_stage_layers" if first is not None \
-        else "parallel.pipeline_last_stage_layers"
-    problem = uneven_problem(cfg.model.num_layers, p.pipeline_parallel_size, first, last,
-                             p.virtual_pipeline_size)
-    if problem:
-        return ConfigError(field, first if first is not None else last,
-                           f"a split of model.num_layers={cfg.model.num_layers} over "
-                           f"pipeline_parallel_size={p.pipeline_parallel_size} stages that "
-                           f"Megatron-LM's rule accepts: {problem}",
-                           "change the counts (0: not set), or the stages")
+    if accounted:
+        error = _accounted_error(cfg)
+        if error is not None:
+            return error
+        what = "the embedding or the loss counted as a layer"
+    else:
+        what = "set first/last stage layers"
+        field = "parallel.pipeline_first_stage_layers" if first is not None \
+            else "parallel.pipeline_last_stage_layers"
+        problem = uneven_problem(cfg.model.num_layers, p.pipeline_parallel_size, first, last,
+                                 p.virtual_pipeline_size)
+        if problem:
+            return ConfigError(field, first if first is not None else last,
+                               f"a split of model.num_layers={cfg.model.num_layers} over "
+                               f"pipeline_parallel_size={p.pipeline_parallel_size} stages that "
+                               f"Megatron-LM's rule accepts: {problem}",
+                               "change the counts (0: not set), or the stages")
     if p.pipeline_partition_method != "uniform":
         return ConfigError("parallel.pipeline_partition_method", p.pipeline_partition_method,
-                           "uniform (the default) with set first/last stage layers, which "
-                           "replace the partition method", "unset one of them")
+                           f"uniform (the default) with {what}, which replace the partition "
+                           "method", "unset one of them")
     return None
 
 
 def pipeline_stage_layers(cfg) -> Optional[List[int]]:
     """Transformer layers per stage (per model chunk, p x virtual_pipeline_size of them, with
-    model chunks) when first/last counts are set (uneven stages), else None (the partition
-    method splits them; model chunks split evenly)."""
+    model chunks) when first/last counts are set or the ends counted as a layer (uneven
+    stages), else None (the partition method splits them; model chunks split evenly)."""
     p = cfg.parallel
-    first, last = _set_counts(p)
+    first, last = _ends(cfg)
     if first is None and last is None:
         return None
     return stage_layers(cfg.model.num_layers, p.pipeline_parallel_size * p.virtual_pipeline_size,
@@ -263,9 +311,10 @@ def pipeline_stage_layers(cfg) -> Optional[List[int]]:
 
 
 def check_pipeline(cfg) -> None:
-    _raise(pipeline_error(cfg.model, cfg.parallel.pipeline_parallel_size, cfg.parallel.zero_stage))
-    _raise(stages_error(cfg))
     p = cfg.parallel
+    counted = int(p.pipeline_embedding_as_layer) + int(p.pipeline_loss_as_layer)
+    _raise(pipeline_error(cfg.model, p.pipeline_parallel_size, p.zero_stage, counted))
+    _raise(stages_error(cfg))
     _raise(chunks_error(cfg))  # before the schedule's rule: it names virtual_pipeline_size
     _raise(schedule_error(p.pipeline_schedule, p.pipeline_parallel_size, p.context_parallel_size,
                           p.virtual_pipeline_size))

@@ -30,12 +30,15 @@ def stage_bounds(layers: List[PipeLayer], counts: List[int]) -> List[int]:
     """The layer-spec index where each stage starts, and the spec count at the end, for
     `counts` transformer layers per stage: stage s > 0 starts at its first transformer layer,
     so the embedding stays on the first stage and the final norm and head on the last, as
-    DeepSpeed's type-balanced partitioning places them."""
+    DeepSpeed's type-balanced partitioning places them. An end stage may hold none (the
+    embedding or the norm and head alone: config/stages.accounted_ends); a middle one may not."""
     blocks = [i for i, layer in enumerate(layers)
               if re.search(_BALANCED_LAYER[len("type:"):], layer.cls.__name__, re.IGNORECASE)]
-    if len(blocks) != sum(counts) or min(counts) < 1:
+    if len(blocks) != sum(counts) or min(counts) < 0 or min(counts[1:-1], default=1) < 1:
         raise ValueError(f"{counts} transformer layers per stage for {len(blocks)} layers")
-    starts = [blocks[sum(counts[:s])] for s in range(1, len(counts))]
+    # a last stage without layers starts after the last one, at the final norm
+    after = blocks + [blocks[-1] + 1]
+    starts = [after[sum(counts[:s])] for s in range(1, len(counts))]
     return [0, *starts, len(layers)]
 
 

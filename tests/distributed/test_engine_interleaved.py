@@ -24,6 +24,11 @@ Uneven model chunks (parallel.pipeline_first/last_stage_layers with v = 2: the f
 chunk 1 layer of 6, chunks [1, 2, 2, 1]) under both schedules, against 1F1B on even stages: the
 losses bit for bit, and rank 0 holding the layers the split puts there.
 
+The embedding and the head counted as a layer each (parallel.pipeline_embedding_as_layer,
+pipeline_loss_as_layer; Llama 3 405B's split): 2 layers in chunks [0, 1, 1, 0], so the end
+chunks hold the embedding alone and the head alone (under ZB-V rank 0 holds both and no
+transformer layer), against 1F1B on even stages: the losses bit for bit.
+
 Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks; GPT-2 with tied
 embeddings and Llama)
 and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2)."""
@@ -44,6 +49,8 @@ BF16_TWO = ["pp2v2bf16-gpt2", "pp2v2bf16-llama", "pp2bf16zbv-llama"]
 BF16_FOUR = ["pp4v2bf16-llama"]
 # uneven model chunks, first and last 1 layer of 6, against 1F1B on even stages
 UNEVEN_TWO = ["pp2v2u-llama", "pp2uzbv-gpt2"]
+# the ends counted as a layer: 2 layers in chunks [0, 1, 1, 0]
+COUNTED_TWO = ["pp2v2e-gpt2", "pp2ezbv-llama"]
 STEPS = 10
 NORM_BOUND = 1e-6  # relative
 BF16_BOUND = 1e-3  # relative, per step's loss
@@ -59,7 +66,7 @@ def _run(tmp, nproc, cases):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO)
+    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO + COUNTED_TWO)
     merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR))
     return merged
 
@@ -69,7 +76,7 @@ def _chunked(results, case):
     return results[case]["zbv" if case.split("-")[0].endswith("zbv") else "interleaved"]
 
 
-@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO)
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO + COUNTED_TWO)
 def test_interleaved_is_bit_identical_to_1f1b(results, case):
     ref, got = results[case]["1f1b"], _chunked(results, case)
     assert len(got["losses"]) == STEPS
@@ -98,11 +105,13 @@ def test_zbv_defers_the_weight_gradients(results, case):
     assert layers[0] == 0 and layers[-1] == (7 if case.startswith("pp4") else 3), layers
 
 
-@pytest.mark.parametrize("case, layers", [("pp2v2u-llama", [0, 3, 4]), ("pp2uzbv-gpt2", [0, 5])])
+@pytest.mark.parametrize("case, layers", [("pp2v2u-llama", [0, 3, 4]), ("pp2uzbv-gpt2", [0, 5]),
+                                          ("pp2v2e-gpt2", [1]), ("pp2ezbv-llama", [])])
 def test_uneven_chunks_hold_the_set_layers(results, case, layers):
     """Chunks [1, 2, 2, 1] of 6 layers: rank 0 holds chunks 0 and 2 under the interleaved loop
     (layers 0, 3, 4), chunks 0 and 3 under ZB-V's V (layers 0 and 5, the embedding and the head
-    beside them)."""
+    beside them). The ends counted as a layer, chunks [0, 1, 1, 0] of 2: rank 0 holds the
+    embedding alone and layer 1 under the loop, the embedding and the head alone under the V."""
     names = _chunked(results, case)["names"]
     assert sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")}) == layers
     assert "embedding.word_embeddings.weight" in names

@@ -20,7 +20,12 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # stop and checkpoint at step 5, resume in a new engine: steps 6-10 must not move
             "resume_pp2", "resume_dp2_zero2",
             # uneven stages: 1 + 3 and 3 + 1 layers (parallel.pipeline_first/last_stage_layers)
-            "pp2_first1", "pp2_last1", "pp2_first1_zbh1"]
+            "pp2_first1", "pp2_last1", "pp2_first1_zbh1",
+            # the head counted as a layer: a last stage of the final norm and head alone (one
+            # layer, against the one-layer reference)
+            "pp2_loss"]
+# the reference of the layouts that change the model's depth
+REFERENCE = {"pp2_loss": "single_l1"}
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
 FLAVOURS = ["gpt2", "llama"]
@@ -35,7 +40,7 @@ def launches(tmp):
     """Shared with the other equivalence modules, one launch per world size
     (tests/support/launch_batches.py)."""
     return [(2, WORKER, ["--workdir", tmp, "--layouts", ",".join(TWO_RANK + MIXED)]),
-            (1, WORKER, ["--workdir", tmp, "--layouts", "single"]),
+            (1, WORKER, ["--workdir", tmp, "--layouts", "single,single_l1"]),
             (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
@@ -52,7 +57,7 @@ def worst_relative(losses, reference):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("layout", TWO_RANK + FOUR_RANK)
 def test_layout_matches_single_process(results, layout, flavour):
-    ref = results["single"][flavour]["losses"]
+    ref = results[REFERENCE.get(layout, "single")][flavour]["losses"]
     got = results[layout][flavour]["losses"]
     worst = worst_relative(got, ref)
     print(f"{layout}/{flavour}: worst relative loss difference {worst:.2e}")

@@ -40,10 +40,18 @@ LAYOUTS = {
     # on even stages: where the layers sit does not change the arithmetic
     "pp2v2u": ["parallel.pipeline_parallel_size=2", "model.num_layers=6"],
     "pp2uzbv": ["parallel.pipeline_parallel_size=2", "model.num_layers=6"],
+    # the embedding and the head counted as a layer each (Llama 3's split): 2 layers on 2 x 2
+    # chunks [0, 1, 1, 0], the end chunks the embedding alone and the head alone; under ZB-V
+    # rank 0 holds both and no transformer layer
+    "pp2v2e": ["parallel.pipeline_parallel_size=2", "model.num_layers=2"],
+    "pp2ezbv": ["parallel.pipeline_parallel_size=2", "model.num_layers=2"],
 }
 # overrides of the chunked run only (1F1B's stages stay even)
 CHUNKED_ONLY = {name: ["parallel.pipeline_first_stage_layers=1",
                        "parallel.pipeline_last_stage_layers=1"] for name in ("pp2v2u", "pp2uzbv")}
+CHUNKED_ONLY.update({name: ["parallel.pipeline_embedding_as_layer=true",
+                            "parallel.pipeline_loss_as_layer=true"]
+                     for name in ("pp2v2e", "pp2ezbv")})
 
 
 def chunked_schedule(layout: str) -> str:

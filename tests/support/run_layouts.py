@@ -63,6 +63,12 @@ LAYOUTS = {
     "pp2_last1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_last_stage_layers=1"],
     "pp2_first1_zbh1": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_first_stage_layers=1",
                         "parallel.pipeline_schedule=zbh1"],
+    # the head counted as a layer (config/stages.accounted_ends): one layer on two stages,
+    # [1, 0] (the last stage the final norm and head alone), against the one-layer reference
+    # (an embedding-only stage is refused under DeepSpeed's engine: test_config_stages.py)
+    "single_l1": ["model.num_layers=1"],
+    "pp2_loss": ["parallel.pipeline_parallel_size=2", "model.num_layers=1",
+                 "parallel.pipeline_loss_as_layer=true"],
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }

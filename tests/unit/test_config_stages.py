@@ -129,3 +129,67 @@ def test_a_bad_split_is_one_message_naming_the_field(sets, field, says):
 def test_a_negative_count_is_refused_by_its_section():
     with pytest.raises(ConfigError, match="pipeline_last_stage_layers"):
         _cfg("parallel.pipeline_last_stage_layers=-1")
+
+
+def test_counting_the_ends_as_layers_follows_megatron_cores_split():
+    """Megatron Core's account_for_embedding/loss_in_pipeline_split: the embedding and the head
+    each take one layer's place in the even split. Llama 3 405B: 126 layers on 16 stages x 8
+    chunks, one layer a chunk, so the first chunk is the embedding alone and the last the head
+    and loss alone (arXiv 2407.21783 section 3.3.2)."""
+    from megatron.config.stages import accounted_ends, accounted_problem, rank_layers
+    assert accounted_ends(126, 128, True, True) == (0, 0)
+    assert stage_layers(126, 128, 0, 0) == [0] + [1] * 126 + [0]
+    assert rank_layers(126, 16, 8, False, 0, 0) == [7] + [8] * 14 + [7]
+    assert accounted_ends(126, 16, True, True) == (7, 7)   # no chunks: the set counts' split
+    assert accounted_ends(7, 4, True, False) == (1, None)  # (7 + 1) / 4 = 2, one fewer first
+    assert stage_layers(7, 4, 1, None) == [1, 2, 2, 2]
+    assert accounted_ends(7, 4, False, True) == (None, 1)
+    assert accounted_problem(126, 16, 8, True, True) is None
+    assert accounted_problem(6, 2, 1, False, False) is None
+    assert "need" in accounted_problem(6, 1, 1, True, True)
+    assert "127 do not split evenly over the 128 model chunks of the 16 x 8" in \
+        accounted_problem(126, 16, 8, True, False)
+
+
+def test_end_stages_without_layers_hold_the_embedding_and_the_head_alone():
+    specs = _layers(2)  # 0 embedding, 1-2 layers, 3 norm, 4 tied head
+    assert stage_bounds(specs, [0, 1, 1, 0]) == [0, 1, 2, 3, 5]
+    assert stage_bounds(specs, [0, 2]) == [0, 1, 5]
+    assert stage_bounds(specs, [2, 0]) == [0, 3, 5]
+    with pytest.raises(ValueError, match="transformer layers per stage"):
+        stage_bounds(specs, [1, 0, 1])  # a middle stage must hold a layer
+
+
+def test_counted_ends_reach_the_trainer():
+    cfg = _cfg("parallel.pipeline_embedding_as_layer=true", "parallel.pipeline_loss_as_layer=true",
+               "model.num_layers=2", "parallel.pipeline_schedule=interleaved",
+               "parallel.virtual_pipeline_size=2", "training.global_batch_size=16")
+    validate_for_world(cfg, 2)
+    assert pipeline_stage_layers(cfg) == [0, 1, 1, 0]
+    one = _cfg("parallel.pipeline_embedding_as_layer=true", "model.num_layers=5")
+    validate_for_world(one, 2)
+    assert pipeline_stage_layers(one) == [2, 3]
+
+
+@pytest.mark.parametrize("sets, field, says", [
+    (["parallel.pipeline_embedding_as_layer=true"], "parallel.pipeline_embedding_as_layer",
+     "4 layers + 1 counted end(s) = 5 do not split evenly over the 2 stages"),
+    (["parallel.pipeline_loss_as_layer=true", "parallel.pipeline_parallel_size=1",
+      "model.num_layers=3"], "parallel.pipeline_loss_as_layer", "needs PP > 1"),
+    (["parallel.pipeline_embedding_as_layer=true", "parallel.pipeline_loss_as_layer=true",
+      "parallel.pipeline_first_stage_layers=1"], "parallel.pipeline_embedding_as_layer",
+     "beside set parallel.pipeline_first_stage_layers"),
+    (["parallel.pipeline_embedding_as_layer=true", "parallel.pipeline_loss_as_layer=true",
+      "parallel.pipeline_partition_method=parameters"], "parallel.pipeline_partition_method",
+     "the embedding or the loss counted as a layer, which replace the partition method"),
+    # an embedding-only stage under DeepSpeed's engine: one optimizer group where the others
+    # hold two, and its gradient norm hangs (measured); model chunks run it
+    (["parallel.pipeline_embedding_as_layer=true", "model.num_layers=1"],
+     "parallel.pipeline_embedding_as_layer", "the first of the 2 stages would hold the embedding alone"),
+])
+def test_a_bad_count_of_the_ends_is_one_message_naming_the_field(sets, field, says):
+    cfg = _cfg(*sets)
+    world = 2 if cfg.parallel.pipeline_parallel_size == 2 else 1
+    with pytest.raises(ConfigError) as err:
+        validate_for_world(cfg, world)
+    assert err.value.field == field and says in str(err.value), str(err.value)

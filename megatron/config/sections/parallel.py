@@ -54,6 +54,16 @@ class ParallelConfig:
     pipeline_last_stage_layers: int = 0
     """Transformer layers on the last pipeline stage, which also holds the output layer and the
     loss (--decoder-last-pipeline-num-layers); as pipeline_first_stage_layers. 0: not set."""
+    pipeline_embedding_as_layer: bool = False
+    """Count the embedding as one transformer layer when the layers are split evenly over the
+    pipeline's stages (or model chunks): the first one holds one layer fewer, none when each
+    holds one (Megatron Core's --account-for-embedding-in-pipeline-split; Llama 3 405B's
+    embedding-only first chunk). model.num_layers plus the counted ends must split evenly.
+    Not with set first/last stage layers (config/stages.py)."""
+    pipeline_loss_as_layer: bool = False
+    """Count the output layer and the loss as one transformer layer, as
+    pipeline_embedding_as_layer does the embedding: the last stage (or model chunk) holds one
+    layer fewer, none when each holds one (--account-for-loss-in-pipeline-split)."""
     pipeline_schedule: str = field(default=schedules.DEFAULT, metadata=registry(
         schedules.names, "config/schedules/"))
     """The pipeline schedule (pipeline_parallel_size > 1), a record of config/schedules: 1f1b is
