@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from megatron.planner import validation as v  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
+from megatron.planner.layout import layout_ends  # noqa: E402
 from megatron.planner.timing import step_time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,8 +37,16 @@ def _layout(c: v.Case) -> str:
         extra.append("flash")
     if lay.interleave > 1:
         extra.append(f"interleaved v{lay.interleave}")
-    if lay.uneven:
+    if lay.counted:
+        first, last = layout_ends(c.job.model.num_layers, lay)
+        ends = [name for name, on in (("embedding", lay.embedding_as_layer),
+                                      ("head", lay.loss_as_layer)) if on]
+        extra.append(f"{' and '.join(ends)} counted as a layer (first/last chunk {first}/{last} "
+                     "layers)")
+    elif lay.uneven:
         extra.append(f"first/last {lay.first_stage_layers}/{lay.last_stage_layers} layers")
+    if c.job.grad_dtype:
+        extra.append(f"{c.job.grad_dtype} gradient reduction")
     cp = f" CP{lay.cp} {lay.cp_label()}" if lay.cp > 1 else ""
     return (f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp}, mb {lay.micro_batch}, "
             f"gb {c.job.global_batch}, ZeRO-{lay.zero}, {' '.join(extra)}")

@@ -166,6 +166,15 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--last-stage-layers", type=int, metavar="N",
                    help="transformer layers on the last stage (--decoder-last-pipeline-num-"
                         "layers, parallel.pipeline_last_stage_layers)")
+    g.add_argument("--embedding-as-layer", action="store_true", default=None,
+                   help="count the embedding as one transformer layer in the even split over "
+                        "the stages (or model chunks): the first holds one layer fewer, none "
+                        "when each holds one (Megatron Core's --account-for-embedding-in-"
+                        "pipeline-split, parallel.pipeline_embedding_as_layer)")
+    g.add_argument("--loss-as-layer", action="store_true", default=None,
+                   help="count the output layer and loss as one transformer layer likewise: "
+                        "the last stage or chunk holds one fewer (--account-for-loss-in-"
+                        "pipeline-split, parallel.pipeline_loss_as_layer)")
     g.add_argument("--interleave", type=int, metavar="V",
                    help="V model chunks per stage (parallel.virtual_pipeline_size): "
                         "Megatron-LM's interleaved 1F1B (this trainer's interleaved "

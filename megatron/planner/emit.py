@@ -31,9 +31,13 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
             f"{lay.cp} {lay.cp_label()}"
         # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage;
         # "4 ends -,9": the first as the middle ones, 9 on the last)
+        # ("16 ends emb,loss": the embedding and the head each counted as a layer)
         ends = (lay.first_stage_layers if lay.first_stage_layers == lay.last_stage_layers else
                 ",".join("-" if v is None else str(v)
                          for v in (lay.first_stage_layers, lay.last_stage_layers)))
+        if lay.counted:
+            ends = ",".join(("emb" if lay.embedding_as_layer else "-",
+                             "loss" if lay.loss_as_layer else "-"))
         pp = f"{lay.pp} ends {ends}" if lay.uneven else str(lay.pp)
         rows.append([str(i), str(lay.tp), pp, dp, cp,
                      str(lay.micro_batch),
@@ -73,7 +77,9 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                            expert_parallel_size=lay.ep, context_parallel_algo=lay.cp_algo,
                            ulysses_degree=lay.ulysses_degree,
                            pipeline_first_stage_layers=lay.first_stage_layers or 0,
-                           pipeline_last_stage_layers=lay.last_stage_layers or 0)
+                           pipeline_last_stage_layers=lay.last_stage_layers or 0,
+                           pipeline_embedding_as_layer=lay.embedding_as_layer,
+                           pipeline_loss_as_layer=lay.loss_as_layer)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:

@@ -12,6 +12,7 @@ from megatron.config.errors import ConfigError, InputError
 from megatron.config.schedules import DEFAULT, names, with_runner
 from megatron.planner.grad_dtype import grad_dtype_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
+from megatron.config.stages import set_or_none
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
 
@@ -19,7 +20,8 @@ from megatron.planner.search import SearchSpace
 LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "none",
                    "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1,
                    "first_stage_layers": None, "last_stage_layers": None, "ep": 1,
-                   "cp_algo": "ulysses", "ulysses_degree": 0}
+                   "cp_algo": "ulysses", "ulysses_degree": 0, "embedding_as_layer": False,
+                   "loss_as_layer": False}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -65,7 +67,8 @@ def with_grad_dtype(job: Job, grad_dtype: Optional[str]) -> Job:
 def config_layout(cfg: Config) -> Dict[str, object]:
     """The layout values a training config sets (an attention core whose record keeps the s x s
     scores is priced as the math path, any other as flash; parallel.pipeline_schedule is the
-    schedule)."""
+    schedule, virtual_pipeline_size the chunks per stage, and the set or counted end stages
+    their layers)."""
     p, t = cfg.parallel, cfg.training
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
@@ -74,7 +77,11 @@ def config_layout(cfg: Config) -> Dict[str, object]:
             "sp": p.sequence_parallel,
             "schedule": p.pipeline_schedule, "cp": p.context_parallel_size,
             "ep": p.expert_parallel_size, "cp_algo": p.context_parallel_algo,
-            "ulysses_degree": p.ulysses_degree}
+            "ulysses_degree": p.ulysses_degree, "interleave": p.virtual_pipeline_size,
+            "first_stage_layers": set_or_none(p.pipeline_first_stage_layers),
+            "last_stage_layers": set_or_none(p.pipeline_last_stage_layers),
+            "embedding_as_layer": p.pipeline_embedding_as_layer,
+            "loss_as_layer": p.pipeline_loss_as_layer}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -110,7 +117,9 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
                  values["schedule"], cp, values.get("first_stage_layers"),
                  values.get("last_stage_layers"), values.get("ep", 1),
-                 values.get("cp_algo", "ulysses"), values.get("ulysses_degree", 0))
+                 values.get("cp_algo", "ulysses"), values.get("ulysses_degree", 0),
+                 embedding_as_layer=bool(values.get("embedding_as_layer")),
+                 loss_as_layer=bool(values.get("loss_as_layer")))
     check_layout(job, lay)
     return lay
 

@@ -9,7 +9,8 @@ from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunk_rule, micro_batch_rule
 from megatron.config.schedules import Pipe
-from megatron.config.stages import even_stage_layers, rank_layers
+from megatron.config.stages import (accounted_ends, accounted_problem, even_stage_layers,
+                                    rank_layers)
 from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import experts_error, layout_error, schedule_error
@@ -73,6 +74,11 @@ class Layout:
     # gathered), hybrid (Ulysses inside groups of ulysses_degree ranks x ring across them).
     cp_algo: str = context_parallel.DEFAULT
     ulysses_degree: int = 0
+    # parallel.pipeline_embedding_as_layer / pipeline_loss_as_layer (config/stages.py): the
+    # embedding, the output layer and loss each take one layer's place in the even split, so
+    # their chunks hold one layer fewer, none when each chunk holds one (Llama 3 405B)
+    embedding_as_layer: bool = False
+    loss_as_layer: bool = False
 
     @property
     def cp_parts(self) -> Tuple[int, int]:
@@ -82,8 +88,14 @@ class Layout:
         return context_parallel.degrees(self.cp_algo, self.cp, self.ulysses_degree)
 
     @property
+    def counted(self) -> int:
+        """The ends counted as a layer: 0, 1 or 2."""
+        return int(self.embedding_as_layer) + int(self.loss_as_layer)
+
+    @property
     def uneven(self) -> bool:
-        return self.first_stage_layers is not None or self.last_stage_layers is not None
+        return (self.first_stage_layers is not None or self.last_stage_layers is not None
+                or self.counted > 0)
 
     @property
     def world(self) -> int:
@@ -118,6 +130,8 @@ class Layout:
                 f"{f'-cp{self.cp}' if self.cp > 1 else ''}"
                 f"{f'-first{self.first_stage_layers}' if self.first_stage_layers else ''}"
                 f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}"
+                f"{'-embl' if self.embedding_as_layer else ''}"
+                f"{'-lossl' if self.loss_as_layer else ''}"
                 f"{f'-ep{self.ep}' if self.ep > 1 else ''}"
                 f"{f'-{self.cp_label()}' if self.cp > 1 and self.cp_algo != 'ulysses' else ''}")
 
@@ -143,7 +157,7 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
     error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
                          cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
-                         ulysses_degree=lay.ulysses_degree)
+                         ulysses_degree=lay.ulysses_degree, counted=lay.counted)
     if error is not None:
         return str(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
@@ -209,21 +223,36 @@ def stage_layers(num_layers: int, pp: int) -> List[int]:
 
 
 def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
-    """The trainer's rule for set first/last stage layer counts (config/stages.py)."""
+    """The trainer's rule for set first/last stage layer counts, or for the ends counted as a
+    layer, not both (config/stages.py, config/validate.stages_error)."""
+    if lay.counted:
+        if lay.first_stage_layers is not None or lay.last_stage_layers is not None:
+            return "set first/last stage layers beside the ends counted as a layer"
+        return accounted_problem(num_layers, lay.pp, lay.interleave, lay.embedding_as_layer,
+                                 lay.loss_as_layer)
     return stages_uneven_problem(num_layers, lay.pp, lay.first_stage_layers,
                                  lay.last_stage_layers, lay.interleave)
 
 
+def layout_ends(num_layers: int, lay: Layout) -> Tuple[Optional[int], Optional[int]]:
+    """(first, last) model-chunk layer counts of `lay`: the set ones, else those of the ends
+    counted as a layer (config/stages.accounted_ends; 0 where a chunk holds an end alone)."""
+    if lay.counted:
+        return accounted_ends(num_layers, lay.pp * lay.interleave, lay.embedding_as_layer,
+                              lay.loss_as_layer)
+    return lay.first_stage_layers, lay.last_stage_layers
+
+
 def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
-    """Transformer layers per stage of `lay` (config/stages.py); with set first/last counts and
-    model chunks, each rank's chunks summed, placed as the trainer places them (a V under ZB-V,
-    else interleaved 1F1B's loop). An approximation for those: the closed forms price a rank's
-    chunks as equal."""
+    """Transformer layers per stage of `lay` (config/stages.py); with set first/last counts (or
+    the ends counted as a layer) and model chunks, each rank's chunks summed, placed as the
+    trainer places them (a V under ZB-V, else interleaved 1F1B's loop). An approximation for
+    those: the closed forms price a rank's chunks as equal."""
+    first, last = layout_ends(num_layers, lay)
     if lay.interleave > 1 and lay.uneven:
         return rank_layers(num_layers, lay.pp, lay.interleave,
-                           schedules.get(lay.schedule).head_on_first, lay.first_stage_layers,
-                           lay.last_stage_layers)
-    return config_stage_layers(num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+                           schedules.get(lay.schedule).head_on_first, first, last)
+    return config_stage_layers(num_layers, lay.pp, first, last)
 
 
 def check_layout(job: Job, lay: Layout) -> None:

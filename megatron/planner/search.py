@@ -8,6 +8,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from megatron.config import schedules
 from megatron.config.errors import InputError
+from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.profile import Profile
@@ -112,6 +113,8 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
         pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
                            (space.uneven_pp or job.model.num_layers % p == 0 or
                             any(end_splits(job.model.num_layers, p * v, space.lighter_ends)
+                                or counted_splits(job.model.num_layers, p, v,
+                                                  space.lighter_ends)
                                 for v in space.interleave))]
         for pp in pps:
             if (world // tp) % pp:
@@ -148,16 +151,39 @@ def end_splits(num_layers: int, chunks: int, lighter: Sequence[int]) -> List[End
     return out
 
 
-def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Ends]:
-    """First/last chunk layer counts to try ((None, None): the even split, where the layers
-    allow it, the engine splits them itself, space.uneven_pp, or the stage counts were given)."""
+def counted_splits(num_layers: int, pp: int, chunks: int, lighter: Sequence[int]
+                   ) -> List[Tuple[bool, bool]]:
+    """(embedding, loss) counted as a layer (config/stages.accounted_ends) where that leaves an
+    end chunk with no layer, which set counts cannot say (end_splits keeps a layer in each):
+    with 1 among the `lighter` values, every split of one layer a chunk the trainer runs."""
+    if 1 not in lighter or pp < 2:
+        return []
+    out = []
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        if (num_layers + emb + loss == pp * chunks
+                and not accounted_problem(num_layers, pp, chunks, emb, loss)):
+            out.append((emb, loss))
+    return out
+
+
+Split = Tuple[Optional[int], Optional[int], bool, bool]
+
+
+def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Split]:
+    """(first, last, embedding counted, loss counted) to try: (None, None, False, False) is the
+    even split, where the layers allow it, the engine splits them itself, space.uneven_pp, or
+    the stage counts were given; then the set end counts (end_splits) and the ends counted as
+    a layer where that empties an end chunk (counted_splits)."""
     if pp == 1:
-        return [(None, None)]
-    out: List[Ends] = []
+        return [(None, None, False, False)]
+    out: List[Split] = []
     if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp or
                                     space.pp is not None):
-        out.append((None, None))
-    return out + end_splits(job.model.num_layers, pp * v, space.lighter_ends)
+        out.append((None, None, False, False))
+    out += [(first, last, False, False)
+            for first, last in end_splits(job.model.num_layers, pp * v, space.lighter_ends)]
+    return out + [(None, None, emb, loss) for emb, loss in
+                  counted_splits(job.model.num_layers, pp, v, space.lighter_ends)]
 
 
 def _cp_degrees(job: Job, tp: int, rest: int, space: SearchSpace) -> List[int]:
@@ -231,6 +257,8 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                         yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
                                                      schedule, cp=cp, first_stage_layers=ends[0],
                                                      last_stage_layers=ends[1], ep=ep,
+                                                     embedding_as_layer=ends[2],
+                                                     loss_as_layer=ends[3],
                                                      cp_algo=algo, ulysses_degree=u)
 
 

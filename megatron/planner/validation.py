@@ -125,7 +125,9 @@ def _case(raw: Dict, defaults: Dict) -> Case:
                  schedule=v.get("schedule", Layout.schedule),
                  cp_algo=v.get("cp_algo", Layout.cp_algo),
                  first_stage_layers=v.get("first_stage_layers"),
-                 last_stage_layers=v.get("last_stage_layers"))
+                 last_stage_layers=v.get("last_stage_layers"),
+                 embedding_as_layer=v.get("embedding_as_layer", False),
+                 loss_as_layer=v.get("loss_as_layer", False))
     if lay.world != v["gpus"]:
         raise InputError(f"published case {v['id']}: {v['gpus']} devices is not "
                          "TP x CP x PP x DP")

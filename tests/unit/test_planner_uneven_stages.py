@@ -106,3 +106,77 @@ def test_with_model_chunks_each_rank_prices_the_sum_of_its_chunks():
     assert [s.params for s in stages] == [stage_params(M, 8, 8, i, counts=counts).total
                                           for i in range(8)]
     assert step_time(JOB, lay, load_profile("frontier")).step_s > 0
+
+
+def test_ends_counted_as_a_layer_empty_the_end_chunks_and_are_priced_as_their_sums():
+    """Llama 3 405B's split (Layout.embedding_as_layer, loss_as_layer; the trainer's
+    parallel.pipeline_embedding_as_layer / pipeline_loss_as_layer): 126 layers + the two ends
+    = 16 stages x 8 one-layer chunks, chunk 0 the embedding alone, chunk 127 the head alone.
+    Rank 0 holds chunks 0, 16, ..., 112 (7 layers and the embedding), rank 15 chunks 15, ...,
+    127 (7 layers and the head), the others 8; the step prices those sums as set counts of 7
+    at both ends would, with 8 chunks' fill and drain."""
+    llama = Job(dataclasses.replace(M, num_layers=126), 2048, "bf16")
+    lay = Layout(8, 16, 64, 1, 32, interleave=8, schedule="interleaved",
+                 embedding_as_layer=True, loss_as_layer=True)
+    assert layout_problem(llama, lay) is None
+    assert layout_stage_layers(126, lay) == [7] + [8] * 14 + [7]
+    assert lay.key().endswith("-v8-interleaved-embl-lossl") and lay.uneven
+    prof = load_profile("h100")
+    x, th = _Ctx(llama, lay, prof), theta(prof.constants)
+    per = [stage_features(x, n, i == 0, i == 15) for i, n in enumerate([7] + [8] * 14 + [7])]
+    slowest = max(range(16), key=lambda i: dot(th, per[i]))
+    # interleaved 1F1B over 8 chunks: (m - 1) x the slowest + the sum over the stages, the fill
+    # and drain a chunk (1/8 of a stage) each
+    got = step_time(llama, lay, prof)
+    assert slowest in range(1, 15)  # an 8-layer middle stage
+    assert got.bubble == pytest.approx(15 / (8 * 32 + 15))
+    assert got.pipeline_s == pytest.approx(
+        dot(th, 32 * per[slowest] + (np.sum(per, axis=0) - per[slowest]) / 8), rel=1e-12)
+    # a split the rule refuses: 127 over 128 chunks; beside set counts
+    assert "do not split evenly" in layout_problem(llama, dataclasses.replace(lay,
+                                                                               loss_as_layer=False))
+    assert "beside" in layout_problem(llama, dataclasses.replace(lay, first_stage_layers=1))
+
+
+def test_counted_ends_go_from_a_config_to_the_planner_and_back():
+    """A config's counted ends and chunks reach `megatron-plan memory --config` (config_layout
+    read neither virtual_pipeline_size nor the set end counts before), and a planned layout is
+    written with them as a config the trainer accepts."""
+    from megatron.config import Config, load_config
+    from megatron.config.validate import pipeline_stage_layers
+    from megatron.planner.emit import layout_config
+    from megatron.planner.jobs import config_layout
+    from tests.support.paths import TINY
+    cfg = load_config(TINY, ["parallel.pipeline_parallel_size=2", "model.num_layers=2",
+                             "parallel.pipeline_schedule=interleaved",
+                             "parallel.virtual_pipeline_size=2",
+                             "parallel.pipeline_embedding_as_layer=true",
+                             "parallel.pipeline_loss_as_layer=true"])
+    got = config_layout(cfg)
+    assert (got["interleave"], got["embedding_as_layer"], got["loss_as_layer"]) == (2, True, True)
+    assert (got["first_stage_layers"], got["last_stage_layers"]) == (None, None)
+    job = Job(preset_model("175b"), 1288)  # 96 layers + the 2 ends = 7 stages x 2 chunks x 7
+    lay = Layout(8, 7, 2, 1, 644, interleave=2, schedule="interleaved", embedding_as_layer=True,
+                 loss_as_layer=True)
+    assert layout_problem(job, lay) is None
+    out = layout_config(Config(), job, lay)
+    assert (out.parallel.pipeline_embedding_as_layer, out.parallel.pipeline_loss_as_layer) == \
+        (True, True)
+    assert pipeline_stage_layers(out) == [6] + [7] * 12 + [6]
+
+
+def test_search_offers_the_counted_ends_where_they_empty_an_end_chunk():
+    """With 1 among --lighter-ends, search tries the ends counted as a layer where that leaves
+    an end chunk with no layer (set counts keep one in each; end_splits covers the rest), and
+    not an embedding-only stage under DeepSpeed's engine, which the trainer refuses."""
+    from megatron.planner.search import SearchSpace, counted_splits, search
+    assert counted_splits(126, 16, 8, (0, 1)) == [(True, True)]
+    assert counted_splits(126, 16, 8, (0,)) == []
+    assert counted_splits(1, 2, 1, (0, 1)) == [(False, True)]
+    llama = Job(dataclasses.replace(M, num_layers=126), 2048, "bf16")
+    prof = load_profile("h200")  # 141 GB: the 405B fits without recompute
+    space = SearchSpace(tp=(8,), pp=(16,), micro_batch=(1,), zero=(1,), recompute=("none",),
+                        sequence_parallel=(True,), interleave=(4, 8), lighter_ends=(0, 1))
+    keys = [c.layout.key() for c in search(llama, 1024, prof, space).ranked]
+    assert any(k.endswith("-v8-embl-lossl") for k in keys), keys
+    assert not any("-v8" in k and "embl" not in k for k in keys), keys  # 126 % 128: none else
