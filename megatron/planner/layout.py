@@ -13,7 +13,8 @@ from megatron.config.stages import (accounted_ends, accounted_problem, even_stag
                                     rank_layers)
 from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
-from megatron.config.validate import experts_error, layout_error, schedule_error
+from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
+                                      schedule_error)
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -170,9 +171,13 @@ def layout_problem(job: Job, lay: Layout) -> Optional[str]:
 
 
 def expert_problem(job: Job, lay: Layout) -> Optional[str]:
-    """The trainer's own rule (config/validate.experts_error) for a layout's experts."""
+    """The trainer's own rules (config/validate.experts_error, expert_stages_error) for a
+    layout's experts: with them split over ranks, a MoE layer on every pipeline stage."""
     error = experts_error(job.model, lay.tp, lay.cp, lay.tp * lay.dp * lay.cp, lay.ep, lay.zero,
                           job.precision, lay.sequence_parallel)
+    if error is None and lay.pp > 1 and lay.interleave == 1:
+        error = expert_stages_error(job.model, lay.tp, lay.ep,
+                                    layout_stage_layers(job.model.num_layers, lay))
     return None if error is None else str(error)
 
 

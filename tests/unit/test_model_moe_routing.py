@@ -170,6 +170,16 @@ def test_grouped_gemm_backward_equals_the_loop(flavour):
      2, "parallel.zero_stage"),
     # without sequence parallelism each TP rank routes 1/t of the sequence
     (MOE + ["parallel.tensor_parallel_size=2", "model.seq_length=65"], 2, "model.seq_length"),
+    # experts split over ranks and a pipeline stage without a MoE layer: its optimizer holds no
+    # expert group where the other stage does, and DeepSpeed's ZeRO norm hung (measured)
+    (MOE + ["model.moe.layer_freq=4", "parallel.pipeline_parallel_size=2",
+            "parallel.expert_parallel_size=2"], 4, "model.moe.layer_freq"),
+    (MOE + ["parallel.pipeline_parallel_size=2", "parallel.tensor_parallel_size=2",
+            "parallel.pipeline_loss_as_layer=true", "model.num_layers=1"], 4,
+     "model.moe.layer_freq"),  # a last stage of the head alone
+    (MOE + ["model.moe.layer_freq=2", "parallel.pipeline_parallel_size=2",
+            "parallel.expert_parallel_size=2", "parallel.pipeline_partition_method=parameters"],
+     4, "parallel.pipeline_partition_method"),
 ])
 def test_config_refusals_name_their_fields(overrides, world, field):
     """Every layout experts cannot run is one message naming the field."""

@@ -82,7 +82,11 @@ def test_the_all_to_all_and_the_active_experts_gemms():
 @pytest.mark.parametrize("kw,needle", [(dict(dp=4, grad_accum=16, ep=8),
                                         "a divisor of the 4 ranks of a pipeline stage"),
                                        (dict(ep=2, zero=3), "ZeRO-3 refuses expert"),
-                                       (dict(ep=2, zero=0), "ZeRO-0's 16-bit optimizers")])
+                                       (dict(ep=2, zero=0), "ZeRO-0's 16-bit optimizers"),
+                                       # MoE every 2nd of 24 layers on 24 stages with EP 2:
+                                       # odd stages hold no MoE layer (the ZeRO norm hangs)
+                                       (dict(dp=1, pp=24, grad_accum=64, ep=1, tp=8),
+                                        "stage 1 holds layers 1-1, none of them MoE")])
 def test_layouts_the_trainer_refuses_with_experts(kw, needle):
     assert needle in layout_problem(JOB, dataclasses.replace(_lay(1), **kw))
 
