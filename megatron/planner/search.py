@@ -227,11 +227,15 @@ def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
 def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
     """(schedule, chunks per stage) pairs to try: one stage runs the default, plainly; else
     the space's schedules, each with the chunk counts its record's rule accepts (zbh1 with CP
-    or interleaved is refused, as the trainer and Megatron-LM refuse them)."""
+    or interleaved is refused, as the trainer and Megatron-LM refuse them), a chunked 1f1b
+    not beside the interleaved schedule it runs as."""
     if pp == 1:
         return [(schedules.DEFAULT, 1)]
+    # a record whose chunked form the space also names runs as that one with chunks (1f1b
+    # with v > 1 is the interleaved schedule, layout.run_as): listed once, under that name
     return [(name, v) for name in space.schedules for v in space.interleave
-            if v >= 1 and not schedules.get(name).rule(pp, cp, v)]
+            if v >= 1 and not schedules.get(name).rule(pp, cp, v)
+            and not (v > 1 and schedules.get(name).chunked in space.schedules)]
 
 
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,

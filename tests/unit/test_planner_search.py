@@ -9,7 +9,7 @@ from megatron.config import load_config, schedules, validate_for_world
 from megatron.config.errors import InputError
 from megatron.launch import frontier_env
 from megatron.planner import emit
-from megatron.planner.layout import Job, Layout, layout_problem
+from megatron.planner.layout import Job, Layout, layout_problem, run_as
 from megatron.planner.models import preset_model
 from megatron.planner.profile import load_profile
 from megatron.planner.search import SearchSpace, enumerate_layouts, search
@@ -124,6 +124,12 @@ def test_search_proposes_the_interleaved_schedule_where_it_wins_within_memory(tm
     plain = search(job, 16, prof, base)
     mixed = search(job, 16, prof, dataclasses.replace(base, interleave=(1, 2, 3, 4, 6)))
     assert all(c.layout.interleave == 1 for c in plain.ranked)
+    # a chunked layout is listed once, under the schedule the trainer runs it as (1f1b with
+    # chunks is the interleaved schedule: layout.run_as), not twice with the same figures
+    chunked = [c.layout for c in mixed.ranked if c.layout.interleave > 1]
+    assert chunked and all(lay.schedule in ("interleaved", "zbv") for lay in chunked)
+    assert len({dataclasses.replace(lay, schedule=run_as(lay)) for lay in chunked}) == \
+        len(chunked)
     best = mixed.best
     assert best.layout.interleave > 1 and best.fits
     assert best.time.step_s < plain.best.time.step_s
