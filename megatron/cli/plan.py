@@ -121,8 +121,10 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
                         "from the other (parallel.pipeline_first/last_stage_layers; Llama 3 "
                         "405B's 126 layers on 16 stages as 7, 8 x 14, 7 is 1 at both ends; a "
                         "large vocabulary's logits may want the last alone lighter), e.g. "
-                        "0,1,2: proposed where it wins within memory; default 0 (the even "
-                        "split only)")
+                        "0,1,2: proposed where it wins within memory; with 1, also the "
+                        "embedding and head counted as a layer where that leaves an end chunk "
+                        "none (parallel.pipeline_embedding_as_layer, Llama 3 405B's 8 "
+                        "one-layer chunks a stage); default 0 (the even split only)")
     g.add_argument("--ep-values", default=ep_default,
                    help="expert-parallel sizes (parallel.expert_parallel_size) to try for a "
                         "mixture-of-experts model; auto: every divisor of num_experts that "
