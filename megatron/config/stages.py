@@ -100,6 +100,16 @@ def accounted_ends(num_layers: int, chunks: int, embedding: bool, loss: bool
     return (per - 1 if embedding else None, per - 1 if loss else None)
 
 
+def chunk_ends(num_layers: int, chunks: int, first: Optional[int], last: Optional[int],
+               embedding: bool, loss: bool) -> Tuple[Optional[int], Optional[int]]:
+    """(first, last) model-chunk layer counts to split by: those of the ends counted as a layer
+    (accounted_ends) where either is counted, else the set ones (None: not set). The trainer's
+    config (validate.pipeline_stage_layers) and the planner's Layout read it alike."""
+    if embedding or loss:
+        return accounted_ends(num_layers, chunks, embedding, loss)
+    return first, last
+
+
 def accounted_problem(num_layers: int, pp: int, chunks: int, embedding: bool, loss: bool
                       ) -> Optional[str]:
     """Why the embedding/loss-as-a-layer split does not apply (one line), or None: it needs

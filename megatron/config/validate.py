@@ -8,7 +8,7 @@ from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error
 from megatron.config.moe import is_moe_layer
-from megatron.config.stages import (accounted_ends, accounted_problem, even_stage_layers,
+from megatron.config.stages import (accounted_problem, chunk_ends, even_stage_layers,
                                     set_or_none, stage_layers, uneven_problem)
 
 
@@ -233,14 +233,10 @@ def _set_counts(p):
 
 
 def _ends(cfg):
-    """(first, last) chunk layer counts the trainer splits by: the set ones, else those of the
-    embedding/loss counted as a layer (config/stages.accounted_ends), None where neither."""
+    """(first, last) chunk layer counts the trainer splits by (config/stages.chunk_ends)."""
     p = cfg.parallel
-    if p.pipeline_embedding_as_layer or p.pipeline_loss_as_layer:
-        return accounted_ends(cfg.model.num_layers,
-                              p.pipeline_parallel_size * p.virtual_pipeline_size,
-                              p.pipeline_embedding_as_layer, p.pipeline_loss_as_layer)
-    return _set_counts(p)
+    return chunk_ends(cfg.model.num_layers, p.pipeline_parallel_size * p.virtual_pipeline_size,
+                      *_set_counts(p), p.pipeline_embedding_as_layer, p.pipeline_loss_as_layer)
 
 
 def _accounted_error(cfg) -> Optional[ConfigError]:

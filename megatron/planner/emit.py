@@ -30,14 +30,16 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         cp = str(lay.cp) if lay.cp == 1 or lay.cp_algo == "ulysses" else \
             f"{lay.cp} {lay.cp_label()}"
         # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage;
-        # "4 ends -,9": the first as the middle ones, 9 on the last)
-        # ("16 ends emb,loss": the embedding and the head each counted as a layer)
-        ends = (lay.first_stage_layers if lay.first_stage_layers == lay.last_stage_layers else
-                ",".join("-" if v is None else str(v)
-                         for v in (lay.first_stage_layers, lay.last_stage_layers)))
+        # "4 ends -,9": the first as the middle ones, 9 on the last), or the ends counted as
+        # a layer ("16 ends emb,loss")
         if lay.counted:
             ends = ",".join(("emb" if lay.embedding_as_layer else "-",
                              "loss" if lay.loss_as_layer else "-"))
+        elif lay.first_stage_layers == lay.last_stage_layers:
+            ends = lay.first_stage_layers
+        else:
+            ends = ",".join("-" if v is None else str(v)
+                            for v in (lay.first_stage_layers, lay.last_stage_layers))
         pp = f"{lay.pp} ends {ends}" if lay.uneven else str(lay.pp)
         rows.append([str(i), str(lay.tp), pp, dp, cp,
                      str(lay.micro_batch),

@@ -10,9 +10,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.schedules import DEFAULT, names, with_runner
+from megatron.config.stages import set_or_none
 from megatron.planner.grad_dtype import grad_dtype_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
-from megatron.config.stages import set_or_none
 from megatron.planner.models import preset_model
 from megatron.planner.search import SearchSpace
 

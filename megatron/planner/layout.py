@@ -9,7 +9,7 @@ from megatron.config import ModelConfig, context_parallel, schedules
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunk_rule, micro_batch_rule
 from megatron.config.schedules import Pipe
-from megatron.config.stages import (accounted_ends, accounted_problem, even_stage_layers,
+from megatron.config.stages import (accounted_problem, chunk_ends, even_stage_layers,
                                     rank_layers)
 from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
@@ -242,10 +242,8 @@ def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
 def layout_ends(num_layers: int, lay: Layout) -> Tuple[Optional[int], Optional[int]]:
     """(first, last) model-chunk layer counts of `lay`: the set ones, else those of the ends
     counted as a layer (config/stages.accounted_ends; 0 where a chunk holds an end alone)."""
-    if lay.counted:
-        return accounted_ends(num_layers, lay.pp * lay.interleave, lay.embedding_as_layer,
-                              lay.loss_as_layer)
-    return lay.first_stage_layers, lay.last_stage_layers
+    return chunk_ends(num_layers, lay.pp * lay.interleave, lay.first_stage_layers,
+                      lay.last_stage_layers, lay.embedding_as_layer, lay.loss_as_layer)
 
 
 def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
