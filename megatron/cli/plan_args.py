@@ -38,9 +38,10 @@ def layout_overrides(args) -> dict:
     return {name: getattr(args, name, None) for name in _LAYOUT_FLAGS}
 
 
-def layout_from_args(args, job: Job, world: int, cfg: Optional[Config] = None) -> Layout:
+def layout_from_args(args, job: Job, world: int, cfg: Optional[Config] = None,
+                     framework: str = "deepspeed") -> Layout:
     values, _ = jobs.layout_values(layout_overrides(args), cfg)
-    return jobs.layout_for(job, world, values)
+    return jobs.layout_for(job, world, values, framework)
 
 
 def overridden_flags(args, cfg: Optional[Config]) -> List[str]:

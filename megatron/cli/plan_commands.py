@@ -51,7 +51,7 @@ def cmd_search(args) -> int:
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
-        print(_config_layout_rank(args, job, cfg, result))
+        print(_config_layout_rank(args, job, cfg, result, prof.spec.framework))
     best = _runnable_best(result, cfg, job)
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
@@ -99,11 +99,11 @@ def _layout_source(args, cfg: Optional[Config]) -> str:
     return note + (f"; {', '.join(overridden)} from the command line)" if overridden else ")")
 
 
-def _config_layout_rank(args, job: Job, cfg: Config, result) -> str:
+def _config_layout_rank(args, job: Job, cfg: Config, result, framework: str) -> str:
     """Where the layout the config sets stands among the ranked ones."""
     try:
         # search's own --flash/--sequence-parallel name spaces to search, not a layout
-        lay = layout_from_args(argparse.Namespace(), job, result.world, cfg)
+        lay = layout_from_args(argparse.Namespace(), job, result.world, cfg, framework)
     except ConfigError as e:
         return f"\nthe layout {args.config} sets is not valid on {result.world} devices: {e}"
     keys = [c.layout for c in result.ranked]
@@ -121,7 +121,8 @@ def cmd_memory(args) -> int:
     prof = profile_from_args(args, cfg)
     _check_nodes(args.nodes)
     cfg = None if preset else cfg
-    lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg)
+    lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg,
+                           prof.spec.framework)
     print(_describe(job, prof, args.nodes))
     print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
     if lay.pp > 1:
@@ -174,7 +175,8 @@ def cmd_scaling(args) -> int:
     if args.best:
         base = search(job, smallest, prof).best.layout
     else:
-        base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node, cfg)
+        base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node, cfg,
+                                prof.spec.framework)
     modes = ("weak", "strong") if args.mode == "both" else (args.mode,)
     points = [p for mode in modes for p in scaling.project(job, base, prof, nodes, mode)]
     print(_describe(job, prof, smallest))

@@ -97,9 +97,10 @@ def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: b
     return total
 
 
-def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str, te_cp: bool = False) -> float:
+def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str,
+                       flash_cp: bool = False) -> float:
     """Bytes one layer keeps per micro-batch in flight, under the layout's recompute policy.
-    te_cp: the key/value exchange runs in Transformer Engine's flash-based CP attention
+    flash_cp: the key/value exchange runs in Transformer Engine's flash-based CP attention
     (ring_explicit)."""
     if lay.recompute == "full":
         rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
@@ -108,20 +109,20 @@ def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str, te_cp: bool 
     keep_scores = not lay.flash and lay.recompute == "none" and not ring
     total = layer_full_bytes(m, lay, precision, keep_scores)
     if ring and lay.recompute == "none":
-        total += ring_explicit_kept_bytes(m, lay, precision) if ring_explicit(m, lay, te_cp) \
+        total += ring_explicit_kept_bytes(m, lay, precision) if ring_explicit(m, lay, flash_cp) \
             else ring_kept_bytes(m, lay, precision)
     return total
 
 
-def ring_explicit(m: ModelConfig, lay: Layout, te_cp: bool = False) -> bool:
+def ring_explicit(m: ModelConfig, lay: Layout, flash_cp: bool = False) -> bool:
     """Whether the key/value exchange keeps only what an explicit backward needs (the
     log-sum-exp and the merged output, not every block pair's scores): in this trainer
     (model/context_attention.py) the ring and hybrid algorithms without attention dropout,
     while allgather and dropout take autograd's form; under Transformer Engine's CP attention
-    (te_cp: framework megatron-core, whose flash kernels run every block) every algorithm."""
+    (flash_cp: framework megatron-core, whose flash kernels run every block) every algorithm."""
     if lay.cp_parts[1] <= 1:
         return False
-    return te_cp or (lay.cp_algo in ("ring", "hybrid") and not m.attention_dropout)
+    return flash_cp or (lay.cp_algo in ("ring", "hybrid") and not m.attention_dropout)
 
 
 def ring_explicit_kept_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
@@ -195,13 +196,13 @@ def head_weight_grad_bytes(m: ModelConfig, lay: Layout, padded_vocab: int,
 
 
 def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str,
-                        te_cp: bool = False) -> float:
+                        flash_cp: bool = False) -> float:
     """Transient bytes while one layer runs backward: its rebuilt activations under full
     recompute (the math path's scores included) plus the activation gradients in flight."""
     e, sb = act_bytes(precision), local_tokens(m, lay)
     width = max(m.hidden_size, fc1_factor(m) * m.ffn_hidden_size // lay.tp)
     grads = 2 * sb * width * e
-    if ring_explicit(m, lay, te_cp):
+    if ring_explicit(m, lay, flash_cp):
         grads += ring_explicit_working_bytes(m, lay, precision)
     elif lay.recompute != "none" and lay.cp_parts[1] > 1:
         # the recomputed attention's ring blocks and scores, one layer's

@@ -81,7 +81,8 @@ def bayes_search(job: Job, prof: Profile, runner, store: TrialStore, budget: int
         asks += 1
         trial = study.ask(dists)
         lay = _layout_of(trial.params, job, world)
-        if lay is None or layout_problem(job, lay) or not evaluate(job, lay, prof, space, False).fits:
+        if (lay is None or layout_problem(job, lay, prof.spec.framework)
+                or not evaluate(job, lay, prof, space, False).fits):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
         rec = done.get(lay.key())

@@ -101,7 +101,8 @@ def layout_values(overrides: Dict[str, object],
     return values, replaced
 
 
-def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
+def layout_for(job: Job, world: int, values: Dict[str, object],
+               framework: str = "deepspeed") -> Layout:
     """The Layout of `values` (layout_values) on `world` devices, checked as the trainer would
     (the interleaved schedule only by Megatron-LM's rules: the trainer cannot run it)."""
     tp, pp, mb, cp = values["tp"], values["pp"], values["micro_batch"], values.get("cp", 1)
@@ -120,7 +121,7 @@ def layout_for(job: Job, world: int, values: Dict[str, object]) -> Layout:
                  values.get("cp_algo", "ulysses"), values.get("ulysses_degree", 0),
                  embedding_as_layer=bool(values.get("embedding_as_layer")),
                  loss_as_layer=bool(values.get("loss_as_layer")))
-    check_layout(job, lay)
+    check_layout(job, lay, framework)
     return lay
 
 

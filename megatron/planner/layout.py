@@ -15,6 +15,7 @@ from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
                                       schedule_error)
+from megatron.planner.overlap import DEEPSPEED
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -149,14 +150,18 @@ class Layout:
         return cls(**{k: v for k, v in raw.items() if k in names})
 
 
-def layout_problem(job: Job, lay: Layout) -> Optional[str]:
+def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optional[str]:
     """Why the trainer would refuse this layout, or None: the trainer's own rules
     (megatron/config/validate.py, layout_error) plus what a Layout adds (its batch split,
-    recompute name, the interleaved schedule's divisibility)."""
+    recompute name, the interleaved schedule's divisibility). framework: the engine priced
+    (overlap.FRAMEWORKS); DeepSpeed's own ZeRO limits (ZeRO-0/1 under its pipeline engine,
+    no ZeRO-3 with split experts) bind only the DeepSpeed engines: FSDP keeps ZeRO-2/3 under
+    a pipeline."""
     m = job.model
     if lay.global_batch != job.global_batch:
         return f"micro-batch x accumulation x DP = {lay.global_batch} != global batch"
-    error = layout_error(m, lay.tp, lay.pp, lay.zero, lay.sequence_parallel, job.deepspeed,
+    zero = lay.zero if framework in DEEPSPEED else min(lay.zero, 1)
+    error = layout_error(m, lay.tp, lay.pp, zero, lay.sequence_parallel, job.deepspeed,
                          cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
                          ulysses_degree=lay.ulysses_degree, counted=lay.counted)
     if error is not None:
@@ -258,8 +263,8 @@ def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
     return config_stage_layers(num_layers, lay.pp, first, last)
 
 
-def check_layout(job: Job, lay: Layout) -> None:
-    problem = layout_problem(job, lay)
+def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:
+    problem = layout_problem(job, lay, framework)
     if problem:
         raise ConfigError("layout", lay.key(), f"a layout the trainer accepts ({problem})",
                           "pick another tensor/pipeline/micro-batch combination")

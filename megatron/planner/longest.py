@@ -41,7 +41,7 @@ def fitting(job: Job, nodes: int, prof: Profile, space: SearchSpace,
     out = []
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
                                  prof.spec.framework):
-        if layout_problem(job, lay):
+        if layout_problem(job, lay, prof.spec.framework):
             continue
         cand = evaluate(job, lay, prof, space, with_time=False)
         if cand.fits:

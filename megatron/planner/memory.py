@@ -111,17 +111,14 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
 
 
 def engine_problem(framework: str, zero: int, pp: int) -> Optional[str]:
-    """Why the engine `framework` cannot run this ZeRO stage and pipeline size (one line naming
-    the flag and the fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed
-    optimizer); FSDP shards at ZeRO-2 or 3 and, as llm-foundry runs it, has no pipeline;
-    DeepSpeed runs all four."""
+    """Why the engine `framework` cannot run this ZeRO stage (one line naming the flag and the
+    fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed optimizer); FSDP
+    shards at ZeRO-2 or 3, with or without a pipeline (pp: kept for the callers' one
+    signature); DeepSpeed runs all four."""
     if framework in MEGATRON and zero > 1:
         return (f"--zero {zero} under framework {framework}: Megatron-LM has no "
                 "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
                 "(--use-distributed-optimizer): pick --zero 0 or 1")
-    if framework == "fsdp" and pp > 1:
-        return (f"--pp {pp} under framework fsdp: FSDP as priced here (llm-foundry's) has no "
-                "pipeline: pick --pp 1")
     if framework == "fsdp" and zero < 2:
         return (f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or "
                 "ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")
@@ -198,8 +195,8 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
                        framework: str = "deepspeed"):
     m, prec = job.model, job.precision
     schedule = schedules.get(lay.schedule)
-    te_cp = OVERLAP[framework].te_cp  # Megatron Core's CP attention keeps no block scores
-    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, te_cp)
+    flash_cp = OVERLAP[framework].flash_cp  # Megatron Core's CP attention keeps no block scores
+    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, flash_cp)
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last:
@@ -211,7 +208,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     if moe_layers:
         per_mb += moe_layers * experts.stored_delta(m, lay, prec)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
-    working = act.layer_working_bytes(m, lay, prec, te_cp) if sp.layers else 0.0
+    working = act.layer_working_bytes(m, lay, prec, flash_cp) if sp.layers else 0.0
     if moe_layers:
         working += experts.working_delta(m, lay, prec)
     if last:

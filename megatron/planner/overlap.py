@@ -26,12 +26,19 @@
   Engine's userbuffers), which needs TP >= 2 and sequence parallelism; pipeline sends overlap
   compute (overlap_p2p_comm) only with the interleaved schedule, else they are batched and
   exposed. Its context-parallel attention is Transformer Engine's, flash-based for every
-  algorithm (te_cp: memory.py keeps no block pair's scores).
-- fsdp (PyTorch FSDP as llm-foundry runs its MPT benchmarks, FULL_SHARD or SHARD_GRAD_OP,
-  forward and backward prefetch, limit_all_gathers): the gradient reduce-scatter runs per
+  algorithm (flash_cp: memory.py keeps no block pair's scores).
+- fsdp (PyTorch FSDP, FULL_SHARD or SHARD_GRAD_OP, forward and backward prefetch,
+  limit_all_gathers: as llm-foundry runs its MPT benchmarks, and composed with tensor and
+  pipeline parallelism as Meta's Llama 3 stack ran it): the gradient reduce-scatter runs per
   wrapped block under the backward and the weight all-gathers are prefetched, like
-  megatron-core's chunks; no TP or pipeline of its own. Its memory differs from DeepSpeed's
-  ZeRO-3 (memory.fsdp_state_bytes)."""
+  megatron-core's chunks; SHARD_GRAD_OP keeps the gradients sharded, so with gradient
+  accumulation it reduce-scatters every micro-batch (the planner's ZeRO-2). Its TP collectives
+  are synchronous (no userbuffers); its pipeline sends are asynchronous (torch's batched
+  isend/irecv; Llama 3: "we adopt asynchronous point-to-point communication in PP"), priced
+  hidden under the interleaved schedule as megatron-core's; its context-parallel attention is
+  flash-based (PyTorch's context_parallel runs SDPA's flash kernels per block; Llama 3's
+  all-gather CP runs flash on the gathered keys and values). Its memory differs from
+  DeepSpeed's ZeRO-3 (memory.fsdp_state_bytes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +54,8 @@ class Overlap:
     pipe_send: bool      # pipeline sends under compute (interleaved schedule only)
     tp_wgrad: bool = False  # the backward's column-parallel TP collectives under their
     #                         weight-gradient GEMMs (Megatron-LM's async all-reduce)
-    te_cp: bool = False     # context parallelism in Transformer Engine's flash-based attention:
-    #                         no block pair's scores kept (activations.ring_explicit)
+    flash_cp: bool = False  # context-parallel attention in flash kernels (Transformer Engine's,
+    #                         PyTorch's): no block pair's scores kept (activations.ring_explicit)
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -61,10 +68,11 @@ OVERLAP: Dict[str, Overlap] = {
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                                 pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
-                             pipe_send=True, tp_wgrad=True, te_cp=True),
+                             pipe_send=True, tp_wgrad=True, flash_cp=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
-    "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=False),
+    "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
+                    flash_cp=True),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

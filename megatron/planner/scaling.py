@@ -55,7 +55,7 @@ def project(job: Job, base: Layout, prof: Profile, nodes: Sequence[int], mode: s
                                        "global batch not divisible by micro-batch x DP"))
             continue
         scaled = dataclasses.replace(job, global_batch=lay.global_batch)
-        problem = layout_problem(scaled, lay)
+        problem = layout_problem(scaled, lay, prof.spec.framework)
         est = step_time(scaled, lay, prof)
         mem = peak_memory(scaled, lay, prof.constants, framework=prof.spec.framework)
         note = problem or ("exceeds device memory"

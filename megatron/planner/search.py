@@ -11,6 +11,7 @@ from megatron.config.errors import InputError
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
+from megatron.planner.overlap import DEEPSPEED
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -245,7 +246,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
             continue
         ga = job.global_batch // (mb * dp)
         for zero in space.zero:
-            if pp > 1 and zero > 1:
+            if pp > 1 and zero > 1 and framework in DEEPSPEED:
                 continue
             if engine_problem(framework, zero, pp):
                 continue
@@ -299,7 +300,7 @@ def search(job: Job, nodes: int, prof: Profile,
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
                                  prof.spec.framework):
         result.enumerated += 1
-        problem = layout_problem(job, lay)
+        problem = layout_problem(job, lay, prof.spec.framework)
         if problem:
             result.rejected[problem.split(" (")[0]] += 1
             continue

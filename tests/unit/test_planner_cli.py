@@ -47,11 +47,11 @@ F = ("--cluster", "frontier")
     (("search", "--model", "175b"), "name the cluster: --cluster"),
     (("memory", "--model", "175b", "--nodes", "16"), "there is no default"),
     (("scaling", "--model", "175b", "--nodes", "16,32"), "name the cluster"),
-    # a layout the named engine cannot run (Megatron-LM has no ZeRO-3, FSDP no pipeline)
+    # a layout the named engine cannot run (Megatron-LM has no ZeRO-3, FSDP no ZeRO-1)
     (("memory", "--model", "22b", "--cluster", "a100", "--tp", "8", "--zero", "3",
       "--framework", "megatron-lm"), "Megatron-LM has no ZeRO-2 or 3"),
     (("memory", "--model", "22b", "--cluster", "a100", "--nodes", "2", "--pp", "2", "--zero",
-      "1", "--framework", "fsdp"), "pick --pp 1"),
+      "1", "--framework", "fsdp"), "pick --zero 2 or 3"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

@@ -168,7 +168,7 @@ def test_mosaics_30b_on_eight_a100s_fits_under_fsdp_as_it_trained():
     ("megatron-lm", lay(dp=8, grad_accum=8, zero=3), "Megatron-LM has no ZeRO-2 or 3"),
     ("megatron-core", lay(dp=8, grad_accum=8, zero=2), "pick --zero 0 or 1"),
     ("fsdp", lay(dp=8, grad_accum=8, zero=1), "pick --zero 2 or 3"),
-    ("fsdp", lay(pp=2, dp=4, grad_accum=8, zero=3), "pick --pp 1"),
+    ("fsdp", lay(pp=2, dp=4, grad_accum=8, zero=1), "pick --zero 2 or 3"),
 ])
 def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, needle):
     job = Job(preset_model("gpt3-1.3b"), 64, "bf16")

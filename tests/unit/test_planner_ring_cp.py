@@ -56,7 +56,7 @@ def test_megatron_core_cp_attention_keeps_no_block_scores(algo):
     rows = 2048 / 4 * 16
     te = rows * 4 + rows * 128 * 4
     assert act.ring_explicit_kept_bytes(M, lay, "bf16") == pytest.approx(te)
-    assert act.layer_stored_bytes(M, lay, "bf16", te_cp=True) == pytest.approx(plain + te)
+    assert act.layer_stored_bytes(M, lay, "bf16", flash_cp=True) == pytest.approx(plain + te)
     assert act.layer_stored_bytes(M, lay, "bf16") == pytest.approx(
         plain + act.ring_kept_bytes(M, lay, "bf16"))
     c = load_profile("h100").constants

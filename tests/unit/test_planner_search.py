@@ -30,13 +30,16 @@ def test_enumerated_layouts_respect_the_trainer_rules():
 @pytest.mark.parametrize("framework,zeros,pp_max", [("deepspeed", {0, 1, 2, 3}, 8),
                                                     ("megatron-lm", {0, 1}, 8),
                                                     ("megatron-core", {0, 1}, 8),
-                                                    ("fsdp", {2, 3}, 1)])
+                                                    ("fsdp", {2, 3}, 8)])
 def test_the_search_offers_only_what_the_engine_runs(framework, zeros, pp_max):
-    """Megatron-LM's optimizer is ZeRO-0 or 1; FSDP shards at ZeRO-2 or 3 without a pipeline."""
+    """Megatron-LM's optimizer is ZeRO-0 or 1; FSDP shards at ZeRO-2 or 3, with a pipeline too
+    (Llama 3's engine), where DeepSpeed's pipeline engine takes only ZeRO-0/1."""
     job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
     layouts = list(enumerate_layouts(job, 8, 8, SearchSpace(), framework))
     assert {lay.zero for lay in layouts} == zeros
     assert max(lay.pp for lay in layouts) == pp_max
+    piped = {lay.zero for lay in layouts if lay.pp > 1}
+    assert piped == (zeros & {0, 1} if framework == "deepspeed" else zeros)
 
 
 def test_best_175b_layouts_on_1024_gcds_keep_tp_inside_a_node():
@@ -231,3 +234,4 @@ def test_lighter_ends_open_stage_counts_that_do_not_divide_the_layers():
                     (16, 2, 2)}  # 2, 3 x 14, 2
     for lay in enumerate_layouts(job, 64, 8, wide):
         assert layout_problem(job, lay) is None
+

@@ -179,6 +179,38 @@ def test_overlap_is_bounded_by_the_backward_window():
         assert hidden == pytest.approx(window * (1 if zero == 1 else 4), rel=0.02)
 
 
+def test_fsdp_under_a_pipeline_reduce_scatters_every_micro_batch():
+    """FSDP composed with a pipeline (Llama 3's engine): SHARD_GRAD_OP (ZeRO-2) keeps the
+    gradients sharded, so every micro-batch's backward reduce-scatters them, where ZeRO-2
+    under DeepSpeed's pipeline engine does not exist at all. By hand, with the NICs slowed
+    until the reduction outlasts any backward: the exposed seconds are ga calls of the
+    stage's reduce-scatter (DP 16 over two nodes' NICs) less ga backward windows, so doubling
+    the micro-batches adds ga more calls and windows."""
+    from megatron.planner.layout import layout_problem
+    from megatron.planner.params import stage_params
+    job16, job32 = (Job(preset_model("gpt3-13b"), b, "bf16") for b in (16 * 16, 32 * 16))
+    prof = _framework("h100", "fsdp")
+    slow = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, inter_node_gbps=4))
+    lay16 = Layout(tp=1, pp=2, dp=16, micro_batch=1, grad_accum=16, zero=2, recompute="full",
+                   flash=True, interleave=1)
+    lay32 = dataclasses.replace(lay16, grad_accum=32)
+    assert layout_problem(job16, lay16, "fsdp") is None
+    assert "DeepSpeed's pipeline engine refuses ZeRO-2/3" in layout_problem(job16, lay16)
+    a, b = step_time(job16, lay16, slow), step_time(job32, lay32, slow)
+    n = max(stage_params(job16.model, 1, 2, i).total for i in (0, 1))
+    link = slow.spec.link(16, 1)
+    assert link.inter
+    call = (link.alpha_s * slow.constants.inter_latency_scale
+            + 15 / 16 * 2 * n / link.bus_bytes_per_s / slow.constants.inter_comm_eff)
+    # one micro-batch's backward and recompute: 3 of the 4 passes of a 1F1B slot
+    window = (b.pipeline_s - a.pipeline_s) / 16 * 3 / 4
+    assert call > 2 * window
+    assert b.reduce_s - a.reduce_s == pytest.approx(16 * (call - window), rel=0.05)
+    zero1 = step_time(job16, dataclasses.replace(lay16, zero=1),
+                      _framework("h100", "megatron-core"))
+    assert a.reduce_s > 10 * zero1.reduce_s
+
+
 def test_gpu_runs_claim_what_their_overlap_comm_hides():
     # The settings the trainer writes (overlap_comm on for ZeRO-1/2 on GPUs, one-layer
     # buckets) claim every bucket but the last; a CPU profile, or overlap_comm off, none.

@@ -16,11 +16,6 @@ from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, PRESET_CO
                                       PUBLISHED_FIT, apply_fit, load_profile)
 from megatron.planner.timing import pipeline_bubble, step_time
 
-# Meta's production rows the planner prices 26% fast held out (docs/planner.md, "What the
-# residuals say"): the only cases allowed past 20%
-LLAMA3_8K = {"llama3-405b-8k-8192", "llama3-405b-8k-16384"}
-
-
 @pytest.fixture(scope="module")
 def published():
     return v.load_published()
@@ -64,7 +59,8 @@ def test_a_case_states_context_parallelism_and_counted_end_stages(published):
     assert layout_ends(126, lay) == (0, 0)
     assert layout_stage_layers(126, lay) == [7] + [8] * 14 + [7]
     assert case.job.grad_dtype == "fp32"
-    assert layout_problem(case.job, lay) is None
+    assert (case.framework, lay.zero) == ("fsdp", 2)
+    assert layout_problem(case.job, lay, case.framework) is None
 
 
 def test_published_flops_are_narayanans(published):
@@ -77,13 +73,14 @@ def test_published_flops_are_narayanans(published):
 
 def test_leave_one_out_error_is_within_bounds(rows):
     """Bound 25% until Llama 3's rows took the split the paper states (V = 8, the embedding and
-    the head each in a layer's place): 25.5% (llama3-405b-8k-8192); the other 67 within 14%."""
+    the head each in a layer's place): 25.5% (llama3-405b-8k-8192), the other 67 within 14%;
+    with their data parallelism priced as the paper states it (FSDP keeping the gradients
+    sharded: a reduce-scatter every micro-batch) and the fit self-consistent: median 4.4%, max
+    14.8% (dgxc-gpt175b-2048)."""
     errors = np.abs([r.loo_error for r in rows])
-    assert np.median(errors) <= 0.15, _table(rows)
+    assert np.median(errors) <= 0.08, _table(rows)
     worst = max(rows, key=lambda r: abs(r.loo_error))
-    assert abs(worst.loo_error) <= 0.27, _table(rows)
-    over = {r.case.id for r in rows if abs(r.loo_error) > 0.20}
-    assert over <= LLAMA3_8K, _table(rows)
+    assert abs(worst.loo_error) <= 0.20, _table(rows)
 
 
 def _loso_table(rows):
@@ -108,17 +105,15 @@ def test_leave_one_source_out_error_is_within_bounds(rows):
     layer's place: parallel.pipeline_embedding_as_layer / pipeline_loss_as_layer), their
     gradients reduced in fp32 as stated, and Narayanan's Figures 14 and 15 as orderings:
     median 4.7%, max 26.4% (llama3-405b-8k-8192; llama3-405b-8k-16384 26.1%; every other case
-    within 13.4%).
-
-    Issue 26's and 38's "every case within 20%" is therefore NOT met, by Llama 3's two 8K rows
-    (Meta's production run, 22-26% below NVIDIA's own 405B recipe on the same GPUs, which the
-    planner predicts within 1.1%); the bounds below hold the state as it is (27%, and no other
-    case over 20%) so that a regression still fails, and docs/planner.md ("What the residuals
-    say") says what the rows lack."""
+    within 13.4%). Those two rows had been priced with Megatron's distributed optimizer (one
+    reduce-scatter a step) where the paper states FSDP keeping the gradients sharded (ZeRO-2:
+    one every micro-batch, in fp32); so priced (framework fsdp under a pipeline) and with the
+    fit made self-consistent (validation.fit_factors): median 4.7%, max 14.7%
+    (dgxc-gpt175b-2048), Llama 3's three rows within 3.3%. Issue 38's bars: median <= 8%,
+    every case <= 20%."""
     errors = np.abs([r.loso_error for r in rows])
     assert np.median(errors) <= 0.08, _loso_table(rows)
-    assert errors.max() <= 0.27, _loso_table(rows)
-    assert {r.case.id for r in rows if abs(r.loso_error) > 0.20} <= LLAMA3_8K, _loso_table(rows)
+    assert errors.max() <= 0.20, _loso_table(rows)
 
 
 def test_leave_one_source_out_fits_see_no_case_of_the_source(published, rows):
@@ -201,14 +196,13 @@ def test_presets_carry_the_fit_of_all_cases(published):
 def test_presets_predict_every_published_case_in_sample(published):
     """In sample (each case was part of the presets' fit): what `megatron-plan --cluster
     PRESET` predicts for each published layout, the runs not on DeepSpeed's pipeline engine
-    without its share of each slot, is within 27% of what was published, within 20% but for
-    Llama 3's two 8K rows (25% before their V = 8 split); median within 6%."""
+    without its share of each slot, is within 20% of what was published (Llama 3's two 8K
+    rows were 26% until their data parallelism was priced as stated); median within 6%."""
     errors = {}
     for case in published.cases:
         step = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
         errors[case.id] = case.published_step_s / step - 1
-    assert max(abs(e) for e in errors.values()) <= 0.27, errors
-    assert {k for k, e in errors.items() if abs(e) > 0.20} <= LLAMA3_8K, errors
+    assert max(abs(e) for e in errors.values()) <= 0.20, errors
     assert np.median(np.abs(list(errors.values()))) <= 0.06, errors
 
 
