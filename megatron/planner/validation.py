@@ -7,8 +7,9 @@ published single-device and single-node curves (profile.CURVE_CONSTANTS, not the
 carry this module's fit; Frontier's curves were fitted to one of these cases, so its prior is
 its GEMM measurement instead, VALIDATION_PRIOR). Leave-one-out: factors on the prior's compute,
 memory-bound and communication terms and the share DeepSpeed's pipeline engine adds to a slot
-(GROUPS) are fitted to every case but one by least squares on relative errors, and the held-out
-case is predicted with them; no case is predicted by a fit that saw it. The fit on all cases is
+(GROUPS) are fitted to every case but one by least squares on relative errors, each case's
+seconds taken at the factors themselves (fit_factors: self-consistent), and the held-out case is
+priced by the time model with them; no case is predicted by a fit that saw it. The fit on all cases is
 what the GPU presets carry (profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
 from __future__ import annotations
 
