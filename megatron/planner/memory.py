@@ -199,8 +199,10 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, flash_cp)
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
-    if not last:
-        # the stage output kept for its backward (one per chunk when interleaved)
+    if not last and not OVERLAP[framework].frees_outputs:
+        # the stage output kept for its backward (one per chunk when interleaved); Megatron
+        # frees its data once sent (deallocate_pipeline_outputs, on in Megatron-LM's training
+        # since 2022), and Llama 3's stack "proactively deallocate[s]" it
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
     per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab) if schedule.split_backward
              else 0.0)

@@ -56,6 +56,8 @@ class Overlap:
     #                         weight-gradient GEMMs (Megatron-LM's async all-reduce)
     flash_cp: bool = False  # context-parallel attention in flash kernels (Transformer Engine's,
     #                         PyTorch's): no block pair's scores kept (activations.ring_explicit)
+    frees_outputs: bool = False  # a stage's sent output freed until its backward (Megatron's
+    #                              deallocate_pipeline_outputs; memory._stage_activations)
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -64,15 +66,15 @@ OVERLAP: Dict[str, Overlap] = {
     "megatron-deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
                                   pipe_send=False),
     "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                           pipe_send=False, tp_wgrad=True),
+                           pipe_send=False, tp_wgrad=True, frees_outputs=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                                 pipe_send=False),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
-                             pipe_send=True, tp_wgrad=True, flash_cp=True),
+                             pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
-                    flash_cp=True),
+                    flash_cp=True, frees_outputs=True),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

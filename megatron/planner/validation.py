@@ -464,20 +464,23 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                           memory_fraction: float = 1.0) -> LayoutRank:
     """Where the published layout ranks among every fitting TP x PP x DP layout of the same
     model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
-    attention path, sequence parallelism and schedule; its context-parallel degree and model
-    chunks per stage, where it has them, beside none (CP 1, plain stages). PP divides the
+    attention path, sequence parallelism and schedule; its context-parallel degree, model
+    chunks per stage and ends counted as a layer, where it has them, beside none (CP 1, plain
+    stages, the plain split). PP divides the
     layers for Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them
     unevenly (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
     lay = case.layout
     prof = prof or in_sample_profile(case)
     cp_space = dict(cp=tuple(sorted({1, lay.cp})), cp_algos=(lay.cp_algo,)) if lay.cp > 1 else {}
+    # ends counted as a layer are searched beside the plain split (search.counted_splits)
+    ends_space = dict(lighter_ends=(0, 1)) if lay.counted else {}
     space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
                         recompute=(lay.recompute,), flash=(lay.flash,),
                         sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
                         interleave=tuple(sorted({1, lay.interleave})),
                         uneven_pp=case.framework in DEEPSPEED, memory_fraction=memory_fraction,
-                        **cp_space)
+                        **cp_space, **ends_space)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]
     if lay.key() not in keys:

@@ -181,6 +181,24 @@ def test_leave_one_out_starts_from_the_curves_not_the_presets(published):
     assert case.profile.constants != PRESET_CONSTANTS["a100"]
 
 
+def test_the_fit_is_self_consistent_and_prices_what_the_presets_price(published):
+    """validation.fit_factors settles where its own solve, with every case's seconds taken at
+    the fit, returns the fit; and a case predicted with the fit is what `megatron-plan
+    --cluster PRESET` prints for it (in_sample_profile: the presets carry the rounded fit),
+    so a held-out figure is the time model's own, not a linearisation of it at the prior."""
+    fit = v.fit_factors(published.cases)
+    assert np.max(np.abs(v._solve(published.cases, fit) - fit)) < 1e-4
+    rounded = np.array([PUBLISHED_FIT[name] for name in v.GROUPS])
+    checked = 0
+    for case in published.cases:
+        if case.profile.spec.name not in FITTED_PRESETS:
+            continue   # frontier: the preset keeps its paper calibration, not the fit
+        preset = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
+        assert v.predict(case, rounded) == pytest.approx(preset, rel=1e-9), case.id
+        checked += 1
+    assert checked >= 60
+
+
 def test_presets_carry_the_fit_of_all_cases(published):
     """profile.PUBLISHED_FIT is what validation.py fits on every case (stored rounded), and
     the GPU presets are the curves with it folded in; Frontier keeps its paper calibration."""
