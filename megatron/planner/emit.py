@@ -48,7 +48,26 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
                      (lay.schedule + (f" v{lay.interleave}" if lay.interleave > 1 else ""))
                      if lay.pp > 1 else "-", f"{c.memory.peak_gb:.1f}", f"{t.step_s:.3g}", f"{t.tflops_per_gpu:.3g}",
                      f"{100 * t.mfu:.1f}", f"{100 * t.hfu:.1f}", f"{100 * t.bubble:.1f}"])
-    return rows
+    return _merge_twins(rows)
+
+
+ZERO_COLUMN = HEADER.index("ZeRO")
+
+
+def _merge_twins(rows: List[List[str]]) -> List[List[str]]:
+    """One row for neighbours that differ in the ZeRO stage alone, every figure shown equal
+    (ZeRO-0 and 1 under DeepSpeed's bf16 pipeline engine keep the same sharded optimizer):
+    rank "11-12", ZeRO "1/0", in rank order."""
+    out: List[List[str]] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if last is not None and all(a == b for k, (a, b) in enumerate(zip(last, row))
+                                    if k not in (0, ZERO_COLUMN)):
+            last[0] = f"{last[0].split('-')[0]}-{row[0]}"
+            last[ZERO_COLUMN] = f"{last[ZERO_COLUMN]}/{row[ZERO_COLUMN]}"
+            continue
+        out.append(list(row))
+    return out
 
 
 def format_table(header, rows: List[List[str]]) -> str:

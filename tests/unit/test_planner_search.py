@@ -235,3 +235,25 @@ def test_lighter_ends_open_stage_counts_that_do_not_divide_the_layers():
     for lay in enumerate_layouts(job, 64, 8, wide):
         assert layout_problem(job, lay) is None
 
+
+
+def test_the_table_shows_zero_twins_once():
+    """Neighbours that differ in the ZeRO stage alone, every figure equal (ZeRO-0 and 1 under
+    DeepSpeed's bf16 pipeline engine keep the same sharded optimizer), share one row: rank
+    "a-b", ZeRO "x/y"; a neighbour whose figures differ keeps its own row."""
+    job = Job(preset_model("22b"), 1280, "bf16")
+    ranked = search(job, 16, FRONTIER, SearchSpace(tp=(2,), pp=(2,), micro_batch=(2,),
+                                                  recompute=("none",), flash=(True,),
+                                                  sequence_parallel=(True,),
+                                                  schedules=("zbh1",))).ranked
+    zeros = [c.layout.zero for c in ranked]
+    assert {0, 1} <= set(zeros)
+    rows = emit.table_rows(ranked)
+    twins = [r for r in rows if "/" in r[emit.ZERO_COLUMN]]
+    assert twins and all("-" in r[0] for r in twins)
+    assert sum(len(r[emit.ZERO_COLUMN].split("/")) for r in rows) == len(ranked)
+    first, second = (int(x) for x in twins[0][0].split("-"))
+    a, b = ranked[first - 1], ranked[second - 1]
+    assert a.layout.zero != b.layout.zero
+    assert dataclasses.replace(a.layout, zero=b.layout.zero) == b.layout
+    assert f"{a.time.step_s:.3g}" == f"{b.time.step_s:.3g}"
