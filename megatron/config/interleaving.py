@@ -73,29 +73,64 @@ def _layers_error(layers: int, pp: int, v: int) -> ConfigError:
 
 
 def micro_batches_error(cfg, dp: int) -> Optional[ConfigError]:
-    """Megatron-LM's rule for its interleaved order: the micro-batches of a step come in groups
-    of p, each group passing every chunk of a rank in turn."""
+    """Megatron's rule for its interleaved order: the micro-batches of a step come in groups
+    (parallel.pipeline_microbatch_group, by default p), each group passing every chunk of a rank
+    in turn."""
     p, t = cfg.parallel, cfg.training
     return micro_batch_rule(p.pipeline_schedule, p.pipeline_parallel_size,
-                            p.virtual_pipeline_size, t.micro_batch_size, dp, t.global_batch_size)
+                            p.virtual_pipeline_size, t.micro_batch_size, dp, t.global_batch_size,
+                            p.pipeline_microbatch_group)
 
 
-def micro_batch_rule(schedule: str, pp: int, v: int, mb: int, dp: int,
-                     gb: int) -> Optional[ConfigError]:
+def group_fits(pp: int, m: int, group: int) -> bool:
+    """Whether m micro-batches run in groups of `group` on pp stages without a dependency
+    bubble (Megatron Core's rule): pp <= group <= m, and a last, smaller group of at least pp."""
+    return pp <= group <= m and (m % group == 0 or m % group >= pp)
+
+
+def fitting_group(pp: int, m: int) -> int:
+    """The smallest group that runs m micro-batches on pp stages (the least held in the
+    warm-up), 0 where none does (m < pp)."""
+    return next((g for g in range(pp, m + 1) if group_fits(pp, m, g)), 0)
+
+
+def micro_batch_rule(schedule: str, pp: int, v: int, mb: int, dp: int, gb: int,
+                     group: int = 0) -> Optional[ConfigError]:
     """micro_batches_error's rule on plain values (the planner's too): under the interleaved
-    order, global_batch_size / (mb x dp) micro-batches a multiple of pp; ZB-V's takes any."""
+    order, global_batch_size / (mb x dp) micro-batches that groups of `group` (0: pp) take
+    (group_fits); ZB-V's order takes any."""
     if v == 1 or pp == 1:
+        if group:
+            return ConfigError("parallel.pipeline_microbatch_group", group,
+                               "0 without model chunks (virtual_pipeline_size=1 or "
+                               "pipeline_parallel_size=1): groups order the passes of chunks",
+                               "set parallel.pipeline_microbatch_group=0")
         return None
     if schedules.get(schedule).runner != INTERLEAVED:  # ZB-V's order takes any m
+        if group:
+            return ConfigError("parallel.pipeline_microbatch_group", group,
+                               f"0 with parallel.pipeline_schedule={schedule}: only the "
+                               "interleaved order runs micro-batches in groups",
+                               "set parallel.pipeline_microbatch_group=0")
         return None
     m = gb // (mb * dp)
-    if m % pp:
-        return ConfigError("training.global_batch_size", gb,
-                           f"micro-batches per step, global_batch_size / (micro_batch_size x "
-                           f"data-parallel size) = {gb} / ({mb} x {dp}) = {m}, a multiple of "
-                           f"parallel.pipeline_parallel_size={pp} under interleaving",
-                           f"set training.global_batch_size to a multiple of {mb * dp * pp}")
-    return None
+    if group_fits(pp, m, group or pp):
+        return None
+    fit = fitting_group(pp, m)
+    how = (f"set parallel.pipeline_microbatch_group={fit}, or training.global_batch_size to a "
+           f"multiple of {mb * dp * pp}" if fit else
+           f"set training.global_batch_size to at least {mb * dp * pp}")
+    if group:
+        return ConfigError("parallel.pipeline_microbatch_group", group,
+                           f"between parallel.pipeline_parallel_size={pp} and the {m} "
+                           f"micro-batches a step (global_batch_size / (micro_batch_size x "
+                           f"data-parallel size) = {gb} / ({mb} x {dp})), leaving a last "
+                           f"group of 0 or at least {pp}", how)
+    return ConfigError("training.global_batch_size", gb,
+                       f"micro-batches per step, global_batch_size / (micro_batch_size x "
+                       f"data-parallel size) = {gb} / ({mb} x {dp}) = {m}, a multiple of "
+                       f"parallel.pipeline_parallel_size={pp} under interleaving (or of a "
+                       "parallel.pipeline_microbatch_group that takes them)", how)
 
 
 def scope_error(cfg) -> Optional[ConfigError]:

@@ -200,6 +200,9 @@ def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> Chunke
         return lm_loss(logits, labels.to(logits.device), state)
 
     order = PLACEMENTS[schedules.get(cfg.parallel.pipeline_schedule).runner]
+    if order is interleaved_order and cfg.parallel.pipeline_microbatch_group:
+        # the micro-batches in groups of this size instead of pipeline_parallel_size
+        order = interleaved_order.Grouped(cfg.parallel.pipeline_microbatch_group)
     with torch.no_grad():  # the tied weight's broadcast stays out of autograd
         return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn,
                              order, counts=pipeline_stage_layers(cfg))

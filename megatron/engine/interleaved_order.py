@@ -4,61 +4,95 @@ interleaved): plain (op, local chunk, micro-batch) triples, torch-free, so the e
 same order.
 
 Rank r of p holds v local chunks; local chunk c is model chunk c p + r of p v. The order is
-Megatron-LM's forward_backward_pipelining_with_interleaving (schedules.py): a rank's m v chunk
-passes are numbered k = 0 .. m v - 1; pass k runs micro-batch (k // (p v)) p + k % p on local
-chunk (k % (p v)) // p, forwards in that order and backwards with the chunks reversed. A rank
-first runs 2 (p - r - 1) + (v - 1) p forwards (all of them when m = p), then alternates one
-forward and one backward, then drains the backwards. With v = 1 it is 1F1B with a warm-up of
-p - r - 1 forwards."""
+Megatron's forward_backward_pipelining_with_interleaving (schedules.py): the micro-batches come
+in groups of N (parallel.pipeline_microbatch_group, by default p; the last group holds what is
+left, 0 or at least p of them: config/interleaving.group_fits), and each group passes local
+chunk 0, then chunk 1, ..., micro-batch by micro-batch; that is the forward order, the backward
+order the same with the chunks reversed. A rank first runs 2 (p - r - 1) + (v - 1) N forwards
+(all of them when m = p), then alternates one forward and one backward, then drains the
+backwards. With v = 1 it is 1F1B with a warm-up of p - r - 1 forwards. Within a chunk the
+micro-batches pass in increasing order whatever N is, so each chunk accumulates its gradients
+in 1F1B's order."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+from megatron.config.interleaving import group_fits
 from megatron.config.stages import chunk_owner
 
 F, B = "F", "B"
 Op = Tuple[str, int, int]  # (F or B, local chunk, micro-batch)
 
 
-def _pass(k: int, stages: int, chunks: int, forward: bool) -> Tuple[int, int]:
-    """(local chunk, micro-batch) of this rank's k-th forward (or backward) pass."""
-    group = stages * chunks
-    chunk = (k % group) // stages
-    if not forward:
-        chunk = chunks - 1 - chunk
-    return chunk, (k // group) * stages + k % stages
+def passes(chunks: int, micro_batches: int, group: int) -> List[Tuple[int, int]]:
+    """(local chunk, micro-batch) of a rank's forward passes in order: groups of `group`
+    micro-batches (the last one what is left), each through chunk 0, 1, ..., v - 1."""
+    out: List[Tuple[int, int]] = []
+    for start in range(0, micro_batches, group):
+        members = range(start, min(start + group, micro_batches))
+        out += [(chunk, mb) for chunk in range(chunks) for mb in members]
+    return out
 
 
-def warmup(stages: int, rank: int, chunks: int, micro_batches: int) -> int:
+def warmup(stages: int, rank: int, chunks: int, micro_batches: int, group: int = 0) -> int:
     """Forwards rank `rank` runs before its first backward."""
     total = micro_batches * chunks
     if chunks == 1:
         return min(stages - rank - 1, total)
     if micro_batches == stages:
         return total
-    return min(2 * (stages - rank - 1) + (chunks - 1) * stages, total)
+    return min(2 * (stages - rank - 1) + (chunks - 1) * (group or stages), total)
 
 
-def check(stages: int, chunks: int, micro_batches: int) -> None:
+def check(stages: int, chunks: int, micro_batches: int, group: int = 0) -> None:
     if stages < 1 or chunks < 1 or micro_batches < 1:
         raise ValueError(f"stages {stages}, chunks {chunks}, micro-batches {micro_batches}: "
                          "each at least 1")
-    if chunks > 1 and micro_batches % stages:
-        raise ValueError(f"interleaving needs micro-batches ({micro_batches}) in multiples of "
-                         f"the stages ({stages})")
+    if chunks > 1 and not group_fits(stages, micro_batches, group or stages):
+        raise ValueError(f"interleaving runs micro-batches ({micro_batches}) in groups "
+                         f"({group or stages}) of at least the stages ({stages}), the last "
+                         "group too (config/interleaving.group_fits)")
 
 
-def rank_ops(stages: int, rank: int, chunks: int, micro_batches: int) -> List[Op]:
-    """Every forward and backward pass of `rank` in a step, in the order it runs them."""
-    check(stages, chunks, micro_batches)
+def rank_ops(stages: int, rank: int, chunks: int, micro_batches: int,
+             group: int = 0) -> List[Op]:
+    """Every forward and backward pass of `rank` in a step, in the order it runs them; group:
+    the micro-batches a chunk takes in a row (0: the stages)."""
+    check(stages, chunks, micro_batches, group)
     total = micro_batches * chunks
-    first = warmup(stages, rank, chunks, micro_batches)
-    fwd = [(F, *_pass(k, stages, chunks, True)) for k in range(total)]
-    bwd = [(B, *_pass(k, stages, chunks, False)) for k in range(total)]
+    first = warmup(stages, rank, chunks, micro_batches, group)
+    order = passes(chunks, micro_batches, group or stages)
+    fwd = [(F, chunk, mb) for chunk, mb in order]
+    bwd = [(B, chunks - 1 - chunk, mb) for chunk, mb in order]
     ops = fwd[:first]
     for k in range(total - first):
         ops += [fwd[first + k], bwd[k]]
     return ops + bwd[total - first:]
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """This order with its micro-batches in groups of `group` (parallel.pipeline_microbatch_
+    group): what engine/chunks.py hands the executor in place of the module when it is set."""
+    group: int
+    F = F
+    B = B
+
+    def rank_ops(self, stages: int, rank: int, chunks: int, micro_batches: int) -> List[Op]:
+        return rank_ops(stages, rank, chunks, micro_batches, self.group)
+
+    def replay(self, stages: int, chunks: int, micro_batches: int,
+               seconds: Sequence[Dict[str, float]] = ()) -> float:
+        return replay(stages, chunks, micro_batches, seconds, self.group)
+
+    @staticmethod
+    def model_chunk(stages: int, rank: int, local: int) -> int:
+        return model_chunk(stages, rank, local)
+
+    @staticmethod
+    def owner(stages: int, chunk: int) -> Tuple[int, int]:
+        return owner(stages, chunk)
 
 
 def model_chunk(stages: int, rank: int, local: int) -> int:
@@ -81,11 +115,11 @@ def _ready(op: Op, rank: int, stages: int, chunks: int, done: set) -> bool:
 
 
 def replay(stages: int, chunks: int, micro_batches: int,
-           seconds: Sequence[Dict[str, float]] = ()) -> float:
+           seconds: Sequence[Dict[str, float]] = (), group: int = 0) -> float:
     """Runs every rank's order at once, each op waiting for its input (sends never block, as
     the executor's isend), and returns the makespan with seconds[rank][F or B] per chunk pass
     (1 each by default). Raises on a deadlock."""
-    progs = [rank_ops(stages, r, chunks, micro_batches) for r in range(stages)]
+    progs = [rank_ops(stages, r, chunks, micro_batches, group) for r in range(stages)]
     cost = list(seconds) or [{F: 1.0, B: 1.0}] * stages
     pc, clock, done = [0] * stages, [0.0] * stages, {}
     while any(pc[r] < len(progs[r]) for r in range(stages)):

@@ -29,9 +29,15 @@ pipeline_loss_as_layer; Llama 3 405B's split): 2 layers in chunks [0, 1, 1, 0], 
 chunks hold the embedding alone and the head alone (under ZB-V rank 0 holds both and no
 transformer layer), against 1F1B on even stages: the losses bit for bit.
 
-Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks; GPT-2 with tied
-embeddings and Llama)
-and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2)."""
+Micro-batches in groups (parallel.pipeline_microbatch_group, Megatron Core's
+--microbatch-group-size-per-virtual-pipeline-stage): 5 micro-batches on PP2 in groups of 3 and
+2, 6 on PP4 in one group of 6, counts the default grouping (by the stages) refuses; each chunk
+still takes its micro-batches in increasing order, so the losses are bit for bit 1F1B's.
+
+Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks, grouped; GPT-2 with
+tied embeddings and Llama)
+and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2;
+grouped)."""
 import os
 
 import pytest
@@ -51,6 +57,9 @@ BF16_FOUR = ["pp4v2bf16-llama"]
 UNEVEN_TWO = ["pp2v2u-llama", "pp2uzbv-gpt2"]
 # the ends counted as a layer: 2 layers in chunks [0, 1, 1, 0]
 COUNTED_TWO = ["pp2v2e-gpt2", "pp2ezbv-llama"]
+# micro-batches in groups (parallel.pipeline_microbatch_group): 5 on PP2 in groups of 3, 6 on
+# PP4 in one group of 6, neither a multiple of the stages
+GROUPED = {"pp2v2g3-llama": 3, "pp4v2g6-gpt2": 6}
 STEPS = 10
 NORM_BOUND = 1e-6  # relative
 BF16_BOUND = 1e-3  # relative, per step's loss
@@ -66,8 +75,9 @@ def _run(tmp, nproc, cases):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO + COUNTED_TWO)
-    merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR))
+    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO + COUNTED_TWO
+                  + ["pp2v2g3-llama"])
+    merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR + ["pp4v2g6-gpt2"]))
     return merged
 
 
@@ -76,13 +86,22 @@ def _chunked(results, case):
     return results[case]["zbv" if case.split("-")[0].endswith("zbv") else "interleaved"]
 
 
-@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO + COUNTED_TWO)
+@pytest.mark.parametrize("case", TWO + FOUR + ZBV_TWO + ZBV_FOUR + UNEVEN_TWO + COUNTED_TWO
+                         + list(GROUPED))
 def test_interleaved_is_bit_identical_to_1f1b(results, case):
     ref, got = results[case]["1f1b"], _chunked(results, case)
     assert len(got["losses"]) == STEPS
     assert_same_arithmetic(case, ref["losses"], got["losses"], ref["grad_norms"],
                            got["grad_norms"], clip=ref["clip"], norm_bound=NORM_BOUND)
     assert got["losses"][-1] < got["losses"][0], f"{case}: does not learn"
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_grouped_micro_batches_ran_in_their_groups(results, case):
+    """The executor ran the grouped order (the chunked run's order carries the group; 1F1B's
+    DeepSpeed engine has none)."""
+    assert _chunked(results, case)["group"] == GROUPED[case]
+    assert results[case]["1f1b"]["group"] == 0
 
 
 @pytest.mark.parametrize("case", BF16_TWO + BF16_FOUR)

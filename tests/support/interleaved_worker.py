@@ -45,6 +45,12 @@ LAYOUTS = {
     # rank 0 holds both and no transformer layer
     "pp2v2e": ["parallel.pipeline_parallel_size=2", "model.num_layers=2"],
     "pp2ezbv": ["parallel.pipeline_parallel_size=2", "model.num_layers=2"],
+    # micro-batch counts that are not a multiple of the stages, run in groups
+    # (parallel.pipeline_microbatch_group): 5 on 2 stages in groups of 3 (the last one 2), 6 on
+    # 4 stages in one group of 6
+    "pp2v2g3": ["parallel.pipeline_parallel_size=2", "training.global_batch_size=10"],
+    "pp4v2g6": ["parallel.pipeline_parallel_size=4", "model.num_layers=8",
+                "training.global_batch_size=12"],
 }
 # overrides of the chunked run only (1F1B's stages stay even)
 CHUNKED_ONLY = {name: ["parallel.pipeline_first_stage_layers=1",
@@ -52,6 +58,8 @@ CHUNKED_ONLY = {name: ["parallel.pipeline_first_stage_layers=1",
 CHUNKED_ONLY.update({name: ["parallel.pipeline_embedding_as_layer=true",
                             "parallel.pipeline_loss_as_layer=true"]
                      for name in ("pp2v2e", "pp2ezbv")})
+CHUNKED_ONLY.update({"pp2v2g3": ["parallel.pipeline_microbatch_group=3"],
+                     "pp4v2g6": ["parallel.pipeline_microbatch_group=6"]})
 
 
 def chunked_schedule(layout: str) -> str:
@@ -82,7 +90,9 @@ def train(overrides, run_dir: str, steps: int):
     return {"losses": losses, "grad_norms": norms, "names": names,
             "dtype": str(params[0][1].dtype), "clip": cfg.training.clip_grad,
             # TP layers whose weight gradients wait for a W pass (ZB-V's executor)
-            "deferred": getattr(executor, "deferred", 0) if executor else 0}
+            "deferred": getattr(executor, "deferred", 0) if executor else 0,
+            # the micro-batches a chunk takes in a row, where the order groups them
+            "group": getattr(getattr(executor, "order", None), "group", 0)}
 
 
 def main() -> int:

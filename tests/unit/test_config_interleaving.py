@@ -45,6 +45,22 @@ CASES = {
     "micro-batches with data parallelism": (
         BASE + ["training.global_batch_size=12"], 4, "training.global_batch_size", 12,
         ["12 / (2 x 2) = 3"], ["training.global_batch_size=16"]),
+    "a group leaving a last group under the stages": (
+        BASE + ["training.global_batch_size=10", "parallel.pipeline_microbatch_group=4"], 2,
+        "parallel.pipeline_microbatch_group", 4, ["the 5 micro-batches", "at least 2"],
+        ["parallel.pipeline_microbatch_group=3"]),
+    "a group below the stages": (
+        BASE + ["parallel.pipeline_microbatch_group=1"], 2,
+        "parallel.pipeline_microbatch_group", 1, ["pipeline_parallel_size=2"],
+        ["parallel.pipeline_microbatch_group=2"]),
+    "a group without chunks": (
+        BASE[:1] + ["parallel.pipeline_microbatch_group=2"], 2,
+        "parallel.pipeline_microbatch_group", 2, ["groups order the passes of chunks"],
+        ["parallel.pipeline_microbatch_group=0"]),
+    "a group under ZB-V": (
+        ZBV + ["parallel.pipeline_microbatch_group=2"], 2,
+        "parallel.pipeline_microbatch_group", 2, ["only the interleaved order"],
+        ["parallel.pipeline_microbatch_group=0"]),
     "fp16": (BASE + ["training.precision=fp16"], 2, "training.precision", "fp16",
              ["not tested"], ["training.precision=bf16"]),
     "ZeRO-0": (BASE + ["parallel.zero_stage=0"], 2, "parallel.zero_stage", 0,
@@ -78,6 +94,15 @@ def test_the_layers_message_offers_the_chunk_counts_that_fit():
     assert "each of the 2 stages holds 6 layers" in text
     assert "set model.num_layers to a multiple of 8" in text
     assert "one of 2, 3, 6" in text
+
+
+def test_the_micro_batch_message_offers_the_group_that_takes_them():
+    """3 micro-batches on 2 stages: a group of 3 runs them (Megatron Core's
+    --microbatch-group-size-per-virtual-pipeline-stage), and the message says so."""
+    overrides = BASE + ["training.global_batch_size=6"]
+    assert "set parallel.pipeline_microbatch_group=3" in str(_refusal(overrides))
+    assert validate_for_world(load_config(TINY, overrides + [
+        "parallel.pipeline_microbatch_group=3"]), 2) == 1
 
 
 def test_zbv_takes_any_number_of_micro_batches():

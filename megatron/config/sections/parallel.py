@@ -77,6 +77,14 @@ class ParallelConfig:
     pipeline_schedule=interleaved (rank r holds chunks r, r + pp, ... of pp x v equal blocks of
     layers, for a bubble v times smaller) or zbv (v = 2: chunks r and 2 pp - 1 - r). 1: one
     contiguous stage per rank. docs/pipeline.md."""
+    pipeline_microbatch_group: int = 0
+    """Under pipeline_schedule=interleaved: the micro-batches that pass a model chunk in a row
+    before the next chunk takes them (Megatron Core's --microbatch-group-size-per-virtual-
+    pipeline-stage), between pipeline_parallel_size and the step's micro-batches; a last,
+    smaller group must hold at least pipeline_parallel_size. 0: pipeline_parallel_size, which
+    needs the micro-batches in multiples of it; a larger group runs other micro-batch counts
+    (10 on 4 stages in groups of 5) for (v - 1) x (group - pipeline_parallel_size) more chunk
+    activations held in the warm-up. docs/pipeline.md."""
     timeout_minutes: int = 10
     """Minutes a rank waits for the others in the rendezvous and start-up before the job fails
     instead of hanging (torch's default: 10). From the first step on, the hang watchdog's limits
@@ -93,7 +101,7 @@ class ParallelConfig:
                      "expert_parallel_size", "virtual_pipeline_size", "timeout_minutes"):
             positive(s, name, getattr(self, name))
         for name in ("ulysses_degree", "pipeline_first_stage_layers",
-                     "pipeline_last_stage_layers"):
+                     "pipeline_last_stage_layers", "pipeline_microbatch_group"):
             positive(s, name, getattr(self, name), allow_zero=True)
         choice(s, "zero_stage", self.zero_stage, (0, 1, 2, 3))
         check_choices(s, self)
