@@ -183,6 +183,12 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help="V model chunks per stage (parallel.virtual_pipeline_size): "
                         "Megatron-LM's interleaved 1F1B (this trainer's interleaved "
                         "schedule), or 2 with --schedule zbv")
+    g.add_argument("--microbatch-group", type=int, metavar="N",
+                   help="under the interleaved schedule, the micro-batches a model chunk "
+                        "takes in a row (parallel.pipeline_microbatch_group, Megatron Core's "
+                        "--microbatch-group-size-per-virtual-pipeline-stage; default the "
+                        "stages): lets the micro-batches be other than a multiple of --pp, "
+                        "for (V - 1)(N - PP) more chunk activations held")
 
 
 def _add_search(sub, fmt) -> None:

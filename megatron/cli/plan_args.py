@@ -14,7 +14,8 @@ from megatron.planner.search import SearchSpace
 
 _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", "interleave",
                  "schedule", "cp", "first_stage_layers", "last_stage_layers",
-                 "ep", "cp_algo", "ulysses_degree", "embedding_as_layer", "loss_as_layer")
+                 "ep", "cp_algo", "ulysses_degree", "embedding_as_layer", "loss_as_layer",
+                 "microbatch_group")
 
 
 def load_job(args) -> Tuple[Job, Config, bool]:

@@ -100,7 +100,8 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                            pipeline_first_stage_layers=lay.first_stage_layers or 0,
                            pipeline_last_stage_layers=lay.last_stage_layers or 0,
                            pipeline_embedding_as_layer=lay.embedding_as_layer,
-                           pipeline_loss_as_layer=lay.loss_as_layer)
+                           pipeline_loss_as_layer=lay.loss_as_layer,
+                           pipeline_microbatch_group=lay.microbatch_group)
     raw["training"].update(micro_batch_size=lay.micro_batch, global_batch_size=lay.global_batch,
                            precision=job.precision, activation_checkpointing=lay.recompute)
     if paper_optimizer:

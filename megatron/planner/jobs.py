@@ -21,7 +21,7 @@ LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "micro_batch": 1, "zero": 1, "recompute": "
                    "flash": True, "sp": False, "interleave": 1, "schedule": DEFAULT, "cp": 1,
                    "first_stage_layers": None, "last_stage_layers": None, "ep": 1,
                    "cp_algo": "ulysses", "ulysses_degree": 0, "embedding_as_layer": False,
-                   "loss_as_layer": False}
+                   "loss_as_layer": False, "microbatch_group": 0}
 
 
 def load_job(model: Optional[str] = None, config: Optional[str] = None,
@@ -67,8 +67,8 @@ def with_grad_dtype(job: Job, grad_dtype: Optional[str]) -> Job:
 def config_layout(cfg: Config) -> Dict[str, object]:
     """The layout values a training config sets (an attention core whose record keeps the s x s
     scores is priced as the math path, any other as flash; parallel.pipeline_schedule is the
-    schedule, virtual_pipeline_size the chunks per stage, and the set or counted end stages
-    their layers)."""
+    schedule, virtual_pipeline_size the chunks per stage, pipeline_microbatch_group the
+    interleaved order's groups, and the set or counted end stages their layers)."""
     p, t = cfg.parallel, cfg.training
     return {"tp": p.tensor_parallel_size, "pp": p.pipeline_parallel_size,
             "micro_batch": t.micro_batch_size, "zero": p.zero_stage,
@@ -81,7 +81,8 @@ def config_layout(cfg: Config) -> Dict[str, object]:
             "first_stage_layers": set_or_none(p.pipeline_first_stage_layers),
             "last_stage_layers": set_or_none(p.pipeline_last_stage_layers),
             "embedding_as_layer": p.pipeline_embedding_as_layer,
-            "loss_as_layer": p.pipeline_loss_as_layer}
+            "loss_as_layer": p.pipeline_loss_as_layer,
+            "microbatch_group": p.pipeline_microbatch_group}
 
 
 def layout_values(overrides: Dict[str, object],
@@ -120,7 +121,8 @@ def layout_for(job: Job, world: int, values: Dict[str, object],
                  values.get("last_stage_layers"), values.get("ep", 1),
                  values.get("cp_algo", "ulysses"), values.get("ulysses_degree", 0),
                  embedding_as_layer=bool(values.get("embedding_as_layer")),
-                 loss_as_layer=bool(values.get("loss_as_layer")))
+                 loss_as_layer=bool(values.get("loss_as_layer")),
+                 microbatch_group=values.get("microbatch_group") or 0)
     check_layout(job, lay, framework)
     return lay
 

@@ -81,6 +81,10 @@ class Layout:
     # their chunks hold one layer fewer, none when each chunk holds one (Llama 3 405B)
     embedding_as_layer: bool = False
     loss_as_layer: bool = False
+    # parallel.pipeline_microbatch_group under the interleaved schedule: the micro-batches a
+    # chunk takes in a row (0: pp), which lets a step's micro-batches be other than a multiple
+    # of pp (config/interleaving.group_fits) for (v - 1)(N - pp) more chunks in flight
+    microbatch_group: int = 0
 
     @property
     def cp_parts(self) -> Tuple[int, int]:
@@ -121,7 +125,7 @@ class Layout:
     @property
     def pipe(self) -> Pipe:
         """What the schedule's closed forms read: stages, micro-batches, chunks per stage."""
-        return Pipe(self.pp, self.grad_accum, self.interleave)
+        return Pipe(self.pp, self.grad_accum, self.interleave, self.microbatch_group)
 
     def key(self) -> str:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-ga{self.grad_accum}"
@@ -134,6 +138,7 @@ class Layout:
                 f"{f'-last{self.last_stage_layers}' if self.last_stage_layers else ''}"
                 f"{'-embl' if self.embedding_as_layer else ''}"
                 f"{'-lossl' if self.loss_as_layer else ''}"
+                f"{f'-g{self.microbatch_group}' if self.microbatch_group else ''}"
                 f"{f'-ep{self.ep}' if self.ep > 1 else ''}"
                 f"{f'-{self.cp_label()}' if self.cp > 1 and self.cp_algo != 'ulysses' else ''}")
 
@@ -223,7 +228,8 @@ def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
         return f"interleave {v} needs PP > 1 and at least one chunk per stage"
     name = run_as(lay)
     error = (chunk_rule(num_layers, lay.pp, lay.cp, v, name, lay.uneven)
-             or micro_batch_rule(name, lay.pp, v, lay.micro_batch, lay.dp, lay.global_batch))
+             or micro_batch_rule(name, lay.pp, v, lay.micro_batch, lay.dp, lay.global_batch,
+                                 lay.microbatch_group))
     return None if error is None else str(error)
 
 

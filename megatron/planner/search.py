@@ -8,6 +8,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from megatron.config import schedules
 from megatron.config.errors import InputError
+from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
@@ -239,6 +240,18 @@ def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, 
             and not (v > 1 and schedules.get(name).chunked in space.schedules)]
 
 
+def _group(schedule: str, pp: int, v: int, micro_batches: int) -> int:
+    """parallel.pipeline_microbatch_group for the interleaved order where pp does not divide
+    the micro-batches: the smallest group that takes them (the least warm-up memory;
+    config/interleaving.fitting_group), else 0 (the default, pp)."""
+    if v == 1 or micro_batches % pp == 0:
+        return 0
+    record = schedules.get(schedule)  # 1f1b with chunks runs as the interleaved schedule
+    if schedules.get(record.chunked or schedule).runner != INTERLEAVED:
+        return 0
+    return fitting_group(pp, micro_batches)
+
+
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
     for mb in space.micro_batch:
@@ -264,7 +277,9 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                                      last_stage_layers=ends[1], ep=ep,
                                                      embedding_as_layer=ends[2],
                                                      loss_as_layer=ends[3],
-                                                     cp_algo=algo, ulysses_degree=u)
+                                                     cp_algo=algo, ulysses_degree=u,
+                                                     microbatch_group=_group(schedule, pp, v,
+                                                                             ga))
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),

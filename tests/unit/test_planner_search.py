@@ -257,3 +257,34 @@ def test_the_table_shows_zero_twins_once():
     assert a.layout.zero != b.layout.zero
     assert dataclasses.replace(a.layout, zero=b.layout.zero) == b.layout
     assert f"{a.time.step_s:.3g}" == f"{b.time.step_s:.3g}"
+
+
+def test_search_groups_micro_batches_the_stages_do_not_divide(tmp_path):
+    """175B on 64 H100s at TP 8 x PP 8 and global batch 12: 12 micro-batches on 8 stages, which
+    Megatron's default grouping (by the stages) cannot run interleaved. The search offers the
+    interleaved layouts with the one group that takes them (12: a group of 8 would leave a last
+    group of 4, under the stages), the memory priced with (v - 1) x 12 chunks in the warm-up,
+    and the config it writes validates as the trainer's."""
+    job = Job(preset_model("175b"), 12, "bf16")
+    space = SearchSpace(tp=(8,), pp=(8,), micro_batch=(1,), zero=(1,), recompute=("full",),
+                        flash=(True,), sequence_parallel=(True,), interleave=(1, 2),
+                        schedules=("1f1b", "interleaved"))
+    ranked = search(job, 8, load_profile("h100"), space).ranked
+    grouped = [c for c in ranked if c.layout.interleave == 2]
+    assert grouped and all(c.layout.microbatch_group == 12 for c in grouped)
+    lay = grouped[0].layout
+    assert lay.key().endswith("-g12") and lay.pipe.group == 12
+    assert layout_problem(job, dataclasses.replace(lay, microbatch_group=0)) is not None
+    # the warm-up: stage 0 holds 2 (8 - 1) + (2 - 1) 12 + 1 = 27 chunks, capped at the 12
+    # micro-batches a stage (13.5 > 12); with a group of 8 it would be 23 chunks, 11.5
+    assert schedules.get("interleaved").stored(lay.pipe, 0, 1.0, 0.0) == 12
+    assert schedules.get("interleaved").stored(
+        dataclasses.replace(lay.pipe, micro_batches=16, group=0), 0, 1.0, 0.0) == 11.5
+    # uncapped, 10 micro-batches on 4 stages: groups of 5 hold 2 x 3 + 5 + 1 = 12 chunks (6
+    # stage-equivalents), one group of 10 holds 17 (8.5)
+    from megatron.config.schedules.registry import Pipe
+    inter = schedules.get("interleaved")
+    assert [inter.stored(Pipe(4, 10, 2, g), 0, 1.0, 0.0) for g in (5, 10)] == [6.0, 8.5]
+    cfg = emit.layout_config(load_config(None), job, lay)
+    assert cfg.parallel.pipeline_microbatch_group == 12
+    assert validate_for_world(cfg, 64) == 1

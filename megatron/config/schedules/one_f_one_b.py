@@ -13,11 +13,12 @@ def in_flight(pipe: Pipe, stage: int) -> float:
     """Micro-batches whose activations stage `stage` holds at once. Interleaved (v chunks of
     1/v of the stage), Megatron-LM warms up 2 (p - i - 1) + (v - 1) p chunks before its first
     backward: p + (p - 1)/v stage-equivalents on the first stage, the (1 + (p - 1)/(p v))
-    factor of Korthikanti et al. 2022 section 4.2.3."""
+    factor of Korthikanti et al. 2022 section 4.2.3; with the micro-batches in groups of N
+    (Pipe.group), (v - 1) N in place of (v - 1) p (engine/interleaved_order.warmup)."""
     v = pipe.chunks
     if v == 1:
         return max(1, min(pipe.stages - stage, pipe.micro_batches))
-    chunks = 2 * (pipe.stages - stage - 1) + (v - 1) * pipe.stages + 1
+    chunks = 2 * (pipe.stages - stage - 1) + (v - 1) * (pipe.group or pipe.stages) + 1
     return max(1.0, min(chunks / v, float(pipe.micro_batches)))
 
 

@@ -30,6 +30,9 @@ class Pipe:
     stages: int
     micro_batches: int
     chunks: int = 1
+    # interleaved: the micro-batches a chunk takes in a row (parallel.pipeline_microbatch_
+    # group); 0: the stages
+    group: int = 0
 
 
 # Per kind of stage: the features of one micro-batch through it (a vector, numpy's in the
