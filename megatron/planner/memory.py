@@ -110,11 +110,11 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     return StateBytes(weights, grads, 12 * n / dp, (4 + lp) * n / dp, bucket, in_backward)
 
 
-def engine_problem(framework: str, zero: int, pp: int) -> Optional[str]:
+def engine_problem(framework: str, zero: int) -> Optional[str]:
     """Why the engine `framework` cannot run this ZeRO stage (one line naming the flag and the
     fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed optimizer); FSDP
-    shards at ZeRO-2 or 3, with or without a pipeline (pp: kept for the callers' one
-    signature); DeepSpeed runs all four."""
+    shards at ZeRO-2 or 3, with or without a pipeline; DeepSpeed runs all four (its pipeline
+    engine's ZeRO-0/1 rule is layout.layout_problem's)."""
     if framework in MEGATRON and zero > 1:
         return (f"--zero {zero} under framework {framework}: Megatron-LM has no "
                 "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
@@ -224,7 +224,7 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     """state_bytes with the DeepSpeed settings the trainer uses for this layout on `device`
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
     states for framework megatron-lm, megatron-core or fsdp; `sp` is pipeline stage `stage`'s."""
-    problem = (engine_problem(framework, lay.zero, lay.pp)
+    problem = (engine_problem(framework, lay.zero)
                or grad_dtype_problem(job.grad_dtype, job.precision))
     if problem:
         raise InputError(problem)

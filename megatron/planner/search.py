@@ -261,7 +261,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
         for zero in space.zero:
             if pp > 1 and zero > 1 and framework in DEEPSPEED:
                 continue
-            if engine_problem(framework, zero, pp):
+            if engine_problem(framework, zero):
                 continue
             for rc in space.recompute:
                 for flash in space.flash:
