@@ -3,12 +3,17 @@
 #   1. install the carried wheels (DeepSpeed and the dependencies the machine lacks);
 #   2. build the fused kernels in place for this GPU (python setup.py build_ext --inplace, in the
 #      background: meanwhile the GPU runs what does not need them);
-#   3. tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU) and
-#      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's events);
-#   4. the end-to-end benchmark (benchmarks/e2e/bench_e2e.py): the 1.3B GPT, bf16, ZeRO-1, fused
-#      kernels on and off, a plain PyTorch peer, the planner's prediction;
-#   5. megatron-kernels --require, the GPU parity tests, the kernel benchmark (GB/s as a share of
-#      the memory bandwidth, against torch eager and torch's native kernels).
+#   3. while it builds: the end-to-end benchmark's runs that need no fused kernel
+#      (benchmarks/e2e/bench_e2e.py: the 1.3B GPT, bf16, ZeRO-1, the plain PyTorch peer and
+#      kernels.mode=torch, with the planner's prediction), the MoE layer against Mixtral's in bf16
+#      (benchmarks/moe/bench_layer.py --device cuda: the grouped GEMM's first GPU run), then
+#      tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU),
+#      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's
+#      events) and tests/gpu/test_moe_gpu.py (the experts' paths in three dtypes, a bf16 MoE run),
+#      three files side by side when pytest-xdist is there;
+#   4. megatron-kernels --require, the 1.3B run with fused kernels, the GPU parity tests, the
+#      kernel benchmark (GB/s as a share of the memory bandwidth, against torch eager and torch's
+#      native kernels).
 # Every step runs under `timeout` inside one overall budget (GPU_CHECK_BUDGET seconds, default
 # 540) and writes as it goes, so a step that times out still leaves the others' results.
 #
@@ -18,7 +23,7 @@
 #
 # Files written to the results folder (at most 8, what the device tool brings back):
 # gpu_check_<gpu>.txt (the summary), gpu_check_logs.tar.gz (every step's log), e2e_<gpu>.json/.md,
-# kernels_<gpu>.json/.md. Nothing is downloaded: pip runs with --no-index.
+# kernels_<gpu>.json/.md, moe_layer_<gpu>.json/.md. Nothing is downloaded: pip runs with --no-index.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -145,15 +150,19 @@ building() { [ ! -f "$WORK/build.rc" ]; }
 E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$LOGS/e2e" --merge --timeout 200)
 step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
 excerpt e2e_peer grep '^e2e \|error'
-step train_tests 240 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_training_gpu.py \
-    tests/gpu/test_training_gpu_paths.py
-excerpt train_tests tail 6
 torch_done=0
 if building; then
   step e2e_torch 150 $PY "${E2E[@]}" --runs torch --context "the kernel build running on the CPU"
   excerpt e2e_torch grep '^e2e \|error'
   torch_done=1
 fi
+step moe_layer 120 $PY benchmarks/moe/bench_layer.py --device cuda --out "$OUT_DIR"
+excerpt moe_layer grep 'skipped\|Error\|does not run' 
+XDIST=()  # the three files side by side: small models, one GPU with room for all
+$PY -c 'import xdist' 2>/dev/null && XDIST=(-n 3 --dist loadfile)
+step train_tests 220 $PY -m pytest -q -ra -p no:cacheprovider "${XDIST[@]}" \
+    tests/gpu/test_training_gpu.py tests/gpu/test_training_gpu_paths.py tests/gpu/test_moe_gpu.py
+excerpt train_tests tail 8
 
 # --- 4. the build's result -------------------------------------------------------------------
 wait "$BUILD_PID"
@@ -178,7 +187,7 @@ excerpt bench_kernels tail 3
 
 note "done, status $status; results in $OUT_DIR"
 pack
-for f in "$OUT_DIR"/e2e_"$SLUG".md "$OUT_DIR"/kernels_"$SLUG".md; do
+for f in "$OUT_DIR"/e2e_"$SLUG".md "$OUT_DIR"/kernels_"$SLUG".md "$OUT_DIR"/moe_layer_"$SLUG".md; do
   [ -f "$f" ] && { echo; cat "$f"; }
 done
 echo

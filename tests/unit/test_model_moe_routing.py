@@ -145,6 +145,50 @@ def test_grouped_gemm_backward_equals_the_loop(flavour):
     assert experts.grouped is True and experts(x[:0], [0, 0, 0, 0]).shape == (0, 64)
 
 
+def test_experts_fall_back_to_the_loop_where_the_grouped_gemm_raises(monkeypatch, caplog):
+    """A device or dtype whose grouped GEMM refuses the layer (CUDA's has been bf16-only in some
+    torch releases) runs the loop: same output, one warning naming the dtype and the reason, and
+    the trial is not repeated on later calls."""
+    from megatron.model.moe import experts as experts_module
+    experts = _experts()
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(0))
+    counts = [7, 0, 5, 8]
+    experts.grouped = False
+    loop = experts(x, counts)
+    experts.grouped = None
+    calls = []
+
+    def refuses(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("Expected inputs of BF16 type but got mat_a.dtype=float")
+
+    monkeypatch.setattr(experts_module, "_GROUPED_PROBES", {})
+    monkeypatch.setattr(torch, "_grouped_mm", refuses)
+    with caplog.at_level("WARNING", logger=experts_module.__name__):
+        assert torch.equal(experts(x, counts), loop)
+        assert torch.equal(experts(x, counts), loop)
+    assert len(calls) == 1, "the grouped GEMM was tried again after it refused"
+    warned = [r.getMessage() for r in caplog.records if "grouped GEMM" in r.getMessage()]
+    assert len(warned) == 1 and "float32" in warned[0] and "BF16 type" in warned[0], warned
+    why = experts_module.grouped_gemm_works(x.device, x.dtype, 64, *experts.w1.shape[1:2],
+                                            experts.w2.shape[2])
+    assert why and why.startswith("RuntimeError")
+
+
+def test_experts_take_the_grouped_gemm_where_it_runs(monkeypatch):
+    """Where the trial passes, the default (grouped = None) is the grouped GEMM: the loop is not
+    called."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    from megatron.model.moe import experts as experts_module
+    monkeypatch.setattr(experts_module, "_GROUPED_PROBES", {})
+    experts = _experts()
+    monkeypatch.setattr(experts, "_loop", lambda *a: pytest.fail("the loop ran"))
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(0))
+    assert experts(x, [7, 0, 5, 8]).shape == (20, 64)
+    assert list(experts_module._GROUPED_PROBES.values()) == [None]
+
+
 @pytest.mark.parametrize("overrides, world, field", [
     (["model.moe.num_experts=-1"], 1, "model.moe.num_experts"),
     (MOE[:1] + ["model.moe.top_k=5"], 1, "model.moe.top_k"),

@@ -8,11 +8,18 @@ one grouped GEMM per matrix, used wherever this torch has it (CPU and GPUs). The
 GEMM's backward (torch 2.13) refuses a gradient with zero strides (what `.sum().backward()`
 hands it: "Invalid strides/sizes"), so its output passes its gradient on contiguous
 (_ContiguousGrad). On the CPU it is 2-3x faster than the loop (benchmarks/results/
-moe_layer.md); both are tested against each other (tests/unit/test_model_moe_routing.py)."""
+moe_layer.md); both are tested against each other (tests/unit/test_model_moe_routing.py).
+
+Which dtypes and shapes the grouped GEMM takes differs by device and torch version (CUDA's
+kernel has been bf16-only, with rows 16-byte aligned, in some releases), so the first call for
+each (device type, dtype, widths) tries it once on a few rows, forward and backward
+(grouped_gemm_works); where it raises, that layer runs the loop, with one warning naming why.
+The answer is cached: later calls pay a dictionary lookup."""
 from __future__ import annotations
 
+import logging
 import math
-from typing import List
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +29,39 @@ from megatron.config import moe, variants
 from megatron.model.moe.dispatch import select_rows
 from megatron.parallel.layers import sharded_normal
 from megatron.parallel.random import seed_for
+
+log = logging.getLogger(__name__)
+
+# (device type, dtype, h, fc1 width, ffn) -> None when the grouped GEMM ran, else why not.
+_GROUPED_PROBES: Dict[Tuple, object] = {}
+
+
+def grouped_gemm_works(device: torch.device, dtype: torch.dtype, h: int, f1: int, f: int):
+    """None when torch._grouped_mm runs this layer's two products forward and backward on
+    `device` in `dtype` (tried once on 2 experts x 8 rows, then cached), else the reason."""
+    key = (device.type, dtype, h, f1, f)
+    if key not in _GROUPED_PROBES:
+        why = None
+        if not hasattr(torch, "_grouped_mm"):
+            why = f"this torch ({torch.__version__}) has no torch._grouped_mm"
+        else:
+            try:
+                with torch.enable_grad():
+                    x = torch.zeros(16, h, device=device, dtype=dtype, requires_grad=True)
+                    w1 = torch.zeros(2, f1, h, device=device, dtype=dtype, requires_grad=True)
+                    w2 = torch.zeros(2, h, f, device=device, dtype=dtype, requires_grad=True)
+                    offs = torch.tensor([8, 16], device=device, dtype=torch.int32)
+                    y = torch._grouped_mm(x, w1.transpose(1, 2), offs=offs)[:, :f]
+                    y = torch._grouped_mm(y.contiguous(), w2.transpose(1, 2), offs=offs)
+                    y.backward(torch.ones_like(y))
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if why is not None:
+            log.warning("MoE experts: the grouped GEMM does not run on %s in %s for hidden %d, "
+                        "fc1 %d, ffn %d (%s); using the per-expert loop", device.type,
+                        str(dtype).replace("torch.", ""), h, f1, f, why)
+        _GROUPED_PROBES[key] = why
+    return _GROUPED_PROBES[key]
 
 
 def mark_experts(param: nn.Parameter, num_experts: int, first: int,
@@ -56,11 +96,15 @@ class Experts(nn.Module):
         writer = ctx.expert is None or ctx.expert.grid.index(ctx.expert.rank, "edp") == 0
         for p in self.parameters():
             mark_experts(p, m.moe.num_experts, first, writer)
-        self.grouped = None  # None: the grouped GEMM where torch has it, else the loop
+        self.grouped = None  # None: the grouped GEMM where it runs (grouped_gemm_works), else
+        # the loop; True or False forces one (tests, benchmarks)
 
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """x [M, h] grouped by local expert, counts [E_local] -> [M, h]."""
-        grouped = self.grouped if self.grouped is not None else True
+        grouped = self.grouped
+        if grouped is None:  # the default: grouped wherever it runs (grouped_gemm_works)
+            f1, h = self.w1.shape[1:]
+            grouped = grouped_gemm_works(x.device, x.dtype, h, f1, self.w2.shape[2]) is None
         if grouped and hasattr(torch, "_grouped_mm"):
             return self._grouped(x, counts)
         return self._loop(x, counts)
