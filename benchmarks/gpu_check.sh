@@ -10,7 +10,8 @@
 #      tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU),
 #      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's
 #      events) and tests/gpu/test_moe_gpu.py (the experts' paths in three dtypes, a bf16 MoE run),
-#      three files side by side when pytest-xdist is there;
+#      three files side by side when pytest-xdist is there; one profiled step of the trainer
+#      and of the peer (benchmarks/e2e/profile_step.py, into the logs);
 #   4. megatron-kernels --require, the 1.3B run with fused kernels, the GPU parity tests, the
 #      kernel benchmark (GB/s as a share of the memory bandwidth, against torch eager and torch's
 #      native kernels).
@@ -158,6 +159,12 @@ if building; then
 fi
 step moe_layer 120 $PY benchmarks/moe/bench_layer.py --device cuda --out "$OUT_DIR"
 excerpt moe_layer grep 'skipped\|Error\|does not run' 
+# One step of the trainer (torch kernels) and of the peer under torch.profiler: where the
+# device's time goes, and how long it waits on the host (logs/profile/profile-*.txt).
+step profile 150 $PY benchmarks/e2e/bench_e2e.py --runs torch,peer --profile --timeout 120 \
+    --out "$LOGS/profile" --work "$LOGS/profile"
+excerpt profile grep '^e2e \|error'
+for f in "$LOGS"/profile/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"; done
 XDIST=()  # the three files side by side: small models, one GPU with room for all
 $PY -c 'import xdist' 2>/dev/null && XDIST=(-n 3 --dist loadfile)
 step train_tests 220 $PY -m pytest -q -ra -p no:cacheprovider "${XDIST[@]}" \

@@ -91,9 +91,9 @@ def megatron_overrides(shape: Shape, kernels: str, iters: int, run_dir: str) -> 
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
 
 
-def _run(cmd, timeout: float, log_path: Path) -> Optional[str]:
+def _run(cmd, timeout: float, log_path: Path, extra_env: Optional[dict] = None) -> Optional[str]:
     """Runs cmd from the repository root; None, or why it failed (the log's last lines)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -106,12 +106,24 @@ def _run(cmd, timeout: float, log_path: Path) -> Optional[str]:
     return None
 
 
-def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: float) -> dict:
+def profile_env(work: Path, name: str, profile: bool) -> dict:
+    """With --profile: profile_step.py's variables, so the run writes profile-<name>.txt."""
+    if not profile:
+        return {}
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    out = str(work / f"profile-{name}.txt")
+    return {"PYTHONPATH": path, "MEGATRON_PROFILE_OUT": out, "PEER_PROFILE_OUT": out}
+
+
+def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: float,
+                 profile: bool = False) -> dict:
     run_dir = work / f"megatron-{kernels}"
     log_path = work / f"megatron-{kernels}.log"
     cmd = [sys.executable, "-m", "megatron.cli.train",
+           *(["--plugin", "profile_step"] if profile else []),
            *megatron_overrides(shape, kernels, iters, str(run_dir))]
-    error = _run(cmd, timeout, log_path)
+    error = _run(cmd, timeout, log_path, profile_env(work, kernels, profile))
     metrics = RunDir(str(run_dir)).metrics
     rows = steps(read_metrics(metrics)) if os.path.exists(metrics) else []
     text = log_path.read_text(errors="replace")
@@ -127,13 +139,14 @@ def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: fl
             "error": error}
 
 
-def run_peer(shape: Shape, iters: int, device: str, work: Path, timeout: float) -> dict:
+def run_peer(shape: Shape, iters: int, device: str, work: Path, timeout: float,
+             profile: bool = False) -> dict:
     spec = dict(asdict(shape), iters=iters, device=device)
     spec_path, result_path = work / "peer-spec.json", work / "peer-result.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "e2e" / "peer_gpt.py"), "--spec",
            str(spec_path), "--result", str(result_path)]
-    error = _run(cmd, timeout, work / "peer.log")
+    error = _run(cmd, timeout, work / "peer.log", profile_env(work, "peer", profile))
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     result["error"] = error
     return result
@@ -202,6 +215,10 @@ def parse_args(argv=None):
     p.add_argument("--context", default="", help="a note stored with these runs "
                    "(e.g. 'kernel build running alongside')")
     p.add_argument("--work", help="folder for run directories and logs (default: a temp dir)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the sixth step of each run (profile_step.py) into "
+                   "profile-<run>.txt in --work: kernels by device time, device busy against "
+                   "wall; that step is slower, so give these runs an --out of their own")
     return p.parse_args(argv)
 
 
@@ -254,10 +271,11 @@ def main(argv=None) -> int:
         if name == "fused" and dev["device"] == "cpu":
             entry = {"status": "skipped", "reason": "the fused kernels run on GPUs only"}
         elif name == "peer":
-            raw = run_peer(shape, warmup + steps, dev["device"], work, args.timeout)
+            raw = run_peer(shape, warmup + steps, dev["device"], work, args.timeout,
+                           args.profile)
             entry = summarize(raw, warmup, tokens, flops, dev["peak_tflops"])
         else:
-            raw = run_megatron(shape, name, warmup + steps, work, args.timeout)
+            raw = run_megatron(shape, name, warmup + steps, work, args.timeout, args.profile)
             entry = summarize(raw, warmup, tokens, flops, dev["peak_tflops"])
             entry["kernels"] = name
         entry["wall_s"] = round(time.perf_counter() - began, 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,11 +97,7 @@ def train(spec: dict) -> dict:
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8, **fused)
     accum = spec["global_batch"] // spec["micro_batch"]
     step_times, losses = [], []
-    for _ in range(spec["iters"]):
-        data = torch.randint(spec["vocab"], (accum, spec["micro_batch"], spec["seq"] + 1),
-                             device=device)
-        _sync(device)
-        start = time.perf_counter()
+    def one_step(data):
         total = torch.zeros((), device=device)
         for micro in data:
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -110,7 +107,19 @@ def train(spec: dict) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(total.item())  # waits for the step, as the trainer's loss read does
+        return total.item()  # waits for the step, as the trainer's loss read does
+
+    profile_out = os.environ.get("PEER_PROFILE_OUT")  # profile_step.py: one step's profile
+    for i in range(spec["iters"]):
+        data = torch.randint(spec["vocab"], (accum, spec["micro_batch"], spec["seq"] + 1),
+                             device=device)
+        _sync(device)
+        start = time.perf_counter()
+        if profile_out and i == 5:
+            from profile_step import profiled
+            losses.append(profiled(lambda: one_step(data), profile_out, "plain PyTorch peer"))
+        else:
+            losses.append(one_step(data))
         _sync(device)
         step_times.append(time.perf_counter() - start)
     return {"step_times": step_times, "losses": losses, "peak_mem_gb": memory_gb(device),

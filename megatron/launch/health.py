@@ -63,8 +63,8 @@ def check_node(device: torch.device, local_ranks: int, environ: Mapping[str, str
 
 def _gemm(device: torch.device) -> List[str]:
     gen = torch.Generator().manual_seed(1234)
-    a = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64)
-    b = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64)
+    a = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64, device="cpu")
+    b = torch.randn(GEMM_N, GEMM_N, generator=gen, dtype=torch.float64, device="cpu")
     got = (a.float().to(device) @ b.float().to(device)).double().cpu()
     want = a @ b
     error = float((got - want).abs().max() / want.abs().max())

@@ -75,7 +75,7 @@ def _log_softmax_in_place_ok(vocab: int) -> bool:
     (its last-dim kernel finishes each row's max and sum before writing the row); checked once
     per row length on a small sample, so another torch that breaks it only costs a buffer."""
     if vocab not in _ALIASING_CHECKED:
-        x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 4
+        x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0), device="cpu") * 4
         expected = torch.log_softmax(x, dim=-1)
         _ALIASING_CHECKED[vocab] = torch.equal(torch.log_softmax(x, -1, out=x), expected)
     return _ALIASING_CHECKED[vocab]

@@ -57,14 +57,17 @@ def sharded_normal(shape, std: float, seed: int, dim: int = 0, rank: int = 0, si
     """This rank's slice, `shard(full, dim, rank, size, stride)`, of the full 2-D tensor whose
     line i along `dim` is drawn from its own generator seeded by (seed, i). A rank draws only
     its own lines (1/TP of the tensor, not all of it), and every layout and device gets the
-    same values. Drawn on the CPU in fp32."""
+    same values. Drawn on the CPU in fp32, then moved to torch's default device, so a model
+    built under `with torch.device("cuda"):` holds the same values, on that device."""
     lines = shard_lines(shape[dim], rank, size, stride)
     width = shape[1 - dim]
-    out = torch.empty(len(lines), width, dtype=torch.float32)
-    g = torch.Generator()
+    out = torch.empty(len(lines), width, dtype=torch.float32, device="cpu")
+    g = torch.Generator(device="cpu")
     for row, line in zip(out, lines):
         row.normal_(0.0, std, generator=g.manual_seed(line_seed(seed, line)))
-    return out if dim == 0 else out.t().contiguous()
+    out = out if dim == 0 else out.t().contiguous()
+    default = torch.get_default_device()
+    return out if default.type == "cpu" else out.to(default)
 
 
 def full_normal(shape, std: float, seed: int, dim: int = 0) -> torch.Tensor:

@@ -79,3 +79,20 @@ def test_the_straggler_timer_times_forward_spans_with_cuda_events():
     assert 0 < span <= walls[-1] * 1.05, (span, walls)
     assert span >= 0.5 * walls[len(walls) // 2], (span, walls)
     assert timer.take() == 0.0  # a new window
+
+
+def test_a_model_built_under_the_gpu_context_is_the_cpu_built_one():
+    """`with torch.device("cuda"):` around the model build: the seeded weights are drawn on the
+    CPU and moved, so the model equals the CPU-built one moved to the GPU, MoE layers included."""
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.state import ParallelState
+    cfg = load_config(os.path.join(ROOT, "examples", "local", "tiny.yaml"),
+                      ["model.moe.num_experts=4", "model.moe.top_k=2"])
+    cpu = build_model(cfg, ParallelState.single(), 512)
+    with torch.device("cuda"):
+        gpu = build_model(cfg, ParallelState.single(), 512)
+    theirs = dict(gpu.named_parameters())
+    for name, p in cpu.named_parameters():
+        assert theirs[name].is_cuda, name
+        assert torch.equal(theirs[name].cpu(), p.detach()), name

@@ -14,8 +14,9 @@ EXPECTED_KERNELS = {
     # {forward, backward} x {fp32, fp16, bf16} x {arbitrary, causal} x items {1, 4, 16, stream}
     "softmax": 2 * 3 * 2 * 4,
     # {forward, backward-input} x 5 (input, weight) pairs x {LN, RMS} x {scalar, 4-wide}
+    # + the same x the 4 pairs with a 16-bit input x {LN, RMS} 8-wide
     # + backward-weight x 3 input dtypes x {LN, RMS}
-    "norm": 2 * 5 * 2 * 2 + 3 * 2,
+    "norm": 2 * 5 * 2 * 2 + 2 * 4 * 2 + 3 * 2,
     # {forward, backward} x 3 dtypes
     "rotary": 2 * 3,
     # {gelu, swiglu} x {forward, backward} x 3 dtypes x {scalar, 4-wide}

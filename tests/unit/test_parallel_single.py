@@ -86,3 +86,26 @@ def test_grid_matches_deepspeed_topology(tp, dp, pp):
         assert grid_coords(rank, tp, dp, pp) == (coord.model, coord.pipe, coord.data)
         at = {"tp": coord.model, "dp": coord.data, "pp": coord.pipe}
         assert dense_grid(tp=tp, pp=pp, dp=dp).rank_at(at) == rank
+
+
+def test_a_model_built_under_a_device_context_lands_there():
+    """`with torch.device(...)`: every weight, the seeded lines drawn on the CPU included, ends
+    on that device (an MoE layer's experts and router too), and the context leaves nothing
+    behind. The meta device stands in for a GPU; the values under a GPU's context (where the
+    CPU generator used to fail: "Expected a 'cuda' device type for generator") are checked by
+    tests/gpu/test_training_gpu_paths.py."""
+    from megatron.config import load_config
+    from megatron.model import build_model
+    from megatron.parallel.layers import sharded_normal
+    from megatron.parallel.state import ParallelState
+    from tests.support.paths import ROOT
+    with torch.device("meta"):
+        assert sharded_normal((4, 6), 0.1, 3, 1).device.type == "meta"
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml",
+                      ["model.moe.num_experts=4", "model.moe.top_k=2"])
+    with torch.device("meta"):
+        model = build_model(cfg, ParallelState.single(), 512)
+    devices = {name: p.device.type for name, p in model.named_parameters()}
+    assert set(devices.values()) == {"meta"}, {n: d for n, d in devices.items() if d != "meta"}
+    assert torch.get_default_device().type == "cpu"
+    assert sharded_normal((4, 6), 0.1, 3).device.type == "cpu"
