@@ -9,6 +9,8 @@ installed, else SDPA), no dropout. Runs, each in a process of its own (own CUDA 
 peak-memory counter, a crash or hang costs that run only):
 - fused: megatron-train with kernels.mode=fused (fails fast when the kernels are not built);
 - torch: megatron-train with kernels.mode=torch (torch's native norms, reference activations);
+- torch_zero0: the same under ZeRO-0 (at one data-parallel rank ZeRO-1 shards nothing, but
+  DeepSpeed still flattens, copies and converts every gradient; benchmarks/results/gpu_h200.md);
 - peer: a plain PyTorch GPT of the same shape (peer_gpt.py; its docstring states its precision).
 For each: the median step time after the warm-up steps, tokens/s, model TFLOP/s (the trainer's
 formula, megatron.training.metrics.model_flops_per_token), MFU against the device's peak
@@ -50,7 +52,9 @@ from megatron.data.vocab import padded_vocab_size  # noqa: E402
 from megatron.launch.device import lookup_peak  # noqa: E402
 from megatron.training.metrics import model_flops_per_token  # noqa: E402
 
-RUNS = ("fused", "torch", "peer")
+RUNS = ("fused", "torch", "peer", "torch_zero0")
+# run name -> (kernels.mode, parallel.zero_stage) for this trainer's runs
+MEGATRON_RUNS = {"fused": ("fused", 1), "torch": ("torch", 1), "torch_zero0": ("torch", 0)}
 
 
 @dataclass(frozen=True)
@@ -77,12 +81,13 @@ SHAPES = {
 }
 
 
-def megatron_overrides(shape: Shape, kernels: str, iters: int, run_dir: str) -> list:
+def megatron_overrides(shape: Shape, kernels: str, iters: int, run_dir: str,
+                       zero: int = 1) -> list:
     sets = {"model.num_layers": shape.layers, "model.hidden_size": shape.hidden,
             "model.num_attention_heads": shape.heads, "model.seq_length": shape.seq,
             "model.vocab_size": shape.vocab, "model.attention_backend": "auto",
             "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-            "parallel.zero_stage": 1, "training.precision": "bf16",
+            "parallel.zero_stage": zero, "training.precision": "bf16",
             "training.micro_batch_size": shape.micro_batch,
             "training.global_batch_size": shape.global_batch, "training.train_iters": iters,
             "training.log_interval": 1, "training.tensorboard": "false",
@@ -116,14 +121,15 @@ def profile_env(work: Path, name: str, profile: bool) -> dict:
     return {"PYTHONPATH": path, "MEGATRON_PROFILE_OUT": out, "PEER_PROFILE_OUT": out}
 
 
-def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: float,
+def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float,
                  profile: bool = False) -> dict:
-    run_dir = work / f"megatron-{kernels}"
-    log_path = work / f"megatron-{kernels}.log"
+    kernels, zero = MEGATRON_RUNS[name]
+    run_dir = work / f"megatron-{name}"
+    log_path = work / f"megatron-{name}.log"
     cmd = [sys.executable, "-m", "megatron.cli.train",
            *(["--plugin", "profile_step"] if profile else []),
-           *megatron_overrides(shape, kernels, iters, str(run_dir))]
-    error = _run(cmd, timeout, log_path, profile_env(work, kernels, profile))
+           *megatron_overrides(shape, kernels, iters, str(run_dir), zero)]
+    error = _run(cmd, timeout, log_path, profile_env(work, name, profile))
     metrics = RunDir(str(run_dir)).metrics
     rows = steps(read_metrics(metrics)) if os.path.exists(metrics) else []
     text = log_path.read_text(errors="replace")
@@ -133,8 +139,8 @@ def run_megatron(shape: Shape, kernels: str, iters: int, work: Path, timeout: fl
             "peak_mem_gb": max((r.mem_gb for r in rows), default=None),
             "attention": backend.group(1) if backend else None,
             "parameters": int(params.group(1)) if params else None,
-            "precision_policy": "DeepSpeed bf16 + ZeRO-1: bf16 weights and gradients, fp32 master "
-                                "weights and AdamW states (torch AdamW, fused on a GPU), "
+            "precision_policy": f"DeepSpeed bf16 + ZeRO-{zero}: bf16 weights and gradients, fp32 "
+                                "master weights and AdamW states (torch AdamW, fused on a GPU), "
                                 "clip 1.0",
             "error": error}
 
@@ -198,7 +204,9 @@ def parse_args(argv=None):
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"),
                    help="results folder (default: $OUT, else benchmarks/results)")
-    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated: fused, torch, peer")
+    p.add_argument("--runs", default=",".join(RUNS[:3]),
+                   help="comma-separated: fused, torch, peer, torch_zero0 (default: the first "
+                   "three)")
     p.add_argument("--tiny", action="store_true", help="the tiny shape (CPU dry run, tests)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default 8; tiny 2)")
@@ -277,7 +285,7 @@ def main(argv=None) -> int:
         else:
             raw = run_megatron(shape, name, warmup + steps, work, args.timeout, args.profile)
             entry = summarize(raw, warmup, tokens, flops, dev["peak_tflops"])
-            entry["kernels"] = name
+            entry["kernels"], entry["zero_stage"] = MEGATRON_RUNS[name]
         entry["wall_s"] = round(time.perf_counter() - began, 1)
         entry["context"] = args.context
         result["runs"][name] = entry

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 LABELS = {"fused": "this project, fused kernels", "torch": "this project, torch kernels",
-          "peer": "plain PyTorch peer"}
+          "torch_zero0": "this project, torch kernels, ZeRO-0", "peer": "plain PyTorch peer"}
 
 
 def _num(value, fmt: str) -> str:
