@@ -18,7 +18,9 @@ class ParallelConfig:
     world / (tensor_parallel_size x pipeline_parallel_size x context_parallel_size)."""
     zero_stage: int = 1
     """DeepSpeed ZeRO stage, 0 to 3: what the data-parallel ranks partition (1: optimizer
-    states, 2: and gradients, 3: and parameters). Pipeline parallelism allows 0 or 1."""
+    states, 2: and gradients, 3: and parameters). Pipeline parallelism allows 0 or 1. Over one
+    data-parallel rank (and no context parallelism) ZeRO shards nothing but still costs
+    DeepSpeed's gradient copies: start-up says so where 0 is allowed."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism: the norms and dropouts between tensor-parallel regions
     hold 1/tensor_parallel_size of the sequence, saving activation memory."""
