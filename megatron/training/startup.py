@@ -42,7 +42,8 @@ from megatron.launch.startup import StartupTimer
 from megatron.model import GPTModel, ModelContext, build_context, pipeline_layers
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.cp_layout import cp_layout_of
-from megatron.parallel.state import ParallelState, destroy_groups_since, live_groups
+from megatron.parallel.state import (ParallelState, dense_grid, destroy_groups_since,
+                                     live_groups)
 from megatron.training.state_check import StateCheck
 from megatron.training.run_paths import check_run_paths
 
@@ -110,10 +111,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     """Joins the job and builds model and engine; `timer` gets a mark per phase."""
     launch = discover()
     device_info = detect_device(launch.local_rank)
-    dp = _check_before_joining(cfg, launch.world_size, device_info.device.type)
-    advice = zero_without_shards(cfg, launch.world_size, dp)
-    if advice and launch.rank == 0:
-        log.info(advice)
+    dp = _check_before_joining(cfg, launch.world_size, device_info.device.type, launch.rank)
     if cfg.resilience.check_node:
         _check_node(cfg, launch, device_info.device)
     timer.mark("device")
@@ -192,11 +190,14 @@ def flight_recorder_env(run: RunDir, environ) -> None:
         pass
 
 
-def _check_before_joining(cfg: Config, world: int, device_type: str) -> int:
+def _check_before_joining(cfg: Config, world: int, device_type: str, rank: int = 0) -> int:
     """A bad layout or input must fail fast on every rank, not leave some ranks waiting in a
     rendezvous. Returns the data-parallel size."""
     dp = validate_for_world(cfg, world)
     check_device(cfg, device_type)
+    advice = zero_without_shards(cfg, world, dp)
+    if advice and rank == 0:
+        log.info(advice)
     # a schedule the planner prices but no engine runner runs (config/schedules, runners.py)
     unrunnable = runner_error(cfg.parallel.pipeline_schedule)
     if unrunnable is not None:
@@ -214,8 +215,10 @@ def zero_without_shards(cfg: Config, world: int, dp: int) -> Optional[str]:
     parallel = 1), where ZeRO-0 is allowed too: nothing is sharded, so no memory is saved, but
     DeepSpeed's ZeRO path still flattens, copies and converts every gradient every step. None
     when there is nothing to say."""
-    zero, cp = cfg.parallel.zero_stage, cfg.parallel.context_parallel_size
-    if zero == 0 or dp * cp != 1:
+    p, zero = cfg.parallel, cfg.parallel.zero_stage
+    shards = dense_grid(p.tensor_parallel_size, p.pipeline_parallel_size, dp,
+                        p.context_parallel_size).group_size("dp_cp")
+    if zero == 0 or shards != 1:
         return None
     plain = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, zero_stage=0))
     try:
