@@ -135,12 +135,13 @@ def test_two_srun_style_ranks_on_a_held_port_both_end_with_exit_2(tmp_path):
                  for rank in (0, 1)]
         ended = []
         for proc in procs:
-            out, err = proc.communicate(timeout=60 + 45 + 30)
+            out, err = proc.communicate(timeout=60 + 90 + 30)
             ended.append((proc.returncode, err, time.monotonic() - began))
     for rank, (code, err, took) in enumerate(ended):
         assert code == 2, f"rank {rank} exit {code}:\n{err[-3000:]}"
-        # the 60 s timeout, and start-up on a loaded machine (a hang would be 10 minutes)
-        assert took < 60 + 45, f"rank {rank} took {took:.0f} s"
+        # the 60 s timeout, and start-up on a loaded machine (a hang would be 10 minutes): the
+        # fresh-clone suite on 2 loaded cores measured 105 s once, its imports alone about 45 s
+        assert took < 60 + 90, f"rank {rank} took {took:.0f} s"
         assert_clean_error(subprocess.CompletedProcess([], code, "", err),
                            f"megatron-train: error: rank {rank} of 2 could not join the process "
                            f"group at 127.0.0.1:{port}", "held by another program",
