@@ -112,13 +112,14 @@ def _run(cmd, timeout: float, log_path: Path, extra_env: Optional[dict] = None) 
 
 
 def profile_env(work: Path, name: str, profile: bool) -> dict:
-    """With --profile: profile_step.py's variables, so the run writes profile-<name>.txt."""
+    """With --profile: the variable profile_step.py reads for this run (the trainer's plugin
+    or the peer's), so the run writes profile-<name>.txt."""
     if not profile:
         return {}
     here = str(Path(__file__).resolve().parent)
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    out = str(work / f"profile-{name}.txt")
-    return {"PYTHONPATH": path, "MEGATRON_PROFILE_OUT": out, "PEER_PROFILE_OUT": out}
+    variable = "PEER_PROFILE_OUT" if name == "peer" else "MEGATRON_PROFILE_OUT"
+    return {"PYTHONPATH": path, variable: str(work / f"profile-{name}.txt")}
 
 
 def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float,
