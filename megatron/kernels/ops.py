@@ -15,7 +15,9 @@ import torch
 
 from megatron.config.errors import ConfigError
 from megatron.kernels import fused, registry
-from megatron.kernels.builtin.norm import native_norm  # noqa: F401 (the norms' torch path)
+# The norms' and activations' torch paths on a GPU (torch's kernels in the inputs' dtype)
+from megatron.kernels.builtin.activation import native_activation  # noqa: F401
+from megatron.kernels.builtin.norm import native_norm  # noqa: F401
 from megatron.kernels.loader import unavailable_reason
 
 log = logging.getLogger(__name__)

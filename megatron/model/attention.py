@@ -87,12 +87,14 @@ class SelfAttention(nn.Module):
             self.context = ContextAttention(m, ctx, self.groups_local, self.q_per_group)
 
     def _split(self, qkv: torch.Tensor):
+        """[s, b, groups*(g+2)*d] -> q [s, b, groups*g, d], k and v [s, b, groups, d]. One split,
+        whose backward writes qkv's gradient once (a cat of the three): indexing instead gives
+        each of q, k and v a zero-filled gradient of qkv's whole size, and two more passes to
+        add them (about 2% of a 1.3B model's step on an H200, benchmarks/e2e/op_traffic.py)."""
         s, b = qkv.shape[:2]
         g, d = self.q_per_group, self.head_dim
-        qkv = qkv.view(s, b, self.groups_local, g + 2, d)
-        q = qkv[:, :, :, :g].reshape(s, b, self.groups_local * g, d)
-        k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]  # [s, b, groups, d]
-        return q, k, v
+        q, k, v = qkv.view(s, b, self.groups_local, g + 2, d).split([g, 1, 1], dim=3)
+        return q.reshape(s, b, self.groups_local * g, d), k.squeeze(3), v.squeeze(3)
 
     def _core(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]

@@ -62,6 +62,17 @@ def test_norms_on_the_cpu_keep_the_exact_upcast_reference():
     assert torch.equal(ops.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5))
 
 
+def test_activations_on_the_cpu_keep_the_exact_upcast_reference():
+    """As the norms: on the CPU the torch path of bias-GeLU and SwiGLU is the fp32 reference,
+    bit for bit; torch's own kernels in the inputs' dtype run only on a GPU
+    (tests/gpu/test_kernels_native_activation_fallback.py holds them to it there)."""
+    from megatron.kernels import ops
+    x, b = torch.randn(5, 8).to(torch.bfloat16), torch.randn(8).to(torch.bfloat16)
+    assert not ops.native_activation(x, b)
+    assert torch.equal(ops.bias_gelu(x, b), reference.bias_gelu(x, b))
+    assert torch.equal(ops.swiglu(x, x.flip(0)), reference.swiglu(x, x.flip(0)))
+
+
 def softmax64(s):
     e = torch.exp(s - s.max(-1, keepdim=True).values)
     return e / e.sum(-1, keepdim=True)

@@ -69,5 +69,29 @@ def swiglu_accepts(gate, up) -> bool:
     return gpu_floats(gate, up) and gate.shape == up.shape and gate.dtype == up.dtype
 
 
-BIAS_GELU = register("bias_gelu", bias_gelu_reference, bias_gelu_fused, bias_gelu_accepts)
-SWIGLU = register("swiglu", swiglu_reference, swiglu_fused, swiglu_accepts)
+def native_activation(x, *others) -> bool:
+    """Whether an activation that is not fused runs torch's own kernels in the inputs' dtype
+    instead of the fp32 reference: on a GPU, where torch's GeLU and SiLU compute in fp32 inside
+    and the reference's fp32 copies are only extra passes and larger saved tensors (the
+    reference bias-GeLU of the 1.3B benchmark moves about 130 GB more a step, forward and
+    backward; benchmarks/results/op_traffic_h200.md). The bias is added, and SwiGLU's product
+    taken, in that dtype: one rounding more than the reference. The CPU keeps the reference
+    (its runs are the equivalence and test runs), as do mixed dtypes."""
+    return x.is_cuda and all(t is None or t.dtype == x.dtype for t in others)
+
+
+def bias_gelu_unfused(x, bias):
+    if native_activation(x, bias):
+        return F.gelu(x if bias is None else x + bias, approximate="tanh")
+    return bias_gelu_reference(x, bias)
+
+
+def swiglu_unfused(gate, up):
+    if native_activation(gate, up):
+        return F.silu(gate) * up
+    return swiglu_reference(gate, up)
+
+
+BIAS_GELU = register("bias_gelu", bias_gelu_reference, bias_gelu_fused, bias_gelu_accepts,
+                     bias_gelu_unfused)
+SWIGLU = register("swiglu", swiglu_reference, swiglu_fused, swiglu_accepts, swiglu_unfused)
