@@ -5,7 +5,8 @@
 #      background: meanwhile the GPU runs what does not need them);
 #   3. while it builds: the end-to-end benchmark's runs that need no fused kernel
 #      (benchmarks/e2e/bench_e2e.py: the 1.3B GPT, bf16, ZeRO-1, the plain PyTorch peer and
-#      kernels.mode=torch under ZeRO-1 and ZeRO-0, with the planner's prediction), the MoE layer against Mixtral's in bf16
+#      kernels.mode=torch under ZeRO-1, ZeRO-0 and DeepSpeed's BF16_Optimizer, with the planner's
+#      prediction), the MoE layer against Mixtral's in bf16
 #      (benchmarks/moe/bench_layer.py --device cuda: the grouped GEMM's first GPU run), then
 #      tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU),
 #      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's
@@ -153,16 +154,18 @@ step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build runnin
 excerpt e2e_peer grep '^e2e \|error'
 torch_done=0
 if building; then
-  step e2e_torch 220 $PY "${E2E[@]}" --runs torch,torch_zero0 \
+  step e2e_torch 220 $PY "${E2E[@]}" --runs torch,torch_zero0,torch_bf16opt \
       --context "the kernel build running on the CPU"
   excerpt e2e_torch grep '^e2e \|error'
   torch_done=1
 fi
 step moe_layer 120 $PY benchmarks/moe/bench_layer.py --device cuda --out "$OUT_DIR"
 excerpt moe_layer grep 'skipped\|Error\|does not run' 
-# One step of the trainer (torch kernels) and of the peer under torch.profiler: where the
-# device's time goes, and how long it waits on the host (logs/profile/profile-*.txt).
-step profile 150 $PY benchmarks/e2e/bench_e2e.py --runs torch,peer --profile --timeout 120 \
+# One step of the trainer (torch kernels; ZeRO-1 and BF16_Optimizer) and of the peer under
+# torch.profiler: where the device's time goes, and how long it waits on the host
+# (logs/profile/profile-*.txt; benchmarks/results/gpu_h200.md says what to look for).
+step profile 200 $PY benchmarks/e2e/bench_e2e.py --runs torch,torch_bf16opt,peer --profile \
+    --timeout 100 \
     --out "$LOGS/profile" --work "$LOGS/profile"
 excerpt profile grep '^e2e \|error'
 for f in "$LOGS"/profile/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"; done
@@ -182,7 +185,7 @@ excerpt kernels_report tail 40
 
 # --- 5. fused kernels on (and off, when not run yet), then the kernel tests and benchmark --------
 runs=fused
-(( torch_done )) || runs=fused,torch,torch_zero0
+(( torch_done )) || runs=fused,torch,torch_zero0,torch_bf16opt
 step e2e_fused 240 $PY "${E2E[@]}" --runs $runs
 excerpt e2e_fused grep '^e2e \|error'
 step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_kernels_fused.py \

@@ -52,9 +52,12 @@ from megatron.data.vocab import padded_vocab_size  # noqa: E402
 from megatron.launch.device import lookup_peak  # noqa: E402
 from megatron.training.metrics import model_flops_per_token  # noqa: E402
 
-RUNS = ("fused", "torch", "peer", "torch_zero0")
+RUNS = ("fused", "torch", "peer", "torch_zero0", "torch_bf16opt")
 # run name -> (kernels.mode, parallel.zero_stage) for this trainer's runs
-MEGATRON_RUNS = {"fused": ("fused", 1), "torch": ("torch", 1), "torch_zero0": ("torch", 0)}
+MEGATRON_RUNS = {"fused": ("fused", 1), "torch": ("torch", 1), "torch_zero0": ("torch", 0),
+                 "torch_bf16opt": ("torch", 1)}
+# runs with a plugin of this folder: torch_bf16opt takes DeepSpeed's BF16_Optimizer
+PLUGINS = {"torch_bf16opt": "bf16_optimizer"}
 
 
 @dataclass(frozen=True)
@@ -111,15 +114,20 @@ def _run(cmd, timeout: float, log_path: Path, extra_env: Optional[dict] = None) 
     return None
 
 
+def plugin_env() -> dict:
+    """PYTHONPATH with this folder first, for megatron-train's --plugin of a module here."""
+    here = str(Path(__file__).resolve().parent)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", ""))
+                                          if p)}
+
+
 def profile_env(work: Path, name: str, profile: bool) -> dict:
     """With --profile: the variable profile_step.py reads for this run (the trainer's plugin
     or the peer's), so the run writes profile-<name>.txt."""
     if not profile:
         return {}
-    here = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     variable = "PEER_PROFILE_OUT" if name == "peer" else "MEGATRON_PROFILE_OUT"
-    return {"PYTHONPATH": path, variable: str(work / f"profile-{name}.txt")}
+    return dict(plugin_env(), **{variable: str(work / f"profile-{name}.txt")})
 
 
 def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float,
@@ -127,10 +135,12 @@ def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float
     kernels, zero = MEGATRON_RUNS[name]
     run_dir = work / f"megatron-{name}"
     log_path = work / f"megatron-{name}.log"
+    plugins = (["profile_step"] if profile else []) + ([PLUGINS[name]] if name in PLUGINS else [])
     cmd = [sys.executable, "-m", "megatron.cli.train",
-           *(["--plugin", "profile_step"] if profile else []),
+           *[arg for plugin in plugins for arg in ("--plugin", plugin)],
            *megatron_overrides(shape, kernels, iters, str(run_dir), zero)]
-    error = _run(cmd, timeout, log_path, profile_env(work, name, profile))
+    env = profile_env(work, name, profile) or (plugin_env() if plugins else {})
+    error = _run(cmd, timeout, log_path, env)
     metrics = RunDir(str(run_dir)).metrics
     rows = steps(read_metrics(metrics)) if os.path.exists(metrics) else []
     text = log_path.read_text(errors="replace")
@@ -140,9 +150,11 @@ def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float
             "peak_mem_gb": max((r.mem_gb for r in rows), default=None),
             "attention": backend.group(1) if backend else None,
             "parameters": int(params.group(1)) if params else None,
-            "precision_policy": f"DeepSpeed bf16 + ZeRO-{zero}: bf16 weights and gradients, fp32 "
-                                "master weights and AdamW states (torch AdamW, fused on a GPU), "
-                                "clip 1.0",
+            "precision_policy": (
+                "DeepSpeed BF16_Optimizer (fp32 gradient accumulation): bf16 weights, fp32 "
+                "gradients, master weights and AdamW states" if name == "torch_bf16opt" else
+                f"DeepSpeed bf16 + ZeRO-{zero}: bf16 weights and gradients, fp32 master weights "
+                "and AdamW states") + " (torch AdamW, fused on a GPU), clip 1.0",
             "error": error}
 
 
@@ -206,8 +218,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"),
                    help="results folder (default: $OUT, else benchmarks/results)")
     p.add_argument("--runs", default=",".join(RUNS[:3]),
-                   help="comma-separated: fused, torch, peer, torch_zero0 (default: the first "
-                   "three)")
+                   help="comma-separated: fused, torch, peer, torch_zero0, torch_bf16opt "
+                   "(DeepSpeed's BF16_Optimizer) (default: the first three)")
     p.add_argument("--tiny", action="store_true", help="the tiny shape (CPU dry run, tests)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default 8; tiny 2)")

@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 LABELS = {"fused": "this project, fused kernels", "torch": "this project, torch kernels",
-          "torch_zero0": "this project, torch kernels, ZeRO-0", "peer": "plain PyTorch peer"}
+          "torch_zero0": "this project, torch kernels, ZeRO-0",
+          "torch_bf16opt": "this project, torch kernels, DeepSpeed's BF16_Optimizer",
+          "peer": "plain PyTorch peer"}
 
 
 def _num(value, fmt: str) -> str:

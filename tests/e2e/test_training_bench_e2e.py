@@ -29,7 +29,7 @@ def _bench(env: RunEnv, out, work, *args):
 def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
     env = RunEnv(tmp_path)
     out, work = tmp_path / "out", tmp_path / "work"
-    _bench(env, out, work, "--runs", "fused,torch")
+    _bench(env, out, work, "--runs", "fused,torch,torch_bf16opt")
     r = _bench(env, out, work, "--runs", "peer", "--merge")
     s = r["shape"]
     tokens = s["global_batch"] * s["seq"]
@@ -42,9 +42,10 @@ def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
                            "grad_accum": 2, "recompute": "none"}
 
     runs = r["runs"]
-    assert set(runs) == {"fused", "torch", "peer"}, "--merge dropped the first invocation's runs"
+    assert set(runs) == {"fused", "torch", "torch_bf16opt", "peer"}, \
+        "--merge dropped the first invocation's runs"
     assert runs["fused"]["status"] == "skipped" and "GPU" in runs["fused"]["reason"]
-    for name in ("torch", "peer"):
+    for name in ("torch", "torch_bf16opt", "peer"):
         e = runs[name]
         assert e["status"] == "ok", f"{name}: {e.get('error')}"
         assert len(e["step_times_s"]) == r["warmup_steps"] + r["timed_steps"]
@@ -60,6 +61,9 @@ def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
         assert e["precision_policy"]
     # Same shape on both sides, and the planner counts the parameters the trainer built.
     assert runs["torch"]["parameters"] == runs["peer"]["parameters"] == r["planner"]["parameters"]
+    # The BF16_Optimizer run took it (the plugin's DeepSpeed option).
+    log = (work / "megatron-torch_bf16opt.log").read_text()
+    assert "DeepSpeed's optimizer is BF16_Optimizer" in log, log[-2000:]
 
     plan = r["planner"]
     assert plan["layout"] == "tp1-pp1-dp1-mb2-ga2-z1-none-flash"
@@ -67,6 +71,7 @@ def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
 
     md = (out / "e2e_cpu_tiny.md").read_text()
     for row in ("| this project, torch kernels | sdpa |", "| plain PyTorch peer | sdpa |",
+                "| this project, torch kernels, DeepSpeed's BF16_Optimizer | sdpa |",
                 "| planner prediction (probe of this CPU) |", "skipped: the fused kernels"):
         assert row in md, f"{row!r} missing from the markdown table:\n{md}"
     assert not env.log.exists(), f"a compiler ran:\n{env.log.read_text()}"
