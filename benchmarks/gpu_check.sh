@@ -189,7 +189,7 @@ runs=fused
 step e2e_fused 240 $PY "${E2E[@]}" --runs $runs
 excerpt e2e_fused grep '^e2e \|error'
 step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_kernels_fused.py \
-    tests/gpu/test_kernels_native_norm_fallback.py tests/gpu/test_kernels_native_activation_fallback.py
+    tests/gpu/test_kernels_native_norm_fallback.py tests/gpu/test_kernels_native_fallback.py
 excerpt kernel_tests tail 8
 QUICK=""
 (( $(left) < 150 )) && QUICK=--quick  # smaller shapes and fewer repetitions when time is short

@@ -63,14 +63,18 @@ def test_norms_on_the_cpu_keep_the_exact_upcast_reference():
 
 
 def test_activations_on_the_cpu_keep_the_exact_upcast_reference():
-    """As the norms: on the CPU the torch path of bias-GeLU and SwiGLU is the fp32 reference,
-    bit for bit; torch's own kernels in the inputs' dtype run only on a GPU
-    (tests/gpu/test_kernels_native_activation_fallback.py holds them to it there)."""
+    """As the norms: on the CPU the torch path of bias-GeLU, SwiGLU and rotary is the fp32
+    reference, bit for bit; torch's own kernels in the inputs' dtype run only on a GPU
+    (tests/gpu/test_kernels_native_fallback.py holds them to it there)."""
     from megatron.kernels import ops
     x, b = torch.randn(5, 8).to(torch.bfloat16), torch.randn(8).to(torch.bfloat16)
     assert not ops.native_activation(x, b)
     assert torch.equal(ops.bias_gelu(x, b), reference.bias_gelu(x, b))
     assert torch.equal(ops.swiglu(x, x.flip(0)), reference.swiglu(x, x.flip(0)))
+    from megatron.model.rotary import RotaryEmbedding
+    cos, sin = RotaryEmbedding(8, 10000.0, 5).tables(5, x.device)
+    q = x.view(5, 1, 1, 8)
+    assert torch.equal(ops.rotary(q, cos, sin), reference.rotary(q, cos, sin))
 
 
 def softmax64(s):

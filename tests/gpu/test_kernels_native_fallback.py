@@ -1,6 +1,7 @@
-"""The activations' torch path on a GPU (no fused build needed): torch's own GeLU and SiLU in
-the inputs' dtype, taken when the inputs share it, against the fp32 reference at model-like
-widths, forward and backward (the bias's gradient too)."""
+"""The activations' and rotary's torch paths on a GPU (no fused build needed): torch's own GeLU
+and SiLU, and the rotation, in the inputs' dtype, against the fp32 references at model-like
+shapes, forward and backward (the bias's gradient too). The norms' are in
+test_kernels_native_norm_fallback.py."""
 from __future__ import annotations
 
 import pytest
@@ -42,3 +43,19 @@ def test_native_activation_matches_reference(dtype, rows, n, op):
         assert got.dtype == want.dtype, name
         err = rel_err(got, want)
         assert err <= TOL[dtype], f"{op} {dtype} [{rows}, {n}] {name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(257, 2, 4, 64), (2048, 2, 8, 128)])
+def test_native_rotary_matches_reference(dtype, shape):
+    from megatron.model.rotary import RotaryEmbedding
+    cos, sin = RotaryEmbedding(shape[-1], 10000.0, shape[0]).tables(shape[0], torch.device("cuda"))
+    x = torch.randn(*shape, device="cuda").to(dtype)
+    sel = ops.KernelSelection("torch", x.device)
+    grad = torch.randn_like(x)
+    native = _forward_backward(lambda t: ops.rotary(t, cos, sin, sel), (x,), grad)
+    exact = _forward_backward(lambda t: reference.rotary(t, cos, sin), (x,), grad)
+    for name, got, want in zip(("forward", "grad input"), native, exact):
+        assert got.dtype == want.dtype, name
+        err = rel_err(got, want)
+        assert err <= TOL[dtype], f"rotary {dtype} {shape} {name}: {err:.2e}"
