@@ -228,8 +228,10 @@ def zero_without_shards(cfg: Config, world: int, dp: int) -> Optional[str]:
     return (f"parallel.zero_stage={zero} shards the optimizer over one data-parallel rank: it "
             f"saves no memory, but DeepSpeed's ZeRO path still flattens, copies and converts "
             f"every gradient each step (a 354M-parameter bf16 model on a CPU: 5.2 s a step "
-            f"against 3.2 s under ZeRO-0; benchmarks/results/gpu_h200.md). This layout allows "
-            f"parallel.zero_stage=0: set it unless you mean to compare against a sharded run")
+            f"against 3.2 s under ZeRO-0, benchmarks/results/gpu_h200.md; where the host's work "
+            f"dominates, the two take about as long, host_overhead_cpu.md there). This layout "
+            f"allows parallel.zero_stage=0: set it unless you mean to compare against a sharded "
+            f"run")
 
 
 def _check_node(cfg: Config, launch, device: torch.device) -> None:
