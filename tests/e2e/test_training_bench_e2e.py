@@ -82,3 +82,17 @@ def test_gpu_scripts_parse(script):
     proc = subprocess.run(["bash", "-n", f"{ROOT}/benchmarks/{script}"], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_host_benchmark_compares_each_run_with_the_peer_of_its_round(tmp_path):
+    env = RunEnv(tmp_path)
+    cmd = [sys.executable, f"{ROOT}/benchmarks/e2e/bench_host.py", "--rounds", "1", "--steps",
+           "2", "--warmup", "1", "--runs", "torch_bf16opt", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env.env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rounds = json.loads((tmp_path / "host_overhead_cpu.json").read_text())["rounds_ms"]
+    assert len(rounds) == 1 and set(rounds[0]) == {"peer", "torch_bf16opt"}
+    assert all(ms > 0 for ms in rounds[0].values())
+    md = (tmp_path / "host_overhead_cpu.md").read_text()
+    assert "| plain PyTorch peer |" in md and "| 1.00 (1.00-1.00) |" in md
+    assert "| this project, torch kernels, DeepSpeed's BF16_Optimizer |" in md
