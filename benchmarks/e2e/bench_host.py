@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,10 +44,12 @@ def one_round(runs, iters: int, warmup: int, work: Path, timeout: float) -> dict
 
 
 def report(rounds: list, runs) -> str:
-    lines = ["# Host time a step: the 1.3B GPT's 292 parameter tensors at hidden 64", "",
-             f"24 layers, hidden 64, 4 heads, sequence 32, vocabulary 512, one sequence a step, "
-             f"bf16, one CPU thread; {len(rounds)} rounds, each program once a round in its own "
-             "process; the median step of each run, then the median over rounds.", "",
+    sh = HOST_SHAPE
+    lines = [f"# Host time a step: the 1.3B GPT's parameter tensors at hidden {sh.hidden}", "",
+             f"{sh.layers} layers, hidden {sh.hidden}, {sh.heads} heads, sequence {sh.seq}, "
+             f"vocabulary {sh.vocab}, {sh.global_batch} sequence(s) a step, bf16, one CPU "
+             f"thread; {len(rounds)} rounds, each program once a round in its own process; the "
+             "median step of each run, then the median over rounds.", "",
              "| run | ms a step | x peer (median, range over rounds) |", "|---|---|---|"]
     for name in runs:
         ms = statistics.median(r[name] for r in rounds)
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     (out / "host_overhead_cpu.json").write_text(json.dumps(
         {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
          "device": device_facts(argparse.Namespace(cpu=True, peak_tflops=None)),
-         "shape": HOST_SHAPE.__dict__, "rounds_ms": rounds},
+         "shape": asdict(HOST_SHAPE), "rounds_ms": rounds},
         indent=1) + "\n")
     print(text)
     return 0

@@ -3,8 +3,9 @@ BF16_Optimizer instead of its ZeRO-1 optimizer, by asking DeepSpeed for fp32 gra
 accumulation (`data_types.grad_accum_dtype`), which with bf16 weights and ZeRO-1 selects it.
 It keeps fp32 gradients in flat buffers and updates them a group at a time, where the ZeRO-1
 optimizer loops over every parameter tensor (on the development CPU, 292 tensors: 14 ms of host
-time a step against 30 ms, benchmarks/results/gpu_h200.md). Benchmark only: its optimizer state
-is saved in BF16_Optimizer's format, which this project's checkpoints do not convert."""
+time a step against 30 ms, benchmarks/results/gpu_h200.md). Benchmark only: the trainer's
+checkpoints of a ZeRO-1 run under BF16_Optimizer are not tested, nor does the planner price its
+fp32 gradients."""
 from __future__ import annotations
 
 import sys

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ DEVICES = {"h200": {"copy_gbs": 4151.0, "gemm_tflops": 989.0 * 0.75, "sdpa_tflop
                     "launch_us": 4.0}}
 
 DETAIL = False
-REFERENCE_ACTIVATIONS = __import__("os").environ.get("REFERENCE_ACTIVATIONS", "0") == "1"
+FLASH = "flash_attention"  # the stand-in's name (and its "_backward"), priced at the SDPA rate
+REFERENCE_ACTIVATIONS = os.environ.get("REFERENCE_ACTIVATIONS", "0") == "1"
 VIEWS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "as_strided",
          "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "split", "split_with_sizes",
          "unbind", "chunk", "narrow", "view_as", "_reshape_alias", "lift_fresh", "empty",
@@ -73,15 +75,15 @@ def _gemm_flops(name: str, args) -> float:
     return 2.0 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
 
-def _sdpa_flops(name: str, args) -> float:
-    """Causal attention: 4 b n s^2 d / 2 forward, 2.5x that backward (flash's recompute)."""
-    q, k = args[0], args[1]
-    if q.dim() == 4:
-        b, n, s, d = q.shape
-    else:
-        (b, n, s, d) = (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
-    fwd = 4.0 * b * n * s * k.shape[-2] * d / 2
-    return fwd * (2.5 if "backward" in name else 1.0)
+def _attention_flops(q: torch.Tensor, k: torch.Tensor) -> float:
+    """Causal attention's forward, q and k [b, heads, s, d]: 4 b n s^2 d / 2 (the backward,
+    _StandIn's, is 2.5 times it: flash recomputes the scores)."""
+    b, n, s, d = q.shape
+    return 4.0 * b * n * s * k.shape[-2] * d / 2
+
+
+def _is_view(name: str) -> bool:
+    return name in VIEWS or name.rstrip("_") in VIEWS
 
 
 @dataclass
@@ -95,43 +97,40 @@ class Tally:
         self.bytes[name] += nbytes
         self.flops[name] += flops
 
-    def minus(self, other: "Tally") -> "Tally":
+    def plus(self, other: "Tally", times: int = 1) -> "Tally":
+        """self + times x other, operator by operator."""
         out = Tally()
         for name in set(self.calls) | set(other.calls):
-            out.calls[name] = self.calls[name] - other.calls[name]
-            out.bytes[name] = self.bytes[name] - other.bytes[name]
-            out.flops[name] = self.flops[name] - other.flops[name]
+            out.calls[name] = self.calls[name] + times * other.calls[name]
+            out.bytes[name] = self.bytes[name] + times * other.bytes[name]
+            out.flops[name] = self.flops[name] + times * other.flops[name]
         return out
 
-    def scaled_sum(self, per_layer: "Tally", layers: int) -> "Tally":
-        out = Tally()
-        for name in set(self.calls) | set(per_layer.calls):
-            out.calls[name] = self.calls[name] + layers * per_layer.calls[name]
-            out.bytes[name] = self.bytes[name] + layers * per_layer.bytes[name]
-            out.flops[name] = self.flops[name] + layers * per_layer.flops[name]
-        return out
+
+def _dtypes(name: str, ins, outs) -> str:
+    """The operator's name with its inputs' and outputs' dtypes (DETAIL)."""
+    dtypes = lambda ts: ",".join(str(t.dtype).replace("torch.", "") for t in ts)  # noqa: E731
+    return f"{name} {dtypes(ins)}->{dtypes(outs)}"
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, tally: Tally, detail: bool = False):
+    """Every operator that is not a view into `tally`, under key(name, inputs, outputs): its
+    name by default (its dtypes too with `detail`)."""
+
+    def __init__(self, tally: Tally, detail: bool = False, key=None):
         super().__init__()
-        self.tally, self.detail = tally, detail
+        self.tally = tally
+        self.key = key or (_dtypes if detail else (lambda name, ins, outs: name))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func._schema.name.split("::")[-1]
-        if name in VIEWS or name.rstrip("_") in VIEWS:
+        if _is_view(name):
             return out
         ins = [a for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)]
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        if "scaled_dot_product" in name:
-            flops = _sdpa_flops(name, ins)
-        else:
-            flops = _gemm_flops(name, ins)
-        if self.detail:
-            name += " " + ",".join(str(t.dtype).replace("torch.", "") for t in ins) + "->" + \
-                ",".join(str(t.dtype).replace("torch.", "") for t in outs)
-        self.tally.add(name, sum(_nbytes(t) for t in ins + outs), flops)
+        self.tally.add(self.key(name, ins, outs), sum(_nbytes(t) for t in ins + outs),
+                       _gemm_flops(name, ins))
         return out
 
 
@@ -178,7 +177,7 @@ class GpuChoices:
 
         def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
-            return _StandIn.apply("flash_attention", tally, _sdpa_flops("fwd", (q, k)), q, k, v)
+            return _StandIn.apply(FLASH, tally, _attention_flops(q, k), q, k, v)
 
         self._set(F, "scaled_dot_product_attention", sdpa)
         same_dtype = lambda x, *others: all(t is None or t.dtype == x.dtype for t in others)
@@ -201,7 +200,8 @@ class GpuChoices:
             setattr(owner, attr, value)
 
 
-def trainer_step(layers: int, shape, fused: bool = False) -> Tally:
+def _trainer_model(layers: int, shape) -> torch.nn.Module:
+    """The trainer's GPT of `shape` with `layers` layers, on the meta device, in fp32."""
     from megatron.config import load_config
     from megatron.model import build_model
     from megatron.parallel.state import ParallelState
@@ -211,7 +211,11 @@ def trainer_step(layers: int, shape, fused: bool = False) -> Tally:
         f"model.vocab_size={shape.vocab}", "model.attention_backend=sdpa",
         "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "kernels.mode=torch"])
     with torch.device("meta"):
-        model = build_model(cfg, ParallelState.single(), shape.vocab).to(torch.bfloat16)
+        return build_model(cfg, ParallelState.single(), shape.vocab)
+
+
+def trainer_step(layers: int, shape, fused: bool = False) -> Tally:
+    model = _trainer_model(layers, shape).to(torch.bfloat16)
     tokens = torch.zeros((shape.micro_batch, shape.seq), dtype=torch.long, device="meta")
     tally = Tally()
     with GpuChoices(tally, fused), Recorder(tally, DETAIL):
@@ -235,25 +239,13 @@ def peer_step(layers: int, shape) -> Tally:
 
 def parameters_at(layers: int, shape) -> int:
     """The trainer's GPT's parameter count at `layers` (from its 1- and 2-layer builds)."""
-    from megatron.config import load_config
-    from megatron.model import build_model
-    from megatron.parallel.state import ParallelState
-    counts = []
-    for n in (1, 2):
-        cfg = load_config(str(ROOT / "examples/local/tiny.yaml"), [
-            f"model.num_layers={n}", f"model.hidden_size={shape.hidden}",
-            f"model.num_attention_heads={shape.heads}", f"model.seq_length={shape.seq}",
-            f"model.vocab_size={shape.vocab}"])
-        with torch.device("meta"):
-            model = build_model(cfg, ParallelState.single(), shape.vocab)
-        counts.append(sum(p.numel() for p in model.parameters()))
-    return counts[0] + (layers - 1) * (counts[1] - counts[0])
+    one, two = (sum(p.numel() for p in _trainer_model(n, shape).parameters()) for n in (1, 2))
+    return one + (layers - 1) * (two - one)
 
 
 def at_layers(step, layers: int, shape) -> Tally:
     one, two = step(1, shape), step(2, shape)
-    per_layer = two.minus(one)
-    return one.scaled_sum(per_layer, layers - 1)
+    return one.plus(two.plus(one, -1), layers - 1)
 
 
 def priced(tally: Tally, dev: dict) -> Dict[str, Tuple[int, float, float, float]]:
@@ -263,7 +255,7 @@ def priced(tally: Tally, dev: dict) -> Dict[str, Tuple[int, float, float, float]
         if calls == 0:
             continue
         nbytes, flops = tally.bytes[name], tally.flops[name]
-        rate = dev["sdpa_tflops"] if "scaled_dot_product" in name else dev["gemm_tflops"]
+        rate = dev["sdpa_tflops"] if name.startswith(FLASH) else dev["gemm_tflops"]
         seconds = max(flops / (rate * 1e12), nbytes / (dev["copy_gbs"] * 1e9)) \
             + calls * dev["launch_us"] * 1e-6
         rows[name] = (calls, nbytes / 1e9, flops / 1e9, seconds)
@@ -286,7 +278,8 @@ def table(title: str, rows, top: int = 25) -> str:
 ENGINE_STEP = 6
 ENGINE_MODEL = {"model.num_layers": 4, "model.hidden_size": 256, "model.num_attention_heads": 4,
                 "model.seq_length": 128, "model.vocab_size": 1024,
-                "model.attention_backend": "sdpa", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
+                "model.attention_backend": "sdpa", "model.hidden_dropout": 0.0,
+                "model.attention_dropout": 0.0,
                 "training.precision": "bf16", "training.micro_batch_size": 2,
                 "training.global_batch_size": 2, "training.train_iters": ENGINE_STEP + 1,
                 "training.log_interval": 1, "training.tensorboard": "false",
@@ -312,23 +305,9 @@ def _site_class(stack) -> str:
     return "model"
 
 
-class _SiteRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.rows: Dict[str, list] = defaultdict(lambda: [0, 0])
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        import traceback
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name.split("::")[-1]
-        if name in VIEWS or name.rstrip("_") in VIEWS:
-            return out
-        tensors = [t for t in tree_flatten((args, kwargs or {}, out))[0]
-                   if isinstance(t, torch.Tensor)]
-        row = self.rows[_site_class(traceback.extract_stack()[:-1])]
-        row[0] += 1
-        row[1] += sum(_nbytes(t) for t in tensors)
-        return out
+def _site_key(name, ins, outs) -> str:
+    import traceback
+    return _site_class(traceback.extract_stack()[:-2])
 
 
 def _install_plugin(path: str) -> None:
@@ -338,10 +317,10 @@ def _install_plugin(path: str) -> None:
     def train_step(self):
         if self.step + 1 != ENGINE_STEP:
             return original(self)
-        recorder = _SiteRecorder()
-        with recorder:
+        tally = Tally()
+        with Recorder(tally, key=_site_key):
             result = original(self)
-        Path(path).write_text(json.dumps({"rows": recorder.rows}))
+        Path(path).write_text(json.dumps({"calls": tally.calls, "bytes": tally.bytes}))
         return result
 
     loop._Loop._train_step = train_step
@@ -355,7 +334,7 @@ def engine_step(zero: int, work: Path) -> dict:
     cmd = [sys.executable, "-m", "megatron.cli.train", "--plugin", "op_traffic"]
     cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     here = str(Path(__file__).resolve().parent)
-    env = dict(__import__("os").environ, OP_TRAFFIC_STEP_OUT=str(out), OMP_NUM_THREADS="1",
+    env = dict(os.environ, OP_TRAFFIC_STEP_OUT=str(out), OMP_NUM_THREADS="1",
                PYTHONPATH=here)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode or not out.exists():
@@ -371,8 +350,8 @@ def engine_table(results: Dict[int, dict], parameters: int, dev: dict) -> str:
              "| ZeRO | who | operators | bytes per parameter | ms at the copy rate |",
              "|---|---|---|---|---|"]
     for zero, result in sorted(results.items()):
-        for who, (calls, nbytes) in sorted(result["rows"].items()):
-            per = nbytes / result["parameters"]
+        for who, calls in sorted(result["calls"].items()):
+            per = result["bytes"][who] / result["parameters"]
             ms = "(its activations: the tables above)" if who == "model" else \
                 f"{per * parameters / (dev['copy_gbs'] * 1e9) * 1e3:.1f}"
             lines.append(f"| {zero} | {who} | {calls} | {per:.1f} | {ms} |")
@@ -417,5 +396,5 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-elif __import__("os").environ.get("OP_TRAFFIC_STEP_OUT"):  # imported as megatron-train's plugin
-    _install_plugin(__import__("os").environ["OP_TRAFFIC_STEP_OUT"])
+elif os.environ.get("OP_TRAFFIC_STEP_OUT"):  # imported as megatron-train's plugin
+    _install_plugin(os.environ["OP_TRAFFIC_STEP_OUT"])
