@@ -18,6 +18,10 @@
 #      native kernels).
 # Every step runs under `timeout` inside one overall budget (GPU_CHECK_BUDGET seconds, default
 # 540) and writes as it goes, so a step that times out still leaves the others' results.
+# A second call in the same session can leave out what the first one settled:
+# GPU_CHECK_SKIP="moe_layer train_tests" skips those steps by name; E2E_TORCH_RUNS,
+# E2E_FUSED_RUNS and PROFILE_RUNS replace the run lists of e2e_torch, e2e_fused and profile;
+# PROFILE_FUSED_RUNS profiles runs with fused kernels once they are built.
 #
 #   bash benchmarks/gpu_check.sh             # results in $OUT, else benchmarks/results/
 #   bash benchmarks/gpu_check.sh --dry-run   # no GPU steps: wheels into a throwaway folder,
@@ -63,6 +67,9 @@ excerpt() {
 step() {
   local name=$1 max=$2 t rc began
   shift 2
+  case " ${GPU_CHECK_SKIP:-} " in
+    *" $name "*) note "$name: left out (GPU_CHECK_SKIP)"; return 98 ;;
+  esac
   t=$(left)
   (( t > max )) && t=$max
   if (( t < 20 )); then
@@ -150,11 +157,13 @@ building() { [ ! -f "$WORK/build.rc" ]; }
 
 # --- 3. GPU work that needs no fused kernel, while the build runs -------------------------------
 E2E=(benchmarks/e2e/bench_e2e.py --out "$OUT_DIR" --work "$LOGS/e2e" --merge --timeout 200)
+TORCH_RUNS=${E2E_TORCH_RUNS:-torch,torch_zero0,torch_bf16opt}
+FUSED_RUNS=${E2E_FUSED_RUNS:-fused,fused_bf16opt}
 step e2e_peer 150 $PY "${E2E[@]}" --runs peer --context "the kernel build running on the CPU"
 excerpt e2e_peer grep '^e2e \|error'
 torch_done=0
 if building; then
-  step e2e_torch 220 $PY "${E2E[@]}" --runs torch,torch_zero0,torch_bf16opt \
+  step e2e_torch 220 $PY "${E2E[@]}" --runs "$TORCH_RUNS" \
       --context "the kernel build running on the CPU"
   excerpt e2e_torch grep '^e2e \|error'
   torch_done=1
@@ -166,9 +175,11 @@ excerpt moe_layer grep 'skipped\|Error\|does not run'
 # (logs/profile/profile-*.txt; benchmarks/results/gpu_h200.md says what to look for).
 # The BF16_Optimizer run's profile only where the steps after this one (about 225 s on the H200)
 # keep their time: a 450 s budget profiles the trainer's ZeRO-1 run and the peer alone.
-PROFILE_RUNS=torch,torch_bf16opt,peer
-(( $(left) < 345 )) && PROFILE_RUNS=torch,peer
-step profile 200 $PY benchmarks/e2e/bench_e2e.py --runs $PROFILE_RUNS --profile \
+if [ -z "${PROFILE_RUNS:-}" ]; then
+  PROFILE_RUNS=torch,torch_bf16opt,peer
+  (( $(left) < 345 )) && PROFILE_RUNS=torch,peer
+fi
+step profile 200 $PY benchmarks/e2e/bench_e2e.py --runs "$PROFILE_RUNS" --profile \
     --timeout 100 \
     --out "$LOGS/profile" --work "$LOGS/profile"
 excerpt profile grep '^e2e \|error'
@@ -188,10 +199,16 @@ step kernels_report 60 $PY -m megatron.cli.kernels --require
 excerpt kernels_report tail 40
 
 # --- 5. fused kernels on (and off, when not run yet), then the kernel tests and benchmark --------
-runs=fused
-(( torch_done )) || runs=fused,torch,torch_zero0,torch_bf16opt
-step e2e_fused 240 $PY "${E2E[@]}" --runs $runs
+runs=$FUSED_RUNS
+(( torch_done )) || runs=$FUSED_RUNS,$TORCH_RUNS
+step e2e_fused 240 $PY "${E2E[@]}" --runs "$runs"
 excerpt e2e_fused grep '^e2e \|error'
+if [ -n "${PROFILE_FUSED_RUNS:-}" ]; then  # runs with fused kernels, profiled once they are built
+  step profile_fused 150 $PY benchmarks/e2e/bench_e2e.py --runs "$PROFILE_FUSED_RUNS" --profile \
+      --timeout 100 --out "$LOGS/profile_fused" --work "$LOGS/profile_fused"
+  for f in "$LOGS"/profile_fused/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"
+  done
+fi
 step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_kernels_fused.py \
     tests/gpu/test_kernels_native_norm_fallback.py tests/gpu/test_kernels_native_fallback.py
 excerpt kernel_tests tail 8

@@ -8,9 +8,11 @@ The GPT of about 1.3B parameters (24 layers, hidden 2048, 16 heads, sequence 204
 installed, else SDPA), no dropout. Runs, each in a process of its own (own CUDA context, own
 peak-memory counter, a crash or hang costs that run only):
 - fused: megatron-train with kernels.mode=fused (fails fast when the kernels are not built);
-- torch: megatron-train with kernels.mode=torch (torch's native norms, reference activations);
+- torch: megatron-train with kernels.mode=torch (torch's native norms and activations);
 - torch_zero0: the same under ZeRO-0 (at one data-parallel rank ZeRO-1 shards nothing, but
   DeepSpeed still flattens, copies and converts every gradient; benchmarks/results/gpu_h200.md);
+- torch_bf16opt, fused_bf16opt: torch and fused with training.grad_accum_dtype=fp32, which
+  DeepSpeed runs with its BF16_Optimizer (fp32 gradients in flat buffers, one update a group);
 - peer: a plain PyTorch GPT of the same shape (peer_gpt.py; its docstring states its precision).
 For each: the median step time after the warm-up steps, tokens/s, model TFLOP/s (the trainer's
 formula, megatron.training.metrics.model_flops_per_token), MFU against the device's peak
@@ -52,12 +54,12 @@ from megatron.data.vocab import padded_vocab_size  # noqa: E402
 from megatron.launch.device import lookup_peak  # noqa: E402
 from megatron.training.metrics import model_flops_per_token  # noqa: E402
 
-RUNS = ("fused", "torch", "peer", "torch_zero0", "torch_bf16opt")
-# run name -> (kernels.mode, parallel.zero_stage) for this trainer's runs
-MEGATRON_RUNS = {"fused": ("fused", 1), "torch": ("torch", 1), "torch_zero0": ("torch", 0),
-                 "torch_bf16opt": ("torch", 1)}
-# runs with a plugin of this folder: torch_bf16opt takes DeepSpeed's BF16_Optimizer
-PLUGINS = {"torch_bf16opt": "bf16_optimizer"}
+RUNS = ("fused", "torch", "peer", "torch_zero0", "torch_bf16opt", "fused_bf16opt")
+# run name -> (kernels.mode, parallel.zero_stage, training.grad_accum_dtype) for this trainer's
+# runs; fp32 accumulation at ZeRO-1 is DeepSpeed's BF16_Optimizer
+MEGATRON_RUNS = {"fused": ("fused", 1, "model"), "torch": ("torch", 1, "model"),
+                 "torch_zero0": ("torch", 0, "model"), "torch_bf16opt": ("torch", 1, "fp32"),
+                 "fused_bf16opt": ("fused", 1, "fp32")}
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,13 @@ SHAPES = {
 
 
 def megatron_overrides(shape: Shape, kernels: str, iters: int, run_dir: str,
-                       zero: int = 1) -> list:
+                       zero: int = 1, grad_accum: str = "model") -> list:
     sets = {"model.num_layers": shape.layers, "model.hidden_size": shape.hidden,
             "model.num_attention_heads": shape.heads, "model.seq_length": shape.seq,
             "model.vocab_size": shape.vocab, "model.attention_backend": "auto",
             "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
             "parallel.zero_stage": zero, "training.precision": "bf16",
+            "training.grad_accum_dtype": grad_accum,
             "training.micro_batch_size": shape.micro_batch,
             "training.global_batch_size": shape.global_batch, "training.train_iters": iters,
             "training.log_interval": 1, "training.tensorboard": "false",
@@ -132,27 +135,28 @@ def profile_env(work: Path, name: str, profile: bool) -> dict:
 
 def run_megatron(shape: Shape, name: str, iters: int, work: Path, timeout: float,
                  profile: bool = False) -> dict:
-    kernels, zero = MEGATRON_RUNS[name]
+    kernels, zero, grad_accum = MEGATRON_RUNS[name]
     run_dir = work / f"megatron-{name}"
     log_path = work / f"megatron-{name}.log"
-    plugins = (["profile_step"] if profile else []) + ([PLUGINS[name]] if name in PLUGINS else [])
     cmd = [sys.executable, "-m", "megatron.cli.train",
-           *[arg for plugin in plugins for arg in ("--plugin", plugin)],
-           *megatron_overrides(shape, kernels, iters, str(run_dir), zero)]
-    env = profile_env(work, name, profile) or (plugin_env() if plugins else {})
+           *(["--plugin", "profile_step"] if profile else []),
+           *megatron_overrides(shape, kernels, iters, str(run_dir), zero, grad_accum)]
+    env = profile_env(work, name, profile)
     error = _run(cmd, timeout, log_path, env)
     metrics = RunDir(str(run_dir)).metrics
     rows = steps(read_metrics(metrics)) if os.path.exists(metrics) else []
     text = log_path.read_text(errors="replace")
     backend = re.search(r"attention=(\w+)\)", text)
+    optimizer = re.search(r"DeepSpeed's optimizer: (\w+)", text)
     params = re.search(r"training (\d+) parameters", text)
     return {"step_times": [r.step_time_s for r in rows], "losses": [r.loss for r in rows],
             "peak_mem_gb": max((r.mem_gb for r in rows), default=None),
             "attention": backend.group(1) if backend else None,
             "parameters": int(params.group(1)) if params else None,
+            "optimizer": optimizer.group(1) if optimizer else None,
             "precision_policy": (
-                "DeepSpeed BF16_Optimizer (fp32 gradient accumulation): bf16 weights, fp32 "
-                "gradients, master weights and AdamW states" if name == "torch_bf16opt" else
+                "DeepSpeed BF16_Optimizer (training.grad_accum_dtype=fp32): bf16 weights, fp32 "
+                "gradients, master weights and AdamW states" if grad_accum == "fp32" else
                 f"DeepSpeed bf16 + ZeRO-{zero}: bf16 weights and gradients, fp32 master weights "
                 "and AdamW states") + " (torch AdamW, fused on a GPU), clip 1.0",
             "error": error}
@@ -218,8 +222,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"),
                    help="results folder (default: $OUT, else benchmarks/results)")
     p.add_argument("--runs", default=",".join(RUNS[:3]),
-                   help="comma-separated: fused, torch, peer, torch_zero0, torch_bf16opt "
-                   "(DeepSpeed's BF16_Optimizer) (default: the first three)")
+                   help="comma-separated: fused, torch, peer, torch_zero0, torch_bf16opt, "
+                        "fused_bf16opt (the last two: training.grad_accum_dtype=fp32, DeepSpeed's "
+                        "BF16_Optimizer) (default: the first three)")
     p.add_argument("--tiny", action="store_true", help="the tiny shape (CPU dry run, tests)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default 8; tiny 2)")
@@ -289,7 +294,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     for name in runs:
         began = time.perf_counter()
-        if name == "fused" and dev["device"] == "cpu":
+        if MEGATRON_RUNS.get(name, ("",))[0] == "fused" and dev["device"] == "cpu":
             entry = {"status": "skipped", "reason": "the fused kernels run on GPUs only"}
         elif name == "peer":
             raw = run_peer(shape, warmup + steps, dev["device"], work, args.timeout,
@@ -298,7 +303,8 @@ def main(argv=None) -> int:
         else:
             raw = run_megatron(shape, name, warmup + steps, work, args.timeout, args.profile)
             entry = summarize(raw, warmup, tokens, flops, dev["peak_tflops"])
-            entry["kernels"], entry["zero_stage"] = MEGATRON_RUNS[name]
+            entry["kernels"], entry["zero_stage"], entry["grad_accum_dtype"] = \
+                MEGATRON_RUNS[name]
         entry["wall_s"] = round(time.perf_counter() - began, 1)
         entry["context"] = args.context
         result["runs"][name] = entry

@@ -6,7 +6,8 @@ from pathlib import Path
 
 LABELS = {"fused": "this project, fused kernels", "torch": "this project, torch kernels",
           "torch_zero0": "this project, torch kernels, ZeRO-0",
-          "torch_bf16opt": "this project, torch kernels, DeepSpeed's BF16_Optimizer",
+          "torch_bf16opt": "this project, torch kernels, fp32 gradients (BF16_Optimizer)",
+          "fused_bf16opt": "this project, fused kernels, fp32 gradients (BF16_Optimizer)",
           "peer": "plain PyTorch peer"}
 
 

@@ -6,8 +6,10 @@
 For each fused op (forward, and forward+backward) at GPT shapes: median time over CUDA-event
 timed repetitions, the bytes the op must move at least (inputs read once, outputs written
 once), achieved GB/s and its share of the GPU's peak memory bandwidth and of a measured
-device-to-device copy, and the speed-up over torch eager (torch's own LayerNorm/RMSNorm kernels
-for the norms, the references in reference.py for the other ops). Then
+device-to-device copy, and the speed-up over what kernels.mode=torch runs for the same call
+(megatron.kernels.ops without a selection: torch's own LayerNorm/RMSNorm, GeLU and SiLU kernels
+in the input's dtype and the 16-bit rotary on a GPU, the references of reference.py for the
+softmaxes). Then
 causal attention at sequence 2048: math with the fused softmax, math with the eager softmax,
 torch SDPA, and flash-attn when installed, as time and TFLOP/s. Writes kernels_<gpu>.json and
 kernels_<gpu>.md. Needs a GPU; on a CPU it exits with a message.
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from megatron.config import devices  # noqa: E402
-from megatron.kernels import catalog, fused, loader, reference  # noqa: E402
+from megatron.kernels import catalog, fused, loader, ops, reference  # noqa: E402
 from megatron.launch.device import gpu_arch, torch_toolkit  # noqa: E402
 
 def peak_gbps(name: str):
@@ -69,11 +71,17 @@ def fwd_bwd(fn, inputs):
     return run
 
 
-def cases(dtype, quick: bool):
+# (micro-batch, sequence, hidden, heads): the default GPT shapes, --quick's, and the 1.3B GPT of
+# benchmarks/e2e (its layer's norms, activations and rotary at the sizes the trainer runs).
+SHAPES = {"default": (4, 2048, 8192, 64), "quick": (2, 2048, 4096, 32),
+          "gpt1.3b": (8, 2048, 2048, 16)}
+
+
+def cases(dtype, shape: str, dev: str = "cuda"):
     """(op, label, fused fn, eager fn, input factory, bytes fwd, bytes fwd+bwd)."""
-    b, s, h, heads = (2, 2048, 4096, 32) if quick else (4, 2048, 8192, 64)
+    b, s, h, heads = SHAPES[shape]
+    quick = shape == "quick"
     e = torch.tensor([], dtype=dtype).element_size()
-    dev = "cuda"
 
     def t(*shape, grad=True, scale=1.0):
         return (torch.randn(*shape, device=dev) * scale).to(dtype).requires_grad_(grad)
@@ -85,37 +93,37 @@ def cases(dtype, quick: bool):
     sc = b * heads * s * s if quick else b * 16 * s * s  # 16 local heads: a TP-sharded layer
     mask = torch.rand(b, 1, s, s, device=dev) < 0.1
     return [
-        # The norms' eager peer is torch's own kernel (what kernels.mode=torch runs on a GPU
-        # with weights in the model dtype), not the upcast reference: the strongest peer.
+        # Each op's peer is the torch path kernels.mode=torch takes for the same call (ops.*
+        # without a selection), not the upcast reference: the strongest peer the trainer has.
         ("layer_norm", f"[{b*s}, {h}]", lambda x, w, bb: fused.layer_norm(x, w, bb, 1e-5),
-         lambda x, w, bb: torch.nn.functional.layer_norm(x, (h,), w, bb, 1e-5),
+         lambda x, w, bb: ops.layer_norm(x, w, bb, 1e-5),
          lambda: (t(b * s, h), t(h), t(h)), 2 * tokens * e, 5 * tokens * e),
         ("rms_norm", f"[{b*s}, {h}]", lambda x, w: fused.rms_norm(x, w, 1e-6),
-         lambda x, w: torch.nn.functional.rms_norm(x, (h,), w, 1e-6),
+         lambda x, w: ops.rms_norm(x, w, 1e-6),
          lambda: (t(b * s, h), t(h)),
          2 * tokens * e, 5 * tokens * e),
         ("scaled_masked_softmax", f"[{b}, {sc // (b * s * s)}, {s}, {s}]",
          lambda x: fused.scaled_masked_softmax(x, mask, 0.08),
-         lambda x: reference.scaled_masked_softmax(x, mask, 0.08),
+         lambda x: ops.scaled_masked_softmax(x, mask, 0.08),
          lambda: (t(b, sc // (b * s * s), s, s),), 2 * sc * e + mask.numel(),
          5 * sc * e + 2 * mask.numel()),
         ("scaled_causal_softmax", f"[{sc // (s * s)}, {s}, {s}]",
          lambda x: fused.scaled_causal_softmax(x, 0.08),
-         lambda x: reference.scaled_causal_softmax(x, 0.08),
+         lambda x: ops.scaled_causal_softmax(x, 0.08),
          lambda: (t(sc // (s * s), s, s),), 2 * sc * e, 5 * sc * e),
         ("rotary", f"[{s}, {b}, {heads}, 128]", lambda x: fused.rotary(x, cos, sin),
-         lambda x: reference.rotary(x, cos, sin), lambda: (t(s, b, heads, 128),),
+         lambda x: ops.rotary(x, cos, sin), lambda: (t(s, b, heads, 128),),
          2 * s * b * heads * 128 * e, 4 * s * b * heads * 128 * e),
-        ("bias_gelu", f"[{b*s}, {4*h}]", fused.bias_gelu, reference.bias_gelu,
+        ("bias_gelu", f"[{b*s}, {4*h}]", fused.bias_gelu, ops.bias_gelu,
          lambda: (t(b * s, 4 * h), t(4 * h)), 2 * 4 * tokens * e, 5 * 4 * tokens * e),
-        ("swiglu", f"[{b*s}, {4*h}]", fused.swiglu, reference.swiglu,
+        ("swiglu", f"[{b*s}, {4*h}]", fused.swiglu, ops.swiglu,
          lambda: (t(b * s, 4 * h), t(b * s, 4 * h)), 3 * 4 * tokens * e, 8 * 4 * tokens * e),
     ]
 
 
-def bench_ops(dtype, reps, quick, peak, copy):
+def bench_ops(dtype, reps, shapes, peak, copy):
     rows = []
-    for op, shape, fused_fn, eager_fn, make, bytes_fwd, bytes_both in cases(dtype, quick):
+    for op, shape, fused_fn, eager_fn, make, bytes_fwd, bytes_both in cases(dtype, shapes):
         inputs = make()
         with torch.no_grad():
             f_ms = timed(lambda: fused_fn(*inputs), reps)
@@ -178,7 +186,7 @@ def markdown(result) -> str:
              f"{result['copy_gb_per_s']:.0f} GB/s; {result['date']}", "",
              "| op | dtype | shape | fwd ms | GB/s | % peak | x eager | fwd+bwd ms | GB/s | x eager |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["ops"]:
+    for r in result["ops"] + result.get("ops_gpt13b", []):
         f, fb = r["fwd"], r["fwd_bwd"]
         share = f"{100 * f['share_of_peak']:.0f}%" if f["share_of_peak"] else "?"
         lines.append(f"| {r['op']} | {r['dtype']} | {r['shape']} | {f['fused_ms']} | "
@@ -188,7 +196,7 @@ def markdown(result) -> str:
     lines += [f"| {a['path']} | {a['shape']} | {a['ms']} | {a['tflops']} |"
               for a in result["attention"]]
     lines += ["", "Bytes are the minimum an op must move (each input read once, each output "
-              "written once); x eager is torch eager's time (native norms, references otherwise) over the fused time."]
+              "written once); x eager is the time of kernels.mode=torch's path for the call (ops.*: torch's native norms, GeLU and SiLU in the input's dtype, the 16-bit rotary; the references for the softmaxes) over the fused time."]
     return "\n".join(lines) + "\n"
 
 
@@ -219,8 +227,13 @@ def main(argv=None) -> int:
               "attention": []}
     print(f"{name}: peak {peak} GB/s, measured copy {copy:.0f} GB/s", flush=True)
     for dtype in args.dtypes.split(","):
-        result["ops"] += bench_ops(getattr(torch, dtype), reps, args.quick, peak, copy)
+        result["ops"] += bench_ops(getattr(torch, dtype), reps, "quick" if args.quick else
+                                   "default", peak, copy)
         torch.cuda.empty_cache()
+    # The e2e benchmark's 1.3B layer in bf16 (the rows whose shape is [16384, 2048] and
+    # [16384, 8192]): whether the fused path is the faster one where the trainer runs it.
+    result["ops_gpt13b"] = bench_ops(torch.bfloat16, reps, "gpt1.3b", peak, copy)
+    torch.cuda.empty_cache()
     result["attention"] = bench_attention(reps, args.quick)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

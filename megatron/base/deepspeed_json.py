@@ -112,6 +112,8 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
         ds["zero_optimization"].update(config_settings(cfg, device_type).zero_keys())
     if t.precision == "bf16":
         ds["bf16"] = {"enabled": True}
+        if t.grad_accum_dtype == "fp32":  # DeepSpeed's BF16_Optimizer (config/validate.py)
+            ds["data_types"] = {"grad_accum_dtype": "fp32"}
     elif t.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0,
                       "initial_scale_power": t.initial_loss_scale_power,

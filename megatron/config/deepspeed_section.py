@@ -110,7 +110,7 @@ OWNED: Dict[str, str] = {
     "bf16": "training.precision",
     "amp": "training.precision",
     "torch_autocast": "training.precision",
-    "data_types": "training.precision",
+    "data_types": "training.precision and training.grad_accum_dtype",
     "gradient_clipping": "training.clip_grad",
     "zero_optimization.stage": "parallel.zero_stage",
     "zero_allow_untested_optimizer": "the optimizer section (the optimizer is a torch AdamW)",

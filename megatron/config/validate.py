@@ -407,6 +407,33 @@ def check_experts(cfg, world_size: int) -> None:
     _raise(expert_stages_error(m, tp, ep, counts))
 
 
+def grad_accum_error(precision: str, zero: int, experts: int) -> Optional[ConfigError]:
+    """fp32 gradient accumulation is DeepSpeed's BF16_Optimizer, which it selects for bf16
+    weights at ZeRO-1 only (ZeRO-0 without a pipeline raises in DeepSpeed; ZeRO-2/3 keep the
+    model's dtype); its gradient norm is not the experts-aware one engine/experts.py installs."""
+    fix = "set training.grad_accum_dtype=model"
+    if precision != "bf16":
+        return ConfigError("training.grad_accum_dtype", "fp32", f"model with training.precision="
+                           f"{precision} (fp32 accumulation is for bf16 weights)",
+                           f"{fix}, or training.precision=bf16")
+    if zero != 1:
+        return ConfigError("training.grad_accum_dtype", "fp32", f"model with parallel.zero_stage="
+                           f"{zero}: DeepSpeed accumulates bf16 weights' gradients in fp32 (its "
+                           "BF16_Optimizer) at ZeRO stage 1 only", f"{fix}, or "
+                           "parallel.zero_stage=1")
+    if experts:
+        return ConfigError("training.grad_accum_dtype", "fp32", "model with mixture of experts "
+                           f"(model.moe.num_experts={experts}): BF16_Optimizer's gradient norm "
+                           "does not know experts split over ranks", fix)
+    return None
+
+
+def check_grad_accum(cfg) -> None:
+    if cfg.training.grad_accum_dtype == "fp32":
+        _raise(grad_accum_error(cfg.training.precision, cfg.parallel.zero_stage,
+                                cfg.model.moe.num_experts or 0))
+
+
 def check_batch(cfg, world_size: int) -> None:
     dp = data_parallel_size(cfg, world_size)
     mb, gb = cfg.training.micro_batch_size, cfg.training.global_batch_size
@@ -430,6 +457,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_pipeline(cfg)
     check_deepspeed(cfg)
     check_experts(cfg, world_size)
+    check_grad_accum(cfg)
     check_batch(cfg, world_size)
     _raise(interleaving_error(cfg, data_parallel_size(cfg, world_size)))
     return data_parallel_size(cfg, world_size)

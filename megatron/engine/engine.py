@@ -262,6 +262,7 @@ class Engine:
             self.engine, _, _, _ = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler,
                 config=ds_config, dist_init_required=False, **kwargs)
+        log.info("DeepSpeed's optimizer: %s", type(self.engine.optimizer).__name__)
         if split and ds_config["zero_optimization"]["stage"] == 0:
             engine_experts.clip_with_experts(self.engine, expert, state)
         self.moe_layers = engine_experts.moe_layers(module)

@@ -90,7 +90,7 @@ def predict(cfg: Config, world: int, device: str) -> tuple:
     """(Layout, busiest StageMemory) of `cfg` on `world` ranks of a "gpu" or "cpu" device. The
     vocabulary is model.vocab_size: a tokenizer's, known only once it is loaded, may be larger."""
     job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision,
-              deepspeed=cfg.deepspeed)
+              deepspeed=cfg.deepspeed, grad_accum=cfg.training.grad_accum_dtype)
     lay = layout_for(job, world, layout_values({}, cfg)[0])
     consts = CPU_CONSTANTS if device == "cpu" else GPU_CONSTANTS
     return lay, peak_memory(job, lay, consts, device)

@@ -40,7 +40,8 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
                                     max_position_embeddings=max(seq_length,
                                                                 m.max_position_embeddings))
         job = Job(m, global_batch or cfg.training.global_batch_size,
-                  precision or cfg.training.precision, deepspeed=cfg.deepspeed)
+                  precision or cfg.training.precision, deepspeed=cfg.deepspeed,
+                  grad_accum=cfg.training.grad_accum_dtype)
         preset = False
     else:
         if overrides:

@@ -31,6 +31,9 @@ class Job:
     # The gradient buffers' and reduction's dtype when the user fixes it (grad_dtype.py:
     # Megatron's --grad-reduce-in-bf16); None: each engine's default.
     grad_dtype: Optional[str] = None
+    # training.grad_accum_dtype: "fp32" with bf16 at ZeRO-1 is DeepSpeed's BF16_Optimizer
+    # (base/optimizer_kind.py), whose fp32 gradient buffer memory.state_bytes prices.
+    grad_accum: str = "model"
 
     @property
     def seq(self) -> int:

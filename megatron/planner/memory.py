@@ -81,18 +81,23 @@ def zero3_gathered_elems(n: int, layer_params: int,
 def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, dp: int,
                 bucket_elems: float, bucket_touched: bool = False, *, buffers: int = 1,
                 bucket_dtype_bytes: Optional[float] = None,
-                reuse_distance: float = DEEPSPEED_REUSE_DISTANCE) -> StateBytes:
+                reuse_distance: float = DEEPSPEED_REUSE_DISTANCE,
+                grad_accum: str = "model") -> StateBytes:
     """Bytes of weights, gradients and optimizer states one rank holds for its n parameters.
     buffers: contiguous buckets of bucket_elems (zero_settings.bucket_buffers);
     bucket_dtype_bytes: ZeRO-3's bucket element size (its communication dtype; default the
     model's); bucket_touched: count only the bucket pages gradients write
-    (Constants.bucket_touched)."""
+    (Constants.bucket_touched); grad_accum: training.grad_accum_dtype."""
     lp = act.act_bytes(precision)
-    kind = optimizer_kind(precision, zero, pp)
+    kind = optimizer_kind(precision, zero, pp, grad_accum)
     if kind == "torch":
         return StateBytes(4 * n, 4 * n, 8 * n, 0, 0, False)
     if kind == "fp16":
         return StateBytes(lp * n, lp * n, 12 * n, 4 * n, 0, False)
+    if kind == "bf16" and zero == 1:
+        # fp32 accumulation (training.grad_accum_dtype): BF16_Optimizer's fp32 buffer of every
+        # gradient (unsharded) beside the 16-bit ones autograd writes before its hooks move them.
+        return StateBytes(lp * n, (lp + 4) * n, 12 * n / dp, 4 * n / dp, 0, False)
     if kind == "bf16":
         return StateBytes(lp * n, lp * n, 12 * n / dp, 4 * n / dp, 0, False)
     # ZeRO-1/2 buckets hold gradients in the model dtype; ZeRO-3's one per communication dtype.
@@ -262,7 +267,8 @@ def _engine_states(job: Job, lay: Layout, sp: StageParams, c: Constants, device,
                        ds.reduce_bucket_size, bool(c.bucket_touched),
                        buffers=bucket_buffers(ds, lay.zero),
                        bucket_dtype_bytes=comm_bytes(ds, act.act_bytes(job.precision)),
-                       reuse_distance=ds.stage3_max_reuse_distance)
+                       reuse_distance=ds.stage3_max_reuse_distance,
+                       grad_accum=job.grad_accum)
 
 
 def stage_memory(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,

@@ -319,7 +319,7 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     transformer layers (the chunks an engine that overlaps per layer reduces)."""
     f = np.zeros(len(FEATURES))
     lay, n, d = x.lay, sp.total, x.lay.zero_dp
-    kind = optimizer_kind(x.job.precision, lay.zero, lay.pp)
+    kind = optimizer_kind(x.job.precision, lay.zero, lay.pp, x.job.grad_accum)
     grads = (4 if kind == "torch" else x.e) * n
     wire = grad_wire_bytes(x, kind) * n
     weights = x.e * n

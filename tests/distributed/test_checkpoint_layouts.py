@@ -37,6 +37,12 @@ INTERLEAVED = [("pp2v2", "pp4"), ("pp2v2", "tp1"), ("pp2zbv", "tp1")]
 # bf16 (DP2 ZeRO-1, DeepSpeed's ZeRO optimizer) -> TP2 ZeRO-0 (its BF16_Optimizer): the fp32
 # masters carry over exactly, but TP splits each bf16 matmul's reduction differently.
 BF16_TOLERANCE = 2e-3
+# fp32 gradient accumulation (training.grad_accum_dtype=fp32, DeepSpeed's BF16_Optimizer at
+# ZeRO-1) resumed as itself (exact: its fp32 masters, moments and step all restored), and to and
+# from bf16 accumulation under ZeRO-1's own optimizer (the same masters; the gradients rounded
+# once more to bf16 on one side).
+BF16_ACCUMULATION = ["dp2_zero1_bf16acc>dp2_zero1_bf16acc", "dp2_zero1_bf16acc>dp2_zero1_bf16",
+                     "dp2_zero1_bf16>dp2_zero1_bf16acc"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
@@ -53,10 +59,12 @@ def launches(tmp):
     (tests/support/launch_batches.py): 2 ranks' sources first, then 1 rank (TP1's source, and
     TP2's, interleaved and ZB-V checkpoints continued), then 4 (continuations of the 1- and
     2-rank sources)."""
-    return [_job(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2", "pp2v2", "pp2",
-                                  "pp2zbv", "pp2_first1"],
+    return [_job(tmp, 2, sources=["tp2", "dp2_zero2", "dp2_zero1_bf16:gpt2",
+                                  "dp2_zero1_bf16acc:gpt2", "pp2v2", "pp2", "pp2zbv",
+                                  "pp2_first1"],
                  targets=["dp2_zero1_bf16>tp2_zero0_bf16:gpt2", "pp2v2>pp2", "pp2>pp2v2",
-                          "pp2zbv>pp2", "pp2_first1>pp2"]),
+                          "pp2zbv>pp2", "pp2_first1>pp2",
+                          *(f"{pair}:gpt2" for pair in BF16_ACCUMULATION)]),
             _job(tmp, 1, sources=["tp1"], targets=["tp2>tp1", "pp2v2>tp1", "pp2zbv>tp1",
                                                    "pp2_first1>tp1"]),
             _job(tmp, 4, sources=["pp2dp2_zero1"],
@@ -89,6 +97,16 @@ def test_bf16_continues_in_another_layout_within_its_bound(results):
     continued = results["dp2_zero1_bf16>tp2_zero0_bf16/gpt2"]
     reference = results["dp2_zero1_bf16/gpt2"]
     assert _worst(continued, reference) <= BF16_TOLERANCE, (continued, reference)
+
+
+@pytest.mark.parametrize("pair", BF16_ACCUMULATION)
+def test_fp32_gradient_accumulation_resumes_and_changes_to_and_from_bf16(results, pair):
+    src, dst = pair.split(">")
+    continued, reference = results[f"{pair}/gpt2"], results[f"{src}/gpt2"]
+    bound = TOLERANCE if src == dst else BF16_TOLERANCE
+    assert _worst(continued, reference) <= bound, (pair, continued, reference)
+    if src != dst:  # the two accumulations are different runs, not the same one twice
+        assert results["dp2_zero1_bf16acc/gpt2"] != results["dp2_zero1_bf16/gpt2"]
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

@@ -61,9 +61,9 @@ def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
         assert e["precision_policy"]
     # Same shape on both sides, and the planner counts the parameters the trainer built.
     assert runs["torch"]["parameters"] == runs["peer"]["parameters"] == r["planner"]["parameters"]
-    # The BF16_Optimizer run took it (the plugin's DeepSpeed option).
-    log = (work / "megatron-torch_bf16opt.log").read_text()
-    assert "DeepSpeed's optimizer is BF16_Optimizer" in log, log[-2000:]
+    # training.grad_accum_dtype=fp32 took DeepSpeed's BF16_Optimizer; the default its ZeRO-1 one.
+    assert runs["torch_bf16opt"]["optimizer"] == "BF16_Optimizer", runs["torch_bf16opt"]
+    assert runs["torch"]["optimizer"] == "DeepSpeedZeroOptimizer", runs["torch"]
 
     plan = r["planner"]
     assert plan["layout"] == "tp1-pp1-dp1-mb2-ga2-z1-none-flash"
@@ -71,7 +71,7 @@ def test_tiny_cpu_benchmark_writes_consistent_results(tmp_path):
 
     md = (out / "e2e_cpu_tiny.md").read_text()
     for row in ("| this project, torch kernels | sdpa |", "| plain PyTorch peer | sdpa |",
-                "| this project, torch kernels, DeepSpeed's BF16_Optimizer | sdpa |",
+                "| this project, torch kernels, fp32 gradients (BF16_Optimizer) | sdpa |",
                 "| planner prediction (probe of this CPU) |", "skipped: the fused kernels"):
         assert row in md, f"{row!r} missing from the markdown table:\n{md}"
     assert not env.log.exists(), f"a compiler ran:\n{env.log.read_text()}"
@@ -95,4 +95,4 @@ def test_host_benchmark_compares_each_run_with_the_peer_of_its_round(tmp_path):
     assert all(ms > 0 for ms in rounds[0].values())
     md = (tmp_path / "host_overhead_cpu.md").read_text()
     assert "| plain PyTorch peer |" in md and "| 1.00 (1.00-1.00) |" in md
-    assert "| this project, torch kernels, DeepSpeed's BF16_Optimizer |" in md
+    assert "| this project, torch kernels, fp32 gradients (BF16_Optimizer) |" in md

@@ -38,6 +38,9 @@ LAYOUTS = {
     "dp2_zero2": ["parallel.zero_stage=2"],
     "dp4_zero1": ["parallel.zero_stage=1"],
     "dp2_zero1_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
+    # fp32 gradient accumulation: DeepSpeed's BF16_Optimizer at ZeRO-1 (its own flat partitions)
+    "dp2_zero1_bf16acc": ["parallel.zero_stage=1", "training.precision=bf16",
+                          "training.grad_accum_dtype=fp32"],
     "tp2_zero0_bf16": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0",
                        "training.precision=bf16"],
     # interleaved 1F1B: rank r holds model chunks r and r + 2 (layers r and r + 2 of 4)

@@ -1,5 +1,7 @@
 // Launchers for activation.cuh: bias+GeLU and SwiGLU, forward and backward, for fp32, fp16 and
-// bf16, scalar and 4-wide accesses.
+// bf16, scalar, 4-wide and (16-bit types) 8-wide accesses: 16 bytes a load, as torch's own
+// elementwise kernels do; 8-byte loads left the 16-bit kernels at 38-45% of the H200's
+// bandwidth (benchmarks/results/kernels_nvidia_h200.md).
 #include "../activation.cuh"
 
 namespace mf {
@@ -7,17 +9,21 @@ namespace {
 
 constexpr int kVec = 4;
 constexpr int kThreads = 256;
+template <typename T>
+constexpr int wide_vec() { return sizeof(T) == 2 ? 8 : kVec; }
 
 dim3 elementwise_grid(int64_t numel, int vec) {
   const int64_t blocks = ceil_div(ceil_div(numel, vec), kThreads);
   return dim3(static_cast<unsigned>(blocks < kMaxRowBlocks ? blocks : kMaxRowBlocks));
 }
 
+// vec-wide packs need numel and the row length divisible by vec (a pack never straddles two
+// rows of the bias) and every pointer aligned to the pack.
 template <typename T>
-bool vectorizable(int64_t numel, int64_t n, const void* a, const void* b, const void* c,
-                  const void* d, const void* e) {
-  const int64_t bytes = static_cast<int64_t>(sizeof(T)) * kVec;
-  return numel % kVec == 0 && n % kVec == 0 && aligned(a, bytes) && aligned(b, bytes) &&
+bool vectorizable(int vec, int64_t numel, int64_t n, const void* a, const void* b,
+                  const void* c, const void* d, const void* e) {
+  const int64_t bytes = static_cast<int64_t>(sizeof(T)) * vec;
+  return numel % vec == 0 && n % vec == 0 && aligned(a, bytes) && aligned(b, bytes) &&
          aligned(c, bytes) && aligned(d, bytes) && aligned(e, bytes);
 }
 
@@ -62,7 +68,13 @@ void launch_vec(Op op, const ActArgs& a, cudaStream_t stream) {
 
 template <typename T>
 void launch_typed(Op op, const ActArgs& a, cudaStream_t stream) {
-  if (vectorizable<T>(a.numel, a.n, a.in0, a.in1, a.in2, a.out0, a.out1)) {
+  constexpr int kWide = wide_vec<T>();
+  const auto fits = [&](int vec) {
+    return vectorizable<T>(vec, a.numel, a.n, a.in0, a.in1, a.in2, a.out0, a.out1);
+  };
+  if (kWide != kVec && fits(kWide)) {
+    launch_vec<T, kWide>(op, a, stream);
+  } else if (fits(kVec)) {
     launch_vec<T, kVec>(op, a, stream);
   } else {
     launch_vec<T, 1>(op, a, stream);

@@ -22,6 +22,14 @@ class TrainingConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Precision of the model and its gradients: fp32; bf16; or fp16 with dynamic loss scaling
     (GPU only)."""
+    grad_accum_dtype: Literal["model", "fp32"] = "model"
+    """Precision gradients are accumulated in. model: the model's (training.precision).
+    fp32: bf16 weights with fp32 gradients, which DeepSpeed runs with its BF16_Optimizer (one
+    flat fp32 buffer per parameter group, updated a group at a time), as Megatron-LM keeps its
+    main gradients: 4 bytes more a parameter on every rank, exact accumulation over many
+    micro-batches, and on one H200 a 1.3B step 0.94x the plain PyTorch peer's time where ZeRO-1's
+    own optimizer makes it 0.83x (benchmarks/results/gpu_h200.md). Needs training.precision=bf16
+    and parallel.zero_stage=1, without mixture of experts."""
     seed: int = 1234
     """Seed of the weights' initialisation and of dropout (the data's shuffles use data.seed)."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"

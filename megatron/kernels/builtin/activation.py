@@ -35,7 +35,10 @@ class _BiasGelu(torch.autograd.Function):
         dx = load_module("_fused_activation").bias_gelu_backward(grad, x, bias).view(x.shape)
         # d bias sums d(x + bias) over every leading dim; dx is rounded to x's dtype first,
         # which is within the tolerance Megatron's own fused bias-GeLU accepts.
-        dbias = None if bias is None else dx.reshape(-1, x.shape[-1]).float().sum(0).to(bias.dtype)
+        # The sum accumulates in fp32 without an fp32 copy of dx (that copy was a third pass
+        # over the activation, about a third of this backward's time on an H200).
+        dbias = None if bias is None else (
+            dx.reshape(-1, x.shape[-1]).sum(0, dtype=torch.float32).to(bias.dtype))
         return dx, dbias
 
 
