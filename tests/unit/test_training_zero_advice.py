@@ -34,6 +34,16 @@ def test_no_advice_where_zero_shards_or_is_needed(world, sets):
     assert _advice(world, *sets) is None
 
 
+def test_bf16_at_zero1_is_also_pointed_at_fp32_accumulation():
+    text = _advice(1, "parallel.zero_stage=1", "training.precision=bf16")
+    assert "parallel.zero_stage=0" in text and "training.grad_accum_dtype=fp32" in text
+    assert "grad_accum_dtype" not in _advice(1, "parallel.zero_stage=1")  # fp32 weights
+    assert "grad_accum_dtype" not in _advice(1, "parallel.zero_stage=2", "training.precision=bf16")
+    # already on BF16_Optimizer: nothing to advise
+    assert _advice(1, "parallel.zero_stage=1", "training.precision=bf16",
+                   "training.grad_accum_dtype=fp32") is None
+
+
 def test_tensor_parallel_ranks_alone_still_get_the_advice():
     """TP2 on two ranks: one data-parallel rank, so ZeRO has nothing to shard there either."""
     assert _advice(2, "parallel.zero_stage=1", "parallel.tensor_parallel_size=2") is not None
