@@ -114,6 +114,10 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
         ds["bf16"] = {"enabled": True}
         if t.grad_accum_dtype == "fp32":  # DeepSpeed's BF16_Optimizer (config/validate.py)
             ds["data_types"] = {"grad_accum_dtype": "fp32"}
+            # Each bf16 gradient is added into the fp32 buffer by a hook as autograd writes
+            # it, and freed: no second copy of every gradient at the peak, and the 292-tensor
+            # loop after the backward of a 1.3B model becomes work the device's backward hides.
+            ds["bf16"]["immediate_grad_update"] = True
     elif t.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0,
                       "initial_scale_power": t.initial_loss_scale_power,

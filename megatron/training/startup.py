@@ -240,8 +240,8 @@ def _fp32_accumulation_advice(cfg: Config) -> str:
             cfg.model.moe.num_experts:
         return ""
     return ("; or keep ZeRO-1 with training.grad_accum_dtype=fp32 (DeepSpeed's BF16_Optimizer, "
-            "4 bytes a parameter more): on one H200 a 1.3B step took 0.95x the time of a plain "
-            "PyTorch loop's that way, 0.87x under ZeRO-0 and 0.85x under ZeRO-1 "
+            "up to 4 bytes a parameter more): on one H200 a 1.3B model trained at 0.95x the "
+            "speed of a plain PyTorch loop that way, 0.87x under ZeRO-0 and 0.85x under ZeRO-1 "
             "(benchmarks/results/gpu_h200.md)")
 
 

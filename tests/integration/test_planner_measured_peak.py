@@ -9,7 +9,8 @@ Constants (no CPU profile is calibrated for this model): act_scale 1 (the formul
 stand), fixed_gb 0 (the baseline removes the process's fixed memory), bucket_touched 1
 (resident memory sees only the pages of DeepSpeed's 5e8-element bucket that gradients write:
 all of a ZeRO-3 stage's gradients are copied through it). The layouts: TP2, PP2 under each
-schedule (1F1B, ZB-H1, interleaved v2, ZB-V), DP2 under ZeRO-1 and ZeRO-3; others:
+schedule (1F1B, ZB-H1, interleaved v2, ZB-V), DP2 under ZeRO-1 and ZeRO-3, DP2 ZeRO-1 in bf16
+with bf16 and with fp32 gradients (training.grad_accum_dtype); others:
 MEGATRON_MEASURED_LAYOUTS=tp2,pp2,..."""
 import json
 import os
@@ -22,7 +23,9 @@ from tests.support.procs import torchrun
 
 # the pipeline schedules on the same two stages too: ZB-H1, interleaved v2, ZB-V (whose V puts
 # the output layer and the tied embedding's second copy on the first stage)
-DEFAULT_LAYOUTS = "tp2,pp2,dp2_zero1,dp2_zero3,pp2_zbh1,pp2v2,pp2_zbv"
+# and bf16 at ZeRO-1 with its two optimizers (bf16 gradients; fp32 ones, BF16_Optimizer)
+DEFAULT_LAYOUTS = ("tp2,pp2,dp2_zero1,dp2_zero3,pp2_zbh1,pp2v2,pp2_zbv,dp2_zero1_bf16,"
+                   "dp2_zero1_bf16acc")
 TOLERANCE = 0.20
 
 

@@ -62,6 +62,11 @@ LAYOUTS = {
     "dp2_zero1": (["parallel.zero_stage=1"], 1),
     "dp2_zero3": (["parallel.zero_stage=3"], 1),
     "single": (["parallel.zero_stage=0"], 1),
+    # bf16 weights at ZeRO-1: DeepSpeed's ZeRO optimizer, and its BF16_Optimizer with fp32
+    # gradients (training.grad_accum_dtype=fp32)
+    "dp2_zero1_bf16": (["parallel.zero_stage=1", "training.precision=bf16"], 1),
+    "dp2_zero1_bf16acc": (["parallel.zero_stage=1", "training.precision=bf16",
+                           "training.grad_accum_dtype=fp32"], 1),
 }
 # every pipeline schedule on two stages (the test) and four (benchmarks/pipeline/
 # bench_pp4_memory.py, 4 ranks): 1F1B, ZB-H1 (deferred weight gradients), interleaved 1F1B and
@@ -101,7 +106,8 @@ def planned(layout: str, world: int):
     overrides, (tp, pp, dp, mb, ga) = layout_overrides(layout, world)
     cfg = load_config(TINY, overrides)
     p = cfg.parallel
-    job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision)
+    job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision,
+              grad_accum=cfg.training.grad_accum_dtype)
     schedule = next((n for n in schedules.names() if schedules.get(n).chunked ==
                      p.pipeline_schedule), p.pipeline_schedule)
     lay = Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, zero=p.zero_stage,

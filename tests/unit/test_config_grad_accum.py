@@ -28,7 +28,9 @@ def test_fp32_with_bf16_at_zero1_asks_deepspeed_for_fp32_accumulation():
     cfg = load_config(TINY, FP32)
     validate_for_world(cfg, 2)
     ds = deepspeed_config(cfg, 2)
-    assert ds["data_types"] == {"grad_accum_dtype": "fp32"} and ds["bf16"] == {"enabled": True}
+    assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    # each bf16 gradient is added into the fp32 buffer as it lands, and freed
+    assert ds["bf16"] == {"enabled": True, "immediate_grad_update": True}
     assert ds["zero_optimization"]["stage"] == 1
     assert optimizer_kind("bf16", 1, 1, "fp32") == "bf16"
     assert optimizer_kind("bf16", 1, 2, "fp32") == "bf16"   # under a pipeline too

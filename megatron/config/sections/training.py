@@ -26,10 +26,12 @@ class TrainingConfig:
     """Precision gradients are accumulated in. model: the model's (training.precision).
     fp32: bf16 weights with fp32 gradients, which DeepSpeed runs with its BF16_Optimizer (one
     flat fp32 buffer per parameter group, updated a group at a time), as Megatron-LM keeps its
-    main gradients: 4 bytes more a parameter on every rank, exact accumulation over many
-    micro-batches, and on one H200 a 1.3B step 0.94x the plain PyTorch peer's time where ZeRO-1's
-    own optimizer makes it 0.83x (benchmarks/results/gpu_h200.md). Needs training.precision=bf16
-    and parallel.zero_stage=1, without mixture of experts."""
+    main gradients: up to 4 bytes more a parameter on every rank (that buffer is not sharded;
+    each bf16 gradient is freed as it is added in), exact accumulation over many
+    micro-batches, and on one H200 a 1.3B model trained at 0.95-0.96x the speed of a plain
+    PyTorch loop, where ZeRO-1's own optimizer runs at 0.83-0.85x (benchmarks/results/
+    gpu_h200.md). Needs training.precision=bf16 and parallel.zero_stage=1, without mixture of
+    experts."""
     seed: int = 1234
     """Seed of the weights' initialisation and of dropout (the data's shuffles use data.seed)."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
