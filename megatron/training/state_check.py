@@ -46,6 +46,10 @@ from megatron.config.errors import BadNode
 from megatron.training.sdc import gather_rows
 
 CHUNK = 1 << 22  # elements per temporary of the moment check (16 MiB in fp32)
+# On a GPU (256 MiB): a 1.3B model's flat ZeRO state is 20 pieces, not 314, each one product
+# and one reduction; the launches, not the bytes, were most of the check's cost there
+# (benchmarks/results/gpu_h200.md).
+GPU_CHUNK = 1 << 26
 REL_TOL = 1e-3   # over rounding: the bound is tight only for adversarial gradient sequences
 ABS_TOL = 1e-30  # below this m^2 the update is at most 1e-15 / eps: no weight moves
 
@@ -64,11 +68,13 @@ def adam_bound(beta1: float, beta2: float) -> Optional[float]:
 
 
 def _chunks(pairs: Iterable[Tuple[torch.Tensor, torch.Tensor]]):
-    """Lists of (m, v) pieces of at most CHUNK elements together (a flat ZeRO shard split)."""
+    """Lists of (m, v) pieces of at most CHUNK (GPU_CHUNK on a GPU) elements together (a flat
+    ZeRO shard split)."""
     batch_m, batch_v, size = [], [], 0
     for m, v in pairs:
-        for mc, vc in zip(m.reshape(-1).split(CHUNK), v.reshape(-1).split(CHUNK)):
-            if size and size + mc.numel() > CHUNK:
+        chunk = CHUNK if m.device.type == "cpu" else GPU_CHUNK
+        for mc, vc in zip(m.reshape(-1).split(chunk), v.reshape(-1).split(chunk)):
+            if size and size + mc.numel() > chunk:
                 yield batch_m, batch_v
                 batch_m, batch_v, size = [], [], 0
             batch_m.append(mc)
@@ -103,13 +109,23 @@ def moment_excess(optimizer: torch.optim.Optimizer) -> float:
             continue
         pairs = [(s["exp_avg"], s["exp_avg_sq"]) for s in states if "exp_avg" in s]
         for ms, vs in _chunks(pairs):
-            sq = torch._foreach_mul(ms, ms)
-            torch._foreach_add_(sq, vs, alpha=-bound * (1.0 + REL_TOL))
-            worst.extend(torch._foreach_max(sq))
+            worst.extend(_excess(ms, vs, bound * (1.0 + REL_TOL)))
     if not worst:
         return -math.inf
     # NaN anywhere stays NaN (torch.max propagates it): the caller treats it as broken
     return float(torch.stack(worst).max())
+
+
+def _excess(ms: List[torch.Tensor], vs: List[torch.Tensor], limit: float) -> List[torch.Tensor]:
+    """max(m^2 - limit v) of each piece (NaN, inf and a negative v included). One piece, as a
+    flat ZeRO state gives: v - m^2/limit in one pass and its minimum in another, 16 bytes an
+    element. Several small ones: three foreach passes over the batch (24 bytes, 3 launches)."""
+    if len(ms) == 1:
+        slack = torch.addcmul(vs[0], ms[0], ms[0], value=-1.0 / limit)
+        return [slack.min() * -limit]
+    sq = torch._foreach_mul(ms, ms)
+    torch._foreach_add_(sq, vs, alpha=-limit)
+    return list(torch._foreach_max(sq))
 
 
 def checksum(params: Sequence[torch.Tensor]) -> float:

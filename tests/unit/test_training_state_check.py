@@ -81,6 +81,28 @@ def test_a_state_larger_than_a_chunk_is_checked_in_pieces(monkeypatch):
     assert moment_excess(opt) > 1e19
 
 
+@pytest.mark.parametrize("target, factor", [("exp_avg", 1e20), ("exp_avg_sq", -1.0),
+                                            ("exp_avg_sq", math.nan)])
+def test_one_piece_and_a_batch_of_pieces_give_the_same_excess(target, factor):
+    """A flat state is checked a piece at a time (v - m^2/limit and its minimum), several small
+    tensors as one foreach batch (m^2 - limit v and its maximum): the same figure, healthy or
+    broken, whichever tensor is corrupted."""
+    from megatron.training.state_check import _excess
+    torch.manual_seed(3)
+    opts = [_adam((40,), (0.9, 0.95), [torch.randn(40) for _ in range(4)]) for _ in range(2)]
+    ms = [o.state[o.param_groups[0]["params"][0]]["exp_avg"] for o in opts]
+    vs = [o.state[o.param_groups[0]["params"][0]]["exp_avg_sq"] for o in opts]
+    limit = adam_bound(0.9, 0.95) * 1.001
+    healthy = torch.stack(_excess(ms, vs, limit)).max()
+    singles = torch.stack([_excess([m], [v], limit)[0] for m, v in zip(ms, vs)]).max()
+    assert healthy <= ABS_TOL and singles <= ABS_TOL
+    assert singles.item() == pytest.approx(healthy.item(), rel=1e-5, abs=1e-12)
+    faults.scale_largest([opts[1].state[opts[1].param_groups[0]["params"][0]][target]], factor)
+    batch = torch.stack(_excess(ms, vs, limit)).max()
+    singles = torch.stack([_excess([m], [v], limit)[0] for m, v in zip(ms, vs)]).max()
+    assert not batch <= ABS_TOL and not singles <= ABS_TOL, (batch, singles)
+
+
 def test_groups_without_a_bound_and_an_empty_state_are_left_out():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([p], betas=(0.99, 0.9))
