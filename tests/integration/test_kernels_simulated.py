@@ -215,7 +215,9 @@ def test_rotary(libs, width, dtype, s, d):
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,with_bias", [(1, True), (7, True), (64, False), (256, True)])
+# rows of 7 and 1: scalar accesses; 12: 4-wide; 64 and 256: 8-wide for 16-bit types
+@pytest.mark.parametrize("n,with_bias", [(1, True), (7, True), (12, True), (64, False),
+                                         (256, True)])
 def test_bias_gelu_and_swiglu(libs, width, dtype, n, with_bias):
     torch.manual_seed(n)
     lib = libs[width]

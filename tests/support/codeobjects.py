@@ -20,7 +20,8 @@ EXPECTED_KERNELS = {
     # {forward, backward} x 3 dtypes
     "rotary": 2 * 3,
     # {gelu, swiglu} x {forward, backward} x 3 dtypes x {scalar, 4-wide}
-    "activation": 2 * 2 * 3 * 2,
+    # + the same x the 2 16-bit dtypes 8-wide
+    "activation": 2 * 2 * 3 * 2 + 2 * 2 * 2,
 }
 
 EM_AMDGPU, EF_AMDGPU_MACH_GFX90A = 224, 0x3F
