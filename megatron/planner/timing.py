@@ -332,6 +332,8 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
         grad_v, grad_n, other_v, other_n = {0: (2 * wire, 1, 0, 0), 1: (wire, 1, weights, 1),
                                             2: (wire, ga, weights, 1),
                                             3: (wire, ga, weights, 2 * ga)}[lay.zero]
+        if kind == "bf16" and lay.zero == 1:
+            grad_v = 2 * wire  # BF16_Optimizer all-reduces (engine.allreduce_gradients)
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
         per_window = dot(theta(x.c), reduce) / (ga if lay.zero >= 2 else 1)

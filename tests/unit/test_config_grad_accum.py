@@ -72,3 +72,24 @@ def test_the_planner_prices_the_fp32_gradient_buffer():
     assert (zero.weights, zero.grads) == (2 * n, 2 * n) and zero.bucket > 0
     assert (fp32.weights, fp32.grads, fp32.bucket) == (2 * n, 6 * n, 0)
     assert fp32.optimizer == zero.optimizer == 12 * n
+
+
+def test_the_planner_prices_its_all_reduce_where_zero1_reduce_scatters():
+    """At 64 data-parallel ranks BF16_Optimizer all-reduces the gradients (twice ZeRO-1's
+    reduce-scatter on the wire) and still all-gathers the updated weights: a slower step; at one
+    rank the two cost the same."""
+    from megatron.config import ModelConfig
+    from megatron.planner.layout import Job, Layout
+    from megatron.planner.profile import load_profile
+    from megatron.planner.timing import step_time
+    prof = load_profile("h200")
+    model = ModelConfig(num_layers=24, hidden_size=2048, num_attention_heads=16,
+                        seq_length=2048, vocab_size=50304)
+
+    def step(grad_accum, dp):
+        job = Job(model, 8 * dp, "bf16", grad_accum=grad_accum)
+        lay = Layout(tp=1, pp=1, dp=dp, micro_batch=8, grad_accum=1, zero=1)
+        return step_time(job, lay, prof).step_s
+
+    assert step("fp32", 64) > step("model", 64)
+    assert step("fp32", 1) == pytest.approx(step("model", 1))
