@@ -183,7 +183,10 @@ step profile 200 $PY benchmarks/e2e/bench_e2e.py --runs "$PROFILE_RUNS" --profil
     --timeout 100 \
     --out "$LOGS/profile" --work "$LOGS/profile"
 excerpt profile grep '^e2e \|error'
-for f in "$LOGS"/profile/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"; done
+busy_lines() {  # each profile's wall and device-busy line (profile_step.py) into the summary
+  for f in "$1"/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"; done
+}
+busy_lines "$LOGS/profile"
 XDIST=()  # the three files side by side: small models, one GPU with room for all
 $PY -c 'import xdist' 2>/dev/null && XDIST=(-n 3 --dist loadfile)
 step train_tests 220 $PY -m pytest -q -ra -p no:cacheprovider "${XDIST[@]}" \
@@ -206,8 +209,7 @@ excerpt e2e_fused grep '^e2e \|error'
 if [ -n "${PROFILE_FUSED_RUNS:-}" ]; then  # runs with fused kernels, profiled once they are built
   step profile_fused 150 $PY benchmarks/e2e/bench_e2e.py --runs "$PROFILE_FUSED_RUNS" --profile \
       --timeout 100 --out "$LOGS/profile_fused" --work "$LOGS/profile_fused"
-  for f in "$LOGS"/profile_fused/profile-*.txt; do [ -f "$f" ] && sed -n 3p "$f" | tee -a "$SUMMARY"
-  done
+  busy_lines "$LOGS/profile_fused"
 fi
 step kernel_tests 200 $PY -m pytest -q -ra -p no:cacheprovider tests/gpu/test_kernels_fused.py \
     tests/gpu/test_kernels_native_norm_fallback.py tests/gpu/test_kernels_native_fallback.py

@@ -28,7 +28,7 @@ from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
 from megatron.config.errors import BadNode
-from megatron.config.validate import check_device, pipeline_stage_layers
+from megatron.config.validate import check_device, grad_accum_error, pipeline_stage_layers
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base.deepspeed_json import deepspeed_config
@@ -235,9 +235,9 @@ def zero_without_shards(cfg: Config, world: int, dp: int) -> Optional[str]:
 
 
 def _fp32_accumulation_advice(cfg: Config) -> str:
-    """For bf16 at ZeRO-1 without experts: the faster path still (training.grad_accum_dtype)."""
-    if cfg.training.precision != "bf16" or cfg.parallel.zero_stage != 1 or \
-            cfg.model.moe.num_experts:
+    """Where fp32 gradient accumulation is allowed (grad_accum_error): the faster path still."""
+    if grad_accum_error(cfg.training.precision, cfg.parallel.zero_stage,
+                        cfg.model.moe.num_experts or 0):
         return ""
     return ("; or keep ZeRO-1 with training.grad_accum_dtype=fp32 (DeepSpeed's BF16_Optimizer, "
             "up to 4 bytes a parameter more): on one H200 a 1.3B model trained at 0.95x the "
