@@ -263,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
     _add_search(sub, fmt)
-    m = sub.add_parser("memory", help="memory and time of one layout", epilog=EXAMPLES,
-                       formatter_class=fmt)
+    m = sub.add_parser("memory", help="memory and time of one layout, and where its step goes",
+                       epilog=EXAMPLES, formatter_class=fmt)
     _model_args(m)
     _cluster_args(m)
     _layout_args(m)

@@ -10,7 +10,7 @@ from megatron.cli.plan_args import (layout_from_args, load_job, load_space, over
                                     profile_from_args)
 from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner import emit, jobs, longest, ranges, scaling
+from megatron.planner import breakdown, emit, jobs, longest, ranges, scaling
 from megatron.planner.jobs import ints
 from megatron.planner.layout import Job, chunks_note, run_as
 from megatron.planner.memory import GIB, memory_per_stage
@@ -51,7 +51,7 @@ def cmd_search(args) -> int:
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
     if not preset:
-        print(_config_layout_rank(args, job, cfg, result, prof.spec.framework))
+        print(_config_layout_rank(args, job, cfg, result, prof))
     best = _runnable_best(result, cfg, job)
     if args.out_config:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
@@ -99,21 +99,30 @@ def _layout_source(args, cfg: Optional[Config]) -> str:
     return note + (f"; {', '.join(overridden)} from the command line)" if overridden else ")")
 
 
-def _config_layout_rank(args, job: Job, cfg: Config, result, framework: str) -> str:
-    """Where the layout the config sets stands among the ranked ones."""
+def _config_layout_rank(args, job: Job, cfg: Config, result, prof: Profile) -> str:
+    """Where the layout the config sets stands among the ranked ones, and what puts it behind
+    the best."""
     try:
         # search's own --flash/--sequence-parallel name spaces to search, not a layout
-        lay = layout_from_args(argparse.Namespace(), job, result.world, cfg, framework)
+        lay = layout_from_args(argparse.Namespace(), job, result.world, cfg, prof.spec.framework)
     except ConfigError as e:
         return f"\nthe layout {args.config} sets is not valid on {result.world} devices: {e}"
     keys = [c.layout for c in result.ranked]
     if lay in keys:
         i = keys.index(lay)
         t = result.ranked[i].time
-        return (f"\nthe layout {args.config} sets, {lay.key()}, ranks {i + 1} of {len(keys)}: "
+        line = (f"\nthe layout {args.config} sets, {lay.key()}, ranks {i + 1} of {len(keys)}: "
                 f"{t.step_s:.3g} s per step, {t.tflops_per_gpu:.3g} TFLOPs per GPU")
+        return line + (_gap_note(job, lay, keys[0], prof) if i else "")
     return (f"\nthe layout {args.config} sets, {lay.key()}, is not among the {len(keys)} that "
             "fit (outside the search space, or over the device memory: see megatron-plan memory)")
+
+
+def _gap_note(job: Job, lay, best, prof: Profile) -> str:
+    """Why `lay` is behind `best`: the step terms that differ the most (planner/breakdown.py)."""
+    slow, fast = breakdown.step_breakdown(job, lay, prof), breakdown.step_breakdown(job, best, prof)
+    return (f"\nits step is {100 * (slow.step_s / fast.step_s - 1):.1f}% longer than the best's "
+            f"({best.key()}); the terms that differ most: {breakdown.explain_gap(slow, fast)}")
 
 
 def cmd_memory(args) -> int:
@@ -148,8 +157,12 @@ def cmd_memory(args) -> int:
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
           f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
           f"{100 * t.bubble:.1f}%")
+    print("\nwhere the step goes (the slowest stage's slots, the reduction of the stage that "
+          "reduces the most):")
+    print(emit.format_table(breakdown.HEADER, breakdown.table_rows(
+        breakdown.step_breakdown(job, lay, prof))))
     free = args.micro_batch is None and cfg is None
-    print(f"predicted step {_range(job, lay, prof, free).describe()}")
+    print(f"\npredicted step {_range(job, lay, prof, free).describe()}")
     if free:
         lo, hi, mbs = ranges.memory_range(job, lay, prof)
         print(f"micro-batch not given: {lay.micro_batch} priced; over those that fit "

@@ -108,6 +108,13 @@ def test_memory_uses_the_layout_the_config_sets(capsys, tmp_path):
     assert code == 0
     assert f"layout: tp8-pp1-dp32-mb1-ga32-z0-full-noflash (from {path})" in out
     assert "DOES NOT FIT" not in out and ": fits" in out
+    # where the step goes: every term, TP8's collectives inside the node, no pipeline to fill
+    table = out.split("where the step goes")[1].split("predicted step")[0]
+    for term in ("compute", "collectives in a node", "pipeline fill and drain",
+                 "gradient reduction + optimizer"):
+        assert term in table, term
+    fill = next(line for line in table.splitlines() if "pipeline fill and drain" in line)
+    assert fill.split()[4:6] == ["0", "0.0%"]
 
 
 def test_a_layout_flag_overrides_the_config_and_says_so(capsys, tmp_path):
@@ -138,6 +145,9 @@ def test_search_reports_where_the_config_layout_ranks(capsys, tmp_path):
                        "--micro-batches", "1,2", "--zero-stages", "0,1")
     assert code == 0
     assert f"the layout {path} sets, tp8-pp1-dp32-mb1-ga32-z0-full-noflash, ranks " in out
+    # and why it is behind the best: the step terms that differ most, with their seconds
+    gap = out.split("longer than the best's (")[1]
+    assert "); the terms that differ most: +" in gap and " s compute" in gap
 
 
 def test_memory_prices_the_interleaved_schedule_and_says_how_the_trainer_runs_it(capsys):
