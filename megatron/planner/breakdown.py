@@ -23,7 +23,7 @@ from megatron.planner.timing import step_features
 SLOT_TERMS: Tuple[Tuple[str, str, Tuple[int, ...]], ...] = (
     ("compute", "GEMMs and attention at the fitted rates", (GEMM, ATTN)),
     ("memory-bound", "norms, activations, softmax, embedding, copies", (MEM,)),
-    ("collectives in a node", "TP, CP, pipeline sends inside a node", (COMM, LAT)),
+    ("collectives in a node", "TP, CP, expert all-to-all, pipeline sends in a node", (COMM, LAT)),
     ("collectives across nodes", "the same, leaving the node", (COMM_X, LAT_X)),
     ("per micro-batch", "fixed cost of a slot, the pipeline engine's share", (MB, PIPE)),
 )
