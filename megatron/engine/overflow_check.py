@@ -12,7 +12,8 @@ device busy 321 ms of a 411 ms step). Then the norm they take for clipping and f
 NaN or an infinity in any gradient makes it non-finite, summed over the data- and
 model-parallel groups the flag is reduced over, and `step` skips the step on it
 (`is_invalid_grad_norm`; the FP16 optimizers' `_skip_invalid_grad_norm` also backs the fp16
-loss scale off). DeepSpeed's BF16_Optimizer has only the second.
+loss scale off). DeepSpeed's BF16_Optimizer has only the second; ZeRO-3 tests its one flat
+gradient buffer (a few launches, fp16 only): both are left as they are.
 
 Where that norm is taken (ZeRO: `compute_grad_norm`, DeepSpeed's default and this project's,
 which the clip and the logged norm need; the FP16 optimizers: always), the first pass finds nothing
