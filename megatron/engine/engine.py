@@ -24,7 +24,7 @@ from torch import nn
 from megatron.base.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.config import schedules
-from megatron.engine import bf16_flat, overflow_check, runners
+from megatron.engine import bf16_flat, overflow_check, runners, zero_norm
 from megatron.engine.chunks import ChunkedModule, ChunkMPU
 from megatron.engine import experts as engine_experts
 from megatron.engine import state as engine_state
@@ -265,6 +265,7 @@ class Engine:
         log.info("DeepSpeed's optimizer: %s", type(self.engine.optimizer).__name__)
         bf16_flat.use_flat_buffers(self.engine.optimizer, state.tp, state.pp)
         overflow_check.use_norm_check(self.engine.optimizer, state.tp, state.pp)
+        zero_norm.use_foreach_norm(self.engine.optimizer)
         if split and ds_config["zero_optimization"]["stage"] == 0:
             engine_experts.clip_with_experts(self.engine, expert, state)
         self.moe_layers = engine_experts.moe_layers(module)
