@@ -2,12 +2,8 @@
 (training.grad_accum_dtype=fp32, one tensor-parallel rank, one stage) against DeepSpeed's own
 per-tensor ones, in one fresh process: the same norms (to rounding: the sum's order differs)
 and the same losses over steps that clip, and the flat path is the one taken."""
-import json
-import subprocess
-import sys
-
-from tests.support.cli import clean_env
-from tests.support.paths import ROOT, TINY
+from tests.support.cli import script_result
+from tests.support.paths import TINY
 
 SCRIPT = r"""
 import json, sys
@@ -43,11 +39,7 @@ BOUND = 1e-3
 
 
 def test_flat_norm_and_clipping_match_deepspeeds_per_tensor_ones(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), TINY], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
+    out = script_result(SCRIPT, str(tmp_path), TINY, timeout=300)
     assert out["taken"] == [True, False], out["taken"]  # flat, then DeepSpeed's own
     flat, own = out["True"], out["False"]
     assert len(flat["norm"]) == len(own["norm"]) == 5

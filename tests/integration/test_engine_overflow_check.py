@@ -6,11 +6,9 @@ it finite, and every step is the same to the bit (losses, norms), so the pass fo
 the norm did not. fp16 runs on a GPU only: its loss scale backing off at an overflow, with the
 norm's verdict, is tests/gpu/test_training_gpu.py's."""
 import json
-import subprocess
-import sys
 
-from tests.support.cli import clean_env
-from tests.support.paths import ROOT, TINY
+from tests.support.cli import script_result
+from tests.support.paths import TINY
 
 # (precision, ZeRO stage, the DeepSpeed optimizer the check is taken from)
 CASES = [("bf16", 1, "DeepSpeedZeroOptimizer"), ("bf16", 0, "FP16_UnfusedOptimizer")]
@@ -65,11 +63,7 @@ print("RESULT " + json.dumps(out))
 
 def test_a_non_finite_gradient_is_skipped_from_the_norm_alone_and_nothing_else_moves(tmp_path):
     cases = json.dumps([[p, z] for p, z, _ in CASES])
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), TINY, cases], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
+    out = script_result(SCRIPT, str(tmp_path), TINY, cases)
     # each case: the norm alone (the optimizer it was taken from), then DeepSpeed's own pass
     assert out["taken"] == [x for _, _, kind in CASES for x in (kind, None)], out["taken"]
     for precision, zero, _ in CASES:

@@ -2,12 +2,8 @@
 DeepSpeed's norm dtype instead of one copy and one norm per tensor. In one fresh process, ZeRO-1
 and ZeRO-2 runs that clip every step, each both ways: the same norms and losses to the bit on
 the CPU (where both reduce each tensor alike), and the multi-tensor path is the one taken."""
-import json
-import subprocess
-import sys
-
-from tests.support.cli import clean_env
-from tests.support.paths import ROOT, TINY
+from tests.support.cli import script_result
+from tests.support.paths import TINY
 
 SCRIPT = r"""
 import json, sys
@@ -40,11 +36,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_the_multi_tensor_norm_is_deepspeeds_to_the_bit(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), TINY], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
+    out = script_result(SCRIPT, str(tmp_path), TINY)
     assert out["taken"] == [True, False, True, False], out["taken"]
     for zero in (1, 2):
         foreach, own = out[f"{zero}True"], out[f"{zero}False"]

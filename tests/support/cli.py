@@ -30,6 +30,17 @@ def run_cli(args, env) -> subprocess.CompletedProcess:
                           timeout=60, cwd=ROOT)
 
 
+def script_result(script: str, *args: str, timeout: float = 600) -> dict:
+    """Runs `script` in a fresh Python process (python -c, the repository as its directory, a
+    clean environment) with `args`, and returns the JSON it printed on its line "RESULT ..."."""
+    import json
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
 def assert_clean_error(proc, *fragments):
     assert proc.returncode != 0, f"expected failure, got exit 0:\n{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr
