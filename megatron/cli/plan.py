@@ -59,6 +59,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="the gradient buffers' and reduction's dtype (default: the engine's; "
                    "bf16 is Megatron-LM's --grad-reduce-in-bf16, NeMo's default; for DeepSpeed "
                    "its communication_data_type)")
+    g.add_argument("--fp8", action="store_true",
+                   help="price FP8 matrix multiplies in the transformer layers' linear layers "
+                   "(Transformer Engine's recipe as Megatron Core and NeMo run it; devices with "
+                   "FP8: h100, h200, gh200, mi300x); priced only: this trainer has no FP8, so "
+                   "search writes no --out-config with it, and calibrate refuses it "
+                   "(docs/planner.md, \"FP8\")")
+    g.add_argument("--fp8-params", action="store_true",
+                   help="with --fp8: the linear weights kept in FP8 too (NeMo's fp8_params, "
+                   "Megatron-LM's --fp8-param-gather): 1-byte weights and parameter all-gather")
 
 
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:

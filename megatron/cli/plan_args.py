@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 from megatron.config import Config
 from megatron.config.errors import InputError
 from megatron.planner import jobs
+from megatron.planner.fp8 import cluster_problem
 from megatron.planner.layout import Job, Layout
 from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
@@ -21,7 +22,9 @@ _LAYOUT_FLAGS = ("tp", "pp", "micro_batch", "zero", "recompute", "flash", "sp", 
 def load_job(args) -> Tuple[Job, Config, bool]:
     job, cfg, preset = jobs.load_job(args.model, args.config, args.set, args.global_batch,
                                      args.seq_length, args.precision)
-    return jobs.with_grad_dtype(job, getattr(args, "grad_dtype", None)), cfg, preset
+    job = jobs.with_grad_dtype(job, getattr(args, "grad_dtype", None))
+    job = jobs.with_fp8(job, getattr(args, "fp8", False), getattr(args, "fp8_params", False))
+    return job, cfg, preset
 
 
 def load_space(args) -> SearchSpace:
@@ -60,6 +63,9 @@ def profile_from_args(args, cfg: Optional[Config] = None) -> Profile:
                          "a100-40gb, h100, h200, gh200) or --cluster FILE.yaml "
                          "(docs/planner.md); there is no default")
     prof = load_profile(args.cluster)
+    problem = cluster_problem(prof.spec) if getattr(args, "fp8", False) else None
+    if problem:
+        raise InputError(problem)
     framework = getattr(args, "framework", None)
     if framework and framework != prof.spec.framework:
         prof = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, framework=framework))

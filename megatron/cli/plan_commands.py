@@ -30,6 +30,9 @@ def _describe(job: Job, prof: Profile, nodes: int) -> str:
     active = (f", {active_params(m) / 1e9:.2f}B active ({m.moe.num_experts} experts, top "
               f"{m.moe.top_k})" if m.moe.num_experts else "")
     grads = f" ({job.grad_dtype} gradients)" if job.grad_dtype else ""
+    if job.fp8:
+        grads += (f", FP8 matrix multiplies ({s.fp8_tflops:g} TFLOPs peak"
+                  f"{', FP8 weights' if job.fp8_params else ''}; priced only)")
     return (f"model: {model_params(m) / 1e9:.2f}B parameters{active} ({m.num_layers} layers, "
             f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}), "
             f"global batch {job.global_batch}, {job.precision}{grads}\ncluster: {s.name}, "
@@ -41,6 +44,9 @@ def cmd_search(args) -> int:
     job, cfg, preset = load_job(args)
     prof = profile_from_args(args, cfg)
     _check_nodes(args.nodes)
+    if job.fp8 and (args.out_config or args.out_sbatch):
+        raise InputError("--out-config/--out-sbatch with --fp8: this trainer has no FP8, so no "
+                         "config of it runs the priced layout; search without --fp8 to write one")
     result = search(job, args.nodes, prof, load_space(args))
     print(_describe(job, prof, args.nodes))
     if not result.ranked:
@@ -235,6 +241,9 @@ def cmd_longest(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if getattr(args, "fp8", False) or getattr(args, "fp8_params", False):
+        raise InputError("calibrate runs this trainer, which has no FP8: drop --fp8 and "
+                         "--fp8-params (they price other engines' FP8 in search and memory)")
     from megatron.cli.plan_calibrate import run_calibrate  # torch and optuna load only here
     return run_calibrate(args)
 

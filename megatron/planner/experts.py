@@ -75,13 +75,15 @@ def layer_delta_features(x) -> np.ndarray:
     m, lay, tok = x.m, x.lay, x.tokens
     out = np.zeros(len(FEATURES))
     fc1, f, h = act.fc1_factor(m), m.ffn_hidden_size, m.hidden_size
-    peak, half = x.peak, x.c.gemm_half_dim
+    # the experts, the shared expert and the dense MLP they replace are linear layers (FP8's
+    # peak under Job.fp8); the router stays in the model precision
+    peak, half = x.linear_peak, x.c.gemm_half_dim
     dense = (gemm_seconds((tok, fc1 * f / lay.tp, h), peak, half)
              + gemm_seconds((tok, h, f / lay.tp), peak, half))
     rows, fe = tok * m.moe.top_k * lay.ep / m.moe.num_experts, moe.expert_ffn(m)
     experts = m.moe.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
                                          + gemm_seconds((rows, h, fe), peak, half))
-    router = gemm_seconds((tok, m.moe.num_experts, h), peak, half)
+    router = gemm_seconds((tok, m.moe.num_experts, h), x.peak, half)
     fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
     shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
               + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0

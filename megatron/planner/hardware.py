@@ -41,6 +41,9 @@ class ClusterSpec:
     pair_gbps: Optional[float] = None   # faster link inside a device pair (MI250X: 2 GCDs)
     hbm_gbps: float = 1600.0    # device memory bandwidth, for memory-bound kernels
     fp32_tflops: Optional[float] = None  # fp32 matrix peak; None: a quarter of peak_tflops
+    # dense FP8 matrix peak (config/devices.PEAK_FP8_TFLOPS); None: no FP8 matrix units, and
+    # a job with FP8 matrix multiplies (Job.fp8, planner/fp8.py) is refused on this cluster
+    fp8_tflops: Optional[float] = None
     cpus_per_task: int = 0      # sbatch -c; 0 leaves it to Slurm
     launcher_env: Dict[str, str] = field(default_factory=dict)
     # Alpha-beta per link class (docs/planner.md, "Collectives"): the bus bandwidth a large
@@ -64,6 +67,10 @@ class ClusterSpec:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"cluster.{name}", getattr(self, name), "a positive number",
                                   "fix the cluster YAML file")
+        if self.fp8_tflops is not None and not self.fp8_tflops > 0:
+            raise ConfigError("cluster.fp8_tflops", self.fp8_tflops,
+                              "a positive number, or null where the device has no FP8",
+                              "fix the cluster YAML file")
         for name in ("intra_latency_us", "inter_latency_us"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"cluster.{name}", getattr(self, name), "microseconds >= 0",
@@ -112,7 +119,7 @@ class ClusterSpec:
 # Link fits (docs/planner.md, "Collectives", cites each figure; "approximate" ones are marked
 # there). Bus efficiency = nccl-tests busbw of a large all-reduce / nominal per-direction link.
 # Device peaks come from the one table the trainer and the benchmarks read too.
-_TF, _HBM = devices.PEAK_TFLOPS, devices.PEAK_HBM_GBPS
+_TF, _HBM, _FP8 = devices.PEAK_TFLOPS, devices.PEAK_HBM_GBPS, devices.PEAK_FP8_TFLOPS
 PRESETS: Dict[str, ClusterSpec] = {
     # One MI250X GCD is one device; two GCDs of a package share 200 GB/s, other pairs 50-100;
     # one 25 GB/s Slingshot NIC per MI250X, 100 GB/s per node. Its job environment is not a
@@ -127,7 +134,7 @@ PRESETS: Dict[str, ClusterSpec] = {
                             inter_latency_us=30),
     # 7 xGMI links of 64 GB/s per direction; 8 x 400 Gb/s NICs.
     "mi300x": ClusterSpec("mi300x", 192, _TF["mi300x"], 8, 64 * 7, 400,
-                          hbm_gbps=_HBM["mi300x"], fp32_tflops=163.4,
+                          hbm_gbps=_HBM["mi300x"], fp32_tflops=163.4, fp8_tflops=_FP8["mi300x"],
                           intra_bus_eff=0.67, inter_bus_eff=0.9, intra_latency_us=25,
                           inter_latency_us=30),
     # NVLink 3: 300 GB/s per direction through NVSwitch; 8 x HDR 200 Gb/s (DGX A100).
@@ -137,11 +144,11 @@ PRESETS: Dict[str, ClusterSpec] = {
                         inter_latency_us=30),
     # NVLink 4: 450 GB/s per direction; 8 x NDR 400 Gb/s.
     "h100": ClusterSpec("h100", 80, _TF["h100"], 8, 450, 400, hbm_gbps=_HBM["h100"],
-                        fp32_tflops=67,
+                        fp32_tflops=67, fp8_tflops=_FP8["h100"],
                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
     "h200": ClusterSpec("h200", 140, _TF["h200"], 8, 450, 400, hbm_gbps=_HBM["h200"],
-                        fp32_tflops=67,
+                        fp32_tflops=67, fp8_tflops=_FP8["h200"],
                         intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                         inter_latency_us=30),
     # The 40 GB A100 SXM (DGX A100 40 GB): the 80 GB part's links and peak, 40 GiB of HBM2 at
@@ -154,7 +161,7 @@ PRESETS: Dict[str, ClusterSpec] = {
     # Hardware Overview"): 4 GH200, each Hopper with 96 GB HBM3 at 4 TB/s, NVLink 4 between
     # every pair at 150 GB/s per direction, 4 x InfiniBand NDR200 = 100 GB/s a node.
     "gh200": ClusterSpec("gh200", 96, _TF["h100"], 4, 150, 100, hbm_gbps=_HBM["gh200"],
-                         fp32_tflops=67,
+                         fp32_tflops=67, fp8_tflops=_FP8["h100"],
                          intra_bus_eff=0.82, inter_bus_eff=0.9, intra_latency_us=25,
                          inter_latency_us=30),
 }
@@ -175,7 +182,8 @@ def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
     values = {k: v for k, v in raw.items() if k in known}
     values.setdefault("name", source)
     for key, value in values.items():
-        if key in ("name", "launcher_env", "framework") or (value is None and key in ("pair_gbps", "fp32_tflops")):
+        optional = key in ("pair_gbps", "fp32_tflops", "fp8_tflops")
+        if key in ("name", "launcher_env", "framework") or (value is None and optional):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"cluster.{key}", value, "a number", f"fix {source}")

@@ -11,6 +11,7 @@ from megatron.config import Config, load_config, variants
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.schedules import DEFAULT, names, with_runner
 from megatron.config.stages import set_or_none
+from megatron.planner.fp8 import fp8_problem
 from megatron.planner.grad_dtype import grad_dtype_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, check_layout
 from megatron.planner.models import preset_model
@@ -63,6 +64,15 @@ def with_grad_dtype(job: Job, grad_dtype: Optional[str]) -> Job:
     if problem:
         raise InputError(problem)
     return dataclasses.replace(job, grad_dtype=grad_dtype) if grad_dtype else job
+
+
+def with_fp8(job: Job, fp8_gemms: bool, fp8_params: bool) -> Job:
+    """job with FP8 matrix multiplies (fp8.py), and FP8 weights with fp8_params."""
+    changed = dataclasses.replace(job, fp8=bool(fp8_gemms), fp8_params=bool(fp8_params))
+    problem = fp8_problem(changed)
+    if problem:
+        raise InputError(problem)
+    return changed
 
 
 def config_layout(cfg: Config) -> Dict[str, object]:

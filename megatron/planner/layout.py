@@ -34,6 +34,11 @@ class Job:
     # training.grad_accum_dtype: "fp32" with bf16 at ZeRO-1 is DeepSpeed's BF16_Optimizer
     # (base/optimizer_kind.py), whose fp32 gradient buffer memory.state_bytes prices.
     grad_accum: str = "model"
+    # FP8 matrix multiplies in the transformer layers' linear layers (planner/fp8.py: priced
+    # only, this trainer has no FP8); fp8_params: their weights held in FP8 too (NeMo's
+    # fp8_params, Megatron-LM's --fp8-param-gather)
+    fp8: bool = False
+    fp8_params: bool = False
 
     @property
     def seq(self) -> int:

@@ -42,7 +42,7 @@ from megatron.config import schedules
 from megatron.config.errors import InputError
 from megatron.base.deepspeed_json import DEEPSPEED_REUSE_DISTANCE
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act, experts
+from megatron.planner import activations as act, experts, fp8
 from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
 from megatron.planner.layout import Job, Layout, layout_stage_layers
 from megatron.planner.overlap import DEEPSPEED, MEGATRON, OVERLAP
@@ -205,6 +205,9 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     schedule = schedules.get(lay.schedule)
     flash_cp = OVERLAP[framework].flash_cp  # Megatron Core's CP attention keeps no block scores
     per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, flash_cp)
+    fp8_kept = fp8.stored_delta(m, lay, prec) if job.fp8 else 0.0
+    if lay.recompute != "full":  # the linear layers' inputs kept as FP8 copies
+        per_mb += sp.layers * fp8_kept
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
     if not last and not OVERLAP[framework].frees_outputs:
@@ -218,7 +221,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
     if moe_layers:
         per_mb += moe_layers * experts.stored_delta(m, lay, prec)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
-    working = act.layer_working_bytes(m, lay, prec, flash_cp) if sp.layers else 0.0
+    working = act.layer_working_bytes(m, lay, prec, flash_cp) + fp8_kept if sp.layers else 0.0
     if moe_layers:
         working += experts.working_delta(m, lay, prec)
     if last:
@@ -233,21 +236,31 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     ("gpu" or "cpu"; None: the profile's, zero_settings.profile_settings); the other engines'
     states for framework megatron-lm, megatron-core or fsdp; `sp` is pipeline stage `stage`'s."""
     problem = (engine_problem(framework, lay.zero)
-               or grad_dtype_problem(job.grad_dtype, job.precision))
+               or grad_dtype_problem(job.grad_dtype, job.precision) or fp8.fp8_problem(job))
     if problem:
         raise InputError(problem)
     n_exp = expert_stage_params(job, lay, stage) if job.model.moe.num_experts else 0
     if not n_exp:
-        return _engine_states(job, lay, sp, c, device, framework, lay.zero_dp)
+        return _with_fp8(job, lay, sp, _engine_states(job, lay, sp, c, device, framework,
+                                                       lay.zero_dp))
     # experts' states partition over the expert-data-parallel group, the rest over dp x cp
     edp = lay.zero_dp // lay.ep
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
     a = _engine_states(job, lay, dense, c, device, framework, lay.zero_dp)
     b = _engine_states(job, lay, StageParams(sp.layers, n_exp, 0, 0, 0, 0), c, device,
                        framework, edp)
-    return StateBytes(a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
-                      a.step_transient + b.step_transient, a.bucket, a.bucket_in_backward,
-                      a.grads / lay.zero_dp + b.grads / edp)
+    return _with_fp8(job, lay, sp, StateBytes(
+        a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
+        a.step_transient + b.step_transient, a.bucket, a.bucket_in_backward,
+        a.grads / lay.zero_dp + b.grads / edp))
+
+
+def _with_fp8(job: Job, lay: Layout, sp: StageParams, states: StateBytes) -> StateBytes:
+    """states with the FP8 weights a job with FP8 matrix multiplies keeps (fp8.weight_bytes)."""
+    if not job.fp8:
+        return states
+    extra = fp8.weight_bytes(job, sp.transformer, sp.max_layer, lay.zero)
+    return dataclasses.replace(states, weights=states.weights + extra)
 
 
 def expert_stage_params(job: Job, lay: Layout, stage: int) -> int:

@@ -27,6 +27,9 @@ class Constants:
     # Compute: a GEMM of dims (M, N, K) runs at peak * gemm_eff * prod(d / (d + gemm_half_dim)).
     gemm_eff: float = 0.62
     gemm_half_dim: float = 48.0
+    # FP8 GEMMs (Job.fp8, fp8.py) reach this share of the efficiency 16-bit GEMMs of the same
+    # shape reach, each against its own peak: 1 prices them as efficient as the 16-bit ones.
+    fp8_gemm_eff: float = 1.0
     # Attention core relative to a GEMM of the same FLOPs: flash kernels vs the math path
     # (which also moves the s x s scores through memory, modelled separately).
     flash_attn_eff: float = 0.55
@@ -133,7 +136,12 @@ CURVE_CONSTANTS["gh200"] = CURVE_CONSTANTS["h100"]
 # links' line rate: validation.lower_bounds). Stored rounded; test_planner_validation.py
 # checks that it is what validation.fit_factors gives, so the two cannot drift apart.
 PUBLISHED_FIT = {"compute": 1.2843, "memory": 1.1783, "comm": 0.900, "pipe_engine": 0.1899}
-# Presets that take it: the NVIDIA and MI300X curves are single-device and single-node
+# fp8_gemm_eff fitted to the FP8 twins of NVIDIA's H100 recipes (fp8_twins.fit_fp8_gemm_eff,
+# docs/planner.md "FP8"), on top of PUBLISHED_FIT; stored rounded and checked against the fit
+# by tests/unit/test_planner_fp8.py. MI300X takes it too: no MI300X FP8 run with its layout
+# was found to check it against.
+FP8_GEMM_FIT = 0.8439
+# Presets that take them: the NVIDIA and MI300X curves are single-device and single-node
 # measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
 # an end-to-end figure of its own device (the fit, mostly A100 and H100 runs, puts that run
 # within 1% of it from the MAMF curve, one case, which nothing else on MI250X would check).
@@ -156,8 +164,8 @@ def apply_fit(c: Constants, fit: Dict[str, float]) -> Constants:
 
 # What `--cluster PRESET` uses.
 PRESET_CONSTANTS: Dict[str, Constants] = {
-    name: apply_fit(c, PUBLISHED_FIT) if name in FITTED_PRESETS else c
-    for name, c in CURVE_CONSTANTS.items()}
+    name: apply_fit(c, PUBLISHED_FIT).replace(fp8_gemm_eff=FP8_GEMM_FIT)
+    if name in FITTED_PRESETS else c for name, c in CURVE_CONSTANTS.items()}
 # Constants of earlier versions of the time model, ignored (with a warning) when a profile
 # carrying them is loaded: they were fitted to terms that no longer exist.
 RETIRED = {"comm_latency_s": "the per-hop latency became per-link alpha-beta fits; refit the "

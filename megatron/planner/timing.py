@@ -42,7 +42,7 @@ import numpy as np
 
 from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
-from megatron.planner import activations as act, cp_timing, experts
+from megatron.planner import activations as act, cp_timing, experts, fp8
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
     ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, STEP, dot, gemm_seconds, theta)
 from megatron.planner.flops import hardware_flops, model_flops
@@ -61,6 +61,8 @@ class _Ctx:
         self.job, self.lay, self.spec, self.c = job, lay, prof.spec, prof.constants
         self.m = job.model
         self.peak = prof.spec.matmul_tflops(job.precision) * 1e12
+        # the linear layers' GEMMs: FP8's peak under Job.fp8 (fp8.py)
+        self.linear_peak = fp8.linear_tflops(job, prof.spec, self.c.fp8_gemm_eff) * 1e12
         self.hbm = prof.spec.hbm_gbps * 1e9
         self.e = act.act_bytes(job.precision)
         self.tokens = act.local_tokens(self.m, lay)
@@ -103,7 +105,7 @@ def linear_gemms(x: _Ctx, column_only: bool = False) -> np.ndarray:
     dims = _linear_dims(x)
     out = np.zeros(len(FEATURES))
     for d in (dims[0], dims[2]) if column_only else dims:
-        out[GEMM] += gemm_seconds(d, x.peak, x.c.gemm_half_dim)
+        out[GEMM] += gemm_seconds(d, x.linear_peak, x.c.gemm_half_dim)
     return out
 
 
@@ -195,6 +197,10 @@ def layer_features(x: _Ctx) -> np.ndarray:
     tp_fwd, tp_bwd = _exposed_tp(x, tp)
     total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
+    if x.job.fp8:  # the linear layers' inputs cast each forward, their output gradients once
+        fwd_cast, bwd_cast = fp8.cast_bytes(x.m, x.lay)
+        forwards = 2 if x.lay.recompute == "full" else 1
+        total[MEM] += (forwards * fwd_cast + bwd_cast) / x.hbm
     if x.lay.recompute == "full":
         total += fwd + a2a + tp_fwd
     elif x.lay.recompute == "selective":
@@ -322,7 +328,8 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     kind = optimizer_kind(x.job.precision, lay.zero, lay.pp, x.job.grad_accum)
     grads = (4 if kind == "torch" else x.e) * n
     wire = grad_wire_bytes(x, kind) * n
-    weights = x.e * n
+    # the parameter all-gather's buffer: FP8 transformer weights under Job.fp8_params
+    weights = fp8.gather_bytes(x.job, sp.transformer, n - sp.transformer, x.e)
     share = (d - 1) / d
     if d > 1:
         ga, link = lay.grad_accum, x.spec.link(d, lay.tp)
