@@ -124,7 +124,8 @@ def _case(raw: Dict, defaults: Dict) -> Case:
                         vocab_size=v["vocab"], hidden_dropout=v.get("dropout", 0.1),
                         attention_dropout=v.get("dropout", 0.1),
                         **shape)
-    job = Job(model, v["batch"], v["precision"], grad_dtype=v.get("grad_dtype"))
+    job = Job(model, v["batch"], v["precision"], grad_dtype=v.get("grad_dtype"),
+              fp8=bool(v.get("fp8", False)), fp8_params=bool(v.get("fp8_params", False)))
     tp, pp, mb, cp = v["tp"], v["pp"], v["micro_batch"], v.get("cp", 1)
     dp = v["gpus"] // (tp * pp * cp)
     # optional layout fields: context parallelism (cp, cp_algo), model chunks per stage
