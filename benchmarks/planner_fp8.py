@@ -10,7 +10,8 @@ reports the published speedup (the BF16 step over the FP8 step) against the plan
 - held out: fitted to the other models' twins only (each model's two scales held out
   together): the honest figure;
 and the absolute FP8 step the shipped presets predict, whose error carries the BF16 case's own
-(its BF16 twin was in the presets' fit). It measures nothing: no FP8 run is possible here
+(its BF16 twin was in the presets' fit). FP8 runs with no BF16 twin (MI325X) are in
+benchmarks/planner_held_out.py. It measures nothing: no FP8 run is possible here
 (this trainer has no FP8, and this machine no GPU). Results: benchmarks/results/planner_fp8.{json,md}.
 
     .venv/bin/python benchmarks/planner_fp8.py"""
@@ -57,34 +58,6 @@ def rows(twins):
     return out
 
 
-def run_rows(runs):
-    """The FP8 runs without a BF16 twin (MI325X), priced by the presets (their BF16 fit and
-    fp8_gemm_eff) and by the curves alone (profile.CURVE_CONSTANTS, no BF16 fit) at the same
-    fp8_gemm_eff; none of them is in any fit."""
-    from megatron.planner import validation
-    from megatron.planner.memory import peak_memory
-    from megatron.planner.profile import Profile
-    from megatron.planner.timing import step_time
-    out = []
-    for case in runs:
-        preset = validation.in_sample_profile(case)
-        curves = Profile(case.profile.spec,
-                         case.profile.constants.replace(fp8_gemm_eff=FP8_GEMM_FIT))
-        step = step_time(case.job, case.layout, preset).step_s
-        step_curves = step_time(case.job, case.layout, curves).step_s
-        mem = peak_memory(case.job, case.layout, preset.constants,
-                          framework=preset.spec.framework)
-        out.append({"case": case.id, "source": case.source, "layout": case.layout.key(),
-                    "devices": case.layout.world, "framework": case.framework,
-                    "published_s": case.published_step_s, "predicted_s": step,
-                    "error": case.published_step_s / step - 1,
-                    "curves_s": step_curves,
-                    "curves_error": case.published_step_s / step_curves - 1,
-                    "reserved_gib": mem.reserved_gb,
-                    "device_gib": preset.spec.gpu_memory_gb})
-    return out
-
-
 def summary(table):
     def stats(key):
         e = np.abs([r[key] for r in table])
@@ -92,25 +65,6 @@ def summary(table):
     return {"twins": len(table), "models": len({r["case"].rsplit("-", 2)[0] for r in table}),
             "fit": FP8_GEMM_FIT, **{k: stats(f"{k}_error") for k in
                                     ("prior", "shipped", "held_out", "fp8_step", "bf16_step")}}
-
-
-def run_markdown(runs) -> str:
-    header = ("FP8 run", "layout", "GPUs", "engine", "published s", "presets s", "error",
-              "curves alone s", "error", "reserved GiB")
-    body = [[r["case"], r["layout"], str(r["devices"]), r["framework"],
-             f"{r['published_s']:.2f}", f"{r['predicted_s']:.2f}",
-             f"{100 * r['error']:+.1f}%", f"{r['curves_s']:.2f}",
-             f"{100 * r['curves_error']:+.1f}%",
-             f"{r['reserved_gib']:.0f} of {r['device_gib']:g}"] for r in runs]
-    return "\n".join([
-        "## FP8 runs on MI325X, held out of every fit", "",
-        "published.yaml's fp8_runs (source amd_aac25: a user's Megatron and Primus logs on AMD's "
-        "Accelerator Cloud, every argument printed): the mi300x preset with the MI325X's 256 GB "
-        "and 6 TB/s. presets: what `megatron-plan --cluster` prices (the curves with the BF16 "
-        "fit of the published runs and fp8_gemm_eff); curves alone: the MI300X's single-device "
-        "curves without the BF16 fit, at the same fp8_gemm_eff. error: predicted over published "
-        "throughput, minus 1.", "",
-        format_table(header, body), ""])
 
 
 def markdown(table, s) -> str:
@@ -154,10 +108,9 @@ def main() -> int:
     table = rows(twins)
     s = summary(table)
     out = os.path.join(HERE, "results")
-    runs = run_rows(fp8_twins.load_runs())
     with open(os.path.join(out, "planner_fp8.json"), "w") as f:
-        json.dump({"summary": s, "twins": table, "runs": runs}, f, indent=1)
-    text = markdown(table, s) + "\n" + run_markdown(runs)
+        json.dump({"summary": s, "twins": table}, f, indent=1)
+    text = markdown(table, s)
     with open(os.path.join(out, "planner_fp8.md"), "w") as f:
         f.write(text)
     print(text)

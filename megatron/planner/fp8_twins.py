@@ -60,15 +60,6 @@ def load_twins(path: str = validation.DATA) -> List[Twin]:
     return out
 
 
-def load_runs(path: str = validation.DATA) -> List[validation.Case]:
-    """published.yaml's fp8_runs: FP8 runs with no BF16 twin, priced absolutely, held out of
-    every fit."""
-    with open(path) as f:
-        raw = strict_yaml.safe_load(f)
-    defaults = raw.get("defaults", {})
-    return [validation._case(entry, defaults) for entry in raw.get("fp8_runs", [])]
-
-
 def profile(case: validation.Case, fp8_gemm_eff: float,
             factors: Optional[Sequence[float]] = None) -> Profile:
     """The case's preset (factors None: what `megatron-plan --cluster PRESET` prices it with)

@@ -118,7 +118,7 @@ def test_devices_outside_the_validation_say_so_beside_the_band(capsys):
     argv = ["memory", "--model", "gpt3-1.3b", "--nodes", "1", "--global-batch", "64",
             "--tp", "1", "--micro-batch", "1"]
     assert main(argv + ["--cluster", "mi300x"]) == 0
-    assert "note on mi300x: no published BF16 run" in capsys.readouterr().out
+    assert "note on mi300x: no published run on an MI300-class" in capsys.readouterr().out
     assert main(argv + ["--cluster", "h100"]) == 0
     assert "note on" not in capsys.readouterr().out
     assert main(["search", "--model", "gpt3-1.3b", "--nodes", "1", "--global-batch", "64",
