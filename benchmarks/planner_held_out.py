@@ -70,12 +70,10 @@ def markdown(rows) -> str:
 
 def main() -> int:
     rows = [row(case) for case in validation.load_held_out()]
-    out = os.path.join(HERE, "results")
-    with open(os.path.join(out, "planner_held_out.json"), "w") as f:
-        json.dump({"runs": rows}, f, indent=1)
     text = markdown(rows)
-    with open(os.path.join(out, "planner_held_out.md"), "w") as f:
-        f.write(text)
+    for suffix, content in (("json", json.dumps({"runs": rows}, indent=1)), ("md", text)):
+        with open(os.path.join(HERE, "results", f"planner_held_out.{suffix}"), "w") as f:
+            f.write(content)
     print(text)
     return 0
 
