@@ -163,7 +163,8 @@ def cmd_memory(args) -> int:
     t = step_time(job, lay, prof)
     print(f"step {t.step_s:.3g} s (pipeline {t.pipeline_s:.3g} s, gradient reduction + optimizer "
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
-          f"per GPU = {100 * t.mfu:.1f}% of peak (with recompute {100 * t.hfu:.1f}%), bubble "
+          f"per GPU = {100 * t.mfu:.1f}% of {'the 16-bit ' if job.fp8 else ''}peak (with "
+          f"recompute {100 * t.hfu:.1f}%), bubble "
           f"{100 * t.bubble:.1f}%")
     print("\nwhere the step goes (the slowest stage's slots, the reduction of the stage that "
           "reduces the most):")

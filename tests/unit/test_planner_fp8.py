@@ -156,6 +156,7 @@ def test_cli_prices_fp8_in_memory_and_search(capsys):
     code, out, _ = run(capsys, "memory", *common, "--tp", "2", "--micro-batch", "1",
                        "--fp8", "--fp8-params")
     assert code == 0 and "FP8 matrix multiplies (1979 TFLOPs peak, FP8 weights" in out
+    assert "% of the 16-bit peak" in out
     code, out, _ = run(capsys, "search", *common, "--top", "2", "--fp8")
     assert code == 0 and "FP8 matrix multiplies" in out and "TFLOPs/GPU" in out
 
