@@ -141,6 +141,9 @@ PUBLISHED_FIT = {"compute": 1.2843, "memory": 1.1783, "comm": 0.900, "pipe_engin
 # by tests/unit/test_planner_fp8.py. MI300X takes it too: no MI300X FP8 run with its layout
 # was found to check it against.
 FP8_GEMM_FIT = 0.8439
+# The least and the largest fp8_gemm_eff one twin alone implies (the spread of the runs around
+# the fit: the FP8 setting of planner/ranges.py); test_planner_fp8.py recomputes them.
+FP8_GEMM_RANGE = (0.779, 0.961)
 # Presets that take them: the NVIDIA and MI300X curves are single-device and single-node
 # measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
 # an end-to-end figure of its own device (the fit, mostly A100 and H100 runs, puts that run

@@ -1,13 +1,15 @@
 """A predicted range, not only a point: the step time over the settings a prediction rests on
 that the user did not fix (docs/planner.md, "Ranges").
 
-Three settings, each varied over the values it can plausibly take, the others at the point:
+Four settings, each varied over the values it can plausibly take, the others at the point:
 - micro_batch: when not given, every micro-batch of MICRO_BATCHES that divides the batch per
   replica and fits the device memory (the point keeps the one given or defaulted);
 - overlap: the engine's overlap assumption (overlap.py): at one end every gradient reduction
   hidden as far as its backward window allows (Constants.dp_overlap = 1), at the other nothing
   of it hidden (DeepSpeed without overlap_comm; Megatron Core's overlaps off, i.e. megatron-lm);
-- interconnect: the links' efficiency +-INTERCONNECT (comm_eff and inter_comm_eff).
+- interconnect: the links' efficiency +-INTERCONNECT (comm_eff and inter_comm_eff);
+- fp8 (jobs with FP8 matrix multiplies only): the FP8 GEMMs' efficiency (fp8_gemm_eff) over
+  profile.FP8_GEMM_RANGE, what single published FP8 runs imply (fp8_twins.py).
 The range is the least and the largest step time over every combination of those values; the
 setting that moves it most is the one whose own swing (the others at the point) is widest.
 
@@ -28,11 +30,11 @@ from megatron.config.errors import InputError
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.overlap import DEEPSPEED
-from megatron.planner.profile import Profile
+from megatron.planner.profile import FP8_GEMM_FIT, FP8_GEMM_RANGE, Profile
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 INTERCONNECT = 0.15
-SETTINGS = ("micro_batch", "overlap", "interconnect")
+SETTINGS = ("micro_batch", "overlap", "interconnect", "fp8")
 COVERAGE = 0.8
 # conformal_band of the 69 published cases' leave-one-source-out |errors| (validation.py);
 # tests/unit/test_planner_ranges.py recomputes it
@@ -172,6 +174,9 @@ def _axes(job: Job, lay: Layout, prof: Profile, free_micro_batch: bool) -> Dict[
     lays = micro_batch_layouts(job, lay, prof) if free_micro_batch else [lay]
     overlaps = overlap_variants(job, prof)
     links = interconnect_profiles(prof)
+    # FP8 jobs: the FP8 GEMMs' efficiency over what single published FP8 runs imply, scaled
+    # to the profile's own
+    fp8_effs = [prof.constants.fp8_gemm_eff * k / FP8_GEMM_FIT for k in FP8_GEMM_RANGE]
     return {"micro_batch": [lambda v, lo=lo: (v[0], lo, v[2]) for lo in lays],
             "overlap": [lambda v, j=j, p=p: (j, v[1], dataclasses.replace(
                 v[2], spec=p.spec, constants=v[2].constants.replace(
@@ -179,7 +184,9 @@ def _axes(job: Job, lay: Layout, prof: Profile, free_micro_batch: bool) -> Dict[
             "interconnect": [lambda v, p=p: (v[0], v[1], dataclasses.replace(
                 v[2], constants=v[2].constants.replace(comm_eff=p.constants.comm_eff,
                                                        inter_comm_eff=p.constants.inter_comm_eff)))
-                             for p in links]}
+                             for p in links],
+            "fp8": [lambda v: v] + [lambda v, e=e: (v[0], v[1], dataclasses.replace(
+                v[2], constants=v[2].constants.replace(fp8_gemm_eff=e))) for e in fp8_effs]}
 
 
 def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layout, Profile],
@@ -188,7 +195,8 @@ def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layo
     """The Range of step_s(job, layout, profile) over `settings`, with `model_error` the time
     model's own band around it (see the module docstring)."""
     axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
-            if k in settings and (k != "micro_batch" or free_micro_batch)}
+            if k in settings and (k != "micro_batch" or free_micro_batch)
+            and (k != "fp8" or job.fp8)}
     point = step_s(job, lay, prof)
     swings = {}
     for name, values in axes.items():

@@ -207,3 +207,21 @@ def test_the_mi325x_fp8_runs_fit_and_are_priced_slow_by_the_presets():
                          case.profile.constants.replace(fp8_gemm_eff=FP8_GEMM_FIT))
         alone = case.published_step_s / step_time(case.job, case.layout, curves).step_s - 1
         assert abs(alone) < 0.09, (case.id, alone)
+
+
+def test_the_fp8_range_spans_what_single_twins_imply_and_moves_the_step():
+    """profile.FP8_GEMM_RANGE is the least and largest fp8_gemm_eff one twin alone implies, and
+    an FP8 job's printed range varies it (planner/ranges.py), a 16-bit job's does not."""
+    from megatron.planner import ranges
+    from megatron.planner.profile import FP8_GEMM_RANGE
+    single = [fp8_twins.fit_fp8_gemm_eff([tw]) for tw in fp8_twins.load_twins()]
+    assert (min(single), max(single)) == pytest.approx(FP8_GEMM_RANGE, abs=1e-3)
+    bf16, f8 = jobs()
+
+    def step(j, lo, p):
+        return step_time(j, lo, p).step_s
+    rng = ranges.step_range(f8, lay(), H100, step)
+    ends = [step(f8, lay(), dataclasses.replace(H100, constants=H100.constants.replace(
+        fp8_gemm_eff=k))) for k in FP8_GEMM_RANGE]
+    assert rng.swings["fp8"] == pytest.approx((min(ends), max(ends)), rel=1e-12)
+    assert "fp8" not in ranges.step_range(bf16, lay(), H100, step).swings
