@@ -80,7 +80,9 @@ def layer_delta_features(x) -> np.ndarray:
     peak, half = x.linear_peak, x.c.gemm_half_dim
     dense = (gemm_seconds((tok, fc1 * f / lay.tp, h), peak, half)
              + gemm_seconds((tok, h, f / lay.tp), peak, half))
-    rows, fe = tok * m.moe.top_k * lay.ep / m.moe.num_experts, moe.expert_ffn(m)
+    # the busiest rank's rows per expert (Constants.moe_imbalance times the balanced share)
+    rows = tok * m.moe.top_k * lay.ep / m.moe.num_experts * x.c.moe_imbalance
+    fe = moe.expert_ffn(m)
     experts = m.moe.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
                                          + gemm_seconds((rows, h, fe), peak, half))
     router = gemm_seconds((tok, m.moe.num_experts, h), x.peak, half)
@@ -91,7 +93,8 @@ def layer_delta_features(x) -> np.ndarray:
     out[MEM] = 3 * 4 * all_to_all_bytes(x) / x.hbm
     if lay.ep > 1:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
-        x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x), link, calls=4)
+        x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x) * x.c.moe_imbalance,
+                     link, calls=4)
     return out
 
 

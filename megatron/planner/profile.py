@@ -30,6 +30,10 @@ class Constants:
     # FP8 GEMMs (Job.fp8, fp8.py) reach this share of the efficiency 16-bit GEMMs of the same
     # shape reach, each against its own peak: 1 prices them as efficient as the 16-bit ones.
     fp8_gemm_eff: float = 1.0
+    # Mixture of experts: the routed tokens of the busiest expert-parallel rank over the mean
+    # (1: the balanced, dropless router the point prices; experts.layer_delta_features scales
+    # that rank's expert GEMMs and its all-to-all by it). planner/ranges.py varies it.
+    moe_imbalance: float = 1.0
     # Attention core relative to a GEMM of the same FLOPs: flash kernels vs the math path
     # (which also moves the s x s scores through memory, modelled separately).
     flash_attn_eff: float = 0.55

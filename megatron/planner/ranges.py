@@ -1,7 +1,7 @@
 """A predicted range, not only a point: the step time over the settings a prediction rests on
 that the user did not fix (docs/planner.md, "Ranges").
 
-Four settings, each varied over the values it can plausibly take, the others at the point:
+Five settings, each varied over the values it can plausibly take, the others at the point:
 - micro_batch: when not given, every micro-batch of MICRO_BATCHES that divides the batch per
   replica and fits the device memory (the point keeps the one given or defaulted);
 - overlap: the engine's overlap assumption (overlap.py): at one end every gradient reduction
@@ -9,7 +9,9 @@ Four settings, each varied over the values it can plausibly take, the others at 
   of it hidden (DeepSpeed without overlap_comm; Megatron Core's overlaps off, i.e. megatron-lm);
 - interconnect: the links' efficiency +-INTERCONNECT (comm_eff and inter_comm_eff);
 - fp8 (jobs with FP8 matrix multiplies only): the FP8 GEMMs' efficiency (fp8_gemm_eff) over
-  profile.FP8_GEMM_RANGE, what single published FP8 runs imply (fp8_twins.py).
+  profile.FP8_GEMM_RANGE, what single published FP8 runs imply (fp8_twins.py);
+- moe_balance (mixture-of-experts models only): the busiest expert-parallel rank's routed
+  tokens from the mean (a balanced router) to MOE_IMBALANCE times it.
 The range is the least and the largest step time over every combination of those values; the
 setting that moves it most is the one whose own swing (the others at the point) is widest.
 
@@ -34,7 +36,11 @@ from megatron.planner.profile import FP8_GEMM_FIT, FP8_GEMM_RANGE, Profile
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 INTERCONNECT = 0.15
-SETTINGS = ("micro_batch", "overlap", "interconnect", "fp8")
+SETTINGS = ("micro_batch", "overlap", "interconnect", "fp8", "moe_balance")
+# The busiest expert-parallel rank's routed tokens over the mean at the range's far end: 1.25,
+# the capacity factor routers are commonly given over a balanced load (Fedus et al. 2021 train
+# Switch Transformers at 1.0 and 1.25); the point prices a balanced router (1).
+MOE_IMBALANCE = 1.25
 COVERAGE = 0.8
 # conformal_band of the 69 published cases' leave-one-source-out |errors| (validation.py);
 # tests/unit/test_planner_ranges.py recomputes it
@@ -186,7 +192,10 @@ def _axes(job: Job, lay: Layout, prof: Profile, free_micro_batch: bool) -> Dict[
                                                        inter_comm_eff=p.constants.inter_comm_eff)))
                              for p in links],
             "fp8": [lambda v: v] + [lambda v, e=e: (v[0], v[1], dataclasses.replace(
-                v[2], constants=v[2].constants.replace(fp8_gemm_eff=e))) for e in fp8_effs]}
+                v[2], constants=v[2].constants.replace(fp8_gemm_eff=e))) for e in fp8_effs],
+            "moe_balance": [lambda v: v, lambda v: (v[0], v[1], dataclasses.replace(
+                v[2], constants=v[2].constants.replace(
+                    moe_imbalance=prof.constants.moe_imbalance * MOE_IMBALANCE)))]}
 
 
 def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layout, Profile],
@@ -196,7 +205,7 @@ def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layo
     model's own band around it (see the module docstring)."""
     axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
             if k in settings and (k != "micro_batch" or free_micro_batch)
-            and (k != "fp8" or job.fp8)}
+            and (k != "fp8" or job.fp8) and (k != "moe_balance" or job.model.moe.num_experts)}
     point = step_s(job, lay, prof)
     swings = {}
     for name, values in axes.items():

@@ -152,3 +152,37 @@ def test_the_published_mixtral_run_fits_and_is_priced_fast():
     assert mem.reserved_bytes <= 256 * GIB
     error = run.published_step_s / step_time(run.job, run.layout, prof).step_s - 1
     assert 0.1 < error < 0.3, error
+
+
+def test_imbalance_scales_the_busiest_ranks_expert_gemms_and_all_to_all():
+    """Constants.moe_imbalance k: the busiest rank's rows per expert and its all-to-all bytes
+    times k (hand: the balanced rows k T EP / E); the printed range varies it for MoE models
+    only, and over it the published Mixtral run's step lies inside (docs/planner.md)."""
+    from megatron.planner import ranges, validation
+    from megatron.planner.profile import Profile
+    run = {c.id: c for c in validation.load_held_out()}["aac-mixtral-8x7b-64"]
+    prof = validation.in_sample_profile(run)
+    skew = Profile(prof.spec, prof.constants.replace(moe_imbalance=1.25))
+    x1, x2 = _Ctx(run.job, run.layout, prof), _Ctx(run.job, run.layout, skew)
+    m, lay, tok = run.job.model, run.layout, x1.tokens
+    rows = tok * 2 * 8 / 8
+    fe, h = 14336, 4096
+    half = prof.constants.gemm_half_dim
+
+    def experts_s(r):
+        return 8 // 8 * (gemm_seconds((r, 2 * fe, h), x1.linear_peak, half)
+                         + gemm_seconds((r, h, fe), x1.linear_peak, half))
+    d1, d2 = experts.layer_delta_features(x1), experts.layer_delta_features(x2)
+    assert d2[GEMM] - d1[GEMM] == pytest.approx(3 * (experts_s(1.25 * rows) - experts_s(rows)))
+    assert d2[COMM] == pytest.approx(1.25 * d1[COMM])
+
+    def step(j, lo, p):
+        return step_time(j, lo, p).step_s
+    rng = ranges.step_range(run.job, run.layout, prof, step)
+    assert rng.swings["moe_balance"] == pytest.approx((step(run.job, lay, prof),
+                                                       step(run.job, lay, skew)))
+    assert rng.low_s < run.published_step_s < rng.high_s
+    dense = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    flat = Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1)
+    assert "moe_balance" not in ranges.step_range(dense, flat, prof, step).swings
+    assert m.moe.top_k == 2
