@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from megatron.planner import validation  # noqa: E402
+from megatron.planner import ranges, validation  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.memory import peak_memory  # noqa: E402
 from megatron.planner.profile import FP8_GEMM_FIT, Profile  # noqa: E402
@@ -37,6 +37,10 @@ def row(case) -> dict:
     step = step_time(case.job, case.layout, preset).step_s
     alone = step_time(case.job, case.layout, curves).step_s
     mem = peak_memory(case.job, case.layout, preset.constants, framework=preset.spec.framework)
+    # the range `megatron-plan memory` prints for it (the micro-batch is the run's own)
+    rng = ranges.step_range(case.job, case.layout, preset,
+                            lambda j, lo, p: step_time(j, lo, p).step_s,
+                            model_error=ranges.MODEL_ERROR)
     m = case.job.model
     kind = (f"MoE {m.moe.num_experts}x top {m.moe.top_k}" if m.moe.num_experts else "dense")
     return {"case": case.id, "source": case.source, "layout": case.layout.key(),
@@ -45,15 +49,22 @@ def row(case) -> dict:
             "published_s": case.published_step_s, "presets_s": step,
             "presets_error": case.published_step_s / step - 1, "curves_s": alone,
             "curves_error": case.published_step_s / alone - 1,
-            "reserved_gib": mem.reserved_gb, "device_gib": preset.spec.gpu_memory_gb}
+            "reserved_gib": mem.reserved_gb, "device_gib": preset.spec.gpu_memory_gb,
+            "range_s": [rng.low_s, rng.high_s], "band_s": [rng.band_low_s, rng.band_high_s],
+            "in_range": rng.low_s <= case.published_step_s <= rng.high_s,
+            "in_band": rng.band_low_s <= case.published_step_s <= rng.band_high_s}
 
 
 def markdown(rows) -> str:
     header = ("run", "layout", "GPUs", "engine", "matmuls", "model", "published s",
-              "presets s", "error", "curves alone s", "error", "reserved GiB")
+              "presets s", "error", "range s", "with the error band", "curves alone s", "error",
+              "reserved GiB")
     body = [[r["case"], r["layout"], str(r["devices"]), r["framework"], r["precision"],
              r["kind"], f"{r['published_s']:.2f}", f"{r['presets_s']:.2f}",
-             f"{100 * r['presets_error']:+.1f}%", f"{r['curves_s']:.2f}",
+             f"{100 * r['presets_error']:+.1f}%",
+             f"{r['range_s'][0]:.2f}-{r['range_s'][1]:.2f} ({'in' if r['in_range'] else 'out'})",
+             f"{r['band_s'][0]:.2f}-{r['band_s'][1]:.2f} ({'in' if r['in_band'] else 'out'})",
+             f"{r['curves_s']:.2f}",
              f"{100 * r['curves_error']:+.1f}%", f"{r['reserved_gib']:.0f} of {r['device_gib']:g}"]
             for r in rows]
     return "\n".join([
@@ -64,7 +75,9 @@ def markdown(rows) -> str:
         "6 TB/s. presets: what `megatron-plan --cluster` prices (the curves with the BF16 fit "
         "of the published cases, and fp8_gemm_eff); curves alone: the MI300X's single-device "
         "curves without that fit, at the same fp8_gemm_eff. error: predicted over published "
-        "throughput, minus 1 (positive: the planner is too fast).", "",
+        "throughput, minus 1 (positive: the planner is too fast). range: the settings' range "
+        "`megatron-plan memory` prints (planner/ranges.py), then widened by the time model's "
+        "error band; in/out: whether the published step lies inside.", "",
         format_table(header, body), ""])
 
 
