@@ -52,7 +52,8 @@ def main() -> int:
     cov = rv.coverage(pairs)
     md = ["# Published step times against the planner's predicted range", "",
           f"Settings spanned: {', '.join(ranges.SETTINGS)} (micro-batch only where the source "
-          f"leaves it open; interconnect efficiency +-{100 * ranges.INTERCONNECT:.0f}%); "
+          f"leaves it open; interconnect efficiency +-{100 * ranges.INTERCONNECT:.0f}%; fp8 "
+          "and moe_balance only for FP8 and MoE jobs, of which the cases have none); "
           "each case predicted by the fit without its source (leave-one-source-out).", "",
           format_table(HEADER, [_row(r, g) for r, g in pairs]), ""] + _summary(cov, bands)
     out = os.path.join(HERE, "results", "planner_ranges")
