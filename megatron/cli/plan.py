@@ -19,6 +19,10 @@ examples:
   # memory and time of one layout (the paper's 175B recipe); --schedule zbh1 prices ZB-H1
   megatron-plan memory --model 175b --cluster frontier --nodes 16 --global-batch 1280 \\
       --tp 4 --pp 16 --micro-batch 1 --zero 1 --recompute full [--schedule zbh1]
+  # the same on H100 nodes with FP8 matrix multiplies and FP8 weights (priced only: this
+  # trainer has no FP8; docs/planner.md "FP8")
+  megatron-plan memory --model 175b --cluster h100 --nodes 16 --global-batch 256 \\
+      --tp 4 --pp 8 --sp --recompute none --fp8 --fp8-params
   # a model from a training config, on a cluster described in a YAML file
   megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2
   # the layout a training config sets (its TP, PP, ZeRO, recompute, micro-batch, attention)
