@@ -56,8 +56,7 @@ def cmd_search(args) -> int:
     best = result.best
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
-    if ranges.device_note(prof.spec.name):
-        print(ranges.device_note(prof.spec.name))
+    _print_device_note(prof)
     if not preset:
         print(_config_layout_rank(args, job, cfg, result, prof))
     best = _runnable_best(result, cfg, job)
@@ -172,13 +171,19 @@ def cmd_memory(args) -> int:
         breakdown.step_breakdown(job, lay, prof))))
     free = args.micro_batch is None and cfg is None
     print(f"\npredicted step {_range(job, lay, prof, free).describe()}")
-    if ranges.device_note(prof.spec.name):
-        print(ranges.device_note(prof.spec.name))
+    _print_device_note(prof)
     if free:
         lo, hi, mbs = ranges.memory_range(job, lay, prof)
         print(f"micro-batch not given: {lay.micro_batch} priced; over those that fit "
               f"({', '.join(map(str, mbs))}) {lo / GIB:.1f}-{hi / GIB:.1f} GB reserved")
     return 0
+
+
+def _print_device_note(prof: Profile) -> None:
+    """The line beside the error band on a preset the published runs do not cover."""
+    note = ranges.device_note(prof.spec.name)
+    if note:
+        print(note)
 
 
 def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Tuple
 
 from megatron.config import ModelConfig, variants
 from megatron.planner.layout import Layout
@@ -170,21 +171,27 @@ def ring_kept_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     return (r - 1) * kv_block_bytes(m, lay, precision) + scores
 
 
+def linear_io_elements(m: ModelConfig, lay: Layout) -> Tuple[float, float]:
+    """(X, dY) elements of one layer's linear layers on one rank per micro-batch: their inputs
+    X (QKV's and fc1's replicated over TP, divided with SP as layer_terms counts them; the
+    out-projection's and fc2's split) and their output gradients dY (QKV's and fc1's split; the
+    out-projection's and fc2's replicated). What a weight gradient dW = dY^T X reads, and what
+    FP8 casts (planner/fp8.py)."""
+    sb, t = local_tokens(m, lay), lay.tp
+    h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
+    rep = 1.0 / t if lay.sequence_parallel else 1.0
+    x = 2 * sb * h * rep + (sb * m.num_attention_heads * m.head_dim + sb * f) / t
+    dy = 2 * sb * h * rep + (sb * (h + 2 * kvh) + sb * fc1_factor(m) * f) / t
+    return x, dy
+
+
 def layer_weight_grad_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:
     """Bytes one layer keeps per micro-batch whose W is pending under zbh1: each linear layer's
-    input X and output gradient dY (dW = dY^T X), everything else freed by its B. Inputs of
-    QKV and fc1 and the gradients at the row-parallel outputs are replicated over TP (divided
-    with SP, as layer_terms counts them); the rest is split. Under full recompute these are the
-    rebuilt tensors, which 1F1B would have freed with the backward."""
-    e, sb, t = act_bytes(precision), local_tokens(m, lay), lay.tp
-    h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
-    fc1 = fc1_factor(m) * f
-    rep = 1.0 / t if lay.sequence_parallel else 1.0
-    # X: QKV and fc1 inputs (replicated); out-projection and fc2 inputs (split)
-    # dY: QKV and fc1 outputs (split); out-projection and fc2 outputs (replicated)
-    replicated = 2 * sb * h + 2 * sb * h
-    split = sb * m.num_attention_heads * m.head_dim + sb * f + sb * (h + 2 * kvh) + sb * fc1
-    return (replicated * rep + split / t) * e
+    input X and output gradient dY (linear_io_elements), everything else freed by its B. Under
+    full recompute these are the rebuilt tensors, which 1F1B would have freed with the
+    backward."""
+    x, dy = linear_io_elements(m, lay)
+    return (x + dy) * act_bytes(precision)
 
 
 def head_weight_grad_bytes(m: ModelConfig, lay: Layout, padded_vocab: int,

@@ -85,21 +85,10 @@ def linear_tflops(job: Job, spec: ClusterSpec, fp8_gemm_eff: float = 1.0) -> flo
     return spec.matmul_tflops(job.precision)
 
 
-def cast_elements(m: ModelConfig, lay: Layout) -> tuple:
-    """(forward, backward) elements one layer casts per micro-batch on one rank: the linear
-    layers' inputs X, then their output gradients dY (the tensors
-    activations.layer_weight_grad_bytes counts; the replicated ones split with SP)."""
-    sb, t = act.local_tokens(m, lay), lay.tp
-    h, f, kvh = m.hidden_size, m.ffn_hidden_size, m.kv_heads * m.head_dim
-    rep = 1.0 / t if lay.sequence_parallel else 1.0
-    x = 2 * sb * h * rep + (sb * m.num_attention_heads * m.head_dim + sb * f) / t
-    dy = 2 * sb * h * rep + (sb * (h + 2 * kvh) + sb * act.fc1_factor(m) * f) / t
-    return x, dy
-
-
 def cast_bytes(m: ModelConfig, lay: Layout) -> tuple:
-    """(forward, backward) bytes one layer's casts move per micro-batch on one rank."""
-    x, dy = cast_elements(m, lay)
+    """(forward, backward) bytes one layer's casts move per micro-batch on one rank: its linear
+    layers' inputs X, then their output gradients dY (activations.linear_io_elements)."""
+    x, dy = act.linear_io_elements(m, lay)
     return CAST_BYTES_PER_ELEMENT * x, CAST_BYTES_PER_ELEMENT * dy
 
 

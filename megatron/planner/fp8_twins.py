@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
-from megatron.config import strict_yaml
 from megatron.config.errors import InputError
 from megatron.planner import validation
 from megatron.planner.profile import Profile
@@ -42,11 +41,10 @@ class Twin:
 
 
 def load_twins(path: str = validation.DATA) -> List[Twin]:
-    with open(path) as f:
-        raw = strict_yaml.safe_load(f)
-    cases = validation.load_published(path).by_id()
+    published = validation.load_published(path)
+    cases = published.by_id()
     out = []
-    for entry in raw.get("fp8_twins", []):
+    for entry in published.fp8_twins:
         base = cases.get(entry["twin"])
         if base is None or base.published_step_s is None:
             raise InputError(f"{path}: FP8 twin {entry['id']} names {entry['twin']!r}, which "
@@ -60,26 +58,22 @@ def load_twins(path: str = validation.DATA) -> List[Twin]:
     return out
 
 
-def profile(case: validation.Case, fp8_gemm_eff: float,
-            factors: Optional[Sequence[float]] = None) -> Profile:
-    """The case's preset (factors None: what `megatron-plan --cluster PRESET` prices it with)
-    or its prior with `factors` folded in (validation.folded_profile), at fp8_gemm_eff."""
-    prof = (validation.in_sample_profile(case) if factors is None
-            else validation.folded_profile(case, factors))
+def profile(case: validation.Case, fp8_gemm_eff: float) -> Profile:
+    """The case's preset (what `megatron-plan --cluster PRESET` prices it with) at
+    fp8_gemm_eff."""
+    prof = validation.in_sample_profile(case)
     return Profile(prof.spec, prof.constants.replace(fp8_gemm_eff=fp8_gemm_eff))
 
 
-def predicted_steps(tw: Twin, fp8_gemm_eff: float,
-                    factors: Optional[Sequence[float]] = None) -> tuple:
+def predicted_steps(tw: Twin, fp8_gemm_eff: float) -> tuple:
     """(BF16 step, FP8 step) the planner predicts for the twin's two runs."""
-    prof = profile(tw.bf16, fp8_gemm_eff, factors)
+    prof = profile(tw.bf16, fp8_gemm_eff)
     return (step_time(tw.bf16.job, tw.bf16.layout, prof).step_s,
             step_time(tw.fp8.job, tw.fp8.layout, prof).step_s)
 
 
-def predicted_speedup(tw: Twin, fp8_gemm_eff: float,
-                      factors: Optional[Sequence[float]] = None) -> float:
-    bf16, fp8 = predicted_steps(tw, fp8_gemm_eff, factors)
+def predicted_speedup(tw: Twin, fp8_gemm_eff: float) -> float:
+    bf16, fp8 = predicted_steps(tw, fp8_gemm_eff)
     return bf16 / fp8
 
 

@@ -187,6 +187,10 @@ class Published:
     cases: List[Case]          # with a published figure: the leave-one-out set
     layouts: List[Case]        # compared in a publication, no figure used
     comparisons: List[Comparison]
+    # with a published figure, kept out of every fit (load_held_out)
+    held_out: List[Case] = dataclasses.field(default_factory=list)
+    # the fp8_twins entries as written (fp8_twins.load_twins builds them on their cases)
+    fp8_twins: List[Dict] = dataclasses.field(default_factory=list)
 
     def by_id(self) -> Dict[str, Case]:
         return {c.id: c for c in self.cases + self.layouts}
@@ -207,7 +211,8 @@ def load_published(path: str = DATA) -> Published:
         missing = [i for i in comp.order if i not in known]
         if missing:
             raise InputError(f"{path}: comparison {comp.what!r} names unknown cases {missing}")
-    return Published(cases, layouts, comps)
+    held_out = [_case(c, defaults) for c in raw.get("held_out", [])]
+    return Published(cases, layouts, comps, held_out, list(raw.get("fp8_twins", [])))
 
 
 def load_cases(path: str = DATA) -> List[Case]:
@@ -218,10 +223,7 @@ def load_held_out(path: str = DATA) -> List[Case]:
     """published.yaml's held_out: runs with a published figure kept out of every fit (the
     BF16 one of the cases and fp8_twins' fp8_gemm_eff), priced only to check the planner
     (benchmarks/planner_held_out.py)."""
-    with open(path) as f:
-        raw = strict_yaml.safe_load(f)
-    defaults = raw.get("defaults", {})
-    return [_case(entry, defaults) for entry in raw.get("held_out", [])]
+    return load_published(path).held_out
 
 
 def folded_profile(case: Case, factors: Sequence[float]) -> Profile:

@@ -9,7 +9,7 @@ import pytest
 
 from megatron.cli.plan import main
 from megatron.config.errors import ConfigError, InputError
-from megatron.planner import fp8, fp8_twins
+from megatron.planner import activations as act, fp8, fp8_twins
 from megatron.planner.features import GEMM, MEM
 from megatron.planner.hardware import PRESETS, spec_from_dict
 from megatron.planner.layout import Job, Layout
@@ -63,10 +63,10 @@ def test_cast_traffic_by_hand():
     and fc2's (s b h / t, s b 4h / t); backward: the output gradients of QKV (3 s b h / t with
     MHA), fc1 (4 s b h / t), out-projection and fc2 (s b h each); 4 bytes an element."""
     sb, h, t = 2048, 4096, 2
-    x, dy = fp8.cast_elements(M, lay())
+    x, dy = act.linear_io_elements(M, lay())
     assert x == 2 * sb * h + (sb * h + sb * 4 * h) / t
     assert dy == 2 * sb * h + (3 * sb * h + 4 * sb * h) / t
-    xs, dys = fp8.cast_elements(M, lay(sequence_parallel=True))
+    xs, dys = act.linear_io_elements(M, lay(sequence_parallel=True))
     assert (xs, dys) == (2 * sb * h / t + (sb * h + sb * 4 * h) / t,
                          2 * sb * h / t + (3 * sb * h + 4 * sb * h) / t)
     assert fp8.cast_bytes(M, lay()) == (4 * x, 4 * dy)
