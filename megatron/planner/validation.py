@@ -191,6 +191,9 @@ class Published:
     held_out: List[Case] = dataclasses.field(default_factory=list)
     # the fp8_twins entries as written (fp8_twins.load_twins builds them on their cases)
     fp8_twins: List[Dict] = dataclasses.field(default_factory=list)
+    # the sweeps entries as written, and the defaults their rows take (sweeps.load_sweeps)
+    sweeps: List[Dict] = dataclasses.field(default_factory=list)
+    defaults: Dict = dataclasses.field(default_factory=dict)
 
     def by_id(self) -> Dict[str, Case]:
         return {c.id: c for c in self.cases + self.layouts}
@@ -212,7 +215,8 @@ def load_published(path: str = DATA) -> Published:
         if missing:
             raise InputError(f"{path}: comparison {comp.what!r} names unknown cases {missing}")
     held_out = [_case(c, defaults) for c in raw.get("held_out", [])]
-    return Published(cases, layouts, comps, held_out, list(raw.get("fp8_twins", [])))
+    return Published(cases, layouts, comps, held_out, list(raw.get("fp8_twins", [])),
+                     list(raw.get("sweeps", [])), defaults)
 
 
 def load_cases(path: str = DATA) -> List[Case]:

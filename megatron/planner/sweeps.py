@@ -1,0 +1,170 @@
+"""Published layout sweeps: one model on one machine, measured at many layouts, held out of
+every fit (published.yaml, `sweeps`; benchmarks/planner_sweep.py).
+
+A sweep tests what `megatron-plan search` is for: putting layouts in order. Each row is a
+layout the source ran, with its seconds per step and the memory it reported, or that it ran
+out of memory. Rows are priced with the presets (validation.in_sample_profile: the curves with
+the all-case fit, which never saw a sweep) and compared:
+
+- order: Spearman's rank correlation between predicted and measured throughput; of the pairs
+  whose measured throughputs differ by more than `min_gap` (the source's repeat noise), the
+  share the planner orders the same way; where the measured best falls in the predicted order,
+  and where the predicted best falls in the measured one;
+- memory: predicted reserved memory against the reported one, and whether each row that ran
+  out of memory is predicted not to fit (and each that ran, to fit).
+
+Throughput is tokens per second per device, so that rows of different global batch compare."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from megatron.config.errors import InputError
+from megatron.planner.memory import GIB, peak_memory
+from megatron.planner.timing import step_time
+from megatron.planner.validation import Case, _case, in_sample_profile, load_published
+
+ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "mem_gb", "oom", "cp", "interleave")
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    case: Case
+    mem_gb: Optional[float]   # what the source reported (its own unit: nvidia-smi's GiB)
+    oom: bool                 # the source ran out of memory: no step time
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    source: str
+    what: str
+    min_gap: float            # measured differences below this are the source's noise
+    rows: Tuple[SweepRow, ...]
+
+
+def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
+    """A sweep from its published.yaml entry: `common` fields shared by every row, `rows` the
+    layouts (tp, pp, micro_batch, batch; step_s and mem_gb as reported, or oom: true)."""
+    name = raw["name"]
+    rows = []
+    for i, r in enumerate(raw["rows"]):
+        unknown = sorted(set(r) - set(ROW_KEYS))
+        if unknown:
+            raise InputError(f"sweep {name} row {i}: unknown field {unknown[0]!r} (expected "
+                             f"one of {', '.join(ROW_KEYS)})")
+        oom = bool(r.get("oom", False))
+        if oom == ("step_s" in r):
+            raise InputError(f"sweep {name} row {i}: give step_s for a row that ran, or "
+                             "oom: true for one that ran out of memory (not both)")
+        fields = {k: v for k, v in r.items() if k not in ("mem_gb", "oom")}
+        rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}"
+        case = _case({**raw["common"], **fields, "id": rid, "source": raw["source"]}, defaults)
+        rows.append(SweepRow(case, r.get("mem_gb"), oom))
+    return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows))
+
+
+def load_sweeps(path: Optional[str] = None) -> List[Sweep]:
+    pub = load_published(path) if path else load_published()
+    return [build_sweep(raw, pub.defaults) for raw in pub.sweeps]
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank."""
+    v = np.asarray(values, dtype=float)
+    order = np.argsort(v, kind="stable")
+    out = np.empty(len(v))
+    i = 0
+    while i < len(v):
+        j = i
+        while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+            j += 1
+        out[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation: Pearson's on the ranks."""
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(np.sqrt((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / den) if den else 0.0
+
+
+def pairs_agreeing(measured: Sequence[float], predicted: Sequence[float],
+                   min_gap: float) -> Tuple[int, int]:
+    """(agreeing, counted): of the pairs whose measured values differ by more than min_gap
+    (relative to the smaller), how many the predicted values order the same way."""
+    agree = total = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            lo, hi = sorted((measured[i], measured[j]))
+            if hi / lo - 1 <= min_gap:
+                continue
+            total += 1
+            agree += (measured[i] - measured[j]) * (predicted[i] - predicted[j]) > 0
+    return agree, total
+
+
+@dataclass(frozen=True)
+class RowResult:
+    row: SweepRow
+    predicted_s: float
+    reserved_gib: float
+    fits: bool
+
+    @property
+    def error(self) -> Optional[float]:
+        """Predicted over measured throughput, minus 1 (positive: the planner is too fast)."""
+        s = self.row.case.published_step_s
+        return None if s is None else s / self.predicted_s - 1
+
+    def tokens_per_device_s(self, step_s: float) -> float:
+        c = self.row.case
+        return c.job.global_batch * c.job.model.seq_length / step_s / c.layout.world
+
+
+def price(row: SweepRow) -> RowResult:
+    prof = in_sample_profile(row.case)
+    c = row.case
+    step = step_time(c.job, c.layout, prof).step_s
+    mem = peak_memory(c.job, c.layout, prof.constants, framework=prof.spec.framework)
+    return RowResult(row, step, mem.reserved_gb,
+                     mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB)
+
+
+def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float]:
+    """How the predicted order of the rows that ran matches the measured one."""
+    ran = [r for r in results if not r.row.oom]
+    meas = [r.tokens_per_device_s(r.row.case.published_step_s) for r in ran]
+    pred = [r.tokens_per_device_s(r.predicted_s) for r in ran]
+    agree, counted = pairs_agreeing(meas, pred, min_gap)
+    best_m, best_p = int(np.argmax(meas)), int(np.argmax(pred))
+    errors = [abs(r.error) for r in ran]
+    return {"rows": len(ran), "median_abs_error": float(np.median(errors)),
+            "spearman": spearman(meas, pred), "pairs_agreeing": agree,
+            "pairs_counted": counted,
+            # 1-based: the measured best's place in the predicted order, and the reverse
+            "measured_best_predicted_rank": int((np.asarray(pred) > pred[best_m]).sum()) + 1,
+            "predicted_best_measured_rank": int((np.asarray(meas) > meas[best_p]).sum()) + 1,
+            "predicted_best_behind": meas[best_m] / meas[best_p] - 1}
+
+
+def memory_stats(results: Sequence[RowResult]) -> Dict[str, float]:
+    """Predicted reserved memory against the reported, and out-of-memory agreement."""
+    both = [r for r in results if r.row.mem_gb]
+    errs = [r.reserved_gib / r.row.mem_gb - 1 for r in both]
+    return {"rows": len(both), "median_error": float(np.median(errs)) if errs else 0.0,
+            "max_under": float(min(errs, default=0.0)),
+            "oom_rows": sum(r.row.oom for r in results),
+            "oom_predicted": sum(r.row.oom and not r.fits for r in results),
+            "ran_predicted_to_fit": sum(not r.row.oom and r.fits for r in results),
+            "ran": sum(not r.row.oom for r in results)}
+
+
+def evaluate(sweep: Sweep) -> Tuple[List[RowResult], Dict[str, float], Dict[str, float]]:
+    results = [price(r) for r in sweep.rows]
+    return results, order_stats(results, sweep.min_gap), memory_stats(results)

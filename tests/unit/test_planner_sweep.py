@@ -1,0 +1,98 @@
+"""Published layout sweeps (planner/sweeps.py, published.yaml `sweeps`): the order statistics
+against hand calculations, the loader's refusals, and the BigScience sweep's figures guarded in
+bands, so that a change to the planner that moves them is seen and docs/planner.md
+("Layout sweeps") restated. The sweep is held out of every fit: nothing here fits to it."""
+import pytest
+
+from megatron.config.errors import InputError
+from megatron.planner import sweeps, validation
+from megatron.planner.sweeps import build_sweep, pairs_agreeing, ranks, spearman
+
+
+def test_ranks_share_ties_and_start_at_one():
+    assert list(ranks([30.0, 10.0, 20.0])) == [3.0, 1.0, 2.0]
+    assert list(ranks([5.0, 1.0, 5.0, 2.0])) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # d = (0, 0, 1, -1): 1 - 6 * 2 / (4 * 15) = 0.8
+    assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)
+    assert spearman([1, 1, 1], [1, 2, 3]) == 0.0   # no spread: no correlation claimed
+
+
+def test_pairs_within_the_noise_are_not_counted():
+    measured = [100.0, 102.0, 120.0]
+    # (100, 102) is 2% apart: left out at 3%; (100, 120) and (102, 120) counted
+    assert pairs_agreeing(measured, [1.0, 2.0, 3.0], 0.03) == (2, 2)
+    assert pairs_agreeing(measured, [3.0, 2.0, 1.0], 0.03) == (0, 2)
+    assert pairs_agreeing(measured, [3.0, 2.0, 1.0], 0.01) == (0, 3)
+
+
+RAW = {"name": "t", "source": "test", "what": "w", "min_gap": 0.03,
+       "common": {"layers": 4, "hidden": 256, "heads": 4, "gpus": 8},
+       "rows": [{"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8, "step_s": 1.0}]}
+
+
+def _defaults():
+    return validation.load_published().defaults
+
+
+def test_build_sweep_makes_one_case_per_row():
+    sweep = build_sweep(RAW, _defaults())
+    (row,) = sweep.rows
+    assert row.case.layout.world == 8 and row.case.layout.dp == 4
+    assert row.case.published_step_s == 1.0 and not row.oom and row.mem_gb is None
+    assert row.case.id == "t-tp2-pp1-mb1" and row.case.source == "test"
+
+
+@pytest.mark.parametrize("row, words", [
+    ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8, "step_s": 1.0, "memory": 3},
+     "unknown field 'memory'"),
+    ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8}, "give step_s"),
+    ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8, "step_s": 1.0, "oom": True},
+     "give step_s"),
+])
+def test_build_sweep_refuses_a_bad_row_by_its_index(row, words):
+    with pytest.raises(InputError, match=words) as err:
+        build_sweep({**RAW, "rows": [RAW["rows"][0], row]}, _defaults())
+    assert "sweep t row 1" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def bigscience():
+    (sweep,) = [s for s in sweeps.load_sweeps() if s.name == "bigscience22-181b"]
+    return sweep, sweeps.evaluate(sweep)
+
+
+def test_the_bigscience_sweep_is_held_out_of_the_fit(bigscience):
+    sweep, _ = bigscience
+    ids = {c.id for c in validation.load_cases()} | {c.id for c in validation.load_held_out()}
+    assert not ids & {r.case.id for r in sweep.rows}
+    assert len(sweep.rows) == 20 and sum(r.oom for r in sweep.rows) == 3
+    assert len({r.case.id for r in sweep.rows}) == 20
+    assert all(r.case.layout.world == 384 for r in sweep.rows)
+
+
+def test_bigscience_order_figures_stay_as_docs_planner_states(bigscience):
+    """docs/planner.md: steps within a median 9.4%, but the planner's order is uncorrelated
+    with the measured one (Spearman -0.03, 47 of 104 pairs), while its own best is the
+    measured second, 1.1% behind."""
+    _, (_, order, _) = bigscience
+    assert order["rows"] == 17 and order["pairs_counted"] == 104
+    assert 0.07 < order["median_abs_error"] < 0.12   # 9.4%
+    assert -0.2 < order["spearman"] < 0.2
+    assert 40 <= order["pairs_agreeing"] <= 55
+    assert order["predicted_best_measured_rank"] <= 3 and order["predicted_best_behind"] < 0.03
+
+
+def test_bigscience_memory_is_under_predicted_as_stated(bigscience):
+    """docs/planner.md: reserved memory a median 17% under nvidia-smi's; the TP 8 x PP 1 and
+    TP 2 x PP 6 micro-batch 2 rows predicted not to fit, TP 2 x PP 6 micro-batch 1 (which ran
+    out of memory too) predicted to fit."""
+    _, (results, _, mem) = bigscience
+    assert mem["rows"] == 15 and -0.25 < mem["median_error"] < -0.10
+    assert mem["oom_predicted"] == 2 and mem["ran_predicted_to_fit"] == mem["ran"] == 17
+    missed = [r.row.case.id for r in results if r.row.oom and r.fits]
+    assert missed == ["bigscience22-181b-tp2-pp6-mb1"]
