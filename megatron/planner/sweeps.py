@@ -11,7 +11,9 @@ the all-case fit, which never saw a sweep) and compared:
   share the planner orders the same way; where the measured best falls in the predicted order,
   and where the predicted best falls in the measured one;
 - memory: predicted reserved memory against the reported one, and whether each row that ran
-  out of memory is predicted not to fit (and each that ran, to fit).
+  out of memory is predicted not to fit (and each that ran, to fit);
+- the range: whether each measured step lies inside the range `megatron-plan memory` prints
+  for the row, widened by the model's error band (planner/ranges.py).
 
 Throughput is tokens per second per device, so that rows of different global batch compare."""
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from megatron.config.errors import InputError
+from megatron.planner import ranges
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.timing import step_time
 from megatron.planner.validation import Case, _case, in_sample_profile, load_published
@@ -115,6 +118,12 @@ class RowResult:
     predicted_s: float
     reserved_gib: float
     fits: bool
+    band_s: Tuple[float, float] = (0.0, 0.0)   # the printed range with the error band
+
+    @property
+    def in_band(self) -> bool:
+        s = self.row.case.published_step_s
+        return s is not None and self.band_s[0] <= s <= self.band_s[1]
 
     @property
     def error(self) -> Optional[float]:
@@ -132,8 +141,11 @@ def price(row: SweepRow) -> RowResult:
     c = row.case
     step = step_time(c.job, c.layout, prof).step_s
     mem = peak_memory(c.job, c.layout, prof.constants, framework=prof.spec.framework)
+    rng = ranges.step_range(c.job, c.layout, prof, lambda j, lo, p: step_time(j, lo, p).step_s,
+                            model_error=ranges.MODEL_ERROR)
     return RowResult(row, step, mem.reserved_gb,
-                     mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB)
+                     mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB,
+                     (rng.band_low_s, rng.band_high_s))
 
 
 def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float]:
@@ -149,6 +161,7 @@ def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float
             "pairs_counted": counted,
             # 1-based: the measured best's place in the predicted order, and the reverse
             "measured_best_predicted_rank": int((np.asarray(pred) > pred[best_m]).sum()) + 1,
+            "in_band": sum(r.in_band for r in ran),
             "predicted_best_measured_rank": int((np.asarray(meas) > meas[best_p]).sum()) + 1,
             "predicted_best_behind": meas[best_m] / meas[best_p] - 1}
 
