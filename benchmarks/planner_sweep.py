@@ -1,9 +1,10 @@
 """The planner against published layout sweeps held out of every fit (published.yaml, sweeps).
 
 A sweep is one model on one machine measured at many layouts: the test of what `megatron-plan
-search` does, putting layouts in order. BigScience's sweep before BLOOM (bigscience22: a 181B
-GPT on 48 Jean Zay nodes of 8 A100 80 GB, Megatron-DeepSpeed, ZeRO-1, fp16) gives 17 layouts
-that ran, with seconds per iteration and nvidia-smi memory, and 3 that ran out of memory. Each
+search` does, putting layouts in order. BigScience's sweeps before BLOOM (bigscience22: on 48
+Jean Zay nodes of 8 A100 80 GB under Megatron-DeepSpeed) give a 181B GPT in fp16 at ZeRO-1, 17
+layouts that ran, with seconds per iteration and nvidia-smi memory, and 3 that ran out of
+memory, and three more models with BLOOM's final bf16 software, 8 layouts and 2. Each
 row is priced with the presets (what `megatron-plan --cluster a100` prices, the curves with the
 BF16 fit of the published cases, which never saw a sweep), and planner/sweeps.py compares:
 
@@ -103,16 +104,33 @@ def markdown(sweep, rows, order, mem) -> str:
         f"the {mem['ran']} that ran predicted to fit.", ""])
 
 
+def summary(p) -> str:
+    return "\n".join([
+        "# All sweeps together", "",
+        f"{p['sweeps']} sweeps, {p['rows']} layouts that ran: median |error| "
+        f"{100 * p['median_abs_error']:.1f}%; the measured step inside the printed range for "
+        f"{p['in_band']} of {p['rows']}; of the {p['pairs_counted']} pairs within a sweep "
+        f"measured apart beyond its noise, {p['pairs_agreeing']} ordered as measured "
+        f"({100 * p['pairs_agreeing'] / max(1, p['pairs_counted']):.0f}%); reserved memory a "
+        f"median {100 * p['memory_median_error']:+.1f}% against the {p['memory_rows']} reported "
+        f"figures; {p['oom_predicted']} of the {p['oom_rows']} layouts that ran out of memory "
+        "predicted not to fit.", ""])
+
+
 def main() -> int:
-    out, texts = [], []
+    out, texts, evaluated = [], [], []
     for sweep in sweeps.load_sweeps():
         results, order, mem = sweeps.evaluate(sweep)
+        evaluated.append((results, order, mem))
         rows = [row_dict(r) for r in results]
         out.append({"sweep": sweep.name, "source": sweep.source, "rows": rows,
                     "order": order, "memory": mem})
         texts.append(markdown(sweep, rows, order, mem))
+    together = sweeps.pooled(evaluated)
+    texts.append(summary(together))
     text = "\n".join(texts)
-    for suffix, content in (("json", json.dumps({"sweeps": out}, indent=1)), ("md", text)):
+    data = {"sweeps": out, "pooled": together}
+    for suffix, content in (("json", json.dumps(data, indent=1)), ("md", text)):
         with open(os.path.join(HERE, "results", f"planner_sweep.{suffix}"), "w") as f:
             f.write(content)
     print(text)

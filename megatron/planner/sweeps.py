@@ -181,3 +181,20 @@ def memory_stats(results: Sequence[RowResult]) -> Dict[str, float]:
 def evaluate(sweep: Sweep) -> Tuple[List[RowResult], Dict[str, float], Dict[str, float]]:
     results = [price(r) for r in sweep.rows]
     return results, order_stats(results, sweep.min_gap), memory_stats(results)
+
+
+def pooled(evaluated: Sequence[Tuple[List[RowResult], Dict[str, float], Dict[str, float]]]
+           ) -> Dict[str, float]:
+    """Every sweep together: rows, pairs (each within its own sweep: rows of different models
+    do not order) and memory pooled."""
+    rows = [r for results, _, _ in evaluated for r in results]
+    ran = [r for r in rows if not r.row.oom]
+    mem = [r.reserved_gib / r.row.mem_gb - 1 for r in rows if r.row.mem_gb]
+    return {"sweeps": len(evaluated), "rows": len(ran),
+            "median_abs_error": float(np.median([abs(r.error) for r in ran])),
+            "in_band": sum(r.in_band for r in ran),
+            "pairs_agreeing": sum(o["pairs_agreeing"] for _, o, _ in evaluated),
+            "pairs_counted": sum(o["pairs_counted"] for _, o, _ in evaluated),
+            "memory_rows": len(mem), "memory_median_error": float(np.median(mem)),
+            "oom_rows": sum(r.row.oom for r in rows),
+            "oom_predicted": sum(r.row.oom and not r.fits for r in rows)}

@@ -130,6 +130,7 @@ def _case(raw: Dict, defaults: Dict) -> Case:
                         attention_dropout=v.get("dropout", 0.1),
                         **shape)
     job = Job(model, v["batch"], v["precision"], grad_dtype=v.get("grad_dtype"),
+              grad_accum=v.get("grad_accum", "model"),
               fp8=bool(v.get("fp8", False)), fp8_params=bool(v.get("fp8_params", False)))
     tp, pp, mb, cp = v["tp"], v["pp"], v["micro_batch"], v.get("cp", 1)
     dp = v["gpus"] // (tp * pp * cp)
