@@ -57,6 +57,7 @@ def cmd_search(args) -> int:
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
     _print_device_note(prof)
+    print(ranges.ORDER_EVIDENCE)
     if not preset:
         print(_config_layout_rank(args, job, cfg, result, prof))
     best = _runnable_best(result, cfg, job)

@@ -5,7 +5,7 @@ bands, so that a change to the planner that moves them is seen and docs/planner.
 import pytest
 
 from megatron.config.errors import InputError
-from megatron.planner import sweeps, validation
+from megatron.planner import ranges, sweeps, validation
 from megatron.planner.sweeps import build_sweep, pairs_agreeing, ranks, spearman
 
 
@@ -122,9 +122,24 @@ def test_bigscience_bf16_sweeps_put_tp4_first_as_measured():
 
 def test_every_sweep_together_as_stated():
     """docs/planner.md: 4 sweeps, 25 layouts: median |error| 8.0%, 14 inside the printed
-    range, 49 of 109 pairs, memory a median 18% low, 3 of 5 out-of-memory layouts found."""
-    p = sweeps.pooled([ev for _, ev in _by_name().values()])
+    range, 49 of 109 pairs, memory a median 18% low, 3 of 5 out-of-memory layouts found; and
+    the note `megatron-plan search` prints says the same."""
+    found = _by_name()
+    p = sweeps.pooled([ev for _, ev in found.values()])
+    note = ranges.ORDER_EVIDENCE
+    assert f"{p['pairs_agreeing']} of the {p['pairs_counted']} pairs" in note
+    assert f"{p['rows']} layouts of {p['sweeps']} models" in note
+    near = sum(round(100 * o["predicted_best_behind"], 1) <= 1.1
+               for _, (_, o, _) in found.values())
+    assert f"in {near} of {p['sweeps']}" in note
     assert (p["sweeps"], p["rows"], p["pairs_counted"], p["oom_rows"]) == (4, 25, 109, 5)
     assert 0.06 < p["median_abs_error"] < 0.10 and 11 <= p["in_band"] <= 17
     assert 40 <= p["pairs_agreeing"] <= 58 and p["oom_predicted"] == 3
     assert -0.25 < p["memory_median_error"] < -0.10
+
+
+def test_search_prints_how_far_its_order_holds(capsys):
+    from megatron.cli.plan import main
+    assert main(["search", "--model", "gpt3-1.3b", "--cluster", "a100", "--nodes", "1",
+                 "--global-batch", "64", "--top", "3"]) == 0
+    assert ranges.ORDER_EVIDENCE in capsys.readouterr().out
