@@ -27,7 +27,8 @@ from megatron.config.errors import InputError
 from megatron.planner import ranges
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.timing import step_time
-from megatron.planner.validation import Case, _case, in_sample_profile, load_published
+from megatron.planner.validation import (Case, case_from_entry, in_sample_profile,
+                                         load_published)
 
 ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "mem_gb", "oom", "cp", "interleave")
 
@@ -52,7 +53,7 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
     """A sweep from its published.yaml entry: `common` fields shared by every row, `rows` the
     layouts (tp, pp, micro_batch, batch; step_s and mem_gb as reported, or oom: true)."""
     name = raw["name"]
-    rows = []
+    rows, seen = [], {}
     for i, r in enumerate(raw["rows"]):
         unknown = sorted(set(r) - set(ROW_KEYS))
         if unknown:
@@ -64,8 +65,13 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
                              "oom: true for one that ran out of memory (not both)")
         fields = {k: v for k, v in r.items() if k not in ("mem_gb", "oom")}
         rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}"
-        case = _case({**raw["common"], **fields, "id": rid, "source": raw["source"]}, defaults)
-        rows.append(SweepRow(case, r.get("mem_gb"), oom))
+        if rid in seen:
+            raise InputError(f"sweep {name} row {i}: TP {r['tp']} x PP {r['pp']} at "
+                             f"micro-batch {r['micro_batch']} is row {seen[rid]} already; keep "
+                             "one measurement of a layout (the source's repeats set min_gap)")
+        seen[rid] = i
+        entry = {**raw["common"], **fields, "id": rid, "source": raw["source"]}
+        rows.append(SweepRow(case_from_entry(entry, defaults), r.get("mem_gb"), oom))
     return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows))
 
 

@@ -111,7 +111,7 @@ def _profile(cluster, framework: str) -> Profile:
     return Profile(spec, VALIDATION_PRIOR.get(name, CURVE_CONSTANTS.get(name, Constants())))
 
 
-def _case(raw: Dict, defaults: Dict) -> Case:
+def case_from_entry(raw: Dict, defaults: Dict) -> Case:
     v = {**defaults, **raw}
     # optional shape fields (Llama-style runs): key/value heads, FFN width, SwiGLU, RMSNorm,
     # rotary positions, untied output layer; unset, the GPT of Narayanan et al.
@@ -204,8 +204,8 @@ def load_published(path: str = DATA) -> Published:
     with open(path) as f:
         raw = strict_yaml.safe_load(f)
     defaults = raw.get("defaults", {})
-    cases = [_case(c, defaults) for c in raw["cases"]]
-    layouts = [_case(c, defaults) for c in raw.get("layouts", [])]
+    cases = [case_from_entry(c, defaults) for c in raw["cases"]]
+    layouts = [case_from_entry(c, defaults) for c in raw.get("layouts", [])]
     comps = [Comparison(c["source"], c["what"],
                         tuple(c["order"]) if "order" in c else (c["best"], *c["over"]),
                         best="best" in c, known_failure=bool(c.get("known_failure")))
@@ -215,7 +215,7 @@ def load_published(path: str = DATA) -> Published:
         missing = [i for i in comp.order if i not in known]
         if missing:
             raise InputError(f"{path}: comparison {comp.what!r} names unknown cases {missing}")
-    held_out = [_case(c, defaults) for c in raw.get("held_out", [])]
+    held_out = [case_from_entry(c, defaults) for c in raw.get("held_out", [])]
     return Published(cases, layouts, comps, held_out, list(raw.get("fp8_twins", [])),
                      list(raw.get("sweeps", [])), defaults)
 

@@ -53,6 +53,7 @@ def test_build_sweep_makes_one_case_per_row():
     ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8}, "give step_s"),
     ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8, "step_s": 1.0, "oom": True},
      "give step_s"),
+    ({"tp": 2, "pp": 1, "micro_batch": 1, "batch": 8, "step_s": 1.1}, "is row 0 already"),
 ])
 def test_build_sweep_refuses_a_bad_row_by_its_index(row, words):
     with pytest.raises(InputError, match=words) as err:
