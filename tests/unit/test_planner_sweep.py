@@ -107,9 +107,10 @@ def _by_name():
 
 def test_bigscience_bf16_sweeps_put_tp4_first_as_measured():
     """docs/planner.md: with BLOOM's final software (bf16, fp32 gradient accumulation, the
-    embeddings counted as layers) TP 4 x PP 12 took 7-16% less time than TP 8 x PP 12 for the 176B and 178B
-    models, and the planner's best is the measured best in both; for the 184B model it orders
-    TP 8's micro-batch 2 and 4 the wrong way (micro-batch 2 measured 15.5% slower)."""
+    embeddings counted as layers) TP 4 x PP 12 took 7-16% less time than TP 8 x PP 12 for the
+    176B and 178B models, and the planner's best is the measured best in both; for the 184B
+    model it orders TP 8's micro-batch 2 and 4 the wrong way (micro-batch 2 measured 15.5%
+    slower)."""
     found = _by_name()
     for name in ("bigscience22-176b", "bigscience22-178b"):
         _, (results, order, _) = found[name]
