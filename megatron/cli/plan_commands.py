@@ -160,6 +160,9 @@ def cmd_memory(args) -> int:
     print(f"\nbusiest stage {worst.stage}: {worst.peak_gb:.1f} GB allocated at peak, "
           f"{worst.reserved_gb:.1f} GB reserved of {prof.spec.gpu_memory_gb:g} GB: "
           f"{'fits' if fits else 'DOES NOT FIT'}")
+    smi = ranges.smi_note(worst.peak_gb, prof.spec.gpu_memory_gb, prof.spec.framework)
+    if fits and smi:
+        print(smi)
     t = step_time(job, lay, prof)
     print(f"step {t.step_s:.3g} s (pipeline {t.pipeline_s:.3g} s, gradient reduction + optimizer "
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "

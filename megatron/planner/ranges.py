@@ -69,6 +69,25 @@ ORDER_EVIDENCE = ("note on the order: on published layout sweeps held out of eve
                   "the order as indicative (docs/planner.md)")
 
 
+# What nvidia-smi reported over the predicted allocator peak on the published sweeps' rows
+# (least, largest; planner/sweeps.py, docs/planner.md "Memory"); test_planner_sweep.py
+# recomputes it.
+SMI_OVER_PEAK = (1.19, 1.40)
+
+
+def smi_note(peak_gib: float, device_gib: float, framework: str) -> str:
+    """A line when, under a DeepSpeed engine (where the sweeps ran), the allocator peak at the
+    largest ratio nvidia-smi read over it on the published sweeps would not fit the device;
+    else empty. Runs of other engines trained at peaks this close (docs/planner.md, Memory)."""
+    lo, hi = SMI_OVER_PEAK
+    if framework not in DEEPSPEED or peak_gib * hi <= device_gib:
+        return ""
+    return (f"note on memory: on Megatron-DeepSpeed runs (BigScience 2022) nvidia-smi read "
+            f"{lo:.2f}-{hi:.2f}x the allocator peak, {peak_gib * lo:.1f}-{peak_gib * hi:.1f} GB "
+            f"here against {device_gib:g} GB: the reserved figure above may be low, and a run "
+            "this close to the device may not fit (docs/planner.md, Memory)")
+
+
 def device_note(cluster: str) -> str:
     """What the validation says (or does not) about the error band on this preset's device."""
     text = DEVICE_EVIDENCE.get(cluster.lower(), "")

@@ -125,6 +125,7 @@ class RowResult:
     reserved_gib: float
     fits: bool
     band_s: Tuple[float, float] = (0.0, 0.0)   # the printed range with the error band
+    peak_gib: float = 0.0                      # the allocator peak (reserved is above it)
 
     @property
     def in_band(self) -> bool:
@@ -151,7 +152,7 @@ def price(row: SweepRow) -> RowResult:
                             model_error=ranges.MODEL_ERROR)
     return RowResult(row, step, mem.reserved_gb,
                      mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB,
-                     (rng.band_low_s, rng.band_high_s))
+                     (rng.band_low_s, rng.band_high_s), mem.peak_gb)
 
 
 def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float]:

@@ -145,3 +145,30 @@ def test_search_prints_how_far_its_order_holds(capsys):
     assert main(["search", "--model", "gpt3-1.3b", "--cluster", "a100", "--nodes", "1",
                  "--global-batch", "64", "--top", "3"]) == 0
     assert ranges.ORDER_EVIDENCE in capsys.readouterr().out
+
+
+def test_smi_ratio_is_what_the_sweeps_reported():
+    """ranges.SMI_OVER_PEAK: the least and largest nvidia-smi figure over the predicted
+    allocator peak on every sweep row that reports memory."""
+    ratios = [r.row.mem_gb / r.peak_gib for _, (results, _, _) in _by_name().values()
+              for r in results if r.row.mem_gb]
+    assert len(ratios) == 23
+    assert (min(ratios), max(ratios)) == pytest.approx(ranges.SMI_OVER_PEAK, abs=0.006)
+
+
+def test_memory_warns_only_where_the_smi_ratio_would_not_fit():
+    assert ranges.smi_note(50.0, 80.0, "deepspeed") == ""       # 1.40 x 50 = 70 of 80
+    note = ranges.smi_note(60.0, 80.0, "megatron-deepspeed")    # 1.40 x 60 = 84 of 80
+    assert "71.4-84.0 GB here against 80 GB" in note and "may not fit" in note
+    assert ranges.smi_note(60.0, 80.0, "megatron-core") == ""   # not where the sweeps ran
+
+
+def test_memory_cli_prints_the_smi_note_on_a_tight_layout(capsys):
+    from megatron.cli.plan import main
+    args = ["memory", "--model", "gpt3-6.7b", "--cluster", "a100", "--nodes", "1",
+            "--global-batch", "64", "--tp", "1", "--pp", "1", "--zero", "1",
+            "--recompute", "none", "--micro-batch"]
+    assert main(args + ["4"]) == 0     # 73.5 GB allocated at peak, 78.2 reserved of 80
+    assert "note on memory: on Megatron-DeepSpeed runs" in capsys.readouterr().out
+    assert main(args + ["2"]) == 0     # 54.3 GB at peak: 1.40x is 76 of 80
+    assert "note on memory" not in capsys.readouterr().out
