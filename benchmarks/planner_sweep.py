@@ -4,7 +4,8 @@ A sweep is one model on one machine measured at many layouts: the test of what `
 search` does, putting layouts in order. BigScience's sweeps before BLOOM (bigscience22: on 48
 Jean Zay nodes of 8 A100 80 GB under Megatron-DeepSpeed) give a 181B GPT in fp16 at ZeRO-1, 17
 layouts that ran, with seconds per iteration and nvidia-smi memory, and 3 that ran out of
-memory, and three more models with BLOOM's final bf16 software, 8 layouts and 2. Each
+memory; the same model at TP 8 by micro-batch, 7 more (an earlier day's tables); and three
+more models with BLOOM's final bf16 software, 8 layouts and 2. Each
 row is priced with the presets (what `megatron-plan --cluster a100` prices, the curves with the
 BF16 fit of the published cases, which never saw a sweep), and planner/sweeps.py compares:
 
