@@ -17,7 +17,6 @@ benchmarks/planner_held_out.py. It measures nothing: no FP8 run is possible here
     .venv/bin/python benchmarks/planner_fp8.py"""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -28,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron.planner import fp8_twins  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.profile import FP8_GEMM_FIT  # noqa: E402
+from planner_results import write_results  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def rows(twins):
@@ -107,13 +106,7 @@ def main() -> int:
     twins = fp8_twins.load_twins()
     table = rows(twins)
     s = summary(table)
-    out = os.path.join(HERE, "results")
-    with open(os.path.join(out, "planner_fp8.json"), "w") as f:
-        json.dump({"summary": s, "twins": table}, f, indent=1)
-    text = markdown(table, s)
-    with open(os.path.join(out, "planner_fp8.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_results("planner_fp8", {"summary": s, "twins": table}, markdown(table, s))
     return 0
 
 

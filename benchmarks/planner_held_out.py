@@ -16,7 +16,6 @@ It measures nothing. Results: benchmarks/results/planner_held_out.{json,md}.
     .venv/bin/python benchmarks/planner_held_out.py"""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -27,8 +26,8 @@ from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.memory import peak_memory  # noqa: E402
 from megatron.planner.profile import FP8_GEMM_FIT, Profile  # noqa: E402
 from megatron.planner.timing import step_time  # noqa: E402
+from planner_results import write_results  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def row(case) -> dict:
@@ -83,11 +82,7 @@ def markdown(rows) -> str:
 
 def main() -> int:
     rows = [row(case) for case in validation.load_held_out()]
-    text = markdown(rows)
-    for suffix, content in (("json", json.dumps({"runs": rows}, indent=1)), ("md", text)):
-        with open(os.path.join(HERE, "results", f"planner_held_out.{suffix}"), "w") as f:
-            f.write(content)
-    print(text)
+    write_results("planner_held_out", {"runs": rows}, markdown(rows))
     return 0
 
 

@@ -24,7 +24,6 @@ It measures nothing. Results: benchmarks/results/planner_sweep.{json,md}.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
@@ -33,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron.planner import sweeps, validation  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.timing import step_time  # noqa: E402
+from planner_results import write_results  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_VOCAB = 51200
 
 
@@ -130,11 +129,7 @@ def main() -> int:
     together = sweeps.pooled(evaluated)
     texts.append(summary(together))
     text = "\n".join(texts)
-    data = {"sweeps": out, "pooled": together}
-    for suffix, content in (("json", json.dumps(data, indent=1)), ("md", text)):
-        with open(os.path.join(HERE, "results", f"planner_sweep.{suffix}"), "w") as f:
-            f.write(content)
-    print(text)
+    write_results("planner_sweep", {"sweeps": out, "pooled": together}, text)
     return 0
 
 
