@@ -155,6 +155,15 @@ def price(row: SweepRow) -> RowResult:
                      (rng.band_low_s, rng.band_high_s), mem.peak_gb)
 
 
+def _abs_errors(ran: Sequence[RowResult]) -> List[float]:
+    return [abs(r.error) for r in ran]
+
+
+def _memory_errors(results: Sequence[RowResult]) -> List[float]:
+    """Predicted reserved over reported memory, minus 1, for the rows that report it."""
+    return [r.reserved_gib / r.row.mem_gb - 1 for r in results if r.row.mem_gb]
+
+
 def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float]:
     """How the predicted order of the rows that ran matches the measured one."""
     ran = [r for r in results if not r.row.oom]
@@ -162,8 +171,7 @@ def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float
     pred = [r.tokens_per_device_s(r.predicted_s) for r in ran]
     agree, counted = pairs_agreeing(meas, pred, min_gap)
     best_m, best_p = int(np.argmax(meas)), int(np.argmax(pred))
-    errors = [abs(r.error) for r in ran]
-    return {"rows": len(ran), "median_abs_error": float(np.median(errors)),
+    return {"rows": len(ran), "median_abs_error": float(np.median(_abs_errors(ran))),
             "spearman": spearman(meas, pred), "pairs_agreeing": agree,
             "pairs_counted": counted,
             # 1-based: the measured best's place in the predicted order, and the reverse
@@ -175,9 +183,8 @@ def order_stats(results: Sequence[RowResult], min_gap: float) -> Dict[str, float
 
 def memory_stats(results: Sequence[RowResult]) -> Dict[str, float]:
     """Predicted reserved memory against the reported, and out-of-memory agreement."""
-    both = [r for r in results if r.row.mem_gb]
-    errs = [r.reserved_gib / r.row.mem_gb - 1 for r in both]
-    return {"rows": len(both), "median_error": float(np.median(errs)) if errs else 0.0,
+    errs = _memory_errors(results)
+    return {"rows": len(errs), "median_error": float(np.median(errs)) if errs else 0.0,
             "max_under": float(min(errs, default=0.0)),
             "oom_rows": sum(r.row.oom for r in results),
             "oom_predicted": sum(r.row.oom and not r.fits for r in results),
@@ -196,9 +203,9 @@ def pooled(evaluated: Sequence[Tuple[List[RowResult], Dict[str, float], Dict[str
     do not order) and memory pooled."""
     rows = [r for results, _, _ in evaluated for r in results]
     ran = [r for r in rows if not r.row.oom]
-    mem = [r.reserved_gib / r.row.mem_gb - 1 for r in rows if r.row.mem_gb]
+    mem = _memory_errors(rows)
     return {"sweeps": len(evaluated), "rows": len(ran),
-            "median_abs_error": float(np.median([abs(r.error) for r in ran])),
+            "median_abs_error": float(np.median(_abs_errors(ran))),
             "in_band": sum(r.in_band for r in ran),
             "pairs_agreeing": sum(o["pairs_agreeing"] for _, o, _ in evaluated),
             "pairs_counted": sum(o["pairs_counted"] for _, o, _ in evaluated),
