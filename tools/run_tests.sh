@@ -67,9 +67,14 @@ if [ "$processes" = "1" ]; then
     exec "$PY" -m pytest "${ARGS[@]}" "${everything[@]}"
 fi
 export PYTHONUNBUFFERED=1
+# Each process's lines are kept too, so the last lines printed name every failure: a CI log's
+# tail then says which test failed however far up its process printed it.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 part() {  # name, paths...: one pytest, its lines prefixed
     local name=$1; shift
-    "$PY" -m pytest "${ARGS[@]}" "$@" 2>&1 | sed -u "s/^/[$name] /"
+    "$PY" -m pytest "${ARGS[@]}" "$@" 2>&1 | sed -u "s/^/[$name] /" | tee "$logs/$name"
+    return "${PIPESTATUS[0]}"
 }
 pids=()
 for i in "${!names[@]}"; do
@@ -86,4 +91,11 @@ done
 summary=""
 for i in "${!names[@]}"; do summary+=" [${names[$i]}] ${parts[$i]};"; done
 echo "run_tests.sh:${summary} side by side; exit status $status"
+echo "run_tests.sh: each process's failures and counts:"
+for name in "${names[@]}"; do
+    grep -E "^\[$name\] (FAILED|ERROR) " "$logs/$name"
+    counts="([0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran).* in [0-9.]+s"
+    grep -E "^\[$name\] .*$counts" "$logs/$name" \
+        | tail -n 1 | grep . || echo "[$name] no pytest summary line (killed or crashed?)"
+done
 exit $status
