@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 from megatron.planner.features import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MB, MEM, PIPE,
-                                       dot, theta)
+                                       PLAYER, dot, theta)
 from megatron.planner.jobs import Job
 from megatron.planner.layout import Layout
 from megatron.planner.profile import Profile
@@ -25,7 +25,8 @@ SLOT_TERMS: Tuple[Tuple[str, str, Tuple[int, ...]], ...] = (
     ("memory-bound", "norms, activations, softmax, embedding, copies", (MEM,)),
     ("collectives in a node", "TP, CP, expert all-to-all, pipeline sends in a node", (COMM, LAT)),
     ("collectives across nodes", "the same, leaving the node", (COMM_X, LAT_X)),
-    ("per micro-batch", "fixed cost of a slot, the pipeline engine's share", (MB, PIPE)),
+    ("per micro-batch", "fixed cost of a slot, the pipeline engine's share and per-layer cost",
+     (MB, PIPE, PLAYER)),
 )
 FILL = "pipeline fill and drain"
 REDUCE = "gradient reduction + optimizer"

@@ -21,7 +21,7 @@ from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.profile import Constants, Profile
 from megatron.planner.search import SearchSpace, search
-from megatron.planner.timing import dot, step_features, theta
+from megatron.planner.timing import PLAYER, dot, step_features, theta
 from megatron.planner.trials import TrialResult
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,8 @@ _FROM_THETA = {0: ("gemm_eff", True), 1: ("flash_attn_eff", True), 2: ("hbm_eff"
                3: ("comm_eff", True), 4: ("latency_scale", False),
                5: ("microbatch_overhead_s", False), 6: ("step_overhead_s", False),
                7: ("inter_comm_eff", True), 8: ("inter_latency_scale", False),
-               9: ("pipe_engine_share", False)}
+               9: ("pipe_engine_share", False),
+               10: ("pipe_layer_s", False)}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -90,11 +91,15 @@ def _rel_rmse(pred: np.ndarray, meas: np.ndarray) -> float:
 
 def _fit_theta(feats: np.ndarray, meas: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
     """theta >= 0 minimising relative squared error + ridge * relative distance to the prior
-    (a term the trials barely exercise stays near its prior instead of wandering)."""
+    (a term the trials barely exercise stays near its prior instead of wandering). The pipeline
+    engine's cost per layer is held at the prior: one model's trials cannot tell it from the
+    per-micro-batch overhead and the share (its value comes from the published runs)."""
+    held = feats[:, PLAYER] * prior[PLAYER]
     a = feats / meas[:, None]
+    a[:, PLAYER] = 0.0  # its reg row below then returns the prior exactly
     reg = np.sqrt(ridge) * np.diag(1 / np.where(prior > 0, prior, 1))
     a_aug = np.vstack([a, reg])
-    b_aug = np.concatenate([np.ones(len(meas)), np.sqrt(ridge) * (prior > 0).astype(float)])
+    b_aug = np.concatenate([1 - held / meas, np.sqrt(ridge) * (prior > 0).astype(float)])
     return nnls(a_aug, b_aug)
 
 

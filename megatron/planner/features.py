@@ -12,9 +12,11 @@ from megatron.planner.profile import Constants, shape_curve
 # comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
 # pipe_engine: seconds of the micro-batch slots run by DeepSpeed's pipeline engine (PP > 1),
 # which theta scales by the share that engine adds (Constants.pipe_engine_share)
+# pipe_layer: layers times micro-batch slots run by the Megatron-DeepSpeed forks' pipeline
+# engine (PP > 1), which theta prices at seconds each (Constants.pipe_layer_s)
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
-            "latency_inter", "pipe_engine")
-GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE = range(len(FEATURES))
+            "latency_inter", "pipe_engine", "pipe_layer")
+GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE, PLAYER = range(len(FEATURES))
 
 
 def dot(a, b) -> float:
@@ -27,7 +29,8 @@ def dot(a, b) -> float:
 def theta(c: Constants) -> np.ndarray:
     return np.array([1 / c.gemm_eff, 1 / c.flash_attn_eff, 1 / c.hbm_eff, 1 / c.comm_eff,
                      c.latency_scale, c.microbatch_overhead_s, c.step_overhead_s,
-                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_engine_share])
+                     1 / c.inter_comm_eff, c.inter_latency_scale, c.pipe_engine_share,
+                     c.pipe_layer_s])
 
 
 def gemm_seconds(dims: Tuple[float, float, float], peak: float, half: float) -> float:

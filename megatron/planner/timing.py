@@ -44,7 +44,8 @@ from megatron.config import schedules
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, cp_timing, experts, fp8
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
-    ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, STEP, dot, gemm_seconds, theta)
+    ATTN, COMM, COMM_X, FEATURES, GEMM, LAT, LAT_X, MB, MEM, PIPE, PLAYER, STEP, dot, gemm_seconds,
+    theta)
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
@@ -250,6 +251,8 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
                 # the receiver's all-gather of the TP ranks' slices, one per received hop
                 x.collective(f, (t - 1) / t * whole, x.tp_link, hops / 2)
     f[MB] += 1
+    if x.lay.pp > 1 and x.spec.framework in DEEPSPEED:
+        f[PLAYER] += layers  # the pipeline engine's cost per layer (Constants.pipe_layer_s)
     if x.lay.pp > 1 and x.spec.framework in DEEPSPEED:
         # the pipeline engine's own cost: a share of the slot's time as priced so far
         f[PIPE] += dot(x.th[:PIPE], f[:PIPE])

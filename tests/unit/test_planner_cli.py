@@ -224,7 +224,8 @@ def test_a_derived_file_changes_only_the_fields_it_lists(tmp_path):
 
 def test_pipe_engine_share_zero_on_a_base_reproduces_the_megatron_lm_pricing(tmp_path):
     """docs/planner.md: `base: PRESET` with `framework: megatron-lm-2021` and
-    `constants: {pipe_engine_share: 0}` prices a run as validation.in_sample_profile prices
+    `constants: {pipe_engine_share: 0, pipe_layer_s: 0}` prices a run as
+    validation.in_sample_profile prices
     Megatron-LM's own runs of 2021 (the constants the file leaves out are the preset's, not the
     generic defaults); without the framework it is this trainer's pricing, which hides the
     column-parallel layers' backward collectives under their weight gradients."""
@@ -233,10 +234,12 @@ def test_pipe_engine_share_zero_on_a_base_reproduces_the_megatron_lm_pricing(tmp
     from megatron.planner.validation import in_sample_profile, load_cases
     case = next(c for c in load_cases() if c.id == "ptdp-175b-384")
     derived = load_profile(_derived(tmp_path, "base: a100\nframework: megatron-lm-2021\n"
-                                              "constants: {pipe_engine_share: 0}\n"))
+                                              "constants: {pipe_engine_share: 0, "
+                                              "pipe_layer_s: 0}\n"))
     assert step_time(case.job, case.layout, derived).step_s == \
         step_time(case.job, case.layout, in_sample_profile(case)).step_s
-    trainer = load_profile(_derived(tmp_path, "base: a100\nconstants: {pipe_engine_share: 0}\n"))
+    trainer = load_profile(_derived(tmp_path, "base: a100\nconstants: {pipe_engine_share: 0, "
+                                              "pipe_layer_s: 0}\n"))
     assert step_time(case.job, case.layout, trainer).step_s < \
         step_time(case.job, case.layout, derived).step_s
 

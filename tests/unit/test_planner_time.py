@@ -277,8 +277,10 @@ def test_megatron_core_exposes_one_layer_of_the_gradient_reduction():
                                             ("deepspeed", "megatron-lm")])
 def test_deepspeed_framework_is_this_trainers_pricing(ours, megatron):
     """The presets run DeepSpeed (`deepspeed`, this trainer): sends exposed, the pipeline
-    engine's share of every slot paid: the step is (1 + share) times Megatron-LM's pricing of
-    the same slots, plus the unchanged gradient reduction and step overhead. This trainer hides
+    engine's share of every slot paid and its cost per layer: the step is (1 + share) times
+    Megatron-LM's pricing of the same slots plus pipe_layer_s for each layer of each slot (20
+    layers a stage, m + p - 1 = 65 slots), plus the unchanged gradient reduction and step
+    overhead. This trainer hides
     the backward's column-parallel collectives as Megatron-LM since 2021 (megatron-lm); the
     Megatron-DeepSpeed forks of the published runs expose them as Megatron-LM of early 2021."""
     job = Job(preset_model("gpt3-13b"), 256, "bf16")
@@ -286,11 +288,12 @@ def test_deepspeed_framework_is_this_trainers_pricing(ours, megatron):
     assert load_profile("h100").spec.framework == "deepspeed"
     ds = _framework("h100", ours)
     lm = _framework("h100", megatron)
-    share = ds.constants.pipe_engine_share
-    assert 0 < share < 1
+    share, per_layer = ds.constants.pipe_engine_share, ds.constants.pipe_layer_s
+    assert 0 < share < 1 and 0 < per_layer < 0.1
     with_engine, plain = step_time(job, lay, ds), step_time(job, lay, lm)
     assert with_engine.reduce_s == pytest.approx(plain.reduce_s)
-    assert with_engine.pipeline_s == pytest.approx((1 + share) * plain.pipeline_s, rel=1e-6)
+    assert with_engine.pipeline_s == pytest.approx(
+        (1 + share) * plain.pipeline_s + per_layer * 20 * 65, rel=1e-6)
 
 
 @pytest.mark.parametrize("sp", [False, True])
