@@ -75,6 +75,7 @@ def _print_report(report, out: str, failed: int) -> None:
           f"x{c.inter_latency_scale:.3g}; "
           f"micro-batch overhead "
           f"{c.microbatch_overhead_s * 1e3:.3g} ms (+{100 * c.pipe_engine_share:.3g}% per pipeline "
-          f"slot), step overhead {c.step_overhead_s:.3g} s, "
+          f"slot and {c.pipe_layer_s * 1e3:.3g} ms per layer of it, held at the profile's), "
+          f"step overhead {c.step_overhead_s:.3g} s, "
           f"act_scale {c.act_scale:.3g}, fixed {c.fixed_gb:.3g} GB")
     print(f"wrote {out} (use it with --cluster {out})")
