@@ -12,8 +12,8 @@ from megatron.planner.profile import Constants, shape_curve
 # comm/latency: collectives and sends inside a node; comm_inter/latency_inter: across nodes
 # pipe_engine: seconds of the micro-batch slots run by DeepSpeed's pipeline engine (PP > 1),
 # which theta scales by the share that engine adds (Constants.pipe_engine_share)
-# pipe_layer: layers times micro-batch slots run by the Megatron-DeepSpeed forks' pipeline
-# engine (PP > 1), which theta prices at seconds each (Constants.pipe_layer_s)
+# pipe_layer: layers times micro-batch slots run by that engine (PP > 1), which theta prices at
+# seconds each (Constants.pipe_layer_s)
 FEATURES = ("gemm", "attn", "mem", "comm", "latency", "microbatch", "step", "comm_inter",
             "latency_inter", "pipe_engine", "pipe_layer")
 GEMM, ATTN, MEM, COMM, LAT, MB, STEP, COMM_X, LAT_X, PIPE, PLAYER = range(len(FEATURES))

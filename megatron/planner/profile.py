@@ -142,9 +142,9 @@ CURVE_CONSTANTS["gh200"] = CURVE_CONSTANTS["h100"]
 
 # The fit of validation.py on all published runs (docs/planner.md, "Validation"): factors on
 # the curves' compute (GEMMs and attention), memory-bound and communication seconds, and
-# the share DeepSpeed's pipeline engine adds to each slot with the seconds each layer adds to
-# it under the Megatron-DeepSpeed forks (communication held at or above the
-# links' line rate: validation.lower_bounds). Stored rounded; test_planner_validation.py
+# the share DeepSpeed's pipeline engine adds to each slot with the seconds it adds for each
+# layer of the slot's stage (communication held at or above the links' line rate:
+# validation.lower_bounds). Stored rounded; test_planner_validation.py
 # checks that it is what validation.fit_factors gives, so the two cannot drift apart.
 PUBLISHED_FIT = {"compute": 1.2833, "memory": 1.1826, "comm": 0.900, "pipe_engine": 0.1175,
                  "pipe_layer": 0.00702}

@@ -2,8 +2,9 @@
 
 The model is linear in a handful of constants once the GEMM-efficiency curve is fixed:
 step = theta . features, theta = (1/gemm_eff, 1/flash_attn_eff, 1/hbm_eff, 1/comm_eff,
-latency, per-micro-batch and per-step overheads, the two link factors across nodes, and the
-share DeepSpeed's pipeline engine adds to each slot). Calibration fits theta by least squares.
+latency, per-micro-batch and per-step overheads, the two link factors across nodes, the
+share DeepSpeed's pipeline engine adds to each slot and the seconds it adds for each layer of the
+slot's stage). Calibration fits theta by least squares.
 
 Overlap follows the engine (overlap.py, ClusterSpec.framework; docs/planner.md "Overlap by
 framework"). For this trainer's DeepSpeed: TP collectives and pipeline sends are blocking
@@ -252,10 +253,10 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
                 x.collective(f, (t - 1) / t * whole, x.tp_link, hops / 2)
     f[MB] += 1
     if x.lay.pp > 1 and x.spec.framework in DEEPSPEED:
-        f[PLAYER] += layers  # the pipeline engine's cost per layer (Constants.pipe_layer_s)
-    if x.lay.pp > 1 and x.spec.framework in DEEPSPEED:
-        # the pipeline engine's own cost: a share of the slot's time as priced so far
+        # the pipeline engine's own cost: a share of the slot's time as priced so far, and a
+        # fixed time for each layer of the stage (Constants.pipe_layer_s)
         f[PIPE] += dot(x.th[:PIPE], f[:PIPE])
+        f[PLAYER] += layers
     return f
 
 
