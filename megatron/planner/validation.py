@@ -6,11 +6,11 @@ sequence parallelism, ZeRO, precision) on the run's cluster. The prior is every 
 published single-device and single-node curves (profile.CURVE_CONSTANTS, not the presets, which
 carry this module's fit; Frontier's curves were fitted to one of these cases, so its prior is
 its GEMM measurement instead, VALIDATION_PRIOR). Leave-one-out: factors on the prior's compute,
-memory-bound and communication terms and the share DeepSpeed's pipeline engine adds to a slot
-(GROUPS) are fitted to every case but one by least squares on relative errors, each case's
-seconds taken at the factors themselves (fit_factors: self-consistent), and the held-out case is
-priced by the time model with them; no case is predicted by a fit that saw it. The fit on all cases is
-what the GPU presets carry (profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
+memory-bound and communication terms, the share DeepSpeed's pipeline engine adds to a slot and
+its cost per layer of the slot's stage (GROUPS) are fitted to every case but one by least
+squares on relative errors, each case's seconds taken at the factors themselves (fit_factors:
+self-consistent), and the held-out case is priced by the time model with them; no case is
+predicted by a fit that saw it. The fit on all cases is what the GPU presets carry (profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +43,9 @@ VALIDATION_PRIOR: Dict[str, Constants] = {
 }
 # Fitted: factors on compute (GEMMs and attention), memory-bound kernels and communication
 # (bandwidth and alpha terms), and, for runs of DeepSpeed's pipeline engine, the share it adds
-# to each micro-batch slot (Megatron-LM's own schedule: none). The per-micro-batch and step
-# overheads keep their priors. Names as in profile.PUBLISHED_FIT. The fit is self-consistent:
+# to each micro-batch slot and the seconds it adds for each layer of the slot's stage
+# (Megatron-LM's own schedule: neither). The per-micro-batch and step overheads keep their
+# priors. Names as in profile.PUBLISHED_FIT. The fit is self-consistent:
 # what the step hides behind compute (the gradient reduction under the backward, the sends
 # under the next slot) depends on the compute's own seconds, so each group's seconds are taken
 # at the factors themselves, folded into the curves as the presets carry them
@@ -259,9 +260,9 @@ def group_seconds(case: Case, factors: Optional[Sequence[float]] = None) -> np.n
     parts = theta(prof.constants) * feats
     scale = [max(float(f[i]), FACTOR_FLOOR) for i in range(len(GROUP_SCALED))]
     seconds = [float(sum(parts[i] for i in GROUPS[name])) for name in GROUP_SCALED]
-    # only runs of DeepSpeed's pipeline engine pay its share; the prior's is 0
-    slots = float(feats[PIPE]) if case.framework in DEEPSPEED else 0.0
-    layer_slots = float(feats[PLAYER])  # and its cost per layer (timing.stage_features)
+    # the pipeline engine's slot seconds and layer slots: timing.stage_features counts them only
+    # for runs of DeepSpeed's engine (the case's framework) at PP > 1; the prior prices both at 0
+    slots, layer_slots = float(feats[PIPE]), float(feats[PLAYER])
     rest = float(parts.sum()) - sum(seconds) - float(parts[PIPE]) - float(parts[PLAYER])
     return np.array([sec / k for sec, k in zip(seconds, scale)] + [slots, layer_slots, rest])
 
