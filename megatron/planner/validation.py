@@ -10,7 +10,8 @@ memory-bound and communication terms, the share DeepSpeed's pipeline engine adds
 its cost per layer of the slot's stage (GROUPS) are fitted to every case but one by least
 squares on relative errors, each case's seconds taken at the factors themselves (fit_factors:
 self-consistent), and the held-out case is priced by the time model with them; no case is
-predicted by a fit that saw it. The fit on all cases is what the GPU presets carry (profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
+predicted by a fit that saw it. The fit on all cases is what the GPU presets carry
+(profile.PUBLISHED_FIT); in_sample_profile predicts a case with it."""
 from __future__ import annotations
 
 import dataclasses
