@@ -49,10 +49,11 @@ Variant = Tuple[Job, Layout, Profile]
 # Presets whose device the published runs behind MODEL_ERROR do not cover, with what is known
 # there (docs/planner.md, "Validation" and "FP8"): the band is then an assumption.
 DEVICE_EVIDENCE: Dict[str, str] = {
-    "mi300x": ("no published run on an MI300-class device is in the validation set; of the "
-               "runs on MI325X held out of it, three dense FP8 ones took 18-27% less time than "
-               "this preset predicts and one bf16 MoE (Mixtral 8x7B) 20% more: the error band "
-               "understates on MI300X (docs/planner.md, FP8)"),
+    "mi300x": ("no published run on an MI300-class device is in the validation set behind "
+               "this band; this preset's compute is the MI300X's GEMM curve as measured, which "
+               "five dense MI325X runs held out of every fit (two sources, four FP8, one bf16) "
+               "bear out within 13% (slow on four), where one bf16 MoE (Mixtral 8x7B) took "
+               "50% more time than predicted (docs/planner.md, MI300-class devices)"),
     "h200": "no published H200 run is in the validation set: the H100 runs' fit is assumed",
     "gh200": ("no published GH200 run is in the validation set (torchtitan's 96 GB H100 runs "
               "are held back): the H100 runs' fit is assumed"),

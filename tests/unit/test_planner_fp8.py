@@ -186,27 +186,48 @@ def test_the_shipped_fp8_fit_is_what_the_twins_give_and_holds_out():
     assert sum(p > 1.02 for p in prior) >= 8
 
 
-def test_the_mi325x_fp8_runs_fit_and_are_priced_slow_by_the_presets():
-    """published.yaml's held-out FP8 runs (out of every fit) ran on 256 GB MI325X: the planner must
-    find them fitting, and prices them 18-27% slow with the presets, within 9% on the MI300X's
-    curves alone (docs/planner.md "FP8"); a pricing change that moves them fails here."""
+def _mi325x_error(case, compute=None):
+    """Published over predicted step, minus 1, under the mi300x preset or with its compute
+    factor replaced (the rest of the preset's fit kept)."""
+    from megatron.planner import validation
+    from megatron.planner.profile import Profile, apply_fit, preset_fit
+    prof = validation.in_sample_profile(case)
+    if compute is not None:
+        fit = {**preset_fit("mi300x"), "compute": compute, "pipe_engine": 0.0, "pipe_layer": 0.0}
+        prof = Profile(case.profile.spec, apply_fit(case.profile.constants, fit)
+                       .replace(fp8_gemm_eff=FP8_GEMM_FIT))
+    return case.published_step_s / step_time(case.job, case.layout, prof).step_s - 1
+
+
+def test_the_mi300x_compute_factor_is_chosen_on_one_source_and_holds_on_the_other():
+    """profile.DEVICE_FIT's mi300x compute factor (1.0: the MAMF curve as measured) is the round
+    value the dense MI325X runs of amd_aac25 ask for (held out of every fit), and it holds on
+    amd_perf25's two (AMD's own figures): every dense run there within 13%, where the published
+    runs' factor (x1.2833) puts all five 18-30% slow. Every run is predicted to fit in its 256
+    GB (docs/planner.md "MI300-class devices"); a pricing change that moves them fails here."""
     from megatron.planner import validation
     from megatron.planner.memory import GIB, peak_memory
-    from megatron.planner.profile import Profile
-    runs = [c for c in validation.load_held_out() if c.job.fp8]
-    assert len(runs) == 3
+    from megatron.planner.profile import PUBLISHED_FIT
+    runs = [c for c in validation.load_held_out() if not c.job.model.moe.num_experts]
+    chosen = [c for c in runs if c.source == "amd_aac25"]
+    check = [c for c in runs if c.source == "amd_perf25"]
+    assert (len(chosen), len(check)) == (3, 2)
+    # the factor that zeroes the median error on the first source, by bisection
+    lo, hi = 0.7, 1.4
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        fast = np.median([_mi325x_error(c, mid) for c in chosen]) > 0  # priced too fast
+        lo, hi = (mid, hi) if fast else (lo, mid)
+    assert 0.95 < lo < 1.05, lo
     for case in runs:
         preset = validation.in_sample_profile(case)
         assert (preset.spec.gpu_memory_gb, preset.spec.fp8_tflops) == (256, 2614.9)
         mem = peak_memory(case.job, case.layout, preset.constants,
                           framework=preset.spec.framework)
         assert mem.reserved_bytes <= 256 * GIB, case.id
-        error = case.published_step_s / step_time(case.job, case.layout, preset).step_s - 1
-        assert -0.3 < error < -0.15, (case.id, error)
-        curves = Profile(case.profile.spec,
-                         case.profile.constants.replace(fp8_gemm_eff=FP8_GEMM_FIT))
-        alone = case.published_step_s / step_time(case.job, case.layout, curves).step_s - 1
-        assert abs(alone) < 0.09, (case.id, alone)
+        assert -0.3 < _mi325x_error(case, PUBLISHED_FIT["compute"]) < -0.15, case.id
+        bound = 0.1 if case.source == "amd_aac25" else 0.13
+        assert abs(_mi325x_error(case)) < bound, (case.id, _mi325x_error(case))
 
 
 def test_the_fp8_range_spans_what_single_twins_imply_and_moves_the_step():

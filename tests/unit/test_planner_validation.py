@@ -12,9 +12,9 @@ from megatron.planner import validation as v
 from megatron.config.schedules.one_f_one_b import in_flight
 from megatron.planner.layout import Layout, layout_ends, layout_problem, layout_stage_layers
 from megatron.planner.overlap import DEEPSPEED
-from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, PRESET_CONSTANTS,
-                                      FP8_GEMM_FIT, PUBLISHED_FIT, apply_fit,
-                                      load_profile)
+from megatron.planner.profile import (CURVE_CONSTANTS, FITTED_PRESETS, FP8_GEMM_FIT,
+                                      PRESET_CONSTANTS, PUBLISHED_FIT, apply_fit,
+                                      load_profile, preset_fit)
 from megatron.planner.timing import pipeline_bubble, step_time
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,8 @@ def test_the_fit_is_self_consistent_and_prices_what_the_presets_price(published)
 
 def test_presets_carry_the_fit_of_all_cases(published):
     """profile.PUBLISHED_FIT is what validation.py fits on every case (stored rounded), and
-    the GPU presets are the curves with it folded in; Frontier keeps its paper calibration."""
+    the GPU presets are the curves with it folded in (MI300X with its own compute factor,
+    profile.DEVICE_FIT); Frontier keeps its paper calibration."""
     fit = v.published_fit(published.cases)
     assert set(fit) == set(PUBLISHED_FIT)
     for name, value in fit.items():
@@ -211,7 +212,10 @@ def test_presets_carry_the_fit_of_all_cases(published):
     for name in FITTED_PRESETS:
         # and the FP8 twins' fit (tests/unit/test_planner_fp8.py checks that one)
         assert load_profile(name).constants == apply_fit(
-            CURVE_CONSTANTS[name], PUBLISHED_FIT).replace(fp8_gemm_eff=FP8_GEMM_FIT)
+            CURVE_CONSTANTS[name], preset_fit(name)).replace(fp8_gemm_eff=FP8_GEMM_FIT)
+    # one device keeps its own compute factor (its own runs, held out of the fit; below)
+    assert {n: preset_fit(n) for n in FITTED_PRESETS if preset_fit(n) != PUBLISHED_FIT} == {
+        "mi300x": {**PUBLISHED_FIT, "compute": 1.0}}
     assert load_profile("frontier").constants == CURVE_CONSTANTS["frontier"]
 
 
