@@ -3,7 +3,9 @@ experts").
 
 A MoE layer (config/moe.py) replaces the dense MLP by a router (h -> E, replicated, fp32) and
 E experts of width moe.ffn_hidden_size, E / EP on each rank (Layout.ep). Per MoE layer and
-micro-batch, with T = the rank's tokens and k = moe.top_k:
+micro-batch, with T = the tokens the rank routes and k = moe.top_k (under TP the layer takes its
+1/t share of the rank's s b / C tokens, model/moe/layer.py, where the dense MLP takes all of
+them at 1/t of its width: routed_tokens):
 - stored for backward: the dense MLP's terms are replaced by k T rows of the expert MLP (its
   input, as dispatched, and fc1/activation outputs: k T (h + f_e (fc1_factor + 1)) elements)
   plus the router's fp32 logits and probabilities (2 x 4 T E bytes);
@@ -39,6 +41,13 @@ def stage_moe_layers(m, lay: Layout, stage: int) -> int:
     return sum(moe.is_moe_layer(m, i) for i in range(first, first + counts[stage]))
 
 
+def routed_tokens(m, lay: Layout) -> float:
+    """Tokens of one micro-batch a rank routes to experts: its s b / C (act.local_tokens), of
+    which each of the t tensor-parallel ranks takes 1/t (the sequence-parallel shard, or its
+    slice of the replicated input)."""
+    return act.local_tokens(m, lay) / lay.tp
+
+
 def stored_delta(m, lay: Layout, precision: str) -> float:
     """Bytes a MoE layer stores per micro-batch beyond the dense layer act.layer_stored_bytes
     counts (negative where the experts keep less than the dense MLP would)."""
@@ -46,10 +55,11 @@ def stored_delta(m, lay: Layout, precision: str) -> float:
         return 0.0
     e, sb, k, fc1 = act.act_bytes(precision), act.local_tokens(m, lay), m.moe.top_k, \
         act.fc1_factor(m)
+    rt = routed_tokens(m, lay)
     dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
-    experts = k * sb * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
+    experts = k * rt * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
     shared = sb * moe.shared_ffn(m) * (fc1 + 1) * e / lay.tp  # as the dense MLP stores
-    return experts + shared + 2 * 4 * sb * m.moe.num_experts - dense
+    return experts + shared + 2 * 4 * rt * m.moe.num_experts - dense
 
 
 def working_delta(m, lay: Layout, precision: str) -> float:
@@ -58,14 +68,14 @@ def working_delta(m, lay: Layout, precision: str) -> float:
     if not m.moe.num_experts:
         return 0.0
     e, sb = act.act_bytes(precision), act.local_tokens(m, lay)
-    dense = max(m.hidden_size, act.fc1_factor(m) * m.ffn_hidden_size // lay.tp)
-    wide = m.moe.top_k * act.fc1_factor(m) * moe.expert_ffn(m)
-    return 2 * sb * max(0, wide - dense) * e
+    dense = sb * max(m.hidden_size, act.fc1_factor(m) * m.ffn_hidden_size // lay.tp)
+    wide = routed_tokens(m, lay) * m.moe.top_k * act.fc1_factor(m) * moe.expert_ffn(m)
+    return 2 * max(0, wide - dense) * e
 
 
 def all_to_all_bytes(x) -> float:
     """Bytes one rank hands one dispatch (or combine) all-to-all: k T rows of h."""
-    return x.tokens * x.m.moe.top_k * x.m.hidden_size * x.e
+    return x.tokens / x.lay.tp * x.m.moe.top_k * x.m.hidden_size * x.e
 
 
 def layer_delta_features(x) -> np.ndarray:
@@ -81,11 +91,11 @@ def layer_delta_features(x) -> np.ndarray:
     dense = (gemm_seconds((tok, fc1 * f / lay.tp, h), peak, half)
              + gemm_seconds((tok, h, f / lay.tp), peak, half))
     # the busiest rank's rows per expert (Constants.moe_imbalance times the balanced share)
-    rows = tok * m.moe.top_k * lay.ep / m.moe.num_experts * x.c.moe_imbalance
+    rows = tok / lay.tp * m.moe.top_k * lay.ep / m.moe.num_experts * x.c.moe_imbalance
     fe = moe.expert_ffn(m)
     experts = m.moe.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
                                          + gemm_seconds((rows, h, fe), peak, half))
-    router = gemm_seconds((tok, m.moe.num_experts, h), x.peak, half)
+    router = gemm_seconds((tok / lay.tp, m.moe.num_experts, h), x.peak, half)
     fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
     shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
               + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0
