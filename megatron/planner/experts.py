@@ -15,6 +15,12 @@ them at 1/t of its width: routed_tokens):
   activation bytes each, bus bytes (EP - 1)/EP of it, over the link of EP data-parallel ranks
   spaced tp x cp apart (inside a node or across nodes, hardware.ClusterSpec.link), plus the
   permutations' copies (read and write, twice each way) in HBM.
+Megatron's engines split each expert over the TP ranks instead (overlap.Overlap.expert_tp, its
+expert tensor parallelism): a rank receives its k T rows by the all-to-all, all-gathers them
+over TP (t k T rows, at 1/t of each expert's width: the same FLOPs), and reduce-scatters the
+output before the return, forward and backward (four collectives of (t - 1) k T h bytes a
+rank over the TP link); it stores the gathered input, and holds 1/t of each of its experts'
+parameters (expert_share).
 Parameters and states: params.expert_params counts the E / EP experts a rank holds;
 memory.stage_states partitions their optimizer states over the expert-data-parallel group
 (dp x cp / EP ranks) and the dense parameters' over dp x cp; split_reduction reduces their
@@ -31,6 +37,7 @@ from megatron.config import moe
 from megatron.planner import activations as act
 from megatron.planner.features import FEATURES, GEMM, MEM, gemm_seconds
 from megatron.planner.layout import Layout, layout_stage_layers
+from megatron.planner.overlap import OVERLAP
 from megatron.planner.params import StageParams, expert_params
 
 
@@ -48,16 +55,24 @@ def routed_tokens(m, lay: Layout) -> float:
     return act.local_tokens(m, lay) / lay.tp
 
 
-def stored_delta(m, lay: Layout, precision: str) -> float:
+def expert_share(lay: Layout, framework: str = "deepspeed") -> float:
+    """Share of each of its experts' parameters a rank holds: 1/t where the engine splits
+    experts over TP (Megatron's), else whole (this trainer's)."""
+    return 1 / lay.tp if OVERLAP[framework].expert_tp else 1.0
+
+
+def stored_delta(m, lay: Layout, precision: str, framework: str = "deepspeed") -> float:
     """Bytes a MoE layer stores per micro-batch beyond the dense layer act.layer_stored_bytes
-    counts (negative where the experts keep less than the dense MLP would)."""
+    counts (negative where the experts keep less than the dense MLP would); under expert TP
+    the input gathered over TP, fc1's outputs at 1/t of the width."""
     if not m.moe.num_experts or lay.recompute == "full":
         return 0.0
     e, sb, k, fc1 = act.act_bytes(precision), act.local_tokens(m, lay), m.moe.top_k, \
         act.fc1_factor(m)
     rt = routed_tokens(m, lay)
     dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
-    experts = k * rt * (m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
+    gathered = lay.tp if OVERLAP[framework].expert_tp else 1
+    experts = k * rt * (gathered * m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
     shared = sb * moe.shared_ffn(m) * (fc1 + 1) * e / lay.tp  # as the dense MLP stores
     return experts + shared + 2 * 4 * rt * m.moe.num_experts - dense
 
@@ -93,8 +108,9 @@ def layer_delta_features(x) -> np.ndarray:
     # the busiest rank's rows per expert (Constants.moe_imbalance times the balanced share)
     rows = tok / lay.tp * m.moe.top_k * lay.ep / m.moe.num_experts * x.c.moe_imbalance
     fe = moe.expert_ffn(m)
-    experts = m.moe.num_experts // lay.ep * (gemm_seconds((rows, fc1 * fe, h), peak, half)
-                                         + gemm_seconds((rows, h, fe), peak, half))
+    t = lay.tp if x.overlap.expert_tp else 1  # expert TP: t times the rows at 1/t the width
+    experts = m.moe.num_experts // lay.ep * (gemm_seconds((t * rows, fc1 * fe / t, h), peak, half)
+                                         + gemm_seconds((t * rows, h, fe / t), peak, half))
     router = gemm_seconds((tok / lay.tp, m.moe.num_experts, h), x.peak, half)
     fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
     shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
@@ -105,6 +121,9 @@ def layer_delta_features(x) -> np.ndarray:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
         x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x) * x.c.moe_imbalance,
                      link, calls=4)
+    if t > 1:  # the received rows all-gathered over TP, the output reduce-scattered
+        x.collective(out, (t - 1) * all_to_all_bytes(x) * x.c.moe_imbalance, x.tp_link,
+                     calls=4)
     return out
 
 
@@ -120,8 +139,9 @@ def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: f
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
     edp = copy.copy(x)
     edp.lay = dataclasses.replace(lay, dp=lay.dp // lay.ep, tp=lay.tp * lay.ep)
+    held = n_exp * (1 / lay.tp if x.overlap.expert_tp else 1)
     return (reduce(x, dense, first_or_last, window_s, layers)
-            + reduce(edp, StageParams(sp.layers, n_exp, 0, 0, 0, 0), False, window_s, layers))
+            + reduce(edp, StageParams(sp.layers, held, 0, 0, 0, 0), False, window_s, layers))
 
 
 def reducer(reduce, m):

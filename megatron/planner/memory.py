@@ -219,7 +219,7 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
              else 0.0)
     moe_layers = experts.stage_moe_layers(m, lay, stage) if m.moe.num_experts else 0
     if moe_layers:
-        per_mb += moe_layers * experts.stored_delta(m, lay, prec)
+        per_mb += moe_layers * experts.stored_delta(m, lay, prec, framework)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
     working = act.layer_working_bytes(m, lay, prec, flash_cp) + fp8_kept if sp.layers else 0.0
     if moe_layers:
@@ -243,13 +243,16 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
     if not n_exp:
         return _with_fp8(job, lay, sp, _engine_states(job, lay, sp, c, device, framework,
                                                        lay.zero_dp))
-    # experts' states partition over the expert-data-parallel group, the rest over dp x cp
+    # experts' states partition over the expert-data-parallel group, the rest over dp x cp;
+    # Megatron's engines hold 1/t of each expert (experts.expert_share)
     edp = lay.zero_dp // lay.ep
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
+    held = round(n_exp * experts.expert_share(lay, framework))
     a = _engine_states(job, lay, dense, c, device, framework, lay.zero_dp)
-    b = _engine_states(job, lay, StageParams(sp.layers, n_exp, 0, 0, 0, 0), c, device,
+    b = _engine_states(job, lay, StageParams(sp.layers, held, 0, 0, 0, 0), c, device,
                        framework, edp)
-    return _with_fp8(job, lay, sp, StateBytes(
+    kept = dataclasses.replace(sp, transformer=dense.transformer + held)
+    return _with_fp8(job, lay, kept, StateBytes(
         a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
         a.step_transient + b.step_transient, a.bucket, a.bucket_in_backward,
         a.grads / lay.zero_dp + b.grads / edp))

@@ -26,7 +26,8 @@
   Engine's userbuffers), which needs TP >= 2 and sequence parallelism; pipeline sends overlap
   compute (overlap_p2p_comm) only with the interleaved schedule, else they are batched and
   exposed. Its context-parallel attention is Transformer Engine's, flash-based for every
-  algorithm (flash_cp: memory.py keeps no block pair's scores).
+  algorithm (flash_cp: memory.py keeps no block pair's scores). Its experts, as Megatron-LM's,
+  are split over the TP ranks (expert_tp: experts.py).
 - fsdp (PyTorch FSDP, FULL_SHARD or SHARD_GRAD_OP, forward and backward prefetch,
   limit_all_gathers: as llm-foundry runs its MPT benchmarks, and composed with tensor and
   pipeline parallelism as Meta's Llama 3 stack ran it): the gradient reduce-scatter runs per
@@ -58,6 +59,10 @@ class Overlap:
     #                         PyTorch's): no block pair's scores kept (activations.ring_explicit)
     frees_outputs: bool = False  # a stage's sent output freed until its backward (Megatron's
     #                              deallocate_pipeline_outputs; memory._stage_activations)
+    expert_tp: bool = False  # each expert split over the TP ranks (Megatron's expert tensor
+    #                          parallelism, its default): the rows a rank receives gathered over
+    #                          TP; False: whole experts, each TP rank routing its own share of
+    #                          the tokens (this trainer, model/moe/layer.py; experts.py)
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -66,11 +71,12 @@ OVERLAP: Dict[str, Overlap] = {
     "megatron-deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
                                   pipe_send=False),
     "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                           pipe_send=False, tp_wgrad=True, frees_outputs=True),
+                           pipe_send=False, tp_wgrad=True, frees_outputs=True, expert_tp=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                                pipe_send=False),
+                                pipe_send=False, expert_tp=True),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
-                             pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True),
+                             pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True,
+                             expert_tp=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
