@@ -5,8 +5,9 @@ with their whole layout found. From a user's logs (amd_aac25): three dense FP8 r
 7B and 70B, Llama 3.1 70B) and one bf16 mixture of experts (Mixtral 8x7B at EP 8); from AMD's
 own figures as Primus Projection's validation table quotes them (amd_perf25): Llama 3.1 8B in
 FP8 and Llama 3.1 70B in bf16. Then a second mixture of experts, on H100 (dgxc_grok): Grok 1
-at TP 4 x EP 8, four of NVIDIA's weak-scaling rows. Neither the BF16 fit of the published
-cases (profile.PUBLISHED_FIT) nor the FP8 constant (profile.FP8_GEMM_FIT) saw them. For each:
+at TP 4 x EP 8, four of NVIDIA's weak-scaling rows and their FP8 twins. Neither the BF16 fit
+of the published cases (profile.PUBLISHED_FIT) nor the FP8 constant (profile.FP8_GEMM_FIT)
+saw them. For each:
 
 - presets: the step `megatron-plan --cluster` prices (the MI325X's: the mi300x preset with
   its memory and bandwidth; the curves with the preset's fit folded in, profile.preset_fit,

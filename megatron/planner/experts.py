@@ -34,7 +34,7 @@ import functools
 import numpy as np
 
 from megatron.config import moe
-from megatron.planner import activations as act
+from megatron.planner import activations as act, fp8
 from megatron.planner.features import FEATURES, GEMM, MEM, gemm_seconds
 from megatron.planner.layout import Layout, layout_stage_layers
 from megatron.planner.overlap import OVERLAP
@@ -88,6 +88,41 @@ def working_delta(m, lay: Layout, precision: str) -> float:
     return 2 * max(0, wide - dense) * e
 
 
+def io_delta(m, lay: Layout, framework: str = "deepspeed") -> tuple:
+    """(X, dY) elements a MoE layer's linear layers read beyond the dense layer's
+    (act.linear_io_elements, which FP8's casts and a split backward's pending W read): the
+    dense MLP's fc1 and fc2 inputs and output gradients replaced by the experts' k T rows (k T t
+    rows gathered under expert TP, at 1/t of the width) and the shared expert's, a dense MLP."""
+    if not m.moe.num_experts:
+        return 0.0, 0.0
+    sb, t, h, fc1 = act.local_tokens(m, lay), lay.tp, m.hidden_size, act.fc1_factor(m)
+    rep = 1.0 / t if lay.sequence_parallel else 1.0
+    g = t if OVERLAP[framework].expert_tp else 1
+    rows, fe = m.moe.top_k * routed_tokens(m, lay), moe.expert_ffn(m)
+
+    def mlp(width):  # a dense MLP of `width` split over TP: (X, dY) of its fc1 and fc2
+        return sb * h * rep + sb * width / t, sb * h * rep + sb * fc1 * width / t
+    dense, shared = mlp(m.ffn_hidden_size), mlp(moe.shared_ffn(m))
+    x = rows * (g * h + fe) + shared[0] * bool(moe.shared_ffn(m)) - dense[0]
+    dy = rows * (g * h + fc1 * fe) + shared[1] * bool(moe.shared_ffn(m)) - dense[1]
+    return x, dy
+
+
+def fp8_kept_delta(m, lay: Layout, precision: str, framework: str = "deepspeed") -> float:
+    """Bytes a MoE layer's FP8 copies change fp8.stored_delta by (where the layer keeps its
+    activations): the experts' fc1 and fc2 inputs, not the dense MLP's, kept as 1-byte copies
+    (the shared expert's as the dense MLP's)."""
+    if not m.moe.num_experts or lay.recompute == "full":
+        return 0.0
+    e, sb, t = act.act_bytes(precision), act.local_tokens(m, lay), lay.tp
+    rep = 1.0 / t if lay.sequence_parallel else 1.0
+    g = t if OVERLAP[framework].expert_tp else 1
+    experts = m.moe.top_k * routed_tokens(m, lay) * (g * m.hidden_size + moe.expert_ffn(m))
+    dense = sb * m.hidden_size * rep + sb * m.ffn_hidden_size / t
+    shared = (sb * m.hidden_size * rep + sb * moe.shared_ffn(m) / t) if moe.shared_ffn(m) else 0
+    return -(e - 1) * (experts + shared - dense)
+
+
 def all_to_all_bytes(x) -> float:
     """Bytes one rank hands one dispatch (or combine) all-to-all: k T rows of h."""
     return x.tokens / x.lay.tp * x.m.moe.top_k * x.m.hidden_size * x.e
@@ -117,6 +152,10 @@ def layer_delta_features(x) -> np.ndarray:
               + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0
     out[GEMM] = 3 * (experts + router + shared - dense)
     out[MEM] = 3 * 4 * all_to_all_bytes(x) / x.hbm
+    if x.job.fp8:  # the experts' casts in place of the dense MLP's (timing.layer_features)
+        dx, dy = io_delta(m, lay, x.spec.framework)
+        forwards = 2 if lay.recompute == "full" else 1
+        out[MEM] += fp8.CAST_BYTES_PER_ELEMENT * (forwards * dx + dy) / x.hbm
     if lay.ep > 1:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
         x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x) * x.c.moe_imbalance,

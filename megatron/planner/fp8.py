@@ -15,7 +15,8 @@ Time (timing.py):
 - the casts, memory-bound: each linear layer's input X is cast with its transpose (the FP8
   GEMM takes both operands "TN": X for the forward, X^T for dW = dY^T X) and each output
   gradient dY likewise: 2 bytes read, 2 written, per element (cast_bytes); once per forward
-  (again under full recompute) and once per backward.
+  (again under full recompute) and once per backward; a MoE layer's experts' k T rows in
+  place of the dense MLP's (experts.io_delta).
 The weights' casts are once a step (the first micro-batch's; the cached copy serves the rest)
 and are left out: 4 bytes a parameter, under 1% of any case's step here.
 

@@ -187,11 +187,14 @@ class StageMemory:
 
 
 def _pending_w_bytes(job: Job, lay: Layout, sp: StageParams, first: bool, last: bool,
-                     vocab: int) -> float:
+                     vocab: int, moe_layers: int = 0, framework: str = "deepspeed") -> float:
     """Bytes one micro-batch keeps between its B and its W under a schedule that splits the
-    backward (Schedule.split_backward): the linear layers' inputs and output gradients."""
+    backward (Schedule.split_backward): the linear layers' inputs and output gradients (a MoE
+    layer's experts' in place of the dense MLP's: experts.io_delta)."""
     m, prec = job.model, job.precision
     per_w = sp.layers * act.layer_weight_grad_bytes(m, lay, prec)
+    if moe_layers:
+        per_w += moe_layers * sum(experts.io_delta(m, lay, framework)) * act.act_bytes(prec)
     if first:  # the embedding's output gradient, for its scatter-add
         per_w += act.boundary_bytes(m, lay, prec)
     if last:
@@ -215,11 +218,13 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
         # frees its data once sent (deallocate_pipeline_outputs, on in Megatron-LM's training
         # since 2022), and Llama 3's stack "proactively deallocate[s]" it
         per_mb += lay.interleave * act.boundary_bytes(m, lay, prec)
-    per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab) if schedule.split_backward
-             else 0.0)
     moe_layers = experts.stage_moe_layers(m, lay, stage) if m.moe.num_experts else 0
+    per_w = (_pending_w_bytes(job, lay, sp, first, last, vocab, moe_layers, framework)
+             if schedule.split_backward else 0.0)
     if moe_layers:
         per_mb += moe_layers * experts.stored_delta(m, lay, prec, framework)
+        if job.fp8:
+            per_mb += moe_layers * experts.fp8_kept_delta(m, lay, prec, framework)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
     working = act.layer_working_bytes(m, lay, prec, flash_cp) + fp8_kept if sp.layers else 0.0
     if moe_layers:
