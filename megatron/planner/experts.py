@@ -171,8 +171,8 @@ def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: f
     """timing.reduction_features (`reduce`) for a stage holding experts: its dense parameters
     reduced and stepped over dp x cp, its experts over the expert-data-parallel group of
     dp x cp / EP ranks, which are spaced tp x cp x EP apart (priced through a layout of that
-    group: dp / EP replicas of tp x EP ranks). Exact at PP 1, the only pipeline the trainer
-    runs experts with (elsewhere the experts are the stage's share of the model's)."""
+    group: dp / EP replicas of tp x EP ranks); the experts are the stage's share of the
+    model's (stage_delta_features). Megatron's engines hold 1/t of each (expert_share)."""
     m, lay = x.m, x.lay
     n_exp = expert_params(m, 0, m.num_layers, lay.ep) * sp.layers // m.num_layers
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
@@ -191,7 +191,8 @@ def reducer(reduce, m):
 
 def stage_delta_features(x, layers: int) -> np.ndarray:
     """layer_delta_features for the MoE layers among a stage's `layers` (their share of the
-    model's: exact at PP 1, the only pipeline the trainer runs experts with)."""
+    model's: exact at PP 1, where every layer is a MoE layer, or where the stages split the MoE
+    layers evenly; memory.py counts each stage's own, stage_moe_layers)."""
     m = x.m
     if not m.moe.num_experts or not layers:
         return np.zeros(len(FEATURES))
