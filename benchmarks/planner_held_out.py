@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from megatron.planner import ranges, validation  # noqa: E402
@@ -116,9 +118,25 @@ def markdown(rows) -> str:
         format_table(header, body), ""])
 
 
+def summary(rows) -> list:
+    """One line per kind of run: how many, their median and largest |error| under the presets,
+    and how many published steps lie inside the printed range and its band."""
+    out = []
+    for kind, pick in (("dense", lambda r: r["kind"] == "dense"),
+                       ("MoE", lambda r: r["kind"] != "dense")):
+        sel = [r for r in rows if pick(r)]
+        err = np.abs([r["presets_error"] for r in sel])
+        out.append(f"{kind}: {len(sel)} runs, |error| median {100 * np.median(err):.1f}%, max "
+                   f"{100 * err.max():.1f}%; inside the range {sum(r['in_range'] for r in sel)}, "
+                   f"inside the band {sum(r['in_band'] for r in sel)}")
+    return out
+
+
 def main() -> int:
     rows = [row(case) for case in validation.load_held_out()]
-    write_results("planner_held_out", {"runs": rows}, markdown(rows))
+    lines = summary(rows)
+    write_results("planner_held_out", {"runs": rows, "summary": lines},
+                  markdown(rows) + "\n".join(lines) + "\n")
     return 0
 
 
