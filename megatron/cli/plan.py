@@ -9,6 +9,7 @@ from typing import List, Optional
 from megatron.cli.common import entry_point
 from megatron.config import schedules
 from megatron.planner.grad_dtype import GRAD_DTYPES
+from megatron.planner.hardware import FP8_PRESET_NAMES, PRESET_NAMES
 from megatron.planner.overlap import FRAMEWORKS
 
 EXAMPLES = """\
@@ -37,9 +38,11 @@ examples:
       --global-batch 1280 --tp 4 --pp 16 --recompute full --plot scaling.png
 
 models: 22b, 175b, 1t (the paper's), gpt3-125m ... gpt3-175b; clusters (--cluster is required
-for search, memory and scaling; there is no default): frontier (MI250X GCD), mi300x, a100,
-a100-40gb, h100, h200, gh200 (4 x 96 GB H100 a node), or a YAML file, which may name a preset as
-its `base` and change only the fields it lists (docs/planner.md)."""
+for search, memory and scaling; there is no default), a preset:
+  {presets}
+(frontier: an MI250X GCD; gh200: 4 x 96 GB H100 a node), or a YAML file, which may name a preset
+as its `base` and change only the fields it lists (docs/planner.md)."""
+EXAMPLES = EXAMPLES.replace("{presets}", PRESET_NAMES)
 
 
 def _schedule_list() -> str:
@@ -66,7 +69,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8", action="store_true",
                    help="price FP8 matrix multiplies in the transformer layers' linear layers "
                    "(Transformer Engine's recipe as Megatron Core and NeMo run it; devices with "
-                   "FP8: h100, h200, gh200, mi300x); priced only: this trainer has no FP8, so "
+                   f"FP8: {FP8_PRESET_NAMES}); priced only: this trainer has no FP8, so "
                    "search writes no --out-config with it, and calibrate refuses it "
                    "(docs/planner.md, \"FP8\")")
     g.add_argument("--fp8-params", action="store_true",
@@ -77,8 +80,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
     g = p.add_argument_group("cluster")
     # Required: a silent default (it was frontier) priced A100 or H100 jobs as MI250X GCDs.
-    g.add_argument("--cluster", help="required: a preset (frontier, mi300x, a100, a100-40gb, h100, "
-                   "h200, gh200) "
+    g.add_argument("--cluster", help=f"required: a preset ({PRESET_NAMES}) "
                    "or a cluster/profile YAML")
     g.add_argument("--framework", choices=FRAMEWORKS,
                    help="the engine whose overlap of communication with compute and whose "

@@ -9,6 +9,7 @@ from megatron.config import Config
 from megatron.config.errors import InputError
 from megatron.planner import jobs
 from megatron.planner.fp8 import cluster_problem
+from megatron.planner.hardware import PRESET_NAMES
 from megatron.planner.layout import Job, Layout
 from megatron.planner.profile import Profile, load_profile
 from megatron.planner.search import SearchSpace
@@ -59,9 +60,8 @@ def profile_from_args(args, cfg: Optional[Config] = None) -> Profile:
     false runs this trainer (deepspeed) with every TP collective exposed: megatron-deepspeed's
     pricing."""
     if not args.cluster:
-        raise InputError("name the cluster: --cluster PRESET (frontier, mi300x, a100, "
-                         "a100-40gb, h100, h200, gh200) or --cluster FILE.yaml "
-                         "(docs/planner.md); there is no default")
+        raise InputError(f"name the cluster: --cluster PRESET ({PRESET_NAMES}) or --cluster "
+                         "FILE.yaml (docs/planner.md); there is no default")
     prof = load_profile(args.cluster)
     problem = cluster_problem(prof.spec) if getattr(args, "fp8", False) else None
     if problem:

@@ -137,6 +137,11 @@ PRESETS: Dict[str, ClusterSpec] = {
                           hbm_gbps=_HBM["mi300x"], fp32_tflops=163.4, fp8_tflops=_FP8["mi300x"],
                           intra_bus_eff=0.67, inter_bus_eff=0.9, intra_latency_us=25,
                           inter_latency_us=30),
+    # The MI300X's chip and node with 256 GB of HBM3E at 6 TB/s (its links assumed the MI300X's).
+    "mi325x": ClusterSpec("mi325x", 256, _TF["mi325x"], 8, 64 * 7, 400,
+                          hbm_gbps=_HBM["mi325x"], fp32_tflops=163.4, fp8_tflops=_FP8["mi325x"],
+                          intra_bus_eff=0.67, inter_bus_eff=0.9, intra_latency_us=25,
+                          inter_latency_us=30),
     # NVLink 3: 300 GB/s per direction through NVSwitch; 8 x HDR 200 Gb/s (DGX A100).
     "a100": ClusterSpec("a100", 80, _TF["a100"], 8, 300, 200, hbm_gbps=_HBM["a100"],
                         fp32_tflops=19.5,
@@ -166,6 +171,9 @@ PRESETS: Dict[str, ClusterSpec] = {
                          inter_latency_us=30),
 }
 PRESETS["mi250x"] = PRESETS["frontier"]
+# The names the CLI's help and errors list (every preset, and those with FP8 matrix units).
+PRESET_NAMES = ", ".join(PRESETS)
+FP8_PRESET_NAMES = ", ".join(name for name, spec in PRESETS.items() if spec.fp8_tflops)
 
 
 def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:

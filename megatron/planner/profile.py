@@ -139,6 +139,7 @@ CURVE_CONSTANTS: Dict[str, Constants] = {
 # at hand; the SXM parts' curves stand in, hbm_eff applies to each part's own bandwidth).
 CURVE_CONSTANTS["a100-40gb"] = CURVE_CONSTANTS["a100"]
 CURVE_CONSTANTS["gh200"] = CURVE_CONSTANTS["h100"]
+CURVE_CONSTANTS["mi325x"] = CURVE_CONSTANTS["mi300x"]  # the same chip (its MAMF row: MI300X's)
 
 # The fit of validation.py on all published runs (docs/planner.md, "Validation"): factors on
 # the curves' compute (GEMMs and attention), memory-bound and communication seconds, and
@@ -160,15 +161,17 @@ FP8_GEMM_RANGE = (0.779, 0.962)
 # measurements, which end-to-end training does not reach. Frontier keeps its paper calibration,
 # an end-to-end figure of its own device (the fit, mostly A100 and H100 runs, puts that run
 # within 1% of it from the MAMF curve, one case, which nothing else on MI250X would check).
-FITTED_PRESETS = ("a100", "a100-40gb", "h100", "h200", "gh200", "mi300x")
+FITTED_PRESETS = ("a100", "a100-40gb", "h100", "h200", "gh200", "mi300x", "mi325x")
 # A preset's own value in place of the fit's where its device's runs say the fit's does not
-# carry over (docs/planner.md, "MI300-class devices"). mi300x: compute at the MAMF curve as
-# measured (1.0, not the fit's x1.2833, which A100 and H100 runs of 2021-2024 software set).
+# carry over (docs/planner.md, "MI300-class devices"). mi300x, mi325x: compute at the MAMF
+# curve as measured (1.0, not the fit's x1.2833, which A100 and H100 runs of 2021-2024
+# software set).
 # Chosen on the three dense MI325X runs of one source (amd_aac25: -2.1%, +1.7%, -9.2% with it,
 # 18-27% slow with the fit's) and checked on another's two (amd_perf25, AMD's own figures:
 # 8.1% and 12.5% slow with it, 25.8% and 29.6% with the fit's); all five stay out of every
 # fit. The one MoE run there (Mixtral 8x7B) goes from 20% to 50% fast: the MoE terms' miss.
-DEVICE_FIT: Dict[str, Dict[str, float]] = {"mi300x": {"compute": 1.0}}
+DEVICE_FIT: Dict[str, Dict[str, float]] = {"mi300x": {"compute": 1.0},
+                                           "mi325x": {"compute": 1.0}}
 
 
 def preset_fit(name: str) -> Dict[str, float]:

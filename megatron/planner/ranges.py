@@ -54,6 +54,11 @@ DEVICE_EVIDENCE: Dict[str, str] = {
                "five dense MI325X runs held out of every fit (two sources, four FP8, one bf16) "
                "bear out within 13% (slow on four), where one bf16 MoE (Mixtral 8x7B) took "
                "50% more time than predicted (docs/planner.md, MI300-class devices)"),
+    "mi325x": ("no published run on an MI300-class device is in the validation set behind "
+               "this band; five dense runs on MI325X held out of every fit (two sources, four "
+               "FP8, one bf16) came out within 13% of this preset (slow on four), and one bf16 "
+               "MoE (Mixtral 8x7B) took 50% more time than predicted (docs/planner.md, "
+               "MI300-class devices)"),
     "h200": "no published H200 run is in the validation set: the H100 runs' fit is assumed",
     "gh200": ("no published GH200 run is in the validation set (torchtitan's 96 GB H100 runs "
               "are held back): the H100 runs' fit is assumed"),

@@ -279,3 +279,29 @@ def test_a_config_without_the_backward_tp_overlap_is_priced_with_it_exposed(caps
         assert code == 0
         steps[label] = float(re.search(r"^step ([0-9.]+) s", out, re.M).group(1))
     assert steps["off"] == steps["paper"] > steps["on"]
+
+
+def test_every_preset_is_named_where_the_cli_lists_them(capsys):
+    """The presets the help, the missing --cluster error and --fp8's help name come from the
+    preset table (hardware.PRESETS), so a preset added there is offered everywhere: mi325x,
+    the MI300X's chip with 256 GB at 6 TB/s, among them, and the trainer's MFU finds its peak
+    by the device's name."""
+    import dataclasses
+    from megatron.config import devices
+    from megatron.planner.hardware import PRESETS
+    from megatron.planner.profile import load_profile
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    out = capsys.readouterr().out.replace("\n", " ")
+    code, _, err = run(capsys, "memory", "--model", "175b", "--nodes", "1",
+                       "--global-batch", "8")
+    assert code == 2
+    for name in PRESETS:
+        assert name in out and name in err, name
+    mi325x, mi300x = PRESETS["mi325x"], PRESETS["mi300x"]
+    assert (mi325x.gpu_memory_gb, mi325x.hbm_gbps) == (256, 6000)
+    assert dataclasses.replace(mi325x, name="mi300x", gpu_memory_gb=192,
+                               hbm_gbps=5300) == mi300x
+    assert load_profile("mi325x").constants == load_profile("mi300x").constants
+    assert devices.lookup(devices.PEAK_TFLOPS, "AMD Instinct MI325X") == 1307.0
+    assert devices.lookup(devices.PEAK_FP8_TFLOPS, "AMD Instinct MI325X") == 2614.9

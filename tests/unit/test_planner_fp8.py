@@ -221,6 +221,7 @@ def test_the_mi300x_compute_factor_is_chosen_on_one_source_and_holds_on_the_othe
     assert 0.95 < lo < 1.05, lo
     for case in runs:
         preset = validation.in_sample_profile(case)
+        assert preset.spec.name == "mi325x"
         assert (preset.spec.gpu_memory_gb, preset.spec.fp8_tflops) == (256, 2614.9)
         mem = peak_memory(case.job, case.layout, preset.constants,
                           framework=preset.spec.framework)
