@@ -233,12 +233,21 @@ class Found:
     meta: CheckpointMeta
 
 
+def _names(ckpt_dir: str) -> List[str]:
+    """The entries of a checkpoint folder, none where it is missing. Another process may remove
+    it between a look and the listing (rank 0's start-up storage probe makes the folder and
+    removes it again when it made it: training/checkpointer.probe_storage), so a folder gone
+    by then counts as empty rather than as an error."""
+    try:
+        return os.listdir(ckpt_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def committed(ckpt_dir: str) -> List[Tuple[int, str]]:
     """(step, folder) of every step_N folder, newest first (valid or not)."""
-    if not os.path.isdir(ckpt_dir):
-        return []
     out = []
-    for name in os.listdir(ckpt_dir):
+    for name in _names(ckpt_dir):
         m = _TAG.match(name)
         if m and os.path.isdir(os.path.join(ckpt_dir, name)):
             out.append((int(m.group(1)), os.path.join(ckpt_dir, name)))
@@ -260,20 +269,15 @@ def newest_complete(ckpt_dir: str) -> Tuple[Optional[Found], List[str]]:
 
 def leftovers(ckpt_dir: str) -> List[str]:
     """Staging folders of saves that never committed (killed jobs), for a warning."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    return sorted(os.path.join(ckpt_dir, n) for n in os.listdir(ckpt_dir)
-                  if n.startswith(_STAGING))
+    return sorted(os.path.join(ckpt_dir, n) for n in _names(ckpt_dir) if n.startswith(_STAGING))
 
 
 def finish_deletions(ckpt_dir: str) -> List[str]:
     """Removes the .deleting-* folders of prunes a kill cut short: each was renamed out of sight
     before its deletion began, so nothing resumes from it, and left alone it would keep a whole
     checkpoint's space forever. Logs one line for each; returns the removed folders."""
-    if not os.path.isdir(ckpt_dir):
-        return []
     removed = []
-    for name in sorted(os.listdir(ckpt_dir)):
+    for name in sorted(_names(ckpt_dir)):
         doomed = os.path.join(ckpt_dir, name)
         if not name.startswith(_DELETING) or not os.path.isdir(doomed):
             continue

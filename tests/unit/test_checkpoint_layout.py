@@ -203,3 +203,27 @@ def test_a_save_over_a_skipped_folder_of_the_same_step_keeps_both(tmp_path):
     assert status == "ok"
     assert store.validate(damaged).step == 10
     assert any(".superseded-" in n for n in os.listdir(ckpt))
+
+
+def test_a_checkpoint_folder_that_vanishes_while_listed_counts_as_empty(tmp_path, monkeypatch):
+    """Rank 0's start-up storage probe makes the checkpoint folder and removes it again when it
+    made it (training/checkpointer.probe_storage): a process listing it meanwhile (a resume
+    look-up, a test polling for the first save) saw it exist, then had os.listdir raise. The
+    listings (committed, leftovers, finish_deletions) take a folder gone, missing or a file as
+    empty. Measured: the e2e kill test's poll failed so once in CI."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    real = os.listdir
+
+    def gone(path):  # the folder removed between any look and the listing
+        if str(path) == str(folder):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path)
+    monkeypatch.setattr(os, "listdir", gone)
+    assert store.committed(str(folder)) == []
+    assert store.leftovers(str(folder)) == []
+    assert store.finish_deletions(str(folder)) == []
+    monkeypatch.setattr(os, "listdir", real)
+    (tmp_path / "a-file").write_text("x")
+    for path in (tmp_path / "missing", tmp_path / "a-file"):
+        assert store.committed(str(path)) == [] and store.leftovers(str(path)) == []
