@@ -128,12 +128,10 @@ def all_to_all_bytes(x) -> float:
     return x.tokens / x.lay.tp * x.m.moe.top_k * x.m.hidden_size * x.e
 
 
-def layer_delta_features(x) -> np.ndarray:
-    """One MoE layer's step-time features beyond a dense layer's (x: timing._Ctx): the experts'
-    and router's GEMMs in place of the dense MLP's, forward and backward; the four all-to-alls
-    and the permutation copies."""
+def forward_gemm_delta(x) -> float:
+    """Seconds of one forward of a MoE layer's GEMMs beyond the dense layer's: the experts',
+    the router's and the shared expert's in place of the dense MLP's."""
     m, lay, tok = x.m, x.lay, x.tokens
-    out = np.zeros(len(FEATURES))
     fc1, f, h = act.fc1_factor(m), m.ffn_hidden_size, m.hidden_size
     # the experts, the shared expert and the dense MLP they replace are linear layers (FP8's
     # peak under Job.fp8); the router stays in the model precision
@@ -150,8 +148,22 @@ def layer_delta_features(x) -> np.ndarray:
     fs = moe.shared_ffn(m)  # the shared expert: a dense MLP of width fs, split over TP
     shared = (gemm_seconds((tok, fc1 * fs / lay.tp, h), peak, half)
               + gemm_seconds((tok, h, fs / lay.tp), peak, half)) if fs else 0.0
-    out[GEMM] = 3 * (experts + router + shared - dense)
-    out[MEM] = 3 * 4 * all_to_all_bytes(x) / x.hbm
+    return experts + router + shared - dense
+
+
+def layer_delta_features(x) -> np.ndarray:
+    """One MoE layer's step-time features beyond a dense layer's (x: timing._Ctx): the experts'
+    and router's GEMMs in place of the dense MLP's, forward and backward; the four all-to-alls
+    and the permutation copies; under full recompute the forward's share once more (its GEMMs,
+    copies and two all-to-alls), as timing.layer_features replays a dense layer's."""
+    m, lay = x.m, x.lay
+    out = np.zeros(len(FEATURES))
+    replay = lay.recompute == "full"
+    passes = 4 if replay else 3  # the forward, the backward's two, and the replay
+    calls = 6 if replay else 4  # dispatch and combine: forward, backward, and the replay
+    t = lay.tp if x.overlap.expert_tp else 1
+    out[GEMM] = passes * forward_gemm_delta(x)
+    out[MEM] = passes * 4 * all_to_all_bytes(x) / x.hbm
     if x.job.fp8:  # the experts' casts in place of the dense MLP's (timing.layer_features)
         dx, dy = io_delta(m, lay, x.spec.framework)
         forwards = 2 if lay.recompute == "full" else 1
@@ -159,10 +171,10 @@ def layer_delta_features(x) -> np.ndarray:
     if lay.ep > 1:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
         x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x) * x.c.moe_imbalance,
-                     link, calls=4)
+                     link, calls=calls)
     if t > 1:  # the received rows all-gathered over TP, the output reduce-scattered
         x.collective(out, (t - 1) * all_to_all_bytes(x) * x.c.moe_imbalance, x.tp_link,
-                     calls=4)
+                     calls=calls)
     return out
 
 

@@ -41,7 +41,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from megatron.config import schedules
+from megatron.config import moe, schedules
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, cp_timing, experts, fp8
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
@@ -266,6 +266,8 @@ def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.nd
     last stage) and the embedding's gradient scatter-add (two of the three passes over its
     output that stage_features counts)."""
     w = layers * linear_gemms(x)
+    if x.m.moe.num_experts:  # the MoE layers' experts, router and shared expert in W
+        w[GEMM] += moe.moe_layers(x.m) * layers / x.m.num_layers * experts.forward_gemm_delta(x)
     tok, h = x.tokens, x.m.hidden_size
     if first:
         w[MEM] += 2 * tok * h * x.e / x.hbm

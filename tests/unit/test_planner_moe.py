@@ -252,6 +252,30 @@ def test_fp8_casts_and_a_split_backwards_pending_w_read_the_experts_inputs():
     without = _pending_w_bytes(JOB, zb, sp, True, True, 50304)
     assert with_moe - without == pytest.approx(MOE_LAYERS * (dx + dy) * e)
 
+
+def test_full_recompute_replays_and_a_split_backwards_w_holds_the_experts_gemms():
+    """Under full recompute a MoE layer's forward runs once more (its expert, router and
+    shared GEMMs beyond the dense MLP's, the permutation copies, dispatch and combine: 4 GEMM
+    passes and 6 all-to-alls where 3 and 4 without), as a dense layer's replays; under ZB-H1
+    the W share (timing.weight_grad_features) holds one forward's worth of the experts' GEMMs
+    in place of the dense MLP's; hand sums at TP 1, EP 8."""
+    from megatron.planner.timing import weight_grad_features
+    prof = load_profile("h100")
+    plain = _Ctx(JOB, _lay(8), prof)
+    full = _Ctx(JOB, _lay(8, recompute="full"), prof)
+    fwd = experts.forward_gemm_delta(plain)
+    tok, h, k = M.seq_length, M.hidden_size, 2
+    a2a = 7 / 8 * tok * k * h * 2 / prof.spec.link(8, 1).bus_bytes_per_s
+    d, r = experts.layer_delta_features(plain), experts.layer_delta_features(full)
+    assert d[GEMM] == pytest.approx(3 * fwd) and r[GEMM] == pytest.approx(4 * fwd)
+    assert d[COMM] == pytest.approx(4 * a2a) and r[COMM] == pytest.approx(6 * a2a)
+    assert r[MEM] == pytest.approx(d[MEM] * 4 / 3)
+    dense = dataclasses.replace(M, moe=MoEConfig())
+    w_moe = weight_grad_features(plain, M.num_layers, False, False)
+    w_dense = weight_grad_features(_Ctx(Job(dense, 64, "bf16"), _lay(1), prof), M.num_layers,
+                                   False, False)
+    assert w_moe[GEMM] - w_dense[GEMM] == pytest.approx(MOE_LAYERS * fwd)
+
 def test_the_published_grok_runs_are_priced_a_tenth_fast_inside_their_range():
     """Grok 1 at TP 4 x EP 8 on H100 (published.yaml held_out, dgxc_grok: four weak-scaling
     rows and their FP8 twins, out of every fit) under Megatron Core's expert TP: the planner
