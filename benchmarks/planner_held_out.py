@@ -34,8 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron.planner import ranges, validation  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.memory import peak_memory  # noqa: E402
-from megatron.planner.profile import (FP8_GEMM_FIT, PUBLISHED_FIT, Profile,  # noqa: E402
-                                      apply_fit)
+from megatron.planner.profile import FP8_GEMM_FIT, PUBLISHED_FIT, Profile  # noqa: E402
 from megatron.planner.timing import step_time  # noqa: E402
 from planner_results import write_results  # noqa: E402
 
@@ -50,11 +49,8 @@ PRIMUS_PROJECTION = {"amdperf-llama31-8b-64-fp8": 17351 / 16186 - 1,
 
 def all_case_fit(case) -> Profile:
     """The preset as the published runs' fit alone makes it (no DEVICE_FIT)."""
-    fit = dict(PUBLISHED_FIT)
-    if case.framework not in validation.DEEPSPEED:
-        fit["pipe_engine"] = fit["pipe_layer"] = 0.0
-    return Profile(case.profile.spec, apply_fit(case.profile.constants, fit)
-                   .replace(fp8_gemm_eff=FP8_GEMM_FIT))
+    prof = validation.folded_profile(case, [PUBLISHED_FIT[g] for g in validation.GROUPS])
+    return Profile(prof.spec, prof.constants.replace(fp8_gemm_eff=FP8_GEMM_FIT))
 
 
 def row(case) -> dict:

@@ -55,10 +55,15 @@ def routed_tokens(m, lay: Layout) -> float:
     return act.local_tokens(m, lay) / lay.tp
 
 
+def expert_tp(lay: Layout, framework: str = "deepspeed") -> int:
+    """The ranks each expert is split over: t where the engine splits experts over TP
+    (Megatron's expert tensor parallelism), else 1 (this trainer's whole experts)."""
+    return lay.tp if OVERLAP[framework].expert_tp else 1
+
+
 def expert_share(lay: Layout, framework: str = "deepspeed") -> float:
-    """Share of each of its experts' parameters a rank holds: 1/t where the engine splits
-    experts over TP (Megatron's), else whole (this trainer's)."""
-    return 1 / lay.tp if OVERLAP[framework].expert_tp else 1.0
+    """Share of each of its experts' parameters a rank holds (1 / expert_tp)."""
+    return 1 / expert_tp(lay, framework)
 
 
 def stored_delta(m, lay: Layout, precision: str, framework: str = "deepspeed") -> float:
@@ -71,8 +76,8 @@ def stored_delta(m, lay: Layout, precision: str, framework: str = "deepspeed") -
         act.fc1_factor(m)
     rt = routed_tokens(m, lay)
     dense = sb * m.ffn_hidden_size * (fc1 + 1) * e / lay.tp
-    gathered = lay.tp if OVERLAP[framework].expert_tp else 1
-    experts = k * rt * (gathered * m.hidden_size + moe.expert_ffn(m) * (fc1 + 1)) * e
+    gathered = expert_tp(lay, framework) * m.hidden_size  # the input, gathered under expert TP
+    experts = k * rt * (gathered + moe.expert_ffn(m) * (fc1 + 1)) * e
     shared = sb * moe.shared_ffn(m) * (fc1 + 1) * e / lay.tp  # as the dense MLP stores
     return experts + shared + 2 * 4 * rt * m.moe.num_experts - dense
 
@@ -97,30 +102,23 @@ def io_delta(m, lay: Layout, framework: str = "deepspeed") -> tuple:
         return 0.0, 0.0
     sb, t, h, fc1 = act.local_tokens(m, lay), lay.tp, m.hidden_size, act.fc1_factor(m)
     rep = 1.0 / t if lay.sequence_parallel else 1.0
-    g = t if OVERLAP[framework].expert_tp else 1
-    rows, fe = m.moe.top_k * routed_tokens(m, lay), moe.expert_ffn(m)
+    g = expert_tp(lay, framework)
+    rows, fe, fs = m.moe.top_k * routed_tokens(m, lay), moe.expert_ffn(m), moe.shared_ffn(m)
 
     def mlp(width):  # a dense MLP of `width` split over TP: (X, dY) of its fc1 and fc2
         return sb * h * rep + sb * width / t, sb * h * rep + sb * fc1 * width / t
-    dense, shared = mlp(m.ffn_hidden_size), mlp(moe.shared_ffn(m))
-    x = rows * (g * h + fe) + shared[0] * bool(moe.shared_ffn(m)) - dense[0]
-    dy = rows * (g * h + fc1 * fe) + shared[1] * bool(moe.shared_ffn(m)) - dense[1]
-    return x, dy
+    dense, shared = mlp(m.ffn_hidden_size), (mlp(fs) if fs else (0.0, 0.0))
+    return (rows * (g * h + fe) + shared[0] - dense[0],
+            rows * (g * h + fc1 * fe) + shared[1] - dense[1])
 
 
 def fp8_kept_delta(m, lay: Layout, precision: str, framework: str = "deepspeed") -> float:
     """Bytes a MoE layer's FP8 copies change fp8.stored_delta by (where the layer keeps its
     activations): the experts' fc1 and fc2 inputs, not the dense MLP's, kept as 1-byte copies
-    (the shared expert's as the dense MLP's)."""
+    (the shared expert's as the dense MLP's): io_delta's inputs, e - 1 bytes each saved."""
     if not m.moe.num_experts or lay.recompute == "full":
         return 0.0
-    e, sb, t = act.act_bytes(precision), act.local_tokens(m, lay), lay.tp
-    rep = 1.0 / t if lay.sequence_parallel else 1.0
-    g = t if OVERLAP[framework].expert_tp else 1
-    experts = m.moe.top_k * routed_tokens(m, lay) * (g * m.hidden_size + moe.expert_ffn(m))
-    dense = sb * m.hidden_size * rep + sb * m.ffn_hidden_size / t
-    shared = (sb * m.hidden_size * rep + sb * moe.shared_ffn(m) / t) if moe.shared_ffn(m) else 0
-    return -(e - 1) * (experts + shared - dense)
+    return -(act.act_bytes(precision) - 1) * io_delta(m, lay, framework)[0]
 
 
 def all_to_all_bytes(x) -> float:
@@ -141,7 +139,7 @@ def forward_gemm_delta(x) -> float:
     # the busiest rank's rows per expert (Constants.moe_imbalance times the balanced share)
     rows = tok / lay.tp * m.moe.top_k * lay.ep / m.moe.num_experts * x.c.moe_imbalance
     fe = moe.expert_ffn(m)
-    t = lay.tp if x.overlap.expert_tp else 1  # expert TP: t times the rows at 1/t the width
+    t = expert_tp(lay, x.spec.framework)  # t times the rows at 1/t the width
     experts = m.moe.num_experts // lay.ep * (gemm_seconds((t * rows, fc1 * fe / t, h), peak, half)
                                          + gemm_seconds((t * rows, h, fe / t), peak, half))
     router = gemm_seconds((tok / lay.tp, m.moe.num_experts, h), x.peak, half)
@@ -161,13 +159,12 @@ def layer_delta_features(x) -> np.ndarray:
     replay = lay.recompute == "full"
     passes = 4 if replay else 3  # the forward, the backward's two, and the replay
     calls = 6 if replay else 4  # dispatch and combine: forward, backward, and the replay
-    t = lay.tp if x.overlap.expert_tp else 1
+    t = expert_tp(lay, x.spec.framework)
     out[GEMM] = passes * forward_gemm_delta(x)
     out[MEM] = passes * 4 * all_to_all_bytes(x) / x.hbm
     if x.job.fp8:  # the experts' casts in place of the dense MLP's (timing.layer_features)
         dx, dy = io_delta(m, lay, x.spec.framework)
-        forwards = 2 if lay.recompute == "full" else 1
-        out[MEM] += fp8.CAST_BYTES_PER_ELEMENT * (forwards * dx + dy) / x.hbm
+        out[MEM] += fp8.CAST_BYTES_PER_ELEMENT * ((1 + replay) * dx + dy) / x.hbm
     if lay.ep > 1:
         link = x.spec.link(lay.ep, lay.tp * lay.cp)
         x.collective(out, (lay.ep - 1) / lay.ep * all_to_all_bytes(x) * x.c.moe_imbalance,
@@ -190,7 +187,7 @@ def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: f
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
     edp = copy.copy(x)
     edp.lay = dataclasses.replace(lay, dp=lay.dp // lay.ep, tp=lay.tp * lay.ep)
-    held = n_exp * (1 / lay.tp if x.overlap.expert_tp else 1)
+    held = n_exp * expert_share(lay, x.spec.framework)
     return (reduce(x, dense, first_or_last, window_s, layers)
             + reduce(edp, StageParams(sp.layers, held, 0, 0, 0, 0), False, window_s, layers))
 
