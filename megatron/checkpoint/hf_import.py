@@ -68,8 +68,8 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                 "max_position_embeddings": hf["n_positions"],
                 "vocab_size": hf["vocab_size"],
                 "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
-                "position_embedding_type": "learned", "normalization": "layernorm",
-                "activation": "gelu", "add_bias_linear": True, "tie_embeddings": True}
+                **variants.of_architecture("gpt2"), "add_bias_linear": True,
+                "tie_embeddings": True}
     if kind == "mixtral":
         return _mixtral_section(hf)
     if kind != "llama":
@@ -113,8 +113,8 @@ def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
             "max_position_embeddings": hf["max_position_embeddings"],
             "vocab_size": hf["vocab_size"],
             "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-            "rotary_base": float(theta), "position_embedding_type": "rotary",
-            "normalization": "rmsnorm", "activation": "swiglu", "add_bias_linear": bias,
+            "rotary_base": float(theta), **variants.of_architecture("llama"),
+            "add_bias_linear": bias,
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
 
 

@@ -7,7 +7,7 @@ import sys
 from typing import List, Optional
 
 from megatron.cli.common import entry_point
-from megatron.config import schedules
+from megatron.config import schedules, variants
 from megatron.planner.grad_dtype import GRAD_DTYPES
 from megatron.planner.hardware import FP8_PRESET_NAMES, PRESET_NAMES
 from megatron.planner.overlap import FRAMEWORKS
@@ -235,8 +235,9 @@ def _add_calibrate(sub, fmt) -> None:
     c.add_argument("--warmup", type=int, default=2, help="steps left out of timing (default 2)")
     c.add_argument("--timeout", type=float, default=600, help="seconds per trial (default 600)")
     c.add_argument("--run-root", default="runs/plan-trials", help="run directories of trials")
-    c.add_argument("--flash-backend", default="sdpa",
-                   help="attention_backend for flash layouts (sdpa on CPU, flash on GPUs)")
+    c.add_argument("--flash-backend", default=variants.AUTO,
+                   help="attention_backend for flash layouts (default auto: the model picks "
+                        "the first core the device runs, flash on GPUs, sdpa on CPU)")
     c.add_argument("--fit-only", action="store_true", help="fit stored results, run nothing")
 
 

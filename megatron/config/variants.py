@@ -132,8 +132,36 @@ def attention_of(m, resolved: Optional[str] = None) -> Variant:
     "auto" is priced as the first core that keeps no scores (what a GPU would pick)."""
     name = resolved or m.attention_backend
     if name == AUTO:
-        name = next(v.name for v in _REGISTRY["attention"].values() if not v.keeps_scores)
+        name = attention_core(keeps_scores=False).name
     return get("attention", name)
+
+
+def of_architecture(arch: str) -> Dict[str, str]:
+    """The model fields a Hugging Face architecture ("gpt2", "llama") fixes: for each kind but
+    attention (a choice of kernel, not of function), the one registered variant whose `hf` holds
+    the architecture. The converters and the planner's GPT-2-shaped defaults read this, so
+    which norm, MLP and positions an architecture has is said once, by the records."""
+    out = {}
+    for kind, field_name in KIND_FIELD.items():
+        if kind == "attention":
+            continue
+        held = [v.name for v in _REGISTRY[kind].values() if arch in v.hf]
+        if len(held) != 1:
+            raise ValueError(f"architecture {arch!r}: {len(held)} {kind} variants hold it "
+                             f"({', '.join(held) or 'none'}); expected exactly one")
+        out[field_name] = held[0]
+    return out
+
+
+def attention_core(keeps_scores: bool) -> Variant:
+    """The first registered attention core that keeps the s x s scores for backward (the math
+    path), or that keeps only their log-sum-exp: what a layout priced with or without flash
+    attention runs as."""
+    for v in _REGISTRY["attention"].values():
+        if v.keeps_scores == keeps_scores:
+            return v
+    raise ValueError(f"no registered attention core {'keeps' if keeps_scores else 'drops'} "
+                     f"the scores")
 
 
 def resolve(module: Any):

@@ -158,7 +158,7 @@ class ContextAttention(nn.Module):
         position = variants.of(m, "position")
         self.rotary = position.build(m) if position.rotates_qk else None
         self.attend = ALGORITHMS[self.layout.algo]
-        if ctx.backend != "math":
+        if not variants.get("attention", ctx.backend).keeps_scores:
             log.info("context_parallel_algo=%s attends block by block with the math path "
                      "(model/block_attention.py), not the %s core", self.layout.algo, ctx.backend)
 

@@ -6,7 +6,7 @@ import os
 import shlex
 from typing import Dict, List, Optional
 
-from megatron.config import Config, schedules, validate_for_world
+from megatron.config import Config, schedules, validate_for_world, variants
 from megatron.config.errors import ConfigError
 from megatron.launch import frontier_env
 from megatron.planner.hardware import ClusterSpec
@@ -79,7 +79,7 @@ def format_table(header, rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
-def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "flash",
+def layout_config(base: Config, job: Job, lay: Layout, flash_backend: Optional[str] = None,
                   run_dir: Optional[str] = None, paper_optimizer: bool = False) -> Config:
     """`base` with the layout applied; validated for the layout's world size exactly as the
     trainer will validate it (raises ConfigError otherwise)."""
@@ -89,7 +89,11 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: str = "fla
                           f"{lay.schedule} is priced for comparison only: no engine runs it")
     raw: Dict[str, Dict] = base.to_dict()
     raw["model"] = dataclasses.asdict(job.model)
-    raw["model"]["attention_backend"] = flash_backend if lay.flash else "math"
+    # flash layouts: flash_backend, else the first core that keeps no scores; the others: the
+    # core that keeps them (model/attention_cores.py)
+    raw["model"]["attention_backend"] = (
+        (flash_backend or variants.attention_core(keeps_scores=False).name) if lay.flash
+        else variants.attention_core(keeps_scores=True).name)
     schedule = run_as(lay)  # with chunks, 1f1b runs as the interleaved schedule
     raw["parallel"].update(tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
                            zero_stage=lay.zero, sequence_parallel=lay.sequence_parallel,

@@ -60,9 +60,9 @@ class Layout:
     # 2021 section 2.2.2). 1 is the plain 1F1B schedule DeepSpeed's pipeline engine runs; more
     # is what the trainer's interleaved (and ZB-V) executor runs (chunks_note).
     interleave: int = 1
-    # parallel.pipeline_schedule: a record of config/schedules, which prices it ("1f1b",
-    # DeepSpeed's; "zbh1", zero-bubble ZB-H1, PP > 1: each backward split into B, the input
-    # gradient, and a deferred W, the weight gradients)
+    # parallel.pipeline_schedule: the name of a record of config/schedules, which prices it
+    # (DeepSpeed's 1F1B by default; zero-bubble ZB-H1 and ZB-V, PP > 1, split each backward into
+    # B, the input gradient, and a deferred W, the weight gradients)
     schedule: str = schedules.DEFAULT
     # parallel.context_parallel_size (Ulysses, docs/context_parallel.md): each of the cp ranks
     # of a group holds s/cp of every sample; attention exchanges heads for the sequence. The

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from megatron.config import ModelConfig
+from megatron.config import ModelConfig, variants
 from megatron.config.errors import ConfigError
 
 GPT2_VOCAB = 50257
@@ -39,6 +39,6 @@ def preset_model(name: str, seq_length: int = 2048) -> ModelConfig:
     return ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                        seq_length=seq_length, max_position_embeddings=seq_length,
                        vocab_size=GPT2_VOCAB, make_vocab_size_divisible_by=128,
-                       position_embedding_type="learned", normalization="layernorm",
-                       activation="gelu", add_bias_linear=True, tie_embeddings=True,
+                       **variants.of_architecture("gpt2"), add_bias_linear=True,
+                       tie_embeddings=True,
                        hidden_dropout=0.1, attention_dropout=0.1, attention_backend="auto")

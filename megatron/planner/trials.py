@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from megatron.base.records import RecordError, read_metrics, steps
 from megatron.base.rundir import RunDir
-from megatron.config import load_config
+from megatron.config import load_config, variants
 from megatron.config.errors import InputError
 from megatron.planner.emit import layout_config
 from megatron.planner.layout import Job, Layout
@@ -126,7 +126,8 @@ class TorchrunRunner:
 
     def __init__(self, config: str, job: Job, nproc: int, run_root: str, steps: int = 6,
                  overrides: Sequence[str] = (), timeout_s: float = 600, warmup: int = 2,
-                 flash_backend: str = "sdpa", python: str = sys.executable, job_note: str = ""):
+                 flash_backend: str = variants.AUTO, python: str = sys.executable,
+                 job_note: str = ""):
         self.base = load_config(config, overrides)
         self.job, self.nproc, self.run_root = job, nproc, run_root
         self.steps, self.timeout_s, self.warmup = steps, timeout_s, warmup

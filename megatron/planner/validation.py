@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from megatron.config import ModelConfig, strict_yaml
+from megatron.config import ModelConfig, strict_yaml, variants
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.errors import InputError
 from megatron.config.model_math import layer_forward_flops_per_token
@@ -123,10 +123,11 @@ def case_from_entry(raw: Dict, defaults: Dict) -> Case:
     v = {**defaults, **raw}
     # optional shape fields (Llama-style runs): key/value heads, FFN width, SwiGLU, RMSNorm,
     # rotary positions, untied output layer; unset, the GPT of Narayanan et al.
+    gpt = variants.of_architecture("gpt2")
     shape = {"num_query_groups": v.get("kv_heads"), "ffn_hidden_size": v.get("ffn"),
-             "activation": v.get("activation", "gelu"),
-             "normalization": v.get("norm", "layernorm"),
-             "position_embedding_type": v.get("position", "learned"),
+             "activation": v.get("activation", gpt["activation"]),
+             "normalization": v.get("norm", gpt["normalization"]),
+             "position_embedding_type": v.get("position", gpt["position_embedding_type"]),
              "tie_embeddings": v.get("tied", True)}
     # optional mixture of experts: experts, top_k, expert_ffn (each expert's width)
     if v.get("experts"):

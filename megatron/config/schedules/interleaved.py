@@ -17,18 +17,21 @@ from megatron.config.errors import ConfigError
 from megatron.config.schedules import one_f_one_b
 from megatron.config.schedules.registry import Pipe, Schedule, register
 
+# parallel.pipeline_schedule's value for it
+NAME = "interleaved"
+
 
 def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
     """Several chunks on each of several stages (with context parallelism too: the executor
     sends each rank's 1/cp of the sequence, engine/chunks.py)."""
     if pp == 1:
-        return ConfigError("parallel.pipeline_schedule", "interleaved",
+        return ConfigError("parallel.pipeline_schedule", NAME,
                            "1f1b without pipeline parallelism (pipeline_parallel_size=1): "
                            "interleaving orders the chunks of several stages",
                            "set parallel.pipeline_parallel_size>1 or "
                            "parallel.pipeline_schedule=1f1b")
     if chunks < 2:
-        return ConfigError("parallel.pipeline_schedule", "interleaved",
+        return ConfigError("parallel.pipeline_schedule", NAME,
                            f"parallel.virtual_pipeline_size > 1 (it is {chunks}): with one "
                            "chunk per rank the schedule is DeepSpeed's 1f1b",
                            "set parallel.virtual_pipeline_size=2 or more, or "
@@ -47,7 +50,7 @@ def stored(pipe: Pipe, stage: int, per_mb: float, per_w: float) -> float:
 
 
 INTERLEAVED = register(Schedule(
-    name="interleaved", title="interleaved 1F1B (virtual pipeline stages)",
+    name=NAME, title="interleaved 1F1B (virtual pipeline stages)",
     priced="interleaved 1F1B: bubble (p - 1)/(v m + p - 1); the first stage holds "
            "p + (p - 1)/v micro-batches of activations",
     bubble=one_f_one_b.bubble, stored=stored, pipeline_time=one_f_one_b.pipeline_time,

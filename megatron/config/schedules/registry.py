@@ -14,10 +14,6 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from megatron.config.errors import ConfigError
 
-# parallel.pipeline_schedule's default: DeepSpeed's own schedule, and what the planner prices
-# for a single stage (one stage has no pipeline to order)
-DEFAULT = "1f1b"
-
 # A name is typed in YAML, --set and megatron-plan's comma-separated --schedules
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -107,8 +103,9 @@ def register(schedule: Schedule) -> Schedule:
 
 
 def unregister(name: str) -> None:
-    """Removes a schedule (a test's own, or a plug-in's); the default stays."""
-    if name == DEFAULT:
+    """Removes a schedule (a test's own, or a plug-in's); the default (the first registered,
+    schedules.DEFAULT) stays."""
+    if _RECORDS and name == next(iter(_RECORDS)):
         raise ValueError(f"the default pipeline schedule {name!r} cannot be unregistered")
     _RECORDS.pop(name, None)
 

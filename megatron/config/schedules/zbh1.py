@@ -10,19 +10,22 @@ from typing import Optional, Tuple
 from megatron.config.errors import ConfigError
 from megatron.config.schedules.registry import Pipe, Schedule, fill, register
 
+# parallel.pipeline_schedule's value for it
+NAME = "zbh1"
+
 
 def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
     """It reorders a pipeline's passes: with one stage there is nothing to reorder. The planner
     prices it for plain stages only (neither Qi et al. nor this trainer interleaves it). Context
     parallelism runs under it (Ulysses and ring: tests/distributed/test_parallel_ring_attention.py)."""
     if pp == 1:
-        return ConfigError("parallel.pipeline_schedule", "zbh1",
+        return ConfigError("parallel.pipeline_schedule", NAME,
                            "1f1b without pipeline parallelism (pipeline_parallel_size=1): the "
                            "zero-bubble schedule fills a pipeline's bubble and one stage has none",
                            "set parallel.pipeline_parallel_size>1 or "
                            "parallel.pipeline_schedule=1f1b")
     if chunks > 1:
-        return ConfigError("parallel.pipeline_schedule", "zbh1",
+        return ConfigError("parallel.pipeline_schedule", NAME,
                            "plain stages: zbh1 is priced for plain stages only, not with the "
                            "interleaved schedule", "leave out --interleave, or price 1f1b")
     return None
@@ -67,7 +70,7 @@ def peak_stages(pipe: Pipe, num_layers: int) -> Tuple[int, ...]:
 
 
 ZBH1 = register(Schedule(
-    name="zbh1", title="zero-bubble ZB-H1",
+    name=NAME, title="zero-bubble ZB-H1",
     priced="zero-bubble ZB-H1: W passes fill the bubble; each stage holds up to p micro-batches, "
            "those past their B with the inputs and output gradients their W keeps",
     bubble=bubble, stored=stored, pipeline_time=pipeline_time, rule=rule,

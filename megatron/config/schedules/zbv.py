@@ -20,10 +20,13 @@ from megatron.config.schedules.registry import Pipe, Schedule, fill, register
 
 CHUNKS = 2
 
+# parallel.pipeline_schedule's value for it
+NAME = "zbv"
+
 
 def rule(pp: int, cp: int, chunks: int) -> Optional[ConfigError]:
     if pp == 1:
-        return ConfigError("parallel.pipeline_schedule", "zbv",
+        return ConfigError("parallel.pipeline_schedule", NAME,
                            "1f1b without pipeline parallelism (pipeline_parallel_size=1): ZB-V "
                            "places chunks over several stages",
                            "set parallel.pipeline_parallel_size>1 or "
@@ -60,7 +63,7 @@ def pipeline_time(pipe: Pipe, stages, weights, slowest: int):
 
 
 ZBV = register(Schedule(
-    name="zbv", title="zero-bubble ZB-V (two chunks per rank in a V)",
+    name=NAME, title="zero-bubble ZB-V (two chunks per rank in a V)",
     priced="ZB-V: two chunks per rank in a V, W passes fill the bubble: (p - 1) F / 2 idle; "
            "every stage holds p micro-batches of activations",
     bubble=bubble, stored=stored, pipeline_time=pipeline_time, rule=rule, runner="v_stages",
