@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
-from megatron.cli.common import entry_point
+from megatron.cli.common import count, entry_point
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,
                                      read_env_file, settings, submit_next, _where)
 
@@ -37,7 +37,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="the same overrides as given to megatron-train")
         if name == "end":
-            c.add_argument("--start-step", type=int, required=True,
+            c.add_argument("--start-step", type=count(0), required=True,
                            help="the step printed by begin")
             c.add_argument("--exit-status", type=int, required=True,
                            help="the training step's exit status (for the log)")

@@ -2,6 +2,7 @@
 turn bad input into a single clear message and a non-zero exit instead of a traceback."""
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -17,6 +18,42 @@ EXIT_DIVERGED = 3       # the run stopped itself on divergence (megatron-train)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 # 4: a rank's hang watchdog ended it (training/watchdog.py EXIT_HANG; it exits from its thread).
 EXIT_BAD_NODE = 5       # this rank's node failed its health check (launch/health.py)
+
+
+def count(least: int = 1) -> Callable[[str], int]:
+    """An argparse `type` for a count flag: an integer of at least `least`. Anything else is
+    argparse's one-line error naming the flag and the value, exit 2 ("argument --top: 0 is
+    invalid: expected an integer >= 1")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected an integer >= "
+                                             f"{least}")
+        return value
+    parse.__name__ = f"integer >= {least}"
+    return parse
+
+
+def seconds(zero: bool = False) -> Callable[[str], float]:
+    """An argparse `type` for a duration flag: a finite number of seconds above 0 (or at least
+    0 where `zero` means something, as a progress interval's "every update")."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0 <= value if zero else 0 < value) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected seconds "
+                                             f"{'>=' if zero else '>'} 0")
+        return value
+    parse.__name__ = f"seconds {'>=' if zero else '>'} 0"
+    return parse
+
+
+positive_seconds = seconds()
 
 
 def setup_logging(rank: int = 0) -> None:

@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.cli.common import entry_point
+from megatron.cli.common import count, entry_point, positive_seconds
 from megatron.config import schedules, variants
 from megatron.planner.grad_dtype import GRAD_DTYPES
 from megatron.planner.hardware import FP8_PRESET_NAMES, PRESET_NAMES
@@ -57,9 +57,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    "and for memory and scaling its layout")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a field of --config (repeatable)")
-    g.add_argument("--global-batch", type=int, help="sequences per step (default: the config's, "
-                   "or 1280 for presets)")
-    g.add_argument("--seq-length", type=int, help="sequence length (default 2048 for presets)")
+    g.add_argument("--global-batch", type=count(1),
+                   help="sequences per step (default: the config's, or 1280 for presets)")
+    g.add_argument("--seq-length", type=count(1), help="sequence length (default 2048 for presets)")
     g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
                    help="default: the config's, or bf16 for presets")
     g.add_argument("--grad-dtype", choices=GRAD_DTYPES,
@@ -99,7 +99,7 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
                    "are comparisons (docs/planner.md, "
                    "\"Overlap by framework\")")
     if nodes:
-        g.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
+        g.add_argument("--nodes", type=count(1), default=1, help="node count (default 1)")
 
 
 def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
@@ -113,7 +113,7 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
     g.add_argument("--flash", choices=("both", "on", "off"), default="both",
                    help="attention path: FlashAttention, the math path, or both")
     g.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both")
-    g.add_argument("--max-tp", type=int, help="allow TP beyond one node (for comparison)")
+    g.add_argument("--max-tp", type=count(1), help="allow TP beyond one node (for comparison)")
     g.add_argument("--memory-fraction", type=float, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
     g.add_argument("--schedules",
@@ -152,9 +152,9 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (default: what --config FILE sets, else TP 1, PP 1, "
                              "CP 1, micro-batch 1, ZeRO 1, no recompute, flash, no SP, "
                              f"{schedules.DEFAULT}; a flag given here overrides the config)")
-    g.add_argument("--tp", type=int)
-    g.add_argument("--pp", type=int)
-    g.add_argument("--micro-batch", type=int)
+    g.add_argument("--tp", type=count(1))
+    g.add_argument("--pp", type=count(1))
+    g.add_argument("--micro-batch", type=count(1))
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     g.add_argument("--recompute", choices=("none", "selective", "full"))
     g.add_argument("--flash", dest="flash", action="store_const", const=True, default=None,
@@ -169,20 +169,20 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help=f"parallel.pipeline_schedule: {_schedule_list()} (default: the "
                         f"config's, else {schedules.DEFAULT}); each has its own rule (zbh1 "
                         "needs --pp > 1)")
-    g.add_argument("--cp", type=int, help="parallel.context_parallel_size (default: the "
+    g.add_argument("--cp", type=count(1), help="parallel.context_parallel_size (default: the "
                    "config's, else 1): each rank holds 1/CP of every sequence (Ulysses)")
     g.add_argument("--cp-algo", choices=("ulysses", "ring", "allgather", "hybrid"),
                    help="parallel.context_parallel_algo (default: the config's, else ulysses)")
-    g.add_argument("--ulysses-degree", type=int, metavar="U",
+    g.add_argument("--ulysses-degree", type=count(0), metavar="U",
                    help="parallel.ulysses_degree: Ulysses ranks of a hybrid group")
-    g.add_argument("--ep", type=int, help="parallel.expert_parallel_size (default: the "
+    g.add_argument("--ep", type=count(1), help="parallel.expert_parallel_size (default: the "
                    "config's, else 1): each rank holds num_experts / EP experts (docs/moe.md)")
-    g.add_argument("--first-stage-layers", type=int, metavar="N",
+    g.add_argument("--first-stage-layers", type=count(1), metavar="N",
                    help="transformer layers on the first stage (Megatron-LM's "
                         "--decoder-first-pipeline-num-layers, this trainer's "
                         "parallel.pipeline_first_stage_layers; the other stages share the rest "
                         "evenly)")
-    g.add_argument("--last-stage-layers", type=int, metavar="N",
+    g.add_argument("--last-stage-layers", type=count(1), metavar="N",
                    help="transformer layers on the last stage (--decoder-last-pipeline-num-"
                         "layers, parallel.pipeline_last_stage_layers)")
     g.add_argument("--embedding-as-layer", action="store_true", default=None,
@@ -194,11 +194,11 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
                    help="count the output layer and loss as one transformer layer likewise: "
                         "the last stage or chunk holds one fewer (--account-for-loss-in-"
                         "pipeline-split, parallel.pipeline_loss_as_layer)")
-    g.add_argument("--interleave", type=int, metavar="V",
+    g.add_argument("--interleave", type=count(1), metavar="V",
                    help="V model chunks per stage (parallel.virtual_pipeline_size): "
                         "Megatron-LM's interleaved 1F1B (this trainer's interleaved "
                         "schedule), or 2 with --schedule zbv")
-    g.add_argument("--microbatch-group", type=int, metavar="N",
+    g.add_argument("--microbatch-group", type=count(0), metavar="N",
                    help="under the interleaved schedule, the micro-batches a model chunk "
                         "takes in a row (parallel.pipeline_microbatch_group, Megatron Core's "
                         "--microbatch-group-size-per-virtual-pipeline-stage; default the "
@@ -212,7 +212,7 @@ def _add_search(sub, fmt) -> None:
     _model_args(s)
     _cluster_args(s)
     _space_args(s)
-    s.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
+    s.add_argument("--top", type=count(1), default=15, help="rows to print (default 15)")
     s.add_argument("--out-config", help="write the best layout as a training config YAML")
     s.add_argument("--out-sbatch", help="write a Slurm batch script that runs --out-config")
     s.add_argument("--run-dir", help="run.dir of the written config")
@@ -223,17 +223,20 @@ def _add_calibrate(sub, fmt) -> None:
                        epilog=EXAMPLES, formatter_class=fmt)
     _model_args(c)
     _space_args(c, cp_default="1", ep_default="1")
-    c.add_argument("--nproc", type=int, default=2, help="ranks per trial (default 2)")
-    c.add_argument("--trials", type=int, default=8, help="new trials to run (default 8)")
+    c.add_argument("--nproc", type=count(1), default=2, help="ranks per trial (default 2)")
+    c.add_argument("--trials", type=count(0), default=8, help="new trials to run (default 8)")
     c.add_argument("--results", default="plan-trials.jsonl",
                    help="trial results (JSON lines); existing ones are reused (resume)")
     c.add_argument("--out", default="plan-profile.yaml", help="the fitted cluster profile")
     c.add_argument("--cluster", help="base profile to refine (default: probe this machine)")
     c.add_argument("--bayes", action="store_true", help="Bayesian optimisation (Optuna TPE) "
                    "instead of a spread of predicted layouts")
-    c.add_argument("--steps", type=int, default=6, help="training steps per trial (default 6)")
-    c.add_argument("--warmup", type=int, default=2, help="steps left out of timing (default 2)")
-    c.add_argument("--timeout", type=float, default=600, help="seconds per trial (default 600)")
+    c.add_argument("--steps", type=count(1), default=6,
+                   help="training steps per trial (default 6)")
+    c.add_argument("--warmup", type=count(0), default=2,
+                   help="steps left out of timing (default 2; fewer than --steps)")
+    c.add_argument("--timeout", type=positive_seconds, default=600,
+                   help="seconds per trial (default 600)")
     c.add_argument("--run-root", default="runs/plan-trials", help="run directories of trials")
     c.add_argument("--flash-backend", default=variants.AUTO,
                    help="attention_backend for flash layouts (default auto: the model picks "
@@ -253,9 +256,9 @@ def _add_longest(sub, fmt) -> None:
     g.add_argument("--cp-algos", default="all",
                    help="context-parallel algorithms to try (default all: ulysses, ring, "
                         "allgather, hybrid)")
-    g.add_argument("--step", type=int, default=1024,
+    g.add_argument("--step", type=count(1), default=1024,
                    help="lengths tried are multiples of this (default 1024)")
-    g.add_argument("--top", type=int, default=5, help="fitting layouts to print (default 5)")
+    g.add_argument("--top", type=count(1), default=5, help="fitting layouts to print (default 5)")
 
 
 def _add_scaling(sub, fmt) -> None:

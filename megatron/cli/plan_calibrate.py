@@ -34,6 +34,9 @@ def run_calibrate(args) -> int:
                          "(for example examples/local/tiny.yaml)")
     if args.nproc < 1 or args.trials < 0:
         raise ConfigError("--nproc/--trials", (args.nproc, args.trials), "positive integers")
+    if args.warmup >= args.steps:
+        raise ConfigError("--warmup", args.warmup, f"fewer steps than --steps ({args.steps}): "
+                          "the steps after the warm-up are the ones timed")
     job, _, _ = load_job(args)
     prof = base_profile(args)
     space = load_space(args)

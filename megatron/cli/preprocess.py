@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.cli.common import entry_point
+from megatron.cli.common import count, entry_point, seconds
 
 EXAMPLES = """\
 examples:
@@ -81,8 +81,8 @@ def _encode_parser() -> argparse.ArgumentParser:
     p.add_argument("--append-eod", action="store_true", help="end each document with the "
                    "tokenizer's end-of-document token")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
-    p.add_argument("--log-interval", type=float, default=1.0, help="seconds between progress "
-                   "lines")
+    p.add_argument("--log-interval", type=seconds(zero=True), default=1.0,
+                   help="seconds between progress lines (0: a line at every update)")
     return p
 
 
@@ -109,11 +109,11 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", nargs="+", required=True, help="text files (one sentence or "
                    "line each) or JSON-lines files (.jsonl/.json, optionally .gz)")
     p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
-    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--vocab-size", type=count(2), default=8000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="text keys of JSON lines")
     p.add_argument("--character-coverage", type=float, default=1.0)
-    p.add_argument("--max-sentences", type=int, default=0, help="train on at most this many "
+    p.add_argument("--max-sentences", type=count(0), default=0, help="train on at most this many "
                    "lines (0: all)")
     return p
 

@@ -15,7 +15,9 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, value, expected: str, fix: str = ""):
         self.field, self.value, self.expected = field, value, expected
-        hint = fix or f"set it with --set {field}=... or in the YAML file"
+        # a command-line flag (megatron-plan's --nodes) is not a config field --set could reach
+        hint = fix or (f"change {field} on the command line" if field.startswith("--")
+                       else f"set it with --set {field}=... or in the YAML file")
         super().__init__(f"{field}={value!r} is invalid: expected {expected}; {hint}")
 
 

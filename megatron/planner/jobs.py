@@ -33,14 +33,16 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
     (with --set style overrides); batch, sequence and precision override either."""
     if model and config:
         raise InputError("pass either --model PRESET or --config FILE, not both")
+    if seq_length is not None and seq_length < 1:
+        raise ConfigError("--seq-length", seq_length, "a positive number of tokens")
     if config:
         cfg = load_config(config, list(overrides))
         m = cfg.model
-        if seq_length:
+        if seq_length is not None:
             m = dataclasses.replace(m, seq_length=seq_length,
                                     max_position_embeddings=max(seq_length,
                                                                 m.max_position_embeddings))
-        job = Job(m, global_batch or cfg.training.global_batch_size,
+        job = Job(m, cfg.training.global_batch_size if global_batch is None else global_batch,
                   precision or cfg.training.precision, deepspeed=cfg.deepspeed,
                   grad_accum=cfg.training.grad_accum_dtype)
         preset = False
@@ -50,8 +52,8 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
         if not model:
             raise InputError("name the model: --model PRESET (22b, 175b, 1t, gpt3-...) or "
                              "--config FILE.yaml")
-        job = Job(preset_model(model, seq_length or 2048), global_batch or 1280,
-                  precision or "bf16")
+        job = Job(preset_model(model, 2048 if seq_length is None else seq_length),
+                  1280 if global_batch is None else global_batch, precision or "bf16")
         cfg, preset = Config(), True
     if job.global_batch < 1:
         raise ConfigError("--global-batch", job.global_batch, "a positive integer")
@@ -151,7 +153,8 @@ def ints(flag: str, text: str) -> List[int]:
 def _positive_ints(text: str, flag: str = "--cp-values") -> Tuple[int, ...]:
     values = ints(flag, text)
     if min(values) < 1:
-        raise ConfigError(flag, text, "auto or comma-separated degrees >= 1, e.g. 1,2,4")
+        auto = "auto or " if flag in ("--cp-values", "--ep-values") else ""
+        raise ConfigError(flag, text, f"{auto}comma-separated integers >= 1, e.g. 1,2,4")
     return tuple(values)
 
 
@@ -187,9 +190,11 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
         raise ConfigError("--schedules", schedules, f"values among {names()}")
     if not 0 < memory_fraction <= 1:
         raise ConfigError("--memory-fraction", memory_fraction, "a share in (0, 1]")
-    return SearchSpace(tp=ints("--tp-values", tp_values) if tp_values else None,
-                       pp=ints("--pp-values", pp_values) if pp_values else None,
-                       micro_batch=ints("--micro-batches", micro_batches), zero=zero,
+    if max_tp is not None and max_tp < 1:
+        raise ConfigError("--max-tp", max_tp, "a positive tensor-parallel size")
+    return SearchSpace(tp=_positive_ints(tp_values, "--tp-values") if tp_values else None,
+                       pp=_positive_ints(pp_values, "--pp-values") if pp_values else None,
+                       micro_batch=_positive_ints(micro_batches, "--micro-batches"), zero=zero,
                        recompute=recompute, flash=_both("--flash", flash),
                        sequence_parallel=_both("--sequence-parallel", sequence_parallel),
                        max_tp=max_tp, memory_fraction=memory_fraction,
