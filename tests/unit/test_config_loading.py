@@ -143,6 +143,14 @@ def test_a_cluster_file_with_a_repeated_key_is_refused(tmp_path):
     (["optimizer.min_lr=0.1"], "optimizer.min_lr", "0.1"),
     (["model.hidden_dropout=1.0"], "model.hidden_dropout", "1.0"),
     (["data.synthetic=false"], "data.paths", "[]"),
+    # fp16's loss scaler: a window of 0 divides by zero, hysteresis 0 never lowers the scale, a
+    # minimum of 0 lets every gradient reach 0; a negative eps makes Adam's denominator 0
+    (["training.loss_scale_window=0"], "training.loss_scale_window", "0"),
+    (["training.hysteresis=0"], "training.hysteresis", "0"),
+    (["training.min_loss_scale=0"], "training.min_loss_scale", "0.0"),
+    (["training.initial_loss_scale_power=-1"], "training.initial_loss_scale_power", "-1"),
+    (["training.initial_loss_scale_power=128"], "training.initial_loss_scale_power", "128"),
+    (["optimizer.adam_eps=-1e-8"], "optimizer.adam_eps", "-1e-08"),
 ])
 def test_section_checks(overrides, field, value):
     with pytest.raises(ConfigError) as e:

@@ -22,7 +22,7 @@ class OptimizerConfig:
     adam_beta2: float = 0.95
     """Adam's decay rate of the squared gradient's running mean, in [0, 1)."""
     adam_eps: float = 1e-8
-    """Added to the denominator of Adam's update."""
+    """Added to the denominator of Adam's update (at least 0)."""
     lr_warmup_iters: int = 0
     """Steps of linear warm-up from 0 to lr."""
     lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
@@ -37,6 +37,7 @@ class OptimizerConfig:
         positive(s, "lr", self.lr)
         positive(s, "min_lr", self.min_lr, allow_zero=True)
         positive(s, "weight_decay", self.weight_decay, allow_zero=True)
+        positive(s, "adam_eps", self.adam_eps, allow_zero=True)
         positive(s, "lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
         check_choices(s, self)
         for name in ("adam_beta1", "adam_beta2"):

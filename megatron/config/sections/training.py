@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, positive
 
 
@@ -40,13 +41,13 @@ class TrainingConfig:
     clip_grad: float = 1.0
     """Gradients are scaled down to this global L2 norm when above it; 0: no clipping."""
     initial_loss_scale_power: int = 16
-    """fp16 dynamic loss scaling starts at 2**initial_loss_scale_power."""
+    """fp16 dynamic loss scaling starts at 2**initial_loss_scale_power (0-127)."""
     loss_scale_window: int = 1000
-    """fp16: steps without an overflow before the loss scale doubles."""
+    """fp16: steps without an overflow before the loss scale doubles (at least 1)."""
     hysteresis: int = 2
-    """fp16: overflows tolerated before the loss scale is lowered."""
+    """fp16: overflows tolerated before the loss scale is lowered (at least 1)."""
     min_loss_scale: float = 1.0
-    """fp16: the loss scale never drops below this."""
+    """fp16: the loss scale never drops below this (above 0)."""
     log_interval: int = 1
     """A metrics.jsonl line (and TensorBoard point) every this many steps."""
     exit_interval: int = 0
@@ -81,9 +82,24 @@ class TrainingConfig:
         positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
         positive(s, "exit_reserve_seconds", self.exit_reserve_seconds, allow_zero=True)
         positive(s, "clip_grad", self.clip_grad, allow_zero=True)
+        self._check_loss_scaler()
         check_choices(s, self)
         if self.peak_tflops is not None:
             positive(s, "peak_tflops", self.peak_tflops)
+
+    def _check_loss_scaler(self) -> None:
+        """fp16's dynamic loss scaler (DeepSpeed's) misbehaves quietly outside these: a window
+        of 0 divides by zero at the first clean step, hysteresis 0 never lowers the scale (every
+        step then overflows and is skipped), a minimum of 0 lets the scale, and so every
+        gradient, reach 0; 2**power must be a float32 number."""
+        s = "training"
+        if not 0 <= self.initial_loss_scale_power <= 127:
+            raise ConfigError(f"{s}.initial_loss_scale_power", self.initial_loss_scale_power,
+                              "an exponent in [0, 127] (2**power is the first fp16 loss scale; "
+                              "DeepSpeed's default 16, Megatron-LM's 32)")
+        positive(s, "loss_scale_window", self.loss_scale_window)
+        positive(s, "hysteresis", self.hysteresis)
+        positive(s, "min_loss_scale", self.min_loss_scale)
 
 
 @dataclass
