@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from megatron.config import schedules
-from megatron.config.errors import InputError
+from megatron.config.errors import ConfigError, InputError
 from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
@@ -218,8 +218,13 @@ def _cp_variants(cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
 
 def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
     """Expert-parallel sizes to try: the space's, else every divisor of num_experts dividing
-    DP (1 for a dense model)."""
+    DP (1 for a dense model, which refuses a space of expert-parallel sizes without 1 rather
+    than search other sizes than asked)."""
     if not job.model.moe.num_experts:
+        if space.ep is not None and 1 not in space.ep:
+            raise ConfigError("--ep-values", ",".join(map(str, space.ep)),
+                              "1 for a dense model (model.moe.num_experts is 0: no experts to "
+                              "split)", "leave --ep-values out, or plan a model with experts")
         return [1]
     if space.ep is not None:
         return [e for e in space.ep if dp % e == 0 and job.model.moe.num_experts % e == 0]
