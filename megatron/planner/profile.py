@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -226,6 +227,28 @@ class Profile:
             f.write(self.to_yaml())
 
 
+# What a constant may hold beyond "a finite number >= 0": the efficiencies divide a time (0
+# divided by zero, features.theta), the shares are read as parts of a whole, and the routing
+# imbalance is the busiest expert-parallel rank over the mean.
+_ABOVE_ZERO = ("gemm_eff", "fp8_gemm_eff", "flash_attn_eff", "hbm_eff", "comm_eff",
+               "inter_comm_eff")
+_SHARES = ("dp_overlap", "bucket_touched", "frag")
+
+
+def _constant_expects(key: str, value: Any) -> Optional[str]:
+    """None when `value` suits constants.`key`, else what it expects."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        return "a finite number >= 0"
+    if key in _ABOVE_ZERO and value == 0:
+        return "an efficiency above 0 (it divides a time)"
+    if key in _SHARES and value > 1:
+        return "a share in [0, 1]"
+    if key == "moe_imbalance" and value < 1:
+        return "a ratio >= 1 (the busiest expert-parallel rank's routed tokens over the mean)"
+    return None
+
+
 def constants_from_dict(raw: Dict[str, Any], source: str,
                         base: Optional[Constants] = None) -> Constants:
     """The constants a profile's mapping sets; those it leaves out are `base`'s (a derived
@@ -240,8 +263,9 @@ def constants_from_dict(raw: Dict[str, Any], source: str,
                               f"remove or rename it in {source}")
         if value is None and key == "bucket_elems":
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"constants.{key}", value, "a non-negative number", f"fix {source}")
+        expects = _constant_expects(key, value)
+        if expects:
+            raise ConfigError(f"constants.{key}", value, expects, f"fix {source}")
     if raw.get("bucket_elems") is not None:
         # Profiles written before the bucket came from the training config carry 5e8 here.
         log.warning("%s: constants.bucket_elems=%g overrides the run's reduce_bucket_size; "

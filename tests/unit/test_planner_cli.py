@@ -68,6 +68,23 @@ def test_bad_cluster_file_names_the_field(capsys, tmp_path):
     assert code == 2 and "cluster.peak_tflops" in err
 
 
+@pytest.mark.parametrize("constant,expected", [
+    ("comm_eff: 0", "constants.comm_eff=0 is invalid: expected an efficiency above 0"),
+    ("gemm_eff: .nan", "constants.gemm_eff=nan is invalid: expected a finite number >= 0"),
+    ("pipe_layer_s: .inf", "constants.pipe_layer_s=inf is invalid"),
+    ("dp_overlap: 1.5", "constants.dp_overlap=1.5 is invalid: expected a share in [0, 1]"),
+    ("moe_imbalance: 0.5", "constants.moe_imbalance=0.5 is invalid: expected a ratio >= 1"),
+])
+def test_a_constant_outside_its_domain_is_refused_by_name(capsys, tmp_path, constant,
+                                                          expected):
+    """0 for an efficiency was a ZeroDivisionError traceback; NaN passed `value < 0` and priced
+    every layout at NaN."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"base: frontier\nconstants:\n  {constant}\n")
+    code, _, err = run(capsys, "memory", "--model", "22b", "--cluster", str(path), "--tp", "8")
+    assert code == 2 and expected in err and "Traceback" not in err, err
+
+
 def test_cluster_file_is_used(capsys, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("name: mine\ngpu_memory_gb: 80\npeak_tflops: 300\ngpus_per_node: 4\n"
