@@ -80,9 +80,22 @@ def rank_layers(num_layers: int, pp: int, chunks: int, v_shape: bool = False,
                 first: Optional[int] = None, last: Optional[int] = None) -> List[int]:
     """Transformer layers per pipeline rank with `chunks` model chunks per rank: the sum of its
     chunks' (stage_layers over p x chunks), placed by chunk_owner."""
-    out = [0] * pp
+    return [len(held) for held in rank_layer_indices(num_layers, pp, chunks, v_shape, first,
+                                                     last)]
+
+
+def rank_layer_indices(num_layers: int, pp: int, chunks: int = 1, v_shape: bool = False,
+                       first: Optional[int] = None, last: Optional[int] = None
+                       ) -> List[List[int]]:
+    """The transformer layers (0-based, in model order) each pipeline rank holds: model chunk c
+    of the p x chunks (stage_layers) holds the next layers after chunk c - 1's, and chunk_owner
+    places it; with one chunk a rank, its stage's contiguous run. Which of them are MoE layers
+    (config/moe.is_moe_layer) follows."""
+    out: List[List[int]] = [[] for _ in range(pp)]
+    start = 0
     for chunk, layers in enumerate(stage_layers(num_layers, pp * chunks, first, last)):
-        out[chunk_owner(pp, chunk, v_shape)[0]] += layers
+        out[chunk_owner(pp, chunk, v_shape)[0]].extend(range(start, start + layers))
+        start += layers
     return out
 
 

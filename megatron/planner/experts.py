@@ -30,22 +30,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from typing import Optional
 
 import numpy as np
 
 from megatron.config import moe
 from megatron.planner import activations as act, fp8
 from megatron.planner.features import FEATURES, GEMM, MEM, gemm_seconds
-from megatron.planner.layout import Layout, layout_stage_layers
+from megatron.planner.layout import Layout, layout_stage_layer_indices
 from megatron.planner.overlap import OVERLAP
 from megatron.planner.params import StageParams, expert_params
 
 
 def stage_moe_layers(m, lay: Layout, stage: int) -> int:
-    """MoE layers among the transformer layers of pipeline stage `stage`."""
-    counts = layout_stage_layers(m.num_layers, lay)
-    first = sum(counts[:stage])
-    return sum(moe.is_moe_layer(m, i) for i in range(first, first + counts[stage]))
+    """MoE layers among the transformer layers pipeline stage `stage` holds (its model chunks'
+    under interleaving or ZB-V: layout_stage_layer_indices)."""
+    held = layout_stage_layer_indices(m.num_layers, lay)[stage]
+    return sum(moe.is_moe_layer(m, i) for i in held)
 
 
 def routed_tokens(m, lay: Layout) -> float:
@@ -198,11 +199,17 @@ def reducer(reduce, m):
     return functools.partial(split_reduction, reduce) if m.moe.num_experts else reduce
 
 
-def stage_delta_features(x, layers: int) -> np.ndarray:
-    """layer_delta_features for the MoE layers among a stage's `layers` (their share of the
-    model's: exact at PP 1, where every layer is a MoE layer, or where the stages split the MoE
-    layers evenly; memory.py counts each stage's own, stage_moe_layers)."""
+def stage_moe_share(m, layers: int, moe_layers: Optional[int] = None) -> float:
+    """The MoE layers a stage of `layers` holds: `moe_layers` where the caller counted the
+    stage's own (stage_moe_layers; timing.stage_keys does), else the model's share of them."""
+    if moe_layers is not None:
+        return float(moe_layers)
+    return moe.moe_layers(m) * layers / m.num_layers
+
+
+def stage_delta_features(x, layers: int, moe_layers: Optional[int] = None) -> np.ndarray:
+    """layer_delta_features for the MoE layers among a stage's `layers` (stage_moe_share)."""
     m = x.m
     if not m.moe.num_experts or not layers:
         return np.zeros(len(FEATURES))
-    return moe.moe_layers(m) * layers / m.num_layers * layer_delta_features(x)
+    return stage_moe_share(m, layers, moe_layers) * layer_delta_features(x)

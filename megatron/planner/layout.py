@@ -10,7 +10,7 @@ from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunk_rule, micro_batch_rule
 from megatron.config.schedules import Pipe
 from megatron.config.stages import (accounted_problem, chunk_ends, even_stage_layers,
-                                    rank_layers)
+                                    rank_layer_indices, rank_layers)
 from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
@@ -275,6 +275,21 @@ def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
         return rank_layers(num_layers, lay.pp, lay.interleave,
                            schedules.get(lay.schedule).head_on_first, first, last)
     return config_stage_layers(num_layers, lay.pp, first, last)
+
+
+def layout_stage_layer_indices(num_layers: int, lay: Layout) -> List[List[int]]:
+    """The transformer layers each stage of `lay` holds (layout_stage_layers counts them): its
+    model chunks' under interleaving or ZB-V (config/stages.rank_layer_indices), else its
+    contiguous run."""
+    counts = layout_stage_layers(num_layers, lay)
+    if lay.interleave > 1:
+        first, last = layout_ends(num_layers, lay)
+        held = rank_layer_indices(num_layers, lay.pp, lay.interleave,
+                                  schedules.get(lay.schedule).head_on_first, first, last)
+        if [len(h) for h in held] == counts:
+            return held
+    starts = [sum(counts[:i]) for i in range(lay.pp)]
+    return [list(range(a, a + n)) for a, n in zip(starts, counts)]
 
 
 def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:

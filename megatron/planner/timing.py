@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from megatron.planner.features import (  # noqa: F401 (the names timing has alwa
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
-from megatron.planner.layout import Job, Layout, layout_stage_layers
+from megatron.planner.layout import Job, Layout, layout_stage_layer_indices, layout_stage_layers
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Profile
@@ -222,14 +222,15 @@ def boundary_send_bytes(x: _Ctx, whole: float) -> float:
 
 
 def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
-                   turn: bool = False) -> np.ndarray:
+                   turn: bool = False, moe_layers: Optional[int] = None) -> np.ndarray:
     """One micro-batch through one stage: its layers, embedding (first) or output layer and loss
     (last: the stage that holds them, Layout.head_stage), pipeline sends. turn: the stage where
     a V-shaped schedule's chunks turn back (ZB-V's last stage), whose two chunks hand the
-    activation and its gradient to each other without a send."""
+    activation and its gradient to each other without a send. moe_layers: the MoE layers among
+    `layers` (stage_keys counts them; None: the model's share, experts.stage_moe_share)."""
     f = layers * layer_features(x)
     if x.m.moe.num_experts:
-        f += experts.stage_delta_features(x, layers)
+        f += experts.stage_delta_features(x, layers, moe_layers)
     tok, h, t = x.tokens, x.m.hidden_size, x.lay.tp
     if first:
         f[MEM] += 3 * tok * h * x.e / x.hbm
@@ -260,14 +261,16 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
     return f
 
 
-def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool) -> np.ndarray:
+def weight_grad_features(x: _Ctx, layers: int, first: bool, last: bool,
+                         moe_layers: Optional[int] = None) -> np.ndarray:
     """The W share of stage_features under a schedule that splits the backward (zbh1): the
     weight-gradient GEMMs (one forward GEMM's worth per linear layer, the output head.s on the
     last stage) and the embedding's gradient scatter-add (two of the three passes over its
     output that stage_features counts)."""
     w = layers * linear_gemms(x)
     if x.m.moe.num_experts:  # the MoE layers' experts, router and shared expert in W
-        w[GEMM] += moe.moe_layers(x.m) * layers / x.m.num_layers * experts.forward_gemm_delta(x)
+        w[GEMM] += (experts.stage_moe_share(x.m, layers, moe_layers)
+                    * experts.forward_gemm_delta(x))
     tok, h = x.tokens, x.m.hidden_size
     if first:
         w[MEM] += 2 * tok * h * x.e / x.hbm
@@ -370,16 +373,19 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
     return f
 
 
-def stage_keys(m, lay) -> List[Tuple[int, bool, bool, bool]]:
-    """Each stage's (layers, first, last, turn), in stage order: first holds the embedding,
-    last the output layer and loss (Layout.head_stage: the first stage under ZB-V, whose V
-    ends where it began), turn the V's turn (ZB-V's last stage; stage_features)."""
+def stage_keys(m, lay) -> List[Tuple[int, bool, bool, bool, int]]:
+    """Each stage's (layers, first, last, turn, moe), in stage order: first holds the
+    embedding, last the output layer and loss (Layout.head_stage: the first stage under ZB-V,
+    whose V ends where it began), turn the V's turn (ZB-V's last stage; stage_features), moe
+    the MoE layers among its layers (those its model chunks hold: one more than another
+    stage's where model.moe.layer_freq does not divide the layers a stage holds)."""
     turn = lay.head_stage == 0 and lay.pp > 1
-    return [(layers, i == 0, i == lay.head_stage, turn and i == lay.pp - 1)
-            for i, layers in enumerate(layout_stage_layers(m.num_layers, lay))]
+    return [(len(held), i == 0, i == lay.head_stage, turn and i == lay.pp - 1,
+             sum(moe.is_moe_layer(m, j) for j in held))
+            for i, held in enumerate(layout_stage_layer_indices(m.num_layers, lay))]
 
 
-def _stage_kinds(keys) -> List[Tuple[Tuple[int, bool, bool, bool], int]]:
+def _stage_kinds(keys) -> List[Tuple[Tuple[int, bool, bool, bool, int], int]]:
     """(key, count) for each distinct stage key."""
     counts = {}
     for key in keys:
@@ -394,7 +400,7 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     kinds = _stage_kinds(keys)
     per_key = {key: stage_features(x, *key) for key, _ in kinds}
     stages = [(per_key[key], n) for key, n in kinds]
-    weights = [weight_grad_features(x, *key[:3]) for key, _ in kinds]
+    weights = [weight_grad_features(x, *key[:3], moe_layers=key[4]) for key, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
     layers_of = layout_stage_layers(job.model.num_layers, lay)

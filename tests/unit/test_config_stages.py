@@ -185,3 +185,15 @@ def test_counted_ends_reach_the_trainer():
     one = _cfg("parallel.pipeline_embedding_as_layer=true", "model.num_layers=5")
     validate_for_world(one, 2)
     assert pipeline_stage_layers(one) == [2, 3]
+
+
+def test_a_rank_holds_its_chunks_layers_in_model_order():
+    """rank_layer_indices: chunk c of p x v holds the layers after chunk c - 1's; interleaved
+    1F1B's loop gives rank r chunks r, r + p; ZB-V's V chunks r and 2p - 1 - r. rank_layers
+    counts them, and one chunk a rank is the contiguous stage."""
+    from megatron.config.stages import rank_layer_indices, rank_layers
+    assert rank_layer_indices(8, 2, 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert rank_layer_indices(8, 2, 2, v_shape=True) == [[0, 1, 6, 7], [2, 3, 4, 5]]
+    assert rank_layer_indices(7, 2) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert rank_layer_indices(10, 2, 2, first=1, last=3) == [[0, 4, 5, 6], [1, 2, 3, 7, 8, 9]]
+    assert rank_layers(10, 2, 2, first=1, last=3) == [4, 6]

@@ -8,7 +8,7 @@ import pytest
 from megatron.config import moe
 from megatron.planner import activations as act, experts
 from megatron.config.sections import MoEConfig
-from megatron.planner.features import COMM, GEMM, MEM, gemm_seconds
+from megatron.planner.features import COMM, GEMM, MEM, PIPE, gemm_seconds
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import memory_per_stage, peak_memory
 from megatron.planner.models import preset_model
@@ -343,3 +343,35 @@ def test_imbalance_scales_the_busiest_ranks_expert_gemms_and_all_to_all():
     flat = Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1)
     assert "moe_balance" not in ranges.step_range(dense, flat, prof, step).swings
     assert m.moe.top_k == 2
+
+
+def test_each_stage_is_priced_with_the_moe_layers_it_holds():
+    """model.moe.layer_freq 4 on 8 layers puts experts in layers 0 and 4. Plain stages at PP 2
+    hold one each; interleaved, two chunks a rank, rank 0 holds chunks [0, 1] and [4, 5], both
+    MoE layers, and rank 1 none (config/stages.rank_layer_indices). The stages were priced
+    with the model's share, one each, in time (timing.stage_keys) and, under interleaving, in
+    memory (experts.stage_moe_layers took contiguous runs). This trainer refuses experts with
+    model chunks; Megatron's interleaved MoE (the Grok recipe) is priced for comparison."""
+    from megatron.planner.timing import stage_keys
+    m = dataclasses.replace(preset_model("gpt3-350m"), num_layers=8,
+                            moe=MoEConfig(num_experts=8, top_k=2, layer_freq=4))
+    job, prof = Job(m, 64, "bf16"), load_profile("h100")
+    plain = Layout(tp=1, pp=2, dp=4, micro_batch=1, grad_accum=16, zero=1, ep=4)
+    chunked = dataclasses.replace(plain, interleave=2)
+    assert [k[4] for k in stage_keys(m, plain)] == [1, 1]
+    assert [k[4] for k in stage_keys(m, chunked)] == [2, 0]
+    assert [experts.stage_moe_layers(m, chunked, s) for s in (0, 1)] == [2, 0]
+    x = _Ctx(job, chunked, prof)
+    delta = experts.layer_delta_features(x)[:PIPE]  # PIPE on: the engine's share of the slot
+    rank0 = stage_features(x, 4, True, False, moe_layers=2)[:PIPE]
+    rank1 = stage_features(x, 4, False, True, moe_layers=0)[:PIPE]
+    one = stage_features(x, 4, True, False, moe_layers=1)[:PIPE]
+    assert rank0 - one == pytest.approx(delta, rel=1e-9, abs=1e-15)
+    # the model's share, as before, prices each stage halfway
+    share = stage_features(x, 4, False, True)[:PIPE]
+    assert share - rank1 == pytest.approx(delta, rel=1e-9, abs=1e-15)
+    # the step prices each stage by its key: rank 0's features are those with both
+    from megatron.planner.timing import step_features
+    parts = step_features(job, chunked, prof)[1]
+    slowest = parts["slowest"][:PIPE]
+    assert any(slowest == pytest.approx(f, rel=1e-12) for f in (rank0, rank1))

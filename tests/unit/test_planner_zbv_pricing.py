@@ -23,8 +23,9 @@ V1F1B = dataclasses.replace(ZBV, schedule="1f1b")  # interleaved 1F1B: the same 
 
 def test_the_head_is_on_the_first_stage_and_the_v_turns_on_the_last():
     assert ZBV.head_stage == 0 and V1F1B.head_stage == 1
-    assert stage_keys(JOB.model, ZBV) == [(12, True, True, False), (12, False, False, True)]
-    assert stage_keys(JOB.model, V1F1B) == [(12, True, False, False), (12, False, True, False)]
+    assert stage_keys(JOB.model, ZBV) == [(12, True, True, False, 0), (12, False, False, True, 0)]
+    assert stage_keys(JOB.model, V1F1B) == [(12, True, False, False, 0),
+                                            (12, False, True, False, 0)]
 
 
 def test_stage_features_move_the_head_and_drop_the_turns_sends():
