@@ -24,6 +24,7 @@ def parse_paths(paths: Sequence[str]) -> Tuple[List[float], List[str]]:
             except ValueError:
                 weight = None
         if weight is None:
+            _refuse_a_lone_weight(entry, paths)
             prefixes.append(str(entry).strip())
         else:
             if weight <= 0:
@@ -37,6 +38,21 @@ def parse_paths(paths: Sequence[str]) -> Tuple[List[float], List[str]]:
         weights = [1.0] * len(prefixes)
     total = sum(weights)
     return [w / total for w in weights], prefixes
+
+
+def _refuse_a_lone_weight(entry, paths: Sequence[str]) -> None:
+    """An entry that is a number alone is Megatron-LM's --data-path habit (weight and prefix as
+    separate items), which read as a prefix named "0.3" would fail on a missing 0.3.idx."""
+    try:
+        float(str(entry).strip())
+    except ValueError:
+        return
+    items = [str(p).strip() for p in paths]
+    pairs = [f"{w} {p}" for w, p in zip(items[::2], items[1::2])]
+    raise ConfigError("data.paths", entry, "a dataset prefix, or a weight and its prefix in one "
+                      "entry (\"WEIGHT PREFIX\"); a number alone is a weight without its prefix",
+                      f"write each pair as one entry, e.g. data.paths={pairs or ['0.5 PREFIX']} "
+                      "(a prefix named like a number: write it as ./NAME)")
 
 
 def blend_indices(weights: Sequence[float], size: int, cache_dir: str,

@@ -144,6 +144,12 @@ def test_parse_paths():
         parse_paths(["0.5 x", "y"])
     with pytest.raises(ConfigError, match=r"positive weight"):
         parse_paths(["-1 x"])
+    # Megatron-LM's --data-path habit, weights and prefixes as separate items: named, with the
+    # pairs to write instead (it was a missing "0.3.idx")
+    with pytest.raises(ConfigError, match=r"data.paths='0.3' is invalid: .*a number alone is a "
+                                          r"weight .*\['0.3 a', '0.7 b'\]"):
+        parse_paths(["0.3", "a", "0.7", "b"])
+    assert parse_paths(["./2024", "x"]) == ([0.5, 0.5], ["./2024", "x"])
 
 
 def test_vocabulary_mismatch_fails_at_startup(corpus, tmp_path):
