@@ -29,10 +29,12 @@ there. Non-finite numbers are written as null and named in "nonfinite"."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
@@ -54,7 +56,7 @@ def _check_keys(obj: Any, cls, what: str, optional: Tuple[str, ...] = ()) -> Non
                           "version of megatron-frontier?)")
 
 
-def _typed(obj: Dict[str, Any], what: str, **kinds) -> None:
+def _typed(obj: Dict[str, Any], what: str, /, **kinds) -> None:
     """Refuses a value of the wrong JSON type: kinds maps a key to int, float, str, bool, dict,
     list or (type, None) for a nullable one. A bool is not a number here."""
     for key, kind in kinds.items():
@@ -68,6 +70,26 @@ def _typed(obj: Dict[str, Any], what: str, **kinds) -> None:
         if not ok:
             raise RecordError(f"{what}: {key} is {value!r}, expected "
                               f"{'null or ' if nullable else ''}a JSON {kind.__name__}")
+
+
+_SCALARS = (int, float, str, bool)
+
+
+@functools.lru_cache(maxsize=None)
+def _line_kinds(cls) -> Dict[str, Any]:
+    """_typed's kinds for a metrics record's scalar fields, from its annotations: a float may be
+    null (the writer puts null for a non-finite value), an int too except the step, an
+    Optional[...] one as well; lists, mappings and nested records are checked where read."""
+    kinds: Dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = typing.get_origin(hint) is Union and len(args) == 1
+        kind = args[0] if optional else hint
+        if kind not in _SCALARS:
+            continue
+        nullable = optional or kind is float or (kind is int and name != "step")
+        kinds[name] = (kind, None) if nullable else kind
+    return kinds
 
 
 # --- the checkpoint record --------------------------------------------------------------------
@@ -450,10 +472,12 @@ def parse_metrics_line(obj: Any, where: str = "a metrics line") -> MetricsRecord
                               f"{', '.join(EVENTS)}")
         added = tuple(f.name for f in dataclasses.fields(cls) if f.default is None)
         _check_keys(obj, cls, where, optional=added)  # keys added since may be absent
+        _typed(obj, where, **{k: v for k, v in _line_kinds(cls).items() if k in obj})
         return cls(**obj)
     cls = EvalRecord if "split" in obj else StepRecord
     names = [f.name for f in dataclasses.fields(cls)]
     _check_keys(obj, cls, where, optional=tuple(n for n in names if n != "step"))
+    _typed(obj, where, **{k: v for k, v in _line_kinds(cls).items() if k in obj})
     values = {n: obj.get(n) for n in names}
     if values.get("startup") is not None:
         values["startup"] = StartupRecord.from_json(values["startup"], f"{where}: startup")

@@ -218,3 +218,27 @@ def test_strict_reading_still_leaves_out_a_cut_or_zero_filled_last_line(tmp_path
     for tail in ('{"step": 2, "lo', "\0" * 4096):
         path.write_text(line + "\n" + tail)
         assert [r.step for r in records.read_metrics(str(path))] == [1], repr(tail[:8])
+
+
+@pytest.mark.parametrize("line,words", [
+    ('{"step": "two", "loss": 1.0}', "step is 'two', expected a JSON int"),
+    ('{"step": 2, "loss": "nan"}', "loss is 'nan', expected null or a JSON float"),
+    ('{"step": true, "split": "valid", "loss": 1.0}', "step is True, expected a JSON int"),
+    ('{"step": 2, "split": 3, "loss": 1.0}', "split is 3, expected a JSON str"),
+    ('{"event": "save", "step": 2, "seconds": "slow", "gb": 1, "gb_per_s": null}',
+     "seconds is 'slow'"),
+    ('{"event": "state_suspect", "step": 2, "rank": 0, "host": "n", "what": "w", '
+     '"known": "yes"}', "known is 'yes', expected a JSON bool"),
+])
+def test_a_line_whose_value_has_the_wrong_type_is_not_a_record(tmp_path, line, words):
+    """Keys were checked, values were not: megatron-report met step "two" in max() and died
+    with a TypeError. A value of the wrong JSON type is now a RecordError naming the file, line
+    and key (a null float, what the writer puts for a non-finite value, reads as None)."""
+    path = tmp_path / rundir.METRICS
+    good = json.dumps(records.record_json(records.EvalRecord(1, "valid", None)))
+    path.write_text(f"{good}\n{line}\n")
+    with pytest.raises(records.RecordError, match=re.escape(f"{path}:2: {words}")):
+        records.read_metrics(str(path))
+    skipped = []
+    assert [r.step for r in records.read_metrics(str(path), skipped=skipped)] == [1]
+    assert len(skipped) == 1 and words in skipped[0]

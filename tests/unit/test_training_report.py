@@ -27,6 +27,8 @@ def _sample(name: str, hint, n: int):
         hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
     if typing.get_origin(hint) is list:
         return [_sample(name, typing.get_args(hint)[0], n)]
+    if hint is bool:  # before int: a bool is one to Python, not to the records' reader
+        return n % 2 == 0
     if hint is int:
         return 100 + n
     if hint is float:
