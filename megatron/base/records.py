@@ -75,11 +75,19 @@ def _typed(obj: Dict[str, Any], what: str, /, **kinds) -> None:
 _SCALARS = (int, float, str, bool)
 
 
+def check_scalar_types(cls, obj: Dict[str, Any], what: str, metrics: bool = False) -> None:
+    """RecordError naming `what` and the key when a value of `obj` present for one of the
+    dataclass `cls`'s scalar fields has the wrong JSON type (_scalar_kinds); for any JSON
+    record this package reads back. metrics: a metrics line's rules for null."""
+    _typed(obj, what, **{k: v for k, v in _scalar_kinds(cls, metrics).items() if k in obj})
+
+
 @functools.lru_cache(maxsize=None)
-def _line_kinds(cls) -> Dict[str, Any]:
-    """_typed's kinds for a metrics record's scalar fields, from its annotations: a float may be
-    null (the writer puts null for a non-finite value), an int too except the step, an
-    Optional[...] one as well; lists, mappings and nested records are checked where read."""
+def _scalar_kinds(cls, metrics: bool) -> Dict[str, Any]:
+    """_typed's kinds for a dataclass's scalar fields, from its annotations: an Optional[...]
+    one may be null, and in a metrics line (metrics) a float too (the writer puts null for a
+    non-finite value) and an int other than the step; lists, mappings and nested records are
+    checked where read."""
     kinds: Dict[str, Any] = {}
     for name, hint in typing.get_type_hints(cls).items():
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -87,7 +95,7 @@ def _line_kinds(cls) -> Dict[str, Any]:
         kind = args[0] if optional else hint
         if kind not in _SCALARS:
             continue
-        nullable = optional or kind is float or (kind is int and name != "step")
+        nullable = optional or (metrics and (kind is float or (kind is int and name != "step")))
         kinds[name] = (kind, None) if nullable else kind
     return kinds
 
@@ -472,12 +480,12 @@ def parse_metrics_line(obj: Any, where: str = "a metrics line") -> MetricsRecord
                               f"{', '.join(EVENTS)}")
         added = tuple(f.name for f in dataclasses.fields(cls) if f.default is None)
         _check_keys(obj, cls, where, optional=added)  # keys added since may be absent
-        _typed(obj, where, **{k: v for k, v in _line_kinds(cls).items() if k in obj})
+        check_scalar_types(cls, obj, where, metrics=True)
         return cls(**obj)
     cls = EvalRecord if "split" in obj else StepRecord
     names = [f.name for f in dataclasses.fields(cls)]
     _check_keys(obj, cls, where, optional=tuple(n for n in names if n != "step"))
-    _typed(obj, where, **{k: v for k, v in _line_kinds(cls).items() if k in obj})
+    check_scalar_types(cls, obj, where, metrics=True)
     values = {n: obj.get(n) for n in names}
     if values.get("startup") is not None:
         values["startup"] = StartupRecord.from_json(values["startup"], f"{where}: startup")

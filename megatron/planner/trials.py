@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from megatron.base.records import RecordError, read_metrics, steps
+from megatron.base.records import RecordError, check_scalar_types, read_metrics, steps
 from megatron.base.rundir import RunDir
 from megatron.config import load_config, variants
 from megatron.config.errors import InputError
@@ -68,8 +68,13 @@ class TrialStore:
                     continue
                 try:
                     raw = json.loads(line)
+                    if not isinstance(raw, dict) or not isinstance(raw.get("layout"), dict):
+                        raise RecordError("not a JSON object with a layout object")
+                    check_scalar_types(TrialResult, raw, "it")
+                    check_scalar_types(Layout, raw["layout"], "its layout")
                     rec = TrialResult(**{k: v for k, v in raw.items() if k in names})
-                except (ValueError, TypeError) as e:
+                    rec.to_layout()  # a layout the planner can read back
+                except (ValueError, TypeError, RecordError) as e:
                     log.warning("%s:%d is not a trial record (%s); skipped", self.path, lineno, e)
                     continue
                 out[rec.key] = rec

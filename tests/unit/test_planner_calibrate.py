@@ -11,7 +11,7 @@ from megatron.config import load_config
 from megatron.config.errors import InputError
 from megatron.planner.calibrate import calibrate, calibration_layouts, nnls, spearman
 from megatron.planner.hardware import ClusterSpec
-from megatron.planner.layout import Job
+from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import peak_memory
 from megatron.planner.profile import Constants, Profile, load_profile
 from megatron.planner.search import SearchSpace
@@ -101,16 +101,29 @@ def test_too_few_trials_is_a_clear_error():
         calibrate(job, Profile(CPU), [])
 
 
-def test_store_resumes_and_skips_bad_lines(tmp_path):
+def test_store_resumes_and_skips_bad_lines(tmp_path, caplog):
     path = tmp_path / "trials.jsonl"
     store = TrialStore(str(path))
-    store.append(TrialResult("a", {"tp": 1}, "failed", error="boom"))
+    one, two = (dataclasses.asdict(Layout(t, 1, 2 // t, 1, 4)) for t in (1, 2))
+    store.append(TrialResult("a", one, "failed", error="boom"))
     with open(path, "a") as f:
         f.write("{not json\n")
-    store.append(TrialResult("a", {"tp": 1}, "ok", step_time_s=1.5))
-    store.append(TrialResult("b", {"tp": 2}, "ok", step_time_s=2.0))
+        # a list, a wrong-typed time, a layout that is no object, one with a wrong-typed or
+        # missing field: each crashed the fit later (a TypeError or AttributeError traceback)
+        f.write("[1, 2]\n")
+        f.write(json.dumps({"key": "c", "layout": one, "status": "ok", "step_time_s": "1"}) + "\n")
+        f.write(json.dumps({"key": "d", "layout": 5, "status": "ok"}) + "\n")
+        f.write(json.dumps({"key": "e", "layout": dict(one, tp="x"), "status": "ok"}) + "\n")
+        f.write(json.dumps({"key": "f", "layout": {"tp": 1}, "status": "ok"}) + "\n")
+    store.append(TrialResult("a", one, "ok", step_time_s=1.5))
+    store.append(TrialResult("b", two, "ok", step_time_s=2.0))
     done = store.load()
     assert set(done) == {"a", "b"} and done["a"].ok and done["a"].step_time_s == 1.5
+    assert done["b"].to_layout().tp == 2
+    skipped = [r.getMessage() for r in caplog.records if "is not a trial record" in r.message]
+    assert [m.split(" is not")[0].rsplit(":", 1)[1] for m in skipped] == \
+        ["2", "3", "4", "5", "6", "7"]
+    assert "step_time_s is '1'" in skipped[2] and "its layout: tp is 'x'" in skipped[4]
 
 
 def test_summarize_metrics_skips_warmup_and_eval(tmp_path):
