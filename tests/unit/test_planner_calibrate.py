@@ -192,3 +192,21 @@ def test_fit_separates_the_link_classes():
     assert report.rel_rmse_after < 0.02
     assert fitted.constants.comm_eff == pytest.approx(0.5, rel=0.25)
     assert fitted.constants.inter_comm_eff == pytest.approx(0.15, rel=0.25)
+
+
+def test_a_trial_config_runs_flash_layouts_on_the_core_its_device_picks(tmp_path):
+    """--flash-backend defaults to auto: the model picks flash where it runs, else sdpa (it was
+    "sdpa" written out, on GPUs too); a layout without flash runs the core that keeps the
+    scores (variants.attention_core)."""
+    from megatron.config import variants
+    from megatron.planner.trials import TorchrunRunner
+    tiny = f"{ROOT}/examples/local/tiny.yaml"
+    job = Job(load_config(tiny).model, 8, "fp32")
+    runner = TorchrunRunner(tiny, job, 2, str(tmp_path / "trials"))
+    backends = {}
+    for flash in (True, False):
+        lay = Layout(1, 1, 2, 1, 4, zero=1, flash=flash)
+        backends[flash] = load_config(runner.write_config(lay)).model.attention_backend
+    assert backends == {True: variants.AUTO, False: "math"}
+    assert variants.attention_core(keeps_scores=True).name == "math"
+    assert variants.attention_of(job.model, "auto").name == "flash"  # a GPU's pick, priced
