@@ -15,7 +15,7 @@ from typing import Any, Dict
 import torch
 
 from megatron.config import build_config, variants
-from megatron.config.errors import InputError
+from megatron.config.errors import ConfigError, InputError
 from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
@@ -26,8 +26,15 @@ def _read_config(hf_dir: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         raise InputError(f"{hf_dir!r} holds no config.json: expected a Hugging Face model folder "
                          f"(config.json and model.safetensors)")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            hf = json.load(f)
+    except ValueError as e:
+        raise InputError(f"{path} is not JSON ({e}): expected a Hugging Face config.json") from None
+    if not isinstance(hf, dict):
+        raise InputError(f"{path} holds a JSON {type(hf).__name__}, not an object: expected a "
+                         f"Hugging Face config.json")
+    return hf
 
 
 def _read_weights(hf_dir: str) -> StateDict:
@@ -228,7 +235,17 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     """The folder's model as a MergedCheckpoint (TP = PP = 1 names, the folder's dtype, no
     vocabulary padding: the run pads as its own TP size requires)."""
     hf = _read_config(hf_dir)
-    cfg = build_config({"model": model_section(hf)})
+    try:
+        section = model_section(hf)
+    except KeyError as e:
+        raise InputError(f"{os.path.join(hf_dir, 'config.json')} lacks {e.args[0]!r}, which a "
+                         f"{hf.get('model_type')} config.json holds: expected the config "
+                         f"save_pretrained writes") from None
+    try:
+        cfg = build_config({"model": section})
+    except ConfigError as e:  # a value of the folder's, not a field --set could change
+        raise InputError(f"{os.path.join(hf_dir, 'config.json')} describes a model this trainer "
+                         f"refuses: {e.field}={e.value!r}, expected {e.expected}") from None
     sd = _read_weights(hf_dir)
     convert = _from_gpt2 if hf["model_type"] == "gpt2" else _from_llama
     state = {k: v.contiguous() for k, v in convert(sd, cfg.model, hf_dir).items()}

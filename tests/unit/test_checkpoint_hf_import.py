@@ -122,6 +122,24 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
         import_hf(str(tmp_path))
 
 
+@pytest.mark.parametrize("text,words", [
+    ('{"model_type": "llama"}', "lacks 'hidden_size', which a llama config.json holds"),
+    ('{"model_type": "gpt2", "n_embd": 64}', "lacks 'n_layer', which a gpt2 config.json holds"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ("{bad", "is not JSON"),
+    ('{"model_type": "gpt2", "n_embd": "x", "n_layer": 2, "n_head": 2, "n_positions": 8, '
+     '"vocab_size": 10}', "describes a model this trainer refuses: model.hidden_size='x'"),
+])
+def test_a_config_json_that_is_not_a_whole_config_is_named(tmp_path, text, words):
+    """A missing key was a KeyError traceback, a list an AttributeError; a value the model
+    refuses named our field with a --set hint, which cannot reach a folder's file."""
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(InputError) as e:
+        import_hf(str(tmp_path))
+    assert f"{tmp_path}/config.json" in str(e.value) and words in str(e.value), str(e.value)
+    assert "--set" not in str(e.value)
+
+
 def test_init_from_an_imported_model_pads_the_vocabulary_for_the_run(tmp_path):
     """training.init_from with an imported file (300 rows) into a model whose run pads the
     vocabulary to 512: real ids keep transformers' logits, padding rows start at zero."""
