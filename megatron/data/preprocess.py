@@ -136,7 +136,7 @@ def _encode_one(file_no: int, number: int, item: tuple) -> Tuple[int, List[Docum
         ids: List[int] = []
         lengths: List[int] = []
         for sentence in _sentences(value, f"{where}: key {key!r}"):
-            sentence_ids = _STATE["tokenizer"].tokenize(sentence) if sentence else []
+            sentence_ids = _tokenize(sentence, f"{where}: key {key!r}") if sentence else []
             if sentence_ids:  # Megatron-LM writes no zero-length sequence
                 ids.extend(sentence_ids)
                 lengths.append(len(sentence_ids))
@@ -145,6 +145,15 @@ def _encode_one(file_no: int, number: int, item: tuple) -> Tuple[int, List[Docum
             lengths[-1] += 1
         out.append((np.asarray(ids, dtype=_STATE["dtype"]), lengths))
     return nbytes, out
+
+
+def _tokenize(sentence, where: str) -> List[int]:
+    """The tokenizer's ids; its refusal of a value (the null tokenizer's text or an id past
+    the vocabulary) is raised naming the file and line or row it came from."""
+    try:
+        return _STATE["tokenizer"].tokenize(sentence)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 def _text_bytes(value) -> int:

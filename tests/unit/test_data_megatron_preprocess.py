@@ -83,6 +83,10 @@ def test_a_list_of_texts_is_one_sequence_each(tmp_path):
     ([{"text": [1, 2]}], TokenizerSpec("sentencepiece", spm_model()), "expected a text or a "
      "list of texts (one sequence each); fix"),
     ([{"text": 5}], TokenizerSpec("null", vocab_size=200), "holds '5', expected a text"),
+    # the tokenizer's own refusals named no line before
+    ([{"text": "1 x"}], TokenizerSpec("null", vocab_size=200), "the null tokenizer expects "
+     "integers"),
+    ([{"text": "1 999"}], TokenizerSpec("null", vocab_size=200), "token id 999 is outside"),
 ])
 def test_values_that_are_not_texts_are_one_message(tmp_path, rows, spec, fragment):
     with pytest.raises(InputError) as e:
