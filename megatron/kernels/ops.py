@@ -15,9 +15,14 @@ import torch
 
 from megatron.config.errors import ConfigError
 from megatron.kernels import fused, registry
-# The norms' and activations' torch paths on a GPU (torch's kernels in the inputs' dtype)
+# The ops' records (each op's name is its record's); the norms' and activations' torch paths
+# on a GPU (torch's kernels in the inputs' dtype)
+from megatron.kernels.builtin.activation import BIAS_GELU, SWIGLU
 from megatron.kernels.builtin.activation import native_activation  # noqa: F401
+from megatron.kernels.builtin.norm import LAYER_NORM, RMS_NORM
 from megatron.kernels.builtin.norm import native_norm  # noqa: F401
+from megatron.kernels.builtin.rotary import ROTARY
+from megatron.kernels.builtin.softmax import SCALED_CAUSAL_SOFTMAX, SCALED_MASKED_SOFTMAX
 from megatron.kernels.loader import unavailable_reason
 
 log = logging.getLogger(__name__)
@@ -72,28 +77,28 @@ _DEFAULT = KernelSelection()
 
 
 def layer_norm(x, weight, bias, eps, sel: KernelSelection = _DEFAULT):
-    return dispatch("layer_norm", sel, x, weight, bias, eps)
+    return dispatch(LAYER_NORM.name, sel, x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps, sel: KernelSelection = _DEFAULT):
-    return dispatch("rms_norm", sel, x, weight, eps)
+    return dispatch(RMS_NORM.name, sel, x, weight, eps)
 
 
 def scaled_masked_softmax(scores, mask, scale, sel: KernelSelection = _DEFAULT):
-    return dispatch("scaled_masked_softmax", sel, scores, mask, scale)
+    return dispatch(SCALED_MASKED_SOFTMAX.name, sel, scores, mask, scale)
 
 
 def scaled_causal_softmax(scores, scale, sel: KernelSelection = _DEFAULT):
-    return dispatch("scaled_causal_softmax", sel, scores, scale)
+    return dispatch(SCALED_CAUSAL_SOFTMAX.name, sel, scores, scale)
 
 
 def rotary(x, cos, sin, sel: KernelSelection = _DEFAULT):
-    return dispatch("rotary", sel, x, cos, sin)
+    return dispatch(ROTARY.name, sel, x, cos, sin)
 
 
 def bias_gelu(x, bias, sel: KernelSelection = _DEFAULT):
-    return dispatch("bias_gelu", sel, x, bias)
+    return dispatch(BIAS_GELU.name, sel, x, bias)
 
 
 def swiglu(gate, up, sel: KernelSelection = _DEFAULT):
-    return dispatch("swiglu", sel, gate, up)
+    return dispatch(SWIGLU.name, sel, gate, up)

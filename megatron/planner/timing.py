@@ -50,7 +50,7 @@ from megatron.planner.features import (  # noqa: F401 (the names timing has alwa
 from megatron.planner.flops import hardware_flops, model_flops
 from megatron.planner.grad_dtype import wire_bytes
 from megatron.planner.hardware import Link
-from megatron.planner.layout import Job, Layout, layout_stage_layer_indices, layout_stage_layers
+from megatron.planner.layout import Job, Layout, layout_stage_layer_indices
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, exposed_share
 from megatron.planner.params import StageParams, all_stage_params, padded_vocab
 from megatron.planner.profile import Profile
@@ -403,7 +403,7 @@ def step_features(job: Job, lay: Layout, prof: Profile) -> Tuple[np.ndarray, dic
     weights = [weight_grad_features(x, *key[:3], moe_layers=key[4]) for key, _ in kinds]
     pipe = pipeline_features(lay, stages, weights, th)
     slowest = max(range(len(stages)), key=lambda k: dot(th, stages[k][0]))
-    layers_of = layout_stage_layers(job.model.num_layers, lay)
+    layers_of = [key[0] for key in keys]  # layout_stage_layers, as stage_keys counted them
     params = all_stage_params(job.model, lay.tp, lay.pp, lay.ep, counts=layers_of,
                               head_stage=lay.head_stage)
     # the ends reduce the most, unless set first/last layer counts leave a middle stage more
