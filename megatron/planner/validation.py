@@ -480,8 +480,9 @@ def ordering_holds(comp: Comparison, cases: Dict[str, Case],
 # Llama 3's (llama3_24) were tuned, but the search cannot express them (set first/last stage
 # layer counts) and the memory model puts them above 80 GB: ranked for information only.
 # NVIDIA's benchmark recipes (dgxc24): their README does not say how the layouts were chosen:
-# ranked for information only.
-CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23", "mcore24")
+# ranked for information only. GLM-130B's (glm22, held out of every fit) was chosen by
+# measurement (its appendix B.4): ranked with these, counted apart from the fitted cases.
+CHOSEN_FOR_SPEED = ("narayanan21", "mtnlg22", "bloom22", "dash23", "mcore24", "glm22")
 
 
 @dataclass(frozen=True)
@@ -493,21 +494,41 @@ class LayoutRank:
     behind: Optional[float]  # predicted tokens/s of the best / of the published layout - 1
 
 
+def published_lighter_ends(num_layers: int, lay: Layout) -> Tuple[int, ...]:
+    """SearchSpace.lighter_ends that offer a layout's set first/last model-chunk counts: 0 and
+    how many layers fewer than a middle chunk each end holds (GLM-130B's 8, 9 x 6, 8: 0 and
+    1; search.end_splits turns them back into counts)."""
+    chunks = lay.pp * lay.interleave
+    first, last = lay.first_stage_layers, lay.last_stage_layers
+    inner = chunks - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if inner < 1 or rest % inner:
+        raise InputError(f"{lay.key()}: {rest} layers do not split evenly over the "
+                         f"{inner} model chunks between the set ends")
+    middle = rest // inner
+    return tuple(sorted({0} | {middle - n for n in (first, last) if n is not None}))
+
+
 def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                           memory_fraction: float = 1.0) -> LayoutRank:
     """Where the published layout ranks among every fitting TP x PP x DP layout of the same
     model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
-    attention path, sequence parallelism and schedule; its context-parallel degree, model
-    chunks per stage and ends counted as a layer, where it has them, beside none (CP 1, plain
-    stages, the plain split). PP divides the
+    attention path, sequence parallelism and schedule; its context- and expert-parallel
+    degrees, model chunks per stage, set end-stage counts and ends counted as a layer, where
+    it has them, beside none (CP 1, EP 1, plain stages, the plain split). PP divides the
     layers for Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them
     unevenly (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
     lay = case.layout
     prof = prof or in_sample_profile(case)
     cp_space = dict(cp=tuple(sorted({1, lay.cp})), cp_algos=(lay.cp_algo,)) if lay.cp > 1 else {}
-    # ends counted as a layer are searched beside the plain split (search.counted_splits)
+    if lay.ep > 1:  # experts: the published expert-parallel degree beside none
+        cp_space["ep"] = tuple(sorted({1, lay.ep}))
+    # ends counted as a layer are searched beside the plain split (search.counted_splits), set
+    # first/last chunk counts at the published layers fewer than a middle chunk beside none
     ends_space = dict(lighter_ends=(0, 1)) if lay.counted else {}
+    if lay.first_stage_layers is not None or lay.last_stage_layers is not None:
+        ends_space = dict(lighter_ends=published_lighter_ends(case.job.model.num_layers, lay))
     space = SearchSpace(micro_batch=(lay.micro_batch,), zero=(lay.zero,),
                         recompute=(lay.recompute,), flash=(lay.flash,),
                         sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
