@@ -59,6 +59,11 @@ DEVICE_EVIDENCE: Dict[str, str] = {
                "FP8, one bf16) came out within 13% of this preset (slow on four), and one bf16 "
                "MoE (Mixtral 8x7B) took 50% more time than predicted (docs/planner.md, "
                "MI300-class devices)"),
+    "frontier": ("the MI250X runs behind this band are the Frontier paper's 175B on 128 GCDs "
+                 "and LUMI's on 32-2048 GCDs (all Megatron-DeepSpeed, no flash on LUMI); one "
+                 "held out of every fit, Poro 34B at TP 2 x PP 4 x DP 128 on 1024 LUMI GCDs, "
+                 "took 29% more time than predicted, outside the band (its figure may average "
+                 "the run's saves and restarts; docs/planner.md, Ranges)"),
     "h200": "no published H200 run is in the validation set: the H100 runs' fit is assumed",
     "gh200": ("no published GH200 run is in the validation set (torchtitan's 96 GB H100 runs "
               "are held back): the H100 runs' fit is assumed"),
@@ -96,7 +101,8 @@ def smi_note(peak_gib: float, device_gib: float, framework: str) -> str:
 
 def device_note(cluster: str) -> str:
     """What the validation says (or does not) about the error band on this preset's device."""
-    text = DEVICE_EVIDENCE.get(cluster.lower(), "")
+    name = cluster.lower()
+    text = DEVICE_EVIDENCE.get("frontier" if name == "mi250x" else name, "")
     return f"note on {cluster}: {text}" if text else ""
 
 
