@@ -56,7 +56,7 @@ def cmd_search(args) -> int:
     best = result.best
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
-    _print_device_note(prof)
+    _print_device_note(prof, best.layout.world)
     print(ranges.ORDER_EVIDENCE)
     if not preset:
         print(_config_layout_rank(args, job, cfg, result, prof))
@@ -175,7 +175,7 @@ def cmd_memory(args) -> int:
         breakdown.step_breakdown(job, lay, prof))))
     free = args.micro_batch is None and cfg is None
     print(f"\npredicted step {_range(job, lay, prof, free).describe()}")
-    _print_device_note(prof)
+    _print_device_note(prof, lay.world)
     if free:
         lo, hi, mbs = ranges.memory_range(job, lay, prof)
         print(f"micro-batch not given: {lay.micro_batch} priced; over those that fit "
@@ -183,11 +183,12 @@ def cmd_memory(args) -> int:
     return 0
 
 
-def _print_device_note(prof: Profile) -> None:
-    """The line beside the error band on a preset the published runs do not cover."""
-    note = ranges.device_note(prof.spec.name)
-    if note:
-        print(note)
+def _print_device_note(prof: Profile, devices: int) -> None:
+    """The lines beside the error band on a preset the published runs do not cover, and for a
+    layout as large as the largest published runs."""
+    for note in (ranges.device_note(prof.spec.name), ranges.scale_note(devices)):
+        if note:
+            print(note)
 
 
 def _range(job: Job, lay, prof: Profile, free_micro_batch: bool) -> ranges.Range:

@@ -99,6 +99,22 @@ def smi_note(peak_gib: float, device_gib: float, framework: str) -> str:
             "this close to the device may not fit (docs/planner.md, Memory)")
 
 
+# Published runs at this many devices or more, and how the planner did on them (docs/planner.md,
+# "Ranges"; tests/unit/test_planner_ranges.py recomputes each figure): beyond what the band's
+# 80% bound, over runs of every size, says for a layout this large.
+SCALE_DEVICES = 4096
+SCALE_EVIDENCE = ("at 4096 devices or more: in the fit, Megatron Core's 462B on 6144 H100 and "
+                  "Llama 3 405B on 8192-16,384 H100 are priced within 3.3% with their source "
+                  "held out; held out of every fit, MegaScale's Megatron-LM baseline (175B on "
+                  "8192 and 12,288 A100) took 14.5% and 16.2% more time than predicted, the "
+                  "gap growing with the device count (docs/planner.md, Ranges)")
+
+
+def scale_note(devices: int) -> str:
+    """The line beside the band for a layout of SCALE_DEVICES devices or more, else empty."""
+    return f"note on scale: {SCALE_EVIDENCE}" if devices >= SCALE_DEVICES else ""
+
+
 def device_note(cluster: str) -> str:
     """What the validation says (or does not) about the error band on this preset's device."""
     name = cluster.lower()
