@@ -515,7 +515,8 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
     model, device count and batch, with the publication's micro-batch, ZeRO stage, recompute,
     attention path, sequence parallelism and schedule; its context- and expert-parallel
     degrees, model chunks per stage, set end-stage counts and ends counted as a layer, where
-    it has them, beside none (CP 1, EP 1, plain stages, the plain split). PP divides the
+    it has them, beside none (CP 1, EP 1, plain stages, the plain split), and TP up to its
+    own where that leaves the node. PP divides the
     layers for Megatron-LM's runs (Megatron-LM requires it); DeepSpeed's engine may split them
     unevenly (BLOOM's 70 layers on 12 stages). prof: in_sample_profile(case) by default;
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
@@ -534,6 +535,9 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                         sequence_parallel=(lay.sequence_parallel,), schedules=(lay.schedule,),
                         interleave=tuple(sorted({1, lay.interleave})),
                         uneven_pp=case.framework in DEEPSPEED, memory_fraction=memory_fraction,
+                        # TP past a node where the publication ran it (Narayanan's Figures 13
+                        # and 15: 16 and 32), else the search's own bound
+                        max_tp=lay.tp if lay.tp > prof.spec.gpus_per_node else None,
                         **cp_space, **ends_space)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]

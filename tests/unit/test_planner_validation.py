@@ -260,10 +260,11 @@ def test_a_published_layout_that_fits_is_found_by_its_own_search(published):
     searches: context parallelism and model chunks are searched at the published degree beside
     none, so a layout with them (NVIDIA's recipes: CP 2 ring, 5-12 virtual stages) is ranked,
     not reported as not fitting. A layout over the device memory is reported as such. So are
-    set first/last stage counts (GLM-130B's 8, 9 x 6, 8, held out): the search offers them."""
+    set first/last stage counts (GLM-130B's 8, 9 x 6, 8, held out) and the layouts compared
+    without a figure, TP past a node among them (Narayanan's TP 16 and 32)."""
     from megatron.planner.memory import GIB, peak_memory
     checked = 0
-    for case in published.cases + published.held_out:
+    for case in published.cases + published.held_out + published.layouts:
         prof = v.in_sample_profile(case)
         mem = peak_memory(case.job, case.layout, prof.constants, framework=prof.spec.framework)
         fits = mem.reserved_bytes <= prof.spec.gpu_memory_gb * GIB
