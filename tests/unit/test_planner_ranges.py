@@ -181,3 +181,26 @@ def test_a_layout_of_4096_devices_or_more_names_the_published_runs_that_large(ca
     assert "note on scale: at 4096 devices or more" in capsys.readouterr().out
     assert main(argv + ["--nodes", "64"]) == 0
     assert "note on scale" not in capsys.readouterr().out
+
+
+def test_the_band_holds_four_in_five_runs_held_out_of_every_fit():
+    """The printed band (the settings' range widened by MODEL_ERROR) aims to hold 80% of runs
+    like the published ones; on the runs held out of every fit (published.yaml held_out: 29 from
+    7 sources on MI325X, MI250X, H100 and A100) it holds 24, those it misses named here: Poro 34B
+    (MI250X, 29% fast), MegaScale's baseline at 1024, 8192 and 12,288 A100 (12-16% fast) and
+    AMD's Llama 3.1 70B bf16 figure on 64 MI325X (12.5% slow)."""
+    from megatron.planner import validation
+    from megatron.planner.timing import step_time
+    outside = []
+    runs = validation.load_held_out()
+    for case in runs:
+        prof = validation.in_sample_profile(case)
+        rng = ranges.step_range(case.job, case.layout, prof,
+                                lambda j, lo, p: step_time(j, lo, p).step_s,
+                                model_error=ranges.MODEL_ERROR)
+        if not rng.band_low_s <= case.published_step_s <= rng.band_high_s:
+            outside.append(case.id)
+    assert len(runs) - len(outside) >= ranges.COVERAGE * len(runs), outside
+    missed = ["poro-34b-1024", "megascale-mlm-1024", "megascale-mlm-8192", "megascale-mlm-12288",
+              "amdperf-llama31-70b-64-bf16"]
+    assert sorted(outside) == sorted(missed), outside
