@@ -55,17 +55,17 @@ def test_a_count_below_its_least_is_argparse_s_one_line_error(sub, flag, least, 
                    flag.lstrip("-").replace("-", "_")) == least
 
 
+SEARCH_175B = ["search", "--model", "175b", "--cluster", "frontier"]
+
+
 @pytest.mark.parametrize("argv,message", [
-    (["search", "--model", "175b", "--cluster", "frontier", "--micro-batches", "0"],
+    ([*SEARCH_175B, "--micro-batches", "0"],
      "--micro-batches='0' is invalid: expected comma-separated integers >= 1"),
-    (["search", "--model", "175b", "--cluster", "frontier", "--tp-values", "2,0"],
-     "--tp-values='2,0' is invalid"),
-    (["search", "--model", "175b", "--cluster", "frontier", "--pp-values", "-4"],
-     "--pp-values='-4' is invalid"),
-    (["search", "--model", "175b", "--cluster", "frontier", "--memory-fraction", "0"],
+    ([*SEARCH_175B, "--tp-values", "2,0"], "--tp-values='2,0' is invalid"),
+    ([*SEARCH_175B, "--pp-values", "-4"], "--pp-values='-4' is invalid"),
+    ([*SEARCH_175B, "--memory-fraction", "0"],
      "--memory-fraction=0.0 is invalid: expected a share in (0, 1]"),
-    (["search", "--model", "175b", "--cluster", "frontier", "--zero-stages", "4"],
-     "--zero-stages='4' is invalid"),
+    ([*SEARCH_175B, "--zero-stages", "4"], "--zero-stages='4' is invalid"),
     (["calibrate", "--config", "examples/local/tiny.yaml", "--steps", "3", "--warmup", "3"],
      "--warmup=3 is invalid: expected fewer steps than --steps (3)"),
     # sizes a dense model cannot take were searched as EP 1 without a word
