@@ -24,7 +24,6 @@ from megatron.planner import breakdown  # noqa: E402
 from megatron.planner import validation as v  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.layout import layout_ends  # noqa: E402
-from megatron.planner.timing import step_time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -77,8 +76,7 @@ def main() -> int:
                           "best_of": comp.best, "known_failure": comp.known_failure,
                           "holds_prior": ok_prior, "holds_fitted": ok_fit,
                           "tokens_per_device_s": [round(r, 1) for r in rates]})
-    preset = {r.case.id: step_time(r.case.job, r.case.layout, v.in_sample_profile(r.case)).step_s
-              for r in rows}
+    preset = {r.case.id: v.preset_step(r.case) for r in rows}
     in_sample = [r.case.published_step_s / preset[r.case.id] - 1 for r in rows]
     header = ("case", "source", "layout", "devices", "published", "prior", "held out", "error",
               "source held out", "error", "preset (in sample)", "error")

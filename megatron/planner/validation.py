@@ -25,14 +25,15 @@ from megatron.config import ModelConfig, strict_yaml, variants
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.errors import InputError
 from megatron.config.model_math import layer_forward_flops_per_token
+from megatron.config.stages import stage_layers
 from megatron.planner.calibrate import nnls
 from megatron.planner.hardware import PRESETS
-from megatron.planner.layout import Job, Layout, check_layout
+from megatron.planner.layout import Job, Layout, check_layout, uneven_problem
 from megatron.planner.search import SearchSpace, search
 from megatron.planner.profile import (CURVE_CONSTANTS, PRESET_CONSTANTS, Constants, Profile,
                                       apply_fit, from_mamf)
 from megatron.planner.timing import (ATTN, COMM, COMM_X, GEMM, LAT, LAT_X, MEM, PIPE, PLAYER,
-                                     dot, step_features, theta)
+                                     dot, step_features, step_time, theta)
 
 DATA = os.path.join(os.path.dirname(__file__), "published.yaml")
 
@@ -432,6 +433,11 @@ def in_sample_profile(case: Case) -> Profile:
     return Profile(case.profile.spec, c)
 
 
+def preset_step(case: Case) -> float:
+    """The step `megatron-plan --cluster PRESET` prices for the case (in_sample_profile)."""
+    return step_time(case.job, case.layout, in_sample_profile(case)).step_s
+
+
 def summary(rows: Sequence[Row]) -> Dict[str, float]:
     loo = np.abs([r.loo_error for r in rows])
     loso = np.abs([r.loso_error for r in rows])
@@ -497,15 +503,14 @@ class LayoutRank:
 def published_lighter_ends(num_layers: int, lay: Layout) -> Tuple[int, ...]:
     """SearchSpace.lighter_ends that offer a layout's set first/last model-chunk counts: 0 and
     how many layers fewer than a middle chunk each end holds (GLM-130B's 8, 9 x 6, 8: 0 and
-    1; search.end_splits turns them back into counts)."""
-    chunks = lay.pp * lay.interleave
+    1; search.end_splits turns them back into counts). The split is the trainer's rule and its
+    counts (layout.uneven_problem, config/stages.stage_layers)."""
     first, last = lay.first_stage_layers, lay.last_stage_layers
-    inner = chunks - (first is not None) - (last is not None)
-    rest = num_layers - (first or 0) - (last or 0)
-    if inner < 1 or rest % inner:
-        raise InputError(f"{lay.key()}: {rest} layers do not split evenly over the "
-                         f"{inner} model chunks between the set ends")
-    middle = rest // inner
+    counts = stage_layers(num_layers, lay.pp * lay.interleave, first, last)
+    problem = uneven_problem(num_layers, lay)
+    if problem or len(counts) - (first is not None) - (last is not None) < 1:
+        raise InputError(f"{lay.key()}: {problem or 'no model chunk between the set ends'}")
+    middle = counts[1] if first is not None else counts[0]
     return tuple(sorted({0} | {middle - n for n in (first, last) if n is not None}))
 
 
@@ -522,9 +527,10 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
     memory_fraction: the share of device memory a layout may reserve (SearchSpace's)."""
     lay = case.layout
     prof = prof or in_sample_profile(case)
-    cp_space = dict(cp=tuple(sorted({1, lay.cp})), cp_algos=(lay.cp_algo,)) if lay.cp > 1 else {}
-    if lay.ep > 1:  # experts: the published expert-parallel degree beside none
-        cp_space["ep"] = tuple(sorted({1, lay.ep}))
+    # its context- and expert-parallel degrees beside none
+    axes = dict(cp=tuple(sorted({1, lay.cp})), cp_algos=(lay.cp_algo,)) if lay.cp > 1 else {}
+    if lay.ep > 1:
+        axes["ep"] = tuple(sorted({1, lay.ep}))
     # ends counted as a layer are searched beside the plain split (search.counted_splits), set
     # first/last chunk counts at the published layers fewer than a middle chunk beside none
     ends_space = dict(lighter_ends=(0, 1)) if lay.counted else {}
@@ -538,7 +544,7 @@ def rank_published_layout(case: Case, prof: Optional[Profile] = None,
                         # TP past a node where the publication ran it (Narayanan's Figures 13
                         # and 15: 16 and 32), else the search's own bound
                         max_tp=lay.tp if lay.tp > prof.spec.gpus_per_node else None,
-                        **cp_space, **ends_space)
+                        **axes, **ends_space)
     ranked = search(case.job, lay.world // prof.spec.gpus_per_node, prof, space).ranked
     keys = [c.layout.key() for c in ranked]
     if lay.key() not in keys:

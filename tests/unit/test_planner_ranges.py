@@ -120,10 +120,8 @@ def test_devices_outside_the_validation_say_so_beside_the_band(capsys):
     frontier, mi250x = ranges.device_note("frontier"), ranges.device_note("mi250x")
     assert frontier.split(": ", 1)[1] == mi250x.split(": ", 1)[1]
     from megatron.planner import validation
-    from megatron.planner.timing import step_time
     poro = {c.id: c for c in validation.load_held_out()}["poro-34b-1024"]
-    step = step_time(poro.job, poro.layout, validation.in_sample_profile(poro)).step_s
-    more = poro.published_step_s / step - 1  # the note's figure, recomputed
+    more = poro.published_step_s / validation.preset_step(poro) - 1  # the note's figure, recomputed
     assert more > ranges.MODEL_ERROR and f"{100 * more:.0f}% more" in frontier, more
     argv = ["memory", "--model", "gpt3-1.3b", "--nodes", "1", "--global-batch", "64",
             "--tp", "1", "--micro-batch", "1"]
@@ -143,13 +141,12 @@ def test_nemotron4_15b_lies_inside_the_range_its_unstated_overlaps_span():
     point is 40-58% fast, and each published step lies inside the range `memory` prints,
     whose overlap setting prices the engine without them (megatron-lm) at its slow end."""
     from megatron.planner import validation
-    from megatron.planner.timing import step_time
     runs = [c for c in validation.load_held_out() if c.source == "nemotron24"]
     assert [c.layout.world for c in runs] == [768, 1536, 2304]
     for case in runs:
         prof = validation.in_sample_profile(case)
         rng = ranges.step_range(case.job, case.layout, prof,
-                                lambda j, lo, p: step_time(j, lo, p).step_s,
+                                _step,
                                 model_error=ranges.MODEL_ERROR)
         assert case.published_step_s / rng.point_s - 1 > 0.3, case.id
         assert rng.low_s <= case.published_step_s <= rng.high_s, (case.id, rng)
@@ -164,7 +161,6 @@ def test_a_layout_of_4096_devices_or_more_names_the_published_runs_that_large(ca
     the 14.5% and 16.2% it states (recomputed here); nothing below that size."""
     from megatron.cli.plan import main
     from megatron.planner import validation
-    from megatron.planner.timing import step_time
     assert ranges.scale_note(4095) == "" and ranges.scale_note(4096)
     rows = {r.case.id: r for r in validation.leave_one_out(validation.load_cases())}
     big = [r for r in rows.values() if r.case.layout.world >= ranges.SCALE_DEVICES]
@@ -173,7 +169,7 @@ def test_a_layout_of_4096_devices_or_more_names_the_published_runs_that_large(ca
     held = {c.id: c for c in validation.load_held_out()}
     for case_id in ("megascale-mlm-8192", "megascale-mlm-12288"):
         case = held[case_id]
-        step = step_time(case.job, case.layout, validation.in_sample_profile(case)).step_s
+        step = validation.preset_step(case)
         assert f"{100 * (case.published_step_s / step - 1):.1f}%" in ranges.SCALE_EVIDENCE
     argv = ["memory", "--model", "gpt3-175b", "--cluster", "h100", "--global-batch", "4096",
             "--tp", "8", "--pp", "8", "--micro-batch", "1"]
@@ -190,13 +186,12 @@ def test_the_band_holds_four_in_five_runs_held_out_of_every_fit():
     (MI250X, 29% fast), MegaScale's baseline at 1024, 8192 and 12,288 A100 (12-16% fast) and
     AMD's Llama 3.1 70B bf16 figure on 64 MI325X (12.5% slow)."""
     from megatron.planner import validation
-    from megatron.planner.timing import step_time
     outside = []
     runs = validation.load_held_out()
     for case in runs:
         prof = validation.in_sample_profile(case)
         rng = ranges.step_range(case.job, case.layout, prof,
-                                lambda j, lo, p: step_time(j, lo, p).step_s,
+                                _step,
                                 model_error=ranges.MODEL_ERROR)
         if not rng.band_low_s <= case.published_step_s <= rng.band_high_s:
             outside.append(case.id)

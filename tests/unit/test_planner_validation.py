@@ -196,8 +196,8 @@ def test_the_fit_is_self_consistent_and_prices_what_the_presets_price(published)
     for case in published.cases:
         if case.profile.spec.name not in FITTED_PRESETS:
             continue   # frontier: the preset keeps its paper calibration, not the fit
-        preset = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
-        assert v.predict(case, rounded) == pytest.approx(preset, rel=1e-9), case.id
+        assert v.predict(case, rounded) == pytest.approx(v.preset_step(case), rel=1e-9), \
+            case.id
         checked += 1
     assert checked >= 60
 
@@ -227,8 +227,7 @@ def test_presets_predict_every_published_case_in_sample(published):
     rows were 26% until their data parallelism was priced as stated); median within 6%."""
     errors = {}
     for case in published.cases:
-        step = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
-        errors[case.id] = case.published_step_s / step - 1
+        errors[case.id] = case.published_step_s / v.preset_step(case) - 1
     assert max(abs(e) for e in errors.values()) <= 0.20, errors
     assert np.median(np.abs(list(errors.values()))) <= 0.06, errors
 
@@ -296,7 +295,7 @@ def test_published_lighter_ends_offer_a_layouts_set_end_counts():
     assert ends(60, 8, 6, 6) == (0, 2)
     assert ends(36, 4, 3, None) == (0, 8)
     assert ends(126, 8, 3, 3, chunks=4) == (0, 1)  # Llama 3's 3 + 30 x 4 + 3 as 4 chunks a stage
-    with pytest.raises(InputError, match="do not split evenly"):
+    with pytest.raises(InputError, match="not an even split"):
         ends(70, 8, 8, 7)
 
 
@@ -310,7 +309,6 @@ def test_glm_130b_is_priced_within_the_band_and_its_search_finds_it(published):
     12 ahead of it (docs/planner.md, "Ranking")."""
     from megatron.planner import ranges
     from megatron.planner.memory import GIB, peak_memory
-    from megatron.planner.timing import step_time
     runs = [c for c in published.held_out if c.source == "glm22"]
     assert [c.job.global_batch for c in runs] == [4224, 6144]
     for case in runs:
@@ -444,8 +442,7 @@ def test_megascale_baseline_is_priced_within_a_fifth_and_drifts_fast_with_scale(
     assert len(runs) == 9
 
     def error(case):
-        step = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
-        return case.published_step_s / step - 1
+        return case.published_step_s / v.preset_step(case) - 1
     errors = {c.id: error(c) for c in runs}
     assert max(abs(e) for e in errors.values()) < 0.20, errors
     for small, large in (("megascale-mlm-256", "megascale-mlm-1024"),
@@ -460,11 +457,11 @@ def _zb_gains(published):
     out = {}
     for comp in (c for c in published.comparisons if c.source == "zb24"):
         base = by_id[comp.order[-1]]
-        base_s = step_time(base.job, base.layout, v.in_sample_profile(base)).step_s
+        base_s = v.preset_step(base)
         for faster in comp.order[:-1]:
             case = by_id[faster]
-            step = step_time(case.job, case.layout, v.in_sample_profile(case)).step_s
-            out[faster] = (base.published_step_s / case.published_step_s - 1, base_s / step - 1)
+            out[faster] = (base.published_step_s / case.published_step_s - 1,
+                           base_s / v.preset_step(case) - 1)
     return out
 
 
