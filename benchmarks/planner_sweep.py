@@ -14,9 +14,17 @@ BF16 fit of the published cases, which never saw a sweep), and planner/sweeps.py
   the same way; the measured best's place in the predicted order and the reverse;
 - memory: predicted reserved memory against the reported, and the out-of-memory rows.
 
-A diagnostic column prices each row again with the output layer's time taken off the last
-stage (the vocabulary cut to 51200, every other term the same): how much of each error the
-last stage's share of the 250k-vocabulary output layer carries.
+Hagemann et al.'s sweeps (hagemann23: Llama 13B, 30B and 65B on 32-256 DGX A100 under Aleph
+Alpha's Scaling engine) give 130 more layouts that ran, with seconds per step, and 197 that
+ran out of memory, in 10 sweeps; the measured best of each is the layout the paper recommends.
+
+A diagnostic column prices each row again with one assumption changed: for BigScience's, the
+output layer's time taken off the last stage (the vocabulary cut to 51200, every other term
+the same): how much of each error the last stage's share of the 250k-vocabulary output layer
+carries; for Hagemann et al.'s, the engine priced as `megatron-deepspeed` (DeepSpeed's
+pipeline-engine cost of each slot, its overlap claim, a bf16 reduce-scatter) instead of
+`aa-scaling`. The summary gives those sweeps' figures under each engine the planner prices
+that resembles theirs.
 
 It measures nothing. Results: benchmarks/results/planner_sweep.{json,md}.
 
@@ -37,22 +45,34 @@ from planner_results import write_results  # noqa: E402
 SMALL_VOCAB = 51200
 
 
+# Hagemann et al.'s engine against the priced engines that resemble it (the summary's lines)
+ENGINE_VARIANTS = ("megatron-deepspeed", "megatron-lm-2021")
+
+
 def small_vocab_step(case) -> float:
-    """The row's step with the vocabulary cut to SMALL_VOCAB (the diagnostic column)."""
+    """The row's step with the vocabulary cut to SMALL_VOCAB (BigScience's diagnostic)."""
     job = dataclasses.replace(case.job,
                               model=dataclasses.replace(case.job.model, vocab_size=SMALL_VOCAB))
     return step_time(job, case.layout, validation.in_sample_profile(case)).step_s
 
 
+# each source's diagnostic: its column's title and the step it prices
+DIAGNOSTICS = {
+    "bigscience22": (f"error, vocabulary {SMALL_VOCAB}", small_vocab_step),
+    "hagemann23": ("error as megatron-deepspeed", lambda c: validation.preset_step(
+        sweeps.reframed(c, "megatron-deepspeed"))),
+}
+
+
 def row_dict(r: sweeps.RowResult) -> dict:
     c = r.row.case
     lay = c.layout
-    small = None if r.row.oom else c.published_step_s / small_vocab_step(c) - 1
+    diag = None if r.row.oom else c.published_step_s / DIAGNOSTICS[c.source][1](c) - 1
     return {"case": c.id, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
-            "micro_batch": lay.micro_batch, "batch": c.job.global_batch,
-            "measured_s": c.published_step_s, "predicted_s": r.predicted_s, "error": r.error,
-            "small_vocab_error": small, "measured_gb": r.row.mem_gb,
-            "band_s": list(r.band_s), "in_band": r.in_band,
+            "micro_batch": lay.micro_batch, "sp": lay.sequence_parallel,
+            "batch": c.job.global_batch, "measured_s": c.published_step_s,
+            "predicted_s": r.predicted_s, "error": r.error, "diagnostic_error": diag,
+            "measured_gb": r.row.mem_gb, "band_s": list(r.band_s), "in_band": r.in_band,
             "reserved_gib": r.reserved_gib, "fits": r.fits, "oom": r.row.oom}
 
 
@@ -61,14 +81,16 @@ def _pct(x) -> str:
 
 
 def markdown(sweep, rows, order, mem) -> str:
-    header = ("TP", "PP", "DP", "micro-batch", "batch", "measured s", "predicted s", "error",
-              "printed range s", "error, small vocabulary", "memory GB", "reserved GiB")
-    body = [[str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["micro_batch"]), str(r["batch"]),
+    title = DIAGNOSTICS[sweep.source][0]
+    header = ("TP", "PP", "DP", "SP", "micro-batch", "batch", "measured s", "predicted s",
+              "error", "printed range s", title, "memory GB", "reserved GiB")
+    body = [[str(r["tp"]), str(r["pp"]), str(r["dp"]), "yes" if r["sp"] else "-",
+             str(r["micro_batch"]), str(r["batch"]),
              "out of memory" if r["oom"] else f"{r['measured_s']:.2f}",
              f"{r['predicted_s']:.2f}", _pct(r["error"]),
              f"{r['band_s'][0]:.0f}-{r['band_s'][1]:.0f}"
              + ("" if r["oom"] else (" (in)" if r["in_band"] else " (out)")),
-             _pct(r["small_vocab_error"]),
+             _pct(r["diagnostic_error"]),
              "-" if r["measured_gb"] is None else f"{r['measured_gb']:g}",
              f"{r['reserved_gib']:.1f}" + ("" if r["fits"] else " (does not fit)")]
             for r in rows]
@@ -80,10 +102,9 @@ def markdown(sweep, rows, order, mem) -> str:
         "throughput, minus 1 (positive: the planner is too fast). printed range: what "
         "`megatron-plan memory` prints for the row (its settings' range widened by the model's "
         "error band, planner/ranges.py); in/out: whether the measured step lies inside. "
-        "error, small vocabulary: "
-        f"the same with the vocabulary cut to {SMALL_VOCAB} (the output layer's share of the "
-        "last stage taken away), a diagnostic. memory GB: nvidia-smi's, as the source "
-        "reported it; reserved GiB: the planner's `peak x (1 + frag) + framework_gb`.", "",
+        f"{title}: the same with one assumption changed, a diagnostic (the script's "
+        "docstring). memory GB: nvidia-smi's, where the source reported it; reserved GiB: "
+        "the planner's `peak x (1 + frag) + framework_gb`.", "",
         format_table(header, body), "",
         f"Step time over the {order['rows']} layouts that ran: median |error| "
         f"{100 * order['median_abs_error']:.1f}%; the measured step inside the printed range "
@@ -97,14 +118,25 @@ def markdown(sweep, rows, order, mem) -> str:
         f"predicted order; the predicted best is {order['predicted_best_measured_rank']} of "
         f"{order['rows']} measured, {100 * order['predicted_best_behind']:.1f}% behind the "
         "measured best.", "",
-        f"Memory over the {mem['rows']} rows with a figure: predicted reserved over reported, "
-        f"minus 1: median {100 * mem['median_error']:+.1f}%, lowest "
-        f"{100 * mem['max_under']:+.1f}%; {mem['oom_predicted']} of the {mem['oom_rows']} "
-        f"rows that ran out of memory predicted not to fit; {mem['ran_predicted_to_fit']} of "
-        f"the {mem['ran']} that ran predicted to fit.", ""])
+        (f"Memory over the {mem['rows']} rows with a figure: predicted reserved over "
+         f"reported, minus 1: median {100 * mem['median_error']:+.1f}%, lowest "
+         f"{100 * mem['max_under']:+.1f}%; " if mem["rows"] else
+         "Memory: the source reports no figure; ")
+        + f"{mem['oom_predicted']} of the {mem['oom_rows']} rows that ran out of memory "
+        f"predicted not to fit; {mem['ran_predicted_to_fit']} of the {mem['ran']} that ran "
+        "predicted to fit.", ""])
 
 
-def summary(p) -> str:
+def pooled_line(title: str, p) -> str:
+    return (f"- {title}: {p['sweeps']} sweeps, {p['rows']} layouts that ran: median |error| "
+            f"{100 * p['median_abs_error']:.1f}%; {p['in_band']} inside the printed range; "
+            f"{p['pairs_agreeing']} of {p['pairs_counted']} pairs ordered as measured "
+            f"({100 * p['pairs_agreeing'] / max(1, p['pairs_counted']):.0f}%); "
+            f"{p['oom_predicted']} of the {p['oom_rows']} out-of-memory layouts predicted not "
+            f"to fit, {p['ran_predicted_to_fit']} of the {p['ran']} that ran predicted to fit")
+
+
+def summary(p, by_source, engines) -> str:
     return "\n".join([
         "# All sweeps together", "",
         f"{p['sweeps']} sweeps, {p['rows']} layouts that ran: median |error| "
@@ -114,22 +146,36 @@ def summary(p) -> str:
         f"({100 * p['pairs_agreeing'] / max(1, p['pairs_counted']):.0f}%); reserved memory a "
         f"median {100 * p['memory_median_error']:+.1f}% against the {p['memory_rows']} reported "
         f"figures; {p['oom_predicted']} of the {p['oom_rows']} layouts that ran out of memory "
-        "predicted not to fit.", ""])
+        "predicted not to fit.", "", "By source, and Hagemann et al.'s sweeps priced as the "
+        "other engines that resemble Aleph Alpha's Scaling (overlap.py):", ""]
+        + [pooled_line(src, x) for src, x in by_source.items()]
+        + [pooled_line(f"hagemann23 as {fw}", x) for fw, x in engines.items()] + [""])
+
+
+def engine_variant(framework: str):
+    """Hagemann et al.'s sweeps with every row priced as the engine `framework`."""
+    return sweeps.pooled([sweeps.evaluate(sweeps.as_engine(s, framework))
+                          for s in sweeps.load_sweeps() if s.source == "hagemann23"])
 
 
 def main() -> int:
     out, texts, evaluated = [], [], []
+    by_source = {}
     for sweep in sweeps.load_sweeps():
         results, order, mem = sweeps.evaluate(sweep)
         evaluated.append((results, order, mem))
+        by_source.setdefault(sweep.source, []).append((results, order, mem))
         rows = [row_dict(r) for r in results]
         out.append({"sweep": sweep.name, "source": sweep.source, "rows": rows,
                     "order": order, "memory": mem})
         texts.append(markdown(sweep, rows, order, mem))
     together = sweeps.pooled(evaluated)
-    texts.append(summary(together))
+    sources = {src: sweeps.pooled(ev) for src, ev in by_source.items()}
+    engines = {fw: engine_variant(fw) for fw in ENGINE_VARIANTS}
+    texts.append(summary(together, sources, engines))
     text = "\n".join(texts)
-    write_results("planner_sweep", {"sweeps": out, "pooled": together}, text)
+    write_results("planner_sweep", {"sweeps": out, "pooled": together, "by_source": sources,
+                                    "hagemann23_as": engines}, text)
     return 0
 
 

@@ -121,12 +121,16 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
 def engine_problem(framework: str, zero: int) -> Optional[str]:
     """Why the engine `framework` cannot run this ZeRO stage (one line naming the flag and the
     fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed optimizer); FSDP
-    shards at ZeRO-2 or 3, with or without a pipeline; DeepSpeed runs all four (its pipeline
-    engine's ZeRO-0/1 rule is layout.layout_problem's)."""
+    shards at ZeRO-2 or 3, with or without a pipeline; Aleph Alpha's Scaling (aa-scaling)
+    shards the optimizer or nothing; DeepSpeed runs all four (its pipeline engine's ZeRO-0/1
+    rule is layout.layout_problem's)."""
     if framework in MEGATRON and zero > 1:
         return (f"--zero {zero} under framework {framework}: Megatron-LM has no "
                 "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
                 "(--use-distributed-optimizer): pick --zero 0 or 1")
+    if framework == "aa-scaling" and zero > 1:
+        return (f"--zero {zero} under framework aa-scaling: Aleph Alpha's Scaling shards the "
+                "optimizer (ZeRO-1) or nothing: pick --zero 0 or 1")
     if framework == "fsdp" and zero < 2:
         return (f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or "
                 "ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")

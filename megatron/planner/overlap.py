@@ -39,7 +39,17 @@
   hidden under the interleaved schedule as megatron-core's; its context-parallel attention is
   flash-based (PyTorch's context_parallel runs SDPA's flash kernels per block; Llama 3's
   all-gather CP runs flash on the gathered keys and values). Its memory differs from
-  DeepSpeed's ZeRO-3 (memory.fsdp_state_bytes)."""
+  DeepSpeed's ZeRO-3 (memory.fsdp_state_bytes).
+- aa-scaling (Aleph Alpha's Scaling, the engine of Hagemann et al. 2023's layout sweeps;
+  github.com/Aleph-Alpha/scaling, src/scaling/core): Megatron-style TP layers whose collectives
+  are plain synchronous autograd functions; a pipeline schedule of DeepSpeed's instruction
+  design whose sends are blocking torch.distributed send/recv of whole tensors; its ZeRO
+  (stage 1) all-reduces every gradient after the backward, cast to fp32 for the wire
+  (optimizer/allreduce.py), then steps each rank's shard: nothing hidden, twice a
+  reduce-scatter's bytes, in fp32. Model states as DeepSpeed's ZeRO-1 (bf16 weights and
+  gradients on the parameters, fp32 master and moments sharded). DeepSpeed's pipeline-engine
+  cost of each slot is not charged: its cause is not established (docs/planner.md, "The
+  pipeline engine's cost per layer") and nothing says this engine pays it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,6 +73,8 @@ class Overlap:
     #                          parallelism, its default): the rows a rank receives gathered over
     #                          TP; False: whole experts, each TP rank routing its own share of
     #                          the tokens (this trainer, model/moe/layer.py; experts.py)
+    fp32_allreduce: bool = False  # ZeRO-1 all-reduces the whole gradient in fp32 (not a
+    #                               reduce-scatter in the model dtype) before the shard's step
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -81,6 +93,8 @@ OVERLAP: Dict[str, Overlap] = {
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
                     flash_cp=True, frees_outputs=True),
+    "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
+                          pipe_send=False, fp32_allreduce=True),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

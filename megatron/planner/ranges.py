@@ -74,10 +74,11 @@ DEVICE_EVIDENCE: Dict[str, str] = {
 # every fit (planner/sweeps.py; docs/planner.md, "A layout sweep held out of every fit");
 # tests/unit/test_planner_sweep.py recomputes the figures.
 ORDER_EVIDENCE = ("note on the order: on published layout sweeps held out of every fit "
-                  "(BigScience 2022, 32 layouts in 5 sweeps on 384 A100s) the pick was the "
-                  "measured best or within 1.1% of it in 5 of 5, and 87 of the 126 pairs "
-                  "measured more than 3% apart were ordered as measured: layouts a few percent "
-                  "apart here are ties (docs/planner.md)")
+                  "(162 layouts in 15 sweeps: BigScience 2022 on 384 A100s, Hagemann et al. "
+                  "2023 on 32-256 A100s) the pick was the measured best or within 1.1% of it "
+                  "in 11 of 15, at worst 25% behind it, and 867 of the 1091 pairs measured "
+                  "apart beyond the sources' noise were ordered as measured: layouts a few "
+                  "percent apart here are ties (docs/planner.md)")
 
 
 # What nvidia-smi reported over the predicted allocator peak on the published sweeps' rows

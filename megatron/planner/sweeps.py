@@ -18,6 +18,7 @@ the all-case fit, which never saw a sweep) and compared:
 Throughput is tokens per second per device, so that rows of different global batch compare."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,7 +31,8 @@ from megatron.planner.timing import step_time
 from megatron.planner.validation import (Case, case_from_entry, in_sample_profile,
                                          load_published)
 
-ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "mem_gb", "oom", "cp", "interleave")
+ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "mem_gb", "oom", "cp", "interleave",
+            "sp")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class Sweep:
 
 def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
     """A sweep from its published.yaml entry: `common` fields shared by every row, `rows` the
-    layouts (tp, pp, micro_batch, batch; step_s and mem_gb as reported, or oom: true)."""
+    layouts (tp, pp, micro_batch, batch, optionally sp; step_s and mem_gb as reported, or
+    oom: true)."""
     name = raw["name"]
     rows, seen = [], {}
     for i, r in enumerate(raw["rows"]):
@@ -64,15 +67,45 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
             raise InputError(f"sweep {name} row {i}: give step_s for a row that ran, or "
                              "oom: true for one that ran out of memory (not both)")
         fields = {k: v for k, v in r.items() if k not in ("mem_gb", "oom")}
-        rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}"
+        sp = "-sp" if r.get("sp", raw["common"].get("sp")) else ""
+        rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}{sp}"
         if rid in seen:
             raise InputError(f"sweep {name} row {i}: TP {r['tp']} x PP {r['pp']} at "
-                             f"micro-batch {r['micro_batch']} is row {seen[rid]} already; keep "
-                             "one measurement of a layout (the source's repeats set min_gap)")
+                             f"micro-batch {r['micro_batch']}{' with SP' if sp else ''} is row "
+                             f"{seen[rid]} already; keep one measurement of a layout (the "
+                             "source's repeats set min_gap)")
         seen[rid] = i
         entry = {**raw["common"], **fields, "id": rid, "source": raw["source"]}
         rows.append(SweepRow(case_from_entry(entry, defaults), r.get("mem_gb"), oom))
     return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows))
+
+
+# Sources whose sweep's measured best is the layout the source itself recommends (Hagemann et
+# al.: each model's most efficient configuration is its sweep's fastest row), so it counts
+# among the layouts chosen for speed (validation.CHOSEN_FOR_SPEED; held out of every fit).
+# BigScience's sweeps chose BLOOM's layout, which the fitted case bloom-176b already counts.
+CHOSEN_BY_SWEEP = ("hagemann23",)
+
+
+def measured_best(sweep: Sweep) -> Case:
+    """The sweep's fastest row that ran, by tokens per second per device."""
+    ran = [r.case for r in sweep.rows if not r.oom]
+    return max(ran, key=lambda c: c.job.global_batch * c.job.model.seq_length
+               / (c.published_step_s * c.layout.world))
+
+
+def reframed(case: Case, framework: str) -> Case:
+    """The case as the engine `framework` would run it (its overlap, model states, costs)."""
+    spec = dataclasses.replace(case.profile.spec, framework=framework)
+    return dataclasses.replace(case, framework=framework,
+                               profile=dataclasses.replace(case.profile, spec=spec))
+
+
+def as_engine(sweep: Sweep, framework: str) -> Sweep:
+    """The sweep with every row priced as the engine `framework`: how far a result rests on
+    the engine the rows were given."""
+    return dataclasses.replace(sweep, rows=tuple(
+        dataclasses.replace(r, case=reframed(r.case, framework)) for r in sweep.rows))
 
 
 def load_sweeps(path: Optional[str] = None) -> List[Sweep]:
@@ -209,6 +242,8 @@ def pooled(evaluated: Sequence[Tuple[List[RowResult], Dict[str, float], Dict[str
             "in_band": sum(r.in_band for r in ran),
             "pairs_agreeing": sum(o["pairs_agreeing"] for _, o, _ in evaluated),
             "pairs_counted": sum(o["pairs_counted"] for _, o, _ in evaluated),
-            "memory_rows": len(mem), "memory_median_error": float(np.median(mem)),
+            "memory_rows": len(mem),
+            "memory_median_error": float(np.median(mem)) if mem else None,
             "oom_rows": sum(r.row.oom for r in rows),
-            "oom_predicted": sum(r.row.oom and not r.fits for r in rows)}
+            "oom_predicted": sum(r.row.oom and not r.fits for r in rows),
+            "ran": len(ran), "ran_predicted_to_fit": sum(r.fits for r in ran)}

@@ -317,13 +317,15 @@ def grad_claim(x: _Ctx, n: float, layers: int) -> float:
 
 def grad_wire_bytes(x: _Ctx, kind: str) -> float:
     """Bytes per gradient element the DP reduction sends: DeepSpeed's communication_data_type,
-    else the model dtype (fp32 for the torch optimizer). Every engine is priced so. Megatron
+    else the model dtype (fp32 for the torch optimizer and for aa-scaling, which casts its
+    gradients for the all-reduce). Every other engine is priced so. Megatron
     reduces a bf16 model's gradients in fp32 by default (accumulate_allreduce_grads_in_fp32,
     which memory.megatron_state_bytes holds), but priced at 4 bytes its Megatron Core runs come
     out up to 20% slow (mc-32b), which they were not: docs/planner.md, "Memory by engine"
     (benchmarks/planner_rank_sensitivity.py prices that variant). Job.grad_dtype overrides.
     """
-    return wire_bytes(x.job.grad_dtype, comm_bytes(x.ds, 4 if kind == "torch" else x.e))
+    fp32 = kind == "torch" or x.overlap.fp32_allreduce  # aa-scaling casts for the wire
+    return wire_bytes(x.job.grad_dtype, comm_bytes(x.ds, 4 if fp32 else x.e))
 
 
 def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
@@ -348,8 +350,9 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
         grad_v, grad_n, other_v, other_n = {0: (2 * wire, 1, 0, 0), 1: (wire, 1, weights, 1),
                                             2: (wire, ga, weights, 1),
                                             3: (wire, ga, weights, 2 * ga)}[lay.zero]
-        if kind == "bf16" and lay.zero == 1:
-            grad_v = 2 * wire  # BF16_Optimizer all-reduces (engine.allreduce_gradients)
+        if lay.zero == 1 and (kind == "bf16" or x.overlap.fp32_allreduce):
+            # BF16_Optimizer all-reduces (engine.allreduce_gradients), as aa-scaling's ZeRO
+            grad_v = 2 * wire
         reduce = np.zeros(len(FEATURES))
         x.collective(reduce, share * grad_v, link, grad_n)
         per_window = dot(theta(x.c), reduce) / (ga if lay.zero >= 2 else 1)

@@ -169,6 +169,7 @@ def test_mosaics_30b_on_eight_a100s_fits_under_fsdp_as_it_trained():
     ("megatron-core", lay(dp=8, grad_accum=8, zero=2), "pick --zero 0 or 1"),
     ("fsdp", lay(dp=8, grad_accum=8, zero=1), "pick --zero 2 or 3"),
     ("fsdp", lay(pp=2, dp=4, grad_accum=8, zero=1), "pick --zero 2 or 3"),
+    ("aa-scaling", lay(dp=8, grad_accum=8, zero=2), "Aleph Alpha's Scaling shards the optimizer"),
 ])
 def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, needle):
     job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
@@ -179,7 +180,8 @@ def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, ne
 def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it():
     """Megatron-LM's training sets deallocate_pipeline_outputs (the sent output's data freed
     until its backward) and Llama 3's stack "proactively deallocate[s]" stage outputs; DeepSpeed's
-    pipeline engine keeps each output for its backward. By hand on stage 0 of PP 4 under 1F1B:
+    pipeline engine (and Aleph Alpha's Scaling, priced so) keeps each output for its backward.
+    By hand on stage 0 of PP 4 under 1F1B:
     4 micro-batches in flight, each one s b h / t output of 2 bytes (SP splits it over TP)."""
     job = Job(preset_model("gpt3-13b"), 64, "bf16")
     layout = lay(tp=2, pp=4, dp=1, grad_accum=64, zero=1, recompute="full",
@@ -187,11 +189,11 @@ def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it(
     c = Constants()
     kept = {fw: memory_per_stage(job, layout, c, framework=fw)[0].activations
             for fw in ("deepspeed", "megatron-deepspeed", "megatron-lm-2021", "megatron-lm",
-                       "megatron-core")}
+                       "megatron-core", "aa-scaling")}
     m = job.model
     output = m.seq_length * m.hidden_size * 2 / 2
     assert in_flight(layout.pipe, 0) == 4
-    for fw in ("deepspeed", "megatron-deepspeed", "megatron-lm-2021"):
+    for fw in ("deepspeed", "megatron-deepspeed", "megatron-lm-2021", "aa-scaling"):
         assert kept[fw] - kept["megatron-core"] == pytest.approx(4 * output * c.act_scale), fw
     assert kept["megatron-lm"] == kept["megatron-core"]
     fsdp = memory_per_stage(job, dataclasses.replace(layout, zero=2), c, framework="fsdp")

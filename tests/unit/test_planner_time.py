@@ -430,3 +430,30 @@ def test_sequence_parallel_gathers_the_column_inputs_again_under_their_input_gra
     x = _Ctx(job, lay, _framework("a100", "megatron-deepspeed"))
     _, _, tp = _layer_forward(x)
     assert np.array_equal(_exposed_tp(x, tp)[1], tp) and len(tp) == len(FEATURES)
+
+
+def test_aa_scaling_all_reduces_its_gradients_in_fp32_after_the_backward():
+    """Aleph Alpha's Scaling (aa-scaling, overlap.py; the engine of hagemann23's sweeps): its
+    ZeRO-1 all-reduces every gradient cast to fp32 after the backward, nothing hidden, then
+    all-gathers the weights, and it pays no pipeline-engine cost. By hand against
+    megatron-lm-2021, which prices the same slots and reduce-scatters in bf16, also exposed:
+    at PP 1 the steps differ by the all-reduce's extra bus bytes, (2 x 4 - 2) n (d - 1)/d, over
+    the DP group's bus bandwidth with the fitted factor across nodes; at PP 2 the pipeline is
+    priced as Megatron-LM's (no DeepSpeed engine share or cost per layer)."""
+    from megatron.planner.params import all_stage_params
+    from megatron.planner.timing import COMM_X, theta
+    job = Job(preset_model("gpt3-6.7b"), 512, "bf16")
+    lay = Layout(2, 1, 32, 1, 16, zero=1, recompute="none")
+    aa, lm = _framework("a100", "aa-scaling"), _framework("a100", "megatron-lm-2021")
+    ours, theirs = step_time(job, lay, aa), step_time(job, lay, lm)
+    n = all_stage_params(job.model, lay.tp, lay.pp, lay.ep)[0].total
+    link = aa.spec.link(lay.dp, lay.tp)
+    assert link.inter
+    extra = 6 * n * (lay.dp - 1) / lay.dp / link.bus_bytes_per_s * theta(aa.constants)[COMM_X]
+    assert ours.reduce_s - theirs.reduce_s == pytest.approx(extra, rel=1e-6)
+    assert ours.pipeline_s == pytest.approx(theirs.pipeline_s)
+    piped = Layout(2, 2, 16, 1, 32, zero=1, recompute="none")
+    assert step_time(job, piped, aa).pipeline_s == pytest.approx(
+        step_time(job, piped, lm).pipeline_s)
+    mds = _framework("a100", "megatron-deepspeed")
+    assert step_time(job, piped, mds).pipeline_s > step_time(job, piped, aa).pipeline_s
