@@ -95,8 +95,10 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
                    "(Megatron-LM since Sep 2021); megatron-lm-2021: nothing overlapped; all three "
                    "with Megatron's optimizer (ZeRO-0 or 1 only); fsdp: PyTorch "
                    "FSDP (ZeRO-2 or 3; with TP and PP as Llama 3's stack: ZeRO-2 "
-                   "reduce-scatters every micro-batch, sends asynchronous); the other five "
-                   "are comparisons (docs/planner.md, "
+                   "reduce-scatters every micro-batch, sends asynchronous); aa-scaling: "
+                   "Aleph Alpha's Scaling (ZeRO-0 or 1, an fp32 gradient all-reduce after the "
+                   "backward, nothing overlapped); the other six are comparisons "
+                   "(docs/planner.md, "
                    "\"Overlap by framework\")")
     if nodes:
         g.add_argument("--nodes", type=count(1), default=1, help="node count (default 1)")

@@ -55,7 +55,7 @@ class ClusterSpec:
     inter_latency_us: float = 30.0
     # the engine that runs the job, which decides what communication hides behind compute
     # (overlap.OVERLAP) and its model states (memory.stage_states): deepspeed (this trainer),
-    # megatron-lm, megatron-core, fsdp
+    # megatron-deepspeed, megatron-lm, megatron-lm-2021, megatron-core, fsdp, aa-scaling
     framework: str = "deepspeed"
 
     def __post_init__(self):
