@@ -15,7 +15,7 @@ BF16 fit of the published cases, which never saw a sweep), and planner/sweeps.py
 - memory: predicted reserved memory against the reported, and the out-of-memory rows.
 
 Hagemann et al.'s sweeps (hagemann23: Llama 13B, 30B and 65B on 32-256 DGX A100 under Aleph
-Alpha's Scaling engine) give 130 more layouts that ran, with seconds per step, and 197 that
+Alpha's Scaling engine) give 130 more layouts that ran, with seconds per step, and 192 that
 ran out of memory, in 10 sweeps; the measured best of each is the layout the paper recommends.
 
 A diagnostic column prices each row again with one assumption changed: for BigScience's, the
