@@ -184,9 +184,10 @@ def cmd_memory(args) -> int:
 
 
 def _print_device_note(prof: Profile, devices: int) -> None:
-    """The lines beside the error band on a preset the published runs do not cover, and for a
-    layout as large as the largest published runs."""
-    for note in (ranges.device_note(prof.spec.name), ranges.scale_note(devices)):
+    """The lines beside the error band on a preset or an engine the published runs do not
+    cover, and for a layout as large as the largest published runs."""
+    for note in (ranges.device_note(prof.spec.name), ranges.engine_note(prof.spec.framework),
+                 ranges.scale_note(devices)):
         if note:
             print(note)
 

@@ -132,6 +132,9 @@ def test_devices_outside_the_validation_say_so_beside_the_band(capsys):
     assert main(["search", "--model", "gpt3-1.3b", "--nodes", "1", "--global-batch", "64",
                  "--top", "1", "--cluster", "h200"]) == 0
     assert "note on h200: no published H200 run" in capsys.readouterr().out
+    # an engine whose runs the fit never saw (its figures: test_planner_sweep.py)
+    assert main(argv + ["--cluster", "h100", "--framework", "aa-scaling"]) == 0
+    assert "note on aa-scaling: no run of this engine is in the fit" in capsys.readouterr().out
 
 
 def test_nemotron4_15b_lies_inside_the_range_its_unstated_overlaps_span():

@@ -179,6 +179,18 @@ def test_hagemann_sweeps_as_stated():
     missed = [r.row.case.id for s, (results, _, _) in _by_name().values()
               if s.source == "hagemann23" for r in results if not r.row.oom and not r.fits]
     assert missed == ["hagemann23-65b-2k-64-sp-tp8-pp4-mb4"]
+    note = ranges.engine_note("aa-scaling")
+    by_tp = {}
+    for name, (_, (results, _, _)) in _by_name().items():
+        for r in results:
+            if name.startswith("hagemann23") and not r.row.oom:
+                by_tp.setdefault(r.row.case.layout.tp, []).append(r.error)
+    tp8 = sorted(by_tp[8])[len(by_tp[8]) // 2]
+    assert f"median {100 * h['median_abs_error']:.0f}% more time" in note
+    assert f"(TP 8: {100 * tp8:.0f}%)" in note and f"{h['in_band']} of the 130" in note
+    assert f"{100 * h['pairs_agreeing'] / h['pairs_counted']:.0f}% of the pairs" in note
+    assert f"{h['oom_rows'] - h['oom_predicted']} of {h['oom_rows']} layouts" in note
+    assert ranges.engine_note("megatron-deepspeed") == ""
     ds = sweeps.pooled([sweeps.evaluate(sweeps.as_engine(s, "megatron-deepspeed"))
                         for s, _ in _by_name().values() if s.source == "hagemann23"])
     assert ds["median_abs_error"] > 1.6 * h["median_abs_error"]
