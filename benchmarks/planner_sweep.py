@@ -16,7 +16,8 @@ BF16 fit of the published cases, which never saw a sweep), and planner/sweeps.py
 
 Hagemann et al.'s sweeps (hagemann23: Llama 13B, 30B and 65B on 32-256 DGX A100 under Aleph
 Alpha's Scaling engine) give 130 more layouts that ran, with seconds per step, and 192 that
-ran out of memory, in 10 sweeps; the measured best of each is the layout the paper recommends.
+ran out of memory, in 10 sweeps; the measured best of each is the most efficient layout the
+paper found for that model, sequence and device count.
 
 A diagnostic column prices each row again with one assumption changed: for BigScience's, the
 output layer's time taken off the last stage (the vocabulary cut to 51200, every other term

@@ -80,9 +80,10 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
     return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows))
 
 
-# Sources whose sweep's measured best is the layout the source itself recommends (Hagemann et
-# al.: each model's most efficient configuration is its sweep's fastest row), so it counts
-# among the layouts chosen for speed (validation.CHOSEN_FOR_SPEED; held out of every fit).
+# Sources whose sweeps searched for the fastest layout, so that each sweep's measured best is a
+# layout chosen by measurement (Hagemann et al.: the most efficient configuration found for
+# each model, sequence and device count is its sweep's fastest row); it counts among the
+# layouts chosen for speed (validation.CHOSEN_FOR_SPEED; held out of every fit).
 # BigScience's sweeps chose BLOOM's layout, which the fitted case bloom-176b already counts.
 CHOSEN_BY_SWEEP = ("hagemann23",)
 
