@@ -49,7 +49,8 @@
   reduce-scatter's bytes, in fp32. Model states as DeepSpeed's ZeRO-1 (bf16 weights and
   gradients on the parameters, fp32 master and moments sharded). DeepSpeed's pipeline-engine
   cost of each slot is not charged: its cause is not established (docs/planner.md, "The
-  pipeline engine's cost per layer") and nothing says this engine pays it."""
+  pipeline engine's cost per layer") and nothing says this engine pays it. Not priced: its
+  output layer gathers the whole vocabulary's logits on every TP rank for the loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
