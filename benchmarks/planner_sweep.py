@@ -153,16 +153,18 @@ def summary(p, by_source, engines) -> str:
         + [pooled_line(f"hagemann23 as {fw}", x) for fw, x in engines.items()] + [""])
 
 
-def engine_variant(framework: str):
-    """Hagemann et al.'s sweeps with every row priced as the engine `framework`."""
+def engine_variant(loaded, framework: str):
+    """Hagemann et al.'s sweeps (of `loaded`) with every row priced as the engine
+    `framework`."""
     return sweeps.pooled([sweeps.evaluate(sweeps.as_engine(s, framework))
-                          for s in sweeps.load_sweeps() if s.source == "hagemann23"])
+                          for s in loaded if s.source == "hagemann23"])
 
 
 def main() -> int:
     out, texts, evaluated = [], [], []
     by_source = {}
-    for sweep in sweeps.load_sweeps():
+    loaded = sweeps.load_sweeps()
+    for sweep in loaded:
         results, order, mem = sweeps.evaluate(sweep)
         evaluated.append((results, order, mem))
         by_source.setdefault(sweep.source, []).append((results, order, mem))
@@ -172,7 +174,7 @@ def main() -> int:
         texts.append(markdown(sweep, rows, order, mem))
     together = sweeps.pooled(evaluated)
     sources = {src: sweeps.pooled(ev) for src, ev in by_source.items()}
-    engines = {fw: engine_variant(fw) for fw in ENGINE_VARIANTS}
+    engines = {fw: engine_variant(loaded, fw) for fw in ENGINE_VARIANTS}
     texts.append(summary(together, sources, engines))
     text = "\n".join(texts)
     write_results("planner_sweep", {"sweeps": out, "pooled": together, "by_source": sources,

@@ -96,8 +96,9 @@ def main() -> int:
     held = [v.rank_published_layout(c) for c in pub.held_out if c.source in v.CHOSEN_FOR_SPEED]
     held += [v.rank_published_layout(sweeps.measured_best(s)) for s in sweeps.load_sweeps()
              if s.source in sweeps.CHOSEN_BY_SWEEP]
-    rank_rows = [[k.case.id, ("yes, held out" if k in held else "yes")
-                  if k in held or k.case.source in v.CHOSEN_FOR_SPEED else "no",
+    held_out = {id(k) for k in held}
+    rank_rows = [[k.case.id, ("yes, held out" if id(k) in held_out else "yes")
+                  if id(k) in held_out or k.case.source in v.CHOSEN_FOR_SPEED else "no",
                   f"TP{k.case.layout.tp}{f' CP{k.case.layout.cp}' if k.case.layout.cp > 1 else ''}"
                   f" PP{k.case.layout.pp} DP{k.case.layout.dp}",
                   "does not fit" if k.rank is None else f"{k.rank}/{k.fitting}",

@@ -88,11 +88,16 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
 CHOSEN_BY_SWEEP = ("hagemann23",)
 
 
+def tokens_per_device_s(case: Case, step_s: float) -> float:
+    """The case's throughput per device at step_s seconds a step (rows of different global
+    batch compare by it)."""
+    return case.job.global_batch * case.job.model.seq_length / step_s / case.layout.world
+
+
 def measured_best(sweep: Sweep) -> Case:
     """The sweep's fastest row that ran, by tokens per second per device."""
     ran = [r.case for r in sweep.rows if not r.oom]
-    return max(ran, key=lambda c: c.job.global_batch * c.job.model.seq_length
-               / (c.published_step_s * c.layout.world))
+    return max(ran, key=lambda c: tokens_per_device_s(c, c.published_step_s))
 
 
 def reframed(case: Case, framework: str) -> Case:
@@ -173,8 +178,7 @@ class RowResult:
         return None if s is None else s / self.predicted_s - 1
 
     def tokens_per_device_s(self, step_s: float) -> float:
-        c = self.row.case
-        return c.job.global_batch * c.job.model.seq_length / step_s / c.layout.world
+        return tokens_per_device_s(self.row.case, step_s)
 
 
 def price(row: SweepRow) -> RowResult:
