@@ -85,12 +85,17 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     return LayerActivations(replicated, partitioned, masks, scores, score_masks, a * sb)
 
 
-def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: bool) -> float:
-    """Bytes one layer stores for backward on one TP rank, without full recompute."""
+def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: bool,
+                     whole_inputs: bool = False) -> float:
+    """Bytes one layer stores for backward on one TP rank, without full recompute.
+    whole_inputs: under SP the QKV and fc1 inputs are kept as gathered, whole on every TP rank
+    (Overlap.sp_whole_inputs), not as this rank's shard: two of the four replicated tensors."""
     t, e = lay.tp, act_bytes(precision)
     terms = layer_terms(m, m.seq_length, lay.micro_batch, lay.cp, layout_kv_replicas(m, lay))
     rep = 1.0 / t if lay.sequence_parallel else 1.0
     total = (terms.replicated * e + terms.masks) * rep + terms.partitioned * e / t
+    if whole_inputs and lay.sequence_parallel:
+        total += terms.replicated / 2 * e * (1 - rep)
     if keep_scores:
         total += (terms.scores * e + terms.score_masks) / t
     elif lay.flash:
@@ -99,16 +104,16 @@ def layer_full_bytes(m: ModelConfig, lay: Layout, precision: str, keep_scores: b
 
 
 def layer_stored_bytes(m: ModelConfig, lay: Layout, precision: str,
-                       flash_cp: bool = False) -> float:
+                       flash_cp: bool = False, whole_inputs: bool = False) -> float:
     """Bytes one layer keeps per micro-batch in flight, under the layout's recompute policy.
     flash_cp: the key/value exchange runs in Transformer Engine's flash-based CP attention
-    (ring_explicit)."""
+    (ring_explicit); whole_inputs: layer_full_bytes'."""
     if lay.recompute == "full":
         rep = 1.0 / lay.tp if lay.sequence_parallel else 1.0
         return local_tokens(m, lay) * m.hidden_size * act_bytes(precision) * rep
     ring = lay.cp_parts[1] > 1
     keep_scores = not lay.flash and lay.recompute == "none" and not ring
-    total = layer_full_bytes(m, lay, precision, keep_scores)
+    total = layer_full_bytes(m, lay, precision, keep_scores, whole_inputs)
     if ring and lay.recompute == "none":
         total += ring_explicit_kept_bytes(m, lay, precision) if ring_explicit(m, lay, flash_cp) \
             else ring_kept_bytes(m, lay, precision)
@@ -203,7 +208,7 @@ def head_weight_grad_bytes(m: ModelConfig, lay: Layout, padded_vocab: int,
 
 
 def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str,
-                        flash_cp: bool = False) -> float:
+                        flash_cp: bool = False, whole_inputs: bool = False) -> float:
     """Transient bytes while one layer runs backward: its rebuilt activations under full
     recompute (the math path's scores included) plus the activation gradients in flight."""
     e, sb = act_bytes(precision), local_tokens(m, lay)
@@ -217,13 +222,17 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str,
     if lay.recompute != "full":
         return grads
     keep = not lay.flash and lay.cp_parts[1] == 1
-    return grads + layer_full_bytes(m, lay, precision, keep_scores=keep)
+    return grads + layer_full_bytes(m, lay, precision, keep_scores=keep,
+                                    whole_inputs=whole_inputs)
 
 
-def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str) -> float:
+def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str,
+                 whole_vocab: bool = False) -> float:
     """Output layer and vocab-parallel cross-entropy for one micro-batch on the last stage:
-    the logits in the activation dtype, their fp32 copy and the saved fp32 softmax."""
-    elems = local_tokens(m, lay) * padded_vocab / lay.tp
+    the logits in the activation dtype, their fp32 copy and the saved fp32 softmax; whole_vocab:
+    the logits gathered and the loss run over the whole vocabulary on every TP rank
+    (Overlap.whole_vocab_logits)."""
+    elems = local_tokens(m, lay) * padded_vocab / (1 if whole_vocab else lay.tp)
     return elems * (act_bytes(precision) + 8)
 
 

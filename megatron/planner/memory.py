@@ -210,14 +210,16 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
                        framework: str = "deepspeed"):
     m, prec = job.model, job.precision
     schedule = schedules.get(lay.schedule)
-    flash_cp = OVERLAP[framework].flash_cp  # Megatron Core's CP attention keeps no block scores
-    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, flash_cp)
+    ov = OVERLAP[framework]
+    flash_cp = ov.flash_cp  # Megatron Core's CP attention keeps no block scores
+    whole = ov.sp_whole_inputs
+    per_mb = sp.layers * act.layer_stored_bytes(m, lay, prec, flash_cp, whole)
     fp8_kept = fp8.stored_delta(m, lay, prec) if job.fp8 else 0.0
     if lay.recompute != "full":  # the linear layers' inputs kept as FP8 copies
         per_mb += sp.layers * fp8_kept
     first, last = stage == 0, stage == lay.head_stage
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, lay.tp)
-    if not last and not OVERLAP[framework].frees_outputs:
+    if not last and not ov.frees_outputs:
         # the stage output kept for its backward (one per chunk when interleaved); Megatron
         # frees its data once sent (deallocate_pipeline_outputs, on in Megatron-LM's training
         # since 2022), and Llama 3's stack "proactively deallocate[s]" it
@@ -230,11 +232,13 @@ def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Co
         if job.fp8:
             per_mb += moe_layers * experts.fp8_kept_delta(m, lay, prec, framework)
     stored = schedule.stored(lay.pipe, stage, per_mb, per_w)
-    working = act.layer_working_bytes(m, lay, prec, flash_cp) + fp8_kept if sp.layers else 0.0
+    working = (act.layer_working_bytes(m, lay, prec, flash_cp, whole) + fp8_kept
+               if sp.layers else 0.0)
     if moe_layers:
         working += experts.working_delta(m, lay, prec)
     if last:
-        working += act.logits_bytes(m, lay, vocab, prec) + act.boundary_bytes(m, lay, prec)
+        working += (act.logits_bytes(m, lay, vocab, prec, ov.whole_vocab_logits)
+                    + act.boundary_bytes(m, lay, prec))
     return stored * c.act_scale, working * c.act_scale
 
 

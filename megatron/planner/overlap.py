@@ -49,8 +49,13 @@
   reduce-scatter's bytes, in fp32. Model states as DeepSpeed's ZeRO-1 (bf16 weights and
   gradients on the parameters, fp32 master and moments sharded). DeepSpeed's pipeline-engine
   cost of each slot is not charged: its cause is not established (docs/planner.md, "The
-  pipeline engine's cost per layer") and nothing says this engine pays it. Not priced: its
-  output layer gathers the whole vocabulary's logits on every TP rank for the loss."""
+  pipeline engine's cost per layer") and nothing says this engine pays it. Two traits of its
+  layers, priced in memory and time: under sequence parallelism the norm all-gathers its
+  output (nn/norm/rms_norm.py) and the column-parallel layers after it keep that whole input
+  for their weight gradient, with no shard kept and no regather in the backward
+  (sp_whole_inputs); and its output layer all-gathers every TP rank's logits
+  (transformer/model/layers/lm_head.py, through ColumnParallelLinear's all_concat) for an fp32
+  cross-entropy over the whole vocabulary on every rank (whole_vocab_logits)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,6 +81,10 @@ class Overlap:
     #                          the tokens (this trainer, model/moe/layer.py; experts.py)
     fp32_allreduce: bool = False  # ZeRO-1 all-reduces the whole gradient in fp32 (not a
     #                               reduce-scatter in the model dtype) before the shard's step
+    sp_whole_inputs: bool = False  # under SP, QKV and fc1 keep their all-gathered input whole
+    #                                for the weight gradient (activations.layer_full_bytes)
+    whole_vocab_logits: bool = False  # the output layer gathers every TP rank's logits and the
+    #                                   loss runs on the whole vocabulary on each rank
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -95,7 +104,8 @@ OVERLAP: Dict[str, Overlap] = {
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
                     flash_cp=True, frees_outputs=True),
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                          pipe_send=False, fp32_allreduce=True),
+                          pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
+                          whole_vocab_logits=True),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

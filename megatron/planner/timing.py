@@ -126,7 +126,8 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         # scores written by QK^T, read and written by softmax and dropout, read by AV
         core[MEM] = 4 * heads * s * s * x.e / x.hbm
     fwd += core
-    fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False) / x.hbm
+    fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False,
+                                     whole_inputs=x.overlap.sp_whole_inputs) / x.hbm
     tp = np.zeros(len(FEATURES))
     # two all-reduces (with SP: two all-gathers and two reduce-scatters, the same bus bytes):
     # after the attention block and after the MLP
@@ -237,7 +238,13 @@ def stage_features(x: _Ctx, layers: int, first: bool, last: bool,
         x.allreduce(f, tok * h * x.e, t, x.tp_link)
     if last:
         f[GEMM] += 3 * gemm_seconds((tok, x.vocab / t, h), x.peak, x.c.gemm_half_dim)
-        f[MEM] += 3 * tok * x.vocab / t * (x.e + 8) / x.hbm
+        if x.overlap.whole_vocab_logits and t > 1:
+            # every rank's logits all-gathered (its backward keeps this rank's slice, no
+            # collective), the loss's passes over the whole vocabulary on every rank
+            x.collective(f, (t - 1) / t * tok * x.vocab * x.e, x.tp_link)
+            f[MEM] += 3 * tok * x.vocab * (x.e + 8) / x.hbm
+        else:
+            f[MEM] += 3 * tok * x.vocab / t * (x.e + 8) / x.hbm
         x.allreduce(f, tok * h * x.e, t, x.tp_link)
     if x.lay.pp > 1:
         # each model chunk sends its output forward and its input gradient back; interleaved,

@@ -198,3 +198,38 @@ def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it(
     assert kept["megatron-lm"] == kept["megatron-core"]
     fsdp = memory_per_stage(job, dataclasses.replace(layout, zero=2), c, framework="fsdp")
     assert fsdp[0].activations == kept["megatron-core"]
+
+
+def test_aa_scaling_keeps_gathered_inputs_under_sp_and_the_whole_vocabulary_logits():
+    """Aleph Alpha's Scaling (overlap.py): under SP its norm all-gathers its output and QKV and
+    fc1 keep that whole input for their weight gradients (no shard kept, no regather), and its
+    output layer all-gathers the logits for an fp32 loss over the whole vocabulary on every TP
+    rank. By hand against megatron-deepspeed, whose model states are the same DeepSpeed ZeRO-1
+    ones: stage 0 of PP 2 (1F1B: 2 micro-batches in flight) keeps 2 s b h x 2 bytes x
+    (1 - 1/t) more a layer and micro-batch; the last stage's loss holds t times the logits,
+    s b V (2 + 8) bytes whole where Megatron's vocab-parallel loss holds 1/t of them."""
+    from megatron.planner.params import padded_vocab
+    job = Job(preset_model("gpt3-13b"), 64, "bf16")
+    m, c = job.model, Constants()
+    layout = lay(tp=4, pp=2, dp=1, grad_accum=64, zero=1, recompute="none", flash=True,
+                 sequence_parallel=True)
+    aa = memory_per_stage(job, layout, c, framework="aa-scaling")
+    ds = memory_per_stage(job, layout, c, framework="megatron-deepspeed")
+    sbh = m.seq_length * m.hidden_size
+    per_layer = 2 * sbh * 2 * (1 - 1 / 4)
+    layers = m.num_layers // 2
+    assert in_flight(layout.pipe, 0) == 2
+    assert aa[0].activations - ds[0].activations == pytest.approx(
+        2 * layers * per_layer * c.act_scale)
+    assert (aa[0].weights, aa[0].grads, aa[0].optimizer) == (
+        ds[0].weights, ds[0].grads, ds[0].optimizer)
+    vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, 4)
+    logits = m.seq_length * vocab * (2 + 8)
+    assert aa[1].working - ds[1].working == pytest.approx(logits * (1 - 1 / 4) * c.act_scale)
+    # without SP the layers keep what every engine keeps; the loss is still over the whole
+    # vocabulary
+    plain = dataclasses.replace(layout, sequence_parallel=False)
+    aa0, ds0 = (memory_per_stage(job, plain, c, framework=fw) for fw in ("aa-scaling",
+                                                                         "megatron-deepspeed"))
+    assert aa0[0].activations == ds0[0].activations
+    assert aa0[1].working - ds0[1].working == pytest.approx(logits * (1 - 1 / 4) * c.act_scale)

@@ -437,11 +437,15 @@ def test_aa_scaling_all_reduces_its_gradients_in_fp32_after_the_backward():
     ZeRO-1 all-reduces every gradient cast to fp32 after the backward, nothing hidden, then
     all-gathers the weights, and it pays no pipeline-engine cost. By hand against
     megatron-lm-2021, which prices the same slots and reduce-scatters in bf16, also exposed:
-    at PP 1 the steps differ by the all-reduce's extra bus bytes, (2 x 4 - 2) n (d - 1)/d, over
-    the DP group's bus bandwidth with the fitted factor across nodes; at PP 2 the pipeline is
-    priced as Megatron-LM's (no DeepSpeed engine share or cost per layer)."""
-    from megatron.planner.params import all_stage_params
-    from megatron.planner.timing import COMM_X, theta
+    at PP 1 the steps' reductions differ by the all-reduce's extra bus bytes,
+    (2 x 4 - 2) n (d - 1)/d, over the DP group's bus bandwidth with the fitted factor across
+    nodes; each micro-batch's slot differs by the output layer's logits all-gathered,
+    (t - 1)/t s b V x 2 bus bytes in the node, and the loss's three passes over the whole
+    vocabulary, 3 s b V (2 + 8) bytes, where the vocab-parallel loss makes them over 1/t of it;
+    at PP 2 the pipeline is priced as Megatron-LM's but for the same last-stage terms (no
+    DeepSpeed engine share or cost per layer)."""
+    from megatron.planner.params import all_stage_params, padded_vocab
+    from megatron.planner.timing import COMM, COMM_X, LAT, MEM, theta
     job = Job(preset_model("gpt3-6.7b"), 512, "bf16")
     lay = Layout(2, 1, 32, 1, 16, zero=1, recompute="none")
     aa, lm = _framework("a100", "aa-scaling"), _framework("a100", "megatron-lm-2021")
@@ -449,11 +453,19 @@ def test_aa_scaling_all_reduces_its_gradients_in_fp32_after_the_backward():
     n = all_stage_params(job.model, lay.tp, lay.pp, lay.ep)[0].total
     link = aa.spec.link(lay.dp, lay.tp)
     assert link.inter
-    extra = 6 * n * (lay.dp - 1) / lay.dp / link.bus_bytes_per_s * theta(aa.constants)[COMM_X]
+    th = theta(aa.constants)
+    extra = 6 * n * (lay.dp - 1) / lay.dp / link.bus_bytes_per_s * th[COMM_X]
     assert ours.reduce_s - theirs.reduce_s == pytest.approx(extra, rel=1e-6)
-    assert ours.pipeline_s == pytest.approx(theirs.pipeline_s)
+    m = job.model
+    tok, t = m.seq_length, lay.tp
+    vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, t)
+    tp_link = aa.spec.link(t, 1)
+    assert not tp_link.inter
+    slot = ((t - 1) / t * tok * vocab * 2 / tp_link.bus_bytes_per_s * th[COMM]
+            + tp_link.alpha_s * th[LAT]
+            + 3 * tok * vocab * 10 * (1 - 1 / t) / (aa.spec.hbm_gbps * 1e9) * th[MEM])
+    assert ours.pipeline_s - theirs.pipeline_s == pytest.approx(16 * slot, rel=1e-6)
     piped = Layout(2, 2, 16, 1, 32, zero=1, recompute="none")
-    assert step_time(job, piped, aa).pipeline_s == pytest.approx(
-        step_time(job, piped, lm).pipeline_s)
+    assert step_time(job, piped, aa).pipeline_s > step_time(job, piped, lm).pipeline_s
     mds = _framework("a100", "megatron-deepspeed")
     assert step_time(job, piped, mds).pipeline_s > step_time(job, piped, aa).pipeline_s
