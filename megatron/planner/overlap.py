@@ -55,7 +55,11 @@
   for their weight gradient, with no shard kept and no regather in the backward
   (sp_whole_inputs); and its output layer all-gathers every TP rank's logits
   (transformer/model/layers/lm_head.py, through ColumnParallelLinear's all_concat) for an fp32
-  cross-entropy over the whole vocabulary on every rank (whole_vocab_logits)."""
+  cross-entropy over the whole vocabulary on every rank (whole_vocab_logits). A third, of its
+  SwiGLU MLP (nn/mlp.py): the gate and up projections are two column-parallel layers, two
+  GEMMs where Megatron runs one of both widths, and without SP each copies its input into the
+  TP region on its own, so the backward all-reduces that input's gradient twice: three
+  backward TP all-reduces a layer where Megatron has two (gate_up_split)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,6 +89,8 @@ class Overlap:
     #                                for the weight gradient (activations.layer_full_bytes)
     whole_vocab_logits: bool = False  # the output layer gathers every TP rank's logits and the
     #                                   loss runs on the whole vocabulary on each rank
+    gate_up_split: bool = False  # SwiGLU's gate and up projections two column-parallel layers:
+    #                              two GEMMs; without SP one more backward TP all-reduce a layer
 
 
 OVERLAP: Dict[str, Overlap] = {
@@ -105,7 +111,7 @@ OVERLAP: Dict[str, Overlap] = {
                     flash_cp=True, frees_outputs=True),
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
-                          whole_vocab_logits=True),
+                          whole_vocab_logits=True, gate_up_split=True),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

@@ -76,7 +76,7 @@ DEVICE_EVIDENCE: Dict[str, str] = {
 ORDER_EVIDENCE = ("note on the order: on published layout sweeps held out of every fit "
                   "(162 layouts in 15 sweeps: BigScience 2022 on 384 A100s, Hagemann et al. "
                   "2023 on 32-256 A100s) the pick was the measured best or within 1.1% of it "
-                  "in 12 of 15, at worst 25% behind it, and 861 of the 1091 pairs measured "
+                  "in 13 of 15, at worst 25% behind it, and 882 of the 1091 pairs measured "
                   "apart beyond the sources' noise were ordered as measured: layouts a few "
                   "percent apart here are ties (docs/planner.md)")
 
@@ -122,8 +122,8 @@ def scale_note(devices: int) -> str:
 ENGINE_EVIDENCE: Dict[str, str] = {
     "aa-scaling": ("no run of this engine is in the fit; on Hagemann et al.'s sweeps (130 "
                    "layouts of Llama 13B-65B on 32-256 A100, held out) its steps took a median "
-                   "8% more time than predicted, more the larger the TP (TP 8: 19%), 68 of "
-                   "the 130 inside the band, while 80% of the pairs were ordered as measured; "
+                   "8% more time than predicted, more the larger the TP (TP 8: 16%), 73 of "
+                   "the 130 inside the band, while 82% of the pairs were ordered as measured; "
                    "34 of 192 layouts that ran out of memory were priced to fit "
                    "(docs/planner.md, Hagemann et al.'s sweeps)"),
 }

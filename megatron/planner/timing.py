@@ -100,14 +100,27 @@ def _linear_dims(x: _Ctx) -> Tuple[Tuple[float, float, float], ...]:
             (tok, h, m.num_attention_heads * d / t), (tok, fc1 / t, h), (tok, h, f / t))
 
 
+def _gate_up_split(x: _Ctx) -> bool:
+    """Whether the engine runs SwiGLU's gate and up projections as two column-parallel layers
+    (Overlap.gate_up_split) and the model has them."""
+    return x.overlap.gate_up_split and act.fc1_factor(x.m) == 2
+
+
 def linear_gemms(x: _Ctx, column_only: bool = False) -> np.ndarray:
     """The four linear layers' forward GEMMs of one layer (QKV, out-projection, fc1, fc2) for
     one micro-batch on one rank; their weight gradients (dW = dY^T X) cost the same again.
-    column_only: QKV and fc1 alone."""
+    column_only: QKV and fc1 alone. Under Overlap.gate_up_split fc1 is two GEMMs of half its
+    width."""
     dims = _linear_dims(x)
     out = np.zeros(len(FEATURES))
-    for d in (dims[0], dims[2]) if column_only else dims:
-        out[GEMM] += gemm_seconds(d, x.linear_peak, x.c.gemm_half_dim)
+    for i, d in enumerate(dims):
+        if column_only and i in (1, 3):
+            continue
+        if i == 2 and _gate_up_split(x):
+            out[GEMM] += 2 * gemm_seconds((d[0], d[1] / 2, d[2]), x.linear_peak,
+                                          x.c.gemm_half_dim)
+        else:
+            out[GEMM] += gemm_seconds(d, x.linear_peak, x.c.gemm_half_dim)
     return out
 
 
@@ -198,6 +211,10 @@ def layer_features(x: _Ctx) -> np.ndarray:
     if x.lay.cp_parts[1] > 1:  # ring, allgather, hybrid: the key/value exchange
         a2a = a2a + cp_timing.kv_exchange_features(x, core)
     tp_fwd, tp_bwd = _exposed_tp(x, tp)
+    if _gate_up_split(x) and not x.lay.sequence_parallel and x.lay.tp > 1:
+        # the gate's and the up projection's input gradients all-reduced each: one more of
+        # the two the layer's TP features hold (the engine overlaps none of them)
+        tp_bwd = tp_bwd + tp / 2
     total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
     if x.job.fp8:  # the linear layers' inputs cast each forward, their output gradients once

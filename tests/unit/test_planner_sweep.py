@@ -145,8 +145,8 @@ def test_every_sweep_together_as_stated():
     """docs/planner.md: BigScience's 5 sweeps, 32 layouts: median |error| 5.8%, 26 inside the
     printed range, 87 of 126 pairs, the pick the measured best or within 1.1% of it in all 5,
     memory a median 18% low, 3 of 5 out-of-memory layouts found. With Hagemann et al.'s 10
-    (test_hagemann_sweeps_as_stated): the pick within 1.1% in 12 of 15, at worst 25% behind,
-    861 of 1091 pairs; and the note `megatron-plan search` prints says the same."""
+    (test_hagemann_sweeps_as_stated): the pick within 1.1% in 13 of 15, at worst 25% behind,
+    882 of 1091 pairs; and the note `megatron-plan search` prints says the same."""
     found = _by_name()
     p = sweeps.pooled([ev for _, ev in found.values()])
     note = ranges.ORDER_EVIDENCE
@@ -155,7 +155,7 @@ def test_every_sweep_together_as_stated():
     behind = [round(100 * o["predicted_best_behind"], 1) for _, (_, o, _) in found.values()]
     near = sum(b <= 1.1 for b in behind)
     assert f"within 1.1% of it in {near} of {p['sweeps']}, at worst {max(behind):.0f}%" in note
-    assert (p["sweeps"], p["rows"], near) == (15, 162, 12)
+    assert (p["sweeps"], p["rows"], near) == (15, 162, 13)
     big = _pooled("bigscience22")
     assert (big["sweeps"], big["rows"], big["pairs_counted"], big["oom_rows"]) == (5, 32, 126, 5)
     assert 0.045 < big["median_abs_error"] < 0.07 and 23 <= big["in_band"] <= 29
@@ -167,16 +167,16 @@ def test_every_sweep_together_as_stated():
 
 def test_hagemann_sweeps_as_stated():
     """docs/planner.md, "Hagemann et al.'s sweeps": 130 layouts that ran in 10 sweeps under
-    Aleph Alpha's Scaling (aa-scaling): median |error| 8.5%, 68 inside the printed range, 774
+    Aleph Alpha's Scaling (aa-scaling): median |error| 7.9%, 73 inside the printed range, 795
     of 965 pairs ordered as measured; 158 of the 192 layouts that ran out of memory predicted
     not to fit, and of the 130 that ran all but one predicted to fit (65B at TP 8 x PP 4,
-    micro-batch 4: 81.0 GiB). Before the engine's gathered SP inputs and whole-vocabulary
-    logits were priced: 12.0%, 54, 780 and 145. Priced as megatron-deepspeed instead
-    (DeepSpeed's pipeline-engine cost of each slot, neither trait) the order is about the same
-    but the error more than doubles."""
+    micro-batch 4: 81.0 GiB). Before the engine's gathered SP inputs, whole-vocabulary logits
+    and split gate/up projections were priced: 12.0%, 54, 780 and 145. Priced as
+    megatron-deepspeed instead (DeepSpeed's pipeline-engine cost of each slot, none of the
+    three traits) the order is about the same but the error more than doubles."""
     h = _pooled("hagemann23")
     assert (h["sweeps"], h["rows"], h["pairs_counted"], h["oom_rows"]) == (10, 130, 965, 192)
-    assert 0.07 < h["median_abs_error"] < 0.10 and 60 <= h["in_band"] <= 76
+    assert 0.065 < h["median_abs_error"] < 0.095 and 65 <= h["in_band"] <= 80
     assert 740 <= h["pairs_agreeing"] <= 820 and 150 <= h["oom_predicted"] <= 166
     missed = [r.row.case.id for s, (results, _, _) in _by_name().values()
               if s.source == "hagemann23" for r in results if not r.row.oom and not r.fits]
@@ -196,7 +196,7 @@ def test_hagemann_sweeps_as_stated():
     ds = sweeps.pooled([sweeps.evaluate(sweeps.as_engine(s, "megatron-deepspeed"))
                         for s, _ in _by_name().values() if s.source == "hagemann23"])
     assert ds["median_abs_error"] > 2 * h["median_abs_error"]
-    assert abs(ds["pairs_agreeing"] - h["pairs_agreeing"]) <= 10
+    assert abs(ds["pairs_agreeing"] - h["pairs_agreeing"]) <= 20
 
 
 def test_search_prints_how_far_its_order_holds(capsys):

@@ -469,3 +469,45 @@ def test_aa_scaling_all_reduces_its_gradients_in_fp32_after_the_backward():
     assert step_time(job, piped, aa).pipeline_s > step_time(job, piped, lm).pipeline_s
     mds = _framework("a100", "megatron-deepspeed")
     assert step_time(job, piped, mds).pipeline_s > step_time(job, piped, aa).pipeline_s
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_aa_scaling_runs_swiglu_gate_and_up_as_two_column_parallel_layers(monkeypatch, sp):
+    """Aleph Alpha's Scaling's SwiGLU MLP (nn/mlp.py; Overlap.gate_up_split): the gate and up
+    projections are two column-parallel layers, two GEMMs of f/t columns where Megatron runs
+    one of 2f/t, and without SP each all-reduces its input's gradient in the backward: one more
+    TP all-reduce of s b h x 2 bytes a layer. By hand against the same engine without the
+    trait, at PP 1 (64 micro-batches a step, each slot the model's 32 layers): each layer's
+    forward, backward and weight gradient pay the fc1 GEMM difference (3 x), and without SP
+    its backward pays the all-reduce, bus bytes 2 (t - 1)/t s b h x 2 over the TP link."""
+    from megatron.planner import timing
+    from megatron.planner.features import gemm_seconds
+    from megatron.planner.timing import COMM, GEMM, LAT, theta
+    base = preset_model("gpt3-6.7b")
+    m = dataclasses.replace(base, activation="swiglu", ffn_hidden_size=11008)
+    job = Job(m, 512, "bf16")
+    lay = Layout(4, 1, 8, 1, 64, zero=1, recompute="none", sequence_parallel=sp)
+    aa = _framework("a100", "aa-scaling")
+    split = step_time(job, lay, aa).pipeline_s
+    monkeypatch.setitem(timing.OVERLAP, "aa-scaling", dataclasses.replace(
+        timing.OVERLAP["aa-scaling"], gate_up_split=False))
+    joined = step_time(job, lay, aa).pipeline_s
+    th, t, tok = theta(aa.constants), lay.tp, m.seq_length
+    peak, half = aa.spec.matmul_tflops("bf16") * 1e12, aa.constants.gemm_half_dim
+    f, h = m.ffn_hidden_size, m.hidden_size
+    gemm = (2 * gemm_seconds((tok, f / t, h), peak, half)
+            - gemm_seconds((tok, 2 * f / t, h), peak, half))
+    layer = 3 * gemm * th[GEMM]
+    if not sp:
+        link = aa.spec.link(t, 1)
+        layer += (2 * (t - 1) / t * tok * h * 2 / link.bus_bytes_per_s * th[COMM]
+                  + link.alpha_s * th[LAT])
+    assert split - joined == pytest.approx(64 * m.num_layers * layer, rel=1e-6)
+    assert split > joined
+    # a GeLU model has no gate: the trait leaves it alone
+    gelu = Job(base, 512, "bf16")
+    monkeypatch.undo()
+    with_trait = step_time(gelu, lay, aa).pipeline_s
+    monkeypatch.setitem(timing.OVERLAP, "aa-scaling", dataclasses.replace(
+        timing.OVERLAP["aa-scaling"], gate_up_split=False))
+    assert step_time(gelu, lay, aa).pipeline_s == with_trait
