@@ -99,7 +99,8 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
                    "Aleph Alpha's Scaling (ZeRO-0 or 1, an fp32 gradient all-reduce after the "
                    "backward, nothing overlapped); the other six are comparisons "
                    "(docs/planner.md, "
-                   "\"Overlap by framework\")")
+                   "\"Overlap by framework\"), each offered and accepted only with the "
+                   "pipeline schedules and context parallelism it runs")
     if nodes:
         g.add_argument("--nodes", type=count(1), default=1, help="node count (default 1)")
 

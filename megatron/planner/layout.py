@@ -15,7 +15,7 @@ from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
                                       schedule_error)
-from megatron.planner.overlap import DEEPSPEED
+from megatron.planner.overlap import DEEPSPEED, OVERLAP
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -185,7 +185,37 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
     if lay.recompute not in RECOMPUTE:
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
-            or uneven_problem(m.num_layers, lay) or expert_problem(job, lay))
+            or uneven_problem(m.num_layers, lay) or expert_problem(job, lay)
+            or engine_run_problem(framework, lay))
+
+
+def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
+    """Why the engine `framework` cannot run the layout's pipeline schedule (the engines its
+    record names, config/schedules; with model chunks the schedule it runs as, run_as) or its
+    context parallelism (the engine's Overlap.cp_algos), or None. This trainer (deepspeed)
+    runs them all."""
+    ov = OVERLAP.get(framework)
+    if ov is None:
+        return None
+    name = run_as(lay)
+    engines = schedules.get(name).engines if name in schedules.names() else None
+    if (lay.pp > 1 or lay.interleave > 1) and engines is not None and framework not in engines:
+        return (f"--schedule {name} under framework {framework} ({ov.runs or framework}; the "
+                f"engines that run {name}: {', '.join(engines)})")
+    if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
+        return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
+                f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+    return None
+    if lay.pp > 1 and ov.schedules is not None and lay.schedule not in ov.schedules:
+        return (f"--schedule {lay.schedule} under framework {framework} ({ov.runs}; its "
+                f"schedules: {', '.join(ov.schedules)})")
+    if lay.interleave > 1 and not ov.chunks:
+        return (f"--interleave {lay.interleave} under framework {framework} ({ov.runs}; no "
+                "model chunks per stage)")
+    if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
+        return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
+                f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+    return None
 
 
 def expert_problem(job: Job, lay: Layout) -> Optional[str]:
@@ -294,6 +324,11 @@ def layout_stage_layer_indices(num_layers: int, lay: Layout) -> List[List[int]]:
 
 def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:
     problem = layout_problem(job, lay, framework)
+    if problem and problem == engine_run_problem(framework, lay):
+        raise ConfigError("--framework", framework, f"an engine that runs layout {lay.key()} "
+                          f"({problem})", "pick a layout it runs (--schedule, --interleave, "
+                          "--cp, --cp-algo) or another --framework (docs/planner.md, Overlap "
+                          "by framework)")
     if problem:
         raise ConfigError("layout", lay.key(), f"a layout the trainer accepts ({problem})",
                           "pick another tensor/pipeline/micro-batch combination")

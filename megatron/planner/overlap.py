@@ -63,7 +63,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -91,27 +91,45 @@ class Overlap:
     #                                   loss runs on the whole vocabulary on each rank
     gate_up_split: bool = False  # SwiGLU's gate and up projections two column-parallel layers:
     #                              two GEMMs; without SP one more backward TP all-reduce a layer
+    # What the engine can run beside its pipeline schedules (each schedule's record names the
+    # engines that run it: config/schedules): its context-parallel algorithms (None: all; ():
+    # no CP), and the line layout.engine_run_problem says where a layout asks for more
+    cp_algos: Optional[Tuple[str, ...]] = None
+    runs: str = ""
 
 
 OVERLAP: Dict[str, Overlap] = {
     "deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
                          pipe_send=False, tp_wgrad=True),
     "megatron-deepspeed": Overlap(tp_comm=False, grad_reduce="overlap_comm", param_gather=False,
-                                  pipe_send=False),
+                                  pipe_send=False, cp_algos=("ulysses",),
+                                  runs="DeepSpeed's pipeline engine runs 1F1B without model "
+                                       "chunks, Megatron-DeepSpeed adds ZB-H1 "
+                                       "(--enable-zbh1-pipeline) and DeepSpeed-Ulysses context "
+                                       "parallelism"),
     "megatron-lm": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                            pipe_send=False, tp_wgrad=True, frees_outputs=True, expert_tp=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
-                                pipe_send=False, expert_tp=True),
+                                pipe_send=False, expert_tp=True, cp_algos=(),
+                                runs="Megatron-LM of 2021 runs 1F1B and its interleaved "
+                                     "schedule, with no context parallelism"),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True,
                              expert_tp=True),
     # param_gather is the distributed optimizer's (ZeRO-1); FSDP's ZeRO-2/3 gathers are priced
     # as every engine's
     "fsdp": Overlap(tp_comm=False, grad_reduce="layer", param_gather=False, pipe_send=True,
-                    flash_cp=True, frees_outputs=True),
+                    flash_cp=True, frees_outputs=True, cp_algos=("ring", "allgather"),
+                    runs="torch.distributed.pipelining runs 1F1B, interleaved 1F1B and ZB-V, "
+                         "its zero-bubble schedules interleaved or V-shaped; "
+                         "torch.distributed.tensor.experimental.context_parallel is ring "
+                         "attention, the keys and values passed round or all-gathered"),
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
-                          whole_vocab_logits=True, gate_up_split=True),
+                          whole_vocab_logits=True, gate_up_split=True, cp_algos=(),
+                          runs="Aleph Alpha's Scaling runs a DeepSpeed-style 1F1B without "
+                               "model chunks (nn/pipeline_schedule/train.py) and has no "
+                               "context parallelism"),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

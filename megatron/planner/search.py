@@ -10,7 +10,7 @@ from megatron.config import schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
-from megatron.planner.layout import RECOMPUTE, Job, Layout, layout_problem
+from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.overlap import DEEPSPEED
 from megatron.planner.profile import Profile
@@ -106,7 +106,7 @@ def _divisors(n: int) -> List[int]:
 def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
                       framework: str = "deepspeed") -> Iterator[Layout]:
     """The layouts of `world` devices the space allows and the engine `framework` can run
-    (memory.engine_problem)."""
+    (memory.engine_problem, layout.engine_run_problem)."""
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
     for tp in tps:
@@ -277,7 +277,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                             for ends in _stage_splits(job, pp, v, space):
                                 for ep in _ep_sizes(job, dp, space):
                                     for algo, u in _cp_variants(cp, space):
-                                        yield Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
+                                        lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
                                                      schedule, cp=cp, first_stage_layers=ends[0],
                                                      last_stage_layers=ends[1], ep=ep,
                                                      embedding_as_layer=ends[2],
@@ -285,6 +285,8 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                                      cp_algo=algo, ulysses_degree=u,
                                                      microbatch_group=_group(schedule, pp, v,
                                                                              ga))
+                                        if not engine_run_problem(framework, lay):
+                                            yield lay
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),

@@ -42,6 +42,77 @@ def test_the_search_offers_only_what_the_engine_runs(framework, zeros, pp_max):
     assert piped == (zeros & {0, 1} if framework == "deepspeed" else zeros)
 
 
+_EVERY_AXIS = SearchSpace(cp=(1, 2, 4), cp_algos=("ulysses", "ring", "allgather", "hybrid"),
+                          interleave=(1, 2), sequence_parallel=(False,), flash=(True,),
+                          recompute=("none",), zero=(0, 1, 2, 3))
+
+
+def _pipeline_and_cp(framework):
+    """(schedule run, CP algorithm) pairs the search offers a 13B model on 16 devices."""
+    job = Job(preset_model("gpt3-13b"), 64, "bf16")
+    return {(run_as(lay), lay.cp_algo if lay.cp > 1 else "-")
+            for lay in enumerate_layouts(job, 16, 8, _EVERY_AXIS, framework) if lay.pp > 1}
+
+
+@pytest.mark.parametrize("framework,schedules_run,cp_algos", [
+    ("deepspeed", {"1f1b", "zbh1", "interleaved", "zbv"}, {"-", "ulysses", "ring", "allgather",
+                                                           "hybrid"}),
+    ("megatron-deepspeed", {"1f1b", "zbh1"}, {"-", "ulysses"}),
+    ("megatron-lm-2021", {"1f1b", "interleaved"}, {"-"}),
+    ("fsdp", {"1f1b", "interleaved", "zbv"}, {"-", "ring", "allgather"}),
+    ("aa-scaling", {"1f1b"}, {"-"}),
+])
+def test_the_search_offers_only_the_schedules_and_cp_the_engine_runs(framework, schedules_run,
+                                                                     cp_algos):
+    """Each schedule's record names the engines that run it (config/schedules: DeepSpeed's
+    pipeline engine has no model chunks, Megatron-DeepSpeed adds ZB-H1; torch's pipelining
+    has no plain-stage ZB-H1; Megatron-LM of 2021 and Aleph Alpha's Scaling no zero-bubble
+    schedule), and each engine its context parallelism (overlap.Overlap.cp_algos): the search
+    offers nothing else, where this trainer's offers every one."""
+    found = _pipeline_and_cp(framework)
+    assert {name for name, _ in found} == schedules_run
+    assert {algo for _, algo in found} == cp_algos
+
+
+@pytest.mark.parametrize("framework,flags,needle", [
+    ("megatron-deepspeed", ["--pp", "4", "--schedule", "zbv", "--interleave", "2"],
+     "--schedule zbv under framework megatron-deepspeed (DeepSpeed's pipeline engine"),
+    ("megatron-deepspeed", ["--pp", "4", "--interleave", "2"],
+     "--schedule interleaved under framework megatron-deepspeed"),
+    ("megatron-lm-2021", ["--pp", "4", "--schedule", "zbh1"],
+     "the engines that run zbh1: deepspeed, megatron-deepspeed, megatron-lm, megatron-core"),
+    ("aa-scaling", ["--cp", "2", "--cp-algo", "ring"],
+     "its context parallelism: none"),
+    ("fsdp", ["--cp", "2", "--cp-algo", "ulysses", "--zero", "3"],
+     "its context parallelism: ring, allgather"),
+])
+def test_memory_refuses_a_layout_its_engine_cannot_run_by_name(capsys, framework, flags,
+                                                               needle):
+    from megatron.cli.plan import main
+    argv = ["memory", "--model", "gpt3-13b", "--cluster", "a100", "--nodes", "2",
+            "--global-batch", "64", "--framework", framework, *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--framework='{framework}' is invalid: expected an engine that runs layout" in err
+    assert needle in err and "or another --framework" in err
+
+
+def test_every_published_layout_runs_on_its_engine():
+    """The records' engine lists and the engines' CP agree with every published run and
+    layout sweep row (Zero Bubble's ZB-H1 and ZB-V on Megatron-LM, Primus's ZB-V, NVIDIA's
+    ring CP on Megatron Core, Llama 3's all-gather CP under FSDP)."""
+    from megatron.planner import sweeps
+    from megatron.planner import validation as v
+    from megatron.planner.layout import engine_run_problem
+    pub = v.load_published()
+    cases = (pub.cases + pub.held_out + pub.layouts
+             + [r.case for s in sweeps.load_sweeps() for r in s.rows])
+    assert len(cases) > 500
+    refused = [(c.id, engine_run_problem(c.profile.spec.framework, c.layout)) for c in cases
+               if engine_run_problem(c.profile.spec.framework, c.layout)]
+    assert not refused, refused
+
+
 def test_best_175b_layouts_on_1024_gcds_keep_tp_inside_a_node():
     # The paper's lesson, checked with TP across nodes allowed: the fastest layouts that fit
     # still keep tensor parallelism within one node (<= 8 GCDs) and pipeline across nodes.

@@ -54,4 +54,8 @@ INTERLEAVED = register(Schedule(
     priced="interleaved 1F1B: bubble (p - 1)/(v m + p - 1); the first stage holds "
            "p + (p - 1)/v micro-batches of activations",
     bubble=one_f_one_b.bubble, stored=stored, pipeline_time=one_f_one_b.pipeline_time,
-    rule=rule, runner="virtual_stages"))
+    rule=rule, runner="virtual_stages",
+    # Megatron-LM's schedule since Narayanan et al. 2021, torch's Interleaved1F1B (fsdp) and
+    # this trainer; not DeepSpeed's pipeline engine (megatron-deepspeed) or Aleph Alpha's
+    # Scaling, whose 1F1B runs one chunk a stage
+    engines=("deepspeed", "megatron-lm", "megatron-lm-2021", "megatron-core", "fsdp")))

@@ -81,6 +81,9 @@ class Schedule:
     # the chunks run in a V that ends on the first stage: it holds the output layer, the final
     # norm and the loss beside the embedding (ZB-V); otherwise the last stage does
     head_on_first: bool = False
+    # the engines megatron-plan prices (planner/overlap.py's names) that run it; None: every
+    # one. The planner refuses a layout with it under another (layout.engine_run_problem).
+    engines: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         if not _NAME.match(self.name):

@@ -74,4 +74,9 @@ ZBH1 = register(Schedule(
     priced="zero-bubble ZB-H1: W passes fill the bubble; each stage holds up to p micro-batches, "
            "those past their B with the inputs and output gradients their W keeps",
     bubble=bubble, stored=stored, pipeline_time=pipeline_time, rule=rule,
-    runner="zero_bubble", split_backward=True, lock_steps=True, peak_stages=peak_stages))
+    runner="zero_bubble", split_backward=True, lock_steps=True, peak_stages=peak_stages,
+    # this trainer; Megatron-DeepSpeed's --enable-zbh1-pipeline (its pull request 396); the
+    # authors' Megatron-LM (zb24's runs); AMD Primus's Megatron (megatron-core). Not Megatron-LM
+    # of 2021, Aleph Alpha's Scaling, or torch's pipelining, whose zero-bubble schedules are
+    # interleaved or V-shaped
+    engines=("deepspeed", "megatron-deepspeed", "megatron-lm", "megatron-core")))

@@ -67,4 +67,7 @@ ZBV = register(Schedule(
     priced="ZB-V: two chunks per rank in a V, W passes fill the bubble: (p - 1) F / 2 idle; "
            "every stage holds p micro-batches of activations",
     bubble=bubble, stored=stored, pipeline_time=pipeline_time, rule=rule, runner="v_stages",
-    split_backward=True, head_on_first=True))
+    split_backward=True, head_on_first=True,
+    # this trainer, the authors' Megatron-LM (zb24), AMD Primus's Megatron (primus25) and
+    # torch's ZBVZeroBubble (fsdp)
+    engines=("deepspeed", "megatron-lm", "megatron-core", "fsdp")))
