@@ -191,9 +191,9 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
 
 def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
     """Why the engine `framework` cannot run the layout's pipeline schedule (the engines its
-    record names, config/schedules; with model chunks the schedule it runs as, run_as) or its
-    context parallelism (the engine's Overlap.cp_algos), or None. This trainer (deepspeed)
-    runs them all."""
+    record names, config/schedules; with model chunks the schedule it runs as, run_as), its
+    context parallelism or its recompute policy (the engine's Overlap.cp_algos, recomputes),
+    or None. This trainer (deepspeed) runs them all."""
     ov = OVERLAP.get(framework)
     if ov is None:
         return None
@@ -205,6 +205,9 @@ def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
     if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
         return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
                 f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+    if ov.recomputes is not None and lay.recompute not in ov.recomputes:
+        return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
+                f"recompute: {', '.join(ov.recomputes)})")
     return None
     if lay.pp > 1 and ov.schedules is not None and lay.schedule not in ov.schedules:
         return (f"--schedule {lay.schedule} under framework {framework} ({ov.runs}; its "
@@ -215,6 +218,9 @@ def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
     if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
         return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
                 f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+    if ov.recomputes is not None and lay.recompute not in ov.recomputes:
+        return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
+                f"recompute: {', '.join(ov.recomputes)})")
     return None
 
 
@@ -327,8 +333,8 @@ def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:
     if problem and problem == engine_run_problem(framework, lay):
         raise ConfigError("--framework", framework, f"an engine that runs layout {lay.key()} "
                           f"({problem})", "pick a layout it runs (--schedule, --interleave, "
-                          "--cp, --cp-algo) or another --framework (docs/planner.md, Overlap "
-                          "by framework)")
+                          "--cp, --cp-algo, --recompute) or another --framework "
+                          "(docs/planner.md, Overlap by framework)")
     if problem:
         raise ConfigError("layout", lay.key(), f"a layout the trainer accepts ({problem})",
                           "pick another tensor/pipeline/micro-batch combination")

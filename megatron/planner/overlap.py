@@ -95,6 +95,7 @@ class Overlap:
     # engines that run it: config/schedules): its context-parallel algorithms (None: all; ():
     # no CP), and the line layout.engine_run_problem says where a layout asks for more
     cp_algos: Optional[Tuple[str, ...]] = None
+    recomputes: Optional[Tuple[str, ...]] = None  # its recompute policies (None: all three)
     runs: str = ""
 
 
@@ -111,8 +112,11 @@ OVERLAP: Dict[str, Overlap] = {
                            pipe_send=False, tp_wgrad=True, frees_outputs=True, expert_tp=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                                 pipe_send=False, expert_tp=True, cp_algos=(),
+                                recomputes=("none", "full"),
                                 runs="Megatron-LM of 2021 runs 1F1B and its interleaved "
-                                     "schedule, with no context parallelism"),
+                                     "schedule, with no context parallelism, and recomputes "
+                                     "every layer or none (selective recompute is Korthikanti "
+                                     "et al.'s, 2022)"),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True,
                              expert_tp=True),
@@ -127,9 +131,11 @@ OVERLAP: Dict[str, Overlap] = {
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
                           whole_vocab_logits=True, gate_up_split=True, cp_algos=(),
+                          recomputes=("none", "full"),
                           runs="Aleph Alpha's Scaling runs a DeepSpeed-style 1F1B without "
-                               "model chunks (nn/pipeline_schedule/train.py) and has no "
-                               "context parallelism"),
+                               "model chunks (nn/pipeline_schedule/train.py), has no context "
+                               "parallelism, and checkpoints every layer or none "
+                               "(ActivationCheckpointingType)"),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

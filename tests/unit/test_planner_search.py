@@ -68,10 +68,15 @@ def test_the_search_offers_only_the_schedules_and_cp_the_engine_runs(framework, 
     pipeline engine has no model chunks, Megatron-DeepSpeed adds ZB-H1; torch's pipelining
     has no plain-stage ZB-H1; Megatron-LM of 2021 and Aleph Alpha's Scaling no zero-bubble
     schedule), and each engine its context parallelism (overlap.Overlap.cp_algos): the search
-    offers nothing else, where this trainer's offers every one."""
+    offers nothing else, where this trainer's offers every one. Nor a recompute policy the
+    engine lacks (Scaling and Megatron-LM of 2021: every layer or none)."""
     found = _pipeline_and_cp(framework)
     assert {name for name, _ in found} == schedules_run
     assert {algo for _, algo in found} == cp_algos
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    policies = {lay.recompute for lay in enumerate_layouts(job, 8, 8, SearchSpace(), framework)}
+    assert policies == ({"none", "full"} if framework in ("aa-scaling", "megatron-lm-2021")
+                        else {"none", "selective", "full"})
 
 
 @pytest.mark.parametrize("framework,flags,needle", [
@@ -85,6 +90,8 @@ def test_the_search_offers_only_the_schedules_and_cp_the_engine_runs(framework, 
      "its context parallelism: none"),
     ("fsdp", ["--cp", "2", "--cp-algo", "ulysses", "--zero", "3"],
      "its context parallelism: ring, allgather"),
+    ("aa-scaling", ["--recompute", "selective"], "its recompute: none, full"),
+    ("megatron-lm-2021", ["--recompute", "selective"], "its recompute: none, full"),
 ])
 def test_memory_refuses_a_layout_its_engine_cannot_run_by_name(capsys, framework, flags,
                                                                needle):
