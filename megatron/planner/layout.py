@@ -186,14 +186,16 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
             or uneven_problem(m.num_layers, lay) or expert_problem(job, lay)
-            or engine_run_problem(framework, lay))
+            or engine_run_problem(framework, lay, m))
 
 
-def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
+def engine_run_problem(framework: str, lay: Layout,
+                       m: Optional[ModelConfig] = None) -> Optional[str]:
     """Why the engine `framework` cannot run the layout's pipeline schedule (the engines its
     record names, config/schedules; with model chunks the schedule it runs as, run_as), its
     context parallelism or its recompute policy (the engine's Overlap.cp_algos, recomputes),
-    or None. This trainer (deepspeed) runs them all."""
+    or the model m's experts (Overlap.experts), or None. This trainer (deepspeed) runs them
+    all."""
     ov = OVERLAP.get(framework)
     if ov is None:
         return None
@@ -208,6 +210,9 @@ def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
     if ov.recomputes is not None and lay.recompute not in ov.recomputes:
         return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
                 f"recompute: {', '.join(ov.recomputes)})")
+    if m is not None and m.moe.num_experts and not ov.experts:
+        return (f"a model with {m.moe.num_experts} experts under framework {framework} "
+                f"({ov.runs})")
     return None
     if lay.pp > 1 and ov.schedules is not None and lay.schedule not in ov.schedules:
         return (f"--schedule {lay.schedule} under framework {framework} ({ov.runs}; its "
@@ -221,6 +226,9 @@ def engine_run_problem(framework: str, lay: Layout) -> Optional[str]:
     if ov.recomputes is not None and lay.recompute not in ov.recomputes:
         return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
                 f"recompute: {', '.join(ov.recomputes)})")
+    if m is not None and m.moe.num_experts and not ov.experts:
+        return (f"a model with {m.moe.num_experts} experts under framework {framework} "
+                f"({ov.runs})")
     return None
 
 
@@ -330,7 +338,7 @@ def layout_stage_layer_indices(num_layers: int, lay: Layout) -> List[List[int]]:
 
 def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:
     problem = layout_problem(job, lay, framework)
-    if problem and problem == engine_run_problem(framework, lay):
+    if problem and problem == engine_run_problem(framework, lay, job.model):
         raise ConfigError("--framework", framework, f"an engine that runs layout {lay.key()} "
                           f"({problem})", "pick a layout it runs (--schedule, --interleave, "
                           "--cp, --cp-algo, --recompute) or another --framework "

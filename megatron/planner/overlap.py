@@ -96,6 +96,7 @@ class Overlap:
     # no CP), and the line layout.engine_run_problem says where a layout asks for more
     cp_algos: Optional[Tuple[str, ...]] = None
     recomputes: Optional[Tuple[str, ...]] = None  # its recompute policies (None: all three)
+    experts: bool = True  # it runs mixture-of-experts layers
     runs: str = ""
 
 
@@ -112,11 +113,12 @@ OVERLAP: Dict[str, Overlap] = {
                            pipe_send=False, tp_wgrad=True, frees_outputs=True, expert_tp=True),
     "megatron-lm-2021": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                                 pipe_send=False, expert_tp=True, cp_algos=(),
-                                recomputes=("none", "full"),
+                                recomputes=("none", "full"), experts=False,
                                 runs="Megatron-LM of 2021 runs 1F1B and its interleaved "
-                                     "schedule, with no context parallelism, and recomputes "
-                                     "every layer or none (selective recompute is Korthikanti "
-                                     "et al.'s, 2022)"),
+                                     "schedule, with no context parallelism, recomputes every "
+                                     "layer or none (selective recompute is Korthikanti et "
+                                     "al.'s, 2022) and has no mixture of experts (Megatron "
+                                     "Core's came in 2023)"),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True,
                              expert_tp=True),
@@ -131,11 +133,11 @@ OVERLAP: Dict[str, Overlap] = {
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
                           whole_vocab_logits=True, gate_up_split=True, cp_algos=(),
-                          recomputes=("none", "full"),
+                          recomputes=("none", "full"), experts=False,
                           runs="Aleph Alpha's Scaling runs a DeepSpeed-style 1F1B without "
                                "model chunks (nn/pipeline_schedule/train.py), has no context "
-                               "parallelism, and checkpoints every layer or none "
-                               "(ActivationCheckpointingType)"),
+                               "parallelism or mixture of experts, and checkpoints every layer "
+                               "or none (ActivationCheckpointingType)"),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

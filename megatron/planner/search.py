@@ -285,7 +285,8 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                                      cp_algo=algo, ulysses_degree=u,
                                                      microbatch_group=_group(schedule, pp, v,
                                                                              ga))
-                                        if not engine_run_problem(framework, lay):
+                                        if not engine_run_problem(framework, lay,
+                                                                  job.model):
                                             yield lay
 
 

@@ -375,3 +375,23 @@ def test_each_stage_is_priced_with_the_moe_layers_it_holds():
     parts = step_features(job, chunked, prof)[1]
     slowest = parts["slowest"][:PIPE]
     assert any(slowest == pytest.approx(f, rel=1e-12) for f in (rank0, rank1))
+
+
+@pytest.mark.parametrize("framework", ["aa-scaling", "megatron-lm-2021"])
+def test_an_engine_without_experts_is_offered_and_accepts_no_moe_layout(framework):
+    """Aleph Alpha's Scaling and Megatron-LM of 2021 have no mixture of experts
+    (overlap.Overlap.experts): the search enumerates no layout of a MoE model under them, and a
+    layout is refused naming the framework, where DeepSpeed's engines take it."""
+    from megatron.config.errors import ConfigError
+    from megatron.planner.layout import check_layout
+    from megatron.planner.search import enumerate_layouts
+    assert not list(enumerate_layouts(JOB, 8, 8, SearchSpace(), framework))
+    assert list(enumerate_layouts(JOB, 8, 8, SearchSpace(), "megatron-deepspeed"))
+    lay = _lay(ep=1)
+    assert layout_problem(JOB, lay, "megatron-deepspeed") is None
+    assert "a model with 8 experts under framework " + framework in layout_problem(JOB, lay,
+                                                                                     framework)
+    with pytest.raises(ConfigError, match=f"--framework='{framework}' is invalid"):
+        check_layout(JOB, lay, framework)
+    dense = Job(dataclasses.replace(M, moe=MoEConfig()), 64, "bf16")
+    assert layout_problem(dense, lay, framework) is None
