@@ -214,22 +214,6 @@ def engine_run_problem(framework: str, lay: Layout,
         return (f"a model with {m.moe.num_experts} experts under framework {framework} "
                 f"({ov.runs})")
     return None
-    if lay.pp > 1 and ov.schedules is not None and lay.schedule not in ov.schedules:
-        return (f"--schedule {lay.schedule} under framework {framework} ({ov.runs}; its "
-                f"schedules: {', '.join(ov.schedules)})")
-    if lay.interleave > 1 and not ov.chunks:
-        return (f"--interleave {lay.interleave} under framework {framework} ({ov.runs}; no "
-                "model chunks per stage)")
-    if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
-        return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
-                f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
-    if ov.recomputes is not None and lay.recompute not in ov.recomputes:
-        return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
-                f"recompute: {', '.join(ov.recomputes)})")
-    if m is not None and m.moe.num_experts and not ov.experts:
-        return (f"a model with {m.moe.num_experts} experts under framework {framework} "
-                f"({ov.runs})")
-    return None
 
 
 def expert_problem(job: Job, lay: Layout) -> Optional[str]:

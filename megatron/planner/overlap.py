@@ -118,7 +118,7 @@ OVERLAP: Dict[str, Overlap] = {
                                      "schedule, with no context parallelism, recomputes every "
                                      "layer or none (selective recompute is Korthikanti et "
                                      "al.'s, 2022) and has no mixture of experts (Megatron "
-                                     "Core's came in 2023)"),
+                                     "Core's came later)"),
     "megatron-core": Overlap(tp_comm=True, grad_reduce="layer", param_gather=True,
                              pipe_send=True, tp_wgrad=True, flash_cp=True, frees_outputs=True,
                              expert_tp=True),
