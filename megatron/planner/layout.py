@@ -200,7 +200,7 @@ def engine_run_problem(framework: str, lay: Layout,
     if ov is None:
         return None
     name = run_as(lay)
-    engines = schedules.get(name).engines if name in schedules.names() else None
+    engines = schedules.get(name).engines
     if (lay.pp > 1 or lay.interleave > 1) and engines is not None and framework not in engines:
         return (f"--schedule {name} under framework {framework} ({ov.runs or framework}; the "
                 f"engines that run {name}: {', '.join(engines)})")

@@ -211,10 +211,12 @@ def layer_features(x: _Ctx) -> np.ndarray:
     if x.lay.cp_parts[1] > 1:  # ring, allgather, hybrid: the key/value exchange
         a2a = a2a + cp_timing.kv_exchange_features(x, core)
     tp_fwd, tp_bwd = _exposed_tp(x, tp)
-    if _gate_up_split(x) and not x.lay.sequence_parallel and x.lay.tp > 1:
-        # the gate's and the up projection's input gradients all-reduced each: one more of
-        # the two the layer's TP features hold (the engine overlaps none of them)
-        tp_bwd = tp_bwd + tp / 2
+    if _gate_up_split(x) and not x.lay.sequence_parallel:
+        # the gate's and the up projection's input gradients all-reduced each: one all-reduce
+        # more than the layer's two (the engine overlaps none of them); a copy, since tp_bwd
+        # may be tp_fwd itself
+        tp_bwd = tp_bwd.copy()
+        x.allreduce(tp_bwd, x.tokens * x.m.hidden_size * x.e, x.lay.tp, x.tp_link)
     total = 3 * fwd + 2 * a2a + tp_fwd + tp_bwd
     total[ATTN] += 0.5 * core[ATTN]
     if x.job.fp8:  # the linear layers' inputs cast each forward, their output gradients once
