@@ -226,14 +226,24 @@ def layer_working_bytes(m: ModelConfig, lay: Layout, precision: str,
                                     whole_inputs=whole_inputs)
 
 
+def logits_elems(m: ModelConfig, lay: Layout, padded_vocab: int,
+                 whole_vocab: bool = False) -> float:
+    """Logits of one micro-batch on one rank of the last stage: s*b*V/t, or s*b*V where the
+    output layer gathers them (Overlap.whole_vocab_logits)."""
+    return local_tokens(m, lay) * padded_vocab / (1 if whole_vocab else lay.tp)
+
+
 def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str,
                  whole_vocab: bool = False) -> float:
-    """Output layer and vocab-parallel cross-entropy for one micro-batch on the last stage:
-    the logits in the activation dtype, their fp32 copy and the saved fp32 softmax; whole_vocab:
-    the logits gathered and the loss run over the whole vocabulary on every TP rank
-    (Overlap.whole_vocab_logits)."""
-    elems = local_tokens(m, lay) * padded_vocab / (1 if whole_vocab else lay.tp)
-    return elems * (act_bytes(precision) + 8)
+    """Output layer and cross-entropy for one micro-batch on the last stage at their peak.
+    Megatron's vocab-parallel loss: the logits in the activation dtype, their fp32 copy and the
+    saved fp32 softmax. whole_vocab (Overlap.whole_vocab_logits): the logits gathered and an
+    eager fp32 cross-entropy over the whole vocabulary on every TP rank (Scaling's
+    losses/cross_entropy.py: logits.float(), then torch's cross_entropy), whose peak is in its
+    backward: the gathered logits, the saved fp32 log-softmax, the NLL's fp32 gradient and the
+    log-softmax's fp32 gradient (the fp32 copy is gone by then: nothing saved it)."""
+    extra = 12 if whole_vocab else 8
+    return logits_elems(m, lay, padded_vocab, whole_vocab) * (act_bytes(precision) + extra)
 
 
 def boundary_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:

@@ -59,7 +59,12 @@
   SwiGLU MLP (nn/mlp.py): the gate and up projections are two column-parallel layers, two
   GEMMs where Megatron runs one of both widths, and without SP each copies its input into the
   TP region on its own, so the backward all-reduces that input's gradient twice: three
-  backward TP all-reduces a layer where Megatron has two (gate_up_split)."""
+  backward TP all-reduces a layer where Megatron has two (gate_up_split). And its pipeline
+  keeps what it has spent (nn/parallel_module/parallel_module.py, buffers.py): each stage's
+  input and output stay in their buffer slot (Buffers.get, never take) until a later
+  micro-batch reuses the slot, and a stage r has max(2, min(p - r + 1, m)) slots for at most
+  min(p - r, m) micro-batches in flight, so one spent micro-batch's stay beside them; on the
+  last stage that is its gathered whole-vocabulary logits (keeps_spent_outputs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,6 +96,10 @@ class Overlap:
     #                                   loss runs on the whole vocabulary on each rank
     gate_up_split: bool = False  # SwiGLU's gate and up projections two column-parallel layers:
     #                              two GEMMs; without SP one more backward TP all-reduce a layer
+    keeps_spent_outputs: bool = False  # the pipeline's buffer slots keep a micro-batch's stage
+    #                                    input and output until the slot is reused: one spent
+    #                                    micro-batch's, on the last stage its logits
+    #                                    (memory._spent_slot_bytes)
     # What the engine can run beside its pipeline schedules (each schedule's record names the
     # engines that run it: config/schedules): its context-parallel algorithms (None: all; ():
     # no CP), and the line layout.engine_run_problem says where a layout asks for more
@@ -132,7 +141,8 @@ OVERLAP: Dict[str, Overlap] = {
                          "attention, the keys and values passed round or all-gathered"),
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
-                          whole_vocab_logits=True, gate_up_split=True, cp_algos=(),
+                          whole_vocab_logits=True, gate_up_split=True,
+                          keeps_spent_outputs=True, cp_algos=(),
                           recomputes=("none", "full"), experts=False,
                           runs="Aleph Alpha's Scaling runs a DeepSpeed-style 1F1B without "
                                "model chunks (nn/pipeline_schedule/train.py), has no context "

@@ -124,7 +124,7 @@ ENGINE_EVIDENCE: Dict[str, str] = {
                    "layouts of Llama 13B-65B on 32-256 A100, held out) its steps took a median "
                    "8% more time than predicted, more the larger the TP (TP 8: 16%), 73 of "
                    "the 130 inside the band, while 82% of the pairs were ordered as measured; "
-                   "34 of 192 layouts that ran out of memory were priced to fit "
+                   "24 of 192 layouts that ran out of memory were priced to fit "
                    "(docs/planner.md, Hagemann et al.'s sweeps)"),
 }
 

@@ -1,6 +1,7 @@
 """The activation formulas and the published memory figures. A failure names which term of the
 memory model (activations, recompute, 1F1B in-flight count, model states) moved."""
 import dataclasses
+from unittest import mock
 
 import pytest
 
@@ -12,6 +13,7 @@ from megatron.planner.memory import (GIB, fsdp_state_bytes, megatron_state_bytes
                                      memory_per_stage, peak_memory)
 from megatron.planner.params import stage_params
 from megatron.planner.models import preset_model
+from megatron.planner.overlap import OVERLAP
 from megatron.planner.profile import Constants, load_profile
 
 M175 = preset_model("175b")
@@ -182,7 +184,9 @@ def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it(
     until its backward) and Llama 3's stack "proactively deallocate[s]" stage outputs; DeepSpeed's
     pipeline engine (and Aleph Alpha's Scaling, priced so) keeps each output for its backward.
     By hand on stage 0 of PP 4 under 1F1B:
-    4 micro-batches in flight, each one s b h / t output of 2 bytes (SP splits it over TP)."""
+    4 micro-batches in flight, each one s b h / t output of 2 bytes (SP splits it over TP);
+    Scaling keeps a fifth, a spent micro-batch's, in its buffer slot
+    (Overlap.keeps_spent_outputs)."""
     job = Job(preset_model("gpt3-13b"), 64, "bf16")
     layout = lay(tp=2, pp=4, dp=1, grad_accum=64, zero=1, recompute="full",
                  sequence_parallel=True)
@@ -193,8 +197,9 @@ def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it(
     m = job.model
     output = m.seq_length * m.hidden_size * 2 / 2
     assert in_flight(layout.pipe, 0) == 4
-    for fw in ("deepspeed", "megatron-deepspeed", "megatron-lm-2021", "aa-scaling"):
+    for fw in ("deepspeed", "megatron-deepspeed", "megatron-lm-2021"):
         assert kept[fw] - kept["megatron-core"] == pytest.approx(4 * output * c.act_scale), fw
+    assert kept["aa-scaling"] - kept["megatron-core"] == pytest.approx(5 * output * c.act_scale)
     assert kept["megatron-lm"] == kept["megatron-core"]
     fsdp = memory_per_stage(job, dataclasses.replace(layout, zero=2), c, framework="fsdp")
     assert fsdp[0].activations == kept["megatron-core"]
@@ -206,8 +211,11 @@ def test_aa_scaling_keeps_gathered_inputs_under_sp_and_the_whole_vocabulary_logi
     output layer all-gathers the logits for an fp32 loss over the whole vocabulary on every TP
     rank. By hand against megatron-deepspeed, whose model states are the same DeepSpeed ZeRO-1
     ones: stage 0 of PP 2 (1F1B: 2 micro-batches in flight) keeps 2 s b h x 2 bytes x
-    (1 - 1/t) more a layer and micro-batch; the last stage's loss holds t times the logits,
-    s b V (2 + 8) bytes whole where Megatron's vocab-parallel loss holds 1/t of them."""
+    (1 - 1/t) more a layer and micro-batch, and a spent micro-batch's output in its buffer slot
+    (s b h / t x 2 bytes under SP: test_aa_scaling_keeps_a_spent_micro_batch_in_its_slot); the
+    last stage's eager fp32 loss peaks in its backward at s b V (2 + 4 + 4 + 4) bytes, the
+    gathered logits, the saved log-softmax and two fp32 gradients, where Megatron's
+    vocab-parallel loss holds s b V / t (2 + 8)."""
     from megatron.planner.params import padded_vocab
     job = Job(preset_model("gpt3-13b"), 64, "bf16")
     m, c = job.model, Constants()
@@ -219,17 +227,56 @@ def test_aa_scaling_keeps_gathered_inputs_under_sp_and_the_whole_vocabulary_logi
     per_layer = 2 * sbh * 2 * (1 - 1 / 4)
     layers = m.num_layers // 2
     assert in_flight(layout.pipe, 0) == 2
+    spent = sbh * 2 / 4
     assert aa[0].activations - ds[0].activations == pytest.approx(
-        2 * layers * per_layer * c.act_scale)
+        (2 * layers * per_layer + spent) * c.act_scale)
     assert (aa[0].weights, aa[0].grads, aa[0].optimizer) == (
         ds[0].weights, ds[0].grads, ds[0].optimizer)
     vocab = padded_vocab(m.vocab_size, m.make_vocab_size_divisible_by, 4)
-    logits = m.seq_length * vocab * (2 + 8)
-    assert aa[1].working - ds[1].working == pytest.approx(logits * (1 - 1 / 4) * c.act_scale)
+    sv = m.seq_length * vocab
+    loss = sv * (2 + 4 + 4 + 4) - sv * (2 + 8) / 4
+    assert aa[1].working - ds[1].working == pytest.approx(loss * c.act_scale)
     # without SP the layers keep what every engine keeps; the loss is still over the whole
     # vocabulary
     plain = dataclasses.replace(layout, sequence_parallel=False)
     aa0, ds0 = (memory_per_stage(job, plain, c, framework=fw) for fw in ("aa-scaling",
                                                                          "megatron-deepspeed"))
-    assert aa0[0].activations == ds0[0].activations
-    assert aa0[1].working - ds0[1].working == pytest.approx(logits * (1 - 1 / 4) * c.act_scale)
+    assert aa0[0].activations - ds0[0].activations == pytest.approx(sbh * 2 * c.act_scale)
+    assert aa0[1].working - ds0[1].working == pytest.approx(loss * c.act_scale)
+
+
+def test_aa_scaling_keeps_a_spent_micro_batch_in_its_slot():
+    """Aleph Alpha's Scaling writes each stage's input and output to a buffer slot and reads
+    them back (Buffers.get), never emptying it: a slot is freed only when a later micro-batch
+    reuses it. Stage r has max(2, min(p - r + 1, m)) slots for at most min(p - r, m)
+    micro-batches in flight, so where a step has more than p - r micro-batches one spent
+    micro-batch's input and output stay beside those in flight. By hand on PP 4, no SP, TP 2,
+    one layer a stage's difference ignored (the same layout under megatron-deepspeed keeps
+    nothing spent): stage 0 its output only (its input is token ids), s b h x 2 bytes; stages
+    1 and 2 input and output, 2 s b h x 2; the last stage its input and its whole-vocabulary
+    logits, s b h x 2 + s b V x 2. With m = p micro-batches stage 0 keeps nothing spent
+    (p - 0 = m) and the others do; with one micro-batch no stage does."""
+    from megatron.planner.memory import _spent_slot_bytes
+    from megatron.planner.params import padded_vocab
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    m = job.model
+    sbh, vocab = m.seq_length * m.hidden_size, padded_vocab(m.vocab_size,
+                                                            m.make_vocab_size_divisible_by, 2)
+    layout = lay(tp=2, pp=4, dp=1, grad_accum=64, zero=1, recompute="none", flash=True)
+    want = [sbh * 2, 2 * sbh * 2, 2 * sbh * 2, sbh * 2 + m.seq_length * vocab * 2]
+    got = [_spent_slot_bytes(job, layout, r, vocab, True) for r in range(4)]
+    assert got == pytest.approx(want)
+    c = Constants()
+    aa = memory_per_stage(job, layout, c, framework="aa-scaling")
+    plain = dataclasses.replace(OVERLAP["aa-scaling"], keeps_spent_outputs=False)
+    with mock.patch.dict(OVERLAP, {"aa-scaling": plain}):
+        base = memory_per_stage(job, layout, c, framework="aa-scaling")
+    assert [a.activations - b.activations for a, b in zip(aa, base)] == pytest.approx(
+        [w * c.act_scale for w in want])
+    four = dataclasses.replace(layout, grad_accum=4)
+    assert [_spent_slot_bytes(job, four, r, vocab, True) for r in range(4)] == pytest.approx(
+        [0.0] + want[1:])
+    one = dataclasses.replace(layout, pp=1, grad_accum=1)
+    assert _spent_slot_bytes(job, one, 0, vocab, True) == 0.0
+    assert _spent_slot_bytes(job, dataclasses.replace(one, grad_accum=2), 0, vocab,
+                             True) == pytest.approx(m.seq_length * vocab * 2)

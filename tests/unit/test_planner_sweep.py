@@ -168,16 +168,17 @@ def test_every_sweep_together_as_stated():
 def test_hagemann_sweeps_as_stated():
     """docs/planner.md, "Hagemann et al.'s sweeps": 130 layouts that ran in 10 sweeps under
     Aleph Alpha's Scaling (aa-scaling): median |error| 7.9%, 73 inside the printed range, 795
-    of 965 pairs ordered as measured; 158 of the 192 layouts that ran out of memory predicted
+    of 965 pairs ordered as measured; 168 of the 192 layouts that ran out of memory predicted
     not to fit, and of the 130 that ran all but one predicted to fit (65B at TP 8 x PP 4,
-    micro-batch 4: 81.0 GiB). Before the engine's gathered SP inputs, whole-vocabulary logits
-    and split gate/up projections were priced: 12.0%, 54, 780 and 145. Priced as
+    micro-batch 4: 81.1 GiB). Before the engine's gathered SP inputs, whole-vocabulary logits
+    and split gate/up projections were priced: 12.0%, 54, 780 and 145; before its eager loss's
+    backward peak and its spent buffer slots (Overlap.keeps_spent_outputs), 158. Priced as
     megatron-deepspeed instead (DeepSpeed's pipeline-engine cost of each slot, none of the
     three traits) the order is about the same but the error more than doubles."""
     h = _pooled("hagemann23")
     assert (h["sweeps"], h["rows"], h["pairs_counted"], h["oom_rows"]) == (10, 130, 965, 192)
     assert 0.065 < h["median_abs_error"] < 0.095 and 65 <= h["in_band"] <= 80
-    assert 740 <= h["pairs_agreeing"] <= 820 and 150 <= h["oom_predicted"] <= 166
+    assert 740 <= h["pairs_agreeing"] <= 820 and 160 <= h["oom_predicted"] <= 176
     missed = [r.row.case.id for s, (results, _, _) in _by_name().values()
               if s.source == "hagemann23" for r in results if not r.row.oom and not r.fits]
     assert missed == ["hagemann23-65b-2k-64-sp-tp8-pp4-mb4"]

@@ -264,8 +264,9 @@ def test_three_in_four_layouts_chosen_for_speed_rank_in_the_top_3(published):
 def test_layouts_chosen_for_speed_held_out_of_every_fit_as_stated(published):
     """docs/planner.md, "Ranking": beside the 33 fitted layouts, 12 held out of every fit are
     ranked: GLM-130B's two (9th of 39) and the measured best of each of Hagemann et al.'s 10
-    sweeps (sweeps.CHOSEN_BY_SWEEP), all 10 in the top 3 (5 first; 4 before the engine's
-    gathered SP inputs and whole-vocabulary logits were priced); together 35 of 45. Priced
+    sweeps (sweeps.CHOSEN_BY_SWEEP), all 10 in the top 3 (6 first; 5 before the engine's
+    eager loss and spent buffer slots were priced, 4 before its gathered SP inputs and
+    whole-vocabulary logits); together 35 of 45. Priced
     as megatron-deepspeed the ten would be 6 in the top 3, as megatron-lm-2021 4 (the count
     rests on the engine, as the page says)."""
     from megatron.planner import sweeps
@@ -275,7 +276,7 @@ def test_layouts_chosen_for_speed_held_out_of_every_fit_as_stated(published):
     best = [v.rank_published_layout(c) for c in bests]
     assert [r.rank for r in glm] == [9, 9] and len(best) == 10
     assert all(r.rank <= 3 for r in best), [(r.case.id, r.rank, r.fitting) for r in best]
-    assert sum(r.rank == 1 for r in best) == 5
+    assert sum(r.rank == 1 for r in best) == 6
     for engine, top3 in (("megatron-deepspeed", 6), ("megatron-lm-2021", 4)):
         ranks = [v.rank_published_layout(sweeps.reframed(c, engine)).rank for c in bests]
         assert sum(r is not None and r <= 3 for r in ranks) == top3, (engine, ranks)
