@@ -208,19 +208,17 @@ def _pending_w_bytes(job: Job, lay: Layout, sp: StageParams, first: bool, last: 
 
 def _spent_slot_bytes(job: Job, lay: Layout, stage: int, vocab: int,
                       whole_vocab: bool) -> float:
-    """What a pipeline that keeps its spent buffer slots (Overlap.keeps_spent_outputs) holds on
-    stage `stage` beside its micro-batches in flight: one spent micro-batch's stage input (none
-    on the first stage, whose input is token ids) and output (the last stage's: its logits),
-    where the step has more micro-batches than the stage has in flight (Scaling: max(2,
-    min(p - r + 1, m)) slots on stage r for at most min(p - r, m) in flight)."""
+    """What a pipeline that keeps its spent stage outputs (Overlap.keeps_spent_outputs) holds on
+    stage `stage` beside its micro-batches in flight: one spent micro-batch's output (the last
+    stage's: its logits), where the step has more micro-batches than the stage has in flight
+    (Scaling: max(2, min(p - r + 1, m)) slots on stage r for at most min(p - r, m) in flight;
+    a stage's input is taken from its slot once its gradient is sent)."""
     if lay.grad_accum <= lay.pp - stage:
         return 0.0
     m, prec = job.model, job.precision
-    boundary = act.boundary_bytes(m, lay, prec)
-    kept = boundary if stage else 0.0
     if stage == lay.head_stage:
-        return kept + act.logits_elems(m, lay, vocab, whole_vocab) * act.act_bytes(prec)
-    return kept + boundary
+        return act.logits_elems(m, lay, vocab, whole_vocab) * act.act_bytes(prec)
+    return act.boundary_bytes(m, lay, prec)
 
 
 def _stage_activations(job: Job, lay: Layout, sp: StageParams, stage: int, c: Constants,

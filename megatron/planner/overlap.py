@@ -60,11 +60,12 @@
   GEMMs where Megatron runs one of both widths, and without SP each copies its input into the
   TP region on its own, so the backward all-reduces that input's gradient twice: three
   backward TP all-reduces a layer where Megatron has two (gate_up_split). And its pipeline
-  keeps what it has spent (nn/parallel_module/parallel_module.py, buffers.py): each stage's
-  input and output stay in their buffer slot (Buffers.get, never take) until a later
-  micro-batch reuses the slot, and a stage r has max(2, min(p - r + 1, m)) slots for at most
-  min(p - r, m) micro-batches in flight, so one spent micro-batch's stay beside them; on the
-  last stage that is its gathered whole-vocabulary logits (keeps_spent_outputs)."""
+  keeps the outputs it has spent (nn/parallel_module/parallel_module.py, buffers.py): each
+  stage's output stays in its buffer slot (read with Buffers.get, never taken; the input is
+  taken once its gradient is sent) until a later micro-batch reuses the slot, and a stage r
+  has max(2, min(p - r + 1, m)) slots for at most min(p - r, m) micro-batches in flight, so
+  one spent micro-batch's output stays beside them; on the last stage that is its gathered
+  whole-vocabulary logits (keeps_spent_outputs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ class Overlap:
     gate_up_split: bool = False  # SwiGLU's gate and up projections two column-parallel layers:
     #                              two GEMMs; without SP one more backward TP all-reduce a layer
     keeps_spent_outputs: bool = False  # the pipeline's buffer slots keep a micro-batch's stage
-    #                                    input and output until the slot is reused: one spent
+    #                                    output until the slot is reused: one spent
     #                                    micro-batch's, on the last stage its logits
     #                                    (memory._spent_slot_bytes)
     # What the engine can run beside its pipeline schedules (each schedule's record names the
