@@ -300,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the long flags the command line gave (plan_commands: what search says it left out)
+    args.given_flags = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
+                        if a.startswith("--")}
     if not args.command:
         parser.print_help()
         return 2

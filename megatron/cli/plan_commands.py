@@ -40,6 +40,17 @@ def _describe(job: Job, prof: Profile, nodes: int) -> str:
             f"{s.gpu_memory_gb:g} GB, {s.matmul_tflops(job.precision):g} TFLOPs peak")
 
 
+# the search-space flags that name what an engine may not run (layout.engine_run_problem,
+# memory.engine_problem): where the command line gives one, search says what it left out
+ENGINE_AXES = ("--zero-stages", "--schedules", "--recompute-values", "--cp-values",
+               "--cp-algos", "--interleave-values")
+
+
+def _asked(args, flags) -> bool:
+    """Whether the command line gave any of `flags` (megatron-plan's main records them)."""
+    return any(f in getattr(args, "given_flags", ()) for f in flags)
+
+
 def cmd_search(args) -> int:
     job, cfg, preset = load_job(args)
     prof = profile_from_args(args, cfg)
@@ -48,9 +59,12 @@ def cmd_search(args) -> int:
         raise InputError("--out-config/--out-sbatch with --fp8: this trainer has no FP8, so no "
                          "config of it runs the priced layout; search without --fp8 to write one")
     result = search(job, args.nodes, prof, load_space(args))
-    print(_describe(job, prof, args.nodes))
-    if not result.ranked:
+    if not result.ranked:  # its one message alone
         raise InputError(result.explain_empty())
+    print(_describe(job, prof, args.nodes))
+    note = result.unrunnable_note()
+    if note and _asked(args, ENGINE_AXES):
+        print(note)
     print(f"{result.enumerated} layouts enumerated, {len(result.ranked)} fit; fastest first:\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
     best = result.best
@@ -140,6 +154,9 @@ def cmd_memory(args) -> int:
     cfg = None if preset else cfg
     lay = layout_from_args(args, job, args.nodes * prof.spec.gpus_per_node, cfg,
                            prof.spec.framework)
+    # priced before anything is printed: a layout the engine refuses (its ZeRO stage, a
+    # gradient dtype) gets its one message alone
+    stages = memory_per_stage(job, lay, prof.constants, framework=prof.spec.framework)
     print(_describe(job, prof, args.nodes))
     print(f"layout: {lay.key()}{_layout_source(args, cfg)}")
     if lay.pp > 1:
@@ -147,7 +164,6 @@ def cmd_memory(args) -> int:
     if lay.interleave > 1:
         print(f"schedule: {chunks_note(lay)}")
     print()
-    stages = memory_per_stage(job, lay, prof.constants, framework=prof.spec.framework)
     shown = stages if len(stages) <= 4 else [stages[0], stages[1], stages[-1]]
     header = ("stage", "params M", "weights", "grads", "optimizer", "activations", "working",
               "step extra", "bucket", "peak GB", "reserved GB")

@@ -11,14 +11,16 @@ in flight), every context-parallel degree (SearchSpace.cp None)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from typing import List, Optional
 
+from megatron.config.errors import InputError
 from megatron.config.schedules.one_f_one_b import ONE_F_ONE_B
 from megatron.planner.layout import Job, layout_problem
 from megatron.planner.profile import Profile
 from megatron.planner.search import (Candidate, SearchSpace, enumerate_layouts, evaluate,
-                                     rank_key)
+                                     rank_key, unrunnable_message)
 
 LEAST_MEMORY = SearchSpace(micro_batch=(1,), zero=(1, 2, 3), recompute=("full",), flash=(True,),
                            schedules=(ONE_F_ONE_B.name,), cp=None,
@@ -36,11 +38,14 @@ def with_sequence(job: Job, seq: int) -> Job:
 
 def fitting(job: Job, nodes: int, prof: Profile, space: SearchSpace,
             first_only: bool = False) -> List[Candidate]:
-    """The layouts of the space that fit (the first one found, with first_only), memory only."""
+    """The layouts of the space that fit (the first one found, with first_only), memory only.
+    A space that holds no layout the engine runs is refused (search.unrunnable_message), not
+    reported as fitting nothing."""
     world = nodes * prof.spec.gpus_per_node
-    out = []
+    out, enumerated, unrunnable = [], 0, Counter()
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
-                                 prof.spec.framework):
+                                 prof.spec.framework, unrunnable):
+        enumerated += 1
         if layout_problem(job, lay, prof.spec.framework):
             continue
         cand = evaluate(job, lay, prof, space, with_time=False)
@@ -48,6 +53,8 @@ def fitting(job: Job, nodes: int, prof: Profile, space: SearchSpace,
             out.append(cand)
             if first_only:
                 break
+    if not enumerated and unrunnable:
+        raise InputError(unrunnable_message(world, prof.spec.framework, unrunnable))
     return out
 
 

@@ -12,7 +12,7 @@ from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
-from megatron.planner.overlap import DEEPSPEED
+from megatron.planner.overlap import DEEPSPEED, OVERLAP
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -76,6 +76,10 @@ class SearchResult:
     ranked: List[Candidate]
     enumerated: int = 0
     rejected: Counter = field(default_factory=Counter)
+    # layouts of the space left out because the engine (--framework) does not run them, by
+    # what it does not run (enumerate_layouts' `unrunnable`)
+    unrunnable: Counter = field(default_factory=Counter)
+    framework: str = "deepspeed"
 
     @property
     def best(self) -> Candidate:
@@ -83,11 +87,36 @@ class SearchResult:
             raise InputError(self.explain_empty())
         return self.ranked[0]
 
+    def unrunnable_note(self) -> str:
+        """One line naming what the search space asked for that the engine does not run, or
+        ""."""
+        if not self.unrunnable:
+            return ""
+        return (f"left out, as framework {self.framework} does not run them: "
+                f"{_unrunnable_list(self.unrunnable)}")
+
     def explain_empty(self) -> str:
+        if not self.enumerated and self.unrunnable:
+            return unrunnable_message(self.world, self.framework, self.unrunnable)
         reasons = ", ".join(f"{n} {why}" for why, n in self.rejected.most_common(3))
         return (f"no layout of {self.world} devices fits this model and batch "
                 f"({self.enumerated} enumerated: {reasons or 'none valid'}); add nodes, lower "
                 "the micro-batch or allow recompute and ZeRO")
+
+
+def _unrunnable_list(unrunnable: Counter) -> str:
+    return ", ".join(f"{why} ({n} layout{'s' if n > 1 else ''})"
+                     for why, n in unrunnable.most_common())
+
+
+def unrunnable_message(world: int, framework: str, unrunnable: Counter) -> str:
+    """Why a search space holds no layout at all: the engine runs none of what it asks for
+    (enumerate_layouts' `unrunnable`), and the flags that widen it."""
+    return (f"no layout of {world} devices in the search space runs under framework "
+            f"{framework}: {_unrunnable_list(unrunnable)}; widen the space (--zero-stages, "
+            "--schedules, --recompute-values, --cp-values, --cp-algos, --interleave-values) to "
+            "what it runs, or pick another --framework (docs/planner.md, \"What each engine "
+            "runs\")")
 
 
 def _powers_of_two_dividing(n: int, limit: int) -> List[int]:
@@ -104,9 +133,11 @@ def _divisors(n: int) -> List[int]:
 
 
 def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
-                      framework: str = "deepspeed") -> Iterator[Layout]:
+                      framework: str = "deepspeed",
+                      unrunnable: Optional[Counter] = None) -> Iterator[Layout]:
     """The layouts of `world` devices the space allows and the engine `framework` can run
-    (memory.engine_problem, layout.engine_run_problem)."""
+    (memory.engine_problem, layout.engine_run_problem); those it cannot, counted in
+    `unrunnable` by what it does not run, where given."""
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
     for tp in tps:
@@ -123,7 +154,7 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
                 continue
             for cp in _cp_degrees(job, tp, world // (tp * pp), space):
                 yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp,
-                                          framework)
+                                          framework, unrunnable)
 
 
 Ends = Tuple[Optional[int], Optional[int]]
@@ -257,16 +288,31 @@ def _group(schedule: str, pp: int, v: int, micro_batches: int) -> int:
     return fitting_group(pp, micro_batches)
 
 
+def _unrunnable_key(problem: str, framework: str) -> str:
+    """What an engine refusal names, without its reasons and framework: '--zero 2',
+    '--schedule zbh1', '--cp-algo ring', or '--cp > 1' for an engine with no context
+    parallelism at all."""
+    head = problem.split(" under framework ")[0]
+    if head.startswith("--cp "):
+        return "--cp > 1" if OVERLAP[framework].cp_algos == () else head.split(" ", 2)[2]
+    return head
+
+
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
-                   cp: int = 1, framework: str = "deepspeed") -> Iterator[Layout]:
+                   cp: int = 1, framework: str = "deepspeed",
+                   unrunnable: Optional[Counter] = None) -> Iterator[Layout]:
+    left_out = unrunnable if unrunnable is not None else Counter()
     for mb in space.micro_batch:
         if job.global_batch % (mb * dp):
             continue
         ga = job.global_batch // (mb * dp)
         for zero in space.zero:
             if pp > 1 and zero > 1 and framework in DEEPSPEED:
+                left_out[f"--zero {zero} with a pipeline"] += 1
                 continue
-            if engine_problem(framework, zero):
+            problem = engine_problem(framework, zero)
+            if problem:
+                left_out[_unrunnable_key(problem, framework)] += 1
                 continue
             for rc in space.recompute:
                 for flash in space.flash:
@@ -285,8 +331,12 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                                                      cp_algo=algo, ulysses_degree=u,
                                                      microbatch_group=_group(schedule, pp, v,
                                                                              ga))
-                                        if not engine_run_problem(framework, lay,
-                                                                  job.model):
+                                        problem = engine_run_problem(framework, lay,
+                                                                     job.model)
+                                        if problem:
+                                            left_out[_unrunnable_key(problem,
+                                                                     framework)] += 1
+                                        else:
                                             yield lay
 
 
@@ -319,9 +369,9 @@ def search(job: Job, nodes: int, prof: Profile,
     first (ties: less memory). space None: SearchSpace() as the registry stands at the call."""
     space = space or SearchSpace()
     world = nodes * prof.spec.gpus_per_node
-    result = SearchResult(job, nodes, world, [])
+    result = SearchResult(job, nodes, world, [], framework=prof.spec.framework)
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
-                                 prof.spec.framework):
+                                 prof.spec.framework, result.unrunnable):
         result.enumerated += 1
         problem = layout_problem(job, lay, prof.spec.framework)
         if problem:

@@ -179,6 +179,17 @@ def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, ne
         peak_memory(job, layout, Constants(), framework=framework)
 
 
+def test_memory_prints_nothing_before_an_engine_refusal(capsys):
+    """megatron-plan memory --zero 2 under aa-scaling: the one message alone (exit 2), not the
+    model, cluster and layout lines and then the error."""
+    from megatron.cli.plan import main
+    assert main(["memory", "--model", "gpt3-13b", "--cluster", "a100", "--nodes", "2",
+                 "--global-batch", "64", "--framework", "aa-scaling", "--tp", "2", "--pp", "2",
+                 "--zero", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--zero 2 under framework aa-scaling" in err
+
+
 def test_megatron_and_fsdp_free_a_stage_output_once_sent_and_deepspeed_keeps_it():
     """Megatron-LM's training sets deallocate_pipeline_outputs (the sent output's data freed
     until its backward) and Llama 3's stack "proactively deallocate[s]" stage outputs; DeepSpeed's

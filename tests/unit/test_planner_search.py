@@ -104,6 +104,73 @@ def test_memory_refuses_a_layout_its_engine_cannot_run_by_name(capsys, framework
     assert needle in err and "or another --framework" in err
 
 
+@pytest.mark.parametrize("framework,flags,names", [
+    ("aa-scaling", ["--zero-stages", "2,3"], ["--zero 2 (", "--zero 3 ("]),
+    ("aa-scaling", ["--recompute-values", "selective"], ["--recompute selective (",
+                                                          "--cp > 1 ("]),
+    ("megatron-lm-2021", ["--cp-values", "2", "--pp-values", "1"], ["--cp > 1 ("]),
+    ("megatron-lm-2021", ["--pp-values", "2", "--schedules", "zbh1"], ["--schedule zbh1 ("]),
+    ("megatron-deepspeed", ["--cp-values", "2", "--cp-algos", "ring", "--pp-values", "1"],
+     ["--cp-algo ring ("]),
+    ("fsdp", ["--zero-stages", "0,1"], ["--zero 0 (", "--zero 1 ("]),
+    ("deepspeed", ["--zero-stages", "3", "--pp-values", "2"], ["--zero 3 with a pipeline ("]),
+])
+def test_a_search_space_its_engine_runs_none_of_is_refused_by_what_it_asks(
+        capsys, framework, flags, names):
+    """A search whose space holds nothing the engine runs says so, naming what it asked for
+    that the engine does not run (with the layouts each left out) and the flags that widen
+    it; it used to say that nothing fits and to add nodes. Nothing is printed before it."""
+    from megatron.cli.plan import main
+    argv = ["search", "--model", "gpt3-13b", "--cluster", "a100", "--nodes", "2",
+            "--global-batch", "64", "--framework", framework, *flags]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert (f"no layout of 16 devices in the search space runs under framework {framework}: "
+            in err), err
+    assert all(n in err for n in names), err
+    assert "widen the space" in err and "add nodes" not in err and "layouts)" in err
+    assert out == ""
+
+
+def test_a_search_names_what_it_left_out_where_the_command_line_asked_for_it(capsys):
+    """--schedules zbh1,1f1b under aa-scaling (1F1B only): the pipelined ZB-H1 layouts are left
+    out and the search says so in a line of its own, with the count; a search that asks for
+    nothing of the kind prints no such line, though its engine's defaults leave some out."""
+    from megatron.cli.plan import main
+    base = ["search", "--model", "gpt3-13b", "--cluster", "a100", "--nodes", "2",
+            "--global-batch", "64"]
+    assert main([*base, "--framework", "aa-scaling", "--schedules", "zbh1,1f1b",
+                 "--cp-values", "1"]) == 0
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if x.startswith("left out")]
+    assert len(line) == 1 and line[0].startswith(
+        "left out, as framework aa-scaling does not run them: --schedule zbh1 ("), line
+    job = Job(preset_model("gpt3-13b"), 64, "bf16")
+    prof = load_profile("a100")
+    import dataclasses
+    aa = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec, framework="aa-scaling"))
+    space = SearchSpace(schedules=("zbh1", "1f1b"))
+    result = search(job, 2, aa, space)
+    zbh1 = sum(1 for lay in enumerate_layouts(job, 16, 8, space) if lay.schedule == "zbh1")
+    assert result.unrunnable["--schedule zbh1"] == zbh1 > 0
+    assert all(c.layout.schedule == "1f1b" for c in result.ranked)
+    assert main([*base, "--framework", "aa-scaling"]) == 0
+    assert "left out" not in capsys.readouterr().out
+    assert main(base) == 0
+    assert "left out" not in capsys.readouterr().out
+
+
+def test_longest_refuses_a_space_its_engine_runs_none_of(capsys):
+    """megatron-plan longest --cp-values 2 under an engine with no context parallelism: refused
+    by what it asked for, not reported as fitting not even 1024 tokens."""
+    from megatron.cli.plan import main
+    assert main(["longest", "--model", "gpt3-13b", "--cluster", "a100", "--nodes", "2",
+                 "--global-batch", "64", "--framework", "aa-scaling", "--cp-values", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert "runs under framework aa-scaling: --cp > 1 (" in err and "add nodes" not in err
+    assert out == ""
+
+
 def test_every_published_layout_runs_on_its_engine():
     """The records' engine lists and the engines' CP agree with every published run and
     layout sweep row (Zero Bubble's ZB-H1 and ZB-V on Megatron-LM, Primus's ZB-V, NVIDIA's
