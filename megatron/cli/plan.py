@@ -274,7 +274,8 @@ def _add_scaling(sub, fmt) -> None:
     g.add_argument("--mode", choices=("weak", "strong", "both"), default="both")
     g.add_argument("--plot", help="write a PNG plot here")
     g.add_argument("--best", action="store_true",
-                   help="use the best layout found at the smallest node count")
+                   help="use the best layout found at the smallest node count (no layout "
+                        "flags beside it)")
 
 
 def build_parser() -> argparse.ArgumentParser:

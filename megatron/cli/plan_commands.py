@@ -6,8 +6,8 @@ import dataclasses
 import os
 from typing import Optional
 
-from megatron.cli.plan_args import (layout_from_args, load_job, load_space, overridden_flags,
-                                    profile_from_args)
+from megatron.cli.plan_args import (layout_from_args, layout_overrides, load_job, load_space,
+                                    overridden_flags, profile_from_args)
 from megatron.config import Config, schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import breakdown, emit, jobs, longest, ranges, scaling
@@ -224,6 +224,14 @@ def cmd_scaling(args) -> int:
         raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
     smallest = min(nodes)
     if args.best:
+        shown = {"flash": "--flash/--no-flash", "sp": "--sp/--no-sp"}
+        given = [shown.get(name, f"--{name.replace('_', '-')}")
+                 for name, value in layout_overrides(args).items() if value is not None]
+        if given:
+            raise InputError(f"scaling --best searches the layout at {smallest} node(s) itself, "
+                             f"so {', '.join(given)} would be ignored: drop "
+                             f"{'them' if len(given) > 1 else 'it'}, or drop --best to project "
+                             "the layout they set")
         base = search(job, smallest, prof).best.layout
     else:
         base = layout_from_args(args, job, smallest * prof.spec.gpus_per_node, cfg,

@@ -322,3 +322,17 @@ def test_every_preset_is_named_where_the_cli_lists_them(capsys):
     assert load_profile("mi325x").constants == load_profile("mi300x").constants
     assert devices.lookup(devices.PEAK_TFLOPS, "AMD Instinct MI325X") == 1307.0
     assert devices.lookup(devices.PEAK_FP8_TFLOPS, "AMD Instinct MI325X") == 2614.9
+
+
+def test_scaling_best_refuses_layout_flags_it_would_ignore(capsys):
+    """scaling --best searches its own layout: a layout flag beside it used to be dropped
+    without a word (the table showed TP 1 for --tp 4). Refused by name, nothing printed."""
+    base = ("scaling", "--nodes", "4,8", "--model", "gpt3-13b", "--cluster", "a100",
+            "--global-batch", "512", "--best")
+    code, out, err = run(capsys, *base, "--tp", "4", "--zero", "2")
+    assert code == 2 and out == ""
+    assert "--tp, --zero would be ignored: drop them, or drop --best" in err
+    code, out, err = run(capsys, *base, "--no-flash")
+    assert code == 2 and "--flash/--no-flash would be ignored: drop it" in err
+    code, out, _ = run(capsys, *base)
+    assert code == 0 and "layout at 4 node(s): tp" in out
