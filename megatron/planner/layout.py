@@ -258,8 +258,11 @@ def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
     layer count on every stage unless first/last counts are set, the schedule's own chunk
     count, and micro-batches in multiples of the stage count under the interleaved order)."""
     v = lay.interleave
-    if v == 1:
-        return None
+    if v == 1:  # a micro-batch group without chunks is refused as the trainer refuses it
+        error = (micro_batch_rule(run_as(lay), lay.pp, 1, lay.micro_batch, lay.dp,
+                                  lay.global_batch, lay.microbatch_group)
+                 if lay.microbatch_group else None)
+        return None if error is None else str(error)
     if v < 1 or lay.pp < 2:
         return f"interleave {v} needs PP > 1 and at least one chunk per stage"
     name = run_as(lay)

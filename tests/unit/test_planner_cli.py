@@ -52,6 +52,11 @@ F = ("--cluster", "frontier")
       "--framework", "megatron-lm"), "Megatron-LM has no ZeRO-2 or 3"),
     (("memory", "--model", "22b", "--cluster", "a100", "--nodes", "2", "--pp", "2", "--zero",
       "1", "--framework", "fsdp"), "pick --zero 2 or 3"),
+    # a micro-batch group without model chunks: the trainer refuses it, so the planner does
+    # (it was priced as if grouped)
+    (("memory", "--model", "22b", "--cluster", "a100", "--nodes", "2", "--pp", "2",
+      "--microbatch-group", "5"), "parallel.pipeline_microbatch_group=5 is invalid: expected 0 "
+                                  "without model chunks"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
