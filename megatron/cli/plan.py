@@ -302,8 +302,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # the long flags the command line gave (plan_commands: what search says it left out)
-    args.given_flags = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
-                        if a.startswith("--")}
+    args.given_flags = list(dict.fromkeys(a.split("=")[0] for a in (
+        sys.argv[1:] if argv is None else argv) if a.startswith("--")))
     if not args.command:
         parser.print_help()
         return 2

@@ -224,9 +224,11 @@ def cmd_scaling(args) -> int:
         raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
     smallest = min(nodes)
     if args.best:
-        shown = {"flash": "--flash/--no-flash", "sp": "--sp/--no-sp"}
-        given = [shown.get(name, f"--{name.replace('_', '-')}")
-                 for name, value in layout_overrides(args).items() if value is not None]
+        names = {name for name, value in layout_overrides(args).items() if value is not None}
+        # as typed (--no-sp for sp), else by their field names
+        given = ([f for f in getattr(args, "given_flags", ())
+                  if f[2:].replace("-", "_").removeprefix("no_") in names]
+                 or sorted(f"--{name.replace('_', '-')}" for name in names))
         if given:
             raise InputError(f"scaling --best searches the layout at {smallest} node(s) itself, "
                              f"so {', '.join(given)} would be ignored: drop "

@@ -53,8 +53,15 @@ def context_parallel_error(m, tp: int, cp: int, sequence_parallel: bool,
                            algo: str = context_parallel.DEFAULT, ulysses_degree: int = 0
                            ) -> Optional[ConfigError]:
     """The rules of the algorithm (config/context_parallel.py) for C = cp ranks: Ulysses'
-    head cap on its own part only; the load balance of the ring part (2 chunks a rank)."""
+    head cap on its own part only; the load balance of the ring part (2 chunks a rank). Without
+    context parallelism a Ulysses degree past 1 is refused (it used to be dropped unread)."""
     if cp == 1:
+        if ulysses_degree > 1:
+            return ConfigError("parallel.ulysses_degree", ulysses_degree,
+                               "0 without context parallelism (context_parallel_size=1): it "
+                               "splits the context-parallel ranks of a hybrid",
+                               "set parallel.context_parallel_size and "
+                               "context_parallel_algo=hybrid, or parallel.ulysses_degree=0")
         return None
     error = _degree_error(algo, cp, ulysses_degree)
     if error:

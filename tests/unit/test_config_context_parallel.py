@@ -82,6 +82,11 @@ def test_fewer_key_value_heads_than_the_degree_is_accepted():
      "tensor-parallel rank (num_attention_heads / parallel.tensor_parallel_size = 2)"),
     (["parallel.context_parallel_size=8"], 8,
      "or set parallel.context_parallel_algo=ring (no head cap)"),
+    # a Ulysses degree without context parallelism used to be dropped unread
+    (["parallel.ulysses_degree=2"], 1,
+     "parallel.ulysses_degree=2 is invalid: expected 0 without context parallelism"),
+    (["parallel.ulysses_degree=2", "parallel.context_parallel_algo=hybrid"], 1,
+     "or parallel.ulysses_degree=0"),
 ])
 def test_an_algorithm_that_cannot_split_is_one_message_naming_the_fields(overrides, world,
                                                                          words):
