@@ -43,7 +43,8 @@ class ParallelConfig:
     ulysses_degree: int = 0
     """Ranks of one Ulysses group under context_parallel_algo=hybrid (a divisor of
     context_parallel_size between 2 and half of it); 0: implied by the algorithm (all of
-    context_parallel_size for ulysses, 1 for ring and allgather)."""
+    context_parallel_size for ulysses, 1 for ring and allgather). Refused past 1 without
+    context parallelism."""
     pipeline_partition_method: Literal["uniform", "parameters"] = "uniform"
     """DeepSpeed's pipeline partitioning: uniform spreads the transformer layers evenly over the
     stages; parameters balances their parameter counts."""
