@@ -97,6 +97,9 @@ class Overlap:
     #                                   loss runs on the whole vocabulary on each rank
     gate_up_split: bool = False  # SwiGLU's gate and up projections two column-parallel layers:
     #                              two GEMMs; without SP one more backward TP all-reduce a layer
+    reduce_fixed: bool = False  # the engine's code reduces gradients after the backward and has
+    #                             no overlap to switch on: the printed range does not vary it
+    #                             (ranges.overlap_variants)
     keeps_spent_outputs: bool = False  # the pipeline's buffer slots keep a micro-batch's stage
     #                                    output until the slot is reused: one spent
     #                                    micro-batch's, on the last stage its logits
@@ -143,7 +146,7 @@ OVERLAP: Dict[str, Overlap] = {
     "aa-scaling": Overlap(tp_comm=False, grad_reduce="none", param_gather=False,
                           pipe_send=False, fp32_allreduce=True, sp_whole_inputs=True,
                           whole_vocab_logits=True, gate_up_split=True,
-                          keeps_spent_outputs=True, cp_algos=(),
+                          keeps_spent_outputs=True, reduce_fixed=True, cp_algos=(),
                           recomputes=("none", "full"), experts=False,
                           runs="Aleph Alpha's Scaling runs a DeepSpeed-style 1F1B without "
                                "model chunks (nn/pipeline_schedule/train.py), has no context "

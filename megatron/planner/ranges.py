@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 from megatron.config.errors import InputError
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import GIB, peak_memory
-from megatron.planner.overlap import DEEPSPEED
+from megatron.planner.overlap import DEEPSPEED, OVERLAP
 from megatron.planner.profile import FP8_GEMM_FIT, FP8_GEMM_RANGE, Profile
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -232,7 +232,11 @@ def memory_range(job: Job, lay: Layout, prof: Profile) -> Tuple[float, float, Li
 
 
 def overlap_variants(job: Job, prof: Profile) -> List[Tuple[Job, Profile]]:
-    """The point, everything hidden the windows allow, and nothing of the reduction hidden."""
+    """The point, everything hidden the windows allow, and nothing of the reduction hidden;
+    the point alone for an engine whose code has no overlap to vary (Overlap.reduce_fixed:
+    Aleph Alpha's Scaling all-reduces every gradient after the backward)."""
+    if OVERLAP[prof.spec.framework].reduce_fixed:
+        return [(job, prof)]
     hidden = dataclasses.replace(prof, constants=prof.constants.replace(dp_overlap=1.0))
     out = [(job, prof), (job, hidden)]
     if prof.spec.framework in DEEPSPEED:
@@ -282,6 +286,7 @@ def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layo
     model's own band around it (see the module docstring)."""
     axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
             if k in settings and (k != "micro_batch" or free_micro_batch)
+            and (k != "overlap" or not OVERLAP[prof.spec.framework].reduce_fixed)
             and (k != "fp8" or job.fp8) and (k != "moe_balance" or job.model.moe.num_experts)}
     point = step_s(job, lay, prof)
     swings = {}

@@ -42,6 +42,24 @@ def test_the_overlap_swing_runs_from_all_hidden_to_deepspeed_without_overlap_com
     assert _step(exposed, LAY, PROF) > _step(JOB, LAY, PROF)
 
 
+def test_an_engine_with_no_overlap_in_its_code_has_no_overlap_swing():
+    """Aleph Alpha's Scaling all-reduces every gradient after the backward, with nothing to
+    switch on (Overlap.reduce_fixed): its range does not vary the overlap (it used to span
+    down to the reduction all hidden, the widest swing of its searches), and the reduction
+    stays priced as exposed; Megatron-LM of 2021, whose runs may have used torch DDP's
+    bucketed overlap, keeps the swing."""
+    aa = dataclasses.replace(PROF, spec=dataclasses.replace(PROF.spec, framework="aa-scaling"))
+    rng = ranges.step_range(JOB, LAY, aa, _step)
+    assert "overlap" not in rng.swings and set(rng.swings) == {"interconnect"}
+    assert ranges.overlap_variants(JOB, aa) == [(JOB, aa)]
+    hidden = dataclasses.replace(aa, constants=aa.constants.replace(dp_overlap=1.0))
+    assert _step(JOB, LAY, hidden) < rng.point_s  # what the swing used to reach
+    old = dataclasses.replace(PROF, spec=dataclasses.replace(PROF.spec,
+                                                             framework="megatron-lm-2021"))
+    lo, hi = ranges.step_range(JOB, LAY, old, _step).swings["overlap"]
+    assert lo < hi
+
+
 def test_an_open_micro_batch_spans_those_that_fit_and_the_envelope_holds_every_corner():
     lays = ranges.micro_batch_layouts(JOB, LAY, PROF)
     assert [lay.micro_batch for lay in lays] == [1, 2, 4, 8]
