@@ -306,38 +306,34 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
         if job.global_batch % (mb * dp):
             continue
         ga = job.global_batch // (mb * dp)
+        # every combination of the other axes, the same for each ZeRO stage
+        combos = [(rc, flash, sp, schedule, v, ends, ep, algo, u)
+                  for rc in space.recompute for flash in space.flash
+                  for sp in space.sequence_parallel if not (sp and tp == 1)
+                  for schedule, v in _schedule_variants(pp, cp, space)
+                  for ends in _stage_splits(job, pp, v, space)
+                  for ep in _ep_sizes(job, dp, space)
+                  for algo, u in _cp_variants(cp, space)]
         for zero in space.zero:
-            if pp > 1 and zero > 1 and framework in DEEPSPEED:
-                left_out[f"--zero {zero} with a pipeline"] += 1
+            # what the engine refuses of the ZeRO stage drops every layout at it
+            zero_problem = (f"--zero {zero} with a pipeline"
+                            if pp > 1 and zero > 1 and framework in DEEPSPEED else
+                            engine_problem(framework, zero))
+            if zero_problem:
+                if combos:
+                    left_out[_unrunnable_key(zero_problem, framework)] += len(combos)
                 continue
-            problem = engine_problem(framework, zero)
-            if problem:
-                left_out[_unrunnable_key(problem, framework)] += 1
-                continue
-            for rc in space.recompute:
-                for flash in space.flash:
-                    for sp in space.sequence_parallel:
-                        if sp and tp == 1:
-                            continue
-                        for schedule, v in _schedule_variants(pp, cp, space):
-                            for ends in _stage_splits(job, pp, v, space):
-                                for ep in _ep_sizes(job, dp, space):
-                                    for algo, u in _cp_variants(cp, space):
-                                        lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v,
-                                                     schedule, cp=cp, first_stage_layers=ends[0],
-                                                     last_stage_layers=ends[1], ep=ep,
-                                                     embedding_as_layer=ends[2],
-                                                     loss_as_layer=ends[3],
-                                                     cp_algo=algo, ulysses_degree=u,
-                                                     microbatch_group=_group(schedule, pp, v,
-                                                                             ga))
-                                        problem = engine_run_problem(framework, lay,
-                                                                     job.model)
-                                        if problem:
-                                            left_out[_unrunnable_key(problem,
-                                                                     framework)] += 1
-                                        else:
-                                            yield lay
+            for rc, flash, sp, schedule, v, ends, ep, algo, u in combos:
+                lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v, schedule, cp=cp,
+                             first_stage_layers=ends[0], last_stage_layers=ends[1], ep=ep,
+                             embedding_as_layer=ends[2], loss_as_layer=ends[3],
+                             cp_algo=algo, ulysses_degree=u,
+                             microbatch_group=_group(schedule, pp, v, ga))
+                problem = engine_run_problem(framework, lay, job.model)
+                if problem:
+                    left_out[_unrunnable_key(problem, framework)] += 1
+                else:
+                    yield lay
 
 
 def evaluate(job: Job, lay: Layout, prof: Profile, space: SearchSpace = SearchSpace(),

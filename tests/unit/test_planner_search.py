@@ -144,7 +144,8 @@ def test_a_search_names_what_it_left_out_where_the_command_line_asked_for_it(cap
     out = capsys.readouterr().out
     line = [x for x in out.splitlines() if x.startswith("left out")]
     assert len(line) == 1 and line[0].startswith(
-        "left out, as framework aa-scaling does not run them: --schedule zbh1 ("), line
+        "left out, as framework aa-scaling does not run them: ") and (
+        "--schedule zbh1 (" in line[0] and "--zero 2 (" in line[0]), line
     job = Job(preset_model("gpt3-13b"), 64, "bf16")
     prof = load_profile("a100")
     import dataclasses
@@ -153,6 +154,11 @@ def test_a_search_names_what_it_left_out_where_the_command_line_asked_for_it(cap
     result = search(job, 2, aa, space)
     zbh1 = sum(1 for lay in enumerate_layouts(job, 16, 8, space) if lay.schedule == "zbh1")
     assert result.unrunnable["--schedule zbh1"] == zbh1 > 0
+    # a ZeRO stage the engine refuses drops every layout at it, counted so
+    # (FSDP runs every layout of this space: ZeRO-2, 1F1B, no CP)
+    space2 = SearchSpace(zero=(2,), tp=(1,), schedules=("1f1b",))
+    at_zero2 = len(list(enumerate_layouts(job, 16, 8, space2, "fsdp")))
+    assert search(job, 2, aa, space2).unrunnable == {"--zero 2": at_zero2} and at_zero2 > 1
     assert all(c.layout.schedule == "1f1b" for c in result.ranked)
     assert main([*base, "--framework", "aa-scaling"]) == 0
     assert "left out" not in capsys.readouterr().out
