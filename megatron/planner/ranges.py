@@ -286,7 +286,7 @@ def step_range(job: Job, lay: Layout, prof: Profile, step_s: Callable[[Job, Layo
     model's own band around it (see the module docstring)."""
     axes = {k: v for k, v in _axes(job, lay, prof, free_micro_batch).items()
             if k in settings and (k != "micro_batch" or free_micro_batch)
-            and (k != "overlap" or not OVERLAP[prof.spec.framework].reduce_fixed)
+            and (k != "overlap" or len(v) > 1)  # one variant: an engine with no overlap
             and (k != "fp8" or job.fp8) and (k != "moe_balance" or job.model.moe.num_experts)}
     point = step_s(job, lay, prof)
     swings = {}
