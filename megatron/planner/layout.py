@@ -15,7 +15,7 @@ from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
                                       schedule_error)
-from megatron.planner.overlap import DEEPSPEED, OVERLAP
+from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -190,7 +190,7 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
 
 
 def engine_run_problem(framework: str, lay: Layout,
-                       m: Optional[ModelConfig] = None) -> Optional[str]:
+                       m: Optional[ModelConfig] = None) -> Optional[Refusal]:
     """Why the engine `framework` cannot run the layout's pipeline schedule (the engines its
     record names, config/schedules; with model chunks the schedule it runs as, run_as), its
     context parallelism or its recompute policy (the engine's Overlap.cp_algos, recomputes),
@@ -202,17 +202,21 @@ def engine_run_problem(framework: str, lay: Layout,
     name = run_as(lay)
     engines = schedules.get(name).engines
     if (lay.pp > 1 or lay.interleave > 1) and engines is not None and framework not in engines:
-        return (f"--schedule {name} under framework {framework} ({ov.runs or framework}; the "
-                f"engines that run {name}: {', '.join(engines)})")
+        return Refusal(f"--schedule {name}",
+                       f"--schedule {name} under framework {framework} ({ov.runs or framework}; "
+                       f"the engines that run {name}: {', '.join(engines)})")
     if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
-        return (f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
-                f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+        return Refusal("--cp > 1" if ov.cp_algos == () else f"--cp-algo {lay.cp_algo}",
+                       f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
+                       f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
     if ov.recomputes is not None and lay.recompute not in ov.recomputes:
-        return (f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; its "
-                f"recompute: {', '.join(ov.recomputes)})")
+        return Refusal(f"--recompute {lay.recompute}",
+                       f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; "
+                       f"its recompute: {', '.join(ov.recomputes)})")
     if m is not None and m.moe.num_experts and not ov.experts:
-        return (f"a model with {m.moe.num_experts} experts under framework {framework} "
-                f"({ov.runs})")
+        return Refusal(f"a model with {m.moe.num_experts} experts",
+                       f"a model with {m.moe.num_experts} experts under framework {framework} "
+                       f"({ov.runs})")
     return None
 
 
@@ -325,7 +329,7 @@ def layout_stage_layer_indices(num_layers: int, lay: Layout) -> List[List[int]]:
 
 def check_layout(job: Job, lay: Layout, framework: str = "deepspeed") -> None:
     problem = layout_problem(job, lay, framework)
-    if problem and problem == engine_run_problem(framework, lay, job.model):
+    if isinstance(problem, Refusal):  # the engine's, not the trainer's
         raise ConfigError("--framework", framework, f"an engine that runs layout {lay.key()} "
                           f"({problem})", "pick a layout it runs (--schedule, --interleave, "
                           "--cp, --cp-algo, --recompute) or another --framework "

@@ -45,7 +45,7 @@ from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, experts, fp8
 from megatron.planner.grad_dtype import grad_dtype_problem, megatron_precision
 from megatron.planner.layout import Job, Layout, layout_stage_layers
-from megatron.planner.overlap import DEEPSPEED, MEGATRON, OVERLAP
+from megatron.planner.overlap import DEEPSPEED, MEGATRON, OVERLAP, Refusal
 from megatron.planner.params import (StageParams, all_stage_params, expert_params, padded_vocab,
                                      stage_params)
 from megatron.planner.profile import Constants
@@ -118,23 +118,22 @@ def state_bytes(n: int, layer_params: int, precision: str, zero: int, pp: int, d
     return StateBytes(weights, grads, 12 * n / dp, (4 + lp) * n / dp, bucket, in_backward)
 
 
-def engine_problem(framework: str, zero: int) -> Optional[str]:
+def engine_problem(framework: str, zero: int) -> Optional[Refusal]:
     """Why the engine `framework` cannot run this ZeRO stage (one line naming the flag and the
     fix), or None: Megatron-LM's optimizer is ZeRO-0 or 1 (the distributed optimizer); FSDP
     shards at ZeRO-2 or 3, with or without a pipeline; Aleph Alpha's Scaling (aa-scaling)
     shards the optimizer or nothing; DeepSpeed runs all four (its pipeline engine's ZeRO-0/1
     rule is layout.layout_problem's)."""
     if framework in MEGATRON and zero > 1:
-        return (f"--zero {zero} under framework {framework}: Megatron-LM has no "
-                "ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or ZeRO-1 "
-                "(--use-distributed-optimizer): pick --zero 0 or 1")
-    if framework == "aa-scaling" and zero > 1:
-        return (f"--zero {zero} under framework aa-scaling: Aleph Alpha's Scaling shards the "
-                "optimizer (ZeRO-1) or nothing: pick --zero 0 or 1")
-    if framework == "fsdp" and zero < 2:
-        return (f"--zero {zero} under framework fsdp: FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or "
-                "ZeRO-3 (FULL_SHARD): pick --zero 2 or 3")
-    return None
+        why = ("Megatron-LM has no ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or "
+               "ZeRO-1 (--use-distributed-optimizer): pick --zero 0 or 1")
+    elif framework == "aa-scaling" and zero > 1:
+        why = "Aleph Alpha's Scaling shards the optimizer (ZeRO-1) or nothing: pick --zero 0 or 1"
+    elif framework == "fsdp" and zero < 2:
+        why = "FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or ZeRO-3 (FULL_SHARD): pick --zero 2 or 3"
+    else:
+        return None
+    return Refusal(f"--zero {zero}", f"--zero {zero} under framework {framework}: {why}")
 
 
 def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateBytes:

@@ -72,6 +72,18 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 
+class Refusal(str):
+    """Why an engine cannot run a layout (layout.engine_run_problem, memory.engine_problem): the
+    one-line message, and `what` it refuses without the reasons ('--zero 2', '--schedule zbh1',
+    '--cp-algo ring', '--cp > 1', ...), the key search counts what it leaves out by."""
+    what: str
+
+    def __new__(cls, what: str, message: str) -> "Refusal":
+        refusal = super().__new__(cls, message)
+        refusal.what = what
+        return refusal
+
+
 @dataclass(frozen=True)
 class Overlap:
     tp_comm: bool        # TP collectives under the layer's GEMMs (with SP only)

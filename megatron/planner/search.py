@@ -12,7 +12,7 @@ from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
-from megatron.planner.overlap import DEEPSPEED, OVERLAP
+from megatron.planner.overlap import DEEPSPEED, Refusal
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -288,16 +288,6 @@ def _group(schedule: str, pp: int, v: int, micro_batches: int) -> int:
     return fitting_group(pp, micro_batches)
 
 
-def _unrunnable_key(problem: str, framework: str) -> str:
-    """What an engine refusal names, without its reasons and framework: '--zero 2',
-    '--schedule zbh1', '--cp-algo ring', or '--cp > 1' for an engine with no context
-    parallelism at all."""
-    head = problem.split(" under framework ")[0]
-    if head.startswith("--cp "):
-        return "--cp > 1" if OVERLAP[framework].cp_algos == () else head.split(" ", 2)[2]
-    return head
-
-
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed",
                    unrunnable: Optional[Counter] = None) -> Iterator[Layout]:
@@ -316,12 +306,14 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                   for algo, u in _cp_variants(cp, space)]
         for zero in space.zero:
             # what the engine refuses of the ZeRO stage drops every layout at it
-            zero_problem = (f"--zero {zero} with a pipeline"
+            zero_problem = (Refusal(f"--zero {zero} with a pipeline",
+                                    f"--zero {zero} with a pipeline under framework "
+                                    f"{framework}: DeepSpeed's pipeline engine runs ZeRO-0 or 1")
                             if pp > 1 and zero > 1 and framework in DEEPSPEED else
                             engine_problem(framework, zero))
             if zero_problem:
                 if combos:
-                    left_out[_unrunnable_key(zero_problem, framework)] += len(combos)
+                    left_out[zero_problem.what] += len(combos)
                 continue
             for rc, flash, sp, schedule, v, ends, ep, algo, u in combos:
                 lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v, schedule, cp=cp,
@@ -331,7 +323,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                              microbatch_group=_group(schedule, pp, v, ga))
                 problem = engine_run_problem(framework, lay, job.model)
                 if problem:
-                    left_out[_unrunnable_key(problem, framework)] += 1
+                    left_out[problem.what] += 1
                 else:
                     yield lay
 

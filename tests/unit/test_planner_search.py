@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from megatron.config import load_config, schedules, validate_for_world
-from megatron.config.errors import InputError
+from megatron.config.errors import ConfigError, InputError
 from megatron.launch import frontier_env
 from megatron.planner import emit
 from megatron.planner.layout import Job, Layout, layout_problem, run_as
@@ -175,6 +175,31 @@ def test_longest_refuses_a_space_its_engine_runs_none_of(capsys):
     out, err = capsys.readouterr()
     assert "runs under framework aa-scaling: --cp > 1 (" in err and "add nodes" not in err
     assert out == ""
+
+
+def test_an_engine_refusal_carries_what_it_refuses_beside_its_message():
+    """engine_run_problem and engine_problem return the one-line message (a str, as printed)
+    with `what` it refuses apart, the key search counts by: no parsing of the wording."""
+    from megatron.planner.layout import check_layout, engine_run_problem
+    from megatron.planner.memory import engine_problem
+    from megatron.planner.overlap import Refusal
+    job = Job(preset_model("gpt3-13b"), 64, "bf16")
+    lay = Layout(1, 2, 8, 1, 8, 1, "full", True, False, schedule="zbh1")
+    cases = [(engine_run_problem("aa-scaling", lay, job.model), "--schedule zbh1"),
+             (engine_run_problem("megatron-lm-2021", dataclasses.replace(lay, schedule="1f1b",
+                                                                       pp=1, cp=2)), "--cp > 1"),
+             (engine_run_problem("megatron-deepspeed", dataclasses.replace(
+                 lay, schedule="1f1b", pp=1, cp=2, cp_algo="ring")), "--cp-algo ring"),
+             (engine_run_problem("megatron-lm-2021", dataclasses.replace(
+                 lay, schedule="1f1b", recompute="selective")), "--recompute selective"),
+             (engine_problem("fsdp", 1), "--zero 1"), (engine_problem("megatron-lm", 3), "--zero 3")]
+    for refusal, what in cases:
+        assert isinstance(refusal, Refusal) and refusal.what == what, (refusal, what)
+        assert what.replace(" > 1", "") in refusal and " under framework " in refusal
+    assert engine_problem("deepspeed", 3) is None and engine_run_problem("deepspeed", lay) is None
+    # check_layout tells the engine's refusal (an --framework error) from the trainer's
+    with pytest.raises(ConfigError, match="--framework=.aa-scaling"):
+        check_layout(job, lay, "aa-scaling")
 
 
 def test_every_published_layout_runs_on_its_engine():
