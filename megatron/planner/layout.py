@@ -16,6 +16,7 @@ from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
                                       schedule_error)
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
+from megatron.planner.problem import config_problem
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -178,7 +179,7 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
                          cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
                          ulysses_degree=lay.ulysses_degree, counted=lay.counted)
     if error is not None:
-        return str(error)
+        return config_problem(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
     if lay.sequence_parallel and lay.tp == 1:
         return "sequence parallelism needs TP > 1"
@@ -202,21 +203,20 @@ def engine_run_problem(framework: str, lay: Layout,
     name = run_as(lay)
     engines = schedules.get(name).engines
     if (lay.pp > 1 or lay.interleave > 1) and engines is not None and framework not in engines:
-        return Refusal(f"--schedule {name}",
-                       f"--schedule {name} under framework {framework} ({ov.runs or framework}; "
-                       f"the engines that run {name}: {', '.join(engines)})")
+        return Refusal(f"--schedule {name} under framework {framework} ({ov.runs or framework}; "
+                       f"the engines that run {name}: {', '.join(engines)})",
+                       key=f"--schedule {name}")
     if lay.cp > 1 and ov.cp_algos is not None and lay.cp_algo not in ov.cp_algos:
-        return Refusal("--cp > 1" if ov.cp_algos == () else f"--cp-algo {lay.cp_algo}",
-                       f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
-                       f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})")
+        return Refusal(f"--cp {lay.cp} --cp-algo {lay.cp_algo} under framework {framework} "
+                       f"({ov.runs}; its context parallelism: {', '.join(ov.cp_algos) or 'none'})",
+                       key="--cp > 1" if ov.cp_algos == () else f"--cp-algo {lay.cp_algo}")
     if ov.recomputes is not None and lay.recompute not in ov.recomputes:
-        return Refusal(f"--recompute {lay.recompute}",
-                       f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; "
-                       f"its recompute: {', '.join(ov.recomputes)})")
+        return Refusal(f"--recompute {lay.recompute} under framework {framework} ({ov.runs}; "
+                       f"its recompute: {', '.join(ov.recomputes)})",
+                       key=f"--recompute {lay.recompute}")
     if m is not None and m.moe.num_experts and not ov.experts:
-        return Refusal(f"a model with {m.moe.num_experts} experts",
-                       f"a model with {m.moe.num_experts} experts under framework {framework} "
-                       f"({ov.runs})")
+        return Refusal(f"a model with {m.moe.num_experts} experts under framework {framework} "
+                       f"({ov.runs})", key=f"a model with {m.moe.num_experts} experts")
     return None
 
 
@@ -228,7 +228,7 @@ def expert_problem(job: Job, lay: Layout) -> Optional[str]:
     if error is None and lay.pp > 1 and lay.interleave == 1:
         error = expert_stages_error(job.model, lay.tp, lay.ep,
                                     layout_stage_layers(job.model.num_layers, lay))
-    return None if error is None else str(error)
+    return config_problem(error)
 
 
 def schedule_problem(lay: Layout) -> Optional[str]:
@@ -237,7 +237,7 @@ def schedule_problem(lay: Layout) -> Optional[str]:
     if lay.schedule not in schedules.names():
         return f"pipeline schedule {lay.schedule!r} is not one of {schedules.names()}"
     error = schedule_error(lay.schedule, lay.pp, lay.cp, lay.interleave)
-    return None if error is None else str(error)
+    return config_problem(error)
 
 
 def run_as(lay: "Layout") -> str:
@@ -266,14 +266,14 @@ def interleave_problem(num_layers: int, lay: Layout) -> Optional[str]:
         error = (micro_batch_rule(run_as(lay), lay.pp, 1, lay.micro_batch, lay.dp,
                                   lay.global_batch, lay.microbatch_group)
                  if lay.microbatch_group else None)
-        return None if error is None else str(error)
+        return config_problem(error)
     if v < 1 or lay.pp < 2:
         return f"interleave {v} needs PP > 1 and at least one chunk per stage"
     name = run_as(lay)
     error = (chunk_rule(num_layers, lay.pp, lay.cp, v, name, lay.uneven)
              or micro_batch_rule(name, lay.pp, v, lay.micro_batch, lay.dp, lay.global_batch,
                                  lay.microbatch_group))
-    return None if error is None else str(error)
+    return config_problem(error)
 
 
 def stage_layers(num_layers: int, pp: int) -> List[int]:

@@ -133,7 +133,7 @@ def engine_problem(framework: str, zero: int) -> Optional[Refusal]:
         why = "FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or ZeRO-3 (FULL_SHARD): pick --zero 2 or 3"
     else:
         return None
-    return Refusal(f"--zero {zero}", f"--zero {zero} under framework {framework}: {why}")
+    return Refusal(f"--zero {zero} under framework {framework}: {why}", key=f"--zero {zero}")
 
 
 def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateBytes:

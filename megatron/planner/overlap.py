@@ -71,17 +71,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from megatron.planner.problem import Problem
 
-class Refusal(str):
+
+class Refusal(Problem):
     """Why an engine cannot run a layout (layout.engine_run_problem, memory.engine_problem): the
-    one-line message, and `what` it refuses without the reasons ('--zero 2', '--schedule zbh1',
-    '--cp-algo ring', '--cp > 1', ...), the key search counts what it leaves out by."""
-    what: str
-
-    def __new__(cls, what: str, message: str) -> "Refusal":
-        refusal = super().__new__(cls, message)
-        refusal.what = what
-        return refusal
+    one-line message, keyed by what it refuses without the reasons ('--zero 2', '--schedule
+    zbh1', '--cp-algo ring', '--cp > 1', ...), the key search counts what it leaves out by."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.overlap import DEEPSPEED, Refusal
+from megatron.planner.problem import problem_key
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
 
@@ -306,14 +307,14 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                   for algo, u in _cp_variants(cp, space)]
         for zero in space.zero:
             # what the engine refuses of the ZeRO stage drops every layout at it
-            zero_problem = (Refusal(f"--zero {zero} with a pipeline",
-                                    f"--zero {zero} with a pipeline under framework "
-                                    f"{framework}: DeepSpeed's pipeline engine runs ZeRO-0 or 1")
+            zero_problem = (Refusal(f"--zero {zero} with a pipeline under framework {framework}: "
+                                    "DeepSpeed's pipeline engine runs ZeRO-0 or 1",
+                                    key=f"--zero {zero} with a pipeline")
                             if pp > 1 and zero > 1 and framework in DEEPSPEED else
                             engine_problem(framework, zero))
             if zero_problem:
                 if combos:
-                    left_out[zero_problem.what] += len(combos)
+                    left_out[zero_problem.key] += len(combos)
                 continue
             for rc, flash, sp, schedule, v, ends, ep, algo, u in combos:
                 lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v, schedule, cp=cp,
@@ -323,7 +324,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                              microbatch_group=_group(schedule, pp, v, ga))
                 problem = engine_run_problem(framework, lay, job.model)
                 if problem:
-                    left_out[problem.what] += 1
+                    left_out[problem.key] += 1
                 else:
                     yield lay
 
@@ -363,7 +364,7 @@ def search(job: Job, nodes: int, prof: Profile,
         result.enumerated += 1
         problem = layout_problem(job, lay, prof.spec.framework)
         if problem:
-            result.rejected[problem.split(" (")[0]] += 1
+            result.rejected[problem_key(problem)] += 1
             continue
         cand = evaluate(job, lay, prof, space, with_time=False)
         if not cand.fits:

@@ -179,27 +179,49 @@ def test_longest_refuses_a_space_its_engine_runs_none_of(capsys):
 
 def test_an_engine_refusal_carries_what_it_refuses_beside_its_message():
     """engine_run_problem and engine_problem return the one-line message (a str, as printed)
-    with `what` it refuses apart, the key search counts by: no parsing of the wording."""
+    keyed by what it refuses, the key search counts by: no parsing of the wording."""
     from megatron.planner.layout import check_layout, engine_run_problem
     from megatron.planner.memory import engine_problem
     from megatron.planner.overlap import Refusal
     job = Job(preset_model("gpt3-13b"), 64, "bf16")
     lay = Layout(1, 2, 8, 1, 8, 1, "full", True, False, schedule="zbh1")
+    plain = dataclasses.replace(lay, schedule="1f1b")
     cases = [(engine_run_problem("aa-scaling", lay, job.model), "--schedule zbh1"),
-             (engine_run_problem("megatron-lm-2021", dataclasses.replace(lay, schedule="1f1b",
-                                                                       pp=1, cp=2)), "--cp > 1"),
-             (engine_run_problem("megatron-deepspeed", dataclasses.replace(
-                 lay, schedule="1f1b", pp=1, cp=2, cp_algo="ring")), "--cp-algo ring"),
-             (engine_run_problem("megatron-lm-2021", dataclasses.replace(
-                 lay, schedule="1f1b", recompute="selective")), "--recompute selective"),
+             (engine_run_problem("megatron-lm-2021", dataclasses.replace(plain, pp=1, cp=2)),
+              "--cp > 1"),
+             (engine_run_problem("megatron-deepspeed",
+                                 dataclasses.replace(plain, pp=1, cp=2, cp_algo="ring")),
+              "--cp-algo ring"),
+             (engine_run_problem("megatron-lm-2021",
+                                 dataclasses.replace(plain, recompute="selective")),
+              "--recompute selective"),
              (engine_problem("fsdp", 1), "--zero 1"), (engine_problem("megatron-lm", 3), "--zero 3")]
-    for refusal, what in cases:
-        assert isinstance(refusal, Refusal) and refusal.what == what, (refusal, what)
-        assert what.replace(" > 1", "") in refusal and " under framework " in refusal
+    for refusal, key in cases:
+        assert isinstance(refusal, Refusal) and refusal.key == key, (refusal, key)
+        assert key.replace(" > 1", "") in refusal and " under framework " in refusal
     assert engine_problem("deepspeed", 3) is None and engine_run_problem("deepspeed", lay) is None
     # check_layout tells the engine's refusal (an --framework error) from the trainer's
     with pytest.raises(ConfigError, match="--framework=.aa-scaling"):
         check_layout(job, lay, "aa-scaling")
+
+
+def test_a_search_counts_a_trainer_rule_by_its_field_and_rule_whole():
+    """The summary of what a search refused counts a trainer rule under its field, value and
+    whole rule, without the layout's figures in parentheses or the fix: the 1T model's 200
+    heads under Ulysses CP read 'query heads per tensor-parallel rank to be a multiple of
+    parallel.context_parallel_size=8' (it used to be cut at the first parenthesis, leaving
+    'expected query heads per tensor-parallel rank'), one key for every TP it breaks at."""
+    job = Job(preset_model("1t"), 1536, "bf16")
+    result = search(job, 16, load_profile("frontier"),
+                    SearchSpace(cp=(8,), cp_algos=("ulysses",), tp=(2, 4, 8), pp=(2,),
+                                recompute=("full",), zero=(1,), sequence_parallel=(False,)))
+    key = ("model.num_attention_heads=200 is invalid: expected query heads per tensor-parallel "
+           "rank to be a multiple of parallel.context_parallel_size=8")
+    assert set(result.rejected) == {key}, result.rejected
+    assert result.rejected[key] == result.enumerated > 0  # 100, 50 and 25 heads a TP rank
+    message = layout_problem(job, Layout(2, 2, 4, 1, 384, 1, "full", True, False, cp=8))
+    assert message.key == key and "tensor_parallel_size = 100)" in message  # whole, as printed
+    assert "; change the head count" in message
 
 
 def test_every_published_layout_runs_on_its_engine():
