@@ -259,6 +259,8 @@ def _add_longest(sub, fmt) -> None:
     g.add_argument("--cp-algos", default="all",
                    help="context-parallel algorithms to try (default all: ulysses, ring, "
                         "allgather, hybrid)")
+    g.add_argument("--memory-fraction", type=float, default=1.0,
+                   help="share of device memory a layout may reserve (default 1.0)")
     g.add_argument("--step", type=count(1), default=1024,
                    help="lengths tried are multiples of this (default 1024)")
     g.add_argument("--top", type=count(1), default=5, help="fitting layouts to print (default 5)")

@@ -71,6 +71,10 @@ def cmd_search(args) -> int:
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
     _print_device_note(prof, best.layout.world)
+    margin = ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
+                                "rank 1 is reserved")
+    if margin:
+        print(margin)
     print(ranges.ORDER_EVIDENCE)
     if not preset:
         print(_config_layout_rank(args, job, cfg, result, prof))
@@ -176,9 +180,11 @@ def cmd_memory(args) -> int:
     print(f"\nbusiest stage {worst.stage}: {worst.peak_gb:.1f} GB allocated at peak, "
           f"{worst.reserved_gb:.1f} GB reserved of {prof.spec.gpu_memory_gb:g} GB: "
           f"{'fits' if fits else 'DOES NOT FIT'}")
+    margin = ranges.margin_note(worst.reserved_gb, prof.spec.gpu_memory_gb)
     smi = ranges.smi_note(worst.peak_gb, prof.spec.gpu_memory_gb, prof.spec.framework)
-    if fits and smi:
-        print(smi)
+    for note in (margin, smi if fits else ""):
+        if note:
+            print(note)
     t = step_time(job, lay, prof)
     print(f"step {t.step_s:.3g} s (pipeline {t.pipeline_s:.3g} s, gradient reduction + optimizer "
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
@@ -260,8 +266,10 @@ def cmd_longest(args) -> int:
     _check_nodes(args.nodes)
     if args.step < 1:
         raise ConfigError("--step", args.step, "a positive number of tokens")
-    given = jobs.search_space(cp_values=args.cp_values, cp_algos=args.cp_algos)
-    space = dataclasses.replace(longest.LEAST_MEMORY, cp=given.cp, cp_algos=given.cp_algos)
+    given = jobs.search_space(cp_values=args.cp_values, cp_algos=args.cp_algos,
+                              memory_fraction=args.memory_fraction)
+    space = dataclasses.replace(longest.LEAST_MEMORY, cp=given.cp, cp_algos=given.cp_algos,
+                                memory_fraction=given.memory_fraction)
     result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
     print(_describe(job, prof, args.nodes))
     print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
@@ -279,6 +287,10 @@ def cmd_longest(args) -> int:
           f"{best.memory.peak_gb:.1f} GB allocated, {best.memory.reserved_gb:.1f} GB reserved "
           f"of {prof.spec.gpu_memory_gb:g}\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
+    margin = ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
+                                "the fastest is reserved")
+    if margin:
+        print(margin)
     return 0
 
 

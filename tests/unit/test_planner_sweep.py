@@ -9,6 +9,7 @@ import pytest
 
 from megatron.config.errors import InputError
 from megatron.planner import ranges, sweeps, validation
+from megatron.planner.memory import peak_memory
 from megatron.planner.sweeps import build_sweep, pairs_agreeing, ranks, spearman
 
 
@@ -232,6 +233,73 @@ def test_memory_cli_prints_the_smi_note_on_a_tight_layout(capsys):
     assert "note on memory: on Megatron-DeepSpeed runs" in capsys.readouterr().out
     assert main(args + ["2"]) == 0     # 54.3 GB at peak: 1.43x is 77.6 of 80
     assert "note on memory" not in capsys.readouterr().out
+
+
+def test_the_margin_notes_figures_are_what_the_sweeps_and_published_runs_give():
+    """ranges.MARGIN_EVIDENCE, recomputed: the held-out sweeps' layouts by their priced share
+    of the device (most of those at 80-100% ran out of memory, almost none below), and the
+    published runs, which all trained, priced up to MARGIN_HIGH."""
+    rows = [(r.reserved_gib / r.row.case.profile.spec.gpu_memory_gb, r.row.oom)
+            for _, (results, _, _) in _by_name().values() for r in results]
+    near = [oom for share, oom in rows if ranges.MARGIN <= share < 1.0]
+    below = [oom for share, oom in rows if share < ranges.MARGIN]
+    pub = validation.load_published()
+    published = [validation.in_sample_profile(c) for c in pub.cases + pub.held_out]
+    shares = sorted(peak_memory(c.job, c.layout, p.constants, framework=p.spec.framework)
+                    .reserved_gb / p.spec.gpu_memory_gb
+                    for c, p in zip(pub.cases + pub.held_out, published))
+    high = [x for x in shares if x >= ranges.MARGIN]
+    text = ranges.MARGIN_EVIDENCE
+    assert f"of the {len(rows)} layouts" in text
+    assert f"{sum(near)} of the {len(near)} priced at 80-100%" in text
+    assert f"({sum(below)} of the {len(below)} priced lower)" in text
+    assert f"{len(high)} of the {len(shares)} published runs" in text
+    assert f"at 80-{100 * ranges.MARGIN_HIGH:.0f}%" in text
+    assert round(100 * max(shares)) == round(100 * ranges.MARGIN_HIGH)
+    assert sum(near) > len(near) / 2 and sum(below) < len(below) / 50
+    # docs/planner.md's table ("Near the device the verdict is uncertain both ways")
+    bins = [(0, 0.7), (0.7, 0.8), (0.8, 0.9), (0.9, 1.0), (1.0, float("inf"))]
+    table = [(sum(lo <= x < hi for x, _ in rows), sum(o for x, o in rows if lo <= x < hi))
+             for lo, hi in bins]
+    assert table == [(114, 0), (39, 2), (19, 12), (15, 12), (172, 171)]
+
+
+def test_the_margin_note_is_printed_between_80_and_110_percent_of_the_device():
+    assert ranges.margin_note(63.9, 80.0) == "" and ranges.margin_note(88.1, 80.0) == ""
+    note = ranges.margin_note(64.0, 80.0)
+    assert note.startswith("note on memory: priced at 80% of the device, where the fit verdict "
+                           "is uncertain: of the ") and "--memory-fraction 0.8" in note
+    assert "rank 1 is reserved at 110%" in ranges.margin_note(88.0, 80.0, "rank 1 is reserved")
+
+
+def test_memory_search_and_longest_print_the_margin_note_near_the_device(capsys):
+    """A layout reserved at 98% of an A100 (memory), the same as search's rank 1 when it is the
+    only one its space allows, and the longest sequence (always at the edge): each says the
+    verdict is uncertain there; at 72% none does. longest --memory-fraction 0.8 keeps that
+    margin, and the sequence it finds is shorter."""
+    from megatron.cli.plan import main
+    base = ["--model", "gpt3-6.7b", "--cluster", "a100", "--nodes", "1", "--global-batch", "64"]
+    layout = ["--tp", "1", "--pp", "1", "--zero", "1", "--recompute", "none", "--micro-batch"]
+    assert main(["memory", *base, *layout, "4"]) == 0     # 78.2 GB reserved of 80
+    assert "note on memory: priced at 98% of the device" in capsys.readouterr().out
+    assert main(["memory", *base, *layout, "2"]) == 0
+    assert "where the fit verdict is uncertain" not in capsys.readouterr().out
+    space = ["--tp-values", "1", "--pp-values", "1", "--zero-stages", "1", "--recompute-values",
+             "none", "--flash", "on", "--sequence-parallel", "off", "--cp-values", "1",
+             "--ep-values", "1"]
+    assert main(["search", *base, *space, "--micro-batches", "4"]) == 0
+    assert "note on memory: rank 1 is reserved at 98% of the device" in capsys.readouterr().out
+    assert main(["search", *base, *space, "--micro-batches", "2"]) == 0
+    assert "where the fit verdict is uncertain" not in capsys.readouterr().out
+    longest = ["longest", "--model", "gpt3-1.3b", "--cluster", "a100", "--nodes", "1",
+               "--global-batch", "8", "--cp-values", "1"]
+    assert main(longest) == 0
+    out = capsys.readouterr().out
+    assert "note on memory: the fastest is reserved at" in out
+    assert main([*longest, "--memory-fraction", "0.8"]) == 0
+    tight = capsys.readouterr().out
+    seq = [int(o.split("longest sequence: ")[1].split()[0]) for o in (out, tight)]
+    assert seq[1] < seq[0] and "where the fit verdict is uncertain" not in tight
 
 
 def test_the_micro_batch_sweep_puts_micro_batch_1_last_and_4_first_as_measured():
