@@ -81,6 +81,7 @@ class SearchResult:
     # what it does not run (enumerate_layouts' `unrunnable`)
     unrunnable: Counter = field(default_factory=Counter)
     framework: str = "deepspeed"
+    memory_fraction: float = 1.0  # the share of device memory a layout may reserve
 
     @property
     def best(self) -> Candidate:
@@ -100,9 +101,17 @@ class SearchResult:
         if not self.enumerated and self.unrunnable:
             return unrunnable_message(self.world, self.framework, self.unrunnable)
         reasons = ", ".join(f"{n} {why}" for why, n in self.rejected.most_common(3))
+        share = (f", or raise --memory-fraction (now {self.memory_fraction:g})"
+                 if self.rejected[_over_memory(self.memory_fraction)] and
+                 self.memory_fraction < 1 else "")
         return (f"no layout of {self.world} devices fits this model and batch "
                 f"({self.enumerated} enumerated: {reasons or 'none valid'}); add nodes, lower "
-                "the micro-batch or allow recompute and ZeRO")
+                f"the micro-batch or allow recompute and ZeRO{share}")
+
+
+def _over_memory(fraction: float) -> str:
+    """The summary's key for layouts that reserve more than the share allowed them."""
+    return "exceed device memory" if fraction == 1 else f"exceed {fraction:g} of device memory"
 
 
 def _unrunnable_list(unrunnable: Counter) -> str:
@@ -358,7 +367,8 @@ def search(job: Job, nodes: int, prof: Profile,
     first (ties: less memory). space None: SearchSpace() as the registry stands at the call."""
     space = space or SearchSpace()
     world = nodes * prof.spec.gpus_per_node
-    result = SearchResult(job, nodes, world, [], framework=prof.spec.framework)
+    result = SearchResult(job, nodes, world, [], framework=prof.spec.framework,
+                          memory_fraction=space.memory_fraction)
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
                                  prof.spec.framework, result.unrunnable):
         result.enumerated += 1
@@ -368,7 +378,7 @@ def search(job: Job, nodes: int, prof: Profile,
             continue
         cand = evaluate(job, lay, prof, space, with_time=False)
         if not cand.fits:
-            result.rejected["exceed device memory"] += 1
+            result.rejected[_over_memory(space.memory_fraction)] += 1
             continue
         result.ranked.append(cand)
     result.ranked.sort(key=rank_key)

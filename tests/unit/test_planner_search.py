@@ -219,6 +219,13 @@ def test_a_search_counts_a_trainer_rule_by_its_field_and_rule_whole():
            "rank to be a multiple of parallel.context_parallel_size=8")
     assert set(result.rejected) == {key}, result.rejected
     assert result.rejected[key] == result.enumerated > 0  # 100, 50 and 25 heads a TP rank
+    # memory beyond the share a search allows is named with the share
+    tight = search(Job(preset_model("gpt3-6.7b"), 64, "bf16"), 1, load_profile("a100"),
+                   SearchSpace(tp=(1,), pp=(1,), micro_batch=(4,), zero=(1,), recompute=("none",),
+                               flash=(True,), sequence_parallel=(False,), cp=(1,), ep=(1,),
+                               memory_fraction=0.8))
+    assert tight.rejected == {"exceed 0.8 of device memory": 1}, tight.rejected
+    assert tight.explain_empty().endswith("or raise --memory-fraction (now 0.8)")
     message = layout_problem(job, Layout(2, 2, 4, 1, 384, 1, "full", True, False, cp=8))
     assert message.key == key and "tensor_parallel_size = 100)" in message  # whole, as printed
     assert "; change the head count" in message
