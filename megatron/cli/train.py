@@ -93,6 +93,9 @@ def check_memory(cfg, launch: LaunchEnv) -> None:
     elif verdict.status == fit.FITS:
         log.info("memory check: predicted %.2f GB per rank of %.1f GB (%s)", verdict.needed_gb,
                  verdict.available_gb, memory.source)
+        edge = fit.edge_note(verdict)
+        if edge:
+            log.warning(edge)
     elif cfg.training.check_memory:
         raise InputError(fit.misfit_message(cfg, verdict) + "; to start anyway, --set "
                          "training.check_memory=false")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from megatron.config import Config
+from megatron.planner import ranges
 from megatron.planner.jobs import layout_for, layout_values
 from megatron.planner.layout import Job, Layout
 from megatron.planner.memory import GIB, StageMemory, peak_memory
@@ -108,6 +109,17 @@ def check(cfg: Config, world: int, memory: DeviceMemory) -> Verdict:
     needed = stage.peak_bytes if memory.kind == "cpu" else stage.reserved_bytes
     status = FITS if needed <= memory.bytes_per_rank else MISFIT
     return Verdict(status, memory, needed, stage, lay)
+
+
+def edge_note(v: Verdict) -> str:
+    """For a job predicted to fit a GPU at ranges.MARGIN of it or more, the line saying that
+    the verdict is uncertain there (held-out sweeps priced so mostly ran out of memory); else
+    "". Not on a CPU, whose constants are measured on this project's machine."""
+    if v.status != FITS or v.device.kind != "gpu":
+        return ""
+    return ranges.margin_note(v.needed_gb, v.available_gb, "predicted",
+                              "a smaller training.micro_batch_size, activation checkpointing "
+                              "or more model or ZeRO parallelism leaves more room")
 
 
 def _parts(s: StageMemory) -> str:

@@ -112,14 +112,17 @@ MARGIN_EVIDENCE = ("of the 359 layouts of the held-out sweeps (BigScience 2022 u
                    "trained, were priced at 80-110% (Llama 3 405B at 103% and 110%)")
 
 
-def margin_note(reserved_gib: float, device_gib: float, what: str = "priced") -> str:
+MARGIN_FIX = f"search and longest keep this margin with --memory-fraction {MARGIN:g}"
+
+
+def margin_note(reserved_gib: float, device_gib: float, what: str = "priced",
+                fix: str = MARGIN_FIX) -> str:
     """The line for a layout reserved at MARGIN to MARGIN_HIGH of its device, else empty."""
     share = reserved_gib / device_gib
     if not MARGIN <= share <= MARGIN_HIGH:
         return ""
     return (f"note on memory: {what} at {100 * share:.0f}% of the device, where the fit verdict "
-            f"is uncertain: {MARGIN_EVIDENCE}; search and longest keep this margin with "
-            f"--memory-fraction {MARGIN:g} (docs/planner.md, Memory)")
+            f"is uncertain: {MARGIN_EVIDENCE}; {fix} (docs/planner.md, Memory)")
 
 
 # Published runs at this many devices or more, and how the planner did on them (docs/planner.md,

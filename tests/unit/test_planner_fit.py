@@ -79,6 +79,24 @@ def test_on_a_gpu_the_reserved_memory_is_compared_with_the_device():
     assert "the GPU has 140.0 GB per rank (NVIDIA H200, 140.0 GB)" in fit.misfit_message(cfg, v)
 
 
+def test_a_gpu_job_predicted_near_the_device_is_warned_that_the_verdict_is_uncertain():
+    """At 80-110% of the device the planner's verdict is uncertain both ways
+    (ranges.MARGIN_EVIDENCE): megatron-train starts a job predicted to fit there but logs
+    the line; at 50%, on a CPU (constants measured here) or when refused, none."""
+    cfg = load_config(TINY, HUGE)
+    needed = fit.check(cfg, 1, fit.DeviceMemory("gpu", 1e15, "big")).needed_bytes
+
+    def on(share, kind="gpu"):
+        return fit.check(cfg, 1, fit.DeviceMemory(kind, needed / share, "test"))
+    v = on(0.9)
+    assert v.status == fit.FITS
+    assert fit.edge_note(v).startswith("note on memory: predicted at 90% of the device, where "
+                                       "the fit verdict is uncertain: of the 359 layouts")
+    assert "a smaller training.micro_batch_size" in fit.edge_note(v)
+    assert fit.edge_note(on(0.5)) == "" and fit.edge_note(on(0.9, "cpu")) == ""
+    assert on(1.05).status == fit.MISFIT and fit.edge_note(on(1.05)) == ""
+
+
 def test_what_the_planner_cannot_model_is_unknown_and_never_refused(monkeypatch):
     cfg = load_config(TINY, HUGE + ["parallel.pipeline_parallel_size=2",
                                     "parallel.pipeline_partition_method=parameters"])
