@@ -20,10 +20,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from megatron.planner import breakdown, sweeps  # noqa: E402
+from megatron.planner import breakdown, ranges, sweeps  # noqa: E402
 from megatron.planner import validation as v  # noqa: E402
 from megatron.planner.emit import format_table  # noqa: E402
 from megatron.planner.layout import layout_ends  # noqa: E402
+from megatron.planner.memory import peak_memory  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,6 +61,22 @@ def _gap(k) -> str:
     prof = v.in_sample_profile(k.case)
     slow = breakdown.step_breakdown(k.case.job, k.case.layout, prof)
     return breakdown.explain_gap(slow, breakdown.step_breakdown(k.case.job, k.best, prof), 2)
+
+
+def _unfit_shares(ranked) -> str:
+    """' (id at N% of the device, ...: inside the band ...)' for layouts priced not to fit."""
+    shares = []
+    for k in ranked:
+        if k.rank is None:
+            prof = v.in_sample_profile(k.case)
+            mem = peak_memory(k.case.job, k.case.layout, prof.constants,
+                              framework=prof.spec.framework)
+            shares.append(f"{k.case.id} {100 * mem.reserved_gb / prof.spec.gpu_memory_gb:.0f}%")
+    if not shares:
+        return ""
+    return (f" (reserved at {', '.join(shares)} of the device, inside the "
+            f"{100 * ranges.MARGIN:.0f}-{100 * ranges.MARGIN_HIGH:.0f}% where the fit verdict is "
+            "uncertain: docs/planner.md, Memory)")
 
 
 def main() -> int:
@@ -139,7 +156,7 @@ def main() -> int:
            format_table(("case", "chosen for speed", "published", "rank", "predicted best",
                          "behind", "where"), rank_rows), "",
            f"Chosen for speed: {len(picked)} layouts, {len(picked) - len(chosen)} of them "
-           "priced not to fit; those that fit behind the predicted best by median "
+           f"priced not to fit{_unfit_shares(picked)}; those that fit behind the predicted best by median "
            f"{100 * statistics.median(chosen):.1f}%, max {100 * max(chosen):.1f}%; "
            f"{sum(b == 0 for b in chosen)} ranked first, {top3} in the top 3 "
            f"({100 * top3 / len(picked):.0f}%), {sum(b <= 0.10 for b in chosen)} within 10%.",
