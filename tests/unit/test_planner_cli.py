@@ -341,3 +341,15 @@ def test_scaling_best_refuses_layout_flags_it_would_ignore(capsys):
     assert code == 2 and "--no-flash would be ignored: drop it" in err
     code, out, _ = run(capsys, *base)
     assert code == 0 and "layout at 4 node(s): tp" in out
+
+
+def test_every_planner_module_is_in_the_module_table_of_docs_planner():
+    """docs/planner.md's module table names each file of megatron/planner/, so a new module is
+    described where the planner's reader looks (six were missing until December 2026)."""
+    from pathlib import Path
+    from tests.support.paths import ROOT
+    doc = Path(ROOT, "docs", "planner.md").read_text()
+    table = doc[doc.index("| module | what it holds |"):doc.index("The layout rules (TP divides")]
+    modules = sorted(p.name for p in Path(ROOT, "megatron", "planner").glob("*.py")
+                     if p.name != "__init__.py")
+    assert [m for m in modules if f"`{m}`" not in table] == []
