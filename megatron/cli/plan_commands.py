@@ -253,6 +253,16 @@ def cmd_scaling(args) -> int:
         print(f"schedule: {chunks_note(base)}")
     print()
     print(emit.format_table(scaling.HEADER, scaling.table_rows(points)))
+    # how sure: the device's and engine's evidence, the largest count's scale, and the memory
+    # of the tightest point that fits (the notes memory and search print)
+    priced = [p for p in points if p.layout is not None]
+    _print_device_note(prof, max((p.gpus for p in priced), default=0))
+    margin = ranges.margin_note(max((p.memory_share for p in priced if p.memory_share <= 1),
+                                    default=0.0), 1.0, "the layout is reserved",
+                                "a smaller --micro-batch, --recompute or more --tp, --pp or "
+                                "--zero leaves more room")
+    if margin:
+        print(margin)
     if args.plot:
         scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "
                      f"{prof.spec.name}: TP{base.tp} x PP{base.pp}, micro-batch {base.micro_batch}")

@@ -12,6 +12,7 @@ from megatron.config.errors import InputError
 from megatron.planner.layout import Job, Layout, layout_problem
 from megatron.planner.memory import GIB, peak_memory
 from megatron.planner.profile import Profile
+from megatron.planner.ranges import MARGIN
 from megatron.planner.timing import step_time
 
 
@@ -28,6 +29,7 @@ class ScalingPoint:
     bubble: float
     efficiency: float
     note: str = ""
+    memory_share: float = 0.0  # the busiest stage's reserved memory over the device's
 
 
 def _layout_at(base: Layout, job: Job, dp: int, mode: str) -> Optional[Layout]:
@@ -58,8 +60,9 @@ def project(job: Job, base: Layout, prof: Profile, nodes: Sequence[int], mode: s
         problem = layout_problem(scaled, lay, prof.spec.framework)
         est = step_time(scaled, lay, prof)
         mem = peak_memory(scaled, lay, prof.constants, framework=prof.spec.framework)
-        note = problem or ("exceeds device memory"
-                           if mem.reserved_bytes > prof.spec.gpu_memory_gb * GIB else "")
+        share = mem.reserved_bytes / (prof.spec.gpu_memory_gb * GIB)
+        note = problem or ("exceeds device memory" if share > 1 else
+                           f"{100 * share:.0f}% of device memory" if share >= MARGIN else "")
         if ref is None:
             ref = (est, gpus)
         if mode == "weak":
@@ -67,7 +70,8 @@ def project(job: Job, base: Layout, prof: Profile, nodes: Sequence[int], mode: s
         else:
             eff = ref[0].step_s * ref[1] / (est.step_s * gpus)
         points.append(ScalingPoint(mode, n, gpus, lay.global_batch, lay, est.step_s,
-                                   est.tflops_per_gpu, est.tokens_per_s, est.bubble, eff, note))
+                                   est.tflops_per_gpu, est.tokens_per_s, est.bubble, eff, note,
+                                   share))
     return points
 
 

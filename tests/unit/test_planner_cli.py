@@ -353,3 +353,23 @@ def test_every_planner_module_is_in_the_module_table_of_docs_planner():
     modules = sorted(p.name for p in Path(ROOT, "megatron", "planner").glob("*.py")
                      if p.name != "__init__.py")
     assert [m for m in modules if f"`{m}`" not in table] == []
+
+
+def test_scaling_says_how_sure_it_is_about_memory_and_scale(capsys):
+    """scaling prints the notes memory and search print: a point reserved at 80-100% of the
+    device says its share in the note column and the margin line follows the table; a
+    projection reaching 4096 devices gets the scale note, counted over the points that have a
+    layout (the strong point at 4096 has none: 64 sequences do not split over DP 4096)."""
+    from megatron.cli.plan import main
+    args = ["scaling", "--model", "gpt3-6.7b", "--cluster", "a100", "--global-batch", "64",
+            "--tp", "1", "--pp", "1", "--zero", "1", "--recompute", "none", "--micro-batch", "4"]
+    assert main([*args, "--nodes", "1,2,512", "--mode", "weak"]) == 0
+    out = capsys.readouterr().out
+    assert "98% of device memory" in out and "note on scale: at 4096 devices or more" in out
+    assert "note on memory: the layout is reserved at 98% of the device" in out
+    assert "a smaller --micro-batch" in out
+    assert main([*args, "--nodes", "1,2,512", "--mode", "strong"]) == 0
+    assert "note on scale" not in capsys.readouterr().out   # its 4096-device point: no layout
+    assert main([*args[:-1], "2", "--nodes", "1,2", "--mode", "weak"]) == 0
+    out = capsys.readouterr().out
+    assert "of device memory" not in out and "note on memory" not in out
