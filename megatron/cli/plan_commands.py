@@ -71,10 +71,8 @@ def cmd_search(args) -> int:
     print(f"\nrank 1's step: {best.time.step_s:.3g} s, "
           f"{_range(job, best.layout, prof, False).describe()}")
     _print_device_note(prof, best.layout.world)
-    margin = ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
-                                "rank 1 is reserved")
-    if margin:
-        print(margin)
+    _print_notes(ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
+                                    "rank 1 is reserved"))
     print(ranges.ORDER_EVIDENCE)
     if not preset:
         print(_config_layout_rank(args, job, cfg, result, prof))
@@ -180,11 +178,9 @@ def cmd_memory(args) -> int:
     print(f"\nbusiest stage {worst.stage}: {worst.peak_gb:.1f} GB allocated at peak, "
           f"{worst.reserved_gb:.1f} GB reserved of {prof.spec.gpu_memory_gb:g} GB: "
           f"{'fits' if fits else 'DOES NOT FIT'}")
-    margin = ranges.margin_note(worst.reserved_gb, prof.spec.gpu_memory_gb)
     smi = ranges.smi_note(worst.peak_gb, prof.spec.gpu_memory_gb, prof.spec.framework)
-    for note in (margin, smi if fits else ""):
-        if note:
-            print(note)
+    _print_notes(ranges.margin_note(worst.reserved_gb, prof.spec.gpu_memory_gb),
+                 smi if fits else "")
     t = step_time(job, lay, prof)
     print(f"step {t.step_s:.3g} s (pipeline {t.pipeline_s:.3g} s, gradient reduction + optimizer "
           f"{t.reduce_s:.3g} s), {t.tokens_per_s:.4g} tokens/s, {t.tflops_per_gpu:.1f} TFLOPs "
@@ -208,8 +204,13 @@ def cmd_memory(args) -> int:
 def _print_device_note(prof: Profile, devices: int) -> None:
     """The lines beside the error band on a preset or an engine the published runs do not
     cover, and for a layout as large as the largest published runs."""
-    for note in (ranges.device_note(prof.spec.name), ranges.engine_note(prof.spec.framework),
-                 ranges.scale_note(devices)):
+    _print_notes(ranges.device_note(prof.spec.name), ranges.engine_note(prof.spec.framework),
+                 ranges.scale_note(devices))
+
+
+def _print_notes(*notes: str) -> None:
+    """Each note that is not empty, a line each (ranges' notes are "" where they do not apply)."""
+    for note in notes:
         if note:
             print(note)
 
@@ -257,12 +258,11 @@ def cmd_scaling(args) -> int:
     # of the tightest point that fits (the notes memory and search print)
     priced = [p for p in points if p.layout is not None]
     _print_device_note(prof, max((p.gpus for p in priced), default=0))
-    margin = ranges.margin_note(max((p.memory_share for p in priced if p.memory_share <= 1),
-                                    default=0.0), 1.0, "the layout is reserved",
-                                "a smaller --micro-batch, --recompute or more --tp, --pp or "
-                                "--zero leaves more room")
-    if margin:
-        print(margin)
+    _print_notes(ranges.margin_note(max((p.memory_share for p in priced
+                                         if p.memory_share <= 1), default=0.0), 1.0,
+                                    "the layout is reserved",
+                                    "a smaller --micro-batch, --recompute or more --tp, --pp or "
+                                    "--zero leaves more room"))
     if args.plot:
         scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "
                      f"{prof.spec.name}: TP{base.tp} x PP{base.pp}, micro-batch {base.micro_batch}")
@@ -297,10 +297,8 @@ def cmd_longest(args) -> int:
           f"{best.memory.peak_gb:.1f} GB allocated, {best.memory.reserved_gb:.1f} GB reserved "
           f"of {prof.spec.gpu_memory_gb:g}\n")
     print(emit.format_table(emit.HEADER, emit.table_rows(result.ranked[:args.top])))
-    margin = ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
-                                "the fastest is reserved")
-    if margin:
-        print(margin)
+    _print_notes(ranges.margin_note(best.memory.reserved_gb, prof.spec.gpu_memory_gb,
+                                    "the fastest is reserved"))
     return 0
 
 
