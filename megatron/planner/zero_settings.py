@@ -24,7 +24,7 @@ def device_of(c: Constants) -> str:
 
 def settings_for(job: Job, lay: Layout, device: str = "gpu") -> DeepSpeedSettings:
     return deepspeed_settings(lay.zero, lay.pp, lay.tp, job.model.hidden_size, device,
-                              job.deepspeed)
+                              job.deepspeed, zero_group_size=lay.zero_dp)
 
 
 def profile_settings(job: Job, lay: Layout, c: Constants,

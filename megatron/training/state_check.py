@@ -70,16 +70,23 @@ def adam_bound(beta1: float, beta2: float) -> Optional[float]:
 def _chunks(pairs: Iterable[Tuple[torch.Tensor, torch.Tensor]]):
     """Lists of (m, v) pieces of at most CHUNK (GPU_CHUNK on a GPU) elements together (a flat
     ZeRO shard split)."""
-    batch_m, batch_v, size = [], [], 0
+    batch_m, batch_v, size, chunk = [], [], 0, None
     for m, v in pairs:
-        chunk = CHUNK if m.device.type == "cpu" else GPU_CHUNK
-        for mc, vc in zip(m.reshape(-1).split(chunk), v.reshape(-1).split(chunk)):
-            if size and size + mc.numel() > chunk:
+        if chunk is None:
+            chunk = CHUNK if m.device.type == "cpu" else GPU_CHUNK
+        n = m.numel()
+        # A tensor within a chunk goes in whole, as it is (the check is element by element):
+        # splitting each of a ZeRO-0 state's 292 tensors cost more host time than the check
+        pieces = (((m, v, n),) if n <= chunk else
+                  zip(m.reshape(-1).split(chunk), v.reshape(-1).split(chunk),
+                      [min(chunk, n - start) for start in range(0, n, chunk)]))
+        for mc, vc, count in pieces:
+            if size and size + count > chunk:
                 yield batch_m, batch_v
                 batch_m, batch_v, size = [], [], 0
             batch_m.append(mc)
             batch_v.append(vc)
-            size += mc.numel()
+            size += count
     if batch_m:
         yield batch_m, batch_v
 

@@ -37,7 +37,7 @@ def tiny(tmp_path, extra: str = "", overrides=()):
 def test_yaml_section_is_typed_and_merged_into_the_json(tmp_path):
     cfg = tiny(tmp_path, SECTION_YAML)
     assert cfg.deepspeed["zero_optimization"]["reduce_bucket_size"] == 200_000_000  # "2e8" read
-    ds = deepspeed_config(cfg, 1)
+    ds = deepspeed_config(cfg, 2)
     assert ds["communication_data_type"] == "fp32"
     assert ds["comms_logger"] == {"enabled": True, "prof_ops": ["all_reduce"]}
     # nested: the section's keys join the generated block instead of replacing it
@@ -70,11 +70,11 @@ def test_set_accepts_a_mapping_value_and_the_resolved_yaml_round_trips(tmp_path)
 
 
 def test_no_section_generates_what_it_always_did():
-    """Without a deepspeed section, on the CPU, the JSON is the pre-section one plus the bucket
-    sizes DeepSpeed used anyway (5e8): nothing changes for CPU runs and tests."""
-    ds = deepspeed_config(load_config(TINY), 1)
+    """Without a deepspeed section, on the CPU, the JSON of a data-parallel run is the
+    pre-section one plus the bucket sizes DeepSpeed used anyway (5e8)."""
+    ds = deepspeed_config(load_config(TINY), 2)
     assert ds == {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
-                  "gradient_accumulation_steps": 8, "gradient_clipping": 1.0,
+                  "gradient_accumulation_steps": 4, "gradient_clipping": 1.0,
                   "steps_per_print": 10 ** 9, "wall_clock_breakdown": False,
                   "zero_optimization": {"stage": 1, "overlap_comm": False,
                                         "contiguous_gradients": True,
@@ -89,13 +89,33 @@ def test_no_section_generates_what_it_always_did():
 def test_gpu_overlaps_and_sizes_the_bucket_cpu_does_not(zero):
     cfg = load_config(TINY, [f"parallel.zero_stage={zero}", "model.hidden_size=4096",
                              "model.num_attention_heads=32"])
-    gpu = deepspeed_config(cfg, 1, "cuda")["zero_optimization"]
-    cpu = deepspeed_config(cfg, 1, "cpu")["zero_optimization"]
+    gpu = deepspeed_config(cfg, 2, "cuda")["zero_optimization"]
+    cpu = deepspeed_config(cfg, 2, "cpu")["zero_optimization"]
     assert gpu["overlap_comm"] is True and cpu["overlap_comm"] is False
     assert gpu["reduce_bucket_size"] == gpu_bucket_size(4096, 1) == 12 * 4096 ** 2
     assert cpu["reduce_bucket_size"] == DEEPSPEED_BUCKET
     assert gpu["allgather_bucket_size"] == cpu["allgather_bucket_size"] == DEEPSPEED_BUCKET
-    assert deepspeed_config(cfg, 1) == deepspeed_config(cfg, 1, "cpu")  # the default is the CPU
+    assert deepspeed_config(cfg, 2) == deepspeed_config(cfg, 2, "cpu")  # the default is the CPU
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_zero_group_of_one_rank_registers_no_gradient_hooks(device, zero):
+    """With data x context parallel = 1 there is nothing to reduce: overlap_comm and
+    contiguous_gradients are off (DeepSpeed then registers no per-parameter backward hook),
+    unless the section says otherwise; a group of two keeps the defaults; ZeRO-3 keeps its own."""
+    cfg = load_config(TINY, [f"parallel.zero_stage={zero}"])
+    alone = deepspeed_config(cfg, 1, device)["zero_optimization"]
+    assert (alone["overlap_comm"], alone["contiguous_gradients"]) == (False, False)
+    pair = deepspeed_config(cfg, 2, device)["zero_optimization"]
+    assert (pair["overlap_comm"], pair["contiguous_gradients"]) == (device == "cuda", True)
+    cp = load_config(TINY, [f"parallel.zero_stage={zero}", "parallel.context_parallel_size=2"])
+    assert deepspeed_config(cp, 1, device)["zero_optimization"]["contiguous_gradients"] is True
+    z3 = load_config(TINY, ["parallel.zero_stage=3"])
+    assert deepspeed_config(z3, 1, device)["zero_optimization"]["contiguous_gradients"] is True
+    kept = load_config(TINY, [f"parallel.zero_stage={zero}",
+                              "deepspeed.zero_optimization.contiguous_gradients=true"])
+    assert deepspeed_config(kept, 1, device)["zero_optimization"]["contiguous_gradients"] is True
 
 
 def test_gpu_defaults_leave_pipelines_and_zero0_alone():
@@ -108,7 +128,7 @@ def test_gpu_defaults_leave_pipelines_and_zero0_alone():
 def test_communication_dtype_is_left_to_precision_unless_set():
     cfg = load_config(TINY, ["training.precision=bf16"])
     assert "communication_data_type" not in deepspeed_config(cfg, 1, "cuda")
-    assert config_settings(cfg, "cuda").communication_data_type is None
+    assert config_settings(cfg, 2, "cuda").communication_data_type is None
     cfg = load_config(TINY, ["deepspeed.communication_data_type=fp32"])
     assert deepspeed_config(cfg, 1, "cuda")["communication_data_type"] == "fp32"
 
@@ -128,7 +148,7 @@ def test_gpu_bucket_rule(hidden, tp, want):
 def test_explicit_values_beat_device_defaults():
     cfg = load_config(TINY, ["deepspeed.zero_optimization.overlap_comm=false",
                              "deepspeed.zero_optimization.reduce_bucket_size=123456"])
-    s = config_settings(cfg, "cuda")
+    s = config_settings(cfg, 2, "cuda")
     assert (s.overlap_comm, s.reduce_bucket_size) == (False, 123456)
     assert deepspeed_config(cfg, 1, "cuda")["zero_optimization"]["reduce_bucket_size"] == 123456
 

@@ -43,15 +43,17 @@ def test_profile_device():
      "deepspeed.zero_optimization.overlap_comm=false", "deepspeed.communication_data_type=fp32"],
 ])
 @pytest.mark.parametrize("device, torch_device", [("gpu", "cuda"), ("cpu", "cpu")])
-def test_planner_settings_equal_the_trainers(overrides, device, torch_device):
+@pytest.mark.parametrize("dp", [1, 2])
+def test_planner_settings_equal_the_trainers(overrides, device, torch_device, dp):
     cfg = load_config(TINY, overrides)
     p = cfg.parallel
     job = Job(cfg.model, cfg.training.global_batch_size, cfg.training.precision,
               deepspeed=cfg.deepspeed)
-    layout = Layout(p.tensor_parallel_size, p.pipeline_parallel_size, 1, 2, 8, p.zero_stage)
+    layout = Layout(p.tensor_parallel_size, p.pipeline_parallel_size, dp, 2, 8 // dp,
+                    p.zero_stage)
     got = zs.settings_for(job, layout, device)
-    assert got == config_settings(cfg, torch_device)
-    block = deepspeed_config(cfg, 1, torch_device)["zero_optimization"]
+    assert got == config_settings(cfg, dp, torch_device)
+    block = deepspeed_config(cfg, dp, torch_device)["zero_optimization"]
     assert {k: block[k] for k in got.zero_keys()} == got.zero_keys()
 
 
@@ -64,6 +66,9 @@ def test_gpu_zero12_double_the_bucket_and_cpu_or_pipelines_do_not():
     assert bucket_bytes(job, lay(zero=2), device="cpu") == 2 * 5e8  # one 5e8 bucket
     assert bucket_bytes(job, lay(zero=1, pp=2, dp=4, grad_accum=16)) == 2 * size  # no overlap
     assert bucket_bytes(job, lay(zero=0)) == 0
+    # a ZeRO group of one rank reduces nothing: no bucket (deepspeed_json's module doc)
+    assert bucket_bytes(job, lay(zero=1, tp=8, dp=1)) == bucket_bytes(job, lay(dp=1)) == 0
+    assert bucket_bytes(job, lay(zero=3, dp=1)) == 2 * size
 
 
 def test_the_jobs_deepspeed_section_reaches_the_memory_model():

@@ -81,6 +81,19 @@ def test_a_state_larger_than_a_chunk_is_checked_in_pieces(monkeypatch):
     assert moment_excess(opt) > 1e19
 
 
+def test_pieces_keep_each_batch_within_a_chunk_and_pass_small_tensors_whole(monkeypatch):
+    """A tensor within a chunk joins a batch as it is (the same object, its own shape: no
+    reshape or split a step); a larger one is split; no batch passes the chunk."""
+    from megatron.training import state_check
+    monkeypatch.setattr(state_check, "CHUNK", 7)
+    tensors = [torch.zeros(5), torch.zeros(3, 2), torch.zeros(16), torch.zeros(1)]
+    batches = list(state_check._chunks([(t, t + 1) for t in tensors]))
+    assert [[m.numel() for m in ms] for ms, _ in batches] == [[5], [6], [7], [7], [2, 1]]
+    assert batches[0][0][0] is tensors[0] and batches[1][0][0] is tensors[1]
+    assert batches[1][0][0].shape == (3, 2) and batches[4][0][1] is tensors[3]
+    assert all(len(ms) == len(vs) for ms, vs in batches)
+
+
 @pytest.mark.parametrize("target, factor", [("exp_avg", 1e20), ("exp_avg_sq", -1.0),
                                             ("exp_avg_sq", math.nan)])
 def test_one_piece_and_a_batch_of_pieces_give_the_same_excess(target, factor):
