@@ -24,7 +24,7 @@ from torch import nn
 from megatron.base.records import OptimizerRecord
 from megatron.checkpoint.state import RankState
 from megatron.config import schedules
-from megatron.engine import bf16_flat, overflow_check, runners, zero_norm
+from megatron.engine import bf16_flat, overflow_check, runners, zero0_norm, zero_norm
 from megatron.engine.chunks import ChunkedModule, ChunkMPU
 from megatron.engine import experts as engine_experts
 from megatron.engine import state as engine_state
@@ -266,8 +266,8 @@ class Engine:
         bf16_flat.use_flat_buffers(self.engine.optimizer, state.tp, state.pp)
         overflow_check.use_norm_check(self.engine.optimizer, state.tp, state.pp)
         zero_norm.use_foreach_norm(self.engine.optimizer)
-        if split and ds_config["zero_optimization"]["stage"] == 0:
-            engine_experts.clip_with_experts(self.engine, expert, state)
+        zero0_norm.mark_gradients(self.engine.optimizer, state.tp)
+        zero0_norm.clip_fp32(self.engine, state, expert.edp_size if split else None)
         self.moe_layers = engine_experts.moe_layers(module)
         self.state_check = None  # a training.state_check.StateCheck (resilience.check_state)
         if state.dp_cp == 1 and ds_config["zero_optimization"]["stage"] == 0 and not split:

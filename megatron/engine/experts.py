@@ -18,16 +18,14 @@ rank's expert gradient already sums the contributions of its ep group's tokens (
 backward), so the result is (1/dp) x the sum over every rank's tokens, as without EP.
 
 ZeRO-0's fp32 gradient clipping (deepspeed.runtime.utils.clip_grad_norm_) averages each rank's
-norm over data parallel, which is wrong once ranks hold different experts: clip_with_experts
-takes its place (each distinct gradient once). ZeRO-1/2 sum
+norm over data parallel, which is wrong once ranks hold different experts:
+engine/zero0_norm.clip_fp32 takes its place (each distinct gradient once). ZeRO-1/2 sum
 their partitions' squares over data parallel, which counts each expert once. ZeRO-3 is refused
 (config/validate.moe_error): DeepSpeed refuses experts it did not build under ZeRO-3."""
 from __future__ import annotations
 
 import contextlib
-import types
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -106,40 +104,3 @@ def recognised_as_moe(split: bool):
         yield
     finally:
         ds_engine.MoE = real
-
-
-def clip_with_experts(engine, expert, state) -> None:
-    """Replaces the ZeRO-0 fp32 clipping of DeepSpeed `engine` by the norm over every distinct
-    gradient. After the reduction a dense gradient is alike on its dp_cp ranks (a replicated
-    one on its tp ranks too), an expert's alike on its edp ranks: each rank adds its squares
-    divided by how many ranks hold the same gradient, and one all-reduce over the world sums
-    them. A weight tied across pipeline stages (ds_pipe_replicated) counts on its first stage
-    only, as in DeepSpeed's own norm."""
-    dp_cp, edp, tp_rank = state.dp_cp, expert.edp_size, state.tp_rank
-
-    def share(p) -> float:
-        if is_expert(p):
-            return 1.0 / edp
-        if getattr(p, "ds_pipe_replicated", False):
-            return 0.0
-        if getattr(p, "partition_dim", None) is None and tp_rank != 0:
-            return 0.0
-        return 1.0 / dp_cp
-
-    def clip(self):
-        grads = [p for p in self.module.parameters() if p.grad is not None]
-        total = torch.zeros((), device=self.device)
-        for p in grads:
-            w = share(p)
-            if w:
-                total += p.grad.float().square().sum() * w
-        dist.all_reduce(total)
-        norm = total.sqrt()
-        coef = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
-        for p in grads:
-            p.grad.mul_(coef)
-        # DeepSpeed reports the optimizer's _global_grad_norm after the step (our AdamW has
-        # none of its own under ZeRO-0), so the run's metrics carry this norm.
-        self.optimizer._global_grad_norm = norm
-        return norm
-    engine.clip_fp32_gradients = types.MethodType(clip, engine)

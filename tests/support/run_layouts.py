@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from megatron.base.records import read_metrics, steps
+from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.training.loop import train
 
@@ -69,6 +71,13 @@ LAYOUTS = {
     "single_l1": ["model.num_layers=1"],
     "pp2_loss": ["parallel.pipeline_parallel_size=2", "model.num_layers=1",
                  "parallel.pipeline_loss_as_layer=true"],
+    # ZeRO-0's own clipping paths (engine/zero0_norm.py): fp32 under TP and under DeepSpeed's
+    # pipeline engine, 16 bits under TP
+    "tp2_zero0": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0"],
+    "pp2_zero0": ["parallel.pipeline_parallel_size=2", "parallel.zero_stage=0"],
+    "tp2_zero0_bf16": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0",
+                       "training.precision=bf16"],
+    "single_zero0_bf16": ["parallel.zero_stage=0", "training.precision=bf16"],
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
@@ -106,8 +115,11 @@ def main() -> int:
                                   + [f"run.dir={run_dir}"])
                 summary = train(cfg)
                 losses, times = summary.losses, summary.timing.step_s
+            # the logged gradient norms (rank 0 writes the metrics)
+            norms = ([r.grad_norm for r in steps(read_metrics(RunDir(run_dir).metrics))]
+                     if rank == 0 and layout not in RESUME else [])
             results.setdefault(layout, {})[flavour] = {
-                "losses": losses, "seconds": time.perf_counter() - t0,
+                "losses": losses, "norms": norms, "seconds": time.perf_counter() - t0,
                 "step_time_s": sorted(times)[len(times) // 2]}
     if rank == 0:
         with open(args.out, "w") as f:
