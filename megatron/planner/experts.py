@@ -62,6 +62,16 @@ def expert_tp(lay: Layout, framework: str = "deepspeed") -> int:
     return lay.tp if OVERLAP[framework].expert_tp else 1
 
 
+def expert_dp(lay: Layout, framework: str = "deepspeed") -> int:
+    """Ranks that hold the same experts and average their gradients (the expert-data-parallel
+    group): a stage's tp x dp x cp ranks folded into EP x expert TP x this. This trainer keeps
+    experts whole (expert TP 1) and fills EP with tensor-parallel ranks first
+    (parallel/experts.expert_grid): tp x dp x cp / EP, so EP may exceed dp x cp. Megatron's
+    engines split each expert over TP and carve EP out of dp x cp: dp x cp / EP
+    (engine_run_problem refuses an EP that does not divide it there)."""
+    return lay.tp * lay.zero_dp // (lay.ep * expert_tp(lay, framework))
+
+
 def expert_share(lay: Layout, framework: str = "deepspeed") -> float:
     """Share of each of its experts' parameters a rank holds (1 / expert_tp)."""
     return 1 / expert_tp(lay, framework)
@@ -179,15 +189,18 @@ def layer_delta_features(x) -> np.ndarray:
 def split_reduction(reduce, x, sp: StageParams, first_or_last: bool, window_s: float = 0.0,
                     layers: int = 1) -> np.ndarray:
     """timing.reduction_features (`reduce`) for a stage holding experts: its dense parameters
-    reduced and stepped over dp x cp, its experts over the expert-data-parallel group of
-    dp x cp / EP ranks, which are spaced tp x cp x EP apart (priced through a layout of that
-    group: dp / EP replicas of tp x EP ranks); the experts are the stage's share of the
-    model's (stage_delta_features). Megatron's engines hold 1/t of each (expert_share)."""
+    reduced and stepped over dp x cp, its experts over the expert-data-parallel group
+    (expert_dp), whose ranks are spaced EP x expert TP apart in the stage's rank order (priced
+    through a layout of that group: expert_dp replicas of EP x expert TP ranks); the experts
+    are the stage's share of the model's (stage_delta_features). Megatron's engines hold 1/t
+    of each (expert_share)."""
     m, lay = x.m, x.lay
     n_exp = expert_params(m, 0, m.num_layers, lay.ep) * sp.layers // m.num_layers
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
     edp = copy.copy(x)
-    edp.lay = dataclasses.replace(lay, dp=lay.dp // lay.ep, tp=lay.tp * lay.ep)
+    group = expert_dp(lay, x.spec.framework)
+    edp.lay = dataclasses.replace(lay, dp=group, cp=1,
+                                  tp=lay.tp * lay.zero_dp // group)
     held = n_exp * expert_share(lay, x.spec.framework)
     return (reduce(x, dense, first_or_last, window_s, layers)
             + reduce(edp, StageParams(sp.layers, held, 0, 0, 0, 0), False, window_s, layers))

@@ -217,6 +217,11 @@ def engine_run_problem(framework: str, lay: Layout,
     if m is not None and m.moe.num_experts and not ov.experts:
         return Refusal(f"a model with {m.moe.num_experts} experts under framework {framework} "
                        f"({ov.runs})", key=f"a model with {m.moe.num_experts} experts")
+    if m is not None and m.moe.num_experts and ov.expert_tp and lay.zero_dp % lay.ep:
+        # planner/experts.expert_dp: these engines carve EP out of data x context parallel
+        return Refusal(f"--ep {lay.ep} under framework {framework} ({ov.runs}: experts split "
+                       f"over TP, EP out of the {lay.zero_dp} data x context parallel ranks, "
+                       "which it must divide)", key="--ep not dividing dp x cp")
     return None
 
 

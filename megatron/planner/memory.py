@@ -274,7 +274,7 @@ def stage_states(job: Job, lay: Layout, sp: StageParams, c: Constants,
                                                        lay.zero_dp))
     # experts' states partition over the expert-data-parallel group, the rest over dp x cp;
     # Megatron's engines hold 1/t of each expert (experts.expert_share)
-    edp = lay.zero_dp // lay.ep
+    edp = experts.expert_dp(lay, framework)
     dense = dataclasses.replace(sp, transformer=sp.transformer - n_exp)
     held = round(n_exp * experts.expert_share(lay, framework))
     a = _engine_states(job, lay, dense, c, device, framework, lay.zero_dp)

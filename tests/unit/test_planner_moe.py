@@ -119,6 +119,27 @@ def test_fsdp_counts_the_experts_once():
     assert s.grads + s.optimizer == pytest.approx(12 * s.params / 8)
 
 
+@pytest.mark.parametrize("tp, dp, ep, edp", [(4, 8, 8, 4), (2, 4, 8, 1), (2, 2, 2, 2)])
+def test_the_trainers_expert_group_folds_tensor_parallel_ranks_in(tp, dp, ep, edp):
+    """This trainer fills EP with tensor-parallel ranks first and keeps experts whole
+    (parallel/experts.expert_grid): the ranks that hold the same experts are tp x dp / EP of
+    them, and EP may exceed dp (TP 2 x DP 4 with EP 8 crashed the planner on 0 ranks). Each
+    rank holds 8/ep experts per MoE layer, their 12 bytes over edp ranks; Megatron's engines
+    carve EP out of dp and refuse an EP that does not divide it."""
+    from megatron.planner.layout import engine_run_problem
+    lay = Layout(tp=tp, pp=1, dp=dp, micro_batch=1, grad_accum=64 // dp, zero=1, ep=ep,
+                 sequence_parallel=True)
+    assert experts.expert_dp(lay) == edp
+    s = memory_per_stage(JOB, lay, Constants())[0]
+    n_exp = MOE_LAYERS * (8 // ep) * _expert_params()
+    assert s.optimizer == pytest.approx(12 * (s.params - n_exp) / dp + 12 * n_exp / edp)
+    assert step_time(JOB, lay, load_profile("h100")).step_s > 0
+    refused = engine_run_problem("megatron-core", lay, M)
+    assert (refused is not None) == (dp % ep != 0), refused
+    if refused is not None:
+        assert "--ep 8" in refused and "divide" in refused
+
+
 def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     """ZeRO-1, DP 8, EP 4 in one 8-GPU node, nothing hidden (no backward window): the dense
     gradients reduce-scatter over 8 ranks and their weights all-gather back, (7/8) x (2 + 2)
