@@ -215,8 +215,7 @@ def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
 
 def _read_yaml(path: str) -> Dict[str, Any]:
     try:
-        with open(path) as f:
-            raw = strict_yaml.safe_load(f) or {}
+        raw = strict_yaml.load_file(path) or {}
     except FileNotFoundError:
         raise InputError(f"config file {path!r} does not exist; pass an existing YAML file to "
                          f"--config (see examples/local/tiny.yaml)") from None

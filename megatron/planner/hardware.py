@@ -7,8 +7,10 @@ cluster YAML file carries the same fields as ClusterSpec, optionally with a `con
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from megatron.config import devices
 from megatron.config.errors import ConfigError
@@ -28,6 +30,77 @@ class Link:
 
     def seconds(self, bus_bytes: float) -> float:
         return self.alpha_s + bus_bytes / self.bus_bytes_per_s
+
+
+# What each field of a cluster file holds (docs/planner.md, "Cluster"): the counts are whole
+# numbers (YAML's 8.0 is refused as the trainer's config refuses it for an integer field), the
+# rest finite numbers; an optional field's null has a meaning, so its 0 is refused, not read as
+# null; the latencies may be 0 (a fit's intercept), cpus_per_task 0 leaves -c to Slurm.
+_COUNTS = {"gpus_per_node": (1, ""), "cpus_per_task": (0, " (0 leaves -c to Slurm)")}
+_OPTIONAL = {"pair_gbps": "null where no device pair has a faster link",
+             "fp32_tflops": "null for a quarter of peak_tflops",
+             "fp8_tflops": "null where the device has no FP8"}
+_LATENCIES = ("intra_latency_us", "inter_latency_us")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# emit.sbatch_script writes a launcher_env value as export KEY="value": inside those quotes these
+# would end the string or run a command ($VAR and ${VAR} are expanded, as the job's shell would)
+_ENV_UNSAFE = ('"', "\\", "`", "$(")
+
+
+def _finite(value: Any) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
+def _field_problem(key: str, value: Any) -> Optional[Tuple[str, Any, str]]:
+    """(field, value, expected) for ConfigError where `value` is wrong for the cluster field
+    `key`, else None."""
+    if key == "name":
+        if not isinstance(value, str) or not value.strip() or not value.isprintable():
+            return ("cluster.name", value, "a non-empty string of printable characters (no "
+                    "newline, tab or other control character: the sbatch script and the config "
+                    "name it in a comment)")
+    elif key == "framework":
+        if not isinstance(value, str) or value not in FRAMEWORKS:
+            return "cluster.framework", value, f"one of {', '.join(FRAMEWORKS)}"
+    elif key == "launcher_env":
+        return _launcher_env_problem(value)
+    elif key in _COUNTS:
+        least, note = _COUNTS[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return (f"cluster.{key}", value,
+                    f"a whole number >= {least}{note}, written without a decimal point")
+    elif key in _OPTIONAL:
+        if value is not None and not (_finite(value) and value > 0):
+            return f"cluster.{key}", value, f"a finite number above 0, or {_OPTIONAL[key]}"
+    elif key in _LATENCIES:
+        if not (_finite(value) and value >= 0):
+            return f"cluster.{key}", value, "a finite number of microseconds >= 0"
+    elif not (_finite(value) and value > 0):
+        return f"cluster.{key}", value, "a finite number above 0"
+    return None
+
+
+def _launcher_env_problem(env: Any) -> Optional[Tuple[str, Any, str]]:
+    if not isinstance(env, dict):
+        return ("cluster.launcher_env", env, "a mapping of environment variable names to "
+                "values (NCCL_DEBUG: WARN), or {} for none")
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            return ("cluster.launcher_env", name, "environment variable names as its keys: "
+                    "[A-Za-z_][A-Za-z0-9_]* (letters, digits and _, not starting with a digit)")
+        if isinstance(value, bool):
+            return (f"cluster.launcher_env.{name}", value, "a string or a number (quote "
+                    "true/false/yes/no/on/off: YAML reads them as booleans)")
+        if not (_finite(value) or isinstance(value, str)):
+            return (f"cluster.launcher_env.{name}", value, "a string or a number (finite), "
+                    "not a list, a mapping or null")
+        text = str(value)
+        if not text.isprintable() or any(s in text for s in _ENV_UNSAFE):
+            return (f"cluster.launcher_env.{name}", value, "a value with no newline or other "
+                    "control character and none of \" \\ ` $( (the sbatch script writes it as "
+                    'export KEY="value")')
+    return None
 
 
 @dataclass(frozen=True)
@@ -59,25 +132,14 @@ class ClusterSpec:
     framework: str = "deepspeed"
 
     def __post_init__(self):
-        if self.framework not in FRAMEWORKS:
-            raise ConfigError("cluster.framework", self.framework, f"one of {', '.join(FRAMEWORKS)}",
-                              "fix the cluster YAML file or --framework")
-        for name in ("gpu_memory_gb", "peak_tflops", "intra_node_gbps", "inter_node_gbps",
-                     "hbm_gbps", "intra_bus_eff", "inter_bus_eff"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"cluster.{name}", getattr(self, name), "a positive number",
-                                  "fix the cluster YAML file")
-        if self.fp8_tflops is not None and not self.fp8_tflops > 0:
-            raise ConfigError("cluster.fp8_tflops", self.fp8_tflops,
-                              "a positive number, or null where the device has no FP8",
-                              "fix the cluster YAML file")
-        for name in ("intra_latency_us", "inter_latency_us"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"cluster.{name}", getattr(self, name), "microseconds >= 0",
-                                  "fix the cluster YAML file")
-        if self.gpus_per_node < 1:
-            raise ConfigError("cluster.gpus_per_node", self.gpus_per_node, "a positive integer",
-                              "fix the cluster YAML file")
+        # every spec, a preset's, a file's (spec_from_dict names the file first) or one that
+        # dataclasses.replace made, holds values the planner and the sbatch script can use
+        for f in dataclasses.fields(self):
+            problem = _field_problem(f.name, getattr(self, f.name))
+            if problem:
+                hint = ("fix the cluster YAML file or --framework" if f.name == "framework"
+                        else "fix the cluster YAML file")
+                raise ConfigError(*problem, hint)
 
     def matmul_tflops(self, precision: str) -> float:
         if precision == "fp32":
@@ -180,8 +242,8 @@ def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
     known = {f.name for f in dataclasses.fields(ClusterSpec)}
     unknown = sorted(set(raw) - known - {"constants", "fitted"})
     if unknown:
-        raise ConfigError(f"cluster.{unknown[0]}", raw[unknown[0]],
-                          f"a known cluster key ({', '.join(sorted(known | {'base', 'constants'}))})",
+        keys = ", ".join(sorted(known | {"base", "constants"}))
+        raise ConfigError(f"cluster.{unknown[0]}", raw[unknown[0]], f"a known cluster key ({keys})",
                           f"remove or rename it in {source}")
     missing = [k for k in ("gpu_memory_gb", "peak_tflops", "gpus_per_node", "intra_node_gbps",
                            "inter_node_gbps") if k not in raw]
@@ -189,11 +251,12 @@ def spec_from_dict(raw: Dict[str, Any], source: str) -> ClusterSpec:
         raise ConfigError(f"cluster.{missing[0]}", None, "a value", f"add it to {source}")
     values = {k: v for k, v in raw.items() if k in known}
     values.setdefault("name", source)
+    if values.get("launcher_env") is None:
+        values["launcher_env"] = {}
     for key, value in values.items():
-        optional = key in ("pair_gbps", "fp32_tflops", "fp8_tflops")
-        if key in ("name", "launcher_env", "framework") or (value is None and optional):
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"cluster.{key}", value, "a number", f"fix {source}")
-    values["launcher_env"] = {str(k): str(v) for k, v in (values.get("launcher_env") or {}).items()}
+        problem = _field_problem(key, value)
+        if problem:
+            raise ConfigError(*problem, f"fix it in {source}")
+    values["launcher_env"] = {k: str(v) for k, v in values["launcher_env"].items()}
     return ClusterSpec(**values)
+
