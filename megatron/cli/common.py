@@ -20,10 +20,11 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_BAD_NODE = 5       # this rank's node failed its health check (launch/health.py)
 
 
-def count(least: int = 1) -> Callable[[str], int]:
-    """An argparse `type` for a count flag: an integer of at least `least`. Anything else is
-    argparse's one-line error naming the flag and the value, exit 2 ("argument --top: 0 is
-    invalid: expected an integer >= 1")."""
+def count(least: int = 1, most: int = 2 ** 40) -> Callable[[str], int]:
+    """An argparse `type` for a count flag: an integer from `least` to `most` (by default past
+    any real count, short of where sums overflow a float). Anything else is argparse's one-line
+    error naming the flag and the value, exit 2 ("argument --top: 0 is invalid: expected an
+    integer >= 1")."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -32,6 +33,9 @@ def count(least: int = 1) -> Callable[[str], int]:
         if value is None or value < least:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected an integer >= "
                                              f"{least}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected an integer from "
+                                             f"{least} to {most:,}")
         return value
     parse.__name__ = f"integer >= {least}"
     return parse

@@ -8,9 +8,15 @@ from typing import List, Optional
 
 from megatron.cli.common import count, entry_point, positive_seconds
 from megatron.config import schedules, variants
+from megatron.config.sections.model import MODEL_LIMITS
 from megatron.planner.grad_dtype import GRAD_DTYPES
 from megatron.planner.hardware import FP8_PRESET_NAMES, PRESET_NAMES
 from megatron.planner.overlap import FRAMEWORKS
+
+# Beyond any cluster (about a million devices) and any global batch published; the search's
+# divisor loops and the time model's sums stay fast and finite below them.
+MAX_NODES = 2 ** 17
+MAX_BATCH = 2 ** 30
 
 EXAMPLES = """\
 examples:
@@ -57,9 +63,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    "and for memory and scaling its layout")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a field of --config (repeatable)")
-    g.add_argument("--global-batch", type=count(1),
+    g.add_argument("--global-batch", type=count(1, MAX_BATCH),
                    help="sequences per step (default: the config's, or 1280 for presets)")
-    g.add_argument("--seq-length", type=count(1), help="sequence length (default 2048 for presets)")
+    g.add_argument("--seq-length", type=count(1, MODEL_LIMITS["seq_length"]),
+                   help="sequence length (default 2048 for presets)")
     g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
                    help="default: the config's, or bf16 for presets")
     g.add_argument("--grad-dtype", choices=GRAD_DTYPES,
@@ -102,7 +109,8 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
                    "\"Overlap by framework\"), each offered and accepted only with the "
                    "pipeline schedules and context parallelism it runs")
     if nodes:
-        g.add_argument("--nodes", type=count(1), default=1, help="node count (default 1)")
+        g.add_argument("--nodes", type=count(1, MAX_NODES), default=1,
+                       help="node count (default 1)")
 
 
 def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
@@ -261,7 +269,7 @@ def _add_longest(sub, fmt) -> None:
                         "allgather, hybrid)")
     g.add_argument("--memory-fraction", type=float, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
-    g.add_argument("--step", type=count(1), default=1024,
+    g.add_argument("--step", type=count(1, MODEL_LIMITS["seq_length"]), default=1024,
                    help="lengths tried are multiples of this (default 1024)")
     g.add_argument("--top", type=count(1), default=5, help="fitting layouts to print (default 5)")
 
@@ -274,7 +282,7 @@ def _add_scaling(sub, fmt) -> None:
     _layout_args(g)
     g.add_argument("--nodes", required=True, help="node counts, e.g. 16,32,64,128")
     g.add_argument("--mode", choices=("weak", "strong", "both"), default="both")
-    g.add_argument("--plot", help="write a PNG plot here")
+    g.add_argument("--plot", help="write a plot here: a file ending in .png, .pdf or .svg")
     g.add_argument("--best", action="store_true",
                    help="use the best layout found at the smallest node count (no layout "
                         "flags beside it)")
@@ -306,9 +314,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     # the long flags the command line gave (plan_commands: what search says it left out)
     args.given_flags = list(dict.fromkeys(a.split("=")[0] for a in (
         sys.argv[1:] if argv is None else argv) if a.startswith("--")))
-    if not args.command:
-        parser.print_help()
-        return 2
+    if not args.command:  # the usage and one error line on stderr, as any other refusal
+        parser.error("name a command: search, memory, longest, scaling or calibrate "
+                     "(megatron-plan --help says what each does)")
     level = logging.INFO if args.verbose or args.command == "calibrate" else logging.WARNING
     logging.basicConfig(level=level, format="megatron-plan: %(message)s")
     from megatron.cli import plan_commands  # after parsing: --help stays instant

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Optional
 
+from megatron.cli.plan import MAX_NODES
 from megatron.cli.plan_args import (layout_from_args, layout_overrides, load_job, load_space,
                                     overridden_flags, profile_from_args)
 from megatron.config import Config, schedules
@@ -23,6 +24,40 @@ from megatron.planner.timing import step_time
 def _check_nodes(nodes: int) -> None:
     if nodes < 1:
         raise ConfigError("--nodes", nodes, "a positive integer")
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def _check_outputs(*flags_and_paths) -> None:
+    """Each (flag, path) the command will write, before any work or output: a file in a folder
+    that exists and can be written, not a folder, and no two flags on one file (the second
+    would overwrite the first)."""
+    seen = {}
+    for flag, path in flags_and_paths:
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise ConfigError(flag, path, "a file to write, not a folder",
+                              f"name a file in it, e.g. {os.path.join(path, 'out')}")
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(flag, path, f"a file in a folder that exists and can be written "
+                              f"({folder} does not or cannot)", "create the folder or pick "
+                              "another path")
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ConfigError(flag, path, f"another file than {seen[real]}'s (the second would "
+                              "overwrite the first)", "give each its own path")
+        seen[real] = flag
+
+
+def _check_plot(path: str) -> None:
+    if path and os.path.splitext(path)[1].lower() not in PLOT_FORMATS:
+        raise ConfigError("--plot", path, f"a file ending in {', '.join(PLOT_FORMATS)} (the "
+                          "format is taken from it)", "add the extension, e.g. "
+                          f"{os.path.splitext(path)[0]}.png")
+    _check_outputs(("--plot", path))
 
 
 def _describe(job: Job, prof: Profile, nodes: int) -> str:
@@ -58,6 +93,7 @@ def cmd_search(args) -> int:
     if job.fp8 and (args.out_config or args.out_sbatch):
         raise InputError("--out-config/--out-sbatch with --fp8: this trainer has no FP8, so no "
                          "config of it runs the priced layout; search without --fp8 to write one")
+    _check_outputs(("--out-config", args.out_config), ("--out-sbatch", args.out_sbatch))
     result = search(job, args.nodes, prof, load_space(args))
     if not result.ranked:  # its one message alone
         raise InputError(result.explain_empty())
@@ -226,9 +262,11 @@ def cmd_scaling(args) -> int:
     job, cfg, preset = load_job(args)
     prof = profile_from_args(args, cfg)
     cfg = None if preset else cfg
+    _check_plot(args.plot)
     nodes = ints("--nodes", args.nodes)
-    if min(nodes) < 1:
-        raise ConfigError("--nodes", args.nodes, "positive node counts, e.g. 16,32,64")
+    if min(nodes) < 1 or max(nodes) > MAX_NODES:
+        raise ConfigError("--nodes", args.nodes, f"node counts from 1 to {MAX_NODES:,}, e.g. "
+                          "16,32,64")
     smallest = min(nodes)
     if args.best:
         names = {name for name, value in layout_overrides(args).items() if value is not None}
@@ -281,14 +319,14 @@ def cmd_longest(args) -> int:
     space = dataclasses.replace(longest.LEAST_MEMORY, cp=given.cp, cp_algos=given.cp_algos,
                                 memory_fraction=given.memory_fraction)
     result = longest.longest_sequence(job, args.nodes, prof, space, args.step)
+    if not result.seq:  # its one message alone
+        raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "
+                         "add nodes")
     print(_describe(job, prof, args.nodes))
     print("searched: micro-batch 1, full recompute, FlashAttention, ZeRO 1-3, SP on and off, "
           f"{', '.join(space.schedules)}, context parallel {args.cp_values} "
           f"({', '.join(space.cp_algos)}); lengths in "
           f"multiples of {args.step}")
-    if not result.seq:
-        raise InputError(f"no layout of {args.nodes} node(s) fits even {args.step} tokens: "
-                         "add nodes")
     best = result.ranked[0]
     cap = (f" ({result.first_fail} does not)" if result.first_fail
            else " (the largest length tried)")

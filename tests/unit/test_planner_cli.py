@@ -373,3 +373,68 @@ def test_scaling_says_how_sure_it_is_about_memory_and_scale(capsys):
     assert main([*args[:-1], "2", "--nodes", "1,2", "--mode", "weak"]) == 0
     out = capsys.readouterr().out
     assert "of device memory" not in out and "note on memory" not in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    # past any real count, where sums overflowed a float or the search ran for hours
+    (("memory", "--model", "175b", *F, "--seq-length", "1" + "0" * 30),
+     "--seq-length: '1" + "0" * 30 + "' is invalid: expected an integer from 1 to 1,073,741,824"),
+    (("search", "--model", "175b", *F, "--global-batch", str(10 ** 14)), "--global-batch"),
+    (("search", "--model", "175b", *F, "--nodes", str(10 ** 7)), "from 1 to 131,072"),
+    (("longest", "--model", "175b", *F, "--step", str(2 ** 31)), "--step"),
+])
+def test_counts_past_any_real_one_are_refused_by_argparse(capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and needle in err and not out, err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("scaling", "--model", "175b", *F, "--nodes", f"16,{10 ** 8}"),
+     "node counts from 1 to 131,072"),
+    (("memory", "--config", "examples/local/tiny.yaml", "--set",
+      f"model.num_layers={10 ** 12}", "--cluster", "a100"),
+     "model.num_layers=1000000000000 is invalid: expected at most 100,000"),
+])
+def test_sizes_past_any_real_one_are_one_clear_line(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and needle in err and not out, err
+
+
+def test_the_largest_counts_accepted_are_priced_in_seconds(capsys):
+    """At the bounds the commands still answer (a million devices, a 2^30-token sequence)."""
+    code, out, _ = run(capsys, "scaling", "--model", "gpt3-125m", "--cluster", "a100",
+                       "--nodes", "1,131072", "--global-batch", "1048576", "--seq-length",
+                       str(2 ** 30))
+    assert code == 0 and "131072" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}/x.yaml",
+      "--out-sbatch", "{tmp}/x.yaml"), "--out-sbatch='{tmp}/x.yaml' is invalid: expected "
+                                       "another file than --out-config's"),
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}"),
+     "a file to write, not a folder"),
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-sbatch", "{tmp}/no/x.sh"),
+     "a file in a folder that exists and can be written"),
+    (("scaling", "--model", "gpt3-125m", "--cluster", "a100", "--nodes", "1,2", "--plot",
+      "{tmp}/p.txt"), "a file ending in .png, .pdf, .svg"),
+    (("scaling", "--model", "gpt3-125m", "--cluster", "a100", "--nodes", "1,2", "--plot",
+      "{tmp}/p"), "add the extension, e.g. {tmp}/p.png"),
+    (("longest", "--model", "1t", "--cluster", "a100"), "no layout of 1 node(s) fits"),
+])
+def test_outputs_and_empty_results_are_refused_before_anything_is_printed(capsys, tmp_path,
+                                                                          argv, needle):
+    """An output that cannot be written is found before the search, not after its table (and
+    matplotlib's traceback for a .txt plot); nothing is printed before a refusal."""
+    code, out, err = run(capsys, *(a.format(tmp=tmp_path) for a in argv))
+    assert code == 2 and needle.format(tmp=tmp_path) in err and not out, (out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_command_is_a_refusal_on_stderr(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and not out and "error: name a command: search, memory" in err

@@ -34,6 +34,12 @@ def positive(section: str, name: str, value, allow_zero: bool = False) -> None:
                           "a non-negative number" if allow_zero else "a positive number")
 
 
+def at_most(section: str, name: str, value, most) -> None:
+    if value > most:
+        raise ConfigError(f"{section}.{name}", value, f"at most {most:,} (beyond any model this "
+                          "framework can build or price)")
+
+
 def finite(section: str, obj) -> None:
     """Every float field of a section is finite. YAML reads .inf and .nan (and 1e999 overflows
     to inf); each later range check would compare false or true without a word."""

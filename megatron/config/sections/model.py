@@ -10,8 +10,15 @@ from typing import Optional
 
 from megatron.config import variants
 from megatron.config.errors import ConfigError
-from megatron.config.sections.checks import check_choices, finite, fraction, positive, registry
+from megatron.config.sections.checks import (at_most, check_choices, finite, fraction,
+                                             positive, registry)
 from megatron.config.sections.moe import MoEConfig
+
+# Beyond any model trained or planned (the deepest published ones have about 100-200 layers,
+# the longest contexts 10M tokens), and below where the planner's per-layer lists and sums
+# run out of memory or overflow a float (10^12 layers, 10^25 tokens).
+MODEL_LIMITS = {"num_layers": 100_000, "seq_length": 2 ** 30, "hidden_size": 2 ** 20,
+                "num_attention_heads": 2 ** 16, "vocab_size": 2 ** 26}
 
 
 def _variant(kind: str):
@@ -77,6 +84,8 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "vocab_size", "make_vocab_size_divisible_by"):
             positive(s, name, getattr(self, name))
+        for name, most in MODEL_LIMITS.items():
+            at_most(s, name, getattr(self, name), most)
         check_choices(s, self)
         fraction(s, "hidden_dropout", self.hidden_dropout)
         fraction(s, "attention_dropout", self.attention_dropout)
