@@ -43,7 +43,7 @@ from typing import Optional
 from megatron.config import ModelConfig
 from megatron.config.errors import InputError
 from megatron.planner import activations as act
-from megatron.planner.hardware import ClusterSpec
+from megatron.planner.hardware import ClusterSpec, FP8_PRESET_NAMES
 from megatron.planner.layout import Job, Layout
 
 # bytes a cast moves per element: the 16-bit tensor read, its FP8 copy and FP8 transpose written
@@ -70,7 +70,7 @@ def cluster_problem(spec: ClusterSpec) -> Optional[str]:
     """Why FP8 matrix multiplies cannot be priced on this cluster, or None."""
     if spec.fp8_tflops is None:
         return (f"--fp8 on cluster {spec.name}: its devices have no FP8 matrix units (FP8: "
-                "h100, h200, gh200, mi300x); drop --fp8, or give the cluster YAML fp8_tflops")
+                f"{FP8_PRESET_NAMES}); drop --fp8, or give the cluster YAML fp8_tflops")
     return None
 
 

@@ -80,6 +80,9 @@ class SearchResult:
     # layouts of the space left out because the engine (--framework) does not run them, by
     # what it does not run (enumerate_layouts' `unrunnable`)
     unrunnable: Counter = field(default_factory=Counter)
+    # combinations of the space that make no layout of `world` devices at all, by why
+    # (enumerate_layouts' `skipped`): what an empty search says when nothing was enumerated
+    skipped: Counter = field(default_factory=Counter)
     framework: str = "deepspeed"
     memory_fraction: float = 1.0  # the share of device memory a layout may reserve
 
@@ -100,6 +103,13 @@ class SearchResult:
     def explain_empty(self) -> str:
         if not self.enumerated and self.unrunnable:
             return unrunnable_message(self.world, self.framework, self.unrunnable)
+        if not self.enumerated and self.skipped:
+            why = "; ".join(f"{reason} ({n}x)" if n > 1 else reason
+                            for reason, n in self.skipped.most_common(3))
+            return (f"no combination of the search space is a layout of {self.world} devices "
+                    f"for this model and batch: {why}; widen --tp-values, --pp-values, "
+                    "--micro-batches, --cp-values or --ep-values to sizes that divide, or "
+                    "change --global-batch or --nodes")
         reasons = ", ".join(f"{n} {why}" for why, n in self.rejected.most_common(3))
         share = (f", or raise --memory-fraction (now {self.memory_fraction:g})"
                  if self.rejected[_over_memory(self.memory_fraction)] and
@@ -107,6 +117,10 @@ class SearchResult:
         return (f"no layout of {self.world} devices fits this model and batch "
                 f"({self.enumerated} enumerated: {reasons or 'none valid'}); add nodes, lower "
                 f"the micro-batch or allow recompute and ZeRO{share}")
+
+
+def _listed(values) -> str:
+    return ",".join(map(str, values)) if values is not None else "the default sizes"
 
 
 def _over_memory(fraction: float) -> str:
@@ -144,14 +158,18 @@ def _divisors(n: int) -> List[int]:
 
 def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpace,
                       framework: str = "deepspeed",
-                      unrunnable: Optional[Counter] = None) -> Iterator[Layout]:
+                      unrunnable: Optional[Counter] = None,
+                      skipped: Optional[Counter] = None) -> Iterator[Layout]:
     """The layouts of `world` devices the space allows and the engine `framework` can run
     (memory.engine_problem, layout.engine_run_problem); those it cannot, counted in
-    `unrunnable` by what it does not run, where given."""
+    `unrunnable` by what it does not run, and the combinations that make no layout, in
+    `skipped` by why, where given."""
+    skipped = skipped if skipped is not None else Counter()
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
     for tp in tps:
         if world % tp:
+            skipped[f"TP {tp} does not divide the {world} devices"] += 1
             continue
         pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
                            (space.uneven_pp or job.model.num_layers % p == 0 or
@@ -161,10 +179,16 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
                                 for v in space.interleave))]
         for pp in pps:
             if (world // tp) % pp:
+                skipped[f"PP {pp} does not divide the {world // tp} devices TP {tp} "
+                        "leaves"] += 1
                 continue
-            for cp in _cp_degrees(job, tp, world // (tp * pp), space):
+            degrees = _cp_degrees(job, tp, world // (tp * pp), space)
+            if not degrees:
+                skipped[f"no context-parallel degree of {_listed(space.cp)} divides the "
+                        f"{world // (tp * pp)} devices TP {tp} x PP {pp} leave"] += 1
+            for cp in degrees:
                 yield from _inner_layouts(job, tp, pp, world // (tp * pp * cp), space, cp,
-                                          framework, unrunnable)
+                                          framework, unrunnable, skipped)
 
 
 Ends = Tuple[Optional[int], Optional[int]]
@@ -300,10 +324,18 @@ def _group(schedule: str, pp: int, v: int, micro_batches: int) -> int:
 
 def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    cp: int = 1, framework: str = "deepspeed",
-                   unrunnable: Optional[Counter] = None) -> Iterator[Layout]:
+                   unrunnable: Optional[Counter] = None,
+                   skipped: Optional[Counter] = None) -> Iterator[Layout]:
     left_out = unrunnable if unrunnable is not None else Counter()
+    skipped = skipped if skipped is not None else Counter()
+    eps = _ep_sizes(job, dp, space)
+    if not eps:
+        skipped[f"no expert-parallel size of {_listed(space.ep)} divides DP {dp} and the "
+                f"{job.model.moe.num_experts} experts"] += 1
     for mb in space.micro_batch:
         if job.global_batch % (mb * dp):
+            skipped[f"the global batch {job.global_batch} is not a multiple of micro-batch "
+                    f"{mb} x DP {dp}"] += 1
             continue
         ga = job.global_batch // (mb * dp)
         # every combination of the other axes, the same for each ZeRO stage
@@ -312,7 +344,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                   for sp in space.sequence_parallel if not (sp and tp == 1)
                   for schedule, v in _schedule_variants(pp, cp, space)
                   for ends in _stage_splits(job, pp, v, space)
-                  for ep in _ep_sizes(job, dp, space)
+                  for ep in eps
                   for algo, u in _cp_variants(cp, space)]
         for zero in space.zero:
             # what the engine refuses of the ZeRO stage drops every layout at it
@@ -370,7 +402,7 @@ def search(job: Job, nodes: int, prof: Profile,
     result = SearchResult(job, nodes, world, [], framework=prof.spec.framework,
                           memory_fraction=space.memory_fraction)
     for lay in enumerate_layouts(job, world, prof.spec.gpus_per_node, space,
-                                 prof.spec.framework, result.unrunnable):
+                                 prof.spec.framework, result.unrunnable, result.skipped):
         result.enumerated += 1
         problem = layout_problem(job, lay, prof.spec.framework)
         if problem:

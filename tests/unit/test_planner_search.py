@@ -493,3 +493,19 @@ def test_search_groups_micro_batches_the_stages_do_not_divide(tmp_path):
     cfg = emit.layout_config(load_config(None), job, lay)
     assert cfg.parallel.pipeline_microbatch_group == 12
     assert validate_for_world(cfg, 64) == 1
+
+
+@pytest.mark.parametrize("space, needle", [
+    (dict(tp=(3,)), "TP 3 does not divide the 8 devices"),
+    (dict(pp=(5,)), "PP 5 does not divide the 8 devices TP 1 leaves"),
+    (dict(micro_batch=(999,)), "the global batch 64 is not a multiple of micro-batch 999 x DP 1"),
+    (dict(cp=(3,)), "no context-parallel degree of 3 divides the 8 devices TP 1 x PP 1 leave"),
+])
+def test_a_space_that_makes_no_layout_says_why_and_which_flags(space, needle):
+    """A search whose every combination is no layout of the devices names the sizes that do
+    not divide, instead of "0 enumerated: none valid; add nodes"."""
+    job = Job(preset_model("gpt3-350m"), 64, "bf16")
+    result = search(job, 1, load_profile("a100"), SearchSpace(**space))
+    assert result.enumerated == 0 and not result.ranked
+    message = result.explain_empty()
+    assert needle in message and "widen --tp-values, --pp-values, --micro-batches" in message
