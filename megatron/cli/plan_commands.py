@@ -38,6 +38,10 @@ def _check_outputs(*flags_and_paths) -> None:
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))
+        if not path.isprintable():
+            raise ConfigError(flag, path, "a path of printable characters (no newline or tab: "
+                              "the sbatch script names the files in its comments)",
+                              "rename the path")
         if os.path.isdir(path):
             raise ConfigError(flag, path, "a file to write, not a folder",
                               f"name a file in it, e.g. {os.path.join(path, 'out')}")

@@ -215,7 +215,7 @@ def parse_overrides(overrides: Iterable[str]) -> Dict[str, Dict[str, Any]]:
 
 def _read_yaml(path: str) -> Dict[str, Any]:
     try:
-        raw = strict_yaml.load_file(path) or {}
+        raw = strict_yaml.load_file(path, "config file") or {}
     except FileNotFoundError:
         raise InputError(f"config file {path!r} does not exist; pass an existing YAML file to "
                          f"--config (see examples/local/tiny.yaml)") from None

@@ -39,18 +39,19 @@ def safe_load(stream) -> Any:
     return yaml.load(_text(stream), Loader=_StrictLoader)
 
 
-def load_file(path: str) -> Any:
+def load_file(path: str, what: str = "the YAML file") -> Any:
     """safe_load of the file at `path`. A missing file raises FileNotFoundError, which each
-    caller words for its flag; any other file that cannot be opened raises InputError."""
+    caller words for its flag; any other file that cannot be opened raises InputError naming
+    it as `what` (the flag or file kind: "--cluster", "config file")."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         raise
     except IsADirectoryError:
-        raise InputError(f"{path!r} is a directory, not a YAML file; pass the path of a "
-                         "file") from None
+        raise InputError(f"{what} {path!r} is a directory, not a YAML file; pass the path of "
+                         "a file") from None
     except OSError as e:
-        raise InputError(f"{_shown(path)} cannot be opened: {e.strerror or e}; "
+        raise InputError(f"{what} {_shown(path)} cannot be opened: {e.strerror or e}; "
                          f"{_OPEN_FIX.get(e.errno, 'check the path')}") from None
     with f:
         return safe_load(f)

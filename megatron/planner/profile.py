@@ -282,7 +282,7 @@ def load_profile(name_or_path: str) -> Profile:
         key = name_or_path.lower()
         return Profile(PRESETS[key], PRESET_CONSTANTS.get(key, Constants()))
     try:
-        raw = strict_yaml.load_file(name_or_path)
+        raw = strict_yaml.load_file(name_or_path, "--cluster")
     except FileNotFoundError:
         raise InputError(f"--cluster {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
                          "nor an existing YAML file; pass a preset name or a cluster file "

@@ -423,6 +423,8 @@ def test_the_largest_counts_accepted_are_priced_in_seconds(capsys):
     (("scaling", "--model", "gpt3-125m", "--cluster", "a100", "--nodes", "1,2", "--plot",
       "{tmp}/p"), "add the extension, e.g. {tmp}/p.png"),
     (("longest", "--model", "1t", "--cluster", "a100"), "no layout of 1 node(s) fits"),
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}/a\nb.yaml",
+      "--out-sbatch", "{tmp}/b.sh"), "a path of printable characters"),
 ])
 def test_outputs_and_empty_results_are_refused_before_anything_is_printed(capsys, tmp_path,
                                                                           argv, needle):

@@ -198,8 +198,15 @@ def test_a_utf8_file_with_a_byte_order_mark_or_accents_is_read(capsys, tmp_path)
 def test_load_file_names_a_directory(tmp_path):
     with pytest.raises(InputError) as e:
         strict_yaml.load_file(str(tmp_path))
-    assert str(e.value) == (f"{str(tmp_path)!r} is a directory, not a YAML file; pass the path "
-                            f"of a file")
+    assert str(e.value) == (f"the YAML file {str(tmp_path)!r} is a directory, not a YAML file; "
+                            "pass the path of a file")
+
+
+def test_a_directory_given_as_cluster_or_config_names_the_flag(capsys, tmp_path):
+    code, out, err = run(capsys, "memory", "--model", "gpt3-1.3b", "--cluster", str(tmp_path))
+    assert code == 2 and not out and f"--cluster {str(tmp_path)!r} is a directory" in err
+    code, out, err = run(capsys, "memory", "--config", str(tmp_path), "--cluster", "a100")
+    assert code == 2 and not out and f"config file {str(tmp_path)!r} is a directory" in err
 
 
 def test_load_file_names_a_name_too_long(tmp_path):
@@ -207,7 +214,7 @@ def test_load_file_names_a_name_too_long(tmp_path):
     with pytest.raises(InputError) as e:
         strict_yaml.load_file(path)
     message = str(e.value)
-    assert message.startswith(repr(path[:60])[:-1] + "...' (")
+    assert message.startswith("the YAML file " + repr(path[:60])[:-1] + "...' (")
     assert f"{len(path)} characters) cannot be opened: File name too long" in message
 
 
