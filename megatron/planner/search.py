@@ -12,7 +12,7 @@ from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
 from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
-from megatron.planner.overlap import DEEPSPEED, Refusal
+from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
 from megatron.planner.problem import problem_key
 from megatron.planner.profile import Profile
 from megatron.planner.timing import TimeEstimate, step_time
@@ -281,19 +281,23 @@ def _cp_variants(cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
     return out
 
 
-def _ep_sizes(job: Job, dp: int, space: SearchSpace) -> List[int]:
-    """Expert-parallel sizes to try: the space's, else every divisor of num_experts dividing
-    DP (1 for a dense model, which refuses a space of expert-parallel sizes without 1 rather
-    than search other sizes than asked)."""
+def _ep_sizes(job: Job, tp: int, dp: int, cp: int, space: SearchSpace,
+              framework: str = "deepspeed") -> List[int]:
+    """Expert-parallel sizes to try: the space's, else every divisor of num_experts that
+    divides the ranks EP is folded from (experts.expert_dp: a stage's tp x dp x cp here, with
+    tensor-parallel ranks first; dp x cp under engines that split experts over TP), so EP may
+    exceed DP here. 1 for a dense model, which refuses a space of expert-parallel sizes
+    without 1 rather than search other sizes than asked."""
     if not job.model.moe.num_experts:
         if space.ep is not None and 1 not in space.ep:
             raise ConfigError("--ep-values", ",".join(map(str, space.ep)),
                               "1 for a dense model (model.moe.num_experts is 0: no experts to "
                               "split)", "leave --ep-values out, or plan a model with experts")
         return [1]
-    if space.ep is not None:
-        return [e for e in space.ep if dp % e == 0 and job.model.moe.num_experts % e == 0]
-    return [e for e in _divisors(job.model.moe.num_experts) if dp % e == 0]
+    ov = OVERLAP.get(framework)
+    ranks = dp * cp * (1 if ov is not None and ov.expert_tp else tp)
+    sizes = space.ep if space.ep is not None else _divisors(job.model.moe.num_experts)
+    return [e for e in sizes if ranks % e == 0 and job.model.moe.num_experts % e == 0]
 
 
 def _schedule_variants(pp: int, cp: int, space: SearchSpace) -> List[Tuple[str, int]]:
@@ -328,10 +332,11 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                    skipped: Optional[Counter] = None) -> Iterator[Layout]:
     left_out = unrunnable if unrunnable is not None else Counter()
     skipped = skipped if skipped is not None else Counter()
-    eps = _ep_sizes(job, dp, space)
+    eps = _ep_sizes(job, tp, dp, cp, space, framework)
     if not eps:
-        skipped[f"no expert-parallel size of {_listed(space.ep)} divides DP {dp} and the "
-                f"{job.model.moe.num_experts} experts"] += 1
+        skipped[f"no expert-parallel size of {_listed(space.ep)} divides the ranks TP {tp} x "
+                f"DP {dp} x CP {cp} fold it from and the {job.model.moe.num_experts} "
+                "experts"] += 1
     for mb in space.micro_batch:
         if job.global_batch % (mb * dp):
             skipped[f"the global batch {job.global_batch} is not a multiple of micro-batch "

@@ -101,6 +101,20 @@ def test_search_tries_the_expert_parallel_sizes_and_memory_falls_with_ep():
     assert peaks == sorted(peaks, reverse=True)
 
 
+def test_search_offers_ep_beyond_dp_where_the_trainer_folds_tp_ranks_in():
+    """TP 2 x DP 4 on 8 devices: this trainer's EP takes tensor-parallel ranks first, so EP 8
+    is a layout it runs (and the planner prices, experts.expert_dp); Megatron Core carves EP
+    out of DP and gets 1, 2 and 4 only."""
+    prof = load_profile("h100")
+    space = SearchSpace(tp=(2,), pp=(1,), micro_batch=(1,), zero=(1,), recompute=("none",),
+                        flash=(True,), sequence_parallel=(True,), ep=None)
+    result = search(JOB, 1, prof, space)
+    assert sorted(c.layout.ep for c in result.ranked) == [1, 2, 4, 8]
+    core = dataclasses.replace(prof, spec=dataclasses.replace(prof.spec,
+                                                              framework="megatron-core"))
+    assert sorted(c.layout.ep for c in search(JOB, 1, core, space).ranked) == [1, 2, 4]
+
+
 def test_the_cli_prices_ep(capsys):
     from megatron.cli.plan import main
     sets = ["--set", "model.moe.num_experts=8", "--set", "model.moe.top_k=2", "--set",
