@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
-from megatron.cli.common import count, entry_point
+from megatron.cli.common import count, entry_point, integer
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,
                                      read_env_file, settings, submit_next, _where)
 
@@ -39,7 +39,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         if name == "end":
             c.add_argument("--start-step", type=count(0), required=True,
                            help="the step printed by begin")
-            c.add_argument("--exit-status", type=int, required=True,
+            c.add_argument("--exit-status", type=integer, required=True,
                            help="the training step's exit status (for the log)")
             c.add_argument("--submit-env", required=True,
                            help="`env -0` of the job before env.sh was sourced")

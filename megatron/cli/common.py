@@ -27,7 +27,7 @@ def count(least: int = 1, most: int = 2 ** 40) -> Callable[[str], int]:
     integer >= 1")."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(text) if text.isascii() else None  # int() takes '٣', '३' too
         except ValueError:
             value = None
         if value is None or value < least:
@@ -41,12 +41,27 @@ def count(least: int = 1, most: int = 2 ** 40) -> Callable[[str], int]:
     return parse
 
 
+def integer(text: str) -> int:
+    """An argparse `type` for a whole number in ASCII digits: int() alone also takes other
+    scripts' digits ('٣' is 3), which no command line means."""
+    if not text.isascii():
+        raise ValueError(text)
+    return int(text)
+
+
+def number(text: str) -> float:
+    """An argparse `type` for a number in ASCII digits (float() alone takes '٣' too)."""
+    if not text.isascii():
+        raise ValueError(text)
+    return float(text)
+
+
 def seconds(zero: bool = False) -> Callable[[str], float]:
     """An argparse `type` for a duration flag: a finite number of seconds above 0 (or at least
     0 where `zero` means something, as a progress interval's "every update")."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = float(text) if text.isascii() else float("nan")
         except ValueError:
             value = float("nan")
         if not (0 <= value if zero else 0 < value) or value == float("inf"):

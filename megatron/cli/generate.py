@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from megatron.cli.common import entry_point, setup_logging
+from megatron.cli.common import entry_point, integer, number, setup_logging
 from megatron.config.errors import InputError
 
 log = logging.getLogger("megatron.generate")
@@ -26,13 +26,13 @@ def parse_args(argv=None):
     p.add_argument("--prompt", default="", help="text to continue (default: start of a "
                    "document); a prompt longer than model.seq_length tokens is cut to its last "
                    "seq_length tokens, with a note on stderr")
-    p.add_argument("--tokens", type=int, default=64, help="new tokens per sample (at least 1)")
-    p.add_argument("--samples", type=int, default=1, help="samples to draw (at least 1)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 picks the most likely "
+    p.add_argument("--tokens", type=integer, default=64, help="new tokens per sample (at least 1)")
+    p.add_argument("--samples", type=integer, default=1, help="samples to draw (at least 1)")
+    p.add_argument("--temperature", type=number, default=0.8, help="0 picks the most likely "
                    "token")
-    p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely tokens "
-                   "(0: all)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=integer, default=40,
+                   help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=integer, default=0)
     return p.parse_args(argv)
 
 

@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.cli.common import count, entry_point, positive_seconds
+from megatron.cli.common import count, entry_point, integer, number, positive_seconds
 from megatron.config import schedules, variants
 from megatron.config.sections.model import MODEL_LIMITS
 from megatron.planner.grad_dtype import GRAD_DTYPES
@@ -125,7 +125,7 @@ def _space_args(p: argparse.ArgumentParser, cp_default: str = "auto",
                    help="attention path: FlashAttention, the math path, or both")
     g.add_argument("--sequence-parallel", choices=("both", "on", "off"), default="both")
     g.add_argument("--max-tp", type=count(1), help="allow TP beyond one node (for comparison)")
-    g.add_argument("--memory-fraction", type=float, default=1.0,
+    g.add_argument("--memory-fraction", type=number, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
     g.add_argument("--schedules",
                    help="parallel.pipeline_schedule values tried where PP > 1, among "
@@ -166,7 +166,7 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=count(1))
     g.add_argument("--pp", type=count(1))
     g.add_argument("--micro-batch", type=count(1))
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
+    g.add_argument("--zero", type=integer, choices=(0, 1, 2, 3))
     g.add_argument("--recompute", choices=("none", "selective", "full"))
     g.add_argument("--flash", dest="flash", action="store_const", const=True, default=None,
                    help="the FlashAttention path")
@@ -249,10 +249,20 @@ def _add_calibrate(sub, fmt) -> None:
     c.add_argument("--timeout", type=positive_seconds, default=600,
                    help="seconds per trial (default 600)")
     c.add_argument("--run-root", default="runs/plan-trials", help="run directories of trials")
-    c.add_argument("--flash-backend", default=variants.AUTO,
+    c.add_argument("--flash-backend", default=variants.AUTO, type=_attention_core,
                    help="attention_backend for flash layouts (default auto: the model picks "
                         "the first core the device runs, flash on GPUs, sdpa on CPU)")
     c.add_argument("--fit-only", action="store_true", help="fit stored results, run nothing")
+
+
+def _attention_core(text: str) -> str:
+    """--flash-backend: a registered attention core (plugins' included: they load before the
+    command line is parsed) or auto, checked before anything is probed or run."""
+    known = variants.choices("attention")
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected one of "
+                                         f"{', '.join(known)}")
+    return text
 
 
 def _add_longest(sub, fmt) -> None:
@@ -267,7 +277,7 @@ def _add_longest(sub, fmt) -> None:
     g.add_argument("--cp-algos", default="all",
                    help="context-parallel algorithms to try (default all: ulysses, ring, "
                         "allgather, hybrid)")
-    g.add_argument("--memory-fraction", type=float, default=1.0,
+    g.add_argument("--memory-fraction", type=number, default=1.0,
                    help="share of device memory a layout may reserve (default 1.0)")
     g.add_argument("--step", type=count(1, MODEL_LIMITS["seq_length"]), default=1024,
                    help="lengths tried are multiples of this (default 1024)")

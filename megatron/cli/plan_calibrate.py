@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 from megatron.cli.plan_args import load_job, load_space
 from megatron.config.errors import ConfigError, InputError
@@ -37,6 +38,10 @@ def run_calibrate(args) -> int:
     if args.warmup >= args.steps:
         raise ConfigError("--warmup", args.warmup, f"fewer steps than --steps ({args.steps}): "
                           "the steps after the warm-up are the ones timed")
+    if args.fit_only and not os.path.isfile(args.results):
+        raise InputError(f"--fit-only fits the trials stored in --results, and there is no file "
+                         f"{args.results!r}: pass the results file of earlier trials, or drop "
+                         "--fit-only to run trials")
     job, _, _ = load_job(args)
     prof = base_profile(args)
     space = load_space(args)

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import List, Optional
 
-from megatron.cli.common import count, entry_point, seconds
+from megatron.cli.common import count, entry_point, integer, number, seconds
 
 EXAMPLES = """\
 examples:
@@ -77,10 +77,11 @@ def _encode_parser() -> argparse.ArgumentParser:
                    "tokenizer.json")
     p.add_argument("--vocab-file", help="GPT-2 vocab.json")
     p.add_argument("--merge-file", help="GPT-2 merges.txt")
-    p.add_argument("--vocab-size", type=int, help="vocabulary size of pre-tokenized data (null)")
+    p.add_argument("--vocab-size", type=integer,
+                   help="vocabulary size of pre-tokenized data (null)")
     p.add_argument("--append-eod", action="store_true", help="end each document with the "
                    "tokenizer's end-of-document token")
-    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    p.add_argument("--workers", type=integer, default=1, help="tokenizing processes (default 1)")
     p.add_argument("--log-interval", type=seconds(zero=True), default=1.0,
                    help="seconds between progress lines (0: a line at every update)")
     return p
@@ -112,7 +113,7 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=count(2), default=8000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="text keys of JSON lines")
-    p.add_argument("--character-coverage", type=float, default=1.0)
+    p.add_argument("--character-coverage", type=number, default=1.0)
     p.add_argument("--max-sentences", type=count(0), default=0, help="train on at most this many "
                    "lines (0: all)")
     return p

@@ -126,8 +126,14 @@ def layout_for(job: Job, world: int, values: Dict[str, object],
         raise ConfigError("--tp x --pp x --cp", tp * pp * cp, f"a divisor of the {world} devices")
     dp = world // (tp * pp * cp)
     if job.global_batch % (mb * dp):
+        # the batch may be the config's or the preset's default: the fix is the same flag
+        step = mb * dp
+        lower = job.global_batch // step * step
+        near = f"{lower + step}" + (f" or {lower}" if lower else "")
         raise ConfigError("--global-batch", job.global_batch,
-                          f"a multiple of micro-batch x DP ({mb} x {dp})")
+                          f"a multiple of micro-batch x DP ({mb} x {dp})",
+                          f"pass --global-batch {near}, or a layout whose micro-batch x DP "
+                          "divides it")
     lay = Layout(tp, pp, dp, mb, job.global_batch // (mb * dp), values["zero"],
                  values["recompute"], values["flash"], values["sp"], values["interleave"],
                  values["schedule"], cp, values.get("first_stage_layers"),
@@ -140,12 +146,27 @@ def layout_for(job: Job, world: int, values: Dict[str, object],
     return lay
 
 
+def items(flag: str, text: str, expected: str) -> List[str]:
+    """The comma-separated items of a list flag, stripped; an empty one ("1,,4", a trailing
+    comma) is refused: it is most often a value typed short, which must not vanish."""
+    parts = [v.strip() for v in text.split(",")]
+    if "" in parts:
+        raise ConfigError(flag, text, expected, "an item is empty: remove the extra comma or "
+                          "type the value that belongs there")
+    return parts
+
+
 def ints(flag: str, text: str) -> List[int]:
+    expected = "comma-separated integers, e.g. 1,2,4"
+    parts = items(flag, text, expected)
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        # ASCII digits only: int() takes '٣' as 3
+        values = [int(v) if v.isascii() else None for v in parts]
     except ValueError:
-        raise ConfigError(flag, text, "comma-separated integers, e.g. 1,2,4") from None
-    if not values or min(values) < 0:
+        values = [None]
+    if None in values:
+        raise ConfigError(flag, text, expected)
+    if min(values) < 0:
         raise ConfigError(flag, text, "comma-separated non-negative integers, e.g. 1,2,4")
     return values
 
@@ -176,7 +197,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
     """A SearchSpace from the comma-separated lists the command line takes; cp_values "auto"
     tries every context-parallel degree the model allows (SearchSpace.cp = None);
     schedules None: every registered schedule the trainer runs (config/schedules.with_runner)."""
-    recompute = tuple(v.strip() for v in recompute_values.split(","))
+    recompute = tuple(items("--recompute-values", recompute_values, f"values among {RECOMPUTE}"))
     if any(v not in RECOMPUTE for v in recompute):
         raise ConfigError("--recompute-values", recompute_values, f"values among {RECOMPUTE}")
     zero = ints("--zero-stages", zero_stages)
@@ -185,7 +206,7 @@ def search_space(tp_values: Optional[str] = None, pp_values: Optional[str] = Non
     if schedules is None:
         schedule_values = with_runner()
     else:
-        schedule_values = tuple(v.strip() for v in schedules.split(",") if v.strip())
+        schedule_values = tuple(items("--schedules", schedules, f"values among {names()}"))
     if not schedule_values or any(v not in names() for v in schedule_values):
         raise ConfigError("--schedules", schedules, f"values among {names()}")
     if not 0 < memory_fraction <= 1:
@@ -211,7 +232,7 @@ def _cp_algos(text: str) -> Tuple[str, ...]:
     """--cp-algos: "all" or a comma-separated list of parallel.context_parallel_algo values."""
     from megatron.config.context_parallel import ALGOS
     values = ALGOS if text.strip() == "all" else tuple(
-        v.strip() for v in text.split(",") if v.strip())
+        items("--cp-algos", text, f"all or values among {ALGOS}"))
     if not values or any(v not in ALGOS for v in values):
         raise ConfigError("--cp-algos", text, f"all or values among {ALGOS}")
     return values

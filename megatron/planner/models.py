@@ -5,6 +5,7 @@ learned positions, LayerNorm, GeLU, biases, tied embeddings, Megatron's 0.1 drop
 family follows Brown et al. 2020 table 2.1, with head counts that divide the hidden size."""
 from __future__ import annotations
 
+import os
 from typing import Dict, Tuple
 
 from megatron.config import ModelConfig, variants
@@ -33,8 +34,13 @@ MODEL_PRESETS = tuple(_SHAPES)
 def preset_model(name: str, seq_length: int = 2048) -> ModelConfig:
     key = name.lower()
     if key not in _SHAPES:
-        raise ConfigError("--model", name, f"a preset among {', '.join(MODEL_PRESETS)} or a "
-                          "config YAML file", "pick a preset or pass --config FILE.yaml")
+        if key.endswith((".yaml", ".yml")):
+            # a file passed where a preset goes: say where it belongs, and whether it is there
+            missing = "" if os.path.isfile(name) else f" (there is no file {name!r} either)"
+            fix = f"a training config goes to --config: pass --config {name}{missing}"
+        else:
+            fix = "pick a preset, or pass a training config with --config FILE.yaml"
+        raise ConfigError("--model", name, f"a preset among {', '.join(MODEL_PRESETS)}", fix)
     layers, hidden, heads = _SHAPES[key]
     return ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                        seq_length=seq_length, max_position_embeddings=seq_length,

@@ -44,7 +44,7 @@ def test_the_plan_commands_type_their_count_flags():
 @pytest.mark.parametrize("sub,flag,least", PLAN_FLAGS,
                          ids=[f"{'-'.join(s)}{f}" for s, f, _ in PLAN_FLAGS])
 def test_a_count_below_its_least_is_argparse_s_one_line_error(sub, flag, least, capsys):
-    for bad in (str(least - 1), "x"):
+    for bad in (str(least - 1), "x", "\u0663"):  # Arabic-Indic three: int() takes it
         with pytest.raises(SystemExit) as stop:
             plan.build_parser().parse_args([*sub, flag, bad])
         assert stop.value.code == 2
@@ -66,6 +66,19 @@ SEARCH_175B = ["search", "--model", "175b", "--cluster", "frontier"]
     ([*SEARCH_175B, "--memory-fraction", "0"],
      "--memory-fraction=0.0 is invalid: expected a share in (0, 1]"),
     ([*SEARCH_175B, "--zero-stages", "4"], "--zero-stages='4' is invalid"),
+    # an empty item was dropped ("1,,4" searched 1 and 4), other scripts' digits were read
+    ([*SEARCH_175B, "--tp-values", "1,,4"], "--tp-values='1,,4' is invalid: expected "
+     "comma-separated integers, e.g. 1,2,4; an item is empty"),
+    ([*SEARCH_175B, "--micro-batches", "1,2,"], "an item is empty"),
+    ([*SEARCH_175B, "--schedules", "1f1b,,zbh1"], "--schedules='1f1b,,zbh1' is invalid"),
+    ([*SEARCH_175B, "--cp-algos", "ring,"], "an item is empty"),
+    ([*SEARCH_175B, "--pp-values", "2,\u0664"], "--pp-values='2,\u0664' is invalid"),
+    (["scaling", "--model", "175b", "--cluster", "frontier", "--nodes", "16,,64"],
+     "--nodes='16,,64' is invalid"),
+    # the preset's default batch: the fix names multiples that divide
+    (["memory", "--model", "22b", "--cluster", "frontier", "--nodes", "3", "--tp", "2"],
+     "--global-batch=1280 is invalid: expected a multiple of micro-batch x DP (1 x 12); "
+     "pass --global-batch 1284 or 1272"),
     (["calibrate", "--config", "examples/local/tiny.yaml", "--steps", "3", "--warmup", "3"],
      "--warmup=3 is invalid: expected fewer steps than --steps (3)"),
     # sizes a dense model cannot take were searched as EP 1 without a word
@@ -109,8 +122,9 @@ def test_seconds_flags_refuse_zero_negative_and_infinity():
 
 
 def test_no_cli_flag_takes_a_bare_number_without_a_check():
-    """A flag typed int or float in megatron/cli is one of these, each checked where it is
-    read (or any integer is meaningful); every other number is a count or seconds type."""
+    """A flag typed common.integer or common.number (or int or float) in megatron/cli is one of
+    these, each checked where it is read (or any integer is meaningful); every other number is
+    a count or seconds type."""
     checked = {"--exit-status",  # any status the training step returned
                "--tokens", "--samples", "--temperature", "--top-k",  # generate.check_args
                "--seed",  # any integer seeds the sampler
@@ -118,8 +132,46 @@ def test_no_cli_flag_takes_a_bare_number_without_a_check():
                "--zero",  # choices 0-3
                "--vocab-size", "--workers",  # preprocess's encode checks (null tokenizer, >= 1)
                "--character-coverage"}  # SentencePiece's own check, its message forwarded
-    bare = re.compile(r"""add_argument\(\s*"(--[a-z-]+)"[^)]*type=(int|float)\b""")
+    bare = re.compile(r"""add_argument\(\s*"(--[a-z-]+)"[^)]*type=(int|float|integer|number)\b""")
     found = {m.group(1) for path in Path(ROOT, "megatron", "cli").glob("*.py")
              for m in bare.finditer(path.read_text())}
     assert {"--zero", "--memory-fraction", "--seed"} <= found  # the pattern sees them
     assert found <= checked, f"numeric flags without a check: {sorted(found - checked)}"
+
+
+def test_number_types_take_ascii_digits_only():
+    assert common.integer("12") == 12 and common.number("0.5") == 0.5
+    for parse in (common.integer, common.number, common.count(0), common.seconds()):
+        with pytest.raises((ValueError, argparse.ArgumentTypeError)):
+            parse("\u0663")  # int('٣') is 3
+    with pytest.raises(SystemExit):
+        plan.build_parser().parse_args([*SEARCH_175B, "--memory-fraction", "\u0660.5"])
+
+
+def test_a_config_file_given_as_model_is_sent_to_config(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    argv = ["memory", "--cluster", "frontier", "--model"]
+    assert plan.main([*argv, "examples/local/tiny.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "a training config goes to --config: pass --config examples/local/tiny.yaml\n" in err
+    assert plan.main([*argv, "nowhere.yml"]) == 2
+    assert "pass --config nowhere.yml (there is no file 'nowhere.yml' either)" in \
+        capsys.readouterr().err
+    assert plan.main([*argv, "23b"]) == 2
+    assert "pick a preset, or pass a training config with --config" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_bad_core_and_missing_results_before_probing(capsys, monkeypatch,
+                                                                        tmp_path):
+    monkeypatch.chdir(ROOT)
+    base = ["calibrate", "--config", "examples/local/tiny.yaml", "--results",
+            str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "p.yaml")]
+    with pytest.raises(SystemExit) as stop:
+        plan.main([*base, "--flash-backend", "flashy"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "argument --flash-backend: 'flashy' is invalid: expected " \
+        "one of auto, flash, sdpa, math" in err, err
+    assert plan.main([*base, "--fit-only"]) == 2
+    out, err = capsys.readouterr()
+    assert f"there is no file '{tmp_path / 'none.jsonl'}'" in err and "probed" not in out + err
+    assert not (tmp_path / "p.yaml").exists()
