@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -66,7 +67,8 @@ def _encode_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="files, folders or globs, read in "
                    "the order given (a folder's or a glob's files in path order)")
-    p.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx")
+    p.add_argument("--output-prefix", required=True, type=_prefix,
+                   help="writes PREFIX_KEY_document.bin/.idx")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys (JSON) or columns "
                    "(parquet, Arrow) to tokenize (default: text)")
     p.add_argument("--split", help="the split of a datasets DatasetDict folder (default: its "
@@ -95,8 +97,19 @@ def _merge_parser() -> argparse.ArgumentParser:
                "data/s1_text_document \\\n      --output-prefix data/all_text_document",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", nargs="+", required=True, help="dataset prefixes to merge")
-    p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx")
+    p.add_argument("--output-prefix", required=True, type=_prefix, help="writes PREFIX.bin/.idx")
     return p
+
+
+def _prefix(text: str) -> str:
+    """An argparse `type` for an output prefix: the start of file names, so not a folder ('.',
+    'data/' wrote hidden files '._text_document.bin', 'data/.bin') and not empty."""
+    base = os.path.basename(text)
+    if base in ("", ".", "..") or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid: expected the start of the output files' names, not a folder; "
+            f"add a name, e.g. {os.path.join(text or '.', 'corpus')}")
+    return text
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -109,7 +122,8 @@ def _train_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="text files (one sentence or "
                    "line each) or JSON-lines files (.jsonl/.json, optionally .gz)")
-    p.add_argument("--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
+    p.add_argument("--model-prefix", required=True, type=_prefix,
+                   help="writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=count(2), default=8000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="text keys of JSON lines")

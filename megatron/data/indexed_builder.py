@@ -114,9 +114,9 @@ class IndexedDatasetBuilder:
                                  f"the dtype was chosen for")
         return arr.astype(self.dtype)
 
-    def merge(self, prefix: str) -> None:
+    def merge(self, prefix: str, named_by: str = "data.paths") -> None:
         """Append every document of another dataset of the same dtype."""
-        other = IndexedDataset(prefix)
+        other = IndexedDataset(prefix, named_by=named_by)
         if other.dtype != self.dtype:
             raise InputError(f"cannot merge {prefix} (tokens of {other.dtype}) into "
                              f"{self.prefix} ({self.dtype}): expected datasets made with one "
@@ -197,10 +197,11 @@ def merge_datasets(prefixes: Iterable[str], output_prefix: str) -> int:
     prefixes = list(prefixes)
     if not prefixes:
         raise InputError("merge needs at least one input prefix, got none")
-    first = IndexedDataset(prefixes[0])
+    # every input opened (and checked) before the output is started
+    first = [IndexedDataset(prefix, named_by="--inputs") for prefix in prefixes][0]
     with IndexedDatasetBuilder(output_prefix, first.dtype) as builder:
         for prefix in prefixes:
-            builder.merge(prefix)
+            builder.merge(prefix, named_by="--inputs")
         documents = len(builder._doc_index) - 1
     return documents
 

@@ -60,7 +60,10 @@ class IndexedDataset:
     """Sequences of one PREFIX.bin/.idx pair. `vocab_size`, when given, makes `check_token_ids`
     part of opening (a full scan of the .bin)."""
 
-    def __init__(self, prefix: str, vocab_size: Optional[int] = None):
+    def __init__(self, prefix: str, vocab_size: Optional[int] = None,
+                 named_by: str = "data.paths"):
+        """named_by: where the prefix was given (a config field, a command-line flag), the fix
+        a missing file's message names."""
         self.prefix = prefix
         self.idx_path, self.bin_path = prefix + ".idx", prefix + ".bin"
         for path in (self.idx_path, self.bin_path):
@@ -69,7 +72,7 @@ class IndexedDataset:
                         if prefix.endswith((".bin", ".idx")) else "")
                 raise InputError(
                     f"data file {path} does not exist: expected PREFIX.bin and PREFIX.idx for "
-                    f"prefix {prefix!r}{hint}; fix data.paths, or create them with "
+                    f"prefix {prefix!r}{hint}; fix {named_by}, or create them with "
                     f"megatron-preprocess")
         self._idx = _map(self.idx_path)
         self._read_header()

@@ -64,7 +64,24 @@ def expand_inputs(inputs: Sequence[str], split: Optional[str] = None) -> List[So
         for path in _paths_of(given, split):
             kind = sniff(path)
             out.append(Source(path, kind, os.path.getsize(path)))
+    if split is not None and not any(_is_dataset_dict(g) for g in _given_folders(inputs)):
+        # a split nothing reads would pass unseen: the corpus would not be the one asked for
+        raise InputError(f"--split {split!r} picks a split of a `datasets` DatasetDict folder "
+                         f"(one with dataset_dict.json), and no --input is one; drop --split, "
+                         f"or pass the DatasetDict folder")
     return out
+
+
+def _given_folders(inputs: Sequence[str]) -> List[str]:
+    folders = []
+    for given in map(os.fspath, inputs):
+        matches = sorted(glob.glob(given, recursive=True)) if glob.has_magic(given) else [given]
+        folders += [m for m in matches if os.path.isdir(m)]
+    return folders
+
+
+def _is_dataset_dict(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "dataset_dict.json"))
 
 
 def _paths_of(given: str, split: Optional[str]) -> List[str]:

@@ -131,6 +131,12 @@ def test_datasets_save_to_disk_dataset_and_split(tmp_path, reference):
     _same(tmp_path, reference, [tmp_path / "dict"], "datasets_dict", split="train")
     with pytest.raises(InputError, match="without the split 'test'.*validation"):
         _encode(tmp_path, [tmp_path / "dict"], "nosplit", split="test")
+    # a split nothing reads was dropped: a Dataset folder, JSON lines
+    for inputs in ([tmp_path / "saved"], [str(tmp_path / "sav*")]):
+        with pytest.raises(InputError, match="--split 'train' picks a split of a `datasets` "
+                           "DatasetDict folder .* and no --input is one; drop --split"):
+            expand_inputs(inputs, "train")
+    assert len(expand_inputs([str(tmp_path / "di*")], "validation")) == 1
 
 
 def test_arrow_stream_written_by_hand(tmp_path, reference):

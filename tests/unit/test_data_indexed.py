@@ -101,6 +101,17 @@ def test_merge_refuses_mixed_dtypes(tmp_path):
         merge_datasets([a, b], str(tmp_path / "out"))
 
 
+def test_merge_checks_every_input_first_and_names_its_flag(tmp_path):
+    """A missing second input was found after the output was started, and the message sent
+    the user to a config field (data.paths) a merge has not."""
+    a = str(tmp_path / "a")
+    write_tokens(a, DOCS)
+    with pytest.raises(InputError, match=r"none.idx does not exist: .* prefix '.*none'; fix "
+                       r"--inputs, or create them"):
+        merge_datasets([a, str(tmp_path / "none")], str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "a.idx"]
+
+
 # ---- corruption and mismatch: each names the file, the value, what was expected, the fix ----
 
 def _corrupt(tmp_path, edit):

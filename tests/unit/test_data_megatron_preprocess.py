@@ -149,3 +149,23 @@ def test_training_iterators_read_such_a_file(tmp_path):
     batches = it.valid()  # endless: evaluation takes training.eval_iters batches of it
     valid = {int(t) // 100 for _ in range(4) for t in next(batches)[0].flatten()}
     assert valid and valid <= set(range(v0, v1))
+
+
+@pytest.mark.parametrize("prefix", [".", "..", "", "data/", "data"])
+def test_an_output_prefix_that_is_a_folder_is_refused(tmp_path, monkeypatch, capsys, prefix):
+    """'.' wrote hidden files ._text_document.bin, 'data/' wrote data/_text_document.bin (and
+    merge data/.bin): every prefix flag of the three subcommands names files, not a folder."""
+    from megatron.cli import preprocess as cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for parser, flag, rest in (
+            (cli._encode_parser(), "--output-prefix", ["--input", "a", "--tokenizer-type", "null"]),
+            (cli._merge_parser(), "--output-prefix", ["--inputs", "a"]),
+            (cli._train_parser(), "--model-prefix", ["--input", "a"])):
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([*rest, flag, prefix])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"argument {flag}: {prefix!r} is invalid: expected the " \
+            "start of the output files' names, not a folder; add a name, e.g. " in err, err
+        assert getattr(parser.parse_args([*rest, flag, "data/corpus"]),
+                       flag[2:].replace("-", "_")) == "data/corpus"
