@@ -195,6 +195,16 @@ def write_report(run_dirs: Sequence[str], output: str) -> Written:
     except ImportError:
         raise InputError("megatron-report needs matplotlib: pip install matplotlib (or pip "
                          "install 'megatron-frontier[report]')") from None
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise InputError(f"--output {output!r} is a file: expected a folder for index.html and "
+                         f"the PNGs; pass a folder (new or existing)")
+    seen = {}
+    for path in run_dirs:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(f"run directory {path!r} is given twice (as {seen[real]!r} too): "
+                             f"each run is one series in every panel; pass it once")
+        seen[real] = path
     runs = _named(run_dirs)
     os.makedirs(output, exist_ok=True)
     plotted, images = {}, {}

@@ -117,3 +117,20 @@ def test_a_damaged_run_is_reported_from_what_is_readable(tmp_path, capsys):
         assert f"{run.metrics}:{n} " in page, f"the page does not name skipped line {n}"
     data = json.loads(re.search(r'id="series">(.*?)</script>', page, re.S).group(1))
     assert data["panels"]["loss"]["damaged: train/loss"][0] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_an_output_that_is_a_file_and_a_run_given_twice_are_refused(every_event_run, tmp_path,
+                                                                     capsys):
+    """-o FILE raised a bare 'File exists'; one run given twice (as two paths) was plotted as
+    two series of the same values. Both now refuse before anything is written."""
+    run, _ = every_event_run
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    assert main([run.path, "-o", str(taken)]) == 2
+    assert f"--output '{taken}' is a file: expected a folder" in capsys.readouterr().err
+    assert taken.read_text() == "mine\n"
+    out = tmp_path / "page"
+    assert main([run.path, run.path + "/", "-o", str(out)]) == 2
+    assert f"run directory '{run.path}/' is given twice (as '{run.path}' too)" in \
+        capsys.readouterr().err
+    assert not out.exists()
