@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from megatron.config import Config, InputError, load_config
+from megatron.config.errors import disk_full
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base import store
@@ -128,18 +129,34 @@ def resize_vocab(merged: MergedCheckpoint, rows: int) -> MergedCheckpoint:
 
 # --- the single file and the model ------------------------------------------------------------
 
-def _check_output_folder(path: str) -> None:
+def check_output_file(path: str) -> None:
+    """--output names a file to write in an existing folder, checked before any checkpoint is
+    read (a merge or an import takes minutes on a large model)."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise InputError(f"output folder {parent!r} does not exist; create it or choose another "
                          "--output path")
+    if os.path.isdir(path):
+        raise InputError(f"--output {path!r} is a folder: expected the .pt file to write; add a "
+                         f"file name, e.g. {os.path.join(path, 'model.pt')}")
 
 
 def save_single(merged: MergedCheckpoint, path: str) -> None:
-    _check_output_folder(path)
-    torch.save({"format": SINGLE_FORMAT, "config": merged.config.to_dict(),
-                "state_dict": merged.state_dict, "vocab_size": merged.vocab_size,
-                "padded_vocab_size": merged.padded_vocab_size, "source": merged.source}, path)
+    """Writes the file whole or not at all: through a temporary name renamed into place, so an
+    interrupted or failed write (a full disk) leaves no truncated file at `path`."""
+    check_output_file(path)
+    tmp = path + ".tmp"
+    try:
+        torch.save({"format": SINGLE_FORMAT, "config": merged.config.to_dict(),
+                    "state_dict": merged.state_dict, "vocab_size": merged.vocab_size,
+                    "padded_vocab_size": merged.padded_vocab_size, "source": merged.source}, tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        store.remove_quietly(tmp)
+        full = disk_full(path, "the merged checkpoint", e)
+        if full is not None:
+            raise full from None
+        raise
 
 
 def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:
@@ -168,7 +185,7 @@ def build_single_model(merged: MergedCheckpoint, device: torch.device = torch.de
 def convert_to_single(run_dir: str, output: str, tag: Optional[str] = None,
                       trim_vocab: bool = False) -> MergedCheckpoint:
     """merge_run + save_single, with the output folder checked before anything is read."""
-    _check_output_folder(output)
+    check_output_file(output)
     merged = merge_run(run_dir, tag, trim_vocab=trim_vocab)
     save_single(merged, output)
     return merged

@@ -211,13 +211,22 @@ def _tokenizer_files(cfg) -> List[str]:
     return [p for p in names if p]
 
 
+def check_output_dir(output_dir: str) -> None:
+    """--output-dir: a new or empty folder (checked before the run's shards are merged)."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise InputError(f"--output-dir {output_dir!r} is a file: expected a new or empty "
+                         f"folder for config.json, model.safetensors and the tokenizer; choose "
+                         f"another path")
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise InputError(f"output directory {output_dir!r} is not empty; choose a new one")
+
+
 def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") -> List[str]:
     """Writes output_dir/config.json, model.safetensors and the tokenizer files; returns the
     names written. The folder must not exist or be empty."""
     if dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if os.path.isdir(output_dir) and os.listdir(output_dir):
-        raise InputError(f"output directory {output_dir!r} is not empty; choose a new one")
+    check_output_dir(output_dir)
     kind = flavour(merged.config.model)
     convert = gpt2_state_dict if kind == "gpt2" else llama_state_dict
     tensors = {k: v.to(DTYPES[dtype]).contiguous()

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     if args.command == "from-hf":
         import yaml
         from megatron.checkpoint.hf_import import import_hf
+        convert.check_output_file(args.output)
         merged = import_hf(args.hf_dir)
         convert.save_single(merged, args.output)
         section = {"model": {k: v for k, v in merged.config.to_dict()["model"].items()
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
                          f"in your config:\n{yaml.safe_dump(section, sort_keys=False)}")
         return 0
     if args.command == "to-hf":
-        from megatron.checkpoint.hf_export import export_hf
+        from megatron.checkpoint.hf_export import check_output_dir, export_hf
+        check_output_dir(args.output_dir)
         merged = convert.merge_run(args.run_dir, args.tag, trim_vocab=args.trim_vocab)
         written = export_hf(merged, args.output_dir, args.dtype)
         sys.stdout.write(f"wrote {args.output_dir}: {', '.join(written)} "
