@@ -29,6 +29,7 @@ from typing import Dict, List
 
 import torch
 
+from megatron.base import store
 from megatron.config import moe, variants
 from megatron.config.errors import InputError
 from megatron.config.sections import field_at
@@ -237,7 +238,25 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
                          f"not exist here; run the export where the run's data config resolves")
     from megatron.data.tokenizers import build_tokenizer, spec_from_config
     tok = build_tokenizer(spec_from_config(merged.config))
-    os.makedirs(output_dir, exist_ok=True)
+    # written whole or not at all: into a sibling folder renamed into place at the end, so a
+    # failed export (a full disk) leaves no half folder that the next try calls "not empty"
+    final = os.path.normpath(output_dir)
+    output_dir = f"{final}.tmp-{os.getpid()}"
+    store.remove_quietly(output_dir)
+    os.makedirs(output_dir)
+    try:
+        written = _write_folder(merged, output_dir, tensors, kind, dtype, tok)
+        if os.path.isdir(final):
+            os.rmdir(final)  # empty (checked above); a file put there since fails here
+        os.replace(output_dir, final)
+    except BaseException:
+        store.remove_quietly(output_dir)
+        raise
+    return written
+
+
+def _write_folder(merged: MergedCheckpoint, output_dir: str, tensors, kind: str, dtype: str,
+                  tok) -> List[str]:
     from safetensors.torch import save_file
     save_file(tensors, os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(output_dir, "config.json"), "w") as f:

@@ -2,6 +2,8 @@
 keys/values, tied and untied, with and without biases; Mixtral from a briefly trained MoE model)
 gives the same logits as our unsharded model, in fp32, for a random batch; and configs that map
 to no architecture are refused."""
+import os
+
 import pytest
 import torch
 
@@ -146,3 +148,24 @@ def test_bpe_tokenizers_are_exported_and_encode_like_ours(kind, tmp_path, root):
     assert theirs.eos_token_id == ours.eod
     for text in texts[-3:] + corpus_lines(20, seed=6):
         assert theirs.encode(text, add_special_tokens=False) == ours.tokenize(text), text
+
+
+def test_a_failed_export_leaves_no_folder_and_an_empty_one_is_filled(tmp_path, root,
+                                                                      monkeypatch):
+    """A write failing part way (here config.json, after model.safetensors) left a half folder
+    that the next try refused as "not empty"; the folder now appears whole or not at all."""
+    from megatron.checkpoint import hf_export
+    _, merged = merged_model([], root)
+    out = tmp_path / "hf"
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(hf_export, "hf_config", full)
+    with pytest.raises(OSError):
+        export_hf(merged, str(out))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    out.mkdir()  # an empty folder is taken
+    assert export_hf(merged, str(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert os.listdir(tmp_path) == ["hf"]
