@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from megatron.cli.common import entry_point, integer, number, setup_logging
+from megatron.cli.common import count, entry_point, integer, number, setup_logging
 from megatron.config.errors import InputError
 
 log = logging.getLogger("megatron.generate")
@@ -32,7 +32,8 @@ def parse_args(argv=None):
                    "token")
     p.add_argument("--top-k", type=integer, default=40,
                    help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=integer, default=0)
+    p.add_argument("--seed", type=count(0, 2 ** 64 - 1), default=0,
+                   help="the sampler's seed, 0 to 2^64-1 (torch's range; default 0)")
     return p.parse_args(argv)
 
 

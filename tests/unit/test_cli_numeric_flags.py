@@ -127,7 +127,6 @@ def test_no_cli_flag_takes_a_bare_number_without_a_check():
     a count or seconds type."""
     checked = {"--exit-status",  # any status the training step returned
                "--tokens", "--samples", "--temperature", "--top-k",  # generate.check_args
-               "--seed",  # any integer seeds the sampler
                "--memory-fraction",  # jobs.search_space, above
                "--zero",  # choices 0-3
                "--vocab-size", "--workers",  # preprocess's encode checks (null tokenizer, >= 1)
@@ -135,7 +134,7 @@ def test_no_cli_flag_takes_a_bare_number_without_a_check():
     bare = re.compile(r"""add_argument\(\s*"(--[a-z-]+)"[^)]*type=(int|float|integer|number)\b""")
     found = {m.group(1) for path in Path(ROOT, "megatron", "cli").glob("*.py")
              for m in bare.finditer(path.read_text())}
-    assert {"--zero", "--memory-fraction", "--seed"} <= found  # the pattern sees them
+    assert {"--zero", "--memory-fraction", "--top-k"} <= found  # the pattern sees them
     assert found <= checked, f"numeric flags without a check: {sorted(found - checked)}"
 
 
@@ -175,3 +174,15 @@ def test_calibrate_refuses_a_bad_core_and_missing_results_before_probing(capsys,
     out, err = capsys.readouterr()
     assert f"there is no file '{tmp_path / 'none.jsonl'}'" in err and "probed" not in out + err
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_seed_outside_torch_s_range_is_refused_at_the_parser(capsys):
+    """--seed 2**64 reached torch.manual_seed after the model was loaded: a ValueError
+    traceback ('Overflow when unpacking long long')."""
+    from megatron.cli import generate
+    assert generate.parse_args(["--run-dir", "r", "--seed", str(2 ** 64 - 1)]).seed == 2 ** 64 - 1
+    for bad in (str(2 ** 64), "-1"):
+        with pytest.raises(SystemExit):
+            generate.parse_args(["--run-dir", "r", "--seed", bad])
+        assert f"argument --seed: '{bad}' is invalid: expected an integer" in \
+            capsys.readouterr().err

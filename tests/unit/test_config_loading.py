@@ -151,6 +151,9 @@ def test_a_cluster_file_with_a_repeated_key_is_refused(tmp_path):
     (["training.initial_loss_scale_power=-1"], "training.initial_loss_scale_power", "-1"),
     (["training.initial_loss_scale_power=128"], "training.initial_loss_scale_power", "128"),
     (["optimizer.adam_eps=-1e-8"], "optimizer.adam_eps", "-1e-08"),
+    # torch.manual_seed overflowed at start-up (a traceback); a negative seed is refused too
+    (["training.seed=18446744073709551616"], "training.seed", "18446744073709551616"),
+    (["training.seed=-1"], "training.seed", "-1"),
 ])
 def test_section_checks(overrides, field, value):
     with pytest.raises(ConfigError) as e:

@@ -82,6 +82,9 @@ class TrainingConfig:
         positive(s, "exit_duration_minutes", self.exit_duration_minutes, allow_zero=True)
         positive(s, "exit_reserve_seconds", self.exit_reserve_seconds, allow_zero=True)
         positive(s, "clip_grad", self.clip_grad, allow_zero=True)
+        if not 0 <= self.seed < 2 ** 62:  # each stage and TP rank adds an offset to it
+            raise ConfigError(f"{s}.seed", self.seed, "an integer in [0, 2**62) (torch's "
+                              "generators take 64 bits; 2**64 failed at the first seeding)")
         self._check_loss_scaler()
         check_choices(s, self)
         if self.peak_tflops is not None:
