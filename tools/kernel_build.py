@@ -146,7 +146,7 @@ def _build_ext_class(info: dict):
             from torch.utils.cpp_extension import is_ninja_available
             jobs = os.environ.get("MAX_JOBS", "")
             ninja = self.use_ninja and is_ninja_available()
-            if jobs.isdigit() and not self.parallel and not ninja:
+            if jobs.isascii() and jobs.isdigit() and not self.parallel and not ninja:
                 self.parallel = int(jobs)
 
         def run(self):

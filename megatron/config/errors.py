@@ -10,6 +10,12 @@ from typing import Optional
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether `text` is a whole number in ASCII digits: str.isdigit() alone takes '²' (which
+    int() then refuses with a ValueError) and other scripts' digits ('٣', which int() reads)."""
+    return text.isascii() and text.isdigit()
+
+
 class ConfigError(ValueError):
     """A config value is wrong: names the field, the value, what was expected and the fix."""
 

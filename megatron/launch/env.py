@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Mapping, Optional
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, ascii_digits
 
 DEFAULT_PORT = 29500
 
@@ -44,7 +44,7 @@ def _expand_range(prefix: str, body: str, var: str) -> List[str]:
     for part in body.split(","):
         if "-" in part:
             lo, hi = part.split("-", 1)
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            if not (ascii_digits(lo) and ascii_digits(hi)) or int(hi) < int(lo):
                 raise InputError(f"{var} range {part!r} is malformed; expected "
                                  "LOW-HIGH with LOW <= HIGH, as in frontier[00012-00013]")
             width = len(lo)
@@ -89,10 +89,10 @@ def _port(env: Mapping[str, str], job_id: Optional[str], step_id: Optional[str] 
             raise InputError(f"environment variable MASTER_PORT={port} is not a TCP port; "
                              "expected 1-65535")
         return port
-    if job_id and job_id.isdigit():
+    if job_id and ascii_digits(job_id):
         # Spread concurrent jobs sharing a first node over 10000 ports above 20000, and the
         # steps of one job too: two steps running side by side may share their first node.
-        step = int(step_id) if step_id and step_id.isdigit() else 0
+        step = int(step_id) if step_id and ascii_digits(step_id) else 0
         return 20000 + (int(job_id) + step) % 10000
     return DEFAULT_PORT
 

@@ -25,6 +25,8 @@ from typing import Dict, List, Mapping
 import torch
 import torch.distributed as dist
 
+from megatron.config.errors import InputError
+
 HEALTH_COMMAND = "MEGATRON_HEALTH_CHECK"
 GEMM_N = 512
 # fp32 GEMMs may run as TF32 on NVIDIA GPUs (10-bit mantissa): a relative error well below 1e-2
@@ -39,12 +41,31 @@ MIN_GBPS = {"cuda": 5.0, "cpu": 0.01}
 MIN_GBPS_ENV = "MEGATRON_HEALTH_MIN_GBPS"
 
 
+def min_gbps(environ: Mapping[str, str], device_type: str) -> float:
+    """The link floor: MEGATRON_HEALTH_MIN_GBPS when set (a finite number >= 0 in ASCII digits;
+    'abc' was a ValueError traceback on every rank), else the device kind's default."""
+    text = environ.get(MIN_GBPS_ENV)
+    if not text:
+        return MIN_GBPS.get(device_type, MIN_GBPS["cuda"])
+    try:
+        value = float(text) if text.isascii() else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise InputError(f"environment variable {MIN_GBPS_ENV}={text!r} is invalid: expected "
+                         f"the slowest node-local all-reduce taken for a working link, in GB/s "
+                         f"(a number >= 0; default {MIN_GBPS.get(device_type, 5.0):g} here); "
+                         f"set it to a number or unset it")
+    return value
+
+
 def node_name(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def check_node(device: torch.device, local_ranks: int, environ: Mapping[str, str]) -> List[str]:
     """What is wrong with this rank's node, one line each; [] when it is healthy."""
+    min_gbps(environ, device.type)  # a bad link floor is refused here, before the job forms
     problems = []
     if device.type == "cuda":
         seen = torch.cuda.device_count()
@@ -107,7 +128,7 @@ def check_node_link(nodes: List[str], rank: int, device: torch.device,
     mine = by[nodes[rank]]
     if len(mine) == 1:
         return []
-    floor = float(environ.get(MIN_GBPS_ENV) or MIN_GBPS.get(device.type, MIN_GBPS["cuda"]))
+    floor = min_gbps(environ, device.type)
     buf = torch.ones(COLLECTIVE_MB * 2**20 // 4, device=device)
     dist.all_reduce(buf[:1024], group=group)  # connections and communicators
     seconds = min(_timed_all_reduce(buf, group, device) for _ in range(2))  # a hiccup is not

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from megatron.base.rundir import RunDir
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, ascii_digits
 from megatron.training.chain_nodes import (MAX_EXCLUDED, first_exit_status, plan_exclusions,
                                            read_srun_log, record_dead_nodes, usable_nodes)
 
@@ -104,7 +104,7 @@ def job_facts(env: Mapping[str, str]) -> Optional[JobFacts]:
         return None
     nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
     return JobFacts(env["SLURM_JOB_ID"], env.get(SRUN_LOG, ""), env.get("SLURM_JOB_PARTITION", ""),
-                    int(nodes) if nodes.isdigit() else 0,
+                    int(nodes) if ascii_digits(nodes) else 0,
                     _count(env, MAX_EXCLUDED, DEFAULT_MAX_EXCLUDED))
 
 
@@ -134,7 +134,7 @@ def _count(env: Mapping[str, str], name: str, default: int, least: int = 1) -> i
     text = env.get(name, "").strip()
     if not text:
         return default
-    if not text.isdigit() or int(text) < least:
+    if not ascii_digits(text) or int(text) < least:
         raise InputError(f"{name}={env[name]!r} is invalid: expected a whole number >= {least}")
     return int(text)
 

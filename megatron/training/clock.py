@@ -7,6 +7,7 @@ per step (training/agree.py)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -46,11 +47,15 @@ def job_end(minutes: float, environ: Mapping[str, str], started: float):
         if not value:
             continue
         try:
-            found.append((float(value), f"{var}={value}"))
+            at = float(value) if value.isascii() else float("nan")
         except ValueError:
+            at = float("nan")
+        if math.isfinite(at):  # nan compared false with every time: the run never stopped
+            found.append((at, f"{var}={value}"))
+        else:
             raise InputError(f"{var}={value!r} is not a time: expected the job's end in Unix "
                              f"seconds (e.g. $(date -d \"$END\" +%s)); unset it to run without "
-                             "a deadline") from None
+                             "a deadline")
     return min(found) if found else (None, None)
 
 

@@ -47,6 +47,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from megatron.base.records import HangEvent, UnresponsiveEvent, record_json
+from megatron.config.errors import ascii_digits
 from megatron.base.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class Watchdog:
         try:
             folder = os.path.dirname(summary)
             reported = {int(n[4:-4]) for n in os.listdir(folder)
-                        if n.startswith("rank") and n.endswith(".txt") and n[4:-4].isdigit()}
+                        if n.startswith("rank") and n.endswith(".txt") and ascii_digits(n[4:-4])}
             silent = [r for r in range(len(self.nodes)) if r not in reported]
             nodes = list(dict.fromkeys(self.nodes[r] for r in silent))
             text = self._summary_text(phase, silent, len(reported))

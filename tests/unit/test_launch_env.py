@@ -21,6 +21,7 @@ def test_expand_nodelist(nodelist, hosts):
 @pytest.mark.parametrize("nodelist, fragment", [
     ("a[3-1]", "'3-1'"), ("a[x-2]", "'x-2'"), ("a[1-", "'a[1-'"), ("a[1-3,5", "'a[1-3'"),
     ("", "names no host"),
+    ("a[\u00b2-3]", "'\u00b2-3'"),  # isdigit() took it and int() raised a ValueError
 ])
 def test_expand_nodelist_rejects_malformed(nodelist, fragment):
     with pytest.raises(InputError, match="SLURM_JOB_NODELIST") as e:

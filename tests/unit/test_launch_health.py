@@ -53,3 +53,17 @@ def test_ranks_are_grouped_by_node_in_rank_order():
 def test_a_rank_alone_on_its_node_has_no_link_to_time():
     """A world of one joins no group and runs no collective."""
     assert health.check_node_link(["n1"], 0, torch.device("cpu"), {}) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan", "\u0661"])
+def test_a_bad_link_floor_is_one_message_before_the_job_forms(value):
+    """MEGATRON_HEALTH_MIN_GBPS=abc was a ValueError traceback on every rank, inside the link
+    check after the process group had formed; now check_node, which runs first, refuses it."""
+    env = {health.MIN_GBPS_ENV: value}
+    with pytest.raises(InputError, match=rf"environment variable MEGATRON_HEALTH_MIN_GBPS="
+                       rf"'{value}' is invalid: expected .* GB/s \(a number >= 0; default 0.01 "
+                       rf"here\); set it to a number or unset it"):
+        health.check_node(torch.device("cpu"), 1, env)
+    assert health.min_gbps({health.MIN_GBPS_ENV: "2.5"}, "cpu") == 2.5
+    assert health.min_gbps({}, "cpu") == health.MIN_GBPS["cpu"]
+    assert health.min_gbps({health.MIN_GBPS_ENV: "0"}, "cuda") == 0.0

@@ -49,6 +49,9 @@ def test_settings_from_the_environment():
     ({"MEGATRON_CHAIN_ATTEMPT": "two"}, "MEGATRON_CHAIN_ATTEMPT='two'"),
     ({"MEGATRON_CHAIN_MAX_ATTEMPTS": "0"}, "MEGATRON_CHAIN_MAX_ATTEMPTS='0'"),
     ({"MEGATRON_CHAIN": "maybe"}, "MEGATRON_CHAIN='maybe'"),
+    # str.isdigit() takes a superscript two, which int() then refused with a traceback
+    ({"MEGATRON_CHAIN_MAX_ATTEMPTS": "\u00b2"}, "MEGATRON_CHAIN_MAX_ATTEMPTS='\u00b2'"),
+    ({"MEGATRON_CHAIN_MAX_FAILURES": "\u0663"}, "MEGATRON_CHAIN_MAX_FAILURES='\u0663'"),
 ])
 def test_bad_settings_name_the_variable(env, name):
     with pytest.raises(InputError, match=name):

@@ -21,9 +21,12 @@ def test_the_earliest_deadline_wins_and_is_named():
     assert job_end(0, {}, 1000.0) == (None, None)
 
 
-def test_a_bad_end_time_is_one_message():
-    with pytest.raises(InputError, match="MEGATRON_JOB_END_TIME='soon' is not a time"):
-        job_end(0, {"MEGATRON_JOB_END_TIME": "soon"}, 0.0)
+@pytest.mark.parametrize("value", ["soon", "nan", "inf", "-inf", "\u0661\u0665\u0660\u0660"])
+def test_a_bad_end_time_is_one_message(value):
+    """nan was taken (every comparison with it is false: the run never stopped for its job's
+    end), and so were other scripts' digits."""
+    with pytest.raises(InputError, match=f"MEGATRON_JOB_END_TIME='{value}' is not a time"):
+        job_end(0, {"MEGATRON_JOB_END_TIME": value}, 0.0)
 
 
 def test_stops_once_a_step_and_a_save_no_longer_fit():
