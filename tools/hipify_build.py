@@ -89,11 +89,44 @@ def _run_hipify(out: Path) -> Dict[str, str]:
     return converted
 
 
+# Written first into every tree this tool makes: the one mark that lets a later run delete it.
+MARKER = ".hipify_build_tree"
+
+
+class HipifyInputError(HipifyError):
+    """--out or --csrc is wrong: the command exits 2, as every command of the project does."""
+
+
+def check_paths(out: Path, csrc: Path) -> None:
+    """The source tree holds what is converted, and `out` is a folder this tool may (re)create:
+    new, empty, or one it made before. It deleted whatever --out named (`--out .` was the
+    checkout) and took a missing --csrc for a traceback after deleting it."""
+    missing = [tree for tree in TREES if not (csrc / tree).is_dir()]
+    if missing or not (csrc / COMPAT_HIP).is_file():
+        raise HipifyInputError(
+            f"--csrc {str(csrc)!r} is not the CUDA source tree: expected the folders "
+            f"{', '.join(TREES)} and {COMPAT_HIP} in it (csrc/ of this checkout); pass that folder")
+    if out.exists() and not out.is_dir():
+        raise HipifyInputError(f"--out {str(out)!r} is a file: expected a folder for the HIP "
+                               f"tree; pass a new folder (default build/hip)")
+    if out == csrc or out in csrc.parents:
+        raise HipifyInputError(f"--out {str(out)!r} holds the source tree {str(csrc)!r}, and "
+                               f"each run deletes its folder; pass a folder outside it "
+                               f"(default build/hip)")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists() \
+            and not (out / "manifest.json").exists():
+        raise HipifyInputError(f"--out {str(out)!r} holds files this tool did not write, and "
+                               f"each run deletes and recreates its folder; pass a new or empty "
+                               f"folder (default build/hip)")
+
+
 def hipify_tree(out: Path, csrc: Path = CSRC, log: Callable[[str], None] = print) -> HipifyResult:
-    out = Path(out).resolve()
+    out, csrc = Path(out).resolve(), Path(csrc).resolve()
+    check_paths(out, csrc)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    (out / MARKER).write_text("made by tools/hipify_build.py; deleted and recreated by it\n")
     for tree in TREES:
         shutil.copytree(csrc / tree, out / tree)
     converted = _run_hipify(out)
@@ -128,8 +161,8 @@ def main(argv=None) -> int:
     try:
         result = hipify_tree(Path(args.out), Path(args.csrc))
     except HipifyError as exc:
-        print(f"hipify_build: {exc}", file=sys.stderr)
-        return 1
+        print(f"hipify_build: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, HipifyInputError) else 1
     print(f"hipify_build: {len(result.converted)} files in {result.out}")
     return 0
 

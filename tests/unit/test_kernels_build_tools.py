@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -144,3 +145,35 @@ def test_max_jobs_never_builds_extensions_in_parallel_under_ninja(monkeypatch, n
     cmd = kernel_build._build_ext_class({})(Distribution({"name": "x"}))
     cmd.ensure_finalized()
     assert cmd.parallel == (None if ninja else 3)
+
+
+def test_out_is_deleted_only_where_this_tool_made_it(tmp_path):
+    """Each run deletes and recreates --out: `--out .` deleted the checkout, a file or a missing
+    --csrc were tracebacks (after the deletion). Now a folder holding anything this tool did not
+    write, a file, an ancestor of csrc/ and a csrc without its trees are refused, exit 2, before
+    anything is touched."""
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("keep me\n")
+    (tmp_path / "afile").write_text("x\n")
+
+    def refused(argv, fragment):
+        proc = subprocess.run([sys.executable, str(Path(ROOT, "tools", "hipify_build.py")), *argv],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == "", proc
+    refused(["--out", str(keep)], "holds files this tool did not write")
+    refused(["--out", str(tmp_path / "afile")], "is a file: expected a folder")
+    refused(["--out", str(ROOT)], f"holds the source tree '{CSRC.resolve()}'")
+    refused(["--csrc", str(tmp_path / "none"), "--out", str(tmp_path / "hip")],
+            "is not the CUDA source tree")
+    assert (keep / "notes.txt").read_text() == "keep me\n"
+    assert not (tmp_path / "hip").exists()
+    # a tree the tool made is remade, an empty folder is taken
+    hipify_build.check_paths(tmp_path / "new", CSRC)
+    made = tmp_path / "made"
+    made.mkdir()
+    hipify_build.check_paths(made, CSRC)
+    (made / hipify_build.MARKER).write_text("")
+    (made / "kernels").mkdir()
+    hipify_build.check_paths(made, CSRC)
