@@ -6,10 +6,20 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-eval "$($PY tools/prepare_demo_data.py --shell)"
 CONFIG=${CONFIG:-examples/local/demo.yaml}
 RUN_DIR=${RUN_DIR:-runs/demo}
+# Each demo starts afresh, so it deletes RUN_DIR: only a folder a demo made (its mark inside),
+# runs/demo, or an empty one. RUN_DIR=. or a real run's folder is refused, not deleted.
+if [ -e "$RUN_DIR" ] && [ "$RUN_DIR" != runs/demo ] && [ ! -e "$RUN_DIR/.megatron-demo" ] &&
+    [ -n "$(ls -A "$RUN_DIR" 2>/dev/null || echo file)" ]; then
+  echo "demo.sh: error: RUN_DIR=$RUN_DIR exists and was not made by the demo, which deletes" \
+       "its folder to start afresh; pass a new folder (RUN_DIR=runs/NAME)" >&2
+  exit 2
+fi
+eval "$($PY tools/prepare_demo_data.py --shell)"
 rm -rf "$RUN_DIR"
+mkdir -p "$RUN_DIR"
+touch "$RUN_DIR/.megatron-demo"
 echo "== training (metrics: $RUN_DIR/metrics.jsonl, TensorBoard: $RUN_DIR/tensorboard)"
 $PY -m megatron.cli.train --config "$CONFIG" \
   --set data.tokenizer_model="$TOKENIZER_MODEL" --set "data.paths=[$DATA_PREFIX]" \
