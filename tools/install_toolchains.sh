@@ -7,7 +7,7 @@ command -v hipcc >/dev/null 2>&1 || need+=(hipcc libamdhip64-dev)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
 # Headless Chromium renders megatron-report's page in tests/integration/test_cli_report.py.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-# shellcheck checks examples/frontier's scripts (tests/integration/test_launch_frontier_recipes_run.py).
+# The shellcheck tool lints the shell scripts (tests/integration/test_launch_frontier_recipes_run.py).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
