@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Callable
 
-from megatron.config.errors import BadNode, ConfigError, Diverged, InputError
+from megatron.config.errors import (BadNode, ConfigError, Diverged, InputError, ascii_float,
+                                    ascii_int)
 from megatron.config.plugins import load_plugins
 
 # Exit statuses shared by every entry point (README's troubleshooting table names them).
@@ -27,7 +28,7 @@ def count(least: int = 1, most: int = 2 ** 40) -> Callable[[str], int]:
     integer >= 1")."""
     def parse(text: str) -> int:
         try:
-            value = int(text) if text.isascii() else None  # int() takes '٣', '३' too
+            value = ascii_int(text)
         except ValueError:
             value = None
         if value is None or value < least:
@@ -44,16 +45,12 @@ def count(least: int = 1, most: int = 2 ** 40) -> Callable[[str], int]:
 def integer(text: str) -> int:
     """An argparse `type` for a whole number in ASCII digits: int() alone also takes other
     scripts' digits ('٣' is 3), which no command line means."""
-    if not text.isascii():
-        raise ValueError(text)
-    return int(text)
+    return ascii_int(text)
 
 
 def number(text: str) -> float:
     """An argparse `type` for a number in ASCII digits (float() alone takes '٣' too)."""
-    if not text.isascii():
-        raise ValueError(text)
-    return float(text)
+    return ascii_float(text)
 
 
 def seconds(zero: bool = False) -> Callable[[str], float]:
@@ -61,7 +58,7 @@ def seconds(zero: bool = False) -> Callable[[str], float]:
     0 where `zero` means something, as a progress interval's "every update")."""
     def parse(text: str) -> float:
         try:
-            value = float(text) if text.isascii() else float("nan")
+            value = ascii_float(text)
         except ValueError:
             value = float("nan")
         if not (0 <= value if zero else 0 < value) or value == float("inf"):

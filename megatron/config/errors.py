@@ -16,6 +16,20 @@ def ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def ascii_int(text: str) -> int:
+    """int(text) for text in ASCII only (int() reads '٣' as 3); ValueError otherwise."""
+    if not text.isascii():
+        raise ValueError(f"not ASCII: {text!r}")
+    return int(text)
+
+
+def ascii_float(text: str) -> float:
+    """float(text) for text in ASCII only (float() reads '٣' too); ValueError otherwise."""
+    if not text.isascii():
+        raise ValueError(f"not ASCII: {text!r}")
+    return float(text)
+
+
 class ConfigError(ValueError):
     """A config value is wrong: names the field, the value, what was expected and the fix."""
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping
 import torch
 import torch.distributed as dist
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, ascii_float
 
 HEALTH_COMMAND = "MEGATRON_HEALTH_CHECK"
 GEMM_N = 512
@@ -48,7 +48,7 @@ def min_gbps(environ: Mapping[str, str], device_type: str) -> float:
     if not text:
         return MIN_GBPS.get(device_type, MIN_GBPS["cuda"])
     try:
-        value = float(text) if text.isascii() else float("nan")
+        value = ascii_float(text)
     except ValueError:
         value = float("nan")
     if not 0 <= value < float("inf"):

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron.config import Config, load_config, variants
-from megatron.config.errors import ConfigError, InputError
+from megatron.config.errors import ConfigError, InputError, ascii_int
 from megatron.config.schedules import DEFAULT, names, with_runner
 from megatron.config.stages import set_or_none
 from megatron.planner.fp8 import fp8_problem
@@ -160,12 +160,9 @@ def ints(flag: str, text: str) -> List[int]:
     expected = "comma-separated integers, e.g. 1,2,4"
     parts = items(flag, text, expected)
     try:
-        # ASCII digits only: int() takes '٣' as 3
-        values = [int(v) if v.isascii() else None for v in parts]
+        values = [ascii_int(v) for v in parts]
     except ValueError:
-        values = [None]
-    if None in values:
-        raise ConfigError(flag, text, expected)
+        raise ConfigError(flag, text, expected) from None
     if min(values) < 0:
         raise ConfigError(flag, text, "comma-separated non-negative integers, e.g. 1,2,4")
     return values

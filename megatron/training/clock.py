@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Mapping, Optional
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, ascii_float
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def job_end(minutes: float, environ: Mapping[str, str], started: float):
         if not value:
             continue
         try:
-            at = float(value) if value.isascii() else float("nan")
+            at = ascii_float(value)
         except ValueError:
             at = float("nan")
         if math.isfinite(at):  # nan compared false with every time: the run never stopped
