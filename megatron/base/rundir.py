@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from megatron.base import store
+from megatron.base.outputs import check_output
 from megatron.config.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -231,15 +232,10 @@ def checkpoint_in(ckpt_dir: str, tag: Optional[str] = None) -> str:
 
 def check_run_dir(path: str) -> None:
     """Creates run.dir if needed; one message when it cannot hold a run."""
+    check_output("run.dir", path, "dir")
     where = f"run.dir={path!r}"
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"{where} is a file, not a directory; choose another run.dir")
     try:
         os.makedirs(path, exist_ok=True)
-    except NotADirectoryError:
-        raise InputError(f"{where} cannot be created: a part of {parent!r} is a file, not a "
-                         "directory; choose another run.dir") from None
     except OSError as e:
         raise InputError(f"{where} cannot be created ({e.strerror}); choose a writable "
                          "location (on Frontier, $MEMBERWORK or $PROJWORK scratch)") from None

@@ -31,6 +31,7 @@ from megatron.config.errors import disk_full
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base import store
+from megatron.base.outputs import check_output
 from megatron.base.rundir import RunDir, checkpoint_in
 from megatron.checkpoint.sharded import Reader
 from megatron.checkpoint.state import resize_rows
@@ -130,21 +131,16 @@ def resize_vocab(merged: MergedCheckpoint, rows: int) -> MergedCheckpoint:
 # --- the single file and the model ------------------------------------------------------------
 
 def check_output_file(path: str) -> None:
-    """--output names a file to write in an existing folder, checked before any checkpoint is
-    read (a merge or an import takes minutes on a large model)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise InputError(f"output folder {parent!r} does not exist; create it or choose another "
-                         "--output path")
-    if os.path.isdir(path):
-        raise InputError(f"--output {path!r} is a folder: expected the .pt file to write; add a "
-                         f"file name, e.g. {os.path.join(path, 'model.pt')}")
+    """--output names a file to write (its folder created if missing), checked before any
+    checkpoint is read (a merge or an import takes minutes on a large model)."""
+    check_output("--output", path, "file", example="model.pt")
 
 
 def save_single(merged: MergedCheckpoint, path: str) -> None:
     """Writes the file whole or not at all: through a temporary name renamed into place, so an
     interrupted or failed write (a full disk) leaves no truncated file at `path`."""
     check_output_file(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     try:
         torch.save({"format": SINGLE_FORMAT, "config": merged.config.to_dict(),

@@ -30,6 +30,7 @@ from typing import Dict, List
 import torch
 
 from megatron.base import store
+from megatron.base.outputs import check_output
 from megatron.config import moe, variants
 from megatron.config.errors import InputError
 from megatron.config.sections import field_at
@@ -214,12 +215,11 @@ def _tokenizer_files(cfg) -> List[str]:
 
 def check_output_dir(output_dir: str) -> None:
     """--output-dir: a new or empty folder (checked before the run's shards are merged)."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise InputError(f"--output-dir {output_dir!r} is a file: expected a new or empty "
-                         f"folder for config.json, model.safetensors and the tokenizer; choose "
-                         f"another path")
+    check_output("--output-dir", output_dir, "dir")
     if os.path.isdir(output_dir) and os.listdir(output_dir):
-        raise InputError(f"output directory {output_dir!r} is not empty; choose a new one")
+        raise InputError(f"--output-dir: {output_dir!r} is not empty: expected a new or empty "
+                         f"folder for config.json, model.safetensors and the tokenizer; choose "
+                         f"a new one")
 
 
 def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") -> List[str]:

@@ -5,6 +5,7 @@ import dataclasses
 import logging
 import os
 
+from megatron.base.outputs import check_files, check_output
 from megatron.cli.plan_args import load_job, load_space
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit
@@ -38,6 +39,14 @@ def run_calibrate(args) -> int:
     if args.warmup >= args.steps:
         raise ConfigError("--warmup", args.warmup, f"fewer steps than --steps ({args.steps}): "
                           "the steps after the warm-up are the ones timed")
+    # written after minutes or hours of trials: checked first (--fit-only only reads --results)
+    runs = not args.fit_only and args.trials
+    check_files(("--results", args.results if runs else None), ("--out", args.out))
+    if os.path.realpath(args.out) == os.path.realpath(args.results):
+        raise InputError(f"--out: {args.out!r} is --results's file too: expected another file "
+                         "(the profile would overwrite the trials); give each its own path")
+    if runs:
+        check_output("--run-root", args.run_root, "dir")
     if args.fit_only and not os.path.isfile(args.results):
         raise InputError(f"--fit-only fits the trials stored in --results, and there is no file "
                          f"{args.results!r}: pass the results file of earlier trials, or drop "
@@ -50,7 +59,7 @@ def run_calibrate(args) -> int:
     runner = TorchrunRunner(args.config, job, args.nproc, args.run_root, steps=args.steps,
                             overrides=args.set, timeout_s=args.timeout, warmup=args.warmup,
                             flash_backend=args.flash_backend, job_note=note)
-    if not args.fit_only and args.trials:
+    if runs:
         if args.bayes:
             from megatron.planner.bayes import bayes_search
             bayes_search(job, prof, runner, store, args.trials, space)
@@ -61,6 +70,7 @@ def run_calibrate(args) -> int:
     for t in failed:
         log.warning("trial %s %s: %s", t.key, t.status, t.error.strip().splitlines()[-1:] or "")
     fitted, report = calibrate(job, prof, trials)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     fitted.save(args.out)
     _print_report(report, args.out, len(failed))
     return 0

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Optional
 
+from megatron.base.outputs import check_files
 from megatron.cli.plan import MAX_NODES
 from megatron.cli.plan_args import (layout_from_args, layout_overrides, load_job, load_space,
                                     overridden_flags, profile_from_args)
@@ -29,31 +30,10 @@ def _check_nodes(nodes: int) -> None:
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 
-def _check_outputs(*flags_and_paths) -> None:
-    """Each (flag, path) the command will write, before any work or output: a file in a folder
-    that exists and can be written, not a folder, and no two flags on one file (the second
-    would overwrite the first)."""
-    seen = {}
-    for flag, path in flags_and_paths:
-        if not path:
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if not path.isprintable():
-            raise ConfigError(flag, path, "a path of printable characters (no newline or tab: "
-                              "the sbatch script names the files in its comments)",
-                              "rename the path")
-        if os.path.isdir(path):
-            raise ConfigError(flag, path, "a file to write, not a folder",
-                              f"name a file in it, e.g. {os.path.join(path, 'out')}")
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-            raise ConfigError(flag, path, f"a file in a folder that exists and can be written "
-                              f"({folder} does not or cannot)", "create the folder or pick "
-                              "another path")
-        real = os.path.realpath(path)
-        if real in seen:
-            raise ConfigError(flag, path, f"another file than {seen[real]}'s (the second would "
-                              "overwrite the first)", "give each its own path")
-        seen[real] = flag
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def _check_plot(path: str) -> None:
@@ -61,7 +41,7 @@ def _check_plot(path: str) -> None:
         raise ConfigError("--plot", path, f"a file ending in {', '.join(PLOT_FORMATS)} (the "
                           "format is taken from it)", "add the extension, e.g. "
                           f"{os.path.splitext(path)[0]}.png")
-    _check_outputs(("--plot", path))
+    check_files(("--plot", path))
 
 
 def _describe(job: Job, prof: Profile, nodes: int) -> str:
@@ -97,7 +77,7 @@ def cmd_search(args) -> int:
     if job.fp8 and (args.out_config or args.out_sbatch):
         raise InputError("--out-config/--out-sbatch with --fp8: this trainer has no FP8, so no "
                          "config of it runs the priced layout; search without --fp8 to write one")
-    _check_outputs(("--out-config", args.out_config), ("--out-sbatch", args.out_sbatch))
+    check_files(("--out-config", args.out_config), ("--out-sbatch", args.out_sbatch))
     result = search(job, args.nodes, prof, load_space(args))
     if not result.ranked:  # its one message alone
         raise InputError(result.explain_empty())
@@ -121,16 +101,13 @@ def cmd_search(args) -> int:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
                                       paper_optimizer=preset)
-        with open(args.out_config, "w") as f:
-            f.write(emit.config_yaml(best_cfg, best, prof.spec.name, args.nodes))
+        _write(args.out_config, emit.config_yaml(best_cfg, best, prof.spec.name, args.nodes))
         print(f"\nwrote {args.out_config}")
     if args.out_sbatch:
         config_path = args.out_config or "best.yaml"
-        with open(args.out_sbatch, "w") as f:
-            f.write(emit.sbatch_script(prof.spec, args.nodes, config_path,
-                                       step_s=best.time.step_s if best.time else None,
-                                       schedule=best.layout.schedule if best.layout.pp > 1
-                                       else None))
+        _write(args.out_sbatch, emit.sbatch_script(
+            prof.spec, args.nodes, config_path, step_s=best.time.step_s if best.time else None,
+            schedule=best.layout.schedule if best.layout.pp > 1 else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
     return 0
 
@@ -306,6 +283,7 @@ def cmd_scaling(args) -> int:
                                     "a smaller --micro-batch, --recompute or more --tp, --pp or "
                                     "--zero leaves more room"))
     if args.plot:
+        os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
         scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "
                      f"{prof.spec.name}: TP{base.tp} x PP{base.pp}, micro-batch {base.micro_batch}")
         print(f"\nwrote {args.plot}")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import List, Optional
 
+from megatron.base.outputs import check_output
 from megatron.cli.common import count, entry_point, integer, number, seconds
 
 EXAMPLES = """\
@@ -67,7 +67,7 @@ def _encode_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="files, folders or globs, read in "
                    "the order given (a folder's or a glob's files in path order)")
-    p.add_argument("--output-prefix", required=True, type=_prefix,
+    p.add_argument("--output-prefix", required=True,
                    help="writes PREFIX_KEY_document.bin/.idx")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys (JSON) or columns "
                    "(parquet, Arrow) to tokenize (default: text)")
@@ -97,19 +97,8 @@ def _merge_parser() -> argparse.ArgumentParser:
                "data/s1_text_document \\\n      --output-prefix data/all_text_document",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", nargs="+", required=True, help="dataset prefixes to merge")
-    p.add_argument("--output-prefix", required=True, type=_prefix, help="writes PREFIX.bin/.idx")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx")
     return p
-
-
-def _prefix(text: str) -> str:
-    """An argparse `type` for an output prefix: the start of file names, so not a folder ('.',
-    'data/' wrote hidden files '._text_document.bin', 'data/.bin') and not empty."""
-    base = os.path.basename(text)
-    if base in ("", ".", "..") or os.path.isdir(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is invalid: expected the start of the output files' names, not a folder; "
-            f"add a name, e.g. {os.path.join(text or '.', 'corpus')}")
-    return text
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -122,7 +111,7 @@ def _train_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="text files (one sentence or "
                    "line each) or JSON-lines files (.jsonl/.json, optionally .gz)")
-    p.add_argument("--model-prefix", required=True, type=_prefix,
+    p.add_argument("--model-prefix", required=True,
                    help="writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=count(2), default=8000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
@@ -151,6 +140,7 @@ def _run_encode(argv: List[str]) -> None:
     from megatron.data.tokenizers import TokenizerSpec, canonical_type
 
     a = _encode_parser().parse_args(argv)
+    check_output("--output-prefix", a.output_prefix, "prefix", example="corpus")
     names = {"type": "--tokenizer-type", "model": "--tokenizer-model",
              "vocab_file": "--vocab-file", "merges_file": "--merge-file",
              "vocab_size": "--vocab-size"}
@@ -174,6 +164,7 @@ def _run_merge(argv: List[str]) -> None:
     from megatron.data.indexed_builder import merge_datasets
 
     a = _merge_parser().parse_args(argv)
+    check_output("--output-prefix", a.output_prefix, "prefix", example="corpus")
     documents = merge_datasets(a.inputs, a.output_prefix)
     print(f"wrote {a.output_prefix}.bin and {a.output_prefix}.idx ({documents} documents)")
 
@@ -182,6 +173,7 @@ def _run_train(argv: List[str]) -> None:
     from megatron.data.tokenizers.train import train_sentencepiece
 
     a = _train_parser().parse_args(argv)
+    check_output("--model-prefix", a.model_prefix, "prefix", example="spm")
     path = train_sentencepiece(a.input, a.model_prefix, a.vocab_size, a.model_type, a.json_keys,
                                a.character_coverage, a.max_sentences)
     print(f"wrote {path}")

@@ -83,6 +83,7 @@ class TrialStore:
     def append(self, rec: TrialResult) -> None:
         if not self.path:
             return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(dataclasses.asdict(rec)) + "\n")
 

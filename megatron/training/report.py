@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from megatron.base.outputs import check_output
 from megatron.base.records import EVENTS, EvalRecord, StepRecord, read_metrics
 from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
@@ -195,9 +196,7 @@ def write_report(run_dirs: Sequence[str], output: str) -> Written:
     except ImportError:
         raise InputError("megatron-report needs matplotlib: pip install matplotlib (or pip "
                          "install 'megatron-frontier[report]')") from None
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise InputError(f"--output {output!r} is a file: expected a folder for index.html and "
-                         f"the PNGs; pass a folder (new or existing)")
+    check_output("--output", output, "dir")  # a folder (new or existing) for the page and PNGs
     seen = {}
     for path in run_dirs:
         real = os.path.realpath(path)

@@ -11,9 +11,9 @@ megatron-train runs it before its heavy imports."""
 from __future__ import annotations
 
 import os
-import socket
 from typing import Iterator, Tuple
 
+from megatron.base.outputs import check_output
 from megatron.base.rundir import RunDir
 from megatron.config import Config
 from megatron.config.errors import InputError
@@ -76,21 +76,4 @@ def check_readable(field: str, path: str, kind, expected: str) -> None:
 
 def check_writable_dir(field: str, path: str) -> None:
     """`path` is a writable directory or can be created as one."""
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is a file, not a directory" if existing == os.path.abspath(path) else \
-            f"lies inside the file {existing!r}, where the run needs a directory"
-        raise InputError(f"{field}: {path!r} {where}; remove the file or choose another "
-                         f"path")
-    probe = os.path.join(existing, f".write-test-{socket.gethostname()}-{os.getpid()}")
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        what = "" if existing == os.path.abspath(path) else f" (its parent {existing!r})"
-        raise InputError(f"{field}: {path!r}{what} is not writable ({e.strerror}), and the run "
-                         f"writes there; choose a writable location or fix the folder (a "
-                         f"read-only mount, an immutable folder: lsattr -d)") from None
+    check_output(field, path, "dir")

@@ -27,15 +27,20 @@ def test_outputs_are_checked_before_any_checkpoint_is_read(tmp_path, capsys):
     folder.mkdir()
     taken.write_text("{}")
     _refused(capsys, ["to-single", "--run-dir", str(tmp_path / "no-such-run"), "--output",
-                      str(folder)], f"--output '{folder}' is a folder: expected the .pt file")
+                      str(folder)], f"--output: '{folder}' names a directory: expected a file "
+                                    f"to write; add a name, e.g. {folder / 'model.pt'}")
     _refused(capsys, ["from-hf", "--hf-dir", str(tmp_path / "no-such-hf"), "--output",
-                      str(folder)], f"--output '{folder}' is a folder")
+                      str(folder)], f"--output: '{folder}' names a directory")
     _refused(capsys, ["to-hf", "--run-dir", str(tmp_path / "no-such-run"), "--output-dir",
-                      str(taken)], f"--output-dir '{taken}' is a file: expected a new or empty "
-                                   "folder")
+                      str(taken)], f"--output-dir: '{taken}' is a file, not a directory")
+    _refused(capsys, ["to-hf", "--run-dir", str(tmp_path / "no-such-run"), "--output-dir",
+                      str(taken / "hf")], f"--output-dir: '{taken / 'hf'}' lies inside the file "
+                                          f"'{taken}'")
+    _refused(capsys, ["to-single", "--run-dir", str(tmp_path / "no-such-run"), "--output",
+                      str(taken / "m.pt")], f"--output: '{taken / 'm.pt'}' lies inside the file")
     (folder / "x").write_text("")
     _refused(capsys, ["to-hf", "--run-dir", str(tmp_path / "no-such-run"), "--output-dir",
-                      str(folder)], f"output directory '{folder}' is not empty")
+                      str(folder)], f"--output-dir: '{folder}' is not empty")
     assert taken.read_text() == "{}" and os.listdir(folder) == ["x"]
 
 

@@ -182,7 +182,7 @@ def test_run_dir_that_is_a_file_or_under_a_file(tmp_path):
     a_file.write_text("x")
     with pytest.raises(InputError, match="is a file, not a directory"):
         check_run_dir(str(a_file))
-    with pytest.raises(InputError, match="a part of .* is a file"):
+    with pytest.raises(InputError, match="lies inside the file .*, where a directory is needed"):
         check_run_dir(str(a_file / "run"))
 
 

@@ -6,6 +6,8 @@ expected files come from the independent spec writer fed with Megatron-LM's rule
 data pipeline reads such a file: splits over sequences (as Megatron's GPT dataset) and samples
 that walk the shuffled sequence stream across empty and multi-sequence documents. The command's
 own report is tests/integration/test_data_megatron_preprocess_cli.py."""
+import os
+
 import numpy as np
 import pytest
 
@@ -151,21 +153,25 @@ def test_training_iterators_read_such_a_file(tmp_path):
     assert valid and valid <= set(range(v0, v1))
 
 
-@pytest.mark.parametrize("prefix", [".", "..", "", "data/", "data"])
+@pytest.mark.parametrize("prefix", [".", "..", "data/", "data", "taken/corpus", ""])
 def test_an_output_prefix_that_is_a_folder_is_refused(tmp_path, monkeypatch, capsys, prefix):
     """'.' wrote hidden files ._text_document.bin, 'data/' wrote data/_text_document.bin (and
-    merge data/.bin): every prefix flag of the three subcommands names files, not a folder."""
+    merge data/.bin), a prefix under a file raised a bare 'File exists': every prefix flag of
+    the three subcommands names files in a folder that is or can be made, checked before any
+    input is read (the inputs named here do not exist)."""
     from megatron.cli import preprocess as cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    for parser, flag, rest in (
-            (cli._encode_parser(), "--output-prefix", ["--input", "a", "--tokenizer-type", "null"]),
-            (cli._merge_parser(), "--output-prefix", ["--inputs", "a"]),
-            (cli._train_parser(), "--model-prefix", ["--input", "a"])):
-        with pytest.raises(SystemExit) as stop:
-            parser.parse_args([*rest, flag, prefix])
+    (tmp_path / "taken").write_text("")
+    expected = {"": "the path is empty",
+                "taken/corpus": "'taken/corpus' lies inside the file "
+                                f"{str(tmp_path / 'taken')!r}, where a directory is needed"}
+    for argv, flag in ((["--input", "a", "--tokenizer-type", "null"], "--output-prefix"),
+                       (["merge", "--inputs", "a"], "--output-prefix"),
+                       (["train-tokenizer", "--input", "a"], "--model-prefix")):
+        assert cli.main([*argv, flag, prefix]) == 2
         err = capsys.readouterr().err
-        assert stop.value.code == 2 and f"argument {flag}: {prefix!r} is invalid: expected the " \
-            "start of the output files' names, not a folder; add a name, e.g. " in err, err
-        assert getattr(parser.parse_args([*rest, flag, "data/corpus"]),
-                       flag[2:].replace("-", "_")) == "data/corpus"
+        message = expected.get(prefix, f"{prefix!r} names a directory: expected the start of "
+                                       "the output files' names to write; add a name, e.g. ")
+        assert f"megatron-preprocess: error: {flag}: " in err and message in err, err
+    assert sorted(os.listdir(tmp_path)) == ["data", "taken"] and not os.listdir("data")

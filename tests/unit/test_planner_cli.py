@@ -412,19 +412,21 @@ def test_the_largest_counts_accepted_are_priced_in_seconds(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}/x.yaml",
-      "--out-sbatch", "{tmp}/x.yaml"), "--out-sbatch='{tmp}/x.yaml' is invalid: expected "
-                                       "another file than --out-config's"),
+      "--out-sbatch", "{tmp}/x.yaml"), "--out-sbatch: '{tmp}/x.yaml' is --out-config's "
+                                       "file too: expected another file"),
     (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}"),
-     "a file to write, not a folder"),
-    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-sbatch", "{tmp}/no/x.sh"),
-     "a file in a folder that exists and can be written"),
+     "--out-config: '{tmp}' names a directory: expected a file to write"),
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-sbatch", "/dev/null/x.sh"),
+     "--out-sbatch: '/dev/null/x.sh' lies inside the file '/dev/null'"),
+    (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-sbatch", ""),
+     "--out-sbatch: the path is empty"),
     (("scaling", "--model", "gpt3-125m", "--cluster", "a100", "--nodes", "1,2", "--plot",
       "{tmp}/p.txt"), "a file ending in .png, .pdf, .svg"),
     (("scaling", "--model", "gpt3-125m", "--cluster", "a100", "--nodes", "1,2", "--plot",
       "{tmp}/p"), "add the extension, e.g. {tmp}/p.png"),
     (("longest", "--model", "1t", "--cluster", "a100"), "no layout of 1 node(s) fits"),
     (("search", "--model", "gpt3-125m", "--cluster", "a100", "--out-config", "{tmp}/a\nb.yaml",
-      "--out-sbatch", "{tmp}/b.sh"), "a path of printable characters"),
+      "--out-sbatch", "{tmp}/b.sh"), "expected a path of printable characters"),
 ])
 def test_outputs_and_empty_results_are_refused_before_anything_is_printed(capsys, tmp_path,
                                                                           argv, needle):

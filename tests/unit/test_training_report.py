@@ -121,13 +121,15 @@ def test_a_damaged_run_is_reported_from_what_is_readable(tmp_path, capsys):
 
 def test_an_output_that_is_a_file_and_a_run_given_twice_are_refused(every_event_run, tmp_path,
                                                                      capsys):
-    """-o FILE raised a bare 'File exists'; one run given twice (as two paths) was plotted as
+    """-o FILE (or a folder under it) raised a bare 'File exists'; one run given twice (as two paths) was plotted as
     two series of the same values. Both now refuse before anything is written."""
     run, _ = every_event_run
     taken = tmp_path / "notes.txt"
     taken.write_text("mine\n")
     assert main([run.path, "-o", str(taken)]) == 2
-    assert f"--output '{taken}' is a file: expected a folder" in capsys.readouterr().err
+    assert f"--output: '{taken}' is a file, not a directory" in capsys.readouterr().err
+    assert main([run.path, "-o", str(taken / "page")]) == 2
+    assert f"lies inside the file '{taken}'" in capsys.readouterr().err
     assert taken.read_text() == "mine\n"
     out = tmp_path / "page"
     assert main([run.path, run.path + "/", "-o", str(out)]) == 2
