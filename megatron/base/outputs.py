@@ -14,13 +14,18 @@ it on one line); a file where a directory goes, the path itself or a part of it;
 where a file goes; a place that cannot be written, tried with a probe file rather than
 permission bits (root passes every bit check, but not a read-only mount or an immutable
 folder). The check creates nothing: a missing directory must be creatable, that is its nearest
-existing ancestor a writable directory. Torch-free, so commands run it before heavy imports."""
+existing ancestor a writable directory. Torch-free, so commands run it before heavy imports.
+
+`write_whole` then writes such a file whole or not at all: into a hidden sibling renamed into
+place, so a failed write (a full disk, an interrupt) leaves the old file or none, never a
+truncated one, and a full disk is one line naming the file and the room left."""
 from __future__ import annotations
 
 import os
 import socket
+from typing import Callable
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, disk_full
 
 KINDS = ("dir", "file", "prefix")
 
@@ -77,3 +82,32 @@ def check_files(*flags_and_paths) -> None:
                              f"file (the second would overwrite the first); give each its own "
                              f"path")
         seen[real] = flag
+
+
+def write_whole(path: str, what: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)` writes the content to a temporary sibling of `path` (same extension, for
+    writers that take the format from it), renamed over `path` once complete; the folder is
+    created if missing. `what` names the content in a full-disk message."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    stem, ext = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        full = disk_full(path, what, e)
+        if full is not None:
+            raise full from None
+        raise
+
+
+def write_text_whole(path: str, what: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_whole(path, what, write)

@@ -27,11 +27,10 @@ from typing import Any, Dict, Optional
 import torch
 
 from megatron.config import Config, InputError, load_config
-from megatron.config.errors import disk_full
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base import store
-from megatron.base.outputs import check_output
+from megatron.base.outputs import check_output, write_whole
 from megatron.base.rundir import RunDir, checkpoint_in
 from megatron.checkpoint.sharded import Reader
 from megatron.checkpoint.state import resize_rows
@@ -137,22 +136,13 @@ def check_output_file(path: str) -> None:
 
 
 def save_single(merged: MergedCheckpoint, path: str) -> None:
-    """Writes the file whole or not at all: through a temporary name renamed into place, so an
-    interrupted or failed write (a full disk) leaves no truncated file at `path`."""
+    """Writes the file whole or not at all (`base.outputs.write_whole`), so an interrupted or
+    failed write (a full disk) leaves no truncated file at `path`."""
     check_output_file(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    try:
-        torch.save({"format": SINGLE_FORMAT, "config": merged.config.to_dict(),
-                    "state_dict": merged.state_dict, "vocab_size": merged.vocab_size,
-                    "padded_vocab_size": merged.padded_vocab_size, "source": merged.source}, tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        store.remove_quietly(tmp)
-        full = disk_full(path, "the merged checkpoint", e)
-        if full is not None:
-            raise full from None
-        raise
+    write_whole(path, "the merged checkpoint", lambda tmp: torch.save(
+        {"format": SINGLE_FORMAT, "config": merged.config.to_dict(),
+         "state_dict": merged.state_dict, "vocab_size": merged.vocab_size,
+         "padded_vocab_size": merged.padded_vocab_size, "source": merged.source}, tmp))
 
 
 def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:

@@ -70,7 +70,6 @@ def run_calibrate(args) -> int:
     for t in failed:
         log.warning("trial %s %s: %s", t.key, t.status, t.error.strip().splitlines()[-1:] or "")
     fitted, report = calibrate(job, prof, trials)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     fitted.save(args.out)
     _print_report(report, args.out, len(failed))
     return 0

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from megatron.base.outputs import check_files
+from megatron.base.outputs import check_files, write_text_whole, write_whole
 from megatron.cli.plan import MAX_NODES
 from megatron.cli.plan_args import (layout_from_args, layout_overrides, load_job, load_space,
                                     overridden_flags, profile_from_args)
@@ -28,12 +28,6 @@ def _check_nodes(nodes: int) -> None:
 
 
 PLOT_FORMATS = (".png", ".pdf", ".svg")
-
-
-def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def _check_plot(path: str) -> None:
@@ -101,11 +95,12 @@ def cmd_search(args) -> int:
         run_dir = args.run_dir or f"runs/{os.path.splitext(os.path.basename(args.out_config))[0]}"
         best_cfg = emit.layout_config(cfg, job, best.layout, run_dir=run_dir,
                                       paper_optimizer=preset)
-        _write(args.out_config, emit.config_yaml(best_cfg, best, prof.spec.name, args.nodes))
+        write_text_whole(args.out_config, "the config",
+                         emit.config_yaml(best_cfg, best, prof.spec.name, args.nodes))
         print(f"\nwrote {args.out_config}")
     if args.out_sbatch:
         config_path = args.out_config or "best.yaml"
-        _write(args.out_sbatch, emit.sbatch_script(
+        write_text_whole(args.out_sbatch, "the sbatch script", emit.sbatch_script(
             prof.spec, args.nodes, config_path, step_s=best.time.step_s if best.time else None,
             schedule=best.layout.schedule if best.layout.pp > 1 else None))
         print(f"wrote {args.out_sbatch} (runs {config_path})")
@@ -283,9 +278,9 @@ def cmd_scaling(args) -> int:
                                     "a smaller --micro-batch, --recompute or more --tp, --pp or "
                                     "--zero leaves more room"))
     if args.plot:
-        os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
-        scaling.plot(points, args.plot, f"{model_params(job.model) / 1e9:.0f}B on "
-                     f"{prof.spec.name}: TP{base.tp} x PP{base.pp}, micro-batch {base.micro_batch}")
+        title = (f"{model_params(job.model) / 1e9:.0f}B on {prof.spec.name}: TP{base.tp} x "
+                 f"PP{base.pp}, micro-batch {base.micro_batch}")
+        write_whole(args.plot, "the plot", lambda tmp: scaling.plot(points, tmp, title))
         print(f"\nwrote {args.plot}")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional
 
 import yaml
 
+from megatron.base.outputs import write_text_whole
 from megatron.config import strict_yaml
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner.hardware import PRESETS, ClusterSpec, spec_from_dict
@@ -223,8 +224,7 @@ class Profile:
         return yaml.safe_dump(out, sort_keys=False)
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            f.write(self.to_yaml())
+        write_text_whole(path, "the cluster profile", self.to_yaml())
 
 
 # What a constant may hold beyond "a finite number >= 0": the efficiencies divide a time (0

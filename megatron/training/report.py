@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from megatron.base.outputs import check_output
+from megatron.base.outputs import check_output, write_text_whole, write_whole
 from megatron.base.records import EVENTS, EvalRecord, StepRecord, read_metrics
 from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError
@@ -209,12 +209,12 @@ def write_report(run_dirs: Sequence[str], output: str) -> Written:
     plotted, images = {}, {}
     for panel in PANELS:
         png = os.path.join(output, f"{panel[0]}.png")
-        plotted[panel[0]] = _plot_panel(plt, runs, panel, png)
+        write_whole(png, "a panel of the report",
+                    lambda tmp: plotted.__setitem__(panel[0], _plot_panel(plt, runs, panel, tmp)))
         with open(png, "rb") as f:
             images[panel[0]] = base64.b64encode(f.read()).decode()
     page = os.path.join(output, "index.html")
-    with open(page, "w") as f:
-        f.write(_html(runs, plotted, images))
+    write_text_whole(page, "the report page", _html(runs, plotted, images))
     return Written(page, [line for r in runs for line in r.skipped])
 
 

@@ -3,12 +3,15 @@ input is read: a path under a file, a file where a directory goes and the revers
 unprintable path, a place that cannot be written; a missing folder is created. Each command's
 outputs are swept with a path under a file (it raised a bare 'File exists' or 'Not a directory'
 from megatron-report, megatron-preprocess and megatron-convert to-hf, the last after the
-merge), and the commands that write files are run into a folder that does not exist yet."""
+merge), and the commands that write files are run into a folder that does not exist yet.
+Files are written whole or not at all (`write_whole`); the real full disk under megatron-plan
+and megatron-report is tests/integration/test_cli_outputs_full_disk_tmpfs.py."""
+import errno
 import os
 
 import pytest
 
-from megatron.base.outputs import check_files, check_output
+from megatron.base.outputs import check_files, check_output, write_text_whole, write_whole
 from megatron.config.errors import InputError
 from tests.support.paths import TINY
 
@@ -147,3 +150,25 @@ def test_outputs_in_a_folder_that_does_not_exist_yet_are_written(tmp_path, capsy
                             "10", "--output-prefix", str(tmp_path / "data" / "x")]) == 0
     assert (tmp_path / "data" / "x_text_document.idx").is_file()
     capsys.readouterr()
+
+
+def test_a_file_is_written_whole_or_not_at_all(tmp_path):
+    """A writer that fails part way (an interrupt, a full disk) leaves the old file as it was
+    and no temporary; a full disk is one InputError naming the file; the folder is made."""
+    path = tmp_path / "new" / "best.yaml"
+    write_text_whole(str(path), "the config", "a: 1\n")
+    assert path.read_text() == "a: 1\n" and os.listdir(path.parent) == ["best.yaml"]
+
+    def fails(error):
+        def write(tmp):
+            assert tmp.endswith(".yaml") and os.path.basename(tmp).startswith(".best.tmp-")
+            with open(tmp, "w") as f:
+                f.write("a: 2\npart")
+            raise error
+        return write
+    with pytest.raises(KeyboardInterrupt):
+        write_whole(str(path), "the config", fails(KeyboardInterrupt()))
+    with pytest.raises(InputError) as e:
+        write_whole(str(path), "the config", fails(OSError(errno.ENOSPC, "No space left")))
+    assert str(e.value).startswith(f"{path}: no space left on device while writing the config (")
+    assert path.read_text() == "a: 1\n" and os.listdir(path.parent) == ["best.yaml"]
