@@ -222,22 +222,29 @@ def check_output_dir(output_dir: str) -> None:
                          f"a new one")
 
 
+def check_exportable(cfg):
+    """What the export needs from the run's config alone, checked before the shards are merged
+    (minutes on a large model): an architecture the model maps to exactly, and the tokenizer
+    files it names, loaded. Returns (the architecture, the tokenizer)."""
+    kind = flavour(cfg.model)
+    missing = [p for p in _tokenizer_files(cfg) if not os.path.isfile(p)]
+    if missing:
+        raise InputError(f"tokenizer file(s) {', '.join(missing)} named in the run's config do "
+                         f"not exist here; run the export where the run's data config resolves")
+    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    return kind, build_tokenizer(spec_from_config(cfg))
+
+
 def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") -> List[str]:
     """Writes output_dir/config.json, model.safetensors and the tokenizer files; returns the
     names written. The folder must not exist or be empty."""
     if dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     check_output_dir(output_dir)
-    kind = flavour(merged.config.model)
+    kind, tok = check_exportable(merged.config)
     convert = gpt2_state_dict if kind == "gpt2" else llama_state_dict
     tensors = {k: v.to(DTYPES[dtype]).contiguous()
                for k, v in convert(merged.state_dict, merged.config.model).items()}
-    missing = [p for p in _tokenizer_files(merged.config) if not os.path.isfile(p)]
-    if missing:
-        raise InputError(f"tokenizer file(s) {', '.join(missing)} named in the run's config do "
-                         f"not exist here; run the export where the run's data config resolves")
-    from megatron.data.tokenizers import build_tokenizer, spec_from_config
-    tok = build_tokenizer(spec_from_config(merged.config))
     # written whole or not at all: into a sibling folder renamed into place at the end, so a
     # failed export (a full disk) leaves no half folder that the next try calls "not empty"
     final = os.path.normpath(output_dir)

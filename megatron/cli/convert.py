@@ -81,8 +81,9 @@ def main(argv=None) -> int:
                          f"in your config:\n{yaml.safe_dump(section, sort_keys=False)}")
         return 0
     if args.command == "to-hf":
-        from megatron.checkpoint.hf_export import check_output_dir, export_hf
+        from megatron.checkpoint.hf_export import check_exportable, check_output_dir, export_hf
         check_output_dir(args.output_dir)
+        check_exportable(convert.read_run_config(args.run_dir))  # before minutes of merging
         merged = convert.merge_run(args.run_dir, args.tag, trim_vocab=args.trim_vocab)
         written = export_hf(merged, args.output_dir, args.dtype)
         sys.stdout.write(f"wrote {args.output_dir}: {', '.join(written)} "

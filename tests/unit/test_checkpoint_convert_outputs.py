@@ -57,3 +57,27 @@ def test_the_single_file_is_written_whole_or_not_at_all(tmp_path):
     assert os.listdir(tmp_path) == ["m.pt"]
     with pytest.raises(InputError, match="does not exist; write it with megatron-convert"):
         load_single(str(tmp_path / "b.pt"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model": {"normalization": "rmsnorm"}}, "this model maps to no Hugging Face architecture"),
+    ({"data": {"synthetic": False, "paths": ["/no-such-dir/corpus"],
+               "tokenizer_type": "sentencepiece",
+               "tokenizer_model": "/no-such-dir/spm.model"}},
+     "tokenizer file(s) /no-such-dir/spm.model named in the run's config do not exist here"),
+])
+def test_to_hf_checks_the_run_config_before_it_merges(tmp_path, capsys, overrides, message):
+    """What to-hf needs from the run's config alone (an architecture the model maps to, the
+    tokenizer files) was found after the merge; the run here has no checkpoint, so an error
+    about the checkpoint would mean the merge ran first."""
+    import yaml
+    cfg = load_config(TINY).to_dict()
+    for section, values in overrides.items():
+        cfg[section].update(values)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["to-hf", "--run-dir", str(run), "--output-dir", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "checkpoint" not in err.split("error:", 1)[1], err
+    assert sorted(os.listdir(tmp_path)) == ["run"]
