@@ -209,8 +209,10 @@ def write_report(run_dirs: Sequence[str], output: str) -> Written:
     plotted, images = {}, {}
     for panel in PANELS:
         png = os.path.join(output, f"{panel[0]}.png")
-        write_whole(png, "a panel of the report",
-                    lambda tmp: plotted.__setitem__(panel[0], _plot_panel(plt, runs, panel, tmp)))
+
+        def draw(tmp: str, panel=panel) -> None:
+            plotted[panel[0]] = _plot_panel(plt, runs, panel, tmp)
+        write_whole(png, "a panel of the report", draw)
         with open(png, "rb") as f:
             images[panel[0]] = base64.b64encode(f.read()).decode()
     page = os.path.join(output, "index.html")
