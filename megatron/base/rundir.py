@@ -180,8 +180,9 @@ class RunDir:
         """One message when this is not a run directory megatron-train wrote."""
         what = "it holds config.yaml and checkpoints/"
         if not os.path.isdir(self.path):
-            raise InputError(f"run directory {self.path!r} does not exist; pass a directory "
-                             f"written by megatron-train ({what})")
+            why = "is a file" if os.path.exists(self.path) else "does not exist"
+            raise InputError(f"run directory {self.path!r} {why}; pass a directory written by "
+                             f"megatron-train ({what})")
         if not os.path.isfile(self.config):
             raise InputError(f"{self.config!r} is missing: {self.path!r} is not a run directory "
                              f"written by megatron-train ({what})")

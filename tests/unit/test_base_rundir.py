@@ -71,6 +71,9 @@ def test_a_missing_tag_names_the_tags_there(tmp_path):
 def test_require_names_what_a_run_directory_holds(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         RunDir(str(tmp_path / "nope")).require()
+    (tmp_path / "notes").write_text("")
+    with pytest.raises(InputError, match="run directory '.*/notes' is a file; pass a directory"):
+        RunDir(str(tmp_path / "notes")).require()
     with pytest.raises(InputError, match="config.yaml.* is missing"):
         RunDir(str(tmp_path)).require()
 
