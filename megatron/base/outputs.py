@@ -87,7 +87,10 @@ def check_files(*flags_and_paths) -> None:
 def write_whole(path: str, what: str, write: Callable[[str], None]) -> None:
     """`write(tmp)` writes the content to a temporary sibling of `path` (same extension, for
     writers that take the format from it), renamed over `path` once complete; the folder is
-    created if missing. `what` names the content in a full-disk message."""
+    created if missing. `what` names the content in a full-disk message. A symbolic link is
+    written through (its target replaced), as open(path, "w") would, not replaced by a file."""
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     folder, name = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     stem, ext = os.path.splitext(name)

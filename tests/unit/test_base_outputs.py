@@ -172,3 +172,11 @@ def test_a_file_is_written_whole_or_not_at_all(tmp_path):
         write_whole(str(path), "the config", fails(OSError(errno.ENOSPC, "No space left")))
     assert str(e.value).startswith(f"{path}: no space left on device while writing the config (")
     assert path.read_text() == "a: 1\n" and os.listdir(path.parent) == ["best.yaml"]
+
+
+def test_a_symbolic_link_is_written_through(tmp_path):
+    (tmp_path / "v3.yaml").write_text("old\n")
+    (tmp_path / "current.yaml").symlink_to("v3.yaml")
+    write_text_whole(str(tmp_path / "current.yaml"), "the config", "new\n")
+    assert (tmp_path / "current.yaml").is_symlink()
+    assert (tmp_path / "v3.yaml").read_text() == "new\n"
