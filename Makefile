@@ -43,5 +43,8 @@ test-fast: setup toolchains
 demo: setup
 	bash examples/local/demo.sh
 
+# Build outputs only: runs/ holds training runs (the example configs' and megatron-plan's
+# run.dir), never deleted here; the demo's folder goes when it has the demo's mark.
 clean:
-	rm -rf build runs *.egg-info
+	rm -rf build *.egg-info
+	if [ -e runs/demo/.megatron-demo ]; then rm -rf runs/demo; fi
