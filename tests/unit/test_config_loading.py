@@ -198,3 +198,42 @@ def test_valid_layouts_return_dp_and_deepspeed_json():
     assert validate_for_world(pp, 2) == 1
     ds = deepspeed_config(pp, 1)
     assert ds["bf16"] == {"enabled": True} and ds["pipeline"]["activation_checkpoint_interval"] == 0
+
+
+PATH_FIELDS = ["run.dir", "checkpoint.save_local_dir", "checkpoint.load", "checkpoint.init_from",
+               "data.tokenizer_model", "data.vocab_file", "data.merges_file", "data.cache_dir"]
+
+
+@pytest.mark.parametrize("field", PATH_FIELDS)
+@pytest.mark.parametrize("path,token,tail", [
+    ("~/runs/a", "~", ' (here ~/runs/a is /home/me/runs/a), or let the shell expand it: --set '
+                      '{field}="$HOME/runs/a"'),
+    ("/mnt/bb/$USER/ckpt", "$USER", ' (here /mnt/bb/$USER/ckpt is /mnt/bb/me/ckpt), or let the '
+                                    'shell expand it: --set {field}="/mnt/bb/$USER/ckpt"'),
+    ("/l/${PROJ_NO_SUCH_VAR}/x", "${PROJ_NO_SUCH_VAR}", ', or let the shell expand it: --set '
+                                                        '{field}="/l/${{PROJ_NO_SUCH_VAR}}/x"'),
+    ("~root/m", "~root", ""),  # the shell expands ~user only unquoted: the full path it is
+])
+def test_a_path_field_with_shell_syntax_is_refused(monkeypatch, field, path, token, tail):
+    """A config is not a shell: run.dir: $MEMBERWORK/runs made a folder named '$MEMBERWORK' in
+    the working directory and trained into it; every path field now says so, with the path
+    the shell would have given (where it can) and how to let the shell give it."""
+    monkeypatch.setenv("HOME", "/home/me")
+    monkeypatch.setenv("USER", "me")
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [f"{field}={path}"])
+    message = str(e.value)
+    assert message.startswith(f"{field}={path!r} is invalid: expected a path written out: a "
+                              f"config does not expand {token!r} as a shell does"), message
+    if token != "~root":
+        assert message.endswith("write the path in full" + tail.format(field=field)), message
+
+
+def test_shell_syntax_in_a_blend_item_and_paths_that_only_look_alike():
+    with pytest.raises(ConfigError, match=r"data.paths=\['0.7 /d/a', '0.3 ~/d/b'\] is invalid: "
+                                          r".* \(here ~/d/b is .*/d/b\)$"):
+        load_config(TINY, ["data.synthetic=false", "data.paths=[0.7 /d/a, 0.3 ~/d/b]"])
+    # a '~' inside a name and a '$' not followed by a name are not what a shell expands
+    cfg = load_config(TINY, ["run.dir=runs/a~b", "checkpoint.init_from=/m/a$1.pt",
+                             "checkpoint.load=auto"])
+    assert (cfg.run.dir, cfg.checkpoint.init_from) == ("runs/a~b", "/m/a$1.pt")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron.config.errors import ConfigError
-from megatron.config.sections.checks import finite, positive
+from megatron.config.sections.checks import finite, positive, written_out
 
 
 @dataclass
@@ -28,9 +28,10 @@ class CheckpointConfig:
     memory and training goes on while a writer streams and fsyncs them; the commit protocol is
     unchanged."""
     save_local_dir: Optional[str] = None
-    """A node-local first tier, an absolute path (on Frontier /mnt/bb/$USER with #SBATCH -C
-    nvme): each rank writes there first, then the checkpoint is drained into
-    <run.dir>/checkpoints and committed there. null: write into run.dir directly."""
+    """A node-local first tier, an absolute path (on Frontier /mnt/bb/<user> with #SBATCH -C nvme:
+    --set checkpoint.save_local_dir=/mnt/bb/$USER, which the shell expands; a config does not):
+    each rank writes there first, then the checkpoint is drained into <run.dir>/checkpoints and
+    committed there. null: write into run.dir directly."""
     load: Optional[str] = None
     """What to resume from. auto: the newest complete checkpoint in <run.dir>/checkpoints (a
     fresh start when there is none), in whatever layout it was written; or a checkpoints folder,
@@ -59,6 +60,8 @@ class CheckpointConfig:
         if self.save_interval_minutes < 0:
             raise ConfigError("checkpoint.save_interval_minutes", self.save_interval_minutes,
                               "a number of minutes >= 0", "use 0 to save by steps only")
+        for name in ("save_local_dir", "load", "init_from"):
+            written_out(s, name, getattr(self, name))
         if not isinstance(self.async_save, bool):
             raise ConfigError("checkpoint.async_save", self.async_save, "true or false")
         if self.save_local_dir is not None and not (

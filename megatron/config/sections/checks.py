@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import re
 import typing
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -25,6 +27,37 @@ def registry(choices: Callable[[], Tuple[str, ...]], source: str) -> Dict[str, A
 def choice(section: str, name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(str, allowed))}")
+
+
+# What a shell expands and a config does not: $NAME, ${NAME}, and ~ at the start of a path
+_SHELL_SYNTAX = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^~[^/]*")
+
+
+def written_out(section: str, name: str, value) -> None:
+    """A path field names its path in full. A config is not a shell: `$MEMBERWORK/runs` or
+    `~/runs` would name a folder called '$MEMBERWORK' or '~', and a run's checkpoints would go
+    there without a word. For a list (data.paths' "WEIGHT PREFIX" items) each word of each item
+    is checked."""
+    listed = isinstance(value, list)
+    words = [w for item in value for w in str(item).split()] if listed else \
+        [value] if isinstance(value, str) else []
+    for word in words:
+        found = _SHELL_SYNTAX.search(word)
+        if found is None:
+            continue
+        field, token = f"{section}.{name}", found.group(0)
+        expanded = os.path.expandvars(os.path.expanduser(word))
+        fix = "write the path in full"
+        if _SHELL_SYNTAX.search(expanded) is None:
+            fix += f" (here {word} is {expanded})"
+        home = word == "~" or word.startswith("~/")
+        if not listed and (home or not word.startswith("~")):
+            # the shell expands $NAME in double quotes, and ~ there only as $HOME
+            shell = "$HOME" + word[1:] if home else word
+            fix += f", or let the shell expand it: --set {field}=\"{shell}\""
+        raise ConfigError(field, value, f"a path written out: a config does not expand "
+                          f"{token!r} as a shell does, and would take it as a folder's name",
+                          fix)
 
 
 def positive(section: str, name: str, value, allow_zero: bool = False) -> None:

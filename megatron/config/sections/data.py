@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
 from megatron.config.errors import ConfigError
-from megatron.config.sections.checks import check_choices
+from megatron.config.sections.checks import check_choices, written_out
 
 
 def split_fractions(text: str) -> List[float]:
@@ -52,6 +52,8 @@ class DataConfig:
     def __post_init__(self):
         check_choices("data", self)
         split_fractions(self.split)
+        for name in ("paths", "tokenizer_model", "vocab_file", "merges_file", "cache_dir"):
+            written_out("data", name, getattr(self, name))
         if not 0 <= self.seed < 2 ** 32:  # numpy's RandomState shuffles the documents
             raise ConfigError("data.seed", self.seed, "an integer in [0, 2**32)")
         if not self.synthetic and not self.paths:

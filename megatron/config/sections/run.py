@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
 from megatron.config.errors import ConfigError
-from megatron.config.sections.checks import check_choices
+from megatron.config.sections.checks import check_choices, written_out
 
 
 @dataclass
@@ -38,6 +38,7 @@ class RunConfig:
     def __post_init__(self):
         if not self.dir:
             raise ConfigError("run.dir", self.dir, "a directory path")
+        written_out("run", "dir", self.dir)
         check_choices("run", self)
         if not self.wandb_project:
             raise ConfigError("run.wandb_project", self.wandb_project, "a W&B project name")
