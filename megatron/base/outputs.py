@@ -10,7 +10,9 @@ Kinds of output:
 
 Refused, each as one InputError naming the field or flag, the path, what was expected and the
 fix: a path with a newline or another unprintable character (logs, comments and scripts name
-it on one line); a file where a directory goes, the path itself or a part of it; a directory
+it on one line); a path with shell syntax no shell expanded ('$WORK/x' from a config,
+--output=~/x, where bash leaves the tilde as it is), which would name a folder '$WORK' or '~'; a
+file where a directory goes, the path itself or a part of it; a directory
 where a file goes; a place that cannot be written, tried with a probe file rather than
 permission bits (root passes every bit check, but not a read-only mount or an immutable
 folder). The check creates nothing: a missing directory must be creatable, that is its nearest
@@ -25,7 +27,7 @@ import os
 import socket
 from typing import Callable
 
-from megatron.config.errors import InputError, disk_full
+from megatron.config.errors import InputError, as_shell_would, disk_full, shell_syntax
 
 KINDS = ("dir", "file", "prefix")
 
@@ -41,6 +43,17 @@ def check_output(field: str, path: str, kind: str, example: str = "out") -> None
     if not path.isprintable():
         raise InputError(f"{field}: {path!r} has a newline or another unprintable character: "
                          f"expected a path of printable characters; rename the path")
+    token = shell_syntax(path)
+    if token is not None:
+        expanded = as_shell_would(path)
+        if token.startswith("~"):
+            why, let = f"bash expands ~ at a word's start only, not after {field}=", path
+        else:
+            why, let = "a config value, or single quotes", f'"{path}"'
+        raise InputError(f"{field}: {path!r} holds {token!r}, which no shell expanded ({why}), "
+                         f"and would name a folder called {token!r}; write the path out"
+                         f"{f' (here {expanded})' if expanded else ''}, or let the shell expand "
+                         f"it: {field} {let}")
     absolute = os.path.abspath(path)
     if kind != "dir":
         base = os.path.basename(path)

@@ -5,6 +5,7 @@ message for it, used by every writer (checkpoints, run files, metrics, data cach
 output). Standard library only."""
 import errno
 import os
+import re
 from typing import Optional
 
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
@@ -14,6 +15,25 @@ def ascii_digits(text: str) -> bool:
     """Whether `text` is a whole number in ASCII digits: str.isdigit() alone takes '²' (which
     int() then refuses with a ValueError) and other scripts' digits ('٣', which int() reads)."""
     return text.isascii() and text.isdigit()
+
+
+# What a shell expands in a path and a program does not: $NAME, ${NAME}, ~ or ~user at its start
+_SHELL_SYNTAX = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^~[^/]*")
+
+
+def shell_syntax(path: str) -> Optional[str]:
+    """The first piece of shell syntax in `path` ('$MEMBERWORK', '~'), or None. A config value,
+    or a flag written --output=~/x (bash expands ~ at a word's start only), reaches the program
+    as written, where it would name a folder called '$MEMBERWORK' or '~'."""
+    found = _SHELL_SYNTAX.search(path)
+    return found.group(0) if found else None
+
+
+def as_shell_would(path: str) -> Optional[str]:
+    """`path` expanded as the shell would have expanded it here, or None where it cannot be
+    (a variable that is not set)."""
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    return None if shell_syntax(expanded) else expanded
 
 
 def ascii_int(text: str) -> int:

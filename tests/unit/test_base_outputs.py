@@ -180,3 +180,32 @@ def test_a_symbolic_link_is_written_through(tmp_path):
     write_text_whole(str(tmp_path / "current.yaml"), "the config", "new\n")
     assert (tmp_path / "current.yaml").is_symlink()
     assert (tmp_path / "v3.yaml").read_text() == "new\n"
+
+
+@pytest.mark.parametrize("kind", ["dir", "file", "prefix"])
+def test_shell_syntax_no_shell_expanded_is_refused(monkeypatch, kind):
+    monkeypatch.setenv("HOME", "/home/me")
+    with pytest.raises(InputError) as e:
+        check_output("--output", "~/x", kind)
+    assert str(e.value) == ("--output: '~/x' holds '~', which no shell expanded (bash expands ~ "
+                            "at a word's start only, not after --output=), and would name a "
+                            "folder called '~'; write the path out (here /home/me/x), or let the "
+                            "shell expand it: --output ~/x")
+    with pytest.raises(InputError, match=r"'\$NO_SUCH_VAR_X/x' holds '\$NO_SUCH_VAR_X', which no "
+                                         r"shell expanded \(a config value, or single quotes\).*"
+                                         r"write the path out, or let the shell expand it: "
+                                         r"--output \"\$NO_SUCH_VAR_X/x\"$"):
+        check_output("--output", "$NO_SUCH_VAR_X/x", kind)
+    check_output("--output", "/tmp/a~b$1", kind)  # neither is what a shell expands
+
+
+@pytest.mark.parametrize("command,flag,call", _sweep(), ids=[f"{c} {f}" for c, f, _ in _sweep()])
+def test_every_command_refuses_a_tilde_no_shell_expanded(tmp_path, capsys, monkeypatch, command,
+                                                         flag, call):
+    """--output=~/x reaches the command as written (bash expands ~ at a word's start only): it
+    made a folder named '~' in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert call("~/out.png", tmp_path) == 2
+    out, err = capsys.readouterr()
+    assert f"error: {flag}: '~/out.png' holds '~', which no shell expanded" in err, err
+    assert not out and os.listdir(tmp_path) == [], (out, os.listdir(tmp_path))

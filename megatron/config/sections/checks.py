@@ -7,12 +7,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-import re
 import typing
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from megatron.config.errors import ConfigError
+from megatron.config.errors import ConfigError, as_shell_would, shell_syntax
 
 # A field's metadata keys: where its choices come from at run time, and the words naming it
 CHOICES, SOURCE = "choices", "choices_source"
@@ -29,10 +27,6 @@ def choice(section: str, name: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(str, allowed))}")
 
 
-# What a shell expands and a config does not: $NAME, ${NAME}, and ~ at the start of a path
-_SHELL_SYNTAX = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^~[^/]*")
-
-
 def written_out(section: str, name: str, value) -> None:
     """A path field names its path in full. A config is not a shell: `$MEMBERWORK/runs` or
     `~/runs` would name a folder called '$MEMBERWORK' or '~', and a run's checkpoints would go
@@ -42,13 +36,12 @@ def written_out(section: str, name: str, value) -> None:
     words = [w for item in value for w in str(item).split()] if listed else \
         [value] if isinstance(value, str) else []
     for word in words:
-        found = _SHELL_SYNTAX.search(word)
-        if found is None:
+        token = shell_syntax(word)
+        if token is None:
             continue
-        field, token = f"{section}.{name}", found.group(0)
-        expanded = os.path.expandvars(os.path.expanduser(word))
+        field, expanded = f"{section}.{name}", as_shell_would(word)
         fix = "write the path in full"
-        if _SHELL_SYNTAX.search(expanded) is None:
+        if expanded is not None:
             fix += f" (here {word} is {expanded})"
         home = word == "~" or word.startswith("~/")
         if not listed and (home or not word.startswith("~")):
