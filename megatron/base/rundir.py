@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 
 from megatron.base import store
 from megatron.base.outputs import check_output
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,8 @@ class RunDir:
         """One message when this is not a run directory megatron-train wrote."""
         what = "it holds config.yaml and checkpoints/"
         if not os.path.isdir(self.path):
-            why = "is a file" if os.path.exists(self.path) else "does not exist"
+            why = "is a file" if os.path.exists(self.path) else \
+                f"does not exist{unexpanded(self.path)}"
             raise InputError(f"run directory {self.path!r} {why}; pass a directory written by "
                              f"megatron-train ({what})")
         if not os.path.isfile(self.config):

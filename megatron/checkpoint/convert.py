@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from megatron.config import Config, InputError, load_config
+from megatron.config.errors import unexpanded
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base import store
@@ -149,7 +150,8 @@ def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:
     """mmap: map the file instead of reading it, so a rank that keeps a slice of each tensor
     reads only those pages (every rank of a run loads the same file)."""
     if not os.path.isfile(path):
-        raise InputError(f"{path!r} does not exist; write it with megatron-convert to-single")
+        raise InputError(f"{path!r} does not exist{unexpanded(path)}; write it with "
+                         f"megatron-convert to-single")
     blob = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     if not isinstance(blob, dict) or blob.get("format") != SINGLE_FORMAT:
         raise InputError(f"{path!r} is not a {SINGLE_FORMAT} file written by megatron-convert "

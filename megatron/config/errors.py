@@ -36,6 +36,17 @@ def as_shell_would(path: str) -> Optional[str]:
     return None if shell_syntax(expanded) else expanded
 
 
+def unexpanded(path: str) -> str:
+    """For a path that was not found: a note when it holds shell syntax no shell expanded
+    (--config=~/a.yaml: bash expands ~ at a word's start only), else ''."""
+    token = shell_syntax(path)
+    if token is None:
+        return ""
+    expanded = as_shell_would(path)
+    return (f" ({token!r} in it was not expanded by a shell, which expands ~ only at a word's "
+            f"start and nothing in a config{f'; here it is {expanded}' if expanded else ''})")
+
+
 def ascii_int(text: str) -> int:
     """int(text) for text in ASCII only (int() reads '٣' as 3); ValueError otherwise."""
     if not text.isascii():

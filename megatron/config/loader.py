@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, Optional
 import yaml
 
 from megatron.config import deepspeed_section, strict_yaml
-from megatron.config.errors import ConfigError, InputError
+from megatron.config.errors import ConfigError, InputError, unexpanded
 from megatron.config.renames import new_key, relocate
 from megatron.config.sections import SECTIONS, CheckpointConfig, DataConfig, EvalConfig, \
     KernelsConfig, ModelConfig, OptimizerConfig, ParallelConfig, ResilienceConfig, RunConfig, \
@@ -217,7 +217,8 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     try:
         raw = strict_yaml.load_file(path, "config file") or {}
     except FileNotFoundError:
-        raise InputError(f"config file {path!r} does not exist; pass an existing YAML file to "
+        raise InputError(f"config file {path!r} does not exist{unexpanded(path)}; pass an "
+                         f"existing YAML file to "
                          f"--config (see examples/local/tiny.yaml)") from None
     except yaml.YAMLError as e:
         raise InputError(f"config file {path!r} is not valid YAML: {e}") from None

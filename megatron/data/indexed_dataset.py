@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -71,7 +71,8 @@ class IndexedDataset:
                 hint = (" (drop the suffix: a prefix names both files)"
                         if prefix.endswith((".bin", ".idx")) else "")
                 raise InputError(
-                    f"data file {path} does not exist: expected PREFIX.bin and PREFIX.idx for "
+                    f"data file {path} does not exist{unexpanded(path)}: expected PREFIX.bin "
+                    f"and PREFIX.idx for "
                     f"prefix {prefix!r}{hint}; fix {named_by}, or create them with "
                     f"megatron-preprocess")
         self._idx = _map(self.idx_path)

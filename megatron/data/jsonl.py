@@ -6,7 +6,7 @@ import json
 import os
 from typing import IO, Iterator, Sequence, Tuple
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -14,7 +14,8 @@ _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 def open_binary(path: str) -> IO[bytes]:
     if not os.path.isfile(path):
-        raise InputError(f"input file {path} does not exist: expected a JSON-lines file "
+        raise InputError(f"input file {path} does not exist{unexpanded(path)}: expected a "
+                         f"JSON-lines file "
                          f"(plain or .gz); fix the --input path")
     with open(path, "rb") as f:
         gz = f.read(2) == _GZIP_MAGIC

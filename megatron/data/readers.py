@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 from megatron.data.jsonl import open_binary
 
 PARQUET, ZSTD, GZIP, ARROW, JSONL, DATASETS = ("parquet", "zstd", "gzip", "arrow", "jsonl",
@@ -97,7 +97,8 @@ def _paths_of(given: str, split: Optional[str]) -> List[str]:
             raise InputError(f"--input {given!r} matches no file: expected a glob such as "
                              f"'dump/*.parquet'; check the pattern (quote it from the shell)")
         return [p for m in matches for p in _paths_of(m, split)]
-    raise InputError(f"input file {given} does not exist: expected a file (JSON lines, plain, "
+    raise InputError(f"input file {given} does not exist{unexpanded(given)}: expected a file "
+                     f"(JSON lines, plain, "
                      f".gz or .zst; parquet), a folder of them, a glob or a `datasets` "
                      f"save_to_disk folder; fix the --input path")
 

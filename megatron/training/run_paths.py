@@ -16,7 +16,7 @@ from typing import Iterator, Tuple
 from megatron.base.outputs import check_output
 from megatron.base.rundir import RunDir
 from megatron.config import Config
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 
 Need = Tuple[str, str]  # (the field that names it, the path)
 
@@ -64,7 +64,8 @@ def check_run_paths(cfg: Config) -> None:
 
 def check_readable(field: str, path: str, kind, expected: str) -> None:
     if not kind(path):
-        why = "it does not exist" if not os.path.exists(path) else "it is not the right kind"
+        why = (f"it does not exist{unexpanded(path)}" if not os.path.exists(path)
+               else "it is not the right kind")
         hint = " (drop the suffix: a prefix names both .bin and .idx)" if path.endswith(
             (".bin.idx", ".bin.bin", ".idx.idx", ".idx.bin")) else ""
         raise InputError(f"{field}: {path!r} cannot be read ({why}): expected {expected}; "

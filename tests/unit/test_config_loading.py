@@ -237,3 +237,21 @@ def test_shell_syntax_in_a_blend_item_and_paths_that_only_look_alike():
     cfg = load_config(TINY, ["run.dir=runs/a~b", "checkpoint.init_from=/m/a$1.pt",
                              "checkpoint.load=auto"])
     assert (cfg.run.dir, cfg.checkpoint.init_from) == ("runs/a~b", "/m/a$1.pt")
+
+
+def test_an_input_not_found_says_when_its_tilde_was_not_expanded(monkeypatch):
+    """--config=~/a.yaml reaches the command as written (bash expands ~ at a word's start
+    only): the message says so, with the path the shell would have given."""
+    from megatron.base.rundir import RunDir
+    monkeypatch.setenv("HOME", "/home/me")
+    note = ("('~' in it was not expanded by a shell, which expands ~ only at a word's start and "
+            "nothing in a config; here it is /home/me/{})")
+    with pytest.raises(InputError) as e:
+        load_config("~/a.yaml")
+    assert f"config file '~/a.yaml' does not exist {note.format('a.yaml')}; pass" in str(e.value)
+    with pytest.raises(InputError) as e:
+        RunDir("~/runs/a").require()
+    assert f"'~/runs/a' does not exist {note.format('runs/a')}; pass" in str(e.value)
+    with pytest.raises(InputError) as e:
+        load_config("/no/such/a.yaml")
+    assert "does not exist; pass" in str(e.value)

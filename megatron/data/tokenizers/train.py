@@ -6,7 +6,7 @@ import os
 import uuid
 from typing import Iterable, Iterator, List, Sequence
 
-from megatron.config.errors import InputError
+from megatron.config.errors import InputError, unexpanded
 from megatron.data.jsonl import is_jsonl, iter_json_texts, open_lines
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ def train_sentencepiece(inputs: Sequence[str], model_prefix: str, vocab_size: in
         raise InputError(f"--model-type={model_type!r} is invalid: expected bpe or unigram")
     missing = [p for p in inputs if not os.path.isfile(p)]
     if missing:
-        raise InputError(f"tokenizer training input {missing[0]} does not exist: expected text "
+        raise InputError(f"tokenizer training input {missing[0]} does not exist"
+                         f"{unexpanded(missing[0])}: expected text "
                          f"or JSON-lines files; fix the --input paths")
     parent = os.path.dirname(os.path.abspath(model_prefix))
     os.makedirs(parent, exist_ok=True)
