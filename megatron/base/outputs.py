@@ -24,6 +24,7 @@ truncated one, and a full disk is one line naming the file and the room left."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from typing import Callable
 
@@ -101,7 +102,8 @@ def write_whole(path: str, what: str, write: Callable[[str], None]) -> None:
     """`write(tmp)` writes the content to a temporary sibling of `path` (same extension, for
     writers that take the format from it), renamed over `path` once complete; the folder is
     created if missing. `what` names the content in a full-disk message. A symbolic link is
-    written through (its target replaced), as open(path, "w") would, not replaced by a file."""
+    written through (its target replaced), and a file replaced keeps its permission bits (an
+    sbatch script its x), as open(path, "w") would."""
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, name = os.path.split(os.path.abspath(path))
@@ -110,6 +112,11 @@ def write_whole(path: str, what: str, write: Callable[[str], None]) -> None:
     tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")
     try:
         write(tmp)
+        if os.path.exists(path):
+            try:
+                shutil.copymode(path, tmp)
+            except PermissionError:  # another user's file in a shared folder: the default mode
+                pass
         os.replace(tmp, path)
     except BaseException as e:
         try:

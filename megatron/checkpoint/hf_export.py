@@ -254,6 +254,7 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
     try:
         written = _write_folder(merged, output_dir, tensors, kind, dtype, tok)
         if os.path.isdir(final):
+            shutil.copymode(final, output_dir)  # the folder the user made keeps its mode
             os.rmdir(final)  # empty (checked above); a file put there since fails here
         os.replace(output_dir, final)
     except BaseException:

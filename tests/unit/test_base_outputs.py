@@ -209,3 +209,11 @@ def test_every_command_refuses_a_tilde_no_shell_expanded(tmp_path, capsys, monke
     out, err = capsys.readouterr()
     assert f"error: {flag}: '~/out.png' holds '~', which no shell expanded" in err, err
     assert not out and os.listdir(tmp_path) == [], (out, os.listdir(tmp_path))
+
+
+def test_a_file_replaced_keeps_its_permission_bits(tmp_path):
+    script = tmp_path / "best.sbatch"
+    script.write_text("#!/bin/bash\n")
+    script.chmod(0o750)
+    write_text_whole(str(script), "the sbatch script", "#!/bin/bash\necho new\n")
+    assert script.read_text().endswith("echo new\n") and (script.stat().st_mode & 0o777) == 0o750

@@ -165,7 +165,9 @@ def test_a_failed_export_leaves_no_folder_and_an_empty_one_is_filled(tmp_path, r
         export_hf(merged, str(out))
     assert os.listdir(tmp_path) == []
     monkeypatch.undo()
-    out.mkdir()  # an empty folder is taken
+    out.mkdir()  # an empty folder is taken, and keeps the mode it was made with
+    out.chmod(0o750)
     assert export_hf(merged, str(out)) == ["config.json", "model.safetensors"]
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert (out.stat().st_mode & 0o777) == 0o750
     assert os.listdir(tmp_path) == ["hf"]
