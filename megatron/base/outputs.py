@@ -113,10 +113,7 @@ def write_whole(path: str, what: str, write: Callable[[str], None]) -> None:
     try:
         write(tmp)
         if os.path.exists(path):
-            try:
-                shutil.copymode(path, tmp)
-            except PermissionError:  # another user's file in a shared folder: the default mode
-                pass
+            shutil.copymode(path, tmp)  # reads the old file's bits, sets them on our own tmp
         os.replace(tmp, path)
     except BaseException as e:
         try:
