@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 
-from megatron.base.outputs import check_files, check_output
+from megatron.base.outputs import check_output
 from megatron.cli.plan_args import load_job, load_space
 from megatron.config.errors import ConfigError, InputError
 from megatron.planner import emit
@@ -41,12 +41,13 @@ def run_calibrate(args) -> int:
                           "the steps after the warm-up are the ones timed")
     # written after minutes or hours of trials: checked first (--fit-only only reads --results)
     runs = not args.fit_only and args.trials
-    check_files(("--results", args.results if runs else None), ("--out", args.out))
+    if runs:
+        check_output("--results", args.results, "file")
+        check_output("--run-root", args.run_root, "dir")
+    check_output("--out", args.out, "file")
     if os.path.realpath(args.out) == os.path.realpath(args.results):
         raise InputError(f"--out: {args.out!r} is --results's file too: expected another file "
                          "(the profile would overwrite the trials); give each its own path")
-    if runs:
-        check_output("--run-root", args.run_root, "dir")
     if args.fit_only and not os.path.isfile(args.results):
         raise InputError(f"--fit-only fits the trials stored in --results, and there is no file "
                          f"{args.results!r}: pass the results file of earlier trials, or drop "

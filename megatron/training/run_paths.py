@@ -53,7 +53,7 @@ def readable_files(cfg: Config) -> Iterator[Need]:
 def check_run_paths(cfg: Config) -> None:
     """One InputError for the first path the run could not use."""
     for field, path in writable_dirs(cfg):
-        check_writable_dir(field, path)
+        check_output(field, path, "dir")  # writable, or creatable as a directory
     for field, path in readable_files(cfg):
         check_readable(field, path, os.path.isfile, "a readable file")
     load = cfg.checkpoint.load
@@ -74,7 +74,3 @@ def check_readable(field: str, path: str, kind, expected: str) -> None:
         raise InputError(f"{field}: {path!r} is not readable (permission denied): expected "
                          f"{expected}; fix its permissions")
 
-
-def check_writable_dir(field: str, path: str) -> None:
-    """`path` is a writable directory or can be created as one."""
-    check_output(field, path, "dir")

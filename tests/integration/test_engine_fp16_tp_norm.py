@@ -14,10 +14,9 @@ computed here from the unsharded gradient:
 - an infinity in rank 1's shard alone skips the step on both ranks and halves the loss scale on
   both, the weights untouched (the overflow pass is kept beyond one TP rank:
   engine/overflow_check.py)."""
-import json
-import os
-
 import pytest
+
+from tests.support.procs import spawn_json
 
 SCALE = 2.0 ** 8
 
@@ -34,7 +33,6 @@ def _optimizer(params, mpu, clip):
 
 def _worker(rank, out_dir):
     import torch
-    import torch.distributed as dist
     from megatron.engine import overflow_check, zero0_norm
     from megatron.engine.engine import join_deepspeed
     from megatron.engine.model import mark_tensor_parallel
@@ -42,9 +40,6 @@ def _worker(rank, out_dir):
     from megatron.parallel.layers import mark_tp
     from megatron.parallel.state import ParallelState
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}",
-                            rank=rank, world_size=2)
     join_deepspeed()  # as the engine joins it: no DeepSpeed op is built
     state = ParallelState.build(2, 1)
     mpu = DeepSpeedMPU(state)
@@ -92,17 +87,13 @@ def _worker(rank, out_dir):
     seen_bias = (bias_grad * SCALE).half().float() / SCALE
     out["true_norm"] = float((seen.pow(2).sum() + seen_bias.pow(2).sum()).sqrt())
     out["rank0_only_norm"] = float((seen[:4].pow(2).sum() + seen_bias.pow(2).sum()).sqrt())
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    dist.destroy_process_group()
+    return out
 
 
 @pytest.mark.slow
 def test_fp16_zero0_norm_clip_and_overflow_count_every_tp_rank(tmp_path):
     pytest.importorskip("deepspeed")
-    import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = spawn_json(_worker, str(tmp_path))
     for rank, got in enumerate(ranks):
         where = f"rank {rank}: {got}"
         assert got["markedTrue"] is True and got["norm_checkTrue"] is None, where

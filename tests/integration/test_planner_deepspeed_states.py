@@ -2,13 +2,12 @@
 for several ZeRO stages, precisions and pipeline layouts, and the bytes of the weights,
 gradients and optimizer states they hold must equal memory.state_bytes' prediction. A failure
 names the layout and the quantity, and points at memory.state_bytes (or a DeepSpeed change)."""
-import json
-import os
 
 import pytest
 
 from megatron.planner.memory import state_bytes, zero3_gathered_elems
 from megatron.planner.params import padded_vocab, stage_params
+from tests.support.procs import spawn_json
 
 # (zero, precision, tp, pp) on 2 ranks
 CASES = [(0, "fp32", 1, 1), (0, "bf16", 1, 1), (1, "bf16", 1, 1), (2, "bf16", 1, 1),
@@ -79,28 +78,19 @@ def _measure_case(rank, zero, precision, tp, pp):
 
 
 def _worker(rank, out_dir):
-    import torch.distributed as dist
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    # a file store: no port to pick in advance and lose to another process before it is bound
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}",
-                            rank=rank, world_size=2)
-    results = [dict(_measure_case(rank, *case), case=list(case)) for case in CASES]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
+    return [dict(_measure_case(rank, *case), case=list(case)) for case in CASES]
 
 
 @pytest.mark.slow
 def test_state_bytes_equal_deepspeed_tensors(tmp_path):
     pytest.importorskip("deepspeed")
     pytest.importorskip("megatron.engine.engine")
-    import torch.multiprocessing as mp
     from megatron.config import load_config
 
-    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2)
+    ranks = spawn_json(_worker, str(tmp_path))
     model = load_config("examples/local/tiny.yaml").model
     for rank in (0, 1):
-        for got in json.loads((tmp_path / f"rank{rank}.json").read_text()):
+        for got in ranks[rank]:
             zero, precision, tp, pp = got["case"]
             sp = stage_params(model, tp, pp, got["stage"])
             assert got["n"] == sp.total, got

@@ -1,6 +1,6 @@
 """Process helpers: a free local port for a rendezvous, a torchrun launch on CPU ranks (its
-rendezvous port bound by torchrun itself: --standalone), and a worker launch that returns the
-JSON its rank 0 wrote."""
+rendezvous port bound by torchrun itself: --standalone), a worker launch that returns the
+JSON its rank 0 wrote, and a function spawned on gloo ranks that returns each rank's JSON."""
 import json
 import os
 import socket
@@ -60,6 +60,27 @@ def launch_json(nproc: int, script: str, out: str, *args: str, plain_single: boo
                                  f"{' '.join(args)} failed:\n{proc.stderr[-5000:]}"
     with open(out) as f:
         return json.load(f)
+
+
+def _joined(rank: int, worker, folder: str, nprocs: int) -> None:
+    import torch.distributed as dist
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank))
+    # a file store: no port to pick in advance and lose to another process before it is bound
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'store')}",
+                            rank=rank, world_size=nprocs)
+    result = worker(rank, folder)
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def spawn_json(worker, folder: str, nprocs: int = 2) -> list:
+    """Runs `worker(rank, folder)` (a module-level function) on `nprocs` gloo ranks started by
+    torch.multiprocessing.spawn and joined through a file store in `folder`; returns what each
+    rank's worker returned (JSON), in rank order."""
+    import torch.multiprocessing as mp
+    mp.spawn(_joined, args=(worker, folder, nprocs), nprocs=nprocs)
+    return [json.load(open(os.path.join(folder, f"rank{r}.json"))) for r in range(nprocs)]
 
 
 def pid_of(*in_cmdline: str, env_has: str):
