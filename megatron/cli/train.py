@@ -57,8 +57,10 @@ def parse_args(argv=None):
                    help="override one config value; repeatable")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first: it registers model variants, pipeline schedules "
-                   "or fused ops that --set may then name (repeatable; or MEGATRON_PLUGINS=a,b "
-                   "for every command of a job)")
+                   "or fused ops that --set may then name; added to run.plugins, so the run's "
+                   "config.yaml brings it to resuming, megatron-generate, megatron-convert and "
+                   "megatron-plan (repeatable; MEGATRON_PLUGINS=a,b imports for every command "
+                   "of a job without recording)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config and exit without training")
     p.add_argument("--help-config", nargs="?", const="", metavar="SECTION",
@@ -116,6 +118,8 @@ def main(argv=None) -> int:
         sys.stdout.write(reference.text(args.help_config or None))
         return 0
     cfg = load_config(args.config, args.set)
+    # recorded in the run's config.yaml: resuming and the other commands import them too
+    cfg.run.plugins = list(dict.fromkeys([*cfg.run.plugins, *map(str.strip, args.plugin)]))
     if args.print_config:
         sys.stdout.write(cfg.to_yaml())
         return 0

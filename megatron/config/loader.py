@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
-from megatron.config import deepspeed_section, strict_yaml
+from megatron.config import deepspeed_section, plugins, strict_yaml
 from megatron.config.errors import ConfigError, InputError, unexpanded
 from megatron.config.renames import new_key, relocate
 from megatron.config.sections import SECTIONS, CheckpointConfig, DataConfig, EvalConfig, \
@@ -55,6 +55,7 @@ class Config:
         values are taken as typed, not parsed as YAML text is. A config.yaml written before a
         key moved (config/renames.py) loads with the key in its new section."""
         d = relocate(d, " (a saved config)")
+        _import_plugins(d)
         return cls(**{name: section(**d.get(name, {})) for name, section in SECTIONS.items()},
                    deepspeed=copy.deepcopy(d.get(deepspeed_section.SECTION, {})))
 
@@ -181,6 +182,14 @@ def _override_target(section: str, name: str, text: str, out: Dict[str, Dict[str
     return target, name, types[name]
 
 
+def _import_plugins(sections: Dict[str, Any]) -> None:
+    """run.plugins imported before any section is built: model.normalization and the other
+    registry fields may name what they register (config/plugins.py)."""
+    run = sections.get("run")
+    if isinstance(run, dict) and "plugins" in run:
+        plugins.import_listed(run["plugins"])
+
+
 def _merge(into: Dict[str, Any], values: Dict[str, Any]) -> None:
     """values into `into`, a sub-section's mapping merged key by key (a YAML file's model.moe
     and a --set of model.moe.top_k both hold)."""
@@ -256,5 +265,6 @@ def build_config(sections: Dict[str, Dict[str, Any]]) -> Config:
         if section not in ALL_SECTIONS:
             raise ConfigError(str(section), "...", f"a section among {', '.join(ALL_SECTIONS)}")
     sections = relocate(sections)
+    _import_plugins(sections)
     return Config(**{name: _build_section(name, sections.get(name, {})) for name in SECTIONS},
                   deepspeed=dict(sections.get(deepspeed_section.SECTION, {})))

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from megatron.config import plugins
 from megatron.config.errors import ConfigError
 
 KIND_FIELD = {"norm": "normalization", "activation": "activation",
@@ -117,8 +118,10 @@ def get(kind: str, name: str) -> Variant:
     try:
         return _REGISTRY[kind][name]
     except KeyError:
-        raise ConfigError(f"model.{KIND_FIELD[kind]}", name,
-                          f"one of {', '.join(choices(kind))}") from None
+        key = f"model.{KIND_FIELD[kind]}"
+        raise ConfigError(key, name, f"one of {', '.join(choices(kind))}",
+                          f"pick one with --set {key}=... or in the YAML file; "
+                          f"{plugins.NAME_HINT}") from None
 
 
 def of(m, kind: str) -> Variant:

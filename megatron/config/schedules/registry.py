@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from megatron.config import plugins
 from megatron.config.errors import ConfigError
 
 # A name is typed in YAML, --set and megatron-plan's comma-separated --schedules
@@ -126,7 +127,9 @@ def with_runner() -> Tuple[str, ...]:
 def get(name: str) -> Schedule:
     record = _RECORDS.get(name)
     if record is None:
-        raise ConfigError("parallel.pipeline_schedule", name, f"one of {', '.join(names())}")
+        raise ConfigError("parallel.pipeline_schedule", name, f"one of {', '.join(names())}",
+                          "pick one with --set parallel.pipeline_schedule=... or in the YAML "
+                          f"file; {plugins.NAME_HINT}")
     return record
 
 

@@ -35,7 +35,9 @@ class CheckpointConfig:
     load: Optional[str] = None
     """What to resume from. auto: the newest complete checkpoint in <run.dir>/checkpoints (a
     fresh start when there is none), in whatever layout it was written; or a checkpoints folder,
-    or one checkpoint folder (step_N). null: start fresh."""
+    or one checkpoint folder (step_N). null: start fresh. A run may not start below a complete
+    checkpoint of its own <run.dir>/checkpoints (auto would later resume that one before this
+    run's saves): a fresh start or an older checkpoint there is refused, naming it."""
     new_data_stream: bool = False
     """A resume refuses a checkpoint whose sample stream (model.seq_length, the data section's
     corpus, split, tokenizer and seed) differs from this run's. true: resume weights, optimizer and

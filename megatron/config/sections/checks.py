@@ -11,6 +11,7 @@ import typing
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from megatron.config.errors import ConfigError, as_shell_would, shell_syntax
+from megatron.config.plugins import NAME_HINT
 
 # A field's metadata keys: where its choices come from at run time, and the words naming it
 CHOICES, SOURCE = "choices", "choices_source"
@@ -22,9 +23,10 @@ def registry(choices: Callable[[], Tuple[str, ...]], source: str) -> Dict[str, A
     return {CHOICES: choices, SOURCE: source}
 
 
-def choice(section: str, name: str, value, allowed) -> None:
+def choice(section: str, name: str, value, allowed, fix: str = "") -> None:
     if value not in allowed:
-        raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(str, allowed))}",
+                          fix)
 
 
 def written_out(section: str, name: str, value) -> None:
@@ -98,6 +100,12 @@ def hints(cls) -> Dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=None)
+def registry_fields(cls) -> frozenset:
+    """The fields whose choices come from a registry that plugins extend."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if CHOICES in f.metadata)
+
+
+@functools.lru_cache(maxsize=None)
 def field_choices(cls) -> Dict[str, Callable[[], Tuple[Any, ...]]]:
     """Field name -> a function giving its allowed values, for every field with fixed choices
     (its Literal) or registry choices (its metadata)."""
@@ -118,4 +126,6 @@ def check_choices(section: str, obj) -> None:
         value = getattr(obj, name)
         if value is None and type(None) in typing.get_args(types[name]):
             continue
-        choice(section, name, value, allowed())
+        fix = (f"pick one with --set {section}.{name}=... or in the YAML file; {NAME_HINT}"
+               if name in registry_fields(type(obj)) else "")
+        choice(section, name, value, allowed(), fix)

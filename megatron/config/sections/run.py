@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
+from megatron.config import plugins
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, written_out
 
@@ -34,11 +35,18 @@ class RunConfig:
     """The W&B entity (user or team). null: W&B's default for the logged-in user."""
     wandb_tags: List[str] = field(default_factory=list)
     """Tags of the W&B run, e.g. [frontier, 175b]."""
+    plugins: List[str] = field(default_factory=list)
+    """Modules of yours that register model variants, pipeline schedules or fused ops, e.g.
+    [mypkg.variants] (mypkg/variants.py on PYTHONPATH or in the current directory): imported
+    before the rest of the config is checked, so its fields may name what they register, and
+    again by every command that reads the run's config.yaml (resuming, megatron-generate,
+    megatron-convert, megatron-plan --config). megatron-train --plugin MODULE adds to it."""
 
     def __post_init__(self):
         if not self.dir:
             raise ConfigError("run.dir", self.dir, "a directory path")
         written_out("run", "dir", self.dir)
+        plugins.check_names(self.plugins)
         check_choices("run", self)
         if not self.wandb_project:
             raise ConfigError("run.wandb_project", self.wandb_project, "a W&B project name")
