@@ -191,6 +191,33 @@ def find_resume(cfg) -> Optional[Resume]:
     return resume
 
 
+def check_continues_newest(cfg, resume: Optional[Resume]) -> None:
+    """A run saves into <run.dir>/checkpoints, where checkpoint.load=auto (every chained job, a
+    resumed run) takes the highest complete step. Starting below a complete checkpoint there (a
+    fresh start, checkpoint.init_from, or checkpoint.load naming an older one) would leave that
+    checkpoint of another history to be resumed before this run's own, or set it aside when this
+    run reaches its step: refused, naming it and the ways out."""
+    own = RunDir(cfg.run.dir).checkpoints
+    newest, _ = store.newest_complete(own)
+    start = resume.step if resume is not None else 0
+    if newest is None or newest.step <= start:
+        return
+    here = f"run.dir {cfg.run.dir!r} holds a complete checkpoint at step {newest.step} " \
+           f"({newest.folder})"
+    if resume is None:
+        raise InputError(
+            f"{here}, and this run starts afresh (checkpoint.load is not set"
+            f"{'; checkpoint.init_from only starts a run' if cfg.checkpoint.init_from else ''}):"
+            f" its saves would mix with that run's, and checkpoint.load=auto would later resume "
+            f"the older run's newest step. Continue it with --set checkpoint.load=auto; or train "
+            f"into a new folder (--set run.dir=...); or move {own} away to start afresh here")
+    raise InputError(
+        f"{here}, newer than the checkpoint this run continues from ({resume.folder}, step "
+        f"{resume.step}): checkpoint.load=auto would later resume that newer step before this "
+        f"run's own saves. To roll back, move the checkpoints above step {resume.step} out of "
+        f"{own}; or train into a new folder (--set run.dir=...)")
+
+
 def check_model(resume: Resume, current: LayoutRecord) -> None:
     """Refuses a checkpoint of another model; any other parallel layout is fine."""
     saved = resume.meta.layout

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron.checkpoint.layout import (Resume, check_data, check_model, data_record,
-                                        find_resume, layout_record)
+from megatron.checkpoint.layout import (Resume, check_continues_newest, check_data,
+                                        check_model, data_record, find_resume, layout_record)
 from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
@@ -279,6 +279,7 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
     """The checkpoint every rank continues from, chosen once by rank 0."""
     def choose():
         resume = find_resume(cfg)
+        check_continues_newest(cfg, resume)
         if resume is not None:
             check_model(resume, layout)
             new = check_data(resume, data_record(cfg), cfg.checkpoint.new_data_stream,
