@@ -38,9 +38,9 @@ def check_names(value, field: str = FIELD) -> List[str]:
     for name in value:
         if not _MODULE.match(name):
             raise ConfigError(field, value, f"dotted Python module names ({name!r} is not one)",
-                              f"name the module as import would (mypkg/variants.py is "
-                              f"mypkg.variants), its folder on PYTHONPATH or the current "
-                              f"directory")
+                              "name the module as import would (mypkg/variants.py is "
+                              "mypkg.variants), its folder on PYTHONPATH or the current "
+                              "directory")
     return value
 
 

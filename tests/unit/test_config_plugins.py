@@ -12,8 +12,9 @@ from megatron.config.plugins import NAME_HINT, load_plugins
 from tests.support.paths import TINY
 
 PLUGIN = '''from megatron.config import variants
-variants.register(variants.Variant("norm", "{name}", "megatron.model.norm:RMSNorm",
-                                   weights=(variants.Weight("weight", lambda m: (m.hidden_size,)),)))
+variants.register(variants.Variant(
+    "norm", "{name}", "megatron.model.norm:RMSNorm",
+    weights=(variants.Weight("weight", lambda m: (m.hidden_size,)),)))
 '''
 
 
