@@ -416,14 +416,26 @@ class BatchSizeEvent:
     event: str = "batch_size"
 
 
+@dataclass(frozen=True)
+class LrScheduleEvent:
+    """A resume whose learning-rate schedule differs from the one the checkpoint recorded
+    (engine/optimizer.schedule_change): the step numbers go on, so the schedule is read at the
+    checkpoint's position under the new settings, and the rate can jump."""
+    step: int            # the checkpoint's step
+    changed: str         # "field before -> after; ..." (optimizer.lr, the decay's end, ...)
+    lr_before: float     # the next step's rate under the checkpoint's schedule
+    lr_after: float      # under this run's
+    event: str = "lr_schedule"
+
+
 EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEvent,  # type: ignore
                                                 SpikeEvent, RollbackEvent, HangEvent,
                                                 StragglerEvent, UnresponsiveEvent,
                                                 SdcSuspectEvent, StateSuspectEvent,
-                                                BatchSizeEvent)}
+                                                BatchSizeEvent, LrScheduleEvent)}
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
-                      SdcSuspectEvent, StateSuspectEvent, BatchSizeEvent]
+                      SdcSuspectEvent, StateSuspectEvent, BatchSizeEvent, LrScheduleEvent]
 _OPTIONAL = ("startup", "nonfinite", "moe")
 
 

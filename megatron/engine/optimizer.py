@@ -5,7 +5,8 @@ GPUs, the foreach implementation on the CPU."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -66,6 +67,53 @@ def lr_at(step: int, opt_cfg, train_iters: int) -> float:
     return floor + (peak - floor) * coeff
 
 
+# The facts a checkpoint records of its learning-rate schedule: lr_at's inputs, the decay's end
+# resolved (optimizer.lr_decay_iters, else training.train_iters).
+SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
+
+
+def schedule_record(opt_cfg, train_iters: int) -> Dict:
+    return {"lr": opt_cfg.lr, "min_lr": opt_cfg.min_lr, "warmup_iters": opt_cfg.lr_warmup_iters,
+            "decay_style": opt_cfg.lr_decay_style,
+            "decay_iters": opt_cfg.lr_decay_iters or train_iters}
+
+
+def _record_lr(record: Dict, step: int) -> float:
+    as_cfg = SimpleNamespace(lr=record["lr"], min_lr=record["min_lr"],
+                             lr_warmup_iters=record["warmup_iters"],
+                             lr_decay_style=record["decay_style"],
+                             lr_decay_iters=record["decay_iters"])
+    return lr_at(step, as_cfg, record["decay_iters"])
+
+
+def schedule_change(saved: Dict, opt_cfg, train_iters: int
+                    ) -> Optional[Tuple[Dict, float, float, str]]:
+    """What a resume does to the learning rate when this run's schedule is not the one the
+    checkpoint recorded: ({field: [checkpoint's, this run's]}, lr of the next step under the
+    checkpoint's schedule, under this run's, and one line for the log); None when the schedule is
+    the same, or the checkpoint predates the record (it holds only last_step)."""
+    if not all(k in saved for k in SCHEDULE_KEYS):
+        return None
+    now = schedule_record(opt_cfg, train_iters)
+    changed = {k: [saved[k], now[k]] for k in SCHEDULE_KEYS if saved[k] != now[k]}
+    if not changed:
+        return None
+    position = int(saved["last_step"])
+    before, after = _record_lr(saved, position), _record_lr(now, position)
+    names = {"lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
+             "warmup_iters": "optimizer.lr_warmup_iters", "decay_style": "optimizer.lr_decay_style",
+             "decay_iters": "the decay's end (optimizer.lr_decay_iters, else training.train_iters)"}
+    what = "; ".join(f"{names[k]} {a} -> {b}" for k, (a, b) in changed.items())
+    text = f"the learning-rate schedule changed on resume ({what}): step {position + 1} trains at "
+    text += (f"lr {after:.3g} under both, and the two part after it" if math.isclose(before, after)
+             else f"lr {after:.3g}, where the checkpoint's schedule gives {before:.3g}")
+    if set(changed) == {"decay_iters"} and opt_cfg.lr_decay_iters is None:
+        text += (f". training.train_iters sets the decay's end while optimizer.lr_decay_iters is "
+                 f"not set: to train longer on the checkpoint's schedule (min_lr after step "
+                 f"{saved['decay_iters']}), set optimizer.lr_decay_iters={saved['decay_iters']}")
+    return changed, before, after, text
+
+
 class WarmupDecayLR:
     """DeepSpeed calls step() after every optimizer step that was not skipped (fp16 overflow)."""
 
@@ -90,7 +138,8 @@ class WarmupDecayLR:
         return self.get_last_lr()
 
     def state_dict(self) -> Dict:
-        return {"last_step": self.last_step}
+        """The position, and the schedule's facts (a resume compares them: schedule_change)."""
+        return {"last_step": self.last_step, **schedule_record(self.opt_cfg, self.train_iters)}
 
     def load_state_dict(self, state: Dict) -> None:
         self.last_step = int(state["last_step"])

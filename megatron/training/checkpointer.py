@@ -31,12 +31,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from megatron.base import store
 from megatron.checkpoint import sharded
 from megatron.checkpoint.layout import data_record, rng_state, set_rng_state
-from megatron.base.records import (BatchSizeEvent, CheckpointMeta, SaveEvent, StopEvent,
-                                   events, read_metrics_tail)
+from megatron.base.records import (BatchSizeEvent, CheckpointMeta, LrScheduleEvent, SaveEvent,
+                                   StopEvent, events, read_metrics_tail)
 from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_bytes
 from megatron.base.store import Found, committed_message, tag_for
 from megatron.config import Config
 from megatron.config.errors import InputError
+from megatron.engine.optimizer import schedule_change
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
 from megatron.training.agree import (WRITER_BUSY, WRITER_DONE, WRITER_FAILED, WRITER_IDLE,
@@ -54,6 +55,7 @@ class Checkpointer:
         when a save or a load really happens (enter) and what a save should cost (expect):
         the run's last saves, else the estimate of an unmeasured one, then this job's saves."""
         self.t, self.ck, self.seed = cfg.training, cfg.checkpoint, cfg.training.seed
+        self.opt = cfg.optimizer
         self.job, self.writer, self.watchdog = job, writer, watchdog
         self.phase = watchdog.enter if watchdog is not None else (lambda name: None)
         self.data = data_record(cfg)
@@ -213,13 +215,23 @@ class Checkpointer:
                  meta.size_bytes() / 1e9, seconds)
         if resume.new_stream:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
+            self._schedule_change(meta)
             return meta.step, 0
         change = batch_size_change(meta, self.t.global_batch_size, self.t.train_iters)
         if change is not None:
             event, text = change
             log.warning("%s", text)
             self._event(event)
+        self._schedule_change(meta)
         return meta.step, meta.consumed_samples
+
+    def _schedule_change(self, meta: CheckpointMeta) -> None:
+        change = schedule_change(meta.optimizer.scheduler, self.opt, self.t.train_iters)
+        if change is not None:
+            changed, before, after, text = change
+            log.warning("%s", text)
+            self._event(LrScheduleEvent(meta.step, "; ".join(
+                f"{k} {a} -> {b}" for k, (a, b) in changed.items()), before, after))
 
     def load(self, folder: str, last_good: Optional[str]) -> CheckpointMeta:
         """Collective: fills the model, optimizer state, schedule and random streams from a

@@ -46,7 +46,7 @@ _EVENT_STYLE = {"save": ("tab:green", ":"), "stop": ("black", "-"), "spike": ("t
                 "hang": ("tab:brown", "-"), "unresponsive": ("tab:red", ":"),
                 "straggler": ("tab:olive", "--"), "sdc_suspect": ("tab:pink", "-"),
                 "state_suspect": ("tab:pink", ":"),
-                "batch_size": ("tab:cyan", "-.")}
+                "batch_size": ("tab:cyan", "-."), "lr_schedule": ("tab:blue", "-.")}
 _DEFAULT_STYLE = ("tab:gray", "--")
 
 
@@ -131,6 +131,8 @@ _DETAIL = {
     "batch_size": lambda e: f"global batch {e.before} -> {e.global_batch_size} on resume: the "
                             f"data continues at sample {e.consumed_samples}; {e.steps_left} steps "
                             f"left take {e.samples_left} samples",
+    "lr_schedule": lambda e: f"learning-rate schedule changed on resume ({e.changed}): lr "
+                             f"{_num(e.lr_before, '.3g')} -> {_num(e.lr_after, '.3g')}",
 }
 _LISTED = ("event", "step", "rank", "ranks", "host", "nodes")
 

@@ -72,3 +72,40 @@ def test_another_global_batch_size_says_where_the_data_continues(saved, tmp_path
     assert (event.step, event.consumed_samples, event.before, event.global_batch_size,
             event.steps_left, event.samples_left) == (2, 8, 4, gbs, 2, 2 * gbs)
     assert validate(str(run / "checkpoints" / "step_0000004")).consumed_samples == 8 + 2 * gbs
+
+
+@pytest.mark.parametrize("change, changed, hint", [
+    (["training.train_iters=8"], "decay_iters 4 -> 8", "set optimizer.lr_decay_iters=4"),
+    (["training.train_iters=8", "optimizer.lr_decay_iters=4"], None, None),
+    (["optimizer.lr=0.001"], "lr 0.003 -> 0.001", None),
+])
+def test_a_changed_learning_rate_schedule_is_named_with_the_rate_it_jumps_to(
+        saved, tmp_path, change, changed, hint):
+    """The schedule is read by step, so a resume that moves its end (training.train_iters with
+    optimizer.lr_decay_iters unset: training longer) or its peak reads it at the checkpoint's
+    step under the new settings: one warning with both rates and, for the first, the setting
+    that keeps the checkpoint's schedule; an lr_schedule event; the next step's rate is the one
+    named. Setting that fix resumes on the checkpoint's schedule, silently."""
+    import shutil
+    from megatron.base.records import events
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    proc = run_cli(["--config", str(run / "config.yaml"), *sets(
+        f"run.dir={run}", "checkpoint.load=auto", "training.exit_interval=0", *change)],
+        clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "learning-rate schedule changed" in ln]
+    records = read_metrics(RunDir(str(run)).metrics)
+    found = events(records, "lr_schedule")
+    if changed is None:
+        assert not lines and not found, proc.stderr[-3000:]
+        return
+    (event,) = found
+    assert len(lines) == 1 and event.step == 2 and event.changed == changed
+    assert ("lr_decay_iters=" in lines[0]) == (hint is not None) and (hint or "") in lines[0]
+    step3 = next(r for r in steps(records) if r.step == 3)
+    assert step3.lr == pytest.approx(event.lr_after)
+    # at step 3, the warm-up's end, a moved decay end still gives the peak: named as the same
+    same = event.lr_after == pytest.approx(event.lr_before)
+    assert same == ("under both, and the two part after it" in lines[0]), lines[0]
+    assert same == ("decay_iters" in changed)

@@ -1,0 +1,59 @@
+"""engine/optimizer.schedule_change: a checkpoint records its learning-rate schedule beside its
+position, and a resume under other settings is named with the rate the next step gets under each
+(a hand calculation here); a checkpoint from before the record is left alone; the event reads
+back from metrics.jsonl and megatron-report describes it."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron.base.records import LrScheduleEvent, parse_metrics_line, record_json
+from megatron.engine.optimizer import WarmupDecayLR, schedule_change
+
+
+def opt(**kw):
+    base = dict(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_style="cosine",
+                lr_decay_iters=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def saved_at(step, cfg, train_iters):
+    sched = WarmupDecayLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), cfg,
+                          train_iters)
+    for _ in range(step):
+        sched.step()
+    return sched.state_dict()
+
+
+def test_the_same_schedule_is_no_change_and_an_old_record_is_not_judged():
+    saved = saved_at(4, opt(), 4)
+    assert saved["last_step"] == 4 and saved["decay_iters"] == 4
+    assert schedule_change(saved, opt(), 4) is None
+    assert schedule_change(saved, opt(lr_decay_iters=4), 8) is None  # the same end, set
+    assert schedule_change({"last_step": 4}, opt(lr=1.0), 99) is None  # before the record
+
+
+def test_training_longer_moves_the_decays_end_and_names_the_setting_that_keeps_it():
+    changed, before, after, text = schedule_change(saved_at(4, opt(), 4), opt(), 8)
+    assert changed == {"decay_iters": [4, 8]}
+    assert before == pytest.approx(3e-4)  # step 5 is past the end of a 4-step decay: min_lr
+    # cosine from step 2 (after warm-up) to 8, at step 4: 1/3 of the way
+    assert after == pytest.approx(3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi / 3)))
+    assert "step 5 trains at lr 0.00232" in text and "gives 0.0003" in text
+    assert text.endswith("set optimizer.lr_decay_iters=4")
+
+
+def test_a_new_peak_is_named_without_the_decay_hint():
+    changed, before, after, text = schedule_change(saved_at(1, opt(), 10), opt(lr=1e-3), 10)
+    assert changed == {"lr": [3e-3, 1e-3]}
+    assert (before, after) == (pytest.approx(3e-3), pytest.approx(1e-3))  # warm-up's 2nd step
+    assert "optimizer.lr 0.003 -> 0.001" in text and "lr_decay_iters=" not in text
+
+
+def test_the_event_reads_back_and_the_report_describes_it():
+    from megatron.training.report import _detail
+    event = LrScheduleEvent(4, "decay_iters 4 -> 8", 3e-4, 2.325e-3)
+    line = record_json(event)
+    assert line["event"] == "lr_schedule" and parse_metrics_line(line) == event
+    assert "0.0003 -> 0.00232" in _detail(event)
