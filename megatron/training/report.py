@@ -10,7 +10,9 @@ stops, spikes, rollbacks, divergence, hangs, unresponsive ranks, stragglers, sil
 is a vertical mark in every panel and a row of the events table, with its rank and node. A
 MoE run (step lines with `moe`) adds the expert-load table: per MoE layer, the last logged
 step's and the run's largest load (busiest expert's tokens over the mean), auxiliary losses and
-dropped share. The page embeds the PNGs (data: URIs, no other file needed)
+dropped share. Steps a run logged and then trained again from an earlier checkpoint (a resume
+past the last save, a rollback) are shown the second time, and listed. The page embeds the PNGs
+(data: URIs, no other file needed)
 and, as JSON in a <script id="series"> element, the x and y of every line as matplotlib holds
 them after plotting, which a test compares with metrics.jsonl. matplotlib runs headless (Agg)."""
 from __future__ import annotations
@@ -70,6 +72,10 @@ class RunSeries:
     skipped: List[str] = field(default_factory=list)  # "<metrics.jsonl>:<line> why" per line
     last_step: int = 0
     moe: List[Tuple[int, List[dict]]] = field(default_factory=list)  # (step, StepRecord.moe)
+    # (first, last) steps logged and then trained again from an earlier checkpoint (a resume
+    # after a crash or a stop past the last save, a rollback): the panels keep the second time
+    retrained: List[Tuple[int, int]] = field(default_factory=list)
+    logged: int = 0  # the step of the last step line read
 
 
 class Written(NamedTuple):
@@ -90,6 +96,9 @@ def load_run(path: str, name: Optional[str] = None) -> RunSeries:
 
 def _add(run: RunSeries, record) -> None:
     if isinstance(record, StepRecord):
+        if record.step <= run.logged:
+            _retrained(run, record.step)
+        run.logged = record.step
         run.last_step = max(run.last_step, record.step)
         for _, _, _, key in PANELS:
             value = getattr(record, key)
@@ -102,6 +111,16 @@ def _add(run: RunSeries, record) -> None:
             run.series.setdefault(f"{record.split}/loss", []).append((record.step, record.loss))
     else:  # an event: read_metrics refuses a kind records.EVENTS does not declare
         run.events.append(_event_row(record))
+
+
+def _retrained(run: RunSeries, first: int) -> None:
+    """A step line at or before the last one read: the run went back to an earlier checkpoint
+    and trains from `first` again. Every point from `first` on is the earlier history's and
+    leaves the panels (a line drawn in file order would run back over itself)."""
+    run.retrained.append((first, run.logged))
+    for name, points in run.series.items():
+        run.series[name] = [p for p in points if p[0] < first]
+    run.moe = [m for m in run.moe if m[0] < first]
 
 
 def _event_row(event) -> EventRow:
@@ -243,7 +262,8 @@ def _html(runs: Sequence[RunSeries], plotted, images) -> str:
                       for key, title, _, _ in PANELS)
     data = json.dumps({"runs": [r.name for r in runs], "panels": plotted}).replace("</", "<\\/")
     return _PAGE.format(title=esc(", ".join(r.name for r in runs)), rows=rows, events=events,
-                        skipped=_skipped_html(runs) + _moe_html(runs), figures=figures,
+                        skipped=_skipped_html(runs) + _retrained_html(runs) + _moe_html(runs),
+                        figures=figures,
                         data=data)
 
 
@@ -289,6 +309,18 @@ def _skipped_html(runs: Sequence[RunSeries]) -> str:
     return (f"<h2>Skipped lines</h2><p>{len(lines)} line(s) of metrics.jsonl are not records "
             "and were skipped: a line the run is writing now, or what a crash left (a line cut "
             f"short, zero-filled blocks).</p><ul>{items}</ul>")
+
+
+def _retrained_html(runs: Sequence[RunSeries]) -> str:
+    """The steps a run trained twice, so a reader knows the panels show the second time."""
+    items = "".join(f"<li>{html.escape(r.name)}: steps {a}-{b}</li>" for r in runs
+                    for a, b in r.retrained)
+    if not items:
+        return ""
+    return ("<h2>Steps trained again</h2><p>These steps were logged, then the run went on from "
+            "an earlier checkpoint (a resume after a crash or a stop past the last save, or a "
+            "rollback) and trained them again: the panels show the second time, the first is "
+            f"left out.</p><ul>{items}</ul>")
 
 
 def _last(run: RunSeries, series: str) -> str:

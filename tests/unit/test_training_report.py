@@ -136,3 +136,27 @@ def test_an_output_that_is_a_file_and_a_run_given_twice_are_refused(every_event_
     assert f"run directory '{run.path}/' is given twice (as '{run.path}' too)" in \
         capsys.readouterr().err
     assert not out.exists()
+
+
+def test_steps_trained_again_are_shown_the_second_time_and_listed(tmp_path):
+    """A job that logged steps 1-5 and stopped with its last save at step 2, then a resume from
+    it (steps 3-6), then a rollback to step 5 (6 again): file order drew the loss back over
+    itself (5 -> 3); the panels keep each step's last training and the page lists 3-5 and 6."""
+    run = RunDir(str(tmp_path / "resumed"))
+    writer = MetricsWriter(run, tensorboard=False)
+    for n in range(1, 6):
+        writer.write(step_record(n, loss=10.0 - n))
+    writer.write(records.EvalRecord(4, "valid", 7.5))  # the first history's evaluation
+    for n in range(3, 7):
+        writer.write(step_record(n, loss=20.0 - n))
+    writer.write(step_record(6, loss=1.0))
+    writer.close()
+    assert main([run.path, "-o", str(tmp_path / "out")]) == 0
+    page = html.unescape((tmp_path / "out" / "index.html").read_text())
+    data = json.loads(re.search(r'id="series">(.*?)</script>', page, re.S).group(1))
+    assert data["panels"]["loss"]["resumed: train/loss"] == [
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [9.0, 8.0, 17.0, 16.0, 15.0, 1.0]]
+    assert "resumed: valid/loss" not in data["panels"]["loss"]  # step 4's was trained again
+    section = page.split("<h2>Steps trained again</h2>", 1)[1]
+    assert "resumed: steps 3-5" in section and "resumed: steps 6-6" in section
+    assert report.load_run(run.path).last_step == 6
