@@ -134,8 +134,9 @@ def main(argv=None) -> int:
     timer.mark("memory check")
     summary = train(cfg, startup=timer)
     leave_distributed()
-    log.info("done: %d steps, final loss %.4f, run directory %s", summary.steps,
-             summary.losses[-1] if summary.losses else float("nan"), summary.run_dir)
+    loss = f"{summary.losses[-1]:.4f}" if summary.losses else "n/a (no step trained)"
+    log.info("done: %d steps, final loss %s, run directory %s", summary.steps, loss,
+             summary.run_dir)
     return 0
 
 

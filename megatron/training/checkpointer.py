@@ -226,6 +226,8 @@ class Checkpointer:
         return meta.step, meta.consumed_samples
 
     def _schedule_change(self, meta: CheckpointMeta) -> None:
+        if meta.step >= self.t.train_iters:  # no step left to train under either schedule
+            return
         change = schedule_change(meta.optimizer.scheduler, self.opt, self.t.train_iters)
         if change is not None:
             changed, before, after, text = change

@@ -109,3 +109,17 @@ def test_a_changed_learning_rate_schedule_is_named_with_the_rate_it_jumps_to(
     same = event.lr_after == pytest.approx(event.lr_before)
     assert same == ("under both, and the two part after it" in lines[0]), lines[0]
     assert same == ("decay_iters" in changed)
+
+
+def test_a_resume_with_no_step_left_says_so_and_names_no_schedule_change(saved, tmp_path):
+    """training.train_iters at or below the checkpoint's step: nothing is trained, and the log
+    says why (it said "final loss nan"); the schedule, moved with train_iters, is not judged."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    proc = run_cli(["--config", str(run / "config.yaml"), *sets(
+        f"run.dir={run}", "checkpoint.load=auto", "training.train_iters=2")], clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing left to train: the checkpoint is at step 2 and training.train_iters=2" \
+        in proc.stderr and "final loss n/a (no step trained)" in proc.stderr
+    assert "schedule changed" not in proc.stderr and "nan" not in proc.stderr
