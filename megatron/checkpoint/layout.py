@@ -214,8 +214,9 @@ def check_continues_newest(cfg, resume: Optional[Resume]) -> None:
     raise InputError(
         f"{here}, newer than the checkpoint this run continues from ({resume.folder}, step "
         f"{resume.step}): checkpoint.load=auto would later resume that newer step before this "
-        f"run's own saves. To roll back, move the checkpoints above step {resume.step} out of "
-        f"{own}; or train into a new folder (--set run.dir=...)")
+        f"run's own saves. Continue this run's newest with --set checkpoint.load=auto; to roll "
+        f"back, move the checkpoints above step {resume.step} out of {own}; or train into a new "
+        f"folder (--set run.dir=...)")
 
 
 def check_model(resume: Resume, current: LayoutRecord) -> None:

@@ -71,7 +71,8 @@ def test_a_run_starting_below_its_run_dirs_newest_checkpoint_is_refused(tmp_path
         assert "--set run.dir=..." in message, (name, message)
     for name in ("fresh", "init_from"):
         assert "this run starts afresh" in refusals[name]
-        assert "--set checkpoint.load=auto" in refusals[name]
+    for message in refusals.values():
+        assert "--set checkpoint.load=auto" in message
     assert "checkpoint.init_from only starts a run" in refusals["init_from"]
     assert "step_0000002, step 2" in refusals["rollback"]
     assert "move the checkpoints above step 2 out of" in refusals["rollback"]
