@@ -82,8 +82,11 @@ def flavour(m) -> str:
         if not problems[arch]:
             return arch
     raise InputError("this model maps to no Hugging Face architecture exactly: "
-                     + "; ".join(f"{ARCH_NAMES[a]} needs other settings than "
-                                 + ", ".join(why) for a, why in problems.items()))
+                     + "; ".join(f"for {ARCH_NAMES[a]}, " + ", ".join(why)
+                                 for a, why in problems.items())
+                     + ". A variant of your own maps where its record names its Hugging Face "
+                     "weights (config/variants.py, Variant.hf); otherwise keep the model as one "
+                     "file: megatron-convert to-single")
 
 
 def _norm_names(m, arch: str, ours: str, theirs: str, sd: StateDict) -> StateDict:
