@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from megatron.base.outputs import check_output
 from megatron.cli.common import count, entry_point, integer, number, seconds
+from megatron.config.errors import InputError
 
 EXAMPLES = """\
 examples:
@@ -144,8 +145,13 @@ def _run_encode(argv: List[str]) -> None:
     names = {"type": "--tokenizer-type", "model": "--tokenizer-model",
              "vocab_file": "--vocab-file", "merges_file": "--merge-file",
              "vocab_size": "--vocab-size"}
-    spec = TokenizerSpec(canonical_type(a.tokenizer_type), a.tokenizer_model, a.vocab_file,
-                         a.merge_file, a.vocab_size, names)
+    kind = canonical_type(a.tokenizer_type)
+    if a.vocab_size is not None and kind != "null":  # the vocabulary is the tokenizer's own
+        raise InputError(f"--vocab-size={a.vocab_size} is set, but --tokenizer-type="
+                         f"{a.tokenizer_type!r} does not read it (its vocabulary is its files'): "
+                         f"leave --vocab-size out, or use --tokenizer-type null for token ids")
+    spec = TokenizerSpec(kind, a.tokenizer_model, a.vocab_file, a.merge_file, a.vocab_size,
+                         names)
     job = PreprocessJob(a.input, a.output_prefix, spec, a.json_keys, a.append_eod, a.workers,
                         split=a.split)
     progress = _Progress()

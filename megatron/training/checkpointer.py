@@ -215,18 +215,23 @@ class Checkpointer:
                  meta.size_bytes() / 1e9, seconds)
         if resume.new_stream:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
-            self._schedule_change(meta)
+            self._resume_notes(meta)
             return meta.step, 0
         change = batch_size_change(meta, self.t.global_batch_size, self.t.train_iters)
         if change is not None:
             event, text = change
             log.warning("%s", text)
             self._event(event)
-        self._schedule_change(meta)
+        self._resume_notes(meta)
         return meta.step, meta.consumed_samples
 
-    def _schedule_change(self, meta: CheckpointMeta) -> None:
+    def _resume_notes(self, meta: CheckpointMeta) -> None:
+        """What the resumed run will do that its settings alone do not say: nothing (no step
+        left), or train on another learning-rate schedule than the checkpoint's."""
         if meta.step >= self.t.train_iters:  # no step left to train under either schedule
+            log.info("nothing left to train: the checkpoint is at step %d and "
+                     "training.train_iters=%d (raise it to train further)", meta.step,
+                     self.t.train_iters)
             return
         change = schedule_change(meta.optimizer.scheduler, self.opt, self.t.train_iters)
         if change is not None:

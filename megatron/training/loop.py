@@ -119,10 +119,6 @@ class _Loop:
         self.step, self.consumed = self.checkpointer.resume()
         self.watchdog.done()
         self.summary.steps = self.step
-        if job.resume is not None and self.step >= self.t.train_iters:
-            log.info("nothing left to train: the checkpoint is at step %d and "
-                     "training.train_iters=%d (raise it to train further)", self.step,
-                     self.t.train_iters)
         if job.resume is not None:
             timer.mark("checkpoint load")
         self.data = build_iterators(self.cfg, job.state.dp_rank, job.dp, self.consumed,

@@ -198,6 +198,8 @@ def _check_before_joining(cfg: Config, world: int, device_type: str, rank: int =
     advice = zero_without_shards(cfg, world, dp)
     if advice and rank == 0:
         log.info(advice)
+    if cfg.data.synthetic and rank == 0:
+        log.log(logging.WARNING if cfg.data.paths else logging.INFO, "%s", synthetic_note(cfg))
     # a schedule the planner prices but no engine runner runs (config/schedules, runners.py)
     unrunnable = runner_error(cfg.parallel.pipeline_schedule)
     if unrunnable is not None:
@@ -208,6 +210,19 @@ def _check_before_joining(cfg: Config, world: int, device_type: str, rank: int =
                           "to-single --run-dir <run> --output <file>")
     check_run_paths(cfg)  # before the first save finds a folder it cannot write
     return dp
+
+
+def synthetic_note(cfg: Config) -> str:
+    """What a run on data.synthetic=true trains on: said once, and as a warning when data.paths
+    is set too (a recipe's placeholder corpus, `--set data.synthetic=true` to measure
+    throughput; or a corpus the user meant to train on)."""
+    note = (f"data.synthetic=true: training on random token ids (vocabulary "
+            f"{cfg.model.vocab_size}), for throughput and tests")
+    if cfg.data.paths:
+        note += (f"; data.paths ({len(cfg.data.paths)} entr"
+                 f"{'y' if len(cfg.data.paths) == 1 else 'ies'}) is not read: set "
+                 f"data.synthetic=false to train on it")
+    return note
 
 
 def zero_without_shards(cfg: Config, world: int, dp: int) -> Optional[str]:

@@ -152,3 +152,50 @@ def test_unknown_type_and_megatron_aliases():
     with pytest.raises(InputError, match=r"data.tokenizer_type='bert' is invalid: expected one of"):
         build_tokenizer(TokenizerSpec("bert"))
     assert build_tokenizer(TokenizerSpec("NullTokenizer", vocab_size=10)).vocab_size == 10
+
+
+UNREAD = [(kind, key) for kind, reads in {"null": (), "sentencepiece": ("model",),
+                                          "huggingface": ("model",),
+                                          "gpt2": ("vocab_file", "merges_file")}.items()
+          for key in ("model", "vocab_file", "merges_file") if key not in reads]
+
+
+@pytest.mark.parametrize("kind, key", UNREAD)
+def test_a_tokenizer_file_the_type_does_not_read_is_refused_naming_both(kind, key):
+    """data.tokenizer_model with data.tokenizer_type=null (or a GPT-2 vocab with sentencepiece,
+    ...) was ignored: the corpus was read with another tokenizer than the file named. Refused
+    before any file is opened, under the config's names and megatron-preprocess's flags."""
+    from megatron.data.tokenizers import CONFIG_NAMES, TokenizerSpec, build_tokenizer
+    flags = {"type": "--tokenizer-type", "model": "--tokenizer-model",
+             "vocab_file": "--vocab-file", "merges_file": "--merge-file",
+             "vocab_size": "--vocab-size"}
+    for names in (CONFIG_NAMES, flags):
+        spec = TokenizerSpec(kind, vocab_size=64, names=names, **{key: "/no/such/file"})
+        with pytest.raises(InputError) as refused:
+            build_tokenizer(spec)
+        text = str(refused.value)
+        assert text.startswith(f"{names[key]}='/no/such/file' is set, but "
+                               f"{names['type']}='{kind}' does not read it"), text
+        assert f"or leave {names[key]} unset" in text
+
+
+def test_preprocess_refuses_a_vocab_size_its_tokenizer_does_not_read(tmp_path, capsys):
+    from megatron.cli.preprocess import main
+    code = main(["--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o"),
+                 "--tokenizer-type", "sentencepiece", "--tokenizer-model", "m.model",
+                 "--vocab-size", "100"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--vocab-size=100 is set, but --tokenizer-type='sentencepiece' does " \
+                         "not read it" in err, err
+
+
+def test_a_synthetic_run_says_what_it_trains_on_and_what_it_leaves_unread():
+    from megatron.config import load_config
+    from megatron.training.startup import synthetic_note
+    from tests.support.paths import TINY
+    alone = synthetic_note(load_config(TINY))
+    assert alone.startswith("data.synthetic=true: training on random token ids (vocabulary 512)")
+    assert "not read" not in alone
+    both = synthetic_note(load_config(TINY, ["data.paths=[a/b, 0.5 c/d]"]))
+    assert both.endswith("data.paths (2 entries) is not read: set data.synthetic=false to train "
+                         "on it")

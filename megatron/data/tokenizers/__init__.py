@@ -16,10 +16,24 @@ def canonical_type(name: str) -> str:
     return ALIASES.get(name, name)
 
 
+# The files each type reads; one given to a type that does not read it is refused, not ignored.
+READS = {"sentencepiece": ("model",), "huggingface": ("model",),
+         "gpt2": ("vocab_file", "merges_file"), "null": ()}
+_FIX = {"model": "sentencepiece (a .model) or huggingface (a tokenizer.json)",
+        "vocab_file": "gpt2 (with its merges file)", "merges_file": "gpt2 (with its vocab file)"}
+
+
 def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     """The tokenizer a spec describes; a missing or wrong file raises InputError naming the
-    setting (spec.names) that points at it."""
+    setting (spec.names) that points at it, and so does a file the type would not read."""
     kind, names = canonical_type(spec.type), spec.names
+    for key in ("model", "vocab_file", "merges_file"):
+        value = getattr(spec, key)
+        if value and kind in READS and key not in READS[kind]:
+            raise InputError(f"{names[key]}={value!r} is set, but {names['type']}={spec.type!r} "
+                             f"does not read it (the corpus would be read with another tokenizer "
+                             f"than that file's): set {names['type']} to {_FIX[key]}, or leave "
+                             f"{names[key]} unset")
     if kind == "sentencepiece":
         from megatron.data.tokenizers.sentencepiece import SentencePieceTokenizer
         return SentencePieceTokenizer(spec.model, names["model"])
