@@ -27,6 +27,7 @@ from megatron.checkpoint.layout import (Resume, check_continues_newest, check_da
 from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
+from megatron.config.unused import unread_note
 from megatron.config.errors import BadNode
 from megatron.config.validate import check_device, grad_accum_error, pipeline_stage_layers
 from megatron.data import tokenizer_vocab_size
@@ -200,6 +201,9 @@ def _check_before_joining(cfg: Config, world: int, device_type: str, rank: int =
         log.info(advice)
     if cfg.data.synthetic and rank == 0:
         log.log(logging.WARNING if cfg.data.paths else logging.INFO, "%s", synthetic_note(cfg))
+    unread = unread_note(cfg)
+    if unread and rank == 0:
+        log.warning("%s", unread)
     # a schedule the planner prices but no engine runner runs (config/schedules, runners.py)
     unrunnable = runner_error(cfg.parallel.pipeline_schedule)
     if unrunnable is not None:
