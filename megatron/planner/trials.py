@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -163,9 +164,7 @@ class TorchrunRunner:
     def _run(self, lay: Layout) -> TrialResult:
         cmd = self.command(self.write_config(lay))
         run_dir = os.path.join(self.run_root, lay.key())
-        metrics = RunDir(run_dir).metrics
-        if os.path.exists(metrics):
-            os.remove(metrics)  # the trainer appends: a rerun must not read an old attempt
+        metrics = fresh_trial_dir(run_dir)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
         start = time.time()
@@ -188,6 +187,18 @@ class TorchrunRunner:
         except (InputError, ValueError) as e:
             return TrialResult(lay.key(), lay.to_dict(), "failed", wall_s=wall, error=str(e))
         return TrialResult(lay.key(), lay.to_dict(), "ok", wall_s=wall, **summary)
+
+
+def fresh_trial_dir(run_dir: str) -> str:
+    """A trial's run directory (the planner's own, one per layout) without what an earlier attempt
+    left: its metrics.jsonl (the trainer appends; a rerun must not read the old attempt) and any
+    checkpoint a stop signal saved (a trial starts afresh, and the trainer refuses a fresh start
+    below a complete checkpoint of its run.dir). Returns the metrics path."""
+    run = RunDir(run_dir)
+    if os.path.exists(run.metrics):
+        os.remove(run.metrics)
+    shutil.rmtree(run.checkpoints, ignore_errors=True)
+    return run.metrics
 
 
 def run_trials(runner, layouts: Iterable[Layout], store: TrialStore) -> Dict[str, TrialResult]:

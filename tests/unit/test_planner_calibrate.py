@@ -2,6 +2,7 @@
 Bayesian-optimisation loop with a fake runner. Failures point at calibrate.py, trials.py or
 bayes.py; nothing here launches the trainer."""
 import dataclasses
+import os
 import json
 
 import numpy as np
@@ -210,3 +211,22 @@ def test_a_trial_config_runs_flash_layouts_on_the_core_its_device_picks(tmp_path
     assert backends == {True: variants.AUTO, False: "math"}
     assert variants.attention_core(keeps_scores=True).name == "math"
     assert variants.attention_of(job.model, "auto").name == "flash"  # a GPU's pick, priced
+
+
+def test_a_trial_starts_from_a_run_directory_without_an_earlier_attempts_files(tmp_path):
+    """An attempt stopped by Ctrl-C leaves metrics.jsonl and the checkpoint its stop signal
+    saved: the rerun of that layout reads no old line, and is not refused as a fresh start below
+    a checkpoint of its run.dir (checkpoint/layout.check_continues_newest)."""
+    from megatron.base.rundir import RunDir
+    from megatron.planner.trials import fresh_trial_dir
+    run = RunDir(str(tmp_path / "tp1-pp1"))
+    os.makedirs(os.path.join(run.checkpoints, "step_0000003"))
+    with open(run.metrics, "w") as f:
+        f.write('{"step": 1}\n')
+    with open(run.config, "w") as f:
+        f.write("kept: the trial rewrites it\n")
+    assert fresh_trial_dir(run.path) == run.metrics
+    assert not os.path.exists(run.metrics) and not os.path.exists(run.checkpoints)
+    assert os.path.exists(run.config)
+    never = str(tmp_path / "never-run")
+    assert fresh_trial_dir(never) == RunDir(never).metrics
