@@ -196,7 +196,10 @@ def check_continues_newest(cfg, resume: Optional[Resume]) -> None:
     resumed run) takes the highest complete step. Starting below a complete checkpoint there (a
     fresh start, checkpoint.init_from, or checkpoint.load naming an older one) would leave that
     checkpoint of another history to be resumed before this run's own, or set it aside when this
-    run reaches its step: refused, naming it and the ways out."""
+    run reaches its step: refused, naming it and the ways out. checkpoint.load=auto resumes that
+    newest one by definition (find_resume validated it): nothing to check again."""
+    if cfg.checkpoint.load == "auto":
+        return
     own = RunDir(cfg.run.dir).checkpoints
     newest, _ = store.newest_complete(own)
     start = resume.step if resume is not None else 0

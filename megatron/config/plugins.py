@@ -31,6 +31,12 @@ NAME_HINT = (f"a name of your own needs the module that registers it: {FIELD} in
              f"megatron-train --plugin MODULE, or {ENV}=MODULE")
 
 
+def registry_fix(key: str) -> str:
+    """The fix of a refused registry name (`key`: model.normalization, ...): a registered name, or
+    the plugin that registers one's own."""
+    return f"pick one with --set {key}=... or in the YAML file; {NAME_HINT}"
+
+
 def check_names(value, field: str = FIELD) -> List[str]:
     """run.plugins' value: a list of dotted module names (not file paths)."""
     if not isinstance(value, list) or not all(isinstance(n, str) for n in value):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, List, Tuple
 
-# (section path, fields, the reason they are unread, a test of the config that makes it so)
+# (section path, fields, the reason they are unread, a test of the config that makes it so);
+# rules naming the same field hold under exclusive conditions, so no field is named twice
 _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
     ("model.moe", ("top_k", "ffn_hidden_size", "layer_freq", "capacity_factor", "router",
                    "aux_loss_coeff", "z_loss_coeff", "router_bias_update_rate",
@@ -76,10 +77,8 @@ def unread_settings(cfg) -> List[str]:
     for path, names, why, applies in _RULES:
         if not applies(cfg):
             continue
-        for name, value in _changed(_section(cfg, path), names):
-            item = f"{path}.{name}={_text(value)} ({why})"
-            if item.split(" (")[0] not in [o.split(" (")[0] for o in out]:
-                out.append(item)
+        out += [f"{path}.{name}={_text(value)} ({why})"
+                for name, value in _changed(_section(cfg, path), names)]
     return out
 
 

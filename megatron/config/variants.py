@@ -120,8 +120,7 @@ def get(kind: str, name: str) -> Variant:
     except KeyError:
         key = f"model.{KIND_FIELD[kind]}"
         raise ConfigError(key, name, f"one of {', '.join(choices(kind))}",
-                          f"pick one with --set {key}=... or in the YAML file; "
-                          f"{plugins.NAME_HINT}") from None
+                          plugins.registry_fix(key)) from None
 
 
 def of(m, kind: str) -> Variant:

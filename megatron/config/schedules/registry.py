@@ -128,8 +128,7 @@ def get(name: str) -> Schedule:
     record = _RECORDS.get(name)
     if record is None:
         raise ConfigError("parallel.pipeline_schedule", name, f"one of {', '.join(names())}",
-                          "pick one with --set parallel.pipeline_schedule=... or in the YAML "
-                          f"file; {plugins.NAME_HINT}")
+                          plugins.registry_fix("parallel.pipeline_schedule"))
     return record
 
 

@@ -11,7 +11,7 @@ import typing
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from megatron.config.errors import ConfigError, as_shell_would, shell_syntax
-from megatron.config.plugins import NAME_HINT
+from megatron.config.plugins import registry_fix
 
 # A field's metadata keys: where its choices come from at run time, and the words naming it
 CHOICES, SOURCE = "choices", "choices_source"
@@ -126,6 +126,5 @@ def check_choices(section: str, obj) -> None:
         value = getattr(obj, name)
         if value is None and type(None) in typing.get_args(types[name]):
             continue
-        fix = (f"pick one with --set {section}.{name}=... or in the YAML file; {NAME_HINT}"
-               if name in registry_fields(type(obj)) else "")
+        fix = registry_fix(f"{section}.{name}") if name in registry_fields(type(obj)) else ""
         choice(section, name, value, allowed(), fix)
