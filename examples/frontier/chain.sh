@@ -13,7 +13,10 @@
 #   megatron_chain_begin --config C --set run.dir="$RUN_DIR" [--set k=v ...]
 #                                   # the trainer's config arguments; ends the job (exit 0) when
 #                                   # the run is already finished
-#   rc=0; megatron_chain_srun srun ... python -m megatron.cli.train ... || rc=$?
+#   rc=0; megatron_chain_srun srun ... python -m megatron.cli.train ... \
+#       "${MEGATRON_CHAIN_CONTINUE[@]}" || rc=$?
+#                                   # last on the line: a later job continues the run
+#                                   # (checkpoint.load=auto) whatever the first started from
 #                                   # srun's stderr also kept in a file, for megatron_chain_end:
 #                                   # the node of a task that died first goes into bad_nodes
 #   megatron_chain_end "$rc"        # submits the next job if this one made progress
@@ -27,6 +30,15 @@
 
 megatron_chain_init() {
   _MEGATRON_CHAIN_SCRIPT_ARGS=("$@")
+  # What the first job was told to start from (--set checkpoint.load=<a checkpoint>: another
+  # run's, or this run's newest when moving it) is a start, not a way to continue: the next jobs
+  # get the same arguments, and would start there again (refused below their own run's newer
+  # checkpoints). Put MEGATRON_CHAIN_CONTINUE after them on the training command line: in a
+  # later job of the chain it is --set checkpoint.load=auto (the run's newest checkpoint).
+  MEGATRON_CHAIN_CONTINUE=()
+  if [ "${MEGATRON_CHAIN_ATTEMPT:-1}" != 1 ]; then
+    MEGATRON_CHAIN_CONTINUE=(--set checkpoint.load=auto)
+  fi
   # The next job starts from this environment, not from what env.sh made of it: NCCL_NET
   # depends on the node count, MEGATRON_JOB_END_TIME (megatron_job_deadline) on the job.
   _MEGATRON_CHAIN_ENV=$(mktemp "${TMPDIR:-/tmp}/megatron-chain-env.XXXXXX")

@@ -5,8 +5,10 @@ training.exit_interval=2 of training.train_iters=6 and submits the script again.
 
 - A first chain on 2 nodes, bounded to one job (MEGATRON_CHAIN_MAX_ATTEMPTS=1), trains steps 1-2
   and stops there; the run is then submitted again on 1 node (what a person does to move a chain
-  to another node count), and that chain submits itself until step 6: 3 jobs in all, each loss
-  equal to an uninterrupted run's. Submitted once more, the finished run trains nothing.
+  to another node count), naming its step-2 checkpoint as the one to start from
+  (checkpoint.load=<folder>), and that chain submits itself until step 6 (its second job
+  continues from step 4, not from the named step 2 again): 3 jobs in all, each loss equal to an
+  uninterrupted run's. Submitted once more, the finished run trains nothing.
 - A job that makes no progress (its run directory is locked by another run) does not submit
   another.
 If a chain breaks, look first at the job logs the assertion prints (lines starting `chain:`)."""
@@ -118,7 +120,8 @@ def test_chain_resubmits_until_train_iters_with_an_uninterrupted_runs_losses(slu
         assert "step 2 of training.train_iters=6: this was job 1 of at most 1" in log, log[-3000:]
         assert train_steps(str(run_dir)) == [1, 2]
 
-        rest = c.run(1, *TRAIN, *stop_at_2)
+        step_2 = set_args(f"checkpoint.load={run_dir / 'checkpoints' / 'step_0000002'}")
+        rest = c.run(1, *TRAIN, *stop_at_2, *step_2)
         assert [s for _, s, _ in rest] == ["COMPLETED 0:0"] * 2, c.logs()
         (_, _, one), (_, _, two) = rest
         assert "(slurm, 1 node(s)" in one and "(slurm, 1 node(s)" in two

@@ -50,6 +50,7 @@ export NCCL_NET=Socket MEGATRON_JOB_END_TIME=1  # env.sh's, for this job only
 megatron_chain_begin --set run.dir={run} --set training.train_iters=6 --set training.save=true
 {commits}megatron_chain_end {srun_rc}
 echo "start=$_MEGATRON_CHAIN_START" >&2
+echo "continue=${{MEGATRON_CHAIN_CONTINUE[*]}}." >&2
 """
     env = {"PATH": stand_ins(tmp_path), "SLURM_JOB_ID": "42", "SLURM_NNODES": "2",
            "PYTHONPATH": ROOT, "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
@@ -74,6 +75,19 @@ def test_chain_sh_submits_the_same_script_again(tmp_path):
     for name in ("NCCL_NET", "MEGATRON_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_NNODES"):
         assert name not in env
     assert not list(tmp_path.glob("megatron-chain-env.*"))  # the snapshot is removed
+
+
+def test_a_later_job_continues_the_run_whatever_the_first_was_told_to_start_from(tmp_path):
+    """The training command line ends with MEGATRON_CHAIN_CONTINUE: nothing in the job you
+    submit (its --set checkpoint.load=<a checkpoint> holds), checkpoint.load=auto in the jobs
+    the chain submits, which get the same arguments (the first one's start would be refused
+    below their run's newer checkpoints)."""
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir(), later.mkdir()
+    rc, err = run_job(first, [2])
+    assert rc == 0 and "continue=." in err, err
+    rc, err = run_job(later, [2], {"MEGATRON_CHAIN_ATTEMPT": "2"})
+    assert rc == 0 and "continue=--set checkpoint.load=auto." in err, err
 
 
 def test_chain_sh_stops_without_progress_after_a_failure_that_would_repeat(tmp_path):
@@ -120,7 +134,7 @@ def test_train_sbatch_wraps_the_training_step_in_the_chain():
              'megatron_chain_begin --config "${CONFIG}" --set run.dir="${RUN_DIR}" "$@"',
              "megatron_job_deadline",  # after megatron_chain_init: not passed to the next job
              'python -m megatron.cli.train --config "${CONFIG}"',
-             '--set checkpoint.load=auto "$@" || rc=$?',
+             '--set checkpoint.load=auto "$@" \\\n        "${MEGATRON_CHAIN_CONTINUE[@]}" || rc=$?',
              'megatron_chain_end "${rc}"', 'exit "${rc}"']
     where = [text.find(s) for s in order]
     assert -1 not in where and where == sorted(where), list(zip(order, where))
