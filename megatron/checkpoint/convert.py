@@ -27,7 +27,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from megatron.config import Config, InputError, load_config
-from megatron.config.errors import unexpanded
+from megatron.config.errors import ConfigError, unexpanded
 from megatron.data import tokenizer_vocab_size
 from megatron.data.vocab import padded_vocab_size
 from megatron.base import store
@@ -156,7 +156,10 @@ def load_single(path: str, mmap: bool = False) -> MergedCheckpoint:
     if not isinstance(blob, dict) or blob.get("format") != SINGLE_FORMAT:
         raise InputError(f"{path!r} is not a {SINGLE_FORMAT} file written by megatron-convert "
                          "to-single")
-    cfg = Config.from_dict(blob["config"])
+    try:
+        cfg = Config.from_dict(blob["config"])
+    except ConfigError as e:
+        raise InputError(f"{path!r}: its model's config cannot be read: {e}") from None
     return MergedCheckpoint(cfg, blob["state_dict"], blob["vocab_size"],
                             blob["padded_vocab_size"], blob["source"])
 

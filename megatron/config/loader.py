@@ -55,9 +55,29 @@ class Config:
         values are taken as typed, not parsed as YAML text is. A config.yaml written before a
         key moved (config/renames.py) loads with the key in its new section."""
         d = relocate(d, " (a saved config)")
+        _known_keys(d)
         _import_plugins(d)
         return cls(**{name: section(**d.get(name, {})) for name, section in SECTIONS.items()},
                    deepspeed=copy.deepcopy(d.get(deepspeed_section.SECTION, {})))
+
+
+def _known_keys(d: Dict[str, Dict[str, Any]]) -> None:
+    """A saved config (a run's config.yaml, a single-file model's) holds only sections and keys
+    this version knows: one written by a newer version, or edited by hand, is refused naming the
+    key, not read with it dropped or failing inside a constructor."""
+    later = "a config written by a newer version of this framework may hold keys it does not know"
+    for name, values in d.items():
+        if name not in ALL_SECTIONS:
+            raise ConfigError(f"{name} (a saved config)", "...", f"a section among "
+                              f"{', '.join(ALL_SECTIONS)}; {later}", "read it with the version "
+                              "that wrote it, or remove the section")
+        fields = SECTIONS[name].__dataclass_fields__ if name in SECTIONS else None
+        for key in (values or {}) if fields is not None else ():
+            if key not in fields:
+                raise ConfigError(f"{name}.{key} (a saved config)", values[key],
+                                  f"a known key of section '{name}' ({', '.join(sorted(fields))}"
+                                  f"); {later}", "read it with the version that wrote it, or "
+                                  "remove the key")
 
 
 def _coerce(field_name: str, text: str, annotation) -> Any:
