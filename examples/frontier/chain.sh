@@ -46,9 +46,10 @@ megatron_chain_init() {
 }
 
 megatron_chain_begin() {
-  _MEGATRON_CHAIN_TRAIN_ARGS=("$@")
+  # the training command line's config arguments, as it will end (MEGATRON_CHAIN_CONTINUE)
+  _MEGATRON_CHAIN_TRAIN_ARGS=("$@" "${MEGATRON_CHAIN_CONTINUE[@]}")
   local out action
-  out=$(python -m megatron.cli.chain begin "$@")
+  out=$(python -m megatron.cli.chain begin "${_MEGATRON_CHAIN_TRAIN_ARGS[@]}")
   read -r action _MEGATRON_CHAIN_START <<< "$out"
   if [ "$action" = stop ]; then
     rm -f "$_MEGATRON_CHAIN_ENV"

@@ -8,6 +8,8 @@ anything is written, holds its lock, and answers which checkpoint continues the 
       metrics.jsonl.damaged  what a crash left at its end, set aside on resume (training/metrics.py)
       tensorboard/     the same scalars as TensorBoard events
       checkpoints/     committed checkpoints and saves in progress (base/store.py)
+      rolled_back/     <UTC time>-above-step_N/: the checkpoints a checkpoint.roll_back run
+                       moved out of checkpoints/ (kept; delete them when sure)
       chain.log        the job chain's decisions, one line each (training/chain.py)
       hangs/           <job>/rank<N>.txt: every thread's stack when that rank's watchdog fired;
                        <job>/unresponsive.txt: the ranks that never reported
@@ -43,6 +45,7 @@ CONFIG, DEEPSPEED, METRICS, TENSORBOARD, CHECKPOINTS, LOCK, CHAIN_LOG, HANGS, BA
     "config.yaml", "deepspeed.json", "metrics.jsonl", "tensorboard", "checkpoints", ".lock",
     "chain.log", "hangs", "bad_nodes", "wandb")
 METRICS_DAMAGED = METRICS + ".damaged"
+ROLLED_BACK = "rolled_back"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,12 @@ class RunDir:
     @property
     def checkpoints(self) -> str:
         return self.file(CHECKPOINTS)
+
+    @property
+    def rolled_back(self) -> str:
+        """Where checkpoint.roll_back moves the checkpoints above the step a run starts from
+        (store.set_aside_above), one folder per rollback."""
+        return self.file(ROLLED_BACK)
 
     @property
     def hangs(self) -> str:

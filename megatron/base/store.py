@@ -267,6 +267,29 @@ def newest_complete(ckpt_dir: str) -> Tuple[Optional[Found], List[str]]:
     return None, skipped
 
 
+def set_aside_above(ckpt_dir: str, step: int, dest: str) -> List[str]:
+    """Moves every step_N folder of ckpt_dir with N > step (complete or not) into the new folder
+    dest, on the same file system (each move one rename; nothing is copied or deleted), then
+    points `latest` at the newest complete checkpoint left, or removes it when none is. Returns
+    the folders moved, as they were named."""
+    above = [folder for s, folder in committed(ckpt_dir) if s > step]
+    if not above:
+        return []
+    os.makedirs(dest)
+    for folder in reversed(above):  # the oldest first: a kill midway leaves the newest in place
+        os.rename(folder, os.path.join(dest, os.path.basename(folder)))
+    fsync_dir(dest)
+    fsync_dir(ckpt_dir)
+    newest, _ = newest_complete(ckpt_dir)
+    pointer = os.path.join(ckpt_dir, LATEST)
+    if newest is None:
+        remove_quietly(pointer)
+    else:
+        write_durable(pointer, os.path.basename(newest.folder).encode(),
+                      f"the pointer to the newest checkpoint ({LATEST})")
+    return above
+
+
 def leftovers(ckpt_dir: str) -> List[str]:
     """Staging folders of saves that never committed (killed jobs), for a warning."""
     return sorted(os.path.join(ckpt_dir, n) for n in _names(ckpt_dir) if n.startswith(_STAGING))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -191,20 +192,24 @@ def find_resume(cfg) -> Optional[Resume]:
     return resume
 
 
-def check_continues_newest(cfg, resume: Optional[Resume]) -> None:
+def check_continues_newest(cfg, resume: Optional[Resume]) -> Optional[int]:
     """A run saves into <run.dir>/checkpoints, where checkpoint.load=auto (every chained job, a
     resumed run) takes the highest complete step. Starting below a complete checkpoint there (a
     fresh start, checkpoint.init_from, or checkpoint.load naming an older one) would leave that
     checkpoint of another history to be resumed before this run's own, or set it aside when this
-    run reaches its step: refused, naming it and the ways out. checkpoint.load=auto resumes that
+    run reaches its step: refused, naming it and the ways out; with checkpoint.roll_back, the
+    step of that newest checkpoint is returned instead (roll_back moves it and the rest above the
+    start). None when the run starts at or above the newest. checkpoint.load=auto resumes that
     newest one by definition (find_resume validated it): nothing to check again."""
     if cfg.checkpoint.load == "auto":
-        return
+        return None
     own = RunDir(cfg.run.dir).checkpoints
     newest, _ = store.newest_complete(own)
     start = resume.step if resume is not None else 0
     if newest is None or newest.step <= start:
-        return
+        return None
+    if cfg.checkpoint.roll_back:
+        return newest.step
     here = f"run.dir {cfg.run.dir!r} holds a complete checkpoint at step {newest.step} " \
            f"({newest.folder})"
     if resume is None:
@@ -213,13 +218,34 @@ def check_continues_newest(cfg, resume: Optional[Resume]) -> None:
             f"{'; checkpoint.init_from only starts a run' if cfg.checkpoint.init_from else ''}):"
             f" its saves would mix with that run's, and checkpoint.load=auto would later resume "
             f"the older run's newest step. Continue it with --set checkpoint.load=auto; or train "
-            f"into a new folder (--set run.dir=...); or move {own} away to start afresh here")
+            f"into a new folder (--set run.dir=...); or set checkpoint.roll_back=true to move "
+            f"its checkpoints out of {own} (into {RunDir(cfg.run.dir).rolled_back}) and start "
+            f"afresh here")
     raise InputError(
         f"{here}, newer than the checkpoint this run continues from ({resume.folder}, step "
         f"{resume.step}): checkpoint.load=auto would later resume that newer step before this "
         f"run's own saves. Continue this run's newest with --set checkpoint.load=auto; to roll "
-        f"back, move the checkpoints above step {resume.step} out of {own}; or train into a new "
-        f"folder (--set run.dir=...)")
+        f"back, --set checkpoint.roll_back=true moves the checkpoints above step {resume.step} "
+        f"out of {own} (into {RunDir(cfg.run.dir).rolled_back}); or train into a new folder "
+        f"(--set run.dir=...)")
+
+
+def roll_back(cfg, start: int, newest: int) -> None:
+    """checkpoint.roll_back: moves this run's checkpoints above `start` (up to `newest`) into a
+    new folder of <run.dir>/rolled_back, and says so. Rank 0, under the run's lock, before
+    anything of this run is written."""
+    run = RunDir(cfg.run.dir)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = os.path.join(run.rolled_back, f"{stamp}-above-{store.tag_for(start)}")
+    n = 1
+    while os.path.exists(dest):
+        n += 1
+        dest = os.path.join(run.rolled_back, f"{stamp}-above-{store.tag_for(start)}-{n}")
+    moved = store.set_aside_above(run.checkpoints, start, dest)
+    log.warning("checkpoint.roll_back: this run starts at step %d, below its run's newest "
+                "checkpoint (step %d): moved %d checkpoint folder(s) above step %d (%s) into %s; "
+                "nothing was deleted (remove them when sure)", start, newest, len(moved), start,
+                ", ".join(os.path.basename(f) for f in moved), dest)
 
 
 def check_model(resume: Resume, current: LayoutRecord) -> None:

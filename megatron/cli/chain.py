@@ -13,7 +13,8 @@ from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import count, entry_point, integer
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,
-                                     read_env_file, settings, submit_next, _where)
+                                     read_env_file, rollback_start, settings, submit_next,
+                                     _where)
 
 EPILOG = """examples:
   # where a run stands: its resolved config names run.dir and training.train_iters
@@ -61,6 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     s = settings(env, cfg.checkpoint.save)
     if args.command == "begin":
+        p = rollback_start(p, cfg.checkpoint.load, cfg.checkpoint.roll_back)
         d = begin(p, s)
         _say(d.message)
         print(f"{'train' if d.go else 'stop'} {p.step}")

@@ -32,6 +32,8 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.eval.eval_interval == 0),
     ("optimizer", ("min_lr", "lr_decay_iters"), "optimizer.lr_decay_style=constant",
      lambda c: c.optimizer.lr_decay_style == "constant"),
+    ("checkpoint", ("roll_back",), "checkpoint.load=auto continues the newest checkpoint "
+     "(a chain's later jobs)", lambda c: c.checkpoint.load == "auto"),
     ("parallel", ("sequence_parallel",), "parallel.tensor_parallel_size=1",
      lambda c: c.parallel.tensor_parallel_size == 1),
     ("parallel", ("context_parallel_algo", "ulysses_degree"),

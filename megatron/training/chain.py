@@ -35,11 +35,13 @@ lives with the loop in megatron.training; nothing here prints or exits."""
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.base import store
 from megatron.base.rundir import RunDir
 from megatron.config.errors import InputError, ascii_digits
 from megatron.training.chain_nodes import (MAX_EXCLUDED, first_exit_status, plan_exclusions,
@@ -148,6 +150,28 @@ class Decision:
 
 def _where(p: Progress) -> str:
     return f"{p.run_dir}: step {p.step} of training.train_iters={p.train_iters}"
+
+
+def rollback_start(p: Progress, load: Optional[str], roll_back: bool) -> Progress:
+    """begin's view of a job that rolls back (checkpoint.roll_back with checkpoint.load naming
+    a checkpoint below the run's newest, or a fresh start): it starts from that step, so neither
+    `finished` nor the progress `end` judges is read from the checkpoints it moves aside. A load
+    that does not validate is left to the trainer's message."""
+    if not roll_back or load == "auto":
+        return p
+    step = 0
+    if load is not None:
+        try:
+            if os.path.isfile(os.path.join(load, store.META)):
+                step = store.validate(load).step
+            else:
+                found, _ = store.newest_complete(load)
+                if found is None:
+                    return p
+                step = found.step
+        except (store.Incomplete, OSError):
+            return p
+    return replace(p, step=min(step, p.step))
 
 
 def begin(p: Progress, s: Settings) -> Decision:

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron.checkpoint.layout import (Resume, check_continues_newest, check_data,
-                                        check_model, data_record, find_resume, layout_record)
+                                        check_model, data_record, find_resume, layout_record,
+                                        roll_back)
 from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
@@ -298,12 +299,14 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
     """The checkpoint every rank continues from, chosen once by rank 0."""
     def choose():
         resume = find_resume(cfg)
-        check_continues_newest(cfg, resume)
+        newer = check_continues_newest(cfg, resume)
         if resume is not None:
             check_model(resume, layout)
             new = check_data(resume, data_record(cfg), cfg.checkpoint.new_data_stream,
                              cfg.checkpoint.keep_data_position)
             resume = dataclasses.replace(resume, new_stream=new)
+        if newer is not None:  # checkpoint.roll_back, once the checkpoint is known to fit
+            roll_back(cfg, resume.step if resume is not None else 0, newer)
         return resume
     return rank0_decides(choose)
 

@@ -4,8 +4,11 @@ chained job and every resumed run uses, takes the highest step, so such a run's 
 passed over for the older history's (or set it aside when they reach its step). Every way to
 start below it: a fresh start (the same command run again without checkpoint.load), a fresh start
 from checkpoint.init_from, checkpoint.load naming an older checkpoint of the run (a rollback) or
-another run's checkpoint. Continuing the newest (auto, or naming it) still trains. One process,
-train() called in turn, as a library user would."""
+another run's checkpoint. Continuing the newest (auto, or naming it) still trains, and
+checkpoint.roll_back=true moves the newer checkpoints aside instead of refusing. One process,
+train() called in turn, as a library user would, shared by the module's tests."""
+import pytest
+
 from tests.support.cli import script_result
 from tests.support.paths import TINY
 
@@ -34,7 +37,7 @@ def snapshot(run_dir):
                     open(path, "rb").read()).hexdigest()
     return out
 
-train(cfg(run, "training.train_iters=3"))
+first = train(cfg(run, "training.train_iters=3")).losses
 train(cfg(other, "training.train_iters=2"))
 assert convert_main(["to-single", "--run-dir", other, "--output",
                      os.path.join(tmp, "other.pt")]) == 0
@@ -56,14 +59,36 @@ unchanged = snapshot(run) == before
 named = train(cfg(run, "training.train_iters=4",
                   f"checkpoint.load={run}/checkpoints/step_0000003")).steps
 auto = train(cfg(run, "training.train_iters=5", "checkpoint.load=auto")).steps
+ckpts = os.path.join(run, "checkpoints")
+kept = snapshot(ckpts)
+# checkpoint.roll_back: back to step 2 of 5, then on from the rollback's newest
+rolled = train(cfg(run, "training.train_iters=4", f"checkpoint.load={ckpts}/step_0000002",
+                   "checkpoint.roll_back=true"))
+after = {"checkpoints": sorted(os.listdir(ckpts)),
+         "latest": open(os.path.join(ckpts, "latest")).read(),
+         "aside": [(d, sorted(os.listdir(os.path.join(run, "rolled_back", d))))
+                   for d in os.listdir(os.path.join(run, "rolled_back"))]}
+moved = snapshot(os.path.join(run, "rolled_back", after["aside"][0][0]))
+intact = all(moved[k] == kept[k] for k in moved)
+then = train(cfg(run, "training.train_iters=5", "checkpoint.load=auto")).steps
+afresh = train(cfg(run, "training.train_iters=1", "checkpoint.roll_back=true")).losses
 leave_distributed()
 print("RESULT " + json.dumps({"refusals": refusals, "unchanged": unchanged,
-                              "steps": [named, auto]}))
+                              "steps": [named, auto, rolled.steps, then], "first": first,
+                              "rolled": rolled.losses, "after": after, "intact": intact,
+                              "afresh": afresh,
+                              "aside": sorted(os.listdir(os.path.join(run, "rolled_back")))}))
 """
 
 
-def test_a_run_starting_below_its_run_dirs_newest_checkpoint_is_refused(tmp_path):
-    out = script_result(SCRIPT, str(tmp_path), TINY)
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    return tmp, script_result(SCRIPT, str(tmp), TINY)
+
+
+def test_a_run_starting_below_its_run_dirs_newest_checkpoint_is_refused(result):
+    tmp_path, out = result
     refusals = out["refusals"]
     newest = f"run.dir '{tmp_path}/run' holds a complete checkpoint at step 3"
     for name, message in refusals.items():
@@ -75,7 +100,31 @@ def test_a_run_starting_below_its_run_dirs_newest_checkpoint_is_refused(tmp_path
         assert "--set checkpoint.load=auto" in message
     assert "checkpoint.init_from only starts a run" in refusals["init_from"]
     assert "step_0000002, step 2" in refusals["rollback"]
-    assert "move the checkpoints above step 2 out of" in refusals["rollback"]
+    assert "to roll back, --set checkpoint.roll_back=true moves the checkpoints above step 2 " \
+        "out of" in refusals["rollback"]
+    assert "checkpoint.roll_back=true to move its checkpoints out of" in refusals["fresh"]
     assert "other/checkpoints/step_0000002, step 2" in refusals["another run's"]
     assert out["unchanged"], "a refused run wrote into the run directory"
-    assert out["steps"] == [4, 5]
+    assert out["steps"][:2] == [4, 5]
+
+
+def test_roll_back_moves_the_newer_checkpoints_aside_and_trains_the_same_steps_again(result):
+    """checkpoint.roll_back=true with checkpoint.load naming step 2 of the run's 5: steps 3-5
+    are moved whole into rolled_back/<time>-above-step_0000002/, steps 3 and 4 are trained again
+    exactly (the first history's losses), `latest` names the rollback's step 4 and auto goes on
+    from there; a fresh start with it moves every checkpoint aside and trains step 1 again."""
+    _, out = result
+    steps, after = out["steps"], out["after"]
+    assert steps[2:] == [4, 5], steps  # the rollback trained to 4, auto then to 5
+    assert after["checkpoints"] == ["latest", "step_0000001", "step_0000002", "step_0000003",
+                                    "step_0000004"], after
+    assert after["latest"] == "step_0000004"
+    (name, moved), = after["aside"]
+    assert name.endswith("-above-step_0000002"), name
+    assert moved == ["step_0000003", "step_0000004", "step_0000005"]
+    assert out["intact"], "a moved checkpoint's files changed"
+    first, rolled = out["first"], out["rolled"]
+    assert len(rolled) == 2 and rolled[0] == pytest.approx(first[2], rel=1e-6), (first, rolled)
+    assert out["afresh"] == [pytest.approx(first[0], rel=1e-6)]
+    assert len(out["aside"]) == 2, out
+    assert any(name.endswith("-above-step_0000000") for name in out["aside"]), out

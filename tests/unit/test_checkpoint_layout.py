@@ -177,6 +177,26 @@ def test_keep_last_removes_only_older_complete_checkpoints(tmp_path):
     assert [os.path.isdir(f) for f in folders] == [True, False, True, True]
 
 
+def test_a_rollback_moves_every_folder_above_its_step_and_repoints_latest(tmp_path):
+    """store.set_aside_above (checkpoint.roll_back): complete or not, each step_N folder above
+    the step is renamed into the new folder whole; `latest` names the newest complete one left,
+    and goes when none is left."""
+    ckpt, dest = tmp_path / "checkpoints", tmp_path / "rolled_back" / "a"
+    folders = [committed(ckpt, s, payload=b"w%d" % s) for s in (1, 2, 3, 4)]
+    os.remove(os.path.join(folders[2], store.META))  # step 3 damaged: moved all the same
+    moved = store.set_aside_above(str(ckpt), 2, str(dest))
+    assert moved == [folders[3], folders[2]]
+    assert sorted(os.listdir(ckpt)) == ["latest", "step_0000001", "step_0000002"]
+    assert (ckpt / "latest").read_text() == "step_0000002"
+    assert sorted(os.listdir(dest)) == ["step_0000003", "step_0000004"]
+    assert (dest / "step_0000004" / "shards" / "r.pt").read_bytes() == b"w4"
+    assert store.validate(str(dest / "step_0000004")).step == 4
+    assert store.set_aside_above(str(ckpt), 2, str(tmp_path / "b")) == []  # nothing above
+    assert not (tmp_path / "b").exists()
+    assert len(store.set_aside_above(str(ckpt), 0, str(tmp_path / "c"))) == 2
+    assert os.listdir(ckpt) == []  # no checkpoint left: no pointer either
+
+
 def test_run_dir_that_is_a_file_or_under_a_file(tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")

@@ -27,6 +27,26 @@ def test_progress_is_the_newest_complete_checkpoint(tmp_path):
 ON = chain.Settings(True, 1, 20)
 
 
+def test_a_job_that_rolls_back_starts_from_its_checkpoint_not_the_runs_newest(tmp_path):
+    """checkpoint.roll_back: begin judges a rollback of a finished run as not finished, and
+    end's progress from the step it rolls back to (not the newest it moves aside)."""
+    for step in (2, 4, 6):
+        commit(tmp_path, step)
+    p = chain.progress(str(tmp_path), 6)
+    assert not chain.begin(p, ON).go  # finished: nothing to train
+    step_2 = str(tmp_path / "checkpoints" / "step_0000002")
+    back = chain.rollback_start(p, step_2, True)
+    assert back.step == 2 and not back.finished
+    d = chain.begin(back, ON)
+    assert d.go and "continuing from step 2" in d.message, d.message
+    assert chain.end(chain.Progress(str(tmp_path), 3, 6), back.step, 0, ON).go  # 3 > 2
+    assert chain.rollback_start(p, None, True).step == 0  # a fresh start that moves all aside
+    for load, roll_back in ((step_2, False), ("auto", True)):  # no rollback: the newest
+        assert chain.rollback_start(p, load, roll_back) == p
+    assert chain.rollback_start(p, str(tmp_path / "nothing"), True) == p  # the trainer says why
+    assert chain.rollback_start(p, str(tmp_path / "checkpoints"), True) == p  # its newest
+
+
 def test_settings_from_the_environment():
     job = {"SLURM_JOB_ID": "7"}
     assert chain.settings(job) == chain.Settings(True, 1, 20, job=chain.JobFacts("7"))

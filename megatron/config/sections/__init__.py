@@ -53,16 +53,23 @@ def field_at(section, dotted: str):
     return section
 
 
-def _moved(section: str, cls) -> Dict[Tuple[str, str], Tuple[str, str]]:
-    return {("training", name): (section, name) for name in cls.__dataclass_fields__}
+def _moved(section: str, names: str) -> Dict[Tuple[str, str], Tuple[str, str]]:
+    return {("training", name): (section, name) for name in names.split()}
 
 
 # Keys that left the training section (41 fields for six components) for their owners' sections,
 # under the same names; YAML files, --set and run directories' config.yaml written before still
-# load through this map (config/renames.py).
+# load through this map (config/renames.py). The names are the ones that moved, written out: a
+# field added to those sections since (resilience.check_state, checkpoint.roll_back) never had
+# a training.X key to load.
 MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
-    **_moved("eval", EvalConfig), **_moved("checkpoint", CheckpointConfig),
-    **_moved("resilience", ResilienceConfig),
+    **_moved("eval", "eval_interval eval_iters"),
+    **_moved("checkpoint", "save save_interval save_interval_minutes keep_last async_save "
+                           "save_local_dir load new_data_stream keep_data_position init_from"),
+    **_moved("resilience", "check_node max_skipped_steps max_loss_scale_skips loss_spike_factor "
+                           "loss_spike_window loss_spike_action max_rollbacks "
+                           "rerun_suspect_steps startup_timeout_minutes hang_timeout_minutes "
+                           "straggler_interval straggler_factor"),
     **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()}}
 
 __all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig",

@@ -37,7 +37,15 @@ class CheckpointConfig:
     fresh start when there is none), in whatever layout it was written; or a checkpoints folder,
     or one checkpoint folder (step_N). null: start fresh. A run may not start below a complete
     checkpoint of its own <run.dir>/checkpoints (auto would later resume that one before this
-    run's saves): a fresh start or an older checkpoint there is refused, naming it."""
+    run's saves): a fresh start or an older checkpoint there is refused, naming it, unless
+    checkpoint.roll_back=true."""
+    roll_back: bool = False
+    """true: a run that starts below complete checkpoints of its own <run.dir>/checkpoints
+    (checkpoint.load naming an older one of them, a rollback past a loss spike; another run's
+    checkpoint; or a fresh start) first moves every checkpoint above its start there into
+    <run.dir>/rolled_back/<UTC time>-above-step_N/ (nothing is deleted), instead of being
+    refused; its saves and checkpoint.load=auto then continue from its start. Nothing to do
+    under checkpoint.load=auto, which continues the newest (a chain's later jobs)."""
     new_data_stream: bool = False
     """A resume refuses a checkpoint whose sample stream (model.seq_length, the data section's
     corpus, split, tokenizer and seed) differs from this run's. true: resume weights, optimizer and
@@ -64,8 +72,9 @@ class CheckpointConfig:
                               "a number of minutes >= 0", "use 0 to save by steps only")
         for name in ("save_local_dir", "load", "init_from"):
             written_out(s, name, getattr(self, name))
-        if not isinstance(self.async_save, bool):
-            raise ConfigError("checkpoint.async_save", self.async_save, "true or false")
+        for name in ("async_save", "roll_back"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"checkpoint.{name}", getattr(self, name), "true or false")
         if self.save_local_dir is not None and not (
                 isinstance(self.save_local_dir, str) and self.save_local_dir.startswith("/")):
             raise ConfigError("checkpoint.save_local_dir", self.save_local_dir,
