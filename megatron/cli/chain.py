@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from megatron.config import environ
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import count, entry_point, integer
@@ -62,6 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     s = settings(env, cfg.checkpoint.save)
     if args.command == "begin":
+        if environ.unknown_note(env):  # a misspelt MEGATRON_CHAIN_* would do nothing
+            _say(environ.unknown_note(env))
         p = rollback_start(p, cfg.checkpoint.load, cfg.checkpoint.roll_back)
         d = begin(p, s)
         _say(d.message)

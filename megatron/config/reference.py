@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from megatron.config import environ
 from megatron.config.errors import ConfigError
 from megatron.config.sections import MOVED, SECTIONS, SUBSECTIONS
 from megatron.config.sections.checks import CHOICES, SOURCE, hints, literal_values
@@ -148,12 +149,21 @@ def _moved_md() -> List[str]:
     return out + [""]
 
 
+def _environ_md() -> List[str]:
+    out = ["## Environment variables", "", "The `MEGATRON_*` variables read "
+           "(`config/environ.py`); megatron-train and the job chain name any other `MEGATRON_*` variable of the job's "
+           "environment in one warning, a misspelling being the usual cause.", "",
+           "| Variable | What it does |", "|---|---|"]
+    out += [f"| `{name}` | {_cell(what)} |" for name, what in environ.KNOWN.items()]
+    return out + [""]
+
+
 def markdown() -> str:
     """docs/config.md."""
     lines = [HEADER]
     for section in documented():
         lines += _section_md(section)
-    return "\n".join(lines + _moved_md())
+    return "\n".join(lines + _moved_md() + _environ_md())
 
 
 def text(section: Optional[str] = None, width: int = 96) -> str:

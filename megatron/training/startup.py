@@ -25,6 +25,7 @@ from torch import nn
 from megatron.checkpoint.layout import (Resume, check_continues_newest, check_data,
                                         check_model, data_record, find_resume, layout_record,
                                         roll_back)
+from megatron.config import environ
 from megatron.base.records import LayoutRecord
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
@@ -202,9 +203,10 @@ def _check_before_joining(cfg: Config, world: int, device_type: str, rank: int =
         log.info(advice)
     if cfg.data.synthetic and rank == 0:
         log.log(logging.WARNING if cfg.data.paths else logging.INFO, "%s", synthetic_note(cfg))
-    unread = unread_note(cfg)
-    if unread and rank == 0:
-        log.warning("%s", unread)
+    unread, unknown_vars = unread_note(cfg), environ.unknown_note(os.environ)
+    for note in (unread, unknown_vars):
+        if note and rank == 0:
+            log.warning("%s", note)
     # a schedule the planner prices but no engine runner runs (config/schedules, runners.py)
     unrunnable = runner_error(cfg.parallel.pipeline_schedule)
     if unrunnable is not None:

@@ -52,12 +52,18 @@ def test_check_memory_false_starts_it_anyway(tmp_path):
 
 
 def test_a_model_that_fits_logs_its_prediction_and_trains(tmp_path):
+    """...and names, once each, what it will not read: a setting another turns off
+    (config/unused.py) and a MEGATRON_* variable nothing reads (config/environ.py)."""
     proc = run_cli(["--config", TINY, *sets("training.train_iters=1", "training.tensorboard=false",
-                                            f"run.dir={tmp_path / 'run'}")],
-                   clean_env(MEGATRON_FORCE_CPU="1"))
+                                            f"run.dir={tmp_path / 'run'}", "eval.eval_iters=7")],
+                   clean_env(MEGATRON_FORCE_CPU="1", MEGATRON_PLUGIN="mypkg.variants"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"memory check: predicted 0\.\d+ GB per rank of \d+\.\d GB \(MemAvailable",
                      proc.stderr), proc.stderr[-3000:]
+    assert proc.stderr.count("eval.eval_iters=7 (eval.eval_interval=0: no evaluation)") == 1
+    assert proc.stderr.count("nothing in this framework reads, so they do nothing: "
+                             "MEGATRON_PLUGIN='mypkg.variants' (did you mean MEGATRON_PLUGINS?)"
+                             ) == 1, proc.stderr[-3000:]
 
 
 # About 5.4 GB predicted on a CPU: fits this machine's free memory, not a 2 GB job limit.

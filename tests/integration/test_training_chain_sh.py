@@ -120,6 +120,12 @@ def test_chain_sh_ends_a_job_of_a_finished_run_before_training(tmp_path):
     assert not (tmp_path / "sbatch.argv").exists()
 
 
+def test_a_misspelt_chain_variable_is_named_in_the_job_log(tmp_path):
+    rc, err = run_job(tmp_path, [2], {"MEGATRON_CHAIN_MAX_ATTEMPT": "50"})
+    assert rc == 0 and "job 1 of at most 20" in err, err  # it did nothing
+    assert "MEGATRON_CHAIN_MAX_ATTEMPT='50' (did you mean MEGATRON_CHAIN_MAX_ATTEMPTS?)" in err
+
+
 def test_chain_sh_bad_setting_fails_the_job(tmp_path):
     rc, err = run_job(tmp_path, [2], {"MEGATRON_CHAIN_MAX_ATTEMPTS": "lots"})
     assert rc == 2 and "chain: error: MEGATRON_CHAIN_MAX_ATTEMPTS='lots' is invalid" in err
