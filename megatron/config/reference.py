@@ -151,8 +151,9 @@ def _moved_md() -> List[str]:
 
 def _environ_md() -> List[str]:
     out = ["## Environment variables", "", "The `MEGATRON_*` variables read "
-           "(`config/environ.py`); megatron-train and the job chain name any other `MEGATRON_*` variable of the job's "
-           "environment in one warning, a misspelling being the usual cause.", "",
+           "(`config/environ.py`); megatron-train and the job chain name any other "
+           "`MEGATRON_*` variable of the job's environment in one warning, a misspelling being "
+           "the usual cause.", "",
            "| Variable | What it does |", "|---|---|"]
     out += [f"| `{name}` | {_cell(what)} |" for name, what in environ.KNOWN.items()]
     return out + [""]
