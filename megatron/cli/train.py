@@ -12,7 +12,7 @@ from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
 from megatron.planner import fit
 from megatron.planner.host_memory import host_memory
-from megatron.training.run_paths import check_run_paths
+from megatron.training.run_paths import check_own_config, check_run_paths
 
 log = logging.getLogger("megatron.train")
 
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     # The layout checks again here, before torch is imported or a process group joined, so a
     # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
     validate_for_world(cfg, launch.world_size)
+    check_own_config(args.config, args.set, cfg)  # a run's config.yaml from another folder
     check_run_paths(cfg)  # training.startup checks again, for callers of train()
     from megatron.training.loop import train  # torch, DeepSpeed's dependencies, the model
     from megatron.launch.device import leave_distributed

@@ -11,10 +11,10 @@ megatron-train runs it before its heavy imports."""
 from __future__ import annotations
 
 import os
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 from megatron.base.outputs import check_output
-from megatron.base.rundir import RunDir
+from megatron.base.rundir import CONFIG, RunDir
 from megatron.config import Config
 from megatron.config.errors import InputError, unexpanded
 
@@ -60,6 +60,32 @@ def check_run_paths(cfg: Config) -> None:
     if load is not None and load != "auto":
         check_readable("checkpoint.load", load, os.path.exists,
                        "a checkpoints folder or one checkpoint folder (step_N)")
+
+
+def check_own_config(config_path: Optional[str], overrides: Sequence[str], cfg: Config) -> None:
+    """A run's own config.yaml (the file to resume with), used without --set run.dir, must name
+    its own folder. Its run.dir is as the run was given it: relative to the folder the run
+    started in, or absolute where the run folder was before it was moved or copied. From anywhere
+    else it names another folder, where checkpoint.load=auto would silently start afresh (or
+    write into the original run): refused, naming both and the fixes."""
+    if not config_path or os.path.basename(config_path) != CONFIG:
+        return
+    own = RunDir(os.path.dirname(os.path.abspath(config_path)))
+    if not (os.path.isdir(own.checkpoints) or os.path.isfile(own.metrics)):
+        return  # a config.yaml that is not a run's
+    if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
+        return  # a new run.dir on purpose (a new run from a run's settings, or this one)
+    named = os.path.abspath(cfg.run.dir)
+    if os.path.realpath(named) == os.path.realpath(own.path):
+        return
+    how = (f"relative to the folder that run started in, so from here ({os.getcwd()}) it is "
+           f"{named}" if not os.path.isabs(cfg.run.dir) else
+           "where that run was before its folder was moved or copied")
+    raise InputError(f"{config_path} is the config.yaml of the run in {own.path}, but its "
+                     f"run.dir={cfg.run.dir!r} names another folder ({how}): this run would start "
+                     f"afresh there or write into that run. Continue this run with --set "
+                     f"run.dir={own.path}; or run from the folder it was started in; or start a "
+                     f"new run from its settings with --set run.dir=<a new folder>")
 
 
 def check_readable(field: str, path: str, kind, expected: str) -> None:

@@ -108,6 +108,24 @@ def test_yaml_deepspeed_section_refusal_is_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_runs_config_yaml_used_from_another_folder_is_refused(tmp_path):
+    """A resume with a run's own config.yaml (run.dir relative to where the run started) from
+    another folder (the repository here): refused before anything is written, not a fresh
+    start in <cwd>/runs/... (training/run_paths.check_own_config)."""
+    import os
+    from megatron.config import load_config
+    from tests.support.paths import ROOT
+    name = f"runs/own-config-{os.getpid()}"
+    run = tmp_path / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(load_config(TINY, [f"run.dir={name}"]).to_yaml())
+    proc = run_cli(["--config", str(run / "config.yaml"), *sets("checkpoint.load=auto")],
+                   clean_env())
+    assert_clean_error(proc, f"is the config.yaml of the run in {run}, but its run.dir="
+                             f"'{name}' names another folder", f"--set run.dir={run};")
+    assert proc.returncode == 2 and not os.path.exists(os.path.join(ROOT, name))
+
+
 def test_bad_launcher_environment_is_one_message():
     env = clean_env(RANK="0", WORLD_SIZE="two")
     assert_clean_error(run_cli(["--config", TINY], env), "WORLD_SIZE='two'")

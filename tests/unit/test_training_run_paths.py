@@ -106,3 +106,40 @@ def test_training_load_data_files_and_tokenizer_must_be_readable(tmp_path):
                   f"data.tokenizer_model={tmp_path / 'spm.model'}"), "data.tokenizer_model")
     (tmp_path / "cache").write_text("")
     _refused(_cfg(tmp_path, *data, f"data.cache_dir={tmp_path / 'cache'}"), "data.cache_dir")
+
+
+def test_a_runs_own_config_yaml_must_name_its_own_folder(tmp_path, monkeypatch):
+    """run_paths.check_own_config: a run's config.yaml records run.dir as given (here relative
+    to the folder the run started in). From that folder, or with --set run.dir, it is used as
+    is; from another folder, or after the run folder was copied (an absolute run.dir naming the
+    original), megatron-train refuses it instead of starting afresh elsewhere."""
+    from megatron.training.run_paths import check_own_config
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    run = start / "runs" / "x"
+    (run / "checkpoints").mkdir(parents=True)
+    elsewhere.mkdir()
+    (run / "config.yaml").write_text(load_config(None, ["run.dir=runs/x"]).to_yaml())
+    own = str(run / "config.yaml")
+    monkeypatch.chdir(start)
+    check_own_config("runs/x/config.yaml", [], load_config("runs/x/config.yaml"))
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(InputError) as e:
+        check_own_config(own, ["training.train_iters=5"], load_config(own))
+    assert str(e.value).startswith(f"{own} is the config.yaml of the run in {run}, but its "
+                                   "run.dir='runs/x' names another folder (relative to the "
+                                   f"folder that run started in, so from here ({elsewhere}) it "
+                                   f"is {elsewhere}/runs/x)"), e.value
+    assert f"--set run.dir={run};" in str(e.value)
+    for new in ("run.dir=/tmp/new", " run.dir = runs/y"):  # a new run from its settings
+        check_own_config(own, [new], load_config(own))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "metrics.jsonl").write_text("")
+    (copy / "config.yaml").write_text(load_config(None, [f"run.dir={run}"]).to_yaml())
+    with pytest.raises(InputError, match="where that run was before its folder was moved or "
+                                         "copied"):
+        check_own_config(str(copy / "config.yaml"), [], load_config(str(copy / "config.yaml")))
+    plain = tmp_path / "config.yaml"  # a config.yaml that is not a run's: anything goes
+    plain.write_text(load_config(None, ["run.dir=runs/z"]).to_yaml())
+    check_own_config(str(plain), [], load_config(str(plain)))
+    check_own_config(None, [], load_config(None))
