@@ -13,6 +13,7 @@ from megatron.config import environ
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
 from megatron.cli.common import count, entry_point, integer
+from megatron.training.run_paths import check_own_config
 from megatron.training.chain import (ATTEMPT, SCRIPT, begin, end, excluded_nodes, progress,
                                      read_env_file, rollback_start, settings, submit_next,
                                      _where)
@@ -55,6 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
     env = os.environ
     cfg = load_config(args.config, args.set)
+    check_own_config(args.config, args.set, cfg)  # status --config <run dir>/config.yaml
     p = progress(cfg.run.dir, cfg.training.train_iters)
     for line in p.skipped:
         _say(f"skipped (does not validate): {line}")

@@ -275,3 +275,22 @@ def test_a_first_task_that_diverged_stops_the_chain_though_srun_says_143(tmp_pat
     s = chain.Settings(True, 1, 20, job=chain.JobFacts("78", str(log)))
     d = chain.end(chain.Progress(str(tmp_path / "run"), 2, 6), 2, 143, s)
     assert not d.go and "the run diverged fails the same way again" in d.message, d.message
+
+
+def test_status_reads_the_run_of_the_config_yaml_it_is_given(tmp_path, monkeypatch, capsys):
+    """`python -m megatron.cli.chain status --config <run dir>/config.yaml` (the README's
+    question "where does my run stand"): from the folder the run started in it answers for the
+    run; from anywhere else its relative run.dir names another folder, which is refused rather
+    than reported as a run at step 0."""
+    from megatron.cli.chain import main
+    from megatron.config import load_config
+    run = tmp_path / "start" / "runs" / "x"
+    commit(run, 2)
+    (run / "config.yaml").write_text(
+        load_config(None, ["run.dir=runs/x", "training.train_iters=6"]).to_yaml())
+    monkeypatch.chdir(tmp_path / "start")
+    assert main(["status", "--config", "runs/x/config.yaml"]) == 0
+    assert capsys.readouterr().out == "runs/x: step 2 of training.train_iters=6: not finished\n"
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", "--config", str(run / "config.yaml")]) == 2
+    assert "names another folder" in capsys.readouterr().err
