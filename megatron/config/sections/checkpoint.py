@@ -13,10 +13,12 @@ from megatron.config.sections.checks import finite, positive, written_out
 @dataclass
 class CheckpointConfig:
     save: bool = False
-    """Write checkpoints into <run.dir>/checkpoints: every save_interval steps and at the end. A
-    stop signal or the job's deadline saves even without it."""
+    """Write a checkpoint into <run.dir>/checkpoints at the end of training (training.train_iters;
+    the job chain needs it). save_interval and save_interval_minutes save on their own, and a
+    stop signal, training.exit_interval or the job's deadline saves even without it."""
     save_interval: int = 0
-    """Save after every step that is a multiple of this; 0: only at the end (with save=true)."""
+    """Save after every step that is a multiple of this, with or without checkpoint.save; 0:
+    no periodic saves by steps."""
     save_interval_minutes: float = 0.0
     """Also save when this many minutes of wall clock have passed since the last save (0: never);
     rank 0's clock decides and every rank follows, so all ranks save at the same step."""
