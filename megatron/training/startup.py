@@ -366,6 +366,10 @@ def wrap(cfg: Config, model: BuiltModel, state: ParallelState, device: torch.dev
 
 def write_run_files(job: Job, cfg: Config) -> None:
     """config.yaml (the file to resume with) is replaced only once the run has started: a start
-    that fails leaves the previous one in place. Rank 0 only."""
+    that fails leaves the previous one in place. Rank 0 only. checkpoint.roll_back is recorded
+    as done (false): resumed with this file and its checkpoint.load as given, the run is refused
+    below its newer checkpoints instead of rolling back a second time."""
     if job.launch.rank == 0:
-        job.run.write_run_files(cfg.to_yaml(), json.dumps(job.ds_config, indent=2))
+        done = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint,
+                                                                       roll_back=False))
+        job.run.write_run_files(done.to_yaml(), json.dumps(job.ds_config, indent=2))

@@ -68,6 +68,8 @@ after = {"checkpoints": sorted(os.listdir(ckpts)),
          "latest": open(os.path.join(ckpts, "latest")).read(),
          "aside": [(d, sorted(os.listdir(os.path.join(run, "rolled_back", d))))
                    for d in os.listdir(os.path.join(run, "rolled_back"))]}
+recorded = load_config(os.path.join(run, "config.yaml")).checkpoint
+after["recorded"] = [recorded.load, recorded.roll_back]  # the rollback recorded as done
 moved = snapshot(os.path.join(run, "rolled_back", after["aside"][0][0]))
 intact = all(moved[k] == kept[k] for k in moved)
 then = train(cfg(run, "training.train_iters=5", "checkpoint.load=auto")).steps
@@ -113,12 +115,13 @@ def test_roll_back_moves_the_newer_checkpoints_aside_and_trains_the_same_steps_a
     are moved whole into rolled_back/<time>-above-step_0000002/, steps 3 and 4 are trained again
     exactly (the first history's losses), `latest` names the rollback's step 4 and auto goes on
     from there; a fresh start with it moves every checkpoint aside and trains step 1 again."""
-    _, out = result
+    tmp_path, out = result
     steps, after = out["steps"], out["after"]
     assert steps[2:] == [4, 5], steps  # the rollback trained to 4, auto then to 5
     assert after["checkpoints"] == ["latest", "step_0000001", "step_0000002", "step_0000003",
                                     "step_0000004"], after
     assert after["latest"] == "step_0000004"
+    assert after["recorded"] == [f"{tmp_path}/run/checkpoints/step_0000002", False]
     (name, moved), = after["aside"]
     assert name.endswith("-above-step_0000002"), name
     assert moved == ["step_0000003", "step_0000004", "step_0000005"]
