@@ -47,7 +47,8 @@ class CheckpointConfig:
     checkpoint; or a fresh start) first moves every checkpoint above its start there into
     <run.dir>/rolled_back/<UTC time>-above-step_N/ (nothing is deleted), instead of being
     refused; its saves and checkpoint.load=auto then continue from its start. Nothing to do
-    under checkpoint.load=auto, which continues the newest (a chain's later jobs)."""
+    under checkpoint.load=auto, which continues the newest (a chain's later jobs). The run's
+    config.yaml records it as done (false)."""
     new_data_stream: bool = False
     """A resume refuses a checkpoint whose sample stream (model.seq_length, the data section's
     corpus, split, tokenizer and seed) differs from this run's. true: resume weights, optimizer and
