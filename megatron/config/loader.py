@@ -61,23 +61,34 @@ class Config:
                    deepspeed=copy.deepcopy(d.get(deepspeed_section.SECTION, {})))
 
 
-def _known_keys(d: Dict[str, Dict[str, Any]]) -> None:
+def _known_keys(d: Dict[str, Any]) -> None:
     """A saved config (a run's config.yaml, a single-file model's) holds only sections and keys
-    this version knows: one written by a newer version, or edited by hand, is refused naming the
-    key, not read with it dropped or failing inside a constructor."""
+    this version knows, sub-sections (model.moe) included: one written by a newer version, or
+    edited by hand, is refused naming the key, not read with it dropped or failing inside a
+    constructor."""
     later = "a config written by a newer version of this framework may hold keys it does not know"
+    fix = "read it with the version that wrote it, or remove the"
     for name, values in d.items():
         if name not in ALL_SECTIONS:
             raise ConfigError(f"{name} (a saved config)", "...", f"a section among "
-                              f"{', '.join(ALL_SECTIONS)}; {later}", "read it with the version "
-                              "that wrote it, or remove the section")
-        fields = SECTIONS[name].__dataclass_fields__ if name in SECTIONS else None
-        for key in (values or {}) if fields is not None else ():
-            if key not in fields:
-                raise ConfigError(f"{name}.{key} (a saved config)", values[key],
-                                  f"a known key of section '{name}' ({', '.join(sorted(fields))}"
-                                  f"); {later}", "read it with the version that wrote it, or "
-                                  "remove the key")
+                              f"{', '.join(ALL_SECTIONS)}; {later}", f"{fix} section")
+        _known_fields(name, values, SECTIONS.get(name), later, fix)
+
+
+def _known_fields(path: str, values: Any, cls, later: str, fix: str) -> None:
+    if cls is None:  # the deepspeed section: its own allow-list, checked when it is merged
+        return
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} (a saved config)", values, "a mapping of its keys",
+                          "write the section as a mapping")
+    types = _field_types(cls)
+    for key, value in values.items():
+        if key not in types:
+            raise ConfigError(f"{path}.{key} (a saved config)", value, f"a known key of "
+                              f"section '{path}' ({', '.join(sorted(types))}); {later}",
+                              f"{fix} key")
+        if dataclasses.is_dataclass(types[key]) and isinstance(value, dict):
+            _known_fields(f"{path}.{key}", value, types[key], later, fix)
 
 
 def _coerce(field_name: str, text: str, annotation) -> Any:

@@ -45,6 +45,7 @@ def test_a_saved_config_with_a_key_this_version_does_not_know_is_refused_naming_
     not a TypeError from a constructor or a section silently dropped."""
     for d, named in (({"training": {"check_state": True}}, "training.check_state"),
                      ({"checkpoint": {"roll_back_to": 3}}, "checkpoint.roll_back_to"),
+                     ({"model": {"moe": {"experts_per_rank": 2}}}, "model.moe.experts_per_rank"),
                      ({"fp8": {"recipe": "delayed"}}, "fp8")):
         with pytest.raises(ConfigError, match=f"^{named} \\(a saved config\\).*newer version"):
             Config.from_dict(d)
