@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron.base import store
-from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord
+from megatron.base.records import CheckpointMeta, DataRecord, LayoutRecord, RollbackEvent
 from megatron.base.rundir import RunDir, continuation
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.sections import field_at
@@ -230,10 +230,10 @@ def check_continues_newest(cfg, resume: Optional[Resume]) -> Optional[int]:
         f"(--set run.dir=...)")
 
 
-def roll_back(cfg, start: int, newest: int) -> None:
+def roll_back(cfg, start: int, newest: int) -> RollbackEvent:
     """checkpoint.roll_back: moves this run's checkpoints above `start` (up to `newest`) into a
-    new folder of <run.dir>/rolled_back, and says so. Rank 0, under the run's lock, before
-    anything of this run is written."""
+    new folder of <run.dir>/rolled_back, and says so; returns the event for metrics.jsonl. Rank
+    0, under the run's lock, before anything of this run is written."""
     run = RunDir(cfg.run.dir)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest = os.path.join(run.rolled_back, f"{stamp}-above-{store.tag_for(start)}")
@@ -246,6 +246,8 @@ def roll_back(cfg, start: int, newest: int) -> None:
                 "checkpoint (step %d): moved %d checkpoint folder(s) above step %d (%s) into %s; "
                 "nothing was deleted (remove them when sure)", start, newest, len(moved), start,
                 ", ".join(os.path.basename(f) for f in moved), dest)
+    return RollbackEvent(newest, start, f"checkpoint.roll_back: {len(moved)} checkpoint "
+                                        f"folder(s) above step {start} moved into {dest}")
 
 
 def check_model(resume: Resume, current: LayoutRecord) -> None:

@@ -202,6 +202,8 @@ class Checkpointer:
 
     def resume(self) -> Tuple[int, int]:
         """(step, consumed samples) of the checkpoint start-up chose, or (0, 0)."""
+        if self.job.rolled_back is not None:  # checkpoint.roll_back moved newer ones aside
+            self._event(self.job.rolled_back)
         resume = self.job.resume
         if resume is None:
             return 0, 0

@@ -26,7 +26,7 @@ from megatron.checkpoint.layout import (Resume, check_continues_newest, check_da
                                         check_model, data_record, find_resume, layout_record,
                                         roll_back)
 from megatron.config import environ
-from megatron.base.records import LayoutRecord
+from megatron.base.records import LayoutRecord, RollbackEvent
 from megatron.base.rundir import RunDir, RunLock
 from megatron.config import Config, ConfigError, validate_for_world
 from megatron.config.unused import unread_note
@@ -83,6 +83,7 @@ class Job:
     nodes: List[str]  # every rank's node, by rank (Slurm's node name, else the host name)
     started_at: float  # rank 0's Unix time at the rendezvous: names this job alike on all ranks
     groups_before: frozenset = frozenset()  # the process groups alive before this job's own
+    rolled_back: Optional[RollbackEvent] = None  # checkpoint.roll_back's, for metrics.jsonl
 
     @property
     def device(self) -> torch.device:
@@ -128,7 +129,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     run = RunDir(cfg.run.dir)
     lock = _claim(run, launch.rank)
     try:
-        resume = _agreed_resume(cfg, layout)
+        resume, rolled_back = _agreed_resume(cfg, layout)
         timer.mark("run directory")
         state = ParallelState.build(cfg.parallel.tensor_parallel_size,
                                     cfg.parallel.pipeline_parallel_size,
@@ -149,7 +150,7 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
-               ds_config, engine, lock, nodes, started_at, groups_before)
+               ds_config, engine, lock, nodes, started_at, groups_before, rolled_back)
 
 
 def _join(cfg: Config, launch, device_info, timer: StartupTimer) -> Tuple[List[str], float]:
@@ -297,8 +298,10 @@ def _claim(run: RunDir, rank: int) -> Optional[RunLock]:
     return lock
 
 
-def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
-    """The checkpoint every rank continues from, chosen once by rank 0."""
+def _agreed_resume(cfg: Config, layout: LayoutRecord
+                   ) -> Tuple[Optional[Resume], Optional[RollbackEvent]]:
+    """The checkpoint every rank continues from, chosen once by rank 0, and checkpoint.roll_back's
+    event when it moved newer checkpoints aside."""
     def choose():
         resume = find_resume(cfg)
         newer = check_continues_newest(cfg, resume)
@@ -307,9 +310,10 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord) -> Optional[Resume]:
             new = check_data(resume, data_record(cfg), cfg.checkpoint.new_data_stream,
                              cfg.checkpoint.keep_data_position)
             resume = dataclasses.replace(resume, new_stream=new)
+        rolled = None
         if newer is not None:  # checkpoint.roll_back, once the checkpoint is known to fit
-            roll_back(cfg, resume.step if resume is not None else 0, newer)
-        return resume
+            rolled = roll_back(cfg, resume.step if resume is not None else 0, newer)
+        return resume, rolled
     return rank0_decides(choose)
 
 

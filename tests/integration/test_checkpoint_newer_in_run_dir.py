@@ -68,6 +68,10 @@ after = {"checkpoints": sorted(os.listdir(ckpts)),
          "latest": open(os.path.join(ckpts, "latest")).read(),
          "aside": [(d, sorted(os.listdir(os.path.join(run, "rolled_back", d))))
                    for d in os.listdir(os.path.join(run, "rolled_back"))]}
+from megatron.base.records import read_metrics
+events = [r for r in read_metrics(os.path.join(run, "metrics.jsonl"))
+          if getattr(r, "event", None) == "rollback"]
+after["events"] = [[e.step, e.to_step, e.reason] for e in events]
 recorded = load_config(os.path.join(run, "config.yaml")).checkpoint
 after["recorded"] = [recorded.load, recorded.roll_back]  # the rollback recorded as done
 moved = snapshot(os.path.join(run, "rolled_back", after["aside"][0][0]))
@@ -122,6 +126,9 @@ def test_roll_back_moves_the_newer_checkpoints_aside_and_trains_the_same_steps_a
                                     "step_0000004"], after
     assert after["latest"] == "step_0000004"
     assert after["recorded"] == [f"{tmp_path}/run/checkpoints/step_0000002", False]
+    (step, to_step, reason), = after["events"]  # metrics.jsonl's record, for megatron-report
+    assert (step, to_step) == (5, 2) and reason.startswith(
+        "checkpoint.roll_back: 3 checkpoint folder(s) above step 2 moved into "), reason
     (name, moved), = after["aside"]
     assert name.endswith("-above-step_0000002"), name
     assert moved == ["step_0000003", "step_0000004", "step_0000005"]
