@@ -185,6 +185,24 @@ megatron_run_root() {
   printf '%s\n' "${home}/runs"
 }
 
+# The run directory of a config: RUN_DIR when set; the folder of a run's own config.yaml (one
+# that holds checkpoints/: submitting it continues that run, not a new one named "config");
+# else <run root>/<the config's name without .yaml>, one per recipe, so the next job finds it.
+megatron_run_dir() {
+  local config="$1" folder
+  folder=$(dirname -- "$config")
+  if [ -n "${RUN_DIR:-}" ]; then
+    printf '%s
+' "${RUN_DIR}"
+  elif [ "$(basename -- "$config")" = config.yaml ] && [ -d "$folder/checkpoints" ]; then
+    _megatron_say "$config is the config.yaml of the run in $folder: continuing that run"
+    (cd -- "$folder" && pwd)
+  else
+    printf '%s
+' "$(megatron_run_root)/$(basename -- "$config" .yaml)"
+  fi
+}
+
 # Creates RUN_DIR/checkpoints. Orion gives new files a Progressive File Layout and OLCF asks
 # users not to restripe [OLCF-FUG "Transition from Alpine to Orion"], so the layout is only
 # recorded in the job log unless MEGATRON_CKPT_STRIPE holds `lfs setstripe` options (keep to

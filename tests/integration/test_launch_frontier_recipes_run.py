@@ -45,7 +45,7 @@ def test_sbatch_conventions():
     for option in frontier_env.SBATCH_OPTIONS:  # FI_CXI_RDZV_PROTO=alt_read needs it
         assert f"#SBATCH {option}" in text
     assert 'source "${MEGATRON_HOME}/examples/frontier/env.sh"' in text
-    assert "RUN_DIR=${RUN_DIR:-$(megatron_run_root)/" in text
+    assert 'RUN_DIR=$(megatron_run_dir "${CONFIG}")' in text
     assert 'megatron_prepare_run_dir "${RUN_DIR}"' in text and "megatron_prepare_nodes" in text
     assert "torchrun" not in text.split("set -euo pipefail")[1]  # srun's tasks are the ranks
     assert subprocess.run(["bash", "-n", SBATCH]).returncode == 0
@@ -164,6 +164,26 @@ def test_run_root_prefers_scratch_and_says_so(extra, root):
     assert rc == 0, err
     assert env["ROOT"] == root
     assert "run directories under" in err
+
+
+def test_run_dir_is_one_per_recipe_and_a_runs_config_yaml_continues_that_run(tmp_path):
+    """megatron_run_dir (train.sbatch's RUN_DIR): RUN_DIR when set; <run root>/<recipe name>;
+    and for a run's own config.yaml (its folder holds checkpoints/), that run's folder, not a
+    new run under the root named "config"."""
+    run = tmp_path / "runs" / "a"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (tmp_path / "config.yaml").write_text("{}\n")  # a config.yaml that is not a run's
+    home = {"MEGATRON_HOME": "/repo"}
+    for config, extra, want in (
+            ("examples/frontier/175b.yaml", {}, "/repo/runs/175b"),
+            (str(run / "config.yaml"), {}, str(run)),
+            (str(tmp_path / "config.yaml"), {}, "/repo/runs/config"),
+            (str(run / "config.yaml"), {"RUN_DIR": "/elsewhere"}, "/elsewhere")):
+        rc, env, err = source_env({**home, **extra},
+                                  after=f"echo DIR=$(megatron_run_dir {config})")
+        assert rc == 0 and env["DIR"] == want, (config, env.get("DIR"), err)
+        assert ("continuing that run" in err) == (want == str(run)), err
 
 
 def fake_tools(tmp_path, *names):
