@@ -32,6 +32,11 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.eval.eval_interval == 0),
     ("optimizer", ("min_lr", "lr_decay_iters"), "optimizer.lr_decay_style=constant",
      lambda c: c.optimizer.lr_decay_style == "constant"),
+    ("model", ("rotary_base",), "model.position_embedding_type=learned: no rotary positions",
+     lambda c: c.model.position_embedding_type == "learned"),
+    ("checkpoint", ("new_data_stream", "keep_data_position"),
+     "checkpoint.load is not set: a fresh start resumes no data stream",
+     lambda c: c.checkpoint.load is None),
     ("checkpoint", ("roll_back",), "checkpoint.load=auto continues the newest checkpoint "
      "(a chain's later jobs)", lambda c: c.checkpoint.load == "auto"),
     ("parallel", ("sequence_parallel",), "parallel.tensor_parallel_size=1",

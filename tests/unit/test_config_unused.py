@@ -29,6 +29,10 @@ from tests.support.paths import ROOT, TINY
      "parallel.sequence_parallel=true (parallel.tensor_parallel_size=1)"),
     (["parallel.pipeline_first_stage_layers=1"],
      "parallel.pipeline_first_stage_layers=1 (parallel.pipeline_parallel_size=1)"),
+    (["model.rotary_base=500000"],
+     "model.rotary_base=500000.0 (model.position_embedding_type=learned: no rotary positions)"),
+    (["checkpoint.new_data_stream=true"],
+     "checkpoint.new_data_stream=true (checkpoint.load is not set: a fresh start resumes no"),
     (["checkpoint.load=auto", "checkpoint.roll_back=true"],
      "checkpoint.roll_back=true (checkpoint.load=auto continues the newest checkpoint"),
 ])
@@ -47,6 +51,8 @@ def test_a_setting_turned_off_by_another_is_named_with_the_reason(sets, named):
     ["eval.eval_interval=5", "eval.eval_iters=7"],
     ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"],
     ["checkpoint.load=runs/x/checkpoints/step_0000002", "checkpoint.roll_back=true"],
+    ["model.position_embedding_type=rotary", "model.rotary_base=500000"],
+    ["checkpoint.load=auto", "checkpoint.keep_data_position=true"],
 ])
 def test_the_same_settings_where_they_are_read_are_not_named(sets):
     assert unread_settings(load_config(TINY, sets)) == []
