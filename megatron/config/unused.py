@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, List, Tuple
 
+from megatron.config import variants
+
 # (section path, fields, the reason they are unread, a test of the config that makes it so);
 # rules naming the same field hold under exclusive conditions, so no field is named twice
 _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
@@ -32,8 +34,8 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.eval.eval_interval == 0),
     ("optimizer", ("min_lr", "lr_decay_iters"), "optimizer.lr_decay_style=constant",
      lambda c: c.optimizer.lr_decay_style == "constant"),
-    ("model", ("rotary_base",), "model.position_embedding_type=learned: no rotary positions",
-     lambda c: c.model.position_embedding_type == "learned"),
+    ("model", ("rotary_base",), "model.position_embedding_type's positions rotate no queries "
+     "or keys", lambda c: not variants.of(c.model, "position").rotates_qk),
     ("checkpoint", ("new_data_stream", "keep_data_position"),
      "checkpoint.load is not set: a fresh start resumes no data stream",
      lambda c: c.checkpoint.load is None),

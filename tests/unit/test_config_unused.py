@@ -30,7 +30,7 @@ from tests.support.paths import ROOT, TINY
     (["parallel.pipeline_first_stage_layers=1"],
      "parallel.pipeline_first_stage_layers=1 (parallel.pipeline_parallel_size=1)"),
     (["model.rotary_base=500000"],
-     "model.rotary_base=500000.0 (model.position_embedding_type=learned: no rotary positions)"),
+     "model.rotary_base=500000.0 (model.position_embedding_type's positions rotate no "),
     (["checkpoint.new_data_stream=true"],
      "checkpoint.new_data_stream=true (checkpoint.load is not set: a fresh start resumes no"),
     (["checkpoint.load=auto", "checkpoint.roll_back=true"],
