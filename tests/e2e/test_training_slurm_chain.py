@@ -9,6 +9,8 @@ training.exit_interval=2 of training.train_iters=6 and submits the script again.
   (checkpoint.load=<folder>), and that chain submits itself until step 6 (its second job
   continues from step 4, not from the named step 2 again): 3 jobs in all, each loss equal to an
   uninterrupted run's. Submitted once more, the finished run trains nothing.
+- A chain whose first job rolls back (checkpoint.roll_back to step 2 of 4) counts the steps it
+  trains again as progress and goes on from the rollback's history to the end.
 - A job that makes no progress (its run directory is locked by another run) does not submit
   another.
 If a chain breaks, look first at the job logs the assertion prints (lines starting `chain:`)."""
@@ -142,6 +144,33 @@ def test_chain_resubmits_until_train_iters_with_an_uninterrupted_runs_losses(slu
     assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
+
+
+def test_a_chain_that_rolls_back_goes_on_from_its_rollback(slurm, tmp_path):
+    """checkpoint.roll_back in a chain's first job: steps 1-4 trained (two one-job chains), then
+    a chain submitted with checkpoint.load=<step 2> and roll_back=true. Its job 1 moves steps 3-4
+    aside, trains them again to the same losses and counts that as progress (from step 2, not
+    from the newest it moved: training/chain.rollback_start); its job 2 continues the rollback's
+    history (checkpoint.load=auto after the arguments) to step 6."""
+    run_dir = tmp_path / "run"
+    c = Chain(slurm, tmp_path, run_dir, f"rollback-{tmp_path.name}")
+    stop_at_2 = set_args("training.exit_interval=2", "checkpoint.save_interval=1")
+    for _ in range(2):
+        jobs = c.run(1, *TRAIN, *stop_at_2, MEGATRON_CHAIN_MAX_ATTEMPTS="1")
+        assert [s for _, s, _ in jobs] == ["COMPLETED 0:0"], c.logs()
+    assert train_steps(str(run_dir)) == [1, 2, 3, 4]
+    back = set_args(f"checkpoint.load={run_dir / 'checkpoints' / 'step_0000002'}",
+                    "checkpoint.roll_back=true")
+    (_, s1, one), (_, s2, two) = c.run(1, *TRAIN, *stop_at_2, *back)
+    assert (s1, s2) == ("COMPLETED 0:0", "COMPLETED 0:0"), c.logs()
+    assert "continuing from step 2" in one and "moved 2 checkpoint folder(s)" in one, one[-3000:]
+    assert "this job trained from step 2" in one and "submitting job 2" in one, one[-3000:]
+    assert "continuing from step 4" in two and "the run is finished" in two, two[-3000:]
+    (aside,) = (run_dir / "rolled_back").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["step_0000003", "step_0000004"]
+    history = [(r.step, r.loss) for r in steps(read_metrics(RunDir(str(run_dir)).metrics))]
+    assert [step for step, _ in history] == [1, 2, 3, 4, 3, 4, 5, 6]
+    assert history[4][1] == pytest.approx(history[2][1], rel=1e-5), history  # step 3 again
 
 
 def test_chain_stops_when_a_job_makes_no_progress(slurm, tmp_path):
