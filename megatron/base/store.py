@@ -141,10 +141,15 @@ def commit(staging: str, final: str) -> None:
         raise AfterCommit(final, OSError(f"flushing the folder {parent} to disk failed ({e})")
                           ) from None
     try:
-        write_durable(os.path.join(parent, LATEST), os.path.basename(final).encode(),
-                      f"the pointer to the newest checkpoint ({LATEST})")
+        point_latest(parent, os.path.basename(final))
     except Exception as e:  # noqa: BLE001 - whatever it is, it happened after the commit
         raise AfterCommit(final, e) from None
+
+
+def point_latest(ckpt_dir: str, tag: str) -> None:
+    """`latest` in ckpt_dir names `tag` (written whole: a reader sees the old tag or the new)."""
+    write_durable(os.path.join(ckpt_dir, LATEST), tag.encode(),
+                  f"the pointer to the newest checkpoint ({LATEST})")
 
 
 class Incomplete(Exception):
@@ -281,12 +286,10 @@ def set_aside_above(ckpt_dir: str, step: int, dest: str) -> List[str]:
     fsync_dir(dest)
     fsync_dir(ckpt_dir)
     newest, _ = newest_complete(ckpt_dir)
-    pointer = os.path.join(ckpt_dir, LATEST)
     if newest is None:
-        remove_quietly(pointer)
+        remove_quietly(os.path.join(ckpt_dir, LATEST))
     else:
-        write_durable(pointer, os.path.basename(newest.folder).encode(),
-                      f"the pointer to the newest checkpoint ({LATEST})")
+        point_latest(ckpt_dir, os.path.basename(newest.folder))
     return above
 
 

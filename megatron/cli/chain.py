@@ -65,8 +65,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     s = settings(env, cfg.checkpoint.save)
     if args.command == "begin":
-        if environ.unknown_note(env):  # a misspelt MEGATRON_CHAIN_* would do nothing
-            _say(environ.unknown_note(env))
+        unknown = environ.unknown_note(env)  # a misspelt MEGATRON_CHAIN_* would do nothing
+        if unknown:
+            _say(unknown)
         p = rollback_start(p, cfg.checkpoint.load, cfg.checkpoint.roll_back)
         d = begin(p, s)
         _say(d.message)
