@@ -135,10 +135,11 @@ def micro_batch_rule(schedule: str, pp: int, v: int, mb: int, dp: int, gb: int,
 
 def scope_error(cfg) -> Optional[ConfigError]:
     """What the interleaved executor does not run yet: fp16 (its loss scaling across chunks is
-    untried: DeepSpeed's CPU accelerator has no fp16, and no GPU was at hand), ZeRO-0 and
-    experts. bf16 under ZeRO-1 is DeepSpeed's ZeRO optimizer with bf16 weights, the same one
-    1f1b gets (tests/distributed/test_engine_interleaved.py)."""
-    p, t, m = cfg.parallel, cfg.training, cfg.model
+    untried: DeepSpeed's CPU accelerator has no fp16, and no GPU was at hand) and ZeRO-0.
+    Experts run (tests/distributed/test_model_moe.py; a MoE layer among every rank's chunks is
+    validate.check_experts' rule). bf16 under ZeRO-1 is DeepSpeed's ZeRO optimizer with bf16
+    weights, the same one 1f1b gets (tests/distributed/test_engine_interleaved.py)."""
+    p, t = cfg.parallel, cfg.training
     if p.virtual_pipeline_size == 1 or p.pipeline_parallel_size == 1:
         return None
     if t.precision == "fp16":
@@ -154,11 +155,6 @@ def scope_error(cfg) -> Optional[ConfigError]:
                            "pipeline grid's model-parallel rank 0), which interleaved chunks "
                            "cannot reproduce; ZeRO-1 takes the norm of every stage and runs "
                            "bit for bit as 1f1b", "set parallel.zero_stage=1")
-    if m.moe.num_experts:
-        return ConfigError("model.moe.num_experts", m.moe.num_experts,
-                           "0 with parallel.virtual_pipeline_size > 1: mixture-of-experts "
-                           "layers are not run by the interleaved executor yet",
-                           "set parallel.virtual_pipeline_size=1")
     return None
 
 

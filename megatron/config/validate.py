@@ -8,7 +8,7 @@ from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error
 from megatron.config.moe import is_moe_layer
-from megatron.config.stages import (accounted_problem, chunk_ends, even_stage_layers,
+from megatron.config.stages import (accounted_problem, chunk_ends, rank_layer_indices,
                                     set_or_none, stage_layers, uneven_problem)
 
 
@@ -359,59 +359,71 @@ def experts_error(m, tp: int, cp: int, stage: int, ep: int, zero: int, precision
     return None
 
 
-def expert_stages_error(m, tp: int, ep: int, counts: Optional[List[int]]
+def expert_stages_error(m, tp: int, ep: int, held: Optional[List[List[int]]]
                         ) -> Optional[ConfigError]:
     """Every pipeline stage holds a MoE layer where the experts are split over ranks (EP > 1, or
-    TP > 1: engine/experts.py). counts: transformer layers per stage (one stage: None or one
-    entry). A stage without one holds no expert parameter groups (engine/optimizer.py) where the
-    others hold them, and DeepSpeed's ZeRO gradient norm, one all-reduce a group over the
-    pipeline, then waits forever (measured: MoE every 4th layer of 4 on PP 2 with EP 2 hung at
-    the first step)."""
-    if not m.moe.num_experts or (ep == 1 and tp == 1) or not counts or len(counts) < 2:
+    TP > 1: engine/experts.py). held: the transformer layers each stage holds (its contiguous
+    run, or with model chunks the layers of all its chunks: config/stages.rank_layer_indices;
+    one stage: None or one entry). A stage without one holds no expert parameter groups
+    (engine/optimizer.py) where the others hold them, and DeepSpeed's ZeRO gradient norm, one
+    all-reduce a group over the pipeline, then waits forever (measured: MoE every 4th layer of
+    4 on PP 2 with EP 2 hung at the first step)."""
+    if not m.moe.num_experts or (ep == 1 and tp == 1) or not held or len(held) < 2:
         return None
-    start = 0
-    for stage, n in enumerate(counts):
-        layers = range(start, start + n)
-        start += n
+    for stage, layers in enumerate(held):
         if not any(is_moe_layer(m, i) for i in layers):
-            held = f"layers {layers[0]}-{layers[-1]}" if n else "no transformer layer"
             return ConfigError(
                 "model.moe.layer_freq", m.moe.layer_freq,
                 f"a frequency that puts a MoE layer on every pipeline stage while the experts "
                 f"are split over ranks (expert_parallel_size={ep}, tensor_parallel_size={tp}): "
-                f"stage {stage} holds {held}, none of them MoE (every "
+                f"stage {stage} holds {_layers_named(layers)}, none of them MoE (every "
                 f"{m.moe.layer_freq}-th layer from layer 0 is), so its optimizer would hold no "
                 "expert parameter group where the other stages do, and DeepSpeed's ZeRO "
                 "gradient norm (one all-reduce a group over the pipeline) would hang",
-                "lower model.moe.layer_freq, use fewer pipeline stages, or set "
+                "lower model.moe.layer_freq, use fewer pipeline stages (or other model chunks: "
+                "parallel.virtual_pipeline_size, parallel.pipeline_schedule), or set "
                 "parallel.expert_parallel_size=1 and tensor_parallel_size=1")
     return None
+
+
+def _layers_named(layers: List[int]) -> str:
+    """'layers 2-5', 'layers 1, 3' (model chunks), 'layer 4' or 'no transformer layer'."""
+    if not layers:
+        return "no transformer layer"
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    return "layers " + ", ".join(map(str, layers))
 
 
 def check_experts(cfg, world_size: int) -> None:
     """Mixture of experts: the layout (moe_error), experts_error and, under pipelining, a MoE
     layer on every stage (expert_stages_error; the uniform split, the set or counted end
-    stages: DeepSpeed's parameter-balanced split is not known here, so refused beside a MoE
-    layer frequency above 1)."""
+    stages, or the model chunks each rank holds under interleaving and ZB-V: DeepSpeed's
+    parameter-balanced split is not known here, so refused beside a MoE layer frequency above
+    1)."""
     p, m = cfg.parallel, cfg.model
     ep, tp, cp = p.expert_parallel_size, p.tensor_parallel_size, p.context_parallel_size
     _raise(moe_error(m, tp, p.pipeline_parallel_size, cp, p.zero_stage, ep))
     _raise(experts_error(m, tp, cp, world_size // p.pipeline_parallel_size, ep, p.zero_stage,
                          cfg.training.precision, p.sequence_parallel))
-    pp = p.pipeline_parallel_size
-    if pp == 1 or p.virtual_pipeline_size > 1 or not m.moe.num_experts:
-        return  # chunks with experts are refused by interleaving.scope_error
-    counts = pipeline_stage_layers(cfg)
-    if counts is None:
-        if p.pipeline_partition_method != "uniform" and m.moe.layer_freq > 1 and \
-                (ep > 1 or tp > 1):
+    pp, chunks = p.pipeline_parallel_size, p.virtual_pipeline_size
+    if pp == 1 or not m.moe.num_experts:
+        return
+    first, last = _ends(cfg)
+    if chunks == 1 and first is None and last is None and \
+            p.pipeline_partition_method != "uniform":
+        if m.moe.layer_freq > 1 and (ep > 1 or tp > 1):
             raise ConfigError("parallel.pipeline_partition_method", p.pipeline_partition_method,
                               f"uniform with model.moe.layer_freq={m.moe.layer_freq} and the "
                               "experts split over ranks: every stage must hold a MoE layer, "
                               "which only a known split can be checked for",
                               "set parallel.pipeline_partition_method=uniform")
-        counts = even_stage_layers(m.num_layers, pp)
-    _raise(expert_stages_error(m, tp, ep, counts))
+        return
+    v_shape = schedules.get(p.pipeline_schedule).head_on_first
+    _raise(expert_stages_error(m, tp, ep, rank_layer_indices(m.num_layers, pp, chunks, v_shape,
+                                                             first, last)))
 
 
 def grad_accum_error(precision: str, zero: int, experts: int) -> Optional[ConfigError]:

@@ -147,6 +147,14 @@ class ChunkedModule(nn.Module):
                 for name, param in module.named_parameters():
                     yield prefix + name, param
 
+    def gpt_named_modules(self) -> Iterator[Tuple[str, nn.Module]]:
+        """This rank's layers' submodules under their GPTModel names, each ending in '.' (the
+        checkpointed buffers' owners: the MoE routers' expert bias, engine/state.buffer_states)."""
+        for chunk in self.chunks:
+            for prefix, module in zip(chunk.prefixes, chunk.layers):
+                for name, sub in module.named_modules():
+                    yield prefix + (name + "." if name else ""), sub
+
 
 def _tie_group(state: ParallelState, first_stage: int, last_stage: int) -> Optional[object]:
     """The stages of the first and the last chunk in this rank's pipeline (same data, context

@@ -176,8 +176,10 @@ def buffer_states(module: nn.Module, coords: RankCoord, prefixes: List[str]
 def global_named_modules(model: nn.Module, prefixes: List[str]
                          ) -> Iterator[Tuple[str, nn.Module]]:
     """This rank's submodules under their GPTModel names, each ending in '.' (or '' for the
-    model itself), as global_named_parameters names parameters (interleaved chunks hold no
-    module with checkpointed buffers: MoE is refused there)."""
+    model itself), as global_named_parameters names parameters."""
+    if hasattr(model, "gpt_named_modules"):  # model chunks (engine/chunks.py)
+        yield from model.gpt_named_modules()
+        return
     if not hasattr(model, "forward_funcs"):  # PP=1: the GPTModel itself
         for name, sub in model.named_modules():
             yield (name + "." if name else ""), sub

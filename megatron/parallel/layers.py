@@ -349,11 +349,17 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def defer_weight_grads(module: nn.Module, store: WeightGradStore) -> int:
     """Gives the weights of `module`'s TP layers (column-, row-parallel linear, vocabulary
-    embedding and the output head that reuses one) to `store`; returns how many."""
+    embedding and the output head that reuses one), and those a module names in
+    `deferrable_weights` (a MoE layer's stacked experts, model/moe/experts.py), to `store`;
+    returns how many layers."""
     count = 0
     for sub in module.modules():
         if isinstance(sub, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             sub.weight.wgrad_store = store
+            count += 1
+        elif getattr(sub, "deferrable_weights", None):
+            for name in sub.deferrable_weights:
+                getattr(sub, name).wgrad_store = store
             count += 1
     return count
 

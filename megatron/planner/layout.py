@@ -227,12 +227,13 @@ def engine_run_problem(framework: str, lay: Layout,
 
 def expert_problem(job: Job, lay: Layout) -> Optional[str]:
     """The trainer's own rules (config/validate.experts_error, expert_stages_error) for a
-    layout's experts: with them split over ranks, a MoE layer on every pipeline stage."""
+    layout's experts: with them split over ranks, a MoE layer on every pipeline stage (among
+    all of its model chunks' layers under interleaving or ZB-V)."""
     error = experts_error(job.model, lay.tp, lay.cp, lay.tp * lay.dp * lay.cp, lay.ep, lay.zero,
                           job.precision, lay.sequence_parallel)
-    if error is None and lay.pp > 1 and lay.interleave == 1:
+    if error is None and lay.pp > 1:
         error = expert_stages_error(job.model, lay.tp, lay.ep,
-                                    layout_stage_layers(job.model.num_layers, lay))
+                                    layout_stage_layer_indices(job.model.num_layers, lay))
     return config_problem(error)
 
 

@@ -1,10 +1,11 @@
 """Checkpoints of experts split over expert-parallel ranks (docs/moe.md): a run saved at step 5
 at EP4 (4 ranks, ZeRO-0 and ZeRO-1) continues to step 10 at EP2 (2 ranks, ZeRO-1 and ZeRO-0) and
-on one process, and one saved at EP2 x TP2 (SP) x DP2 continues at EP2 x TP2 x PP2 and on one
-process; steps 6-10 must match the uninterrupted source run. The checkpoint stores each
-expert tensor on its global expert axis [E, ...] (checkpoint/experts.py), with the fp32 masters
-and Adam moments, so any expert-parallel size reads its own experts' range. fp32, dropless, no
-dropout.
+on one process; one saved at EP2 x TP2 (SP) x DP2 continues at EP2 x TP2 x PP2, at EP2 x TP2 x
+PP2 in ZB-V's model chunks and on one process; one saved from ZB-V's chunks at EP2 x PP2
+continues on one process. Steps 6-10 must match the uninterrupted source run. The checkpoint
+stores each expert tensor on its global expert axis [E, ...] (checkpoint/experts.py), with the
+fp32 masters and Adam moments, so any expert-parallel size reads its own experts' range. fp32,
+dropless, no dropout.
 
 Run by path under torchrun, this file is also the worker: one launch per world size (DeepSpeed's
 start-up is the slow part); rank 0 writes {case: losses}."""
@@ -27,6 +28,7 @@ from tests.support.paths import TINY  # noqa: E402
 
 # the router bias (kept in the checkpoint, on pipeline stages too) and a shared expert
 BIAS = ["model.moe.router_bias_update_rate=0.01", "model.moe.shared_expert_ffn_hidden_size=48"]
+ZBV = ["parallel.pipeline_schedule=zbv", "parallel.virtual_pipeline_size=2"]
 LAYOUTS = {
     "ep4_zero0": ["parallel.expert_parallel_size=4", "parallel.zero_stage=0"],
     "ep4_zero1": ["parallel.expert_parallel_size=4", "parallel.zero_stage=1"],
@@ -39,12 +41,21 @@ LAYOUTS = {
     "ep2_tp2_pp2": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
                     "parallel.sequence_parallel=true", "parallel.pipeline_parallel_size=2",
                     "parallel.zero_stage=1", *BIAS],
+    # ... or on two stages of two model chunks each in ZB-V's V (engine/interleaved.py)
+    "ep2_tp2_pp2_zbv": ["parallel.expert_parallel_size=2", "parallel.tensor_parallel_size=2",
+                        "parallel.sequence_parallel=true", "parallel.pipeline_parallel_size=2",
+                        "parallel.zero_stage=1", *ZBV, *BIAS],
+    # saved from model chunks (rank 0 holds layers 0 and 3, rank 1 layers 1 and 2; each
+    # writes its own MoE layer's router bias)
+    "ep2_pp2_zbv": ["parallel.expert_parallel_size=2", "parallel.pipeline_parallel_size=2",
+                    "parallel.zero_stage=1", *ZBV, *BIAS],
     "one": [],
     "one_bias": BIAS,
 }
-LAUNCHES = {4: ("ep4_zero0,ep4_zero1,ep2_tp2_dp2", "ep2_tp2_dp2>ep2_tp2_pp2"),
+LAUNCHES = {4: ("ep4_zero0,ep4_zero1,ep2_tp2_dp2,ep2_pp2_zbv",
+                "ep2_tp2_dp2>ep2_tp2_pp2,ep2_tp2_dp2>ep2_tp2_pp2_zbv"),
             2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
-            1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one_bias")}
+            1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one_bias,ep2_pp2_zbv>one_bias")}
 TOLERANCE = 1e-5
 
 

@@ -4,7 +4,8 @@ router's gradients of one MoE layer at EP2 against the same layer on one rank, w
 weights, dropless and with a capacity), or a layout's composition (10 training steps, fp32, no
 dropout, clipping on, against one rank: losses, gradient norms and the logged auxiliary
 losses): EP under ZeRO-0, 1 and 2, over data, tensor (with and without SP), context and
-pipeline (1F1B, ZB-H1) parallel ranks, and with full recomputation.
+pipeline parallel ranks (1F1B, ZB-H1, and two model chunks a rank: interleaved 1F1B and
+ZB-V), and with full recomputation.
 
 Run by path under torchrun, this file is also the worker: it trains the layouts it is given
 in one launch (DeepSpeed's start-up is the slow part) and writes rank 0's results."""
@@ -26,6 +27,9 @@ from tests.support.paths import TINY  # noqa: E402
 EP2, EP4 = "parallel.expert_parallel_size=2", "parallel.expert_parallel_size=4"
 TP2, SP = "parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"
 PP2, CP2 = "parallel.pipeline_parallel_size=2", "parallel.context_parallel_size=2"
+# two model chunks a rank: interleaved 1F1B's loop, or ZB-V's V (engine/interleaved.py)
+V2, ZBV = "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=zbv"
+INTERLEAVED, FREQ1 = "parallel.pipeline_schedule=interleaved", "model.moe.layer_freq=1"
 ZERO = "parallel.zero_stage={}".format
 BIAS, SHARED = "model.moe.router_bias_update_rate=0.01", "model.moe.shared_expert_ffn_hidden_size=48"
 # name: (world size, overrides)
@@ -49,11 +53,19 @@ LAYOUTS = {
     "ep2_pp2_zbh1": (4, [EP2, PP2, ZERO(1), "parallel.pipeline_schedule=zbh1"]),
     "ep2_cp2_tp2_sp": (4, [EP2, CP2, TP2, SP, ZERO(1)]),
     "ep2_tp2_sp_pp2": (4, [EP2, TP2, SP, PP2, ZERO(1)]),
+    # model chunks: under ZB-V's V rank 0 holds layers 0 and 3, rank 1 layers 1 and 2, so MoE
+    # every 2nd layer puts one on each; the interleaved loop gives rank 1 layers 1 and 3, which
+    # that frequency leaves without one (refused: validate.check_experts), so every layer is MoE
+    # there, against its own one-rank run
+    "ep2_pp2_zbv": (4, [EP2, PP2, ZERO(1), V2, ZBV]),
+    "freq1_one_rank": (1, [FREQ1]),
+    "freq1_ep2_pp2_interleaved": (4, [EP2, PP2, ZERO(1), V2, INTERLEAVED, FREQ1]),
     # the auxiliary-loss-free router bias (its loads summed over every rank of a stage) and a
     # shared expert, against their own one-rank run
     "bias_one_rank": (1, [BIAS, SHARED]),
     "bias_ep2_tp2": (2, [EP2, TP2, ZERO(1), BIAS, SHARED]),
     "bias_ep2_tp2_sp_pp2": (4, [EP2, TP2, SP, PP2, ZERO(1), BIAS, SHARED]),
+    "bias_ep2_tp2_sp_pp2_zbv": (4, [EP2, TP2, SP, PP2, ZERO(1), BIAS, SHARED, V2, ZBV]),
 }
 TOLERANCE = 1e-5
 
@@ -75,8 +87,10 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("layout", [n for n in LAYOUTS if not n.endswith("one_rank")])
 def test_expert_parallel_training_matches_one_rank(results, layout):
     """Losses (language model), gradient norms (clipping on) and the routers' auxiliary losses
-    of every step, against one rank (with the router bias and a shared expert: its own)."""
-    ref = results["bias_one_rank" if layout.startswith("bias_") else "one_rank"]
+    of every step, against one rank (with the router bias and a shared expert, or MoE in every
+    layer: its own)."""
+    prefix = layout.split("_")[0] + "_" if layout.startswith(("bias_", "freq1_")) else ""
+    ref = results[prefix + "one_rank"]
     got = results[layout]
     assert len(got["loss"]) == 10 and ref["loss"][-1] < ref["loss"][0] - 0.05, ref
     for key in ("loss", "grad_norm", "aux"):

@@ -1,6 +1,7 @@
 """The MoE layer's routing rules, in this process (docs/moe.md). Failures localize to: the drop
 policy under a capacity (model/moe/dispatch.plan), the auxiliary losses (router.py), the sigmoid
-router's normalisation, the grouped GEMM against the loop (experts.py), the config's refusals
+router's normalisation, the grouped GEMM against the loop and the experts' weight gradients
+deferred to a zero-bubble W pass (experts.py), the config's refusals
 (config/moe.py, config/validate.py), or the planner's parameter count (planner/params.py)
 against the model's."""
 from __future__ import annotations
@@ -145,6 +146,53 @@ def test_grouped_gemm_backward_equals_the_loop(flavour):
     assert experts.grouped is True and experts(x[:0], [0, 0, 0, 0]).shape == (0, 64)
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("flavour", [[], ["model.activation=swiglu",
+                                          "model.add_bias_linear=false"]])
+def test_zero_bubble_defers_the_experts_weight_gradients(flavour, grouped):
+    """Under ZB-H1 and ZB-V (parallel/layers.defer_weight_grads) a B pass leaves the stacked
+    expert weights' gradients in the store, an expert without rows included, and the W pass
+    adds them: the input's and every parameter's gradient as without deferring, over two
+    micro-batches accumulated (the loop and the grouped GEMM)."""
+    from megatron.parallel.layers import WeightGradStore, defer_weight_grads
+    if grouped and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    experts = _experts(flavour)
+    experts.grouped = grouped
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(20, 64, generator=gen), torch.randn(20, 64, generator=gen), counts)
+               for counts in ([7, 0, 5, 8], [1, 9, 0, 10])]
+
+    def grads(store):
+        experts.zero_grad(set_to_none=True)
+        inputs = []
+        for x, g, counts in batches:
+            xi = x.clone().requires_grad_(True)
+            if store is not None:
+                store.open()
+            experts(xi, counts).backward(g)
+            if store is not None:
+                store.seal()
+            inputs.append(xi.grad)
+        if store is not None:
+            assert experts.w1.grad is None and experts.w2.grad is None  # B passes only
+            assert store.pending() == 2
+            for mb in range(2):
+                store.run(mb)
+        return inputs + [p.grad for p in experts.parameters()]
+
+    plain = grads(None)
+    store = WeightGradStore()
+    assert defer_weight_grads(experts, store) == 1
+    deferred = grads(store)
+    assert len(plain) == len(deferred) == 2 + len(list(experts.parameters()))
+    for a, b in zip(plain, deferred):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), (a - b).abs().max()
+
+
 def test_experts_fall_back_to_the_loop_where_the_grouped_gemm_raises(monkeypatch, caplog):
     """A device or dtype whose grouped GEMM refuses the layer (CUDA's has been bf16-only in some
     torch releases) runs the loop: same output, one warning naming the dtype and the reason, and
@@ -224,12 +272,31 @@ def test_experts_take_the_grouped_gemm_where_it_runs(monkeypatch):
     (MOE + ["model.moe.layer_freq=2", "parallel.pipeline_parallel_size=2",
             "parallel.expert_parallel_size=2", "parallel.pipeline_partition_method=parameters"],
      4, "parallel.pipeline_partition_method"),
+    # interleaved 1F1B's loop gives rank 1 model chunks 1 and 3 (layers 1 and 3): no MoE layer
+    (MOE + ["parallel.pipeline_parallel_size=2", "parallel.expert_parallel_size=2",
+            "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=interleaved",
+            "model.moe.layer_freq=2"], 4, "model.moe.layer_freq"),
 ])
 def test_config_refusals_name_their_fields(overrides, world, field):
     """Every layout experts cannot run is one message naming the field."""
     with pytest.raises(ConfigError) as e:
         validate_for_world(load_config(TINY, overrides), world)
     assert e.value.field == field and str(e.value).startswith(field), str(e.value)
+
+
+@pytest.mark.parametrize("schedule, chunks, held", [("1f1b", 1, "layers 2-3"),
+                                                    ("interleaved", 2, "layers 1, 3")])
+def test_a_stage_without_a_moe_layer_is_named_with_the_layers_it_holds(schedule, chunks, held):
+    """4 layers on 2 stages with EP 2: under 1F1B at layer_freq 4 (MoE in layer 0) stage 1
+    holds layers 2-3, under the interleaved loop at layer_freq 2 (layers 0 and 2) layers 1 and
+    3, neither MoE."""
+    freq = 4 if chunks == 1 else 2
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(load_config(TINY, MOE + [
+            f"model.moe.layer_freq={freq}", "parallel.pipeline_parallel_size=2",
+            "parallel.expert_parallel_size=2", f"parallel.virtual_pipeline_size={chunks}",
+            f"parallel.pipeline_schedule={schedule}"]), 4)
+    assert f"stage 1 holds {held}, none of them MoE" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("overrides, world", [
@@ -241,10 +308,18 @@ def test_config_refusals_name_their_fields(overrides, world, field):
     (["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=zbh1",
       "parallel.expert_parallel_size=2"], 4),
     (["training.activation_checkpointing=full", "parallel.expert_parallel_size=2"], 2),
+    # model chunks: ZB-V's V gives rank 0 layers 0 and 3, rank 1 layers 1 and 2 (one MoE layer
+    # each at layer_freq 2); interleaved 1F1B's loop with MoE in every layer
+    (["parallel.pipeline_parallel_size=2", "parallel.expert_parallel_size=2",
+      "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=zbv",
+      "model.moe.layer_freq=2"], 4),
+    (["parallel.pipeline_parallel_size=2", "parallel.expert_parallel_size=2",
+      "parallel.virtual_pipeline_size=2", "parallel.pipeline_schedule=interleaved"], 4),
 ])
 def test_experts_compose_with_the_other_axes(overrides, world):
-    """What earlier slices refused: EP with TP (SP or not), CP, PP (1F1B, ZB-H1) and full
-    recomputation (the routers' losses ride on the layer's output)."""
+    """What earlier slices refused: EP with TP (SP or not), CP, PP (1F1B, ZB-H1, and the model
+    chunks of interleaved 1F1B and ZB-V) and full recomputation (the routers' losses ride on
+    the layer's output)."""
     validate_for_world(load_config(TINY, MOE + overrides), world)
 
 

@@ -86,7 +86,7 @@ def test_the_all_to_all_and_the_active_experts_gemms():
                                        # MoE every 2nd of 24 layers on 24 stages with EP 2:
                                        # odd stages hold no MoE layer (the ZeRO norm hangs)
                                        (dict(dp=1, pp=24, grad_accum=64, ep=1, tp=8),
-                                        "stage 1 holds layers 1-1, none of them MoE")])
+                                        "stage 1 holds layer 1, none of them MoE")])
 def test_layouts_the_trainer_refuses_with_experts(kw, needle):
     assert needle in layout_problem(JOB, dataclasses.replace(_lay(1), **kw))
 
@@ -385,14 +385,19 @@ def test_each_stage_is_priced_with_the_moe_layers_it_holds():
     hold one each; interleaved, two chunks a rank, rank 0 holds chunks [0, 1] and [4, 5], both
     MoE layers, and rank 1 none (config/stages.rank_layer_indices). The stages were priced
     with the model's share, one each, in time (timing.stage_keys) and, under interleaving, in
-    memory (experts.stage_moe_layers took contiguous runs). This trainer refuses experts with
-    model chunks; Megatron's interleaved MoE (the Grok recipe) is priced for comparison."""
+    memory (experts.stage_moe_layers took contiguous runs). With EP 4 this trainer refuses
+    the layout (rank 1's optimizer would hold no expert group: config/validate.
+    expert_stages_error); with a MoE layer among every rank's chunks it runs them."""
     from megatron.planner.timing import stage_keys
     m = dataclasses.replace(preset_model("gpt3-350m"), num_layers=8,
                             moe=MoEConfig(num_experts=8, top_k=2, layer_freq=4))
     job, prof = Job(m, 64, "bf16"), load_profile("h100")
     plain = Layout(tp=1, pp=2, dp=4, micro_batch=1, grad_accum=16, zero=1, ep=4)
     chunked = dataclasses.replace(plain, interleave=2)
+    assert "stage 1 holds layers 2, 3, 6, 7, none of them MoE" in layout_problem(job, chunked)
+    # ZB-V's V: rank 0 holds layers 0, 1, 6 and 7, rank 1 layers 2-5 (MoE layer 4)
+    assert layout_problem(job, dataclasses.replace(chunked, schedule="zbv")) is None
+    assert layout_problem(job, plain) is None
     assert [k[4] for k in stage_keys(m, plain)] == [1, 1]
     assert [k[4] for k in stage_keys(m, chunked)] == [2, 0]
     assert [experts.stage_moe_layers(m, chunked, s) for s in (0, 1)] == [2, 0]

@@ -14,7 +14,13 @@ Which dtypes and shapes the grouped GEMM takes differs by device and torch versi
 kernel has been bf16-only, with rows 16-byte aligned, in some releases), so the first call for
 each (device type, dtype, widths) tries it once on a few rows, forward and backward
 (grouped_gemm_works); where it raises, that layer runs the loop, with one warning naming why.
-The answer is cached: later calls pay a dictionary lookup."""
+The answer is cached: later calls pay a dictionary lookup.
+
+Under a schedule that splits the backward (ZB-H1, ZB-V: parallel/layers.defer_weight_grads)
+the stacked weights w1 and w2 are deferred like a TP layer's (`deferrable_weights`): the B pass
+computes the input's gradient, and the weights' products, dW_e = dy_e^T x_e for each local
+expert's rows, wait in the chunk's WeightGradStore for its W pass (_ExpertLinear). The biases'
+gradients (a row sum) stay in B."""
 from __future__ import annotations
 
 import logging
@@ -99,6 +105,9 @@ class Experts(nn.Module):
         self.grouped = None  # None: the grouped GEMM where it runs (grouped_gemm_works), else
         # the loop; True or False forces one (tests, benchmarks)
 
+    # what parallel/layers.defer_weight_grads hands a WeightGradStore under ZB-H1 and ZB-V
+    deferrable_weights = ("w1", "w2")
+
     def forward(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """x [M, h] grouped by local expert, counts [E_local] -> [M, h]."""
         grouped = self.grouped
@@ -112,9 +121,18 @@ class Experts(nn.Module):
     def _loop(self, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         # unbind, not w1[e] per expert: each indexing's backward would write a zero tensor of
         # the whole stack and add it up, E times; unbind's backward stacks the E gradients once.
-        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
         b1 = self.b1.unbind(0) if self.b1 is not None else [None] * len(counts)
         b2 = self.b2.unbind(0) if self.b2 is not None else [None] * len(counts)
+        store = _store(self.w1)
+        if store is not None:  # the weights' products deferred (_ExpertLinear)
+            y = _ExpertLinear.apply(x, self.w1, counts, None, store)
+            y = torch.cat([self.act(part, b1[e], self.sel)
+                           for e, part in enumerate(y.split(counts))]) if counts else y
+            y = _ExpertLinear.apply(y, self.w2, counts, None, _store(self.w2))
+            if self.b2 is not None:
+                y = y + torch.cat([b.expand(n, -1) for b, n in zip(b2, counts)])
+            return y
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
         out = []
         for e, rows in enumerate(x.split(counts)):
             y = F.linear(rows, w1[e])  # [n_e, fc1_factor*f]
@@ -126,11 +144,18 @@ class Experts(nn.Module):
         offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
         which = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
                                         torch.tensor(counts, device=x.device))  # expert of row
-        y = torch._grouped_mm(x, self.w1.transpose(1, 2), offs=offs)  # [M, fc1_factor*f]
+        store = _store(self.w1)
+        if store is not None:  # the weights' products deferred (_ExpertLinear)
+            y = _ExpertLinear.apply(x, self.w1, counts, offs, store)
+        else:
+            y = torch._grouped_mm(x, self.w1.transpose(1, 2), offs=offs)  # [M, fc1_factor*f]
         if self.b1 is not None:  # per row, before the activation (the fused ops take [f] biases)
             y = y + select_rows(self.b1, which)
         y = self.act(y, None, self.sel)
-        y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
+        if store is not None:
+            y = _ExpertLinear.apply(y, self.w2, counts, offs, _store(self.w2))
+        else:
+            y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
         y = _ContiguousGrad.apply(y)
         return y if self.b2 is None else y + select_rows(self.b2, which)
 
@@ -146,3 +171,40 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.contiguous()
+
+
+def _store(weight: torch.Tensor):
+    return getattr(weight, "wgrad_store", None)
+
+
+class _ExpertLinear(torch.autograd.Function):
+    """y_e = x_e w[e]^T for each local expert's rows (x grouped by expert, `counts` rows each):
+    one grouped GEMM where `offs` (the rows' cumulative counts) is given, else a loop. The
+    backward returns dx_e = dy_e w[e] and leaves dW_e = dy_e^T x_e (zero for an expert without
+    rows) in `store` for the W pass (parallel/layers.WeightGradStore)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, counts, offs, store):
+        ctx.save_for_backward(x, weight)
+        ctx.counts, ctx.offs, ctx.store = counts, offs, store
+        if offs is not None:
+            return torch._grouped_mm(x, weight.transpose(1, 2), offs=offs)
+        parts = [F.linear(rows, w) for rows, w in zip(x.split(counts), weight.unbind(0))]
+        return torch.cat(parts) if parts else x.new_zeros((0, weight.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        counts, offs = ctx.counts, ctx.offs
+        grad = grad.contiguous()  # the CPU grouped GEMM refuses zero strides
+        if offs is not None:
+            grad_x = torch._grouped_mm(grad, weight, offs=offs)
+        else:
+            parts = [g.mm(w) for g, w in zip(grad.split(counts), weight.unbind(0))]
+            grad_x = torch.cat(parts) if parts else x.new_zeros((0, weight.shape[2]))
+
+        def product() -> torch.Tensor:
+            return torch.stack([g.t().mm(rows) for g, rows in zip(grad.split(counts),
+                                                                   x.split(counts))])
+        ctx.store.put(weight, product)
+        return grad_x, None, None, None, None
