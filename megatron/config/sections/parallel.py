@@ -95,8 +95,10 @@ class ParallelConfig:
     save, then hang_timeout_minutes or 5x the slowest phase, plus one minute); with the watchdog
     off (both 0) this stays the timeout of every collective."""
     expert_parallel_size: int = 1
-    """Data-parallel ranks the experts of each MoE layer are split over (docs/moe.md); a divisor
-    of model.moe.num_experts and of the data-parallel size."""
+    """Ranks of a pipeline stage the experts of each MoE layer are split over (docs/moe.md,
+    "MoE parallel folding": tensor-parallel ranks first, then data x context parallel ones, so
+    it may exceed the data-parallel size); a divisor of model.moe.num_experts and of the
+    stage's data x context x tensor parallel ranks."""
 
     def __post_init__(self):
         s = "parallel"
