@@ -2,7 +2,9 @@
 at EP4 (4 ranks, ZeRO-0 and ZeRO-1) continues to step 10 at EP2 (2 ranks, ZeRO-1 and ZeRO-0) and
 on one process; one saved at EP2 x TP2 (SP) x DP2 continues at EP2 x TP2 x PP2, at EP2 x TP2 x
 PP2 in ZB-V's model chunks and on one process; one saved from ZB-V's chunks at EP2 x PP2
-continues on one process. Steps 6-10 must match the uninterrupted source run. The checkpoint
+continues on one process. Steps 6-10 must match the uninterrupted source run. The EP4 run
+merged to one file (megatron-convert to-single) starts EP2 and one process from the same
+weights (checkpoint.init_from: each rank takes its experts' slice). The checkpoint
 stores each expert tensor on its global expert axis [E, ...] (checkpoint/experts.py), with the
 fp32 masters and Adam moments, so any expert-parallel size reads its own experts' range. fp32,
 dropless, no dropout.
@@ -56,6 +58,10 @@ LAUNCHES = {4: ("ep4_zero0,ep4_zero1,ep2_tp2_dp2,ep2_pp2_zbv",
                 "ep2_tp2_dp2>ep2_tp2_pp2,ep2_tp2_dp2>ep2_tp2_pp2_zbv"),
             2: ("", "ep4_zero0>ep2_zero1,ep4_zero1>ep2_zero0"),
             1: ("", "ep4_zero1>one,ep4_zero0>one,ep2_tp2_dp2>one_bias,ep2_pp2_zbv>one_bias")}
+# megatron-convert to-single of the EP4 run (written by the 4-rank launch), then a fresh run
+# from it (checkpoint.init_from) at EP2 and on one process: each rank takes its experts' slice
+SINGLE = "ep4_zero1"
+INITS = {2: "ep2_zero1", 1: "one"}
 TOLERANCE = 1e-5
 
 
@@ -66,9 +72,10 @@ def results(tmp_path_factory):
     out = {}
     for world in (4, 2, 1):
         sources, targets = LAUNCHES[world]
+        extra = ["--single", SINGLE] if world == 4 else ["--inits", f"{SINGLE}:{INITS[world]}"]
         out.update(launch_json(world, os.path.abspath(__file__), str(work / f"out{world}.json"),
                                "--workdir", str(work), "--sources", sources,
-                               "--targets", targets, plain_single=True))
+                               "--targets", targets, *extra, plain_single=True))
     return out
 
 
@@ -81,6 +88,18 @@ def test_moe_checkpoint_continues_at_another_expert_parallel_size(results, case)
     diff = max(abs(a - b) for a, b in zip(ref, got))
     print(f"{case}: steps 6-10 max loss difference {diff:.3g}")
     assert diff < TOLERANCE, (case, diff, ref, got)
+
+
+@pytest.mark.slow
+def test_a_single_file_of_split_experts_starts_any_expert_parallel_size(results):
+    """The EP4 run merged to one file starts fresh runs at EP2 (2 ranks) and on one process from
+    the same weights: their first losses (the same first batch) agree, and are below the
+    untrained model's first loss on that batch."""
+    ep2, one = (results[f"{SINGLE}:{INITS[w]}"] for w in (2, 1))
+    fresh = results[f"{SINGLE}/first"]
+    print(f"first loss from the single file: EP2 {ep2}, one process {one}, fresh {fresh}")
+    assert abs(ep2 - one) <= 1e-5 * one, (ep2, one)
+    assert one < fresh - 0.05, (one, fresh)
 
 
 def _config(layout: str, run_dir: str, *extra: str):
@@ -107,14 +126,40 @@ def _target(workdir: str, src: str, dst: str):
     return summary.losses
 
 
-def _worker(out: str, workdir: str, sources, targets) -> int:
+def _single(workdir: str, src: str) -> None:
+    """megatron-convert to-single of `src`'s newest checkpoint into <workdir>/<src>.pt (rank 0;
+    written aside and renamed, so the other ranks wait for a whole file)."""
+    from megatron.checkpoint.convert import convert_to_single
+    path = os.path.join(workdir, f"{src}.pt")
+    if _rank0():
+        convert_to_single(os.path.join(workdir, src), path + ".part.pt")
+        os.rename(path + ".part.pt", path)
+    while not os.path.exists(path):
+        time.sleep(0.1)
+
+
+def _init(workdir: str, src: str, dst: str) -> float:
+    """The first loss of a fresh run at layout `dst` from <workdir>/<src>.pt."""
+    from megatron.training.loop import train
+    run = os.path.join(workdir, f"{src}-init-{dst}")
+    cfg = _config(dst, run, f"checkpoint.init_from={os.path.join(workdir, src + '.pt')}",
+                  "training.train_iters=1", "checkpoint.save=false")
+    return train(cfg).losses[0]
+
+
+def _worker(out: str, workdir: str, sources, targets, single=None, inits=()) -> int:
     from megatron.training.loop import train
     results = {}
     for src in sources:
         cfg = _config(src, os.path.join(workdir, src), "checkpoint.save_interval=5")
-        results[src] = train(cfg).losses[5:]
+        losses = train(cfg).losses
+        results[src], results[f"{src}/first"] = losses[5:], losses[0]
     for case in targets:
         results[case] = _target(workdir, *case.split(">"))
+    if single:
+        _single(workdir, single)
+    for case in inits:
+        results[case] = _init(workdir, *case.split(":"))
     if _rank0():
         with open(out, "w") as f:
             json.dump(results, f)
@@ -128,6 +173,9 @@ if __name__ == "__main__":
     p.add_argument("--workdir", required=True)
     p.add_argument("--sources", default="")
     p.add_argument("--targets", default="")
+    p.add_argument("--single", default=None)
+    p.add_argument("--inits", default="")
     args = p.parse_args()
     exit_after(lambda: _worker(args.out, args.workdir, list(filter(None, args.sources.split(","))),
-                               list(filter(None, args.targets.split(",")))))
+                               list(filter(None, args.targets.split(","))), args.single,
+                               list(filter(None, args.inits.split(",")))))
