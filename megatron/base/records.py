@@ -123,27 +123,37 @@ class LayoutRecord:
     # Shard files are named by RankCoord, whose dp_cp is the rank's index over data x context
     # parallel (parallel/state.py): with this degree 1 that is the data-parallel rank.
     context_parallel_size: int = 1
+    # parallel.expert_parallel_size, the same way: for the record and the resume's log line
+    # only (experts are stored on their global axis, checkpoint/experts.py, read at any EP)
+    expert_parallel_size: int = 1
 
     def text(self) -> str:
         cp = f" CP{self.context_parallel_size}" if self.context_parallel_size > 1 else ""
+        ep = f" EP{self.expert_parallel_size}" if self.expert_parallel_size > 1 else ""
         return (f"TP{self.tensor_parallel_size} PP{self.pipeline_parallel_size} "
-                f"DP{self.data_parallel_size}{cp} ZeRO-{self.zero_stage}")
+                f"DP{self.data_parallel_size}{cp}{ep} ZeRO-{self.zero_stage}")
 
     def to_json(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.context_parallel_size == 1:
-            del out["context_parallel_size"]
+        for key in _DEGREES_LEFT_OUT_AT_1:
+            if out[key] == 1:
+                del out[key]
         return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "LayoutRecord":
-        _check_keys(obj, cls, "its layout", optional=("context_parallel_size",))
+        _check_keys(obj, cls, "its layout", optional=_DEGREES_LEFT_OUT_AT_1)
         _typed(obj, "its layout", tensor_parallel_size=int, pipeline_parallel_size=int,
                data_parallel_size=int, zero_stage=int, padded_vocab_size=int, vocab_size=int,
                model=dict)
-        if "context_parallel_size" in obj:
-            _typed(obj, "its layout", context_parallel_size=int)
+        _typed(obj, "its layout", **{k: int for k in _DEGREES_LEFT_OUT_AT_1 if k in obj})
         return cls(**obj)
+
+
+# LayoutRecord's degrees added after checkpoints were written without them: left out on disk
+# at 1, so a checkpoint without them reads as before, and one written at 1 still reads in the
+# versions before them (which refuse one written with the key, naming it)
+_DEGREES_LEFT_OUT_AT_1 = ("context_parallel_size", "expert_parallel_size")
 
 
 @dataclass(frozen=True)

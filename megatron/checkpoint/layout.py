@@ -77,7 +77,8 @@ def layout_record(cfg, dp: int, padded_vocab: int, text_vocab: int) -> LayoutRec
     p = cfg.parallel
     return LayoutRecord(p.tensor_parallel_size, p.pipeline_parallel_size, dp, p.zero_stage,
                         padded_vocab, text_vocab, model_shape(cfg.model),
-                        context_parallel_size=p.context_parallel_size)
+                        context_parallel_size=p.context_parallel_size,
+                        expert_parallel_size=p.expert_parallel_size)
 
 
 def data_record(cfg) -> DataRecord:

@@ -1,6 +1,7 @@
-"""The context-parallel degree in a checkpoint's layout record: written when it is not 1, read
-back, and absent (1) in every checkpoint written without it; and the random streams a resumed
-rank reads come from a shard file the old layout wrote."""
+"""The context-parallel degree in a checkpoint's layout record (and the expert-parallel one, the
+same way): written when it is not 1, read back, and absent (1) in every checkpoint written
+without it; and the random streams a resumed rank reads come from a shard file the old layout
+wrote."""
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,23 @@ def test_the_degree_round_trips_and_one_is_left_out_on_disk():
     plain = layout_record(load_config(TINY, []), 2, 512, 512)
     assert "context_parallel_size" not in plain.to_json()
     assert LayoutRecord.from_json(plain.to_json()).context_parallel_size == 1
+
+
+def test_the_expert_parallel_degree_is_recorded_as_context_parallels_is():
+    """parallel.expert_parallel_size in the layout record: written when it is not 1 (for the
+    resume's 'written by ..., continued as ...' line), absent at 1 and read back as 1 from a
+    checkpoint written without it."""
+    cfg = load_config(TINY, ["model.moe.num_experts=4", "parallel.expert_parallel_size=2"])
+    record = layout_record(cfg, 2, 512, 512)
+    assert record.to_json()["expert_parallel_size"] == 2
+    assert LayoutRecord.from_json(record.to_json()) == record
+    assert record.text() == "TP1 PP1 DP2 EP2 ZeRO-1"
+    plain = layout_record(load_config(TINY, ["model.moe.num_experts=4"]), 2, 512, 512)
+    assert "expert_parallel_size" not in plain.to_json() and "EP" not in plain.text()
+    assert LayoutRecord.from_json(plain.to_json()).expert_parallel_size == 1
+    bad = dict(record.to_json(), expert_parallel_size="2")
+    with pytest.raises(Exception, match="expert_parallel_size is '2', expected"):
+        LayoutRecord.from_json(bad)
 
 
 class _Files:
