@@ -206,5 +206,6 @@ class _ExpertLinear(torch.autograd.Function):
         def product() -> torch.Tensor:
             return torch.stack([g.t().mm(rows) for g, rows in zip(grad.split(counts),
                                                                    x.split(counts))])
-        ctx.store.put(weight, product)
+        if ctx.needs_input_grad[1]:
+            ctx.store.put(weight, product)
         return grad_x, None, None, None, None
