@@ -175,18 +175,13 @@ def moe_error(m, tp: int, pp: int, cp: int, zero: int, ep: int = 1) -> Optional[
         return ConfigError("parallel.expert_parallel_size", ep,
                            f"a divisor of model.moe.num_experts={m.moe.num_experts} (each rank holds "
                            "num_experts / expert_parallel_size experts)")
-    if zero == 3:
-        # measured at EP = TP = 1 (2 ranks, ZeRO-3 partitioning the experts as any parameter):
-        # the first backward failed on a released parameter ("The size of tensor a (0) must
-        # match the size of tensor b (64)")
-        why = (f"parallel.expert_parallel_size={ep}: DeepSpeed's ZeRO-3 refuses expert "
-               "parameters it did not build" if ep > 1 else
+    if (ep > 1 or tp > 1) and zero == 3:
+        why = (f"parallel.expert_parallel_size={ep}" if ep > 1 else
                f"parallel.tensor_parallel_size={tp} (each TP rank trains the experts on "
-               "other tokens): DeepSpeed's ZeRO-3 refuses expert parameters it did not build"
-               if tp > 1 else "expert_parallel_size=1: the MoE layer's backward fails on a "
-               "parameter ZeRO-3 has released (measured)")
+               "other tokens)")
         return ConfigError("parallel.zero_stage", zero, f"0, 1 or 2 with mixture of experts "
-                           f"and {why}", "set parallel.zero_stage=1 (or 2)")
+                           f"and {why}: DeepSpeed's ZeRO-3 refuses expert parameters it did "
+                           "not build", "set parallel.zero_stage=1")
     return None
 
 

@@ -3,9 +3,9 @@ to: the token exchange and the expert layer (the layer check: outputs and the ex
 router's gradients of one MoE layer at EP2 against the same layer on one rank, with the same
 weights, dropless and with a capacity), or a layout's composition (10 training steps, fp32, no
 dropout, clipping on, against one rank: losses, gradient norms and the logged auxiliary
-losses): EP under ZeRO-0, 1 and 2, over data, tensor (with and without SP), context and
-pipeline parallel ranks (1F1B, ZB-H1, and two model chunks a rank: interleaved 1F1B and
-ZB-V), and with full recomputation.
+losses): EP under ZeRO-0, 1 and 2 (and ZeRO-3 at EP 1), over data, tensor (with and without
+SP), context and pipeline parallel ranks (1F1B, ZB-H1, and two model chunks a rank:
+interleaved 1F1B and ZB-V), and with full recomputation.
 
 Run by path under torchrun, this file is also the worker: it trains the layouts it is given
 in one launch (DeepSpeed's start-up is the slow part) and writes rank 0's results."""
@@ -38,6 +38,9 @@ LAYOUTS = {
     "ep2_zero0": (2, [EP2, ZERO(0)]),
     "ep2_zero1": (2, [EP2, ZERO(1)]),
     "ep2_zero2": (2, [EP2, ZERO(2)]),
+    # EP 1 at TP 1: every rank holds every expert, and ZeRO-3 partitions them as any parameter
+    # (its hooks gather the router's weight again for the backward: router.Routing is a tuple)
+    "ep1_dp2_zero3": (2, [ZERO(3)]),
     # the ep group is the tp group: each TP rank routes its sequence shard (SP) or its slice
     "ep2_tp2_sp": (2, [EP2, TP2, SP, ZERO(1)]),
     "ep2_tp2": (2, [EP2, TP2, ZERO(1)]),

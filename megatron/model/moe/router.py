@@ -27,8 +27,7 @@ sort, so the rule costs one stable sort."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +37,10 @@ from megatron.parallel.layers import replicated_param, sharded_normal
 from megatron.parallel.random import seed_for
 
 
-@dataclass
-class Routing:
-    """One forward's routing of T tokens, k slots each, over E experts."""
+class Routing(NamedTuple):
+    """One forward's routing of T tokens, k slots each, over E experts. A named tuple, not a
+    dataclass: ZeRO-3's module hooks find the tensors of a module's output only in tuples,
+    lists and dicts, and the router's weight must be gathered again for its backward."""
     experts: torch.Tensor  # [T, k] int64: the chosen experts, best first
     weights: torch.Tensor  # [T, k] fp32: their combine weights
     probs: torch.Tensor  # [T, E] fp32: the probabilities the balancing loss reads
