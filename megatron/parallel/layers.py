@@ -153,7 +153,8 @@ class WeightGradStore:
             torch.autograd.backward(params, grads)
 
 
-def _store(weight: torch.Tensor) -> Optional[WeightGradStore]:
+def weight_grad_store(weight: torch.Tensor) -> Optional[WeightGradStore]:
+    """The store defer_weight_grads gave `weight`, or None (its gradient is computed in B)."""
     return getattr(weight, "wgrad_store", None)
 
 
@@ -252,7 +253,7 @@ class _LinearEmulated(torch.autograd.Function):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
     """F.linear, with the weight's gradient deferred when the weight has a store."""
-    store = _store(weight)
+    store = weight_grad_store(weight)
     if _DEVICE_S_PER_FLOP is not None:
         if not torch.is_grad_enabled():
             _device_wait(x, weight)
@@ -337,11 +338,12 @@ def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     under the weight gradient (_ColumnLinear; parallel.tp_backward_overlap)."""
     if group is None or dist.get_world_size(group) == 1:
         return linear(x, weight, bias)
-    return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel, _store(weight), overlap)
+    return _ColumnLinear.apply(x, weight, bias, group, sequence_parallel,
+                               weight_grad_store(weight), overlap)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    store = _store(weight)
+    store = weight_grad_store(weight)
     if store is None or not torch.is_grad_enabled():
         return F.embedding(ids, weight)
     return _EmbeddingDeferred.apply(ids, weight, store)

@@ -112,30 +112,33 @@ def _rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"  # before train() has a process group too
 
 
+def _published(path: str, aside: str, write) -> None:
+    """Rank 0 writes `aside` (write(aside)) and renames it to `path`; the other ranks wait for
+    `path`, so none reads it part-written."""
+    if _rank0():
+        write(aside)
+        os.rename(aside, path)
+    while not os.path.exists(path):
+        time.sleep(0.1)
+
+
 def _target(workdir: str, src: str, dst: str):
     from megatron.training.loop import train
     new = os.path.join(workdir, f"{src}-to-{dst}")
-    if _rank0():  # copied aside, then renamed: the other ranks wait for the whole folder
-        shutil.copytree(os.path.join(workdir, src, "checkpoints", "step_0000005"),
-                        new + ".part/checkpoints/step_0000005")
-        os.rename(new + ".part", new)
-    while not os.path.isdir(new):
-        time.sleep(0.1)
+    step = os.path.join(workdir, src, "checkpoints", "step_0000005")
+    _published(new, new + ".part", lambda aside: shutil.copytree(
+        step, os.path.join(aside, "checkpoints", "step_0000005")))
     summary = train(_config(dst, new, "checkpoint.load=auto"))
     assert summary.steps == 10, summary.steps
     return summary.losses
 
 
 def _single(workdir: str, src: str) -> None:
-    """megatron-convert to-single of `src`'s newest checkpoint into <workdir>/<src>.pt (rank 0;
-    written aside and renamed, so the other ranks wait for a whole file)."""
+    """megatron-convert to-single of `src`'s newest checkpoint into <workdir>/<src>.pt."""
     from megatron.checkpoint.convert import convert_to_single
     path = os.path.join(workdir, f"{src}.pt")
-    if _rank0():
-        convert_to_single(os.path.join(workdir, src), path + ".part.pt")
-        os.rename(path + ".part.pt", path)
-    while not os.path.exists(path):
-        time.sleep(0.1)
+    _published(path, path + ".part.pt",
+               lambda aside: convert_to_single(os.path.join(workdir, src), aside))
 
 
 def _init(workdir: str, src: str, dst: str) -> float:

@@ -33,7 +33,7 @@ from torch import nn
 
 from megatron.config import moe, variants
 from megatron.model.moe.dispatch import select_rows
-from megatron.parallel.layers import sharded_normal
+from megatron.parallel.layers import sharded_normal, weight_grad_store
 from megatron.parallel.random import seed_for
 
 log = logging.getLogger(__name__)
@@ -123,12 +123,12 @@ class Experts(nn.Module):
         # the whole stack and add it up, E times; unbind's backward stacks the E gradients once.
         b1 = self.b1.unbind(0) if self.b1 is not None else [None] * len(counts)
         b2 = self.b2.unbind(0) if self.b2 is not None else [None] * len(counts)
-        store = _store(self.w1)
+        store = weight_grad_store(self.w1)
         if store is not None:  # the weights' products deferred (_ExpertLinear)
             y = _ExpertLinear.apply(x, self.w1, counts, None, store)
             y = torch.cat([self.act(part, b1[e], self.sel)
                            for e, part in enumerate(y.split(counts))]) if counts else y
-            y = _ExpertLinear.apply(y, self.w2, counts, None, _store(self.w2))
+            y = _ExpertLinear.apply(y, self.w2, counts, None, weight_grad_store(self.w2))
             if self.b2 is not None:
                 y = y + torch.cat([b.expand(n, -1) for b, n in zip(b2, counts)])
             return y
@@ -144,18 +144,11 @@ class Experts(nn.Module):
         offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
         which = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
                                         torch.tensor(counts, device=x.device))  # expert of row
-        store = _store(self.w1)
-        if store is not None:  # the weights' products deferred (_ExpertLinear)
-            y = _ExpertLinear.apply(x, self.w1, counts, offs, store)
-        else:
-            y = torch._grouped_mm(x, self.w1.transpose(1, 2), offs=offs)  # [M, fc1_factor*f]
+        y = _grouped_linear(x, self.w1, counts, offs)  # [M, fc1_factor*f]
         if self.b1 is not None:  # per row, before the activation (the fused ops take [f] biases)
             y = y + select_rows(self.b1, which)
         y = self.act(y, None, self.sel)
-        if store is not None:
-            y = _ExpertLinear.apply(y, self.w2, counts, offs, _store(self.w2))
-        else:
-            y = torch._grouped_mm(y, self.w2.transpose(1, 2), offs=offs)  # [M, h]
+        y = _grouped_linear(y, self.w2, counts, offs)  # [M, h]
         y = _ContiguousGrad.apply(y)
         return y if self.b2 is None else y + select_rows(self.b2, which)
 
@@ -173,8 +166,14 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-def _store(weight: torch.Tensor):
-    return getattr(weight, "wgrad_store", None)
+def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: List[int],
+                    offs: torch.Tensor) -> torch.Tensor:
+    """x_e w[e]^T for each expert's rows in one grouped GEMM: autograd's own, or with the
+    weight's product deferred (_ExpertLinear) where defer_weight_grads gave it a store."""
+    store = weight_grad_store(weight)
+    if store is not None:
+        return _ExpertLinear.apply(x, weight, counts, offs, store)
+    return torch._grouped_mm(x, weight.transpose(1, 2), offs=offs)
 
 
 class _ExpertLinear(torch.autograd.Function):
