@@ -192,7 +192,7 @@ def kernel_extensions(env: Mapping[str, str] = os.environ):
                   f"pip's NVIDIA wheels: {' '.join(includes)}")
     extensions = [
         CUDAExtension(name=f"{PACKAGE}.{name}", sources=sources, include_dirs=list(includes),
-                      extra_compile_args={"cxx": ["-O3"],
+                      extra_compile_args={"cxx": ["-O3", "-g0"],
                                           "nvcc": ["-O3"] + flags})
         for name, sources in _sources(vendor).items()
     ]

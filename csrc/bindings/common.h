@@ -2,9 +2,15 @@
 // Only binding files include torch; device code stays torch-free (see csrc/kernels/launch.h).
 #pragma once
 
+// Not <torch/extension.h>: it pulls in the whole C++ frontend (torch/all.h: nn, optim, data),
+// which took each binding 27 s of g++ -O3 where these take 12 (benchmarks/results/
+// kernel_build_times.md); pybind.h holds the at::Tensor <-> Python caster the module needs.
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "../kernels/launch.h"
 

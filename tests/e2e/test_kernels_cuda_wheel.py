@@ -9,7 +9,8 @@ tools/kernel_build.py -> torch's BuildExtension -> nvcc and g++), then the wheel
 
 Nothing can launch without a GPU; tests/gpu runs the kernels where one is present. The CUDA torch
 (several GB) installs from pip's local wheel cache on the development machine, in about two
-minutes; the build takes about five. MEGATRON_SKIP_CUDA_WHEEL=1 skips it for quick local runs."""
+minutes; the build takes about one and a half (docs/kernels.md). MEGATRON_SKIP_CUDA_WHEEL=1
+skips it for quick local runs."""
 from __future__ import annotations
 
 import json
