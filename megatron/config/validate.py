@@ -468,6 +468,22 @@ def check_deepspeed(cfg) -> None:
                            p.sequence_parallel and p.tensor_parallel_size > 1))
 
 
+def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
+    """wsd's decay must fit between the warm-up and the decay's end."""
+    if o.lr_decay_style != "wsd":
+        return None
+    end = o.lr_decay_iters or train_iters
+    if o.lr_wsd_decay_iters > end - o.lr_warmup_iters:
+        source = ("optimizer.lr_decay_iters" if o.lr_decay_iters else "training.train_iters")
+        return ConfigError("optimizer.lr_wsd_decay_iters", o.lr_wsd_decay_iters,
+                           f"at most the decay's end ({source}={end}) minus "
+                           f"optimizer.lr_warmup_iters={o.lr_warmup_iters}, "
+                           f"{end - o.lr_warmup_iters}: the decay begins after the warm-up",
+                           "shorten optimizer.lr_wsd_decay_iters or the warm-up, or train "
+                           "longer")
+    return None
+
+
 def validate_for_world(cfg, world_size: int) -> int:
     """Runs every cross-section check; returns the derived data-parallel size."""
     check_world(cfg, world_size)
@@ -478,6 +494,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_experts(cfg, world_size)
     check_grad_accum(cfg)
     check_batch(cfg, world_size)
+    _raise(lr_schedule_error(cfg.optimizer, cfg.training.train_iters))
     _raise(interleaving_error(cfg, data_parallel_size(cfg, world_size)))
     return data_parallel_size(cfg, world_size)
 

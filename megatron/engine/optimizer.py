@@ -49,8 +49,13 @@ def build_optimizer(model: torch.nn.Module, opt_cfg, device: torch.device):
                              **kwargs)
 
 
+_SHAPES = {"linear": lambda r: 1.0 - r, "cosine": lambda r: 0.5 * (1.0 + math.cos(math.pi * r)),
+           "1-sqrt": lambda r: 1.0 - math.sqrt(r)}
+
+
 def lr_at(step: int, opt_cfg, train_iters: int) -> float:
-    """Linear warmup to lr, then cosine/linear decay to min_lr at lr_decay_iters, then min_lr."""
+    """Linear warmup to lr, then cosine/linear decay to min_lr at lr_decay_iters, then min_lr;
+    wsd holds lr until the last lr_wsd_decay_iters steps before that end and decays over them."""
     peak, floor, warmup = opt_cfg.lr, opt_cfg.min_lr, opt_cfg.lr_warmup_iters
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
@@ -59,30 +64,38 @@ def lr_at(step: int, opt_cfg, train_iters: int) -> float:
     decay_iters = opt_cfg.lr_decay_iters or train_iters
     if step >= decay_iters:
         return floor
-    ratio = (step - warmup) / max(1, decay_iters - warmup)
-    if opt_cfg.lr_decay_style == "linear":
-        coeff = 1.0 - ratio
+    if opt_cfg.lr_decay_style == "wsd":
+        begin = decay_iters - opt_cfg.lr_wsd_decay_iters
+        if step < begin:
+            return peak
+        coeff = _SHAPES[opt_cfg.lr_wsd_decay_style]((step - begin) / opt_cfg.lr_wsd_decay_iters)
     else:
-        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+        coeff = _SHAPES[opt_cfg.lr_decay_style]((step - warmup) / max(1, decay_iters - warmup))
     return floor + (peak - floor) * coeff
 
 
 # The facts a checkpoint records of its learning-rate schedule: lr_at's inputs, the decay's end
 # resolved (optimizer.lr_decay_iters, else training.train_iters).
 SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
+# wsd's two, recorded since it exists: a record without them was written with their defaults
+WSD_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt"}
 
 
 def schedule_record(opt_cfg, train_iters: int) -> Dict:
     return {"lr": opt_cfg.lr, "min_lr": opt_cfg.min_lr, "warmup_iters": opt_cfg.lr_warmup_iters,
             "decay_style": opt_cfg.lr_decay_style,
-            "decay_iters": opt_cfg.lr_decay_iters or train_iters}
+            "decay_iters": opt_cfg.lr_decay_iters or train_iters,
+            "wsd_decay_iters": opt_cfg.lr_wsd_decay_iters,
+            "wsd_decay_style": opt_cfg.lr_wsd_decay_style}
 
 
 def _record_lr(record: Dict, step: int) -> float:
     as_cfg = SimpleNamespace(lr=record["lr"], min_lr=record["min_lr"],
                              lr_warmup_iters=record["warmup_iters"],
                              lr_decay_style=record["decay_style"],
-                             lr_decay_iters=record["decay_iters"])
+                             lr_decay_iters=record["decay_iters"],
+                             lr_wsd_decay_iters=record["wsd_decay_iters"],
+                             lr_wsd_decay_style=record["wsd_decay_style"])
     return lr_at(step, as_cfg, record["decay_iters"])
 
 
@@ -94,15 +107,20 @@ def schedule_change(saved: Dict, opt_cfg, train_iters: int
     the same, or the checkpoint predates the record (it holds only last_step)."""
     if not all(k in saved for k in SCHEDULE_KEYS):
         return None
+    saved = {**WSD_DEFAULTS, **saved}
     now = schedule_record(opt_cfg, train_iters)
-    changed = {k: [saved[k], now[k]] for k in SCHEDULE_KEYS if saved[k] != now[k]}
+    keys = SCHEDULE_KEYS + (tuple(WSD_DEFAULTS) if "wsd" in (saved["decay_style"],
+                                                              now["decay_style"]) else ())
+    changed = {k: [saved[k], now[k]] for k in keys if saved[k] != now[k]}
     if not changed:
         return None
     position = int(saved["last_step"])
     before, after = _record_lr(saved, position), _record_lr(now, position)
     names = {"lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
              "warmup_iters": "optimizer.lr_warmup_iters", "decay_style": "optimizer.lr_decay_style",
-             "decay_iters": "the decay's end (optimizer.lr_decay_iters, else training.train_iters)"}
+             "decay_iters": "the decay's end (optimizer.lr_decay_iters, else training.train_iters)",
+             "wsd_decay_iters": "optimizer.lr_wsd_decay_iters",
+             "wsd_decay_style": "optimizer.lr_wsd_decay_style"}
     what = "; ".join(f"{names[k]} {a} -> {b}" for k, (a, b) in changed.items())
     text = f"the learning-rate schedule changed on resume ({what}): step {position + 1} trains at "
     text += (f"lr {after:.3g} under both, and the two part after it" if math.isclose(before, after)

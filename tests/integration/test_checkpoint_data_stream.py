@@ -78,6 +78,10 @@ def test_another_global_batch_size_says_where_the_data_continues(saved, tmp_path
     (["training.train_iters=8"], "decay_iters 4 -> 8", "set optimizer.lr_decay_iters=4"),
     (["training.train_iters=8", "optimizer.lr_decay_iters=4"], None, None),
     (["optimizer.lr=0.001"], "lr 0.003 -> 0.001", None),
+    # a cosine run continued as warm-up, stable, decay over its last 2 of 8 steps: the config
+    # and the checkpoint's record carry wsd's settings through a resume
+    (["training.train_iters=8", "optimizer.lr_decay_style=wsd", "optimizer.lr_wsd_decay_iters=2"],
+     "decay_style cosine -> wsd; decay_iters 4 -> 8; wsd_decay_iters None -> 2", None),
 ])
 def test_a_changed_learning_rate_schedule_is_named_with_the_rate_it_jumps_to(
         saved, tmp_path, change, changed, hint):

@@ -25,6 +25,8 @@ from tests.support.paths import ROOT, TINY
     (["eval.eval_iters=7"], "eval.eval_iters=7 (eval.eval_interval=0: no evaluation)"),
     (["optimizer.lr_decay_style=constant", "optimizer.lr_decay_iters=10"],
      "optimizer.lr_decay_iters=10 (optimizer.lr_decay_style=constant)"),
+    (["optimizer.lr_wsd_decay_iters=10"],
+     "optimizer.lr_wsd_decay_iters=10 (optimizer.lr_decay_style is not wsd)"),
     (["parallel.sequence_parallel=true"],
      "parallel.sequence_parallel=true (parallel.tensor_parallel_size=1)"),
     (["parallel.pipeline_first_stage_layers=1"],
@@ -52,6 +54,8 @@ def test_a_setting_turned_off_by_another_is_named_with_the_reason(sets, named):
     ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"],
     ["checkpoint.load=runs/x/checkpoints/step_0000002", "checkpoint.roll_back=true"],
     ["model.position_embedding_type=rotary", "model.rotary_base=500000"],
+    ["optimizer.lr_decay_style=wsd", "optimizer.lr_wsd_decay_iters=2",
+     "optimizer.lr_wsd_decay_style=linear"],
     ["checkpoint.load=auto", "checkpoint.keep_data_position=true"],
 ])
 def test_the_same_settings_where_they_are_read_are_not_named(sets):

@@ -14,7 +14,7 @@ from megatron.engine.optimizer import WarmupDecayLR, schedule_change
 
 def opt(**kw):
     base = dict(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_style="cosine",
-                lr_decay_iters=None)
+                lr_decay_iters=None, lr_wsd_decay_iters=None, lr_wsd_decay_style="1-sqrt")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -42,6 +42,36 @@ def test_training_longer_moves_the_decays_end_and_names_the_setting_that_keeps_i
     assert after == pytest.approx(3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi / 3)))
     assert "step 5 trains at lr 0.00232" in text and "gives 0.0003" in text
     assert text.endswith("set optimizer.lr_decay_iters=4")
+
+
+def test_a_wsd_checkpoint_from_the_stable_part_cools_down_later_at_the_same_rate():
+    """WSD's use: a checkpoint from the stable part continued with a later end; the next step
+    trains at lr under both schedules, and the two part where the shorter one's decay begins."""
+    wsd = opt(lr_decay_style="wsd", lr_wsd_decay_iters=4)
+    saved = saved_at(5, wsd, 10)  # the decay would begin at step 6
+    assert (saved["wsd_decay_iters"], saved["wsd_decay_style"]) == (4, "1-sqrt")
+    changed, before, after, text = schedule_change(saved, wsd, 20)
+    assert changed == {"decay_iters": [10, 20]}
+    assert before == after == pytest.approx(3e-3)
+    assert "step 6 trains at lr 0.003 under both" in text
+    # a longer decay at the same end is named with its own setting and the rates it gives:
+    # 1-sqrt from step 4 to 10 (6 steps), at step 5: r = 1/6
+    changed, before, after, text = schedule_change(saved, opt(lr_decay_style="wsd",
+                                                              lr_wsd_decay_iters=6), 10)
+    assert changed == {"wsd_decay_iters": [4, 6]}
+    assert before == pytest.approx(3e-3)
+    assert after == pytest.approx(3e-4 + 2.7e-3 * (1 - math.sqrt(1 / 6)))
+    assert "optimizer.lr_wsd_decay_iters 4 -> 6" in text
+
+
+def test_a_record_from_before_wsd_compares_as_it_did():
+    """Checkpoints written before wsd's keys existed hold the five others: the same schedule is
+    no change, and the wsd keys are not named for schedules that do not read them."""
+    saved = {k: v for k, v in saved_at(4, opt(), 8).items() if not k.startswith("wsd_")}
+    assert schedule_change(saved, opt(), 8) is None
+    assert schedule_change(saved, opt(lr_wsd_decay_iters=3), 8) is None  # unread by cosine
+    changed, _, _, _ = schedule_change(saved, opt(lr_decay_style="wsd", lr_wsd_decay_iters=3), 8)
+    assert changed == {"decay_style": ["cosine", "wsd"], "wsd_decay_iters": [None, 3]}
 
 
 def test_a_new_peak_is_named_without_the_decay_hint():

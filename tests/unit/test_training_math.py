@@ -34,6 +34,42 @@ def test_linear_and_constant_decay():
     assert lr_at(7, const, 10) == 0.5
 
 
+@pytest.mark.parametrize("shape, at_r", [("1-sqrt", lambda r: 1 - math.sqrt(r)),
+                                         ("linear", lambda r: 1 - r),
+                                         ("cosine", lambda r: 0.5 * (1 + math.cos(math.pi * r)))])
+def test_wsd_warms_up_holds_then_decays_over_its_last_steps(shape, at_r):
+    """lr 1 to min 0.1: warm-up 2 steps, the decay's end at 10, the last 4 steps decaying
+    (steps 6-9 at r = 0, 1/4, 1/2, 3/4), min_lr from step 10."""
+    o = opt(lr=1.0, min_lr=0.1, lr_warmup_iters=2, lr_decay_style="wsd", lr_wsd_decay_iters=4,
+            lr_wsd_decay_style=shape)
+    got = [lr_at(i, o, 10) for i in range(12)]
+    assert got[:6] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert got[6:10] == pytest.approx([0.1 + 0.9 * at_r(r) for r in (0, 0.25, 0.5, 0.75)])
+    assert got[10:] == [0.1, 0.1]
+    # lr_decay_iters sets the end, not train_iters; a decay as long as the stable part allows
+    o = opt(lr=1.0, min_lr=0.0, lr_warmup_iters=2, lr_decay_style="wsd", lr_wsd_decay_iters=8,
+            lr_decay_iters=10, lr_wsd_decay_style=shape)
+    assert lr_at(2, o, 99) == 1.0 and lr_at(6, o, 99) == pytest.approx(at_r(0.5))
+
+
+def test_wsd_needs_a_decay_length_that_fits_after_the_warm_up():
+    from megatron.config import ConfigError, validate_for_world
+    with pytest.raises(ConfigError, match=r"optimizer.lr_wsd_decay_iters=None is invalid: "
+                                          r"expected the decay's length"):
+        opt(lr_decay_style="wsd")
+    with pytest.raises(ConfigError, match=r"optimizer.lr_wsd_decay_iters=0 is invalid"):
+        opt(lr_decay_style="wsd", lr_wsd_decay_iters=0)
+    cfg = load_config(None, ["training.train_iters=10", "optimizer.lr_warmup_iters=3",
+                             "optimizer.lr_decay_style=wsd", "optimizer.lr_wsd_decay_iters=8"])
+    with pytest.raises(ConfigError, match=r"lr_wsd_decay_iters=8 is invalid: expected at most "
+                                          r"the decay's end \(training.train_iters=10\) minus "
+                                          r"optimizer.lr_warmup_iters=3, 7"):
+        validate_for_world(cfg, 1)
+    cfg = load_config(None, ["training.train_iters=10", "optimizer.lr_warmup_iters=3",
+                             "optimizer.lr_decay_style=wsd", "optimizer.lr_wsd_decay_iters=7"])
+    assert validate_for_world(cfg, 1) == 1
+
+
 def test_no_weight_decay_on_norms_and_biases():
     cfg = load_config(None, ["model.num_layers=1"])
     model = build_model(cfg, ParallelState.single(), 512)

@@ -25,11 +25,23 @@ class OptimizerConfig:
     """Added to the denominator of Adam's update (at least 0)."""
     lr_warmup_iters: int = 0
     """Steps of linear warm-up from 0 to lr."""
-    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
-    """The learning rate's shape from lr to min_lr after the warm-up."""
+    lr_decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    """The learning rate's shape from lr to min_lr after the warm-up. wsd (warm-up, stable,
+    decay): lr held until the last lr_wsd_decay_iters steps before the decay's end, then
+    lowered to min_lr in the shape lr_wsd_decay_style; a checkpoint from the stable part can
+    be cooled down at any later step by resuming with another training.train_iters (or
+    lr_decay_iters), as Hu et al. (MiniCPM, 2024) and Hagele et al. (2024) train."""
     lr_decay_iters: Optional[int] = None
     """The step at which the decay reaches min_lr (counted from step 0, the warm-up included);
     min_lr afterwards. null: training.train_iters."""
+    lr_wsd_decay_iters: Optional[int] = None
+    """Under lr_decay_style=wsd, the decay's length in steps, ending where the decay ends
+    (lr_decay_iters, else training.train_iters); at most that step minus lr_warmup_iters.
+    Required with wsd (Hagele et al. cool down over the last 10-20% of the steps)."""
+    lr_wsd_decay_style: Literal["1-sqrt", "linear", "cosine"] = "1-sqrt"
+    """The shape of wsd's decay over its fraction r of the decay steps: 1-sqrt, lr scaled by
+    1 - sqrt(r) (the cool-down Hagele et al. found best); linear, 1 - r; cosine,
+    (1 + cos(pi r)) / 2. Always from lr to min_lr."""
 
     def __post_init__(self):
         s = "optimizer"
@@ -46,3 +58,10 @@ class OptimizerConfig:
             raise ConfigError("optimizer.min_lr", self.min_lr, f"at most optimizer.lr={self.lr}")
         if self.lr_decay_iters is not None:
             positive(s, "lr_decay_iters", self.lr_decay_iters)
+        if self.lr_wsd_decay_iters is not None:
+            positive(s, "lr_wsd_decay_iters", self.lr_wsd_decay_iters)
+        elif self.lr_decay_style == "wsd":
+            raise ConfigError("optimizer.lr_wsd_decay_iters", None,
+                              "the decay's length in steps with optimizer.lr_decay_style=wsd",
+                              "set optimizer.lr_wsd_decay_iters (e.g. a tenth to a fifth of "
+                              "training.train_iters), or choose another lr_decay_style")
