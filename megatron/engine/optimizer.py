@@ -49,8 +49,10 @@ def build_optimizer(model: torch.nn.Module, opt_cfg, device: torch.device):
                              **kwargs)
 
 
+# A decay's factor on lr - min_lr at the fraction r of its steps: 1 at r = 0, 0 at r = 1
+# (exponential is Megatron-LM's wsd default).
 _SHAPES = {"linear": lambda r: 1.0 - r, "cosine": lambda r: 0.5 * (1.0 + math.cos(math.pi * r)),
-           "1-sqrt": lambda r: 1.0 - math.sqrt(r)}
+           "1-sqrt": lambda r: 1.0 - math.sqrt(r), "exponential": lambda r: 2.0 * 0.5 ** r - 1.0}
 
 
 def lr_at(step: int, opt_cfg, train_iters: int) -> float:

@@ -36,7 +36,8 @@ def test_linear_and_constant_decay():
 
 @pytest.mark.parametrize("shape, at_r", [("1-sqrt", lambda r: 1 - math.sqrt(r)),
                                          ("linear", lambda r: 1 - r),
-                                         ("cosine", lambda r: 0.5 * (1 + math.cos(math.pi * r)))])
+                                         ("cosine", lambda r: 0.5 * (1 + math.cos(math.pi * r))),
+                                         ("exponential", lambda r: 2 * 0.5 ** r - 1)])
 def test_wsd_warms_up_holds_then_decays_over_its_last_steps(shape, at_r):
     """lr 1 to min 0.1: warm-up 2 steps, the decay's end at 10, the last 4 steps decaying
     (steps 6-9 at r = 0, 1/4, 1/2, 3/4), min_lr from step 10."""

@@ -38,10 +38,11 @@ class OptimizerConfig:
     """Under lr_decay_style=wsd, the decay's length in steps, ending where the decay ends
     (lr_decay_iters, else training.train_iters); at most that step minus lr_warmup_iters.
     Required with wsd (Hagele et al. cool down over the last 10-20% of the steps)."""
-    lr_wsd_decay_style: Literal["1-sqrt", "linear", "cosine"] = "1-sqrt"
-    """The shape of wsd's decay over its fraction r of the decay steps: 1-sqrt, lr scaled by
-    1 - sqrt(r) (the cool-down Hagele et al. found best); linear, 1 - r; cosine,
-    (1 + cos(pi r)) / 2. Always from lr to min_lr."""
+    lr_wsd_decay_style: Literal["1-sqrt", "linear", "cosine", "exponential"] = "1-sqrt"
+    """The shape of wsd's decay over its fraction r of the decay steps, a factor on lr - min_lr:
+    1-sqrt, 1 - sqrt(r) (the cool-down Hagele et al. found best; Megatron-LM's minus_sqrt);
+    linear, 1 - r; cosine, (1 + cos(pi r)) / 2; exponential, 2 x 0.5^r - 1 (Megatron-LM's
+    default). Always from lr to min_lr."""
 
     def __post_init__(self):
         s = "optimizer"
