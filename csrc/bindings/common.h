@@ -3,7 +3,7 @@
 #pragma once
 
 // Not <torch/extension.h>: it pulls in the whole C++ frontend (torch/all.h: nn, optim, data),
-// which took each binding 27 s of g++ -O3 where these take 12 (benchmarks/results/
+// which took each binding 32-34 s of g++ -O3 -g0 where these take 12-15 (benchmarks/results/
 // kernel_build_times.md); pybind.h holds the at::Tensor <-> Python caster the module needs.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
