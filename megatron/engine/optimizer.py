@@ -83,21 +83,20 @@ SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
 WSD_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt"}
 
 
+# Each recorded key's optimizer field (decay_iters is recorded resolved, see above).
+_RECORDED = {"lr": "lr", "min_lr": "min_lr", "warmup_iters": "lr_warmup_iters",
+             "decay_style": "lr_decay_style", "decay_iters": "lr_decay_iters",
+             "wsd_decay_iters": "lr_wsd_decay_iters", "wsd_decay_style": "lr_wsd_decay_style"}
+
+
 def schedule_record(opt_cfg, train_iters: int) -> Dict:
-    return {"lr": opt_cfg.lr, "min_lr": opt_cfg.min_lr, "warmup_iters": opt_cfg.lr_warmup_iters,
-            "decay_style": opt_cfg.lr_decay_style,
-            "decay_iters": opt_cfg.lr_decay_iters or train_iters,
-            "wsd_decay_iters": opt_cfg.lr_wsd_decay_iters,
-            "wsd_decay_style": opt_cfg.lr_wsd_decay_style}
+    record = {key: getattr(opt_cfg, name) for key, name in _RECORDED.items()}
+    record["decay_iters"] = record["decay_iters"] or train_iters
+    return record
 
 
 def _record_lr(record: Dict, step: int) -> float:
-    as_cfg = SimpleNamespace(lr=record["lr"], min_lr=record["min_lr"],
-                             lr_warmup_iters=record["warmup_iters"],
-                             lr_decay_style=record["decay_style"],
-                             lr_decay_iters=record["decay_iters"],
-                             lr_wsd_decay_iters=record["wsd_decay_iters"],
-                             lr_wsd_decay_style=record["wsd_decay_style"])
+    as_cfg = SimpleNamespace(**{name: record[key] for key, name in _RECORDED.items()})
     return lr_at(step, as_cfg, record["decay_iters"])
 
 
@@ -118,11 +117,8 @@ def schedule_change(saved: Dict, opt_cfg, train_iters: int
         return None
     position = int(saved["last_step"])
     before, after = _record_lr(saved, position), _record_lr(now, position)
-    names = {"lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
-             "warmup_iters": "optimizer.lr_warmup_iters", "decay_style": "optimizer.lr_decay_style",
-             "decay_iters": "the decay's end (optimizer.lr_decay_iters, else training.train_iters)",
-             "wsd_decay_iters": "optimizer.lr_wsd_decay_iters",
-             "wsd_decay_style": "optimizer.lr_wsd_decay_style"}
+    names = {key: f"optimizer.{name}" for key, name in _RECORDED.items()}
+    names["decay_iters"] = "the decay's end (optimizer.lr_decay_iters, else training.train_iters)"
     what = "; ".join(f"{names[k]} {a} -> {b}" for k, (a, b) in changed.items())
     text = f"the learning-rate schedule changed on resume ({what}): step {position + 1} trains at "
     text += (f"lr {after:.3g} under both, and the two part after it" if math.isclose(before, after)
