@@ -64,7 +64,11 @@ def built(tmp_path_factory):
     jobs = {}
     if HIPCC:
         tree = hipify_build.hipify_tree(work / "hip", log=lambda line: None)
-        env = dict(os.environ, HIP_PLATFORM="amd")  # without it hipcc silently runs nvcc
+        # without HIP_PLATFORM hipcc silently runs nvcc; Debian's hipcc (HIP 5.2) leaves two
+        # empty <unit>-xxxxxx folders in TMPDIR per compile, so they go under the test's folder
+        scratch = work / "hipcc-tmp"
+        scratch.mkdir()
+        env = dict(os.environ, HIP_PLATFORM="amd", TMPDIR=str(scratch))
         for unit in UNITS:
             src = tree.path(f"kernels/instantiate/{unit}.cu")
             out = work / f"{unit}.gfx90a.o"
