@@ -34,6 +34,8 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.eval.eval_interval == 0),
     ("optimizer", ("min_lr", "lr_decay_iters"), "optimizer.lr_decay_style=constant",
      lambda c: c.optimizer.lr_decay_style == "constant"),
+    ("optimizer", ("lr_decay_iters",), "optimizer.lr_decay_style=inverse-square-root has no "
+     "end", lambda c: c.optimizer.lr_decay_style == "inverse-square-root"),
     ("optimizer", ("lr_wsd_decay_iters", "lr_wsd_decay_style"),
      "optimizer.lr_decay_style is not wsd", lambda c: c.optimizer.lr_decay_style != "wsd"),
     ("model", ("rotary_base",), "model.position_embedding_type's positions rotate no queries "

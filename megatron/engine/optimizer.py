@@ -57,12 +57,17 @@ _SHAPES = {"linear": lambda r: 1.0 - r, "cosine": lambda r: 0.5 * (1.0 + math.co
 
 def lr_at(step: int, opt_cfg, train_iters: int) -> float:
     """Linear warmup to lr, then cosine/linear decay to min_lr at lr_decay_iters, then min_lr;
-    wsd holds lr until the last lr_wsd_decay_iters steps before that end and decays over them."""
+    wsd holds lr until the last lr_wsd_decay_iters steps before that end and decays over them;
+    inverse-square-root falls as lr x sqrt(warm-up / steps taken), never below min_lr, with no
+    end (Megatron-LM's inverse-square-root: lr_decay_iters is not read)."""
     peak, floor, warmup = opt_cfg.lr, opt_cfg.min_lr, opt_cfg.lr_warmup_iters
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
     if opt_cfg.lr_decay_style == "constant":
         return peak
+    if opt_cfg.lr_decay_style == "inverse-square-root":
+        # step + 1 steps taken; lr itself at the warm-up's last step (or step 0 without one)
+        return max(floor, peak * math.sqrt(max(warmup, 1) / (step + 1)))
     decay_iters = opt_cfg.lr_decay_iters or train_iters
     if step >= decay_iters:
         return floor
@@ -81,6 +86,13 @@ def lr_at(step: int, opt_cfg, train_iters: int) -> float:
 SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
 # wsd's two, recorded since it exists: a record without them was written with their defaults
 WSD_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt"}
+# The recorded keys each style leaves unread (lr_at): a change in them changes no rate.
+_UNREAD = {"constant": ("min_lr", "decay_iters"), "inverse-square-root": ("decay_iters",)}
+
+
+def _read_keys(style: str) -> Tuple[str, ...]:
+    keys = SCHEDULE_KEYS + (tuple(WSD_DEFAULTS) if style == "wsd" else ())
+    return tuple(k for k in keys if k not in _UNREAD.get(style, ()))
 
 
 # Each recorded key's optimizer field (decay_iters is recorded resolved, see above).
@@ -110,8 +122,9 @@ def schedule_change(saved: Dict, opt_cfg, train_iters: int
         return None
     saved = {**WSD_DEFAULTS, **saved}
     now = schedule_record(opt_cfg, train_iters)
-    keys = SCHEDULE_KEYS + (tuple(WSD_DEFAULTS) if "wsd" in (saved["decay_style"],
-                                                              now["decay_style"]) else ())
+    # the keys either schedule reads: a key neither reads changes no rate
+    read = set(_read_keys(saved["decay_style"])) | set(_read_keys(now["decay_style"]))
+    keys = [k for k in SCHEDULE_KEYS + tuple(WSD_DEFAULTS) if k in read]
     changed = {k: [saved[k], now[k]] for k in keys if saved[k] != now[k]}
     if not changed:
         return None

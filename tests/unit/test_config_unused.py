@@ -25,6 +25,8 @@ from tests.support.paths import ROOT, TINY
     (["eval.eval_iters=7"], "eval.eval_iters=7 (eval.eval_interval=0: no evaluation)"),
     (["optimizer.lr_decay_style=constant", "optimizer.lr_decay_iters=10"],
      "optimizer.lr_decay_iters=10 (optimizer.lr_decay_style=constant)"),
+    (["optimizer.lr_decay_style=inverse-square-root", "optimizer.lr_decay_iters=10"],
+     "optimizer.lr_decay_iters=10 (optimizer.lr_decay_style=inverse-square-root has no end)"),
     (["optimizer.lr_wsd_decay_iters=10"],
      "optimizer.lr_wsd_decay_iters=10 (optimizer.lr_decay_style is not wsd)"),
     (["parallel.sequence_parallel=true"],

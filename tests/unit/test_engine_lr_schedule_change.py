@@ -74,6 +74,25 @@ def test_a_record_from_before_wsd_compares_as_it_did():
     assert changed == {"decay_style": ["cosine", "wsd"], "wsd_decay_iters": [None, 3]}
 
 
+@pytest.mark.parametrize("style, unread", [("constant", {"min_lr": 1e-5, "lr_decay_iters": 50}),
+                                           ("inverse-square-root", {"lr_decay_iters": 50})])
+def test_settings_a_style_does_not_read_are_no_change(style, unread):
+    """A constant or inverse-square-root run continued with a longer train_iters (the decay's end
+    they do not have) or another unread setting trains every step at the same rate: no warning.
+    What they read still counts, and a change of style compares what either reads."""
+    cfg = opt(lr_decay_style=style)
+    saved = saved_at(5, cfg, 10)
+    assert schedule_change(saved, cfg, 40) is None
+    assert schedule_change(saved, opt(lr_decay_style=style, **unread), 40) is None
+    changed, before, after, _ = schedule_change(saved, opt(lr_decay_style=style, lr=1e-3), 40)
+    assert changed == {"lr": [3e-3, 1e-3]}
+    if style == "inverse-square-root":  # 6 steps taken after a 2-step warm-up
+        assert (before, after) == (pytest.approx(3e-3 / math.sqrt(3)),
+                                   pytest.approx(1e-3 / math.sqrt(3)))
+    changed, _, _, _ = schedule_change(saved, opt(), 40)  # to cosine, which reads the end
+    assert changed["decay_style"] == [style, "cosine"] and changed["decay_iters"] == [10, 40]
+
+
 def test_a_new_peak_is_named_without_the_decay_hint():
     changed, before, after, text = schedule_change(saved_at(1, opt(), 10), opt(lr=1e-3), 10)
     assert changed == {"lr": [3e-3, 1e-3]}

@@ -53,6 +53,21 @@ def test_wsd_warms_up_holds_then_decays_over_its_last_steps(shape, at_r):
     assert lr_at(2, o, 99) == 1.0 and lr_at(6, o, 99) == pytest.approx(at_r(0.5))
 
 
+def test_inverse_square_root_falls_from_the_warm_up_with_no_end_and_stops_at_min_lr():
+    """lr x sqrt(warm-up / steps taken) after a 4-step warm-up: 1 at step 3, 1/2 at step 15
+    (16 steps taken), never below min_lr, the same past train_iters and lr_decay_iters."""
+    o = opt(lr=1.0, min_lr=0.2, lr_warmup_iters=4, lr_decay_style="inverse-square-root",
+            lr_decay_iters=6)
+    assert [lr_at(i, o, 10) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, o, 10) == pytest.approx(math.sqrt(4 / 5))
+    assert lr_at(15, o, 10) == pytest.approx(0.5)  # past both ends
+    assert lr_at(24, o, 10) == pytest.approx(0.4)
+    assert lr_at(400, o, 10) == pytest.approx(0.2)  # sqrt(4/401) = 0.0999: min_lr
+    # no warm-up: lr at step 0, then lr / sqrt(steps taken)
+    o = opt(lr=0.9, min_lr=0.0, lr_decay_style="inverse-square-root")
+    assert [lr_at(i, o, 5) for i in (0, 3, 8)] == pytest.approx([0.9, 0.45, 0.3])
+
+
 def test_wsd_needs_a_decay_length_that_fits_after_the_warm_up():
     from megatron.config import ConfigError, validate_for_world
     with pytest.raises(ConfigError, match=r"optimizer.lr_wsd_decay_iters=None is invalid: "

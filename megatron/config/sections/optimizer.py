@@ -25,12 +25,15 @@ class OptimizerConfig:
     """Added to the denominator of Adam's update (at least 0)."""
     lr_warmup_iters: int = 0
     """Steps of linear warm-up from 0 to lr."""
-    lr_decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    lr_decay_style: Literal["cosine", "linear", "constant", "wsd",
+                            "inverse-square-root"] = "cosine"
     """The learning rate's shape from lr to min_lr after the warm-up. wsd (warm-up, stable,
     decay): lr held until the last lr_wsd_decay_iters steps before the decay's end, then
     lowered to min_lr in the shape lr_wsd_decay_style; a checkpoint from the stable part can
     be cooled down at any later step by resuming with another training.train_iters (or
-    lr_decay_iters), as Hu et al. (MiniCPM, 2024) and Hagele et al. (2024) train."""
+    lr_decay_iters), as Hu et al. (MiniCPM, 2024) and Hagele et al. (2024) train.
+    inverse-square-root: lr x sqrt(max(lr_warmup_iters, 1) / steps taken), never below min_lr,
+    with no end (as Megatron-LM's; lr_decay_iters and train_iters do not move it)."""
     lr_decay_iters: Optional[int] = None
     """The step at which the decay reaches min_lr (counted from step 0, the warm-up included);
     min_lr afterwards. null: training.train_iters."""
