@@ -243,4 +243,6 @@ def leave_distributed() -> None:
         # threads in its destructor. A group still held (by a model or engine not closed) keeps
         # them running into interpreter exit, where their teardown races the process's own and
         # a finished rank could abort ("terminate called without an active exception").
+        # Unfrozen first: the world group is older than a later job's gc.freeze (startup.start).
+        gc.unfreeze()
         gc.collect()

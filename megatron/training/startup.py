@@ -113,6 +113,12 @@ class Job:
 
 def start(cfg: Config, timer: StartupTimer) -> Job:
     """Joins the job and builds model and engine; `timer` gets a mark per phase."""
+    # What exists now (the imports' ~320K objects: torch, DeepSpeed, this package; a previous
+    # job's survivors in a process that trains several) lives as long as the process: frozen
+    # out of the collector, a full collection (Job.close's; any the loop triggers) walks only
+    # this job's objects: 0.18 s -> 0.00 s a collection on the 2-core development machine.
+    # leave_distributed unfreezes them before the process's last collection.
+    gc.freeze()
     launch = discover()
     device_info = detect_device(launch.local_rank)
     dp = _check_before_joining(cfg, launch.world_size, device_info.device.type, launch.rank)

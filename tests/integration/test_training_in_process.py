@@ -1,7 +1,8 @@
 """train() called as a library function, twice in one process (as tools and the test workers
 do): the signal handlers it installs for a run are put back when it returns, the second run
-resumes the first one's checkpoint in the same process group, and the metrics lines read back
-through the records. In a fresh process: train() joins a process group that outlives it."""
+resumes the first one's checkpoint in the same process group, the metrics lines read back
+through the records, and the objects older than a job are frozen out of the collector until the
+process leaves its group. In a fresh process: train() joins a process group that outlives it."""
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ from tests.support.cli import clean_env
 from tests.support.paths import ROOT, TINY
 
 SCRIPT = r"""
-import signal, sys
+import gc, signal, sys
 from megatron.base.records import read_metrics, steps, events
 from megatron.base.rundir import RunDir
 from megatron.config import load_config
@@ -34,7 +35,11 @@ assert [r.step for r in steps(lines)] == [1, 2, 3, 4]
 assert [r.step for r in events(lines, "save")] == [2, 4]
 assert steps(lines)[0].startup is not None and steps(lines)[2].startup is not None
 assert len(second.timing.step_s) == 2 and second.timing.startup["first_step_s"] > 0
+# start() froze what existed before each job (the imports: over 100K objects), so Job.close's
+# collection walks the job's own; the process's last collection sees everything again
+assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()
 leave_distributed()
+assert gc.get_freeze_count() == 0, gc.get_freeze_count()
 print("OK")
 """
 
