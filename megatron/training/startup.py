@@ -111,23 +111,25 @@ class Job:
             gc.collect()
 
 
+def _freeze_older_objects() -> None:
+    """What exists before a job (the imports' ~320K objects: torch, DeepSpeed, this package; a
+    previous job's survivors in a process that trains several) lives as long as the process:
+    frozen out of the collector, a full collection (Job.close's; any the loop triggers) walks
+    only the job's objects: 0.18 s -> 0.00 s a collection on the 2-core development machine.
+    launch.leave_distributed unfreezes them before the process's last collection."""
+    gc.freeze()
+
+
 def start(cfg: Config, timer: StartupTimer) -> Job:
     """Joins the job and builds model and engine; `timer` gets a mark per phase."""
-    # What exists now (the imports' ~320K objects: torch, DeepSpeed, this package; a previous
-    # job's survivors in a process that trains several) lives as long as the process: frozen
-    # out of the collector, a full collection (Job.close's; any the loop triggers) walks only
-    # this job's objects: 0.18 s -> 0.00 s a collection on the 2-core development machine.
-    # leave_distributed unfreezes them before the process's last collection.
-    gc.freeze()
+    _freeze_older_objects()
     launch = discover()
     device_info = detect_device(launch.local_rank)
     dp = _check_before_joining(cfg, launch.world_size, device_info.device.type, launch.rank)
     if cfg.resilience.check_node:
         _check_node(cfg, launch, device_info.device)
     timer.mark("device")
-    text_vocab = tokenizer_vocab_size(cfg)
-    vocab = padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by,
-                              cfg.parallel.tensor_parallel_size)
+    text_vocab, vocab = _vocab_sizes(cfg)
     layout = layout_record(cfg, dp, vocab, text_vocab)
     timer.mark("tokenizer")
     nodes, started_at = _join(cfg, launch, device_info, timer)
@@ -157,6 +159,13 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
                ds_config, engine, lock, nodes, started_at, groups_before, rolled_back)
+
+
+def _vocab_sizes(cfg: Config) -> Tuple[int, int]:
+    """The tokenizer's vocabulary and the model's, padded for TP."""
+    text_vocab = tokenizer_vocab_size(cfg)
+    return text_vocab, padded_vocab_size(text_vocab, cfg.model.make_vocab_size_divisible_by,
+                                         cfg.parallel.tensor_parallel_size)
 
 
 def _join(cfg: Config, launch, device_info, timer: StartupTimer) -> Tuple[List[str], float]:
