@@ -6,12 +6,14 @@
 #       tests/integration (the HIP simulator, the gfx90a build);
 #     [e2e] tests/e2e and tests/gpu; [intg] the other integration tests;
 #     [wait] the tests that mostly wait ($waiting below: Slurm jobs, hang limits, a held
-#       port's deadline, save bounds, signals; 1000-1070 s of wall time for 190-210 CPU s),
-#       so their waits overlap the others' compute instead of lengthening [e2e] and [intg].
+#       port's deadline, save bounds, signals; 1000-1090 s of wall time for 190-220 CPU s),
+#       so their waits overlap the others' compute instead of lengthening [e2e] and [intg];
+#       with them the 1 GB preprocessing runs, which made [intg] the last to end.
 #     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
-#     suite takes 2240-2370 CPU seconds, so 2 cores need about 20 minutes; in five runs the
-#     four took 19-22, 20-23, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:30; three
-#     processes (the same without [wait]) 21:51, 24:20 and 24:20, the .ci/run 25:29.
+#     suite took 2240-2370 CPU seconds in mid-2026, so 2 cores needed about 20 minutes; in five
+#     runs the four took 19-22, 20-23, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:30;
+#     three processes (the same without [wait]) 21:51, 24:20 and 24:20, the .ci/run 25:29. By
+#     December 2026 it had grown to 2760-3200 CPU seconds and the .ci/run to 26:19-29:48.
 #   TEST_PROCESSES=3: [dist] (with the 1 GB preprocessing runs), [e2e] and [intg], each with
 #     its own waiting tests.
 #   TEST_PROCESSES=2: [dist] and [rest], every other test (37-39 min on an older machine).
@@ -47,6 +49,9 @@ else
     waiting+=" tests/integration/test_launch_exit_teardown.py"
     waiting+=" tests/integration/test_training_deadline_save.py"
     if [ "$processes" = "4" ]; then
+        # and the two 1 GB preprocessing runs (120 CPU s, 320 s of wall time under the suite's
+        # load): [intg] ended last, 6-7 minutes after [wait] (at 655836e: 24:52 and 18:08)
+        waiting+=" tests/integration/test_data_preprocess_memory.py"
         not_waiting=${waiting//tests\//--ignore=tests/}
         names=(dist e2e intg wait)
         parts=("tests/distributed tests/unit $kernels" "tests/e2e tests/gpu $not_waiting"
