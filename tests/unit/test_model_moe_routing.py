@@ -149,11 +149,11 @@ def test_grouped_gemm_backward_equals_the_loop(flavour):
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("flavour", [[], ["model.activation=swiglu",
                                           "model.add_bias_linear=false"]])
-def test_zero_bubble_defers_the_experts_weight_gradients(flavour, grouped):
+def test_zero_bubble_defers_the_experts_weight_gradients(flavour, grouped, monkeypatch):
     """Under ZB-H1 and ZB-V (parallel/layers.defer_weight_grads) a B pass leaves the stacked
     expert weights' gradients in the store, an expert without rows included, and the W pass
     adds them: the input's and every parameter's gradient as without deferring, over two
-    micro-batches accumulated (the loop and the grouped GEMM)."""
+    micro-batches accumulated (the loop and the grouped GEMM; grouped, bit for bit)."""
     from megatron.parallel.layers import WeightGradStore, defer_weight_grads
     if grouped and not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no torch._grouped_mm")
@@ -180,8 +180,14 @@ def test_zero_bubble_defers_the_experts_weight_gradients(flavour, grouped):
         if store is not None:
             assert experts.w1.grad is None and experts.w2.grad is None  # B passes only
             assert store.pending() == 2
+            real, calls = torch._grouped_mm, []
+            monkeypatch.setattr(torch, "_grouped_mm",
+                                lambda *a, **k: calls.append(1) or real(*a, **k), raising=False)
             for mb in range(2):
                 store.run(mb)
+            monkeypatch.undo()
+            # grouped: each W pass one grouped GEMM a matrix (w1, w2), not one product an expert
+            assert len(calls) == (4 if grouped else 0), calls
         return inputs + [p.grad for p in experts.parameters()]
 
     plain = grads(None)
@@ -191,6 +197,8 @@ def test_zero_bubble_defers_the_experts_weight_gradients(flavour, grouped):
     assert len(plain) == len(deferred) == 2 + len(list(experts.parameters()))
     for a, b in zip(plain, deferred):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), (a - b).abs().max()
+    if grouped:  # the W pass's one grouped GEMM a matrix is autograd's own product: same bits
+        assert all(torch.equal(a, b) for a, b in zip(plain, deferred))
 
 
 def test_experts_fall_back_to_the_loop_where_the_grouped_gemm_raises(monkeypatch, caplog):

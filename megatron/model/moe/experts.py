@@ -19,7 +19,8 @@ The answer is cached: later calls pay a dictionary lookup.
 Under a schedule that splits the backward (ZB-H1, ZB-V: parallel/layers.defer_weight_grads)
 the stacked weights w1 and w2 are deferred like a TP layer's (`deferrable_weights`): the B pass
 computes the input's gradient, and the weights' products, dW_e = dy_e^T x_e for each local
-expert's rows, wait in the chunk's WeightGradStore for its W pass (_ExpertLinear). The biases'
+expert's rows, wait in the chunk's WeightGradStore for its W pass (_ExpertLinear), one grouped
+GEMM per matrix where the layer runs grouped (bit-identical to the loop on the CPU). The biases'
 gradients (a row sum) stay in B."""
 from __future__ import annotations
 
@@ -180,7 +181,8 @@ class _ExpertLinear(torch.autograd.Function):
     """y_e = x_e w[e]^T for each local expert's rows (x grouped by expert, `counts` rows each):
     one grouped GEMM where `offs` (the rows' cumulative counts) is given, else a loop. The
     backward returns dx_e = dy_e w[e] and leaves dW_e = dy_e^T x_e (zero for an expert without
-    rows) in `store` for the W pass (parallel/layers.WeightGradStore)."""
+    rows) in `store` for the W pass (parallel/layers.WeightGradStore): with `offs` one grouped
+    GEMM for all of them, else a loop."""
 
     @staticmethod
     def forward(ctx, x, weight, counts, offs, store):
@@ -203,6 +205,9 @@ class _ExpertLinear(torch.autograd.Function):
             grad_x = torch.cat(parts) if parts else x.new_zeros((0, weight.shape[2]))
 
         def product() -> torch.Tensor:
+            if offs is not None:  # dy^T x grouped along the rows: the form autograd's own
+                # backward of the grouped GEMM takes (so grouped_gemm_works has tried it)
+                return torch._grouped_mm(grad.t(), x, offs=offs)
             return torch.stack([g.t().mm(rows) for g, rows in zip(grad.split(counts),
                                                                    x.split(counts))])
         if ctx.needs_input_grad[1]:
