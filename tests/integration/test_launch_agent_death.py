@@ -31,7 +31,9 @@ def on_term(signum, frame):
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 armed = follow_launcher(LaunchEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun"))
-open(marker + ".armed", "w").write(str(armed))
+with open(marker + ".armed.tmp", "w") as f:  # whole, then renamed, as the SIGTERM marker
+    f.write(str(armed))
+os.replace(marker + ".armed.tmp", marker + ".armed")
 time.sleep(60)
 """
 
