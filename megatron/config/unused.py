@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Iterable, List, Tuple
 
 from megatron.config import variants
+from megatron.config.sections.optimizer import UNREAD_BY_STYLE, WSD_FIELDS
 
 # (section path, fields, the reason they are unread, a test of the config that makes it so);
 # rules naming the same field hold under exclusive conditions, so no field is named twice
@@ -32,12 +33,13 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.training.precision != "fp16"),
     ("eval", ("eval_iters",), "eval.eval_interval=0: no evaluation",
      lambda c: c.eval.eval_interval == 0),
-    ("optimizer", ("min_lr", "lr_decay_iters"), "optimizer.lr_decay_style=constant",
+    ("optimizer", UNREAD_BY_STYLE["constant"], "optimizer.lr_decay_style=constant",
      lambda c: c.optimizer.lr_decay_style == "constant"),
-    ("optimizer", ("lr_decay_iters",), "optimizer.lr_decay_style=inverse-square-root has no "
-     "end", lambda c: c.optimizer.lr_decay_style == "inverse-square-root"),
-    ("optimizer", ("lr_wsd_decay_iters", "lr_wsd_decay_style"),
-     "optimizer.lr_decay_style is not wsd", lambda c: c.optimizer.lr_decay_style != "wsd"),
+    ("optimizer", UNREAD_BY_STYLE["inverse-square-root"], "optimizer.lr_decay_style="
+     "inverse-square-root has no end",
+     lambda c: c.optimizer.lr_decay_style == "inverse-square-root"),
+    ("optimizer", WSD_FIELDS, "optimizer.lr_decay_style is not wsd",
+     lambda c: c.optimizer.lr_decay_style != "wsd"),
     ("model", ("rotary_base",), "model.position_embedding_type's positions rotate no queries "
      "or keys", lambda c: not variants.of(c.model, "position").rotates_qk),
     ("checkpoint", ("new_data_stream", "keep_data_position"),

@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.config.sections.optimizer import unread_fields
+
 
 def _dims(p: torch.nn.Parameter) -> int:
     """Dimensions of one tensor: stacked experts (model/moe/experts.py) have one more."""
@@ -86,19 +88,18 @@ def lr_at(step: int, opt_cfg, train_iters: int) -> float:
 SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
 # wsd's two, recorded since it exists: a record without them was written with their defaults
 WSD_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt"}
-# The recorded keys each style leaves unread (lr_at): a change in them changes no rate.
-_UNREAD = {"constant": ("min_lr", "decay_iters"), "inverse-square-root": ("decay_iters",)}
-
-
-def _read_keys(style: str) -> Tuple[str, ...]:
-    keys = SCHEDULE_KEYS + (tuple(WSD_DEFAULTS) if style == "wsd" else ())
-    return tuple(k for k in keys if k not in _UNREAD.get(style, ()))
 
 
 # Each recorded key's optimizer field (decay_iters is recorded resolved, see above).
 _RECORDED = {"lr": "lr", "min_lr": "min_lr", "warmup_iters": "lr_warmup_iters",
              "decay_style": "lr_decay_style", "decay_iters": "lr_decay_iters",
              "wsd_decay_iters": "lr_wsd_decay_iters", "wsd_decay_style": "lr_wsd_decay_style"}
+
+
+def _read_keys(style: str) -> Tuple[str, ...]:
+    """The recorded keys lr_at reads under `style`: a change in the others changes no rate."""
+    unread = unread_fields(style)
+    return tuple(key for key, name in _RECORDED.items() if name not in unread)
 
 
 def schedule_record(opt_cfg, train_iters: int) -> Dict:
@@ -124,7 +125,7 @@ def schedule_change(saved: Dict, opt_cfg, train_iters: int
     now = schedule_record(opt_cfg, train_iters)
     # the keys either schedule reads: a key neither reads changes no rate
     read = set(_read_keys(saved["decay_style"])) | set(_read_keys(now["decay_style"]))
-    keys = [k for k in SCHEDULE_KEYS + tuple(WSD_DEFAULTS) if k in read]
+    keys = [k for k in _RECORDED if k in read]
     changed = {k: [saved[k], now[k]] for k in keys if saved[k] != now[k]}
     if not changed:
         return None

@@ -2,10 +2,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, fraction, positive
+
+# The schedule's fields a decay style leaves unread (engine/optimizer.lr_at), beside wsd's own
+# two, which only wsd reads: the unread-settings warning (config/unused.py) names them, and a
+# resume compares only what either schedule reads (engine/optimizer.schedule_change).
+UNREAD_BY_STYLE = {"constant": ("min_lr", "lr_decay_iters"),
+                   "inverse-square-root": ("lr_decay_iters",)}
+WSD_FIELDS = ("lr_wsd_decay_iters", "lr_wsd_decay_style")
+
+
+def unread_fields(style: str) -> Tuple[str, ...]:
+    """The optimizer fields lr_at does not read under lr_decay_style `style`."""
+    return UNREAD_BY_STYLE.get(style, ()) + (() if style == "wsd" else WSD_FIELDS)
 
 
 @dataclass
