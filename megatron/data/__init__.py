@@ -47,12 +47,14 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
     t = cfg.training
     if cfg.data.synthetic:
         src = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_length, cfg.data.seed)
+        eod = cfg.model.vocab_size - 1 if cfg.data.eod_mask_loss else None
         train = micro_batches(src.sample, len(src), consumed_samples, t.micro_batch_size,
-                              t.global_batch_size, dp_rank, dp_size)
+                              t.global_batch_size, dp_rank, dp_size, eod=eod)
 
         def valid():
             return micro_batches(src.sample, len(src), _SYNTHETIC_VALID_OFFSET,
-                                 t.micro_batch_size, t.global_batch_size, dp_rank, dp_size)
+                                 t.micro_batch_size, t.global_batch_size, dp_rank, dp_size,
+                                 eod=eod)
         return DataIterators(train, valid, cfg.model.vocab_size)
     from megatron.data.gpt_dataset import build_gpt_iterators  # the real-data path
     reads = consumed_samples + max(t.train_iters - step, 0) * t.global_batch_size

@@ -7,12 +7,15 @@ continues the stream exactly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
 
 Batch = Tuple[torch.Tensor, torch.Tensor]  # tokens [mb, s], labels [mb, s], int64
+
+# A label the loss does not count (model/gpt.counted_mean counts the non-negative ones).
+IGNORED_LABEL = -1
 
 
 @dataclass
@@ -27,7 +30,9 @@ class DataIterators:
 
 def micro_batches(sample_fn: Callable[[int], np.ndarray], num_samples: int, start: int,
                   micro_batch: int, global_batch: int, dp_rank: int, dp_size: int,
-                  wrap: bool = True) -> Iterator[Batch]:
+                  wrap: bool = True, eod: Optional[int] = None) -> Iterator[Batch]:
+    """eod: where an input token is this end-of-document id, its label (the next document's
+    first token, predicted from the one before) is IGNORED_LABEL (data.eod_mask_loss)."""
     consumed = start
     while True:
         for j in range(global_batch // (micro_batch * dp_size)):
@@ -37,5 +42,8 @@ def micro_batches(sample_fn: Callable[[int], np.ndarray], num_samples: int, star
                 return
             rows = np.stack([sample_fn(i) for i in idx])
             data = torch.from_numpy(rows)
-            yield data[:, :-1].contiguous(), data[:, 1:].contiguous()
+            tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+            if eod is not None:
+                labels[tokens == eod] = IGNORED_LABEL
+            yield tokens, labels
         consumed += global_batch

@@ -36,7 +36,7 @@ from megatron.training.loop import train
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
-from run_layouts import FLAVOURS  # noqa: E402  (GPT-2 and Llama: one home)
+from run_layouts import FLAVOURS, MASKED  # noqa: E402  (GPT-2 and Llama: one home)
 
 COMMON = ["training.precision=fp32", "training.global_batch_size=8", "training.eval_interval=5",
           "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
@@ -72,6 +72,12 @@ LAYOUTS = {
     "cp2_recompute_full": _cp(2) + ["training.activation_checkpointing=full"],
     "tp2pp2": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"],
     "cp2_bf16": _cp(2) + ["training.precision=bf16", "parallel.zero_stage=1"],
+    # data.eod_mask_loss (run_layouts.MASKED): the ranks hold different counts of counted
+    # labels (model/gpt.counted_mean); Ulysses and the ring's load-balanced halves
+    "single_masked": MASKED,
+    "cp2_masked": _cp(2) + ["parallel.zero_stage=0"] + MASKED,
+    "cp2_ring_masked": _cp(2) + ["parallel.context_parallel_algo=ring",
+                                 "parallel.zero_stage=0"] + MASKED,
 }
 
 

@@ -178,3 +178,32 @@ def test_config_checks_split_and_seed(tmp_path):
         _cfg(tmp_path, ["x"], **{"data.split": "9;1"})
     with pytest.raises(ConfigError, match=r"data.seed=-1"):
         _cfg(tmp_path, ["x"], **{"data.seed": "-1"})
+
+
+def test_eod_mask_loss_ignores_the_labels_predicted_from_an_end_of_document(tmp_path):
+    """data.eod_mask_loss: the label after each end-of-document input (the null tokenizer's
+    last id) is IGNORED_LABEL; every other label is still the next token."""
+    from megatron.data.iterators import IGNORED_LABEL
+    prefix = str(tmp_path / "eod")
+    write_tokens(prefix, [doc + [65535] for doc in _docs(40)])
+    plain = build_iterators(_cfg(tmp_path, [prefix]), 0, 1, 0)
+    masked = build_iterators(_cfg(tmp_path, [prefix], **{"data.eod_mask_loss": "true"}), 0, 1, 0)
+    seen = 0
+    for _ in range(8):
+        (tokens, labels), (m_tokens, m_labels) = next(plain.train), next(masked.train)
+        assert bytes(tokens.numpy()) == bytes(m_tokens.numpy())
+        at_eod = tokens == 65535
+        seen += int(at_eod.sum())
+        assert bool((m_labels[at_eod] == IGNORED_LABEL).all())
+        assert bool((m_labels[~at_eod] == labels[~at_eod]).all())
+    assert seen > 0
+    (v_tokens, v_labels) = next(masked.valid())  # evaluation counts the same predictions
+    assert bool((v_labels[v_tokens == 65535] == IGNORED_LABEL).all())
+
+
+def test_eod_mask_loss_needs_an_end_of_document_id(corpus, tmp_path, monkeypatch):
+    import megatron.data.tokenizers.null as null
+    monkeypatch.setattr(null.NullTokenizer, "_eod_id", lambda self: None)
+    with pytest.raises(InputError, match=r"data.eod_mask_loss=true .* no end-of-document token"
+                                         r".*set data.eod_mask_loss=false"):
+        build_iterators(_cfg(tmp_path, [corpus], **{"data.eod_mask_loss": "true"}), 0, 1, 0)

@@ -90,20 +90,24 @@ def test_fused_head_applies_only_to_fp32_on_one_cpu_rank():
     assert not L.fused_head_applies(h, w, ParallelState(tp=2))
 
 
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("tied", [True, False])
-def test_gpt_model_loss_is_the_same_fused_or_not(one_rank_group, tied, monkeypatch):
+def test_gpt_model_loss_is_the_same_fused_or_not(one_rank_group, tied, masked, monkeypatch):
     from megatron.config import load_config
     from megatron.model import build_model
     import megatron.model.gpt as gpt
     cfg = load_config("examples/local/tiny.yaml", [f"model.tie_embeddings={str(tied).lower()}"])
     model = build_model(cfg, ParallelState.build(1, 1), 512)
     x = torch.randint(0, 512, (3, 65), generator=torch.Generator().manual_seed(4))
+    labels = x[:, 1:].clone()
+    if masked:  # data.eod_mask_loss's ignored labels
+        labels[:, ::7] = -1
     runs = []
     for fused in (True, False):
         if not fused:
             monkeypatch.setattr(gpt, "fused_head_applies", lambda *a: False)
         model.zero_grad()
-        loss = model(x[:, :-1], x[:, 1:])
+        loss = model(x[:, :-1], labels)
         loss.backward()
         runs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     assert torch.equal(runs[0][0], runs[1][0])
@@ -127,3 +131,51 @@ def test_the_backward_tp_overlap_setting_reaches_every_column_parallel_layer(one
     assert all(m.overlap_backward is overlap for m in columns)
     heads = [m for m in model.modules() if hasattr(m, "head")]
     assert heads and all(h.overlap is overlap for h in heads)
+
+
+def _masked_labels(b=3, s=16, v=100, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, v, (b, s), generator=g)
+    labels[torch.rand(b, s, generator=g) < 0.3] = -1  # IGNORED_LABEL, data.eod_mask_loss's
+    return labels
+
+
+def test_lm_loss_is_the_mean_over_the_counted_labels():
+    from megatron.model.gpt import lm_loss
+    logits, _ = _inputs(torch.float32)
+    labels = _masked_labels()
+    assert 0 < int((labels < 0).sum()) < labels.numel()
+    ours, g_ours = _loss_and_grad(lambda z: lm_loss(z, labels, SINGLE), logits, 1.0)
+    ref, g_ref = _loss_and_grad(lambda z: F.cross_entropy(
+        z.double().flatten(0, 1), labels.t().flatten(), ignore_index=-1), logits, 1.0)
+    assert torch.allclose(ours.double(), ref, atol=1e-6)
+    assert torch.allclose(g_ours, g_ref, atol=1e-7)
+    assert bool((g_ours.transpose(0, 1)[labels < 0] == 0).all())  # ignored: no gradient
+    unmasked = labels.clamp(min=0)  # none ignored: the plain mean, bit for bit
+    plain = lm_loss(logits, unmasked, SINGLE)
+    assert torch.equal(plain, L.token_losses(logits, unmasked.t(), SINGLE).mean())
+    nothing, g_nothing = _loss_and_grad(lambda z: lm_loss(z, torch.full_like(labels, -1),
+                                                          SINGLE), logits, 1.0)
+    assert float(nothing) == 0.0 and not g_nothing.any()
+
+
+@pytest.mark.parametrize("algo", ["ulysses", "ring"])
+def test_context_parallel_shares_add_up_to_the_micro_batch_mean(algo):
+    """Each of C ranks holds its own tokens' losses and the whole labels; the mean of the
+    ranks' shares (the engine's over the group) is the micro-batch's mean over its counted
+    labels, though the ranks hold different numbers of them."""
+    from megatron.model.gpt import lm_loss, local_labels
+    from megatron.parallel.cp_layout import CPLayout
+    from megatron.parallel.ulysses import local_sequence  # noqa: F401  (the layouts' home)
+    logits, _ = _inputs(torch.float32)
+    labels = _masked_labels()
+    whole = lm_loss(logits, labels, SINGLE)
+    shares, counts = [], []
+    for rank in range(2):
+        state = ParallelState(cp=2, rank=rank)
+        state.cp_layout = CPLayout.of(algo, 2)
+        mine = local_labels(torch.arange(16).expand(3, 16), state)[:, 0]  # this rank's positions
+        shares.append(lm_loss(logits[mine], labels, state))
+        counts.append(int((labels[:, mine] >= 0).sum()))
+    assert counts[0] != counts[1]
+    assert torch.allclose((shares[0] + shares[1]) / 2, whole, atol=1e-6)

@@ -146,3 +146,23 @@ def test_full_layout_init_is_deterministic():
     b = build_model(cfg, ParallelState.single(), 512).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not math.isclose(a["layers.0.attention.qkv.weight"].std().item(), 0.0)
+
+
+def test_synthetic_eod_mask_loss_ignores_the_labels_after_the_last_id():
+    """Synthetic data's end-of-document is model.vocab_size - 1 (the null tokenizer's)."""
+    from megatron.data import build_iterators
+    tiny = "examples/local/tiny.yaml"
+    plain = build_iterators(load_config(tiny, ["model.vocab_size=32"]), 0, 1, 0)
+    masked = build_iterators(load_config(tiny, ["model.vocab_size=32",
+                                                "data.eod_mask_loss=true"]), 0, 1, 0)
+    seen = 0
+    for _ in range(4):
+        (tokens, labels), (m_tokens, m_labels) = next(plain.train), next(masked.train)
+        assert torch.equal(tokens, m_tokens)
+        at_eod = tokens == 31
+        seen += int(at_eod.sum())
+        assert bool((m_labels[at_eod] == -1).all()) and torch.equal(m_labels[~at_eod],
+                                                                    labels[~at_eod])
+    assert seen > 0
+    v_tokens, v_labels = next(masked.valid())
+    assert bool((v_labels[v_tokens == 31] == -1).all())

@@ -45,6 +45,12 @@ class DataConfig:
     """Where sample indices are cached, a folder all nodes share. null: next to each dataset."""
     seed: int = 1234
     """Seed of the document and sample shuffles, in [0, 2**32)."""
+    eod_mask_loss: bool = False
+    """Leave out of the loss every prediction made from an end-of-document token: the next
+    document's first token, which nothing of its own document precedes (Megatron's
+    --eod-mask-loss). The loss is then each micro-batch's mean over the predictions left. The
+    id is the tokenizer's end-of-document; model.vocab_size - 1 under synthetic data and the
+    null tokenizer."""
     index_impl: Literal["auto", "cpp", "numpy"] = "auto"
     """Who builds the sample index: cpp, the helper built ahead of time; numpy, its bit-identical
     reference; auto: cpp where it was built."""
