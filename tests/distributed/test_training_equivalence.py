@@ -27,9 +27,10 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # ZeRO-0's fp32 clipping under TP and under DeepSpeed's pipeline engine
             "tp2_zero0", "pp2_zero0",
             # data.eod_mask_loss: the labels after an end-of-document are not counted
-            "tp2_masked", "pp2_masked"]
+            "tp2_masked", "pp2_masked", "pp2_interleaved_masked"]
 # the reference of the layouts that change the model's depth or data
-REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "masked"}
+REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "masked",
+             "pp2_interleaved_masked": "masked"}
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
 # bf16 without ZeRO under TP: its gradient norm is held against one bf16 rank's, whose

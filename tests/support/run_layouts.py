@@ -87,6 +87,10 @@ LAYOUTS = {
     "masked": MASKED,
     "tp2_masked": ["parallel.tensor_parallel_size=2"] + MASKED,
     "pp2_masked": ["parallel.pipeline_parallel_size=2"] + MASKED,
+    # and the model chunks' loss (engine/chunks.py), two a rank
+    "pp2_interleaved_masked": ["parallel.pipeline_parallel_size=2",
+                               "parallel.pipeline_schedule=interleaved",
+                               "parallel.virtual_pipeline_size=2"] + MASKED,
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
