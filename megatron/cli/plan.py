@@ -248,7 +248,8 @@ def _add_calibrate(sub, fmt) -> None:
                    help="steps left out of timing (default 2; fewer than --steps)")
     c.add_argument("--timeout", type=positive_seconds, default=600,
                    help="seconds per trial (default 600)")
-    c.add_argument("--run-root", default="runs/plan-trials", help="run directories of trials")
+    c.add_argument("--run-root", default="runs/plan-trials",
+                   help="run directories of trials (and agent-logs/, torchrun's)")
     c.add_argument("--flash-backend", default=variants.AUTO, type=_attention_core,
                    help="attention_backend for flash layouts (default auto: the model picks "
                         "the first core the device runs, flash on GPUs, sdpa on CPU)")

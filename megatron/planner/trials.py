@@ -154,9 +154,12 @@ class TorchrunRunner:
         return path
 
     def command(self, config_path: str) -> List[str]:
+        """The trial's launch; torchrun's agents log under the trials' folder (without
+        --log-dir each leaves a torchelastic_* folder in the temporary directory)."""
         return [self.python, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={self.nproc}", "-m", "megatron.cli.train",
-                "--config", config_path]
+                f"--nproc_per_node={self.nproc}",
+                f"--log-dir={os.path.join(self.run_root, 'agent-logs')}",
+                "-m", "megatron.cli.train", "--config", config_path]
 
     def run(self, lay: Layout) -> TrialResult:
         return dataclasses.replace(self._run(lay), job=self.job_note)

@@ -26,6 +26,7 @@ def _launch(tmp_path, run_env, run_dir, attempt, port):
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                 "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                 f"--rdzv-conf=is_host={host}", f"--rdzv-id=two-nodes-{attempt}",
+                f"--log-dir={tmp_path / 'agents'}",
                 "-m", "megatron.cli.train", "--config", TINY] + set_args(
                     "training.train_iters=2", "training.global_batch_size=4",
                     "training.tensorboard=false", f"run.dir={run_dir}")

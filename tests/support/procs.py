@@ -1,11 +1,15 @@
 """Process helpers: a free local port for a rendezvous, a torchrun launch on CPU ranks (its
 rendezvous port bound by torchrun itself: --standalone), a worker launch that returns the
 JSON its rank 0 wrote, and a function spawned on gloo ranks that returns each rank's JSON."""
+import atexit
+import functools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from typing import List
 
 from tests.support.paths import ROOT
@@ -29,12 +33,22 @@ def port_taken(text: str) -> bool:
     return "eaddrinuse" in low or "address already in use" in low
 
 
+@functools.lru_cache(maxsize=None)
+def _agent_log_dir() -> str:
+    """One folder for this test process's torchrun agents, removed when it exits. Without
+    --log-dir each agent makes a torchelastic_* folder in the temporary directory and leaves
+    it there (80-odd a run of the suite)."""
+    folder = tempfile.mkdtemp(prefix="megatron-tests-agents-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def torchrun_cmd(nproc: int) -> List[str]:
     """The argv that starts torchrun with `nproc` ranks on this machine, the one home of the
     tests' launcher line: --standalone, whose rendezvous store binds port 0 itself (no port
-    picked in advance for another process to take first)."""
+    picked in advance for another process to take first), and the agents' log folder."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}"]
+            f"--nproc_per_node={nproc}", f"--log-dir={_agent_log_dir()}"]
 
 
 def torchrun(nproc: int, script: str, *args: str, timeout: int = 600, env=None):
