@@ -39,7 +39,8 @@ def counted_mean(losses: torch.Tensor, labels: torch.Tensor, state: ParallelStat
     parallel) is the micro-batch's mean however its counted labels fall over the ranks; with
     none ignored this is the plain mean. A micro-batch with none counted gives 0."""
     keep = local_labels(labels, state) >= 0
-    counted = (labels >= 0).sum().clamp_(min=1).to(losses.dtype) / state.cp
+    whole = keep if state.cp == 1 else labels >= 0
+    counted = whole.sum().clamp_(min=1).to(losses.dtype) / state.cp
     return losses.masked_fill(keep.logical_not(), 0.0).sum() / counted
 
 
