@@ -12,7 +12,7 @@ from megatron.launch.env import LaunchEnv, discover
 from megatron.launch.startup import StartupTimer
 from megatron.planner import fit
 from megatron.planner.host_memory import host_memory
-from megatron.training.run_paths import check_own_config, check_run_paths
+from megatron.training.run_paths import check_own_config, check_run_paths, started_in
 
 log = logging.getLogger("megatron.train")
 
@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     # mistake costs a fraction of a second and every rank stops alike instead of mid-rendezvous.
     validate_for_world(cfg, launch.world_size)
     check_own_config(args.config, args.set, cfg)  # a run's config.yaml from another folder
-    check_run_paths(cfg)  # training.startup checks again, for callers of train()
+    # training.startup checks again, for callers of train()
+    check_run_paths(cfg, started_in(args.config))
     from megatron.training.loop import train  # torch, DeepSpeed's dependencies, the model
     from megatron.launch.device import leave_distributed
     timer.mark("imports")

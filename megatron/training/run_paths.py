@@ -50,16 +50,46 @@ def readable_files(cfg: Config) -> Iterator[Need]:
             yield f"data.{name}", getattr(d, name)
 
 
-def check_run_paths(cfg: Config) -> None:
-    """One InputError for the first path the run could not use."""
+def check_run_paths(cfg: Config, started: Optional[str] = None) -> None:
+    """One InputError for the first path the run could not use. started: the folder the run
+    whose config.yaml this is started in (started_in), where its relative paths were read."""
     for field, path in writable_dirs(cfg):
         check_output(field, path, "dir")  # writable, or creatable as a directory
     for field, path in readable_files(cfg):
-        check_readable(field, path, os.path.isfile, "a readable file")
+        check_readable(field, path, os.path.isfile, "a readable file", started)
     load = cfg.checkpoint.load
     if load is not None and load != "auto":
         check_readable("checkpoint.load", load, os.path.exists,
-                       "a checkpoints folder or one checkpoint folder (step_N)")
+                       "a checkpoints folder or one checkpoint folder (step_N)", started)
+
+
+def _own_run(config_path: Optional[str]) -> Optional[RunDir]:
+    """The run whose own config.yaml config_path is (its folder holds checkpoints or
+    metrics), or None."""
+    if not config_path or os.path.basename(config_path) != CONFIG:
+        return None
+    own = RunDir(os.path.dirname(os.path.abspath(config_path)))
+    return own if os.path.isdir(own.checkpoints) or os.path.isfile(own.metrics) else None
+
+
+def started_in(config_path: Optional[str]) -> Optional[str]:
+    """The folder the run whose own config.yaml config_path is started in, where that file's
+    relative paths (data, tokenizer, checkpoint.load) name what the run read: known when its
+    recorded run.dir is relative and its folder ends with it. None otherwise."""
+    own = _own_run(config_path)
+    if own is None:
+        return None
+    import yaml
+    try:
+        with open(config_path) as f:
+            recorded = ((yaml.safe_load(f) or {}).get("run") or {}).get("dir")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(recorded, str) or not recorded or os.path.isabs(recorded):
+        return None
+    tail = os.sep + os.path.normpath(recorded)
+    folder = os.path.normpath(own.path)
+    return folder[:-len(tail)] or os.sep if folder.endswith(tail) else None
 
 
 def check_own_config(config_path: Optional[str], overrides: Sequence[str], cfg: Config) -> None:
@@ -68,11 +98,9 @@ def check_own_config(config_path: Optional[str], overrides: Sequence[str], cfg: 
     started in, or absolute where the run folder was before it was moved or copied. From anywhere
     else it names another folder, where checkpoint.load=auto would silently start afresh (or
     write into the original run): refused, naming both and the fixes."""
-    if not config_path or os.path.basename(config_path) != CONFIG:
-        return
-    own = RunDir(os.path.dirname(os.path.abspath(config_path)))
-    if not (os.path.isdir(own.checkpoints) or os.path.isfile(own.metrics)):
-        return  # a config.yaml that is not a run's
+    own = _own_run(config_path)
+    if own is None:
+        return  # not a run's own config.yaml
     if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
         return  # a new run.dir on purpose (a new run from a run's settings, or this one)
     named = os.path.abspath(cfg.run.dir)
@@ -88,10 +116,17 @@ def check_own_config(config_path: Optional[str], overrides: Sequence[str], cfg: 
                      f"new run from its settings with --set run.dir=<a new folder>")
 
 
-def check_readable(field: str, path: str, kind, expected: str) -> None:
+def check_readable(field: str, path: str, kind, expected: str,
+                   started: Optional[str] = None) -> None:
     if not kind(path):
         why = (f"it does not exist{unexpanded(path)}" if not os.path.exists(path)
                else "it is not the right kind")
+        there = os.path.join(started, path) if started and not os.path.isabs(path) else None
+        if there and os.path.realpath(started) != os.path.realpath(os.getcwd()) and kind(there):
+            raise InputError(
+                f"{field}: {path!r} cannot be read from here ({os.getcwd()}: {why}): it is "
+                f"relative, and this config.yaml is a run's, which started in {started}, where "
+                f"it is {there}; run from {started}, or give the path absolute with --set")
         hint = " (drop the suffix: a prefix names both .bin and .idx)" if path.endswith(
             (".bin.idx", ".bin.bin", ".idx.idx", ".idx.bin")) else ""
         raise InputError(f"{field}: {path!r} cannot be read ({why}): expected {expected}; "

@@ -143,3 +143,48 @@ def test_a_runs_own_config_yaml_must_name_its_own_folder(tmp_path, monkeypatch):
     plain.write_text(load_config(None, ["run.dir=runs/z"]).to_yaml())
     check_own_config(str(plain), [], load_config(str(plain)))
     check_own_config(None, [], load_config(None))
+
+
+def _run_started_in(folder, run_dir="runs/a"):
+    """A run started in `folder` on relative data: its own config.yaml and metrics, as
+    megatron-train leaves them; the config's path."""
+    from tests.support.data import write_tokens
+    (folder / "data").mkdir(parents=True)
+    write_tokens(str(folder / "data" / "c"), [[1, 2, 3]] * 4)
+    run = folder / run_dir
+    run.mkdir(parents=True)
+    cfg = load_config(TINY, [f"run.dir={run_dir}", "data.synthetic=false",
+                             'data.paths=["data/c"]'])
+    (run / "config.yaml").write_text(cfg.to_yaml())
+    (run / "metrics.jsonl").write_text("")
+    return str(run / "config.yaml")
+
+
+def test_a_runs_relative_data_from_another_folder_names_the_folder_it_started_in(
+        tmp_path, monkeypatch):
+    from megatron.training.run_paths import started_in
+    config = _run_started_in(tmp_path / "A")
+    elsewhere = tmp_path / "B"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert started_in(config) == str(tmp_path / "A")
+    cfg = load_config(config, [f"run.dir={tmp_path / 'A' / 'runs' / 'a'}"])
+    with pytest.raises(InputError, match=r"'data/c.idx' cannot be read from here .* started in "
+                                         + str(tmp_path / "A") + r", where it is .*A/data/c.idx"):
+        check_run_paths(cfg, started_in(config))
+    monkeypatch.chdir(tmp_path / "A")  # from where it started, the run reads them
+    check_run_paths(cfg, started_in(config))
+
+
+def test_where_a_run_started_is_unknown_but_for_a_runs_own_relative_run_dir(tmp_path):
+    from megatron.training.run_paths import started_in
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(load_config(TINY, [f"run.dir={run}"]).to_yaml())
+    assert started_in(str(run / "config.yaml")) is None  # not a run's: no metrics, checkpoints
+    (run / "metrics.jsonl").write_text("")
+    assert started_in(str(run / "config.yaml")) is None  # its run.dir is absolute
+    assert started_in(TINY) is None and started_in(None) is None
+    moved = _run_started_in(tmp_path / "C", run_dir="other")
+    os.rename(tmp_path / "C" / "other", tmp_path / "C" / "moved")  # no longer ends with it
+    assert started_in(moved.replace("other", "moved")) is None
