@@ -38,6 +38,6 @@ register(Variant("attention", "flash", "megatron.model.attention_cores:FlashCore
                  needs="flash-attn needs a GPU, bf16/fp16 and the flash_attn package",
                  hf=_SAME_FUNCTION))
 register(Variant("attention", "sdpa", "megatron.model.attention_cores:SdpaCore",
-                 hf=_SAME_FUNCTION))
+                 documents=True, hf=_SAME_FUNCTION))
 register(Variant("attention", "math", "megatron.model.attention_cores:MathCore",
-                 keeps_scores=True, hf=_SAME_FUNCTION))
+                 keeps_scores=True, documents=True, hf=_SAME_FUNCTION))

@@ -484,11 +484,33 @@ def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
     return None
 
 
+def document_mask_error(cfg) -> Optional[ConfigError]:
+    """data.reset_attention_mask: the documents are read off a micro-batch's tokens, which only
+    a one-stage model holds where it attends; and only Ulysses' exchange gives each rank the
+    whole sequence the mask spans."""
+    p = cfg.parallel
+    if not cfg.data.reset_attention_mask:
+        return None
+    if p.pipeline_parallel_size > 1:
+        return ConfigError("parallel.pipeline_parallel_size", p.pipeline_parallel_size,
+                           "1 with data.reset_attention_mask=true (the documents are read off "
+                           "the tokens, which later pipeline stages do not hold)",
+                           "train on one pipeline stage (tensor, context or data parallel "
+                           "instead), or set data.reset_attention_mask=false")
+    if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
+        return ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
+                           "ulysses with data.reset_attention_mask=true (its ranks attend over "
+                           "the whole sequence)", "set parallel.context_parallel_algo=ulysses, "
+                           "or data.reset_attention_mask=false")
+    return None
+
+
 def validate_for_world(cfg, world_size: int) -> int:
     """Runs every cross-section check; returns the derived data-parallel size."""
     check_world(cfg, world_size)
     check_tensor_parallel(cfg)
     check_context_parallel(cfg)
+    _raise(document_mask_error(cfg))
     check_pipeline(cfg)
     check_deepspeed(cfg)
     check_experts(cfg, world_size)

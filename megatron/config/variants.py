@@ -65,6 +65,9 @@ class Variant:
     # attention: keeps the s x s scores for backward (the math path), or only their
     # log-sum-exp (flash-style); forward FLOPs per token beyond the projections
     keeps_scores: bool = False
+    # attention: whether its forward takes documents=, a [b, s] document index of the whole
+    # sequence, and attends within documents only (data.reset_attention_mask)
+    documents: bool = False
     flops_per_token: Optional[Callable[[Any], float]] = None
     # attention: whether it can run here, called (device type, precision) by the model where
     # `auto` chooses and where the core is asked for; a callable or "package.module:Name" (it

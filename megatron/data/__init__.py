@@ -43,11 +43,12 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
     builds missing index files while the others wait for it."""
     from megatron.data.iterators import DataIterators, micro_batches
     from megatron.data.synthetic import SyntheticTokens
+    from megatron.data.tokenizers import eod_id
 
     t = cfg.training
     if cfg.data.synthetic:
         src = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_length, cfg.data.seed)
-        eod = cfg.model.vocab_size - 1 if cfg.data.eod_mask_loss else None
+        eod = eod_id(cfg, "data.eod_mask_loss") if cfg.data.eod_mask_loss else None
         train = micro_batches(src.sample, len(src), consumed_samples, t.micro_batch_size,
                               t.global_batch_size, dp_rank, dp_size, eod=eod)
 

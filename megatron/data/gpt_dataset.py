@@ -128,28 +128,20 @@ def build_split(split: str, datasets: Sequence[IndexedDataset], weights: Sequenc
     return BlendedDataset(members, index, within)
 
 
-def _eod_to_mask(tokenizer) -> int:
-    try:
-        return tokenizer.eod
-    except InputError as e:
-        raise InputError(f"data.eod_mask_loss=true masks the predictions made from the "
-                         f"end-of-document id, but {e}; or set data.eod_mask_loss=false") from None
-
-
 def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
                         vocab_size: Optional[int] = None, train_samples: int = 0):
     """DataIterators over data.paths: train resumes at consumed_samples; valid and test restart
     at their first sample on every call, so successive evaluations compare like with like.
     vocab_size is the tokenizer's; the tokenizer is loaded for it only when it is not given."""
     from megatron.data.iterators import DataIterators, micro_batches
-    from megatron.data.tokenizers import build_tokenizer, spec_from_config
+    from megatron.data.tokenizers import build_tokenizer, eod_of, spec_from_config
 
     d, t, evals = cfg.data, cfg.training, cfg.eval.eval_iters
     tokenizer = None
     if vocab_size is None or d.eod_mask_loss:  # only then: a large BPE file loads in seconds
         tokenizer = build_tokenizer(spec_from_config(cfg))
     vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
-    eod = _eod_to_mask(tokenizer) if d.eod_mask_loss else None
+    eod = eod_of(tokenizer, "data.eod_mask_loss") if d.eod_mask_loss else None
     weights, prefixes = parse_paths(d.paths)
     datasets = [_open(p, vocab_size) for p in prefixes]
     common = dict(split_text=d.split, seq_length=cfg.model.seq_length, seed=d.seed,

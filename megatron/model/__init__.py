@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Optional
 
 import torch
 
 from megatron.base.deepspeed_json import sequence_parallel_on
 from megatron.kernels import KernelSelection
 from megatron.model.attention import resolve_attention_backend
-from megatron.model.context import ModelContext
+from megatron.model.context import Documents, ModelContext
 from megatron.model.gpt import GPTModel, PipeLayer, lm_loss, pipeline_layers
 from megatron.parallel.experts import build_expert_parallel
 from megatron.parallel.random import build_tracker
@@ -16,11 +17,16 @@ from megatron.parallel.state import ParallelState
 
 
 def build_context(cfg, state: ParallelState, vocab_size: int,
-                  device: torch.device = torch.device("cpu")) -> ModelContext:
+                  device: torch.device = torch.device("cpu"),
+                  eod: Optional[int] = None) -> ModelContext:
     """The one place the model reads the job config beyond its own section: resolves the
-    attention backend, kernels and sequence parallelism once and seeds the dropout streams."""
+    attention backend, kernels and sequence parallelism once and seeds the dropout streams.
+    eod: the end-of-document id, given by a trainer under data.reset_attention_mask (attention
+    within documents); without it the model attends causally (a conversion, generation)."""
     t = cfg.training
-    backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision)
+    documents = Documents(eod) if cfg.data.reset_attention_mask and eod is not None else None
+    backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision,
+                                        documents=documents is not None)
     sel = KernelSelection(cfg.kernels.mode, device)
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
     # The expert grid's groups (collective for EP > 1); a dense model builds none.
@@ -29,7 +35,8 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     return ModelContext(state, vocab_size, backend, sel, tracker, seed=t.seed,
                         recompute=t.activation_checkpointing,
                         sequence_parallel=sequence_parallel_on(cfg),
-                        expert=expert, tp_backward_overlap=cfg.parallel.tp_backward_overlap)
+                        expert=expert, tp_backward_overlap=cfg.parallel.tp_backward_overlap,
+                        documents=documents)
 
 
 def build_model(cfg, state: ParallelState, vocab_size: int,

@@ -30,9 +30,13 @@ from megatron.parallel import ulysses
 log = logging.getLogger(__name__)
 
 
-def resolve_attention_backend(requested: str, device: torch.device, precision: str) -> str:
+def resolve_attention_backend(requested: str, device: torch.device, precision: str,
+                              documents: bool = False) -> str:
     """The core to run: the one asked for (an error if it cannot run here), or for "auto" the
-    first registered core that can."""
+    first registered core that can. documents: data.reset_attention_mask, which only cores
+    that take a document mask run (their record's `documents`)."""
+    if documents:
+        return _document_core(requested, device, precision)
     if requested != variants.AUTO:
         core = variants.get("attention", requested)
         if not core.can_run(device.type, precision):
@@ -52,6 +56,25 @@ def resolve_attention_backend(requested: str, device: torch.device, precision: s
             return name
         skipped.append(f"{name} unavailable" + (f": {core.needs}" if core.needs else ""))
     raise ConfigError("model.attention_backend", requested, "a registered core that can run here")
+
+
+def _document_core(requested: str, device: torch.device, precision: str) -> str:
+    masking = [n for n in variants.names("attention") if variants.get("attention", n).documents]
+    if requested == variants.AUTO:
+        runnable = [n for n in masking if variants.get("attention", n).can_run(device.type,
+                                                                               precision)]
+        if runnable:
+            log.info("attention backend: auto chose %s (data.reset_attention_mask: a core "
+                     "that takes a document mask)", runnable[0])
+            return runnable[0]
+    elif requested in masking:
+        return resolve_attention_backend(requested, device, precision)
+    raise ConfigError("model.attention_backend", requested,
+                      f"a core that takes a document mask under data.reset_attention_mask=true "
+                      f"({', '.join(masking) or 'none registered'})",
+                      (f"use model.attention_backend={masking[0]}" if masking else
+                       "register a core whose record has documents=True") +
+                      ", or set data.reset_attention_mask=false")
 
 
 class SelfAttention(nn.Module):
@@ -81,6 +104,7 @@ class SelfAttention(nn.Module):
         # Built under every layout, so the parameter names (a core may have weights) and the
         # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)
+        self.documents = ctx.documents  # data.reset_attention_mask: the micro-batch's documents
         # Ring, all-gather and hybrid wrap the whole attention (model/context_attention.py).
         self.context = None
         if state.cp > 1 and state.cp_layout.balanced:
@@ -104,7 +128,10 @@ class SelfAttention(nn.Module):
             q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
         if self.rotary is not None:
             q, k = self.rotary.apply(q, self.sel), self.rotary.apply(k, self.sel)
-        out = self.core(q, k, v)  # [s, b, heads(/C)*d]
+        if self.documents is None:
+            out = self.core(q, k, v)  # [s, b, heads(/C)*d]
+        else:  # the whole sequence's documents: Ulysses' ranks attend over all of it
+            out = self.core(q, k, v, documents=self.documents.of_micro_batch())
         if self.cp > 1:
             out = ulysses.gather_heads(out, self.cp_group, self.cp)  # [s/C, b, heads*d]
         return out

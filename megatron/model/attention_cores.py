@@ -56,18 +56,35 @@ class FlashCore(_Core):
         return out.transpose(0, 1).reshape(s, b, n * d)
 
 
+_LAST_MASK = [None, None]  # (the documents tensor, its mask): one micro-batch's, all layers
+
+
+def within_documents(documents: torch.Tensor) -> torch.Tensor:
+    """documents [b, s], each token's document index -> [b, 1, s, s] bool, True where query i
+    may attend key j: j <= i and the same document (data.reset_attention_mask). Made once per
+    micro-batch: every layer (and its recomputation) gets the same documents tensor."""
+    if _LAST_MASK[0] is not documents:
+        s = documents.shape[1]
+        causal = torch.ones(s, s, dtype=torch.bool, device=documents.device).tril_()
+        mask = ((documents.unsqueeze(2) == documents.unsqueeze(1)) & causal).unsqueeze(1)
+        _LAST_MASK[:] = [documents, mask]
+    return _LAST_MASK[1]
+
+
 class SdpaCore(_Core):
-    def forward(self, q, k, v) -> torch.Tensor:
+    def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
+        mask = None if documents is None else within_documents(documents)
         with self.dropout_stream():
-            out = F.scaled_dot_product_attention(qt, kt, vt, dropout_p=self.p(), is_causal=True,
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=self.p(),
+                                                 is_causal=mask is None,
                                                  enable_gqa=n > k.shape[2])
         return out.permute(2, 0, 1, 3).reshape(s, b, n * d)
 
 
 class MathCore(_Core):
-    def forward(self, q, k, v) -> torch.Tensor:
+    def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         if n > k.shape[2]:
             rep = n // k.shape[2]
@@ -75,7 +92,12 @@ class MathCore(_Core):
         qb = q.permute(1, 2, 0, 3).reshape(b * n, s, d)
         kb = k.permute(1, 2, 3, 0).reshape(b * n, d, s)
         vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)
-        probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
+        if documents is None:
+            probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
+        else:  # the masked softmax takes [b, n, s, s] and True where a key is masked out
+            scores = torch.bmm(qb, kb).view(b, n, s, s)
+            probs = kernels.scaled_masked_softmax(scores, within_documents(documents).logical_not(),
+                                                  1.0 / math.sqrt(d), self.sel).view(b * n, s, s)
         if self.training and self.dropout > 0:
             with self.tracker.fork("tp"):
                 probs = F.dropout(probs, self.dropout, True)

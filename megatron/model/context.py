@@ -31,3 +31,32 @@ class ModelContext:
     # parallel.tp_backward_overlap: column-parallel layers overlap their backward's TP collective
     # with their weight gradient (parallel/layers._ColumnLinear)
     tp_backward_overlap: bool = True
+    # data.reset_attention_mask: the document index of the micro-batch in flight, read off its
+    # tokens by GPTModel.forward and by every attention layer after it (None: causal only)
+    documents: Optional["Documents"] = None
+
+
+class Documents:
+    """Each micro-batch's documents, for attention within documents only. A one-stage model
+    holds every layer, so its forward reads them once and its layers (recomputed ones too: a
+    micro-batch's backward runs before the next forward) read what it left."""
+
+    def __init__(self, eod: int):
+        self.eod = eod
+        self.current = None
+
+    def read(self, tokens) -> None:
+        """tokens [b, s], the whole sequence -> self.current [b, s]: the number of
+        end-of-documents before each token, so an end-of-document is its document's last."""
+        at_eod = tokens == self.eod
+        self.current = at_eod.cumsum(dim=1) - at_eod.long()
+
+    def of_micro_batch(self):
+        """What read() left; an attention layer that runs before any read (a pipeline stage
+        without the tokens, which the config refuses) stops here instead of attending across
+        documents."""
+        if self.current is None:
+            raise RuntimeError("data.reset_attention_mask: an attention layer ran before the "
+                               "model read the micro-batch's documents (one pipeline stage "
+                               "only)")
+        return self.current

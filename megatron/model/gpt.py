@@ -56,7 +56,7 @@ class GPTModel(nn.Module):
 
     def __init__(self, m: ModelConfig, ctx: ModelContext):
         super().__init__()
-        self.state = ctx.state
+        self.state, self.documents = ctx.state, ctx.documents
         self.embedding = Embedding(m, ctx)
         self.layers = nn.ModuleList(TransformerLayer(m, ctx, i) for i in range(m.num_layers))
         self.final_norm = build_norm(m, ctx)
@@ -66,6 +66,8 @@ class GPTModel(nn.Module):
         self.moe_layers = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoELayer)]
 
     def forward(self, tokens: torch.Tensor, labels: Optional[torch.Tensor] = None):
+        if self.documents is not None:  # the whole samples' documents, before any layer reads
+            self.documents.read(tokens)
         x = self.embedding(tokens)  # [s, b, h]
         for layer in self.layers:
             x = layer(x)

@@ -33,6 +33,7 @@ from megatron.config.unused import unread_note
 from megatron.config.errors import BadNode
 from megatron.config.validate import check_device, grad_accum_error, pipeline_stage_layers
 from megatron.data import tokenizer_vocab_size
+from megatron.data.tokenizers import eod_id
 from megatron.data.vocab import padded_vocab_size
 from megatron.base.deepspeed_json import deepspeed_config
 from megatron.engine.engine import Engine, join_deepspeed, named_parameters
@@ -340,7 +341,8 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
     mark = timer.mark if timer is not None else (lambda name: None)
     join_deepspeed()
     mark("deepspeed import")
-    ctx = build_context(cfg, state, vocab, device)
+    eod = eod_id(cfg, "data.reset_attention_mask") if cfg.data.reset_attention_mask else None
+    ctx = build_context(cfg, state, vocab, device, eod)
     names: List[str] = []
     if state.pp > 1:
         layers = pipeline_layers(cfg.model, ctx)

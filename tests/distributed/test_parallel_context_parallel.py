@@ -18,11 +18,12 @@ from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
-TWO_RANK = ["cp2", "cp2_recompute_full", "cp2_masked", "cp2_ring_masked"]
+TWO_RANK = ["cp2", "cp2_recompute_full", "cp2_masked", "cp2_ring_masked", "cp2_docs"]
 FOUR_RANK = ["cp4", "cp2tp2", "cp2pp2", "cp2dp2_zero1", "cp2dp2_zero2", "cp2dp2_zero3",
              "cp2tp2_sp", "cp2tp2_recompute_selective"]
 # the one-rank run each is held to, where it is not "single" (data.eod_mask_loss's)
-REFERENCE = {"cp2_masked": "single_masked", "cp2_ring_masked": "single_masked"}
+REFERENCE = {"cp2_masked": "single_masked", "cp2_ring_masked": "single_masked",
+             "cp2_docs": "single_docs"}
 # A checkpoint continues under another degree: (source layout, continuing layout).
 PAIRS = [("cp2", "single"), ("tp2pp2", "cp2tp2")]
 FLAVOURS = ["gpt2", "llama"]
@@ -37,8 +38,8 @@ def launches(tmp):
     equivalence modules, one launch per world size (tests/support/launch_batches.py)."""
     return [(2, WORKER, ["--workdir", tmp, "--grads", "--layouts",
                          ",".join(TWO_RANK + ["cp2_bf16"]), "--sources", "cp2"]),
-            (1, WORKER, ["--workdir", tmp, "--layouts", "single,single_masked", "--continue",
-                         "cp2>single"]),
+            (1, WORKER, ["--workdir", tmp, "--layouts", "single,single_masked,single_docs",
+                         "--continue", "cp2>single"]),
             (4, WORKER, ["--workdir", tmp, "--grads", "--layouts", ",".join(FOUR_RANK),
                          "--sources", "tp2pp2", "--continue", "tp2pp2>cp2tp2"])]
 

@@ -41,6 +41,8 @@ FLAVOURS = {
 # and TP 2 256: other models, whose softmax spans the padding).
 MASKED = ["model.vocab_size=64", "model.make_vocab_size_divisible_by=32",
           "data.eod_mask_loss=true"]
+# and attention within documents (data.reset_attention_mask): sequences of 64 hold 1-2 ends
+DOCS = MASKED + ["data.reset_attention_mask=true"]
 LAYOUTS = {
     "single": [],
     "tp2": ["parallel.tensor_parallel_size=2"],
@@ -91,6 +93,13 @@ LAYOUTS = {
     "pp2_interleaved_masked": ["parallel.pipeline_parallel_size=2",
                                "parallel.pipeline_schedule=interleaved",
                                "parallel.virtual_pipeline_size=2"] + MASKED,
+    # the document mask under TP's heads with SP's gathered sequence, and the math core's
+    # masked softmax recomputed (selective)
+    "docs": DOCS,
+    "tp2_sp_docs": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"] + DOCS,
+    "tp2_docs_recompute_selective": ["parallel.tensor_parallel_size=2",
+                                     "training.activation_checkpointing=selective",
+                                     "model.attention_backend=math"] + DOCS,
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }

@@ -179,6 +179,11 @@ def test_section_checks(overrides, field, value):
     (["training.global_batch_size=15"], 1, "training.global_batch_size", 15),
     (["training.global_batch_size=12", "training.micro_batch_size=4"], 2,
      "training.global_batch_size", 12),
+    # data.reset_attention_mask: one pipeline stage, Ulysses or no context parallelism
+    (["data.reset_attention_mask=true", "parallel.pipeline_parallel_size=2"], 2,
+     "parallel.pipeline_parallel_size", 2),
+    (["data.reset_attention_mask=true", "parallel.context_parallel_size=2",
+      "parallel.context_parallel_algo=ring"], 2, "parallel.context_parallel_algo", "ring"),
 ])
 def test_validate_for_world(overrides, world, field, value):
     cfg = load_config(TINY, overrides)
@@ -255,3 +260,22 @@ def test_an_input_not_found_says_when_its_tilde_was_not_expanded(monkeypatch):
     with pytest.raises(InputError) as e:
         load_config("/no/such/a.yaml")
     assert "does not exist; pass" in str(e.value)
+
+
+def test_document_masks_pass_on_one_stage_under_ulysses():
+    cfg = load_config(TINY, ["data.reset_attention_mask=true", "parallel.context_parallel_size=2",
+                             "parallel.tensor_parallel_size=2", "parallel.zero_stage=0"])
+    assert validate_for_world(cfg, 8) == 2
+
+
+def test_document_masks_need_a_core_that_takes_them():
+    """flash (and a plugin core without the record's `documents`) is refused by name; auto
+    picks the first core that takes a mask."""
+    import torch
+    from megatron.model.attention import resolve_attention_backend
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"model.attention_backend='flash' is invalid: expected "
+                                          r"a core that takes a document mask .*sdpa, math"):
+        resolve_attention_backend("flash", cpu, "bf16", documents=True)
+    assert resolve_attention_backend("auto", cpu, "fp32", documents=True) == "sdpa"
+    assert resolve_attention_backend("math", cpu, "fp32", documents=True) == "math"

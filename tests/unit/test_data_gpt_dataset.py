@@ -204,6 +204,7 @@ def test_eod_mask_loss_ignores_the_labels_predicted_from_an_end_of_document(tmp_
 def test_eod_mask_loss_needs_an_end_of_document_id(corpus, tmp_path, monkeypatch):
     import megatron.data.tokenizers.null as null
     monkeypatch.setattr(null.NullTokenizer, "_eod_id", lambda self: None)
-    with pytest.raises(InputError, match=r"data.eod_mask_loss=true .* no end-of-document token"
+    with pytest.raises(InputError, match=r"data.eod_mask_loss=true reads the end-of-document "
+                                         r"id, but .* no end-of-document token"
                                          r".*set data.eod_mask_loss=false"):
         build_iterators(_cfg(tmp_path, [corpus], **{"data.eod_mask_loss": "true"}), 0, 1, 0)

@@ -51,6 +51,12 @@ class DataConfig:
     --eod-mask-loss). The loss is then each micro-batch's mean over the predictions left. The
     id is the tokenizer's end-of-document; model.vocab_size - 1 under synthetic data and the
     null tokenizer."""
+    reset_attention_mask: bool = False
+    """Attend within documents only: a token sees the earlier tokens of its own document, up to
+    and with the end-of-document before it (Megatron's --reset-attention-mask). Positions stay
+    those of the sequence. The end-of-document id is data.eod_mask_loss's. Runs on one
+    pipeline stage, under Ulysses context parallelism or none, with a core that takes a mask
+    (sdpa, math; auto picks one)."""
     index_impl: Literal["auto", "cpp", "numpy"] = "auto"
     """Who builds the sample index: cpp, the helper built ahead of time; numpy, its bit-identical
     reference; auto: cpp where it was built."""

@@ -58,5 +58,23 @@ def spec_from_config(cfg) -> TokenizerSpec:
                          cfg.model.vocab_size, dict(CONFIG_NAMES))
 
 
+def eod_of(tokenizer, setting: str) -> int:
+    """The tokenizer's end-of-document id, for the setting that reads it (data.eod_mask_loss,
+    data.reset_attention_mask); a tokenizer without one is refused naming the setting."""
+    try:
+        return tokenizer.eod
+    except InputError as e:
+        raise InputError(f"{setting}=true reads the end-of-document id, but {e}; or set "
+                         f"{setting}=false") from None
+
+
+def eod_id(cfg, setting: str) -> int:
+    """The end-of-document id of a training config: model.vocab_size - 1 for synthetic data
+    (the null tokenizer's), else its tokenizer's (eod_of)."""
+    if cfg.data.synthetic:
+        return cfg.model.vocab_size - 1
+    return eod_of(build_tokenizer(spec_from_config(cfg)), setting)
+
+
 __all__ = ["ALIASES", "TYPES", "Tokenizer", "TokenizerSpec", "build_tokenizer", "canonical_type",
-           "spec_from_config"]
+           "eod_id", "eod_of", "spec_from_config"]
