@@ -30,15 +30,17 @@ def local_labels(labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
     return local_tokens(labels, state, dim=1).transpose(0, 1)
 
 
-def counted_mean(losses: torch.Tensor, labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """losses [s(/C), b] of this rank's tokens; labels [b, s], the whole micro-batch's -> the
+def counted_mean(losses: torch.Tensor, local: torch.Tensor, labels: torch.Tensor,
+                 state: ParallelState) -> torch.Tensor:
+    """losses [s(/C), b] of this rank's tokens, whose labels are `local` (local_labels);
+    labels [b, s], the whole micro-batch's -> the
     micro-batch's mean loss over its counted labels (non-negative: a negative label, such as
     data.eod_mask_loss's, takes no part), as this rank's share. Each rank of a context-parallel
     group divides its sum by the micro-batch's count over C (read off the whole labels every
     rank holds, no collective), so the group's mean (the engine's, over data x context
     parallel) is the micro-batch's mean however its counted labels fall over the ranks; with
     none ignored this is the plain mean. A micro-batch with none counted gives 0."""
-    keep = local_labels(labels, state) >= 0
+    keep = local >= 0
     whole = keep if state.cp == 1 else labels >= 0
     counted = whole.sum().clamp_(min=1).to(losses.dtype) / state.cp
     return losses.masked_fill(keep.logical_not(), 0.0).sum() / counted
@@ -47,8 +49,8 @@ def counted_mean(losses: torch.Tensor, labels: torch.Tensor, state: ParallelStat
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """logits [s(/C), b, V/t]; labels [b, s] -> the micro-batch's mean token loss (fp32) over
     its counted labels, as this rank's share (counted_mean)."""
-    target = local_labels(labels, state).clamp(min=0)
-    return counted_mean(token_losses(logits, target, state), labels, state)
+    local = local_labels(labels, state)
+    return counted_mean(token_losses(logits, local.clamp(min=0), state), local, labels, state)
 
 
 class GPTModel(nn.Module):
@@ -74,9 +76,9 @@ class GPTModel(nn.Module):
         x = self.final_norm(x)
         head = self.embedding.word_embeddings if self.output is None else self.output.head
         if labels is not None and fused_head_applies(x, head.weight, self.state):
-            target = local_labels(labels, self.state).clamp(min=0)
-            losses = head_loss(x, head.weight, target, self.head_workspace)
-            return counted_mean(losses, labels, self.state)
+            local = local_labels(labels, self.state)
+            losses = head_loss(x, head.weight, local.clamp(min=0), self.head_workspace)
+            return counted_mean(losses, local, labels, self.state)
         logits = self.embedding.logits(x) if self.output is None else self.output(x)
         return logits if labels is None else lm_loss(logits, labels, self.state)
 
