@@ -199,3 +199,32 @@ def test_a_synthetic_run_says_what_it_trains_on_and_what_it_leaves_unread():
     both = synthetic_note(load_config(TINY, ["data.paths=[a/b, 0.5 c/d]"]))
     assert both.endswith("data.paths (2 entries) is not read: set data.synthetic=false to train "
                          "on it")
+
+
+def test_start_up_loads_a_tokenizer_file_once_and_a_rewritten_one_again(tmp_path, monkeypatch):
+    """The trainer's start-up reads the vocabulary, the end-of-document id (the loss mask and
+    the document mask) and the iterators' tokenizer: one load of the file, not three; a file
+    rewritten since is loaded again, so a changed vocabulary is never answered from memory."""
+    from megatron.config import load_config
+    from megatron.data import tokenizer_vocab_size
+    from megatron.data.tokenizers import eod_id, spec_from_config
+    import megatron.data.tokenizers.gpt2_bpe as gpt2_bpe
+    _, vocab = _tiny_gpt2(tmp_path)
+    loads = []
+
+    class Counted(GPT2BPETokenizer):
+        def __init__(self, *args, **kw):
+            loads.append(args[0])
+            super().__init__(*args, **kw)
+    monkeypatch.setattr(gpt2_bpe, "GPT2BPETokenizer", Counted)
+    cfg = load_config(None, ["data.synthetic=false", "data.paths=[c]", "data.tokenizer_type=gpt2",
+                             f"data.vocab_file={tmp_path / 'vocab.json'}",
+                             f"data.merges_file={tmp_path / 'merges.txt'}"])
+    assert tokenizer_vocab_size(cfg) == len(vocab)
+    assert eod_id(cfg, "data.eod_mask_loss") == vocab["<|endoftext|>"]
+    assert eod_id(cfg, "data.reset_attention_mask") == vocab["<|endoftext|>"]
+    assert build_tokenizer(spec_from_config(cfg)).vocab_size == len(vocab)
+    assert len(loads) == 1
+    vocab["<|extra|>"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    assert tokenizer_vocab_size(cfg) == len(vocab) and len(loads) == 2

@@ -2,6 +2,9 @@
 tokenizer.json, and the null tokenizer for pre-tokenized data."""
 from __future__ import annotations
 
+import os
+from typing import Dict, Tuple
+
 from megatron.config.errors import InputError
 from megatron.data.tokenizers.base import CONFIG_NAMES, Tokenizer, TokenizerSpec
 
@@ -23,9 +26,38 @@ _FIX = {"model": "sentencepiece (a .model) or huggingface (a tokenizer.json)",
         "vocab_file": "gpt2 (with its merges file)", "merges_file": "gpt2 (with its vocab file)"}
 
 
+# Tokenizers already loaded in this process, by spec and the state of its files: a trainer's
+# start-up asks for the vocabulary, the end-of-document id and the iterators' tokenizer, and a
+# large BPE or SentencePiece file takes seconds to load each time. A file rewritten since (its
+# size or modification time changed) is loaded again.
+_LOADED: Dict[Tuple, Tokenizer] = {}
+_KEEP = 4
+
+
+def _files_key(spec: TokenizerSpec) -> Tuple:
+    def state(path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None  # loading names the missing file
+        return os.path.realpath(path), st.st_size, st.st_mtime_ns
+    return tuple(state(p) if p else None for p in (spec.model, spec.vocab_file, spec.merges_file))
+
+
 def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     """The tokenizer a spec describes; a missing or wrong file raises InputError naming the
-    setting (spec.names) that points at it, and so does a file the type would not read."""
+    setting (spec.names) that points at it, and so does a file the type would not read.
+    Loaded once per process while its files are unchanged (_LOADED)."""
+    key = (spec, tuple(sorted(spec.names.items())), _files_key(spec))
+    if key not in _LOADED:
+        tokenizer = _load(spec)
+        if len(_LOADED) >= _KEEP:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = tokenizer
+    return _LOADED[key]
+
+
+def _load(spec: TokenizerSpec) -> Tokenizer:
     kind, names = canonical_type(spec.type), spec.names
     for key in ("model", "vocab_file", "merges_file"):
         value = getattr(spec, key)
