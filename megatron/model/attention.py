@@ -22,6 +22,7 @@ from megatron.config import ModelConfig, variants
 from megatron.config.errors import ConfigError
 from megatron.model.context import ModelContext
 from megatron.model.context_attention import ContextAttention
+from megatron.model.norm import head_norm_class
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.parallel.random import seed_for
@@ -90,7 +91,7 @@ class SelfAttention(nn.Module):
         self.kv_replicas = ulysses.kv_replicas(self.groups_local, self.q_per_group, state.cp)
         qkv_out = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
         seed, std = ctx.seed, m.init_method_std
-        self.qkv = ColumnParallelLinear(m.hidden_size, qkv_out, state, bias=m.add_bias_linear,
+        self.qkv = ColumnParallelLinear(m.hidden_size, qkv_out, state, bias=m.qkv_bias,
                                         sequence_parallel=seq_par, init_std=std,
                                         init_seed=seed_for(seed, f"layer{layer_number}.qkv"),
                                         overlap_backward=ctx.tp_backward_overlap)
@@ -99,6 +100,11 @@ class SelfAttention(nn.Module):
                                        bias=m.add_bias_linear, sequence_parallel=seq_par,
                                        init_std=std / math.sqrt(2 * m.num_layers),
                                        init_seed=seed_for(seed, f"layer{layer_number}.proj"))
+        self.q_norm = self.k_norm = None
+        if m.qk_norm:  # model.qk_norm: each head's q and k over their width, this rank's heads
+            norm = head_norm_class(m)
+            self.q_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
+            self.k_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
         position = variants.of(m, "position")
         self.rotary = position.build(m) if position.rotates_qk else None
         # Built under every layout, so the parameter names (a core may have weights) and the
@@ -122,6 +128,8 @@ class SelfAttention(nn.Module):
 
     def _core(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
+        if self.q_norm is not None:  # per head and token: before any exchange of heads
+            q, k = self.q_norm(q), self.k_norm(k.contiguous())
         if self.context is not None:
             return self.context(q, k, v)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]

@@ -1,7 +1,8 @@
 """Exact parameter counts per rank, following this project's GPT (megatron/model/gpt.py).
 
-Pre-norm decoder. Per layer: norm1; fused QKV, column-parallel, [(heads + 2*kv) * head_dim, h];
-the attention core's own weights, if its record declares any; attention output, row-parallel,
+Pre-norm decoder. Per layer: norm1; fused QKV, column-parallel, [(heads + 2*kv) * head_dim, h],
+with its bias under add_bias_linear or add_qkv_bias; under qk_norm two norms of head_dim
+(replicated); the attention core's own weights, if its record declares any; attention output, row-parallel,
 [h, h]; norm2; MLP fc1 column-parallel ([fc1_factor * ffn, h]: 1 for GeLU, 2 for SwiGLU) and
 fc2 row-parallel [h, ffn]. Norms, cores and position tables count what their variant records
 declare (config/variants.py). Column-parallel weights and biases and
@@ -55,7 +56,9 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
     ep expert-parallel ranks); active: the top_k experts a token meets instead of the rank's."""
     h, bias = m.hidden_size, m.add_bias_linear
     qkv_rows = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim // tp
-    qkv = qkv_rows * h + (qkv_rows if bias else 0)
+    qkv = qkv_rows * h + (qkv_rows if m.qkv_bias else 0)
+    if m.qk_norm:  # the norm's weights, each as wide as a head instead of the hidden size
+        qkv += 2 * _norm(m) // m.hidden_size * m.head_dim
     proj = h * (m.num_attention_heads * m.head_dim // tp) + (h if bias else 0)
     core = variants.attention_of(m).weight_params(m, tp)
     if index >= 0 and moe.is_moe_layer(m, index):

@@ -133,7 +133,7 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     heads = x.lay.micro_batch * m.num_attention_heads / t / x.lay.cp
     s = m.seq_length
     if x.lay.flash:
-        core[ATTN] = 4 * tok * s * h / t / x.peak
+        core[ATTN] = 4 * tok * s * m.num_attention_heads * d / t / x.peak
     else:
         core[GEMM] = 2 * heads * gemm_seconds((s, s, d), x.peak, x.c.gemm_half_dim)
         # scores written by QK^T, read and written by softmax and dropout, read by AV

@@ -43,6 +43,9 @@ MASKED = ["model.vocab_size=64", "model.make_vocab_size_divisible_by=32",
           "data.eod_mask_loss=true"]
 # and attention within documents (data.reset_attention_mask): sequences of 64 hold 1-2 ends
 DOCS = MASKED + ["data.reset_attention_mask=true"]
+# Qwen3's per-head query/key norm, with heads wider than hidden / heads (24, not 16) and
+# Qwen2's biases on q, k and v alone (the Llama flavour has no other biases)
+QK_NORM = ["model.qk_norm=true", "model.kv_channels=24", "model.add_qkv_bias=true"]
 LAYOUTS = {
     "single": [],
     "tp2": ["parallel.tensor_parallel_size=2"],
@@ -100,6 +103,12 @@ LAYOUTS = {
     "tp2_docs_recompute_selective": ["parallel.tensor_parallel_size=2",
                                      "training.activation_checkpointing=selective",
                                      "model.attention_backend=math"] + DOCS,
+    # each TP rank normalises its own heads: the norms' gradients summed over TP, and counted
+    # once in the gradient norm (DeepSpeed's ZeRO-1 and ZeRO-0's own)
+    "qk_norm": QK_NORM,
+    "tp2_sp_qk_norm": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
+    + QK_NORM,
+    "tp2_zero0_qk_norm": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0"] + QK_NORM,
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }

@@ -86,7 +86,12 @@ def test_mixed_precision_bytes_per_parameter():
 LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4)]
 VARIANTS = [(), ("model.activation=swiglu", "model.num_query_groups=2",
                  "model.normalization=rmsnorm", "model.add_bias_linear=false",
-                 "model.tie_embeddings=false", "model.position_embedding_type=rotary")]
+                 "model.tie_embeddings=false", "model.position_embedding_type=rotary"),
+            ("model.activation=swiglu", "model.num_query_groups=2", "model.kv_channels=24",
+             "model.normalization=rmsnorm", "model.add_bias_linear=false",
+             "model.add_qkv_bias=true", "model.qk_norm=true",
+             "model.position_embedding_type=rotary"),
+            ("model.kv_channels=8", "model.qk_norm=true")]
 
 
 def _measured_stage_params(cfg, tp, pp, rank):
@@ -109,7 +114,7 @@ def _measured_stage_params(cfg, tp, pp, rank):
     return sum(p.numel() for mod in mods for p in mod.parameters())
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["gpt", "llama-like"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["gpt", "llama-like", "qwen-like", "gpt-qk-norm"])
 @pytest.mark.parametrize("tp,pp", LAYOUTS)
 def test_per_rank_params_equal_the_real_model(tp, pp, variant):
     pytest.importorskip("megatron.model.gpt")
