@@ -9,6 +9,10 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
 - Llama (rotary over the whole head, RMSNorm, SwiGLU; any number of key/value groups; tied or
   untied; biases on or off) -> LlamaForCausalLM. q/k/v and gate/up are split out of our fused
   QKV (per group: its query heads, then its key, then its value) and [gate; up] fc1.
+- Qwen2 (the Llama settings with biases on q, k and v alone: add_bias_linear=false,
+  add_qkv_bias=true) -> Qwen2ForCausalLM; Qwen3 (no biases, each head's q and k normalised:
+  qk_norm=true) -> Qwen3ForCausalLM, its q_norm and k_norm from ours. Llama and Qwen3 carry a
+  head width apart from hidden / heads (model.kv_channels) as head_dim.
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -40,13 +44,21 @@ StateDict = Dict[str, torch.Tensor]
 
 # Beyond the variants (each selected norm, activation, position and attention core declares the
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
-FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True}, "llama": {},
-               "mixtral": {"add_bias_linear": False, "moe.layer_freq": 1,
-                           "moe.router": "softmax_renorm", "moe.router_bias_update_rate": 0.0,
+# (Llama's attention_bias covers q, k, v and o alike: q, k and v alone with biases are Qwen2's.)
+FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True, "kv_channels": None,
+                        "qk_norm": False},
+               "llama": {"qk_norm": False, "qkv_bias": "add_bias_linear"},
+               "qwen2": {"add_bias_linear": False, "add_qkv_bias": True, "qk_norm": False},
+               "qwen3": {"add_bias_linear": False, "add_qkv_bias": False, "qk_norm": True},
+               "mixtral": {"add_bias_linear": False, "add_qkv_bias": False, "qk_norm": False,
+                           "moe.layer_freq": 1, "moe.router": "softmax_renorm",
+                           "moe.router_bias_update_rate": 0.0,
                            "moe.shared_expert_ffn_hidden_size": None}}
-ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mixtral": "Mixtral"}
-# Mixtral's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names serve it.
-VARIANT_ARCH = {"mixtral": "llama"}
+ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
+              "mixtral": "Mixtral"}
+# Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names
+# serve them.
+VARIANT_ARCH = {"mixtral": "llama", "qwen2": "llama", "qwen3": "llama"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -65,8 +77,13 @@ def _arch_problems(m, arch: str) -> List[str]:
     if (arch == "mixtral") != (m.moe.num_experts > 0):
         why.append(f"moe.num_experts={m.moe.num_experts} (needs "
                    f"{'> 0' if arch == 'mixtral' else '0: experts map to Mixtral'})")
-    why += [f"{k}={field_at(m, k)!r} (needs {v!r})" for k, v in FIELD_NEEDS[arch].items()
-            if field_at(m, k) != v]
+    for k, v in FIELD_NEEDS[arch].items():
+        if k == "qkv_bias":  # biases on q, k and v exactly where the other layers have them
+            if m.qkv_bias != m.add_bias_linear:
+                why.append(f"add_qkv_bias={m.add_qkv_bias!r} with add_bias_linear="
+                           f"{m.add_bias_linear!r} (biases on q, k and v alone)")
+        elif field_at(m, k) != v:
+            why.append(f"{k}={field_at(m, k)!r} (needs {v!r})")
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")
@@ -74,10 +91,10 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2', 'llama' or 'mixtral' for a model config that maps exactly; InputError otherwise, naming
-    what each architecture lacks."""
+    """'gpt2', 'llama', 'qwen2', 'qwen3' or 'mixtral' for a model config that maps exactly;
+    InputError otherwise, naming what each architecture lacks."""
     problems = {}
-    for arch in ("llama", "mixtral", "gpt2"):
+    for arch in ("llama", "qwen2", "qwen3", "mixtral", "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -157,13 +174,17 @@ def llama_state_dict(sd: StateDict, m) -> StateDict:
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
         out.update(_norm_names(m, "llama", ours + "norm1.", hf + "input_layernorm.", sd))
         out.update(_norm_names(m, "llama", ours + "norm2.", hf + "post_attention_layernorm.", sd))
-        for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
+        for x in ("weight", "bias") if m.qkv_bias else ("weight",):
             q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.{x}"], m)
-            out.update({
-                f"{hf}self_attn.q_proj.{x}": q, f"{hf}self_attn.k_proj.{x}": k,
-                f"{hf}self_attn.v_proj.{x}": v,
-                f"{hf}self_attn.o_proj.{x}": sd[f"{ours}attention.dense.{x}"]})
+            out.update({f"{hf}self_attn.q_proj.{x}": q, f"{hf}self_attn.k_proj.{x}": k,
+                        f"{hf}self_attn.v_proj.{x}": v})
+        for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
+            out[f"{hf}self_attn.o_proj.{x}"] = sd[f"{ours}attention.dense.{x}"]
             out.update(mlp(sd, ours, hf, x))
+        if m.qk_norm:  # Qwen3's per-head norms
+            for name in ("q_norm", "k_norm"):
+                out.update(_norm_names(m, "llama", f"{ours}attention.{name}.",
+                                       f"{hf}self_attn.{name}.", sd))
     return out
 
 
@@ -191,6 +212,14 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     llama = _llama_config(m, common)
     if kind == "llama":
         return llama
+    if kind in ("qwen2", "qwen3"):
+        # Qwen2's q, k and v always have biases and its o_proj none; Qwen3's attention_bias
+        # covers all four (false here); neither has an MLP bias setting
+        drop = {"mlp_bias"} | ({"attention_bias"} if kind == "qwen2" else set())
+        qwen = {k: v for k, v in llama.items() if k not in drop}
+        return dict(qwen, architectures=[f"{kind.capitalize()}ForCausalLM"], model_type=kind,
+                    use_sliding_window=False, sliding_window=None,
+                    max_window_layers=m.num_layers)
     return dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral",
                 intermediate_size=moe.expert_ffn(m), num_local_experts=m.moe.num_experts,
                 num_experts_per_tok=m.moe.top_k, router_aux_loss_coef=m.moe.aux_loss_coeff,

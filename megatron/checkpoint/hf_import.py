@@ -1,11 +1,12 @@
-"""Hugging Face import: a transformers GPT-2, Llama or Mixtral folder (config.json + safetensors, single or
-sharded) as a single-file model (convert.save_single), from which `checkpoint.init_from` starts a
-run of any layout: continued pretraining of published weights. The inverse of hf_export.py;
-the same three flavours, weight for weight (Mixtral's experts from the hub's
-block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked mlp.experts.gate_up_proj /
-down_proj). Architectures or options this model does not implement
-(rope scaling, a head size other than hidden / heads, separate attention and MLP bias settings)
-are refused with the field and its value."""
+"""Hugging Face import: a transformers GPT-2, Llama, Qwen2, Qwen3 or Mixtral folder (config.json +
+safetensors, single or sharded) as a single-file model (convert.save_single), from which
+`checkpoint.init_from` starts a run of any layout: continued pretraining of published weights.
+The inverse of hf_export.py; the same five flavours, weight for weight (Mixtral's experts from the
+hub's block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked
+mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as model.add_qkv_bias, Qwen3's
+q_norm and k_norm as model.qk_norm, a head_dim apart from hidden / heads as model.kv_channels).
+Architectures or options this model does not implement (rope scaling, sliding windows, separate
+attention and MLP bias settings) are refused with the field and its value."""
 from __future__ import annotations
 
 import json
@@ -79,9 +80,26 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                 "tie_embeddings": True}
     if kind == "mixtral":
         return _mixtral_section(hf)
+    if kind in ("qwen2", "qwen3"):
+        return _qwen_section(hf, kind)
     if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2, llama or mixtral")
+        raise _unsupported("model_type", kind, "gpt2, llama, qwen2, qwen3 or mixtral")
     return _llama_section(hf)
+
+
+def _qwen_section(hf: Dict[str, Any], kind: str) -> Dict[str, Any]:
+    """Llama's fields; Qwen2's q, k and v with biases (its o_proj and MLP without), Qwen3's
+    per-head q and k norms (attention_bias, which would put biases on q, k, v and o but none
+    on the MLP, is refused)."""
+    if hf.get("use_sliding_window"):
+        raise _unsupported("use_sliding_window", True, "false (full attention)")
+    if kind == "qwen2":
+        out = _llama_section(dict(hf, attention_bias=False, mlp_bias=False))
+        return dict(out, add_qkv_bias=True)
+    if hf.get("attention_bias"):
+        raise _unsupported("attention_bias", True, "false (Qwen3 has no MLP biases, and one "
+                           "setting covers every linear layer here but q, k and v)")
+    return dict(_llama_section(dict(hf, mlp_bias=False)), qk_norm=True)
 
 
 def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
@@ -99,9 +117,7 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
 
 def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     h, heads = hf["hidden_size"], hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, h // heads):
-        raise _unsupported("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads = "
-                                                       f"{h // heads}")
+    head_dim = hf.get("head_dim")
     rope = hf.get("rope_parameters") or {}
     if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         raise _unsupported("rope_scaling", hf.get("rope_scaling") or rope,
@@ -122,6 +138,8 @@ def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
             "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
             "rotary_base": float(theta), **variants.of_architecture("llama"),
             "add_bias_linear": bias,
+            # a head width apart from hidden / heads (Qwen3 0.6B: 1024 / 16 = 64, heads of 128)
+            "kv_channels": head_dim if head_dim not in (None, h // heads) or h % heads else None,
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
 
 
@@ -221,13 +239,16 @@ def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
         attn = hf + "self_attn."
         out.update(_norm_from(m, "llama", hf + "input_layernorm.", ours + "norm1.", w))
         out.update(_norm_from(m, "llama", hf + "post_attention_layernorm.", ours + "norm2.", w))
+        for x in ("weight", "bias") if m.qkv_bias else ("weight",):
+            out[ours + f"attention.qkv.{x}"] = _fuse_qkv(w(f"{attn}q_proj.{x}"),
+                                                         w(f"{attn}k_proj.{x}"),
+                                                         w(f"{attn}v_proj.{x}"), m)
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
-            out.update({
-                ours + f"attention.qkv.{x}": _fuse_qkv(w(f"{attn}q_proj.{x}"),
-                                                       w(f"{attn}k_proj.{x}"),
-                                                       w(f"{attn}v_proj.{x}"), m),
-                ours + f"attention.dense.{x}": w(f"{attn}o_proj.{x}")})
+            out[ours + f"attention.dense.{x}"] = w(f"{attn}o_proj.{x}")
             out.update(mlp(w, m, hf, ours, x))
+        if m.qk_norm:  # Qwen3's per-head norms
+            for name in ("q_norm", "k_norm"):
+                out.update(_norm_from(m, "llama", f"{attn}{name}.", f"{ours}attention.{name}.", w))
     return out
 
 

@@ -2,8 +2,8 @@
 
 Pre-norm decoder. Per layer: norm1; fused QKV, column-parallel, [(heads + 2*kv) * head_dim, h],
 with its bias under add_bias_linear or add_qkv_bias; under qk_norm two norms of head_dim
-(replicated); the attention core's own weights, if its record declares any; attention output, row-parallel,
-[h, h]; norm2; MLP fc1 column-parallel ([fc1_factor * ffn, h]: 1 for GeLU, 2 for SwiGLU) and
+(replicated); the attention core's own weights, if its record declares any; attention output,
+row-parallel, [h, heads * head_dim]; norm2; MLP fc1 column-parallel ([fc1_factor * ffn, h]: 1 for GeLU, 2 for SwiGLU) and
 fc2 row-parallel [h, ffn]. Norms, cores and position tables count what their variant records
 declare (config/variants.py). Column-parallel weights and biases and
 the row-parallel weights are split over TP; norms and row-parallel biases are replicated. The

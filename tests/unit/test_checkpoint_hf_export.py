@@ -1,5 +1,6 @@
 """Hugging Face export against transformers itself: every flavour (GPT-2; Llama with grouped
-keys/values, tied and untied, with and without biases; Mixtral from a briefly trained MoE model)
+keys/values, tied and untied, with and without biases, heads of another width; Qwen2 with q, k
+and v biases; Qwen3 with per-head q and k norms; Mixtral from a briefly trained MoE model)
 gives the same logits as our unsharded model, in fp32, for a random batch; and configs that map
 to no architecture are refused."""
 import os
@@ -24,7 +25,14 @@ CASES = {
     "gpt2": [],
     "llama_gqa_untied": LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false"],
     "llama_tied_bias": LLAMA[:-2] + ["model.add_bias_linear=true"],
+    # heads 24 wide where hidden / heads is 16 (Llama's and Qwen3's head_dim)
+    "llama_kv_channels": LLAMA + ["model.num_query_groups=2", "model.kv_channels=24"],
+    "qwen2": LLAMA + ["model.num_query_groups=2", "model.add_qkv_bias=true"],
+    "qwen3": LLAMA + ["model.num_query_groups=2", "model.kv_channels=24", "model.qk_norm=true",
+                      "model.tie_embeddings=false"],
 }
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 
 
 def merged_model(overrides, root):
@@ -47,7 +55,7 @@ def test_transformers_reproduces_our_logits(case, tmp_path, root):
     assert written == ["config.json", "model.safetensors"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / case),
                                                            dtype=torch.float32).eval()
-    expected = {"gpt2": "GPT2LMHeadModel"}.get(case, "LlamaForCausalLM")
+    expected = ARCHITECTURES.get(case, "LlamaForCausalLM")
     assert type(hf).__name__ == expected
     tokens = torch.randint(0, 500, (2, 64))
     with torch.no_grad():
@@ -95,6 +103,16 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
     _, merged = merged_model(["model.num_query_groups=2"], root)
     with pytest.raises(InputError, match="num_query_groups=2 of 4 heads"):
         export_hf(merged, str(tmp_path / "y"))
+    # what no architecture holds is refused, never dropped: GPT-2 with other head widths or
+    # head norms; q, k and v biases with the others' (Llama's attention_bias covers o too)
+    for extra, why in ((["model.kv_channels=8"], "kv_channels=8 (needs None)"),
+                       (["model.qk_norm=true"], "qk_norm=True (needs False)"),
+                       (LLAMA + ["model.add_qkv_bias=true", "model.qk_norm=true"],
+                        "add_qkv_bias=True (needs False)")):
+        _, merged = merged_model(extra, root)
+        with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
+            export_hf(merged, str(tmp_path / "z"))
+        assert why in str(e.value), str(e.value)
     _, merged = merged_model([], root)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("x")

@@ -1,6 +1,6 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
-keys/values, tied or not, with biases; Mixtral) becomes a single file whose unsharded model gives
-transformers' logits; export then import gives back our exact tensors; unsupported options are
+keys/values, tied or not, with biases, with a head_dim of its own; Qwen2; Qwen3; Mixtral)
+becomes a single file whose unsharded model gives transformers' logits; export then import gives back our exact tensors; unsupported options are
 refused with the field. Training from the file in another layout is covered by init_from's
 end-to-end test (tests/e2e/test_checkpoint_layout_change.py)."""
 import json
@@ -29,6 +29,15 @@ CONFIGS = {
                                                         num_hidden_layers=2,
                                                         tie_word_embeddings=True,
                                                         attention_bias=True, mlp_bias=True),
+    # q, k and v with biases; Qwen3 0.6B's shape in small: heads wider than hidden / heads
+    "qwen2": lambda: transformers.Qwen2Config(**SMALL, intermediate_size=160,
+                                              num_hidden_layers=2, num_key_value_heads=2,
+                                              tie_word_embeddings=True),
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, intermediate_size=160, head_dim=32,
+                                              num_hidden_layers=2, num_key_value_heads=2,
+                                              tie_word_embeddings=False),
+    "llama_head_dim": lambda: transformers.LlamaConfig(**SMALL, intermediate_size=160,
+                                                       head_dim=8, num_hidden_layers=2),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -70,7 +79,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "mixtral"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "mixtral"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -117,6 +126,12 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
     _, folder = saved(tmp_path, "llama_tied_bias", mlp_bias=False)
     with pytest.raises(InputError, match="mlp_bias=False is not supported: expected equal to "
                                          "attention_bias"):
+        import_hf(folder)
+    _, folder = saved(tmp_path, "qwen3", attention_bias=True)
+    with pytest.raises(InputError, match="attention_bias=True is not supported"):
+        import_hf(folder)
+    _, folder = saved(tmp_path, "qwen2", use_sliding_window=True)
+    with pytest.raises(InputError, match="use_sliding_window=True is not supported"):
         import_hf(folder)
     with pytest.raises(InputError, match="holds no config.json"):
         import_hf(str(tmp_path))
