@@ -12,7 +12,7 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
 - Qwen2 (the Llama settings with biases on q, k and v alone: add_bias_linear=false,
   add_qkv_bias=true) -> Qwen2ForCausalLM; Qwen3 (no biases, each head's q and k normalised:
   qk_norm=true) -> Qwen3ForCausalLM, its q_norm and k_norm from ours. Llama and Qwen3 carry a
-  head width apart from hidden / heads (model.kv_channels) as head_dim.
+  head width apart from hidden / heads (model.attention.kv_channels) as head_dim.
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -45,14 +45,16 @@ StateDict = Dict[str, torch.Tensor]
 # Beyond the variants (each selected norm, activation, position and attention core declares the
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
 # (Llama's attention_bias covers q, k, v and o alike: q, k and v alone with biases are Qwen2's.)
-FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True, "kv_channels": None,
-                        "qk_norm": False},
-               "llama": {"qk_norm": False, "qkv_bias": "add_bias_linear"},
-               "qwen2": {"add_bias_linear": False, "add_qkv_bias": True, "qk_norm": False},
-               "qwen3": {"add_bias_linear": False, "add_qkv_bias": False, "qk_norm": True},
-               "mixtral": {"add_bias_linear": False, "add_qkv_bias": False, "qk_norm": False,
-                           "moe.layer_freq": 1, "moe.router": "softmax_renorm",
-                           "moe.router_bias_update_rate": 0.0,
+FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
+                        "attention.kv_channels": None, "attention.qk_norm": False},
+               "llama": {"attention.qk_norm": False, "qkv_bias": "add_bias_linear"},
+               "qwen2": {"add_bias_linear": False, "attention.add_qkv_bias": True,
+                         "attention.qk_norm": False},
+               "qwen3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                         "attention.qk_norm": True},
+               "mixtral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                           "attention.qk_norm": False, "moe.layer_freq": 1,
+                           "moe.router": "softmax_renorm", "moe.router_bias_update_rate": 0.0,
                            "moe.shared_expert_ffn_hidden_size": None}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
               "mixtral": "Mixtral"}
@@ -80,7 +82,8 @@ def _arch_problems(m, arch: str) -> List[str]:
     for k, v in FIELD_NEEDS[arch].items():
         if k == "qkv_bias":  # biases on q, k and v exactly where the other layers have them
             if m.qkv_bias != m.add_bias_linear:
-                why.append(f"add_qkv_bias={m.add_qkv_bias!r} with add_bias_linear="
+                why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with "
+                           f"add_bias_linear="
                            f"{m.add_bias_linear!r} (biases on q, k and v alone)")
         elif field_at(m, k) != v:
             why.append(f"{k}={field_at(m, k)!r} (needs {v!r})")
@@ -181,7 +184,7 @@ def llama_state_dict(sd: StateDict, m) -> StateDict:
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             out[f"{hf}self_attn.o_proj.{x}"] = sd[f"{ours}attention.dense.{x}"]
             out.update(mlp(sd, ours, hf, x))
-        if m.qk_norm:  # Qwen3's per-head norms
+        if m.attention.qk_norm:  # Qwen3's per-head norms
             for name in ("q_norm", "k_norm"):
                 out.update(_norm_names(m, "llama", f"{ours}attention.{name}.",
                                        f"{hf}self_attn.{name}.", sd))

@@ -3,8 +3,9 @@ safetensors, single or sharded) as a single-file model (convert.save_single), fr
 `checkpoint.init_from` starts a run of any layout: continued pretraining of published weights.
 The inverse of hf_export.py; the same five flavours, weight for weight (Mixtral's experts from the
 hub's block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked
-mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as model.add_qkv_bias, Qwen3's
-q_norm and k_norm as model.qk_norm, a head_dim apart from hidden / heads as model.kv_channels).
+mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
+model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
+apart from hidden / heads as model.attention.kv_channels).
 Architectures or options this model does not implement (rope scaling, sliding windows, separate
 attention and MLP bias settings) are refused with the field and its value."""
 from __future__ import annotations
@@ -95,11 +96,12 @@ def _qwen_section(hf: Dict[str, Any], kind: str) -> Dict[str, Any]:
         raise _unsupported("use_sliding_window", True, "false (full attention)")
     if kind == "qwen2":
         out = _llama_section(dict(hf, attention_bias=False, mlp_bias=False))
-        return dict(out, add_qkv_bias=True)
+        return dict(out, attention=dict(out.get("attention", {}), add_qkv_bias=True))
     if hf.get("attention_bias"):
         raise _unsupported("attention_bias", True, "false (Qwen3 has no MLP biases, and one "
                            "setting covers every linear layer here but q, k and v)")
-    return dict(_llama_section(dict(hf, mlp_bias=False)), qk_norm=True)
+    out = _llama_section(dict(hf, mlp_bias=False))
+    return dict(out, attention=dict(out.get("attention", {}), qk_norm=True))
 
 
 def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
@@ -139,7 +141,8 @@ def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
             "rotary_base": float(theta), **variants.of_architecture("llama"),
             "add_bias_linear": bias,
             # a head width apart from hidden / heads (Qwen3 0.6B: 1024 / 16 = 64, heads of 128)
-            "kv_channels": head_dim if head_dim not in (None, h // heads) or h % heads else None,
+            **({"attention": {"kv_channels": head_dim}}
+               if head_dim not in (None, h // heads) or h % heads else {}),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
 
 
@@ -246,7 +249,7 @@ def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
         for x in ("weight", "bias") if m.add_bias_linear else ("weight",):
             out[ours + f"attention.dense.{x}"] = w(f"{attn}o_proj.{x}")
             out.update(mlp(w, m, hf, ours, x))
-        if m.qk_norm:  # Qwen3's per-head norms
+        if m.attention.qk_norm:  # Qwen3's per-head norms
             for name in ("q_norm", "k_norm"):
                 out.update(_norm_from(m, "llama", f"{attn}{name}.", f"{ours}attention.{name}.", w))
     return out

@@ -101,7 +101,7 @@ class SelfAttention(nn.Module):
                                        init_std=std / math.sqrt(2 * m.num_layers),
                                        init_seed=seed_for(seed, f"layer{layer_number}.proj"))
         self.q_norm = self.k_norm = None
-        if m.qk_norm:  # model.qk_norm: each head's q and k over their width, this rank's heads
+        if m.attention.qk_norm:  # each head's q and k over their width, this rank's heads
             norm = head_norm_class(m)
             self.q_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
             self.k_norm = norm(m, ctx, width=m.head_dim, per_rank=True)

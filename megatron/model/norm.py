@@ -1,9 +1,10 @@
 """The built-in norms (LayerNorm, RMSNorm) with fp32 statistics, through the kernels dispatch
 (fused or torch), and `build_norm`: the norm model.normalization names (config/variants.py).
 A norm module takes (model section, context) and maps [.., h] -> [.., h]; its weights are the
-ones its variant record declares (replicated over TP). Under model.qk_norm the attention builds
-it again per query and key head: `(m, ctx, width=head width, per_rank=True)`, where per_rank says
-each tensor-parallel rank normalises other heads, so the weights' gradients are summed over TP."""
+ones its variant record declares (replicated over TP). Under model.attention.qk_norm the
+attention builds it again per query and key head: `(m, ctx, width=head width, per_rank=True)`,
+where per_rank says each tensor-parallel rank normalises other heads, so the weights' gradients
+are summed over TP."""
 from __future__ import annotations
 
 import inspect
@@ -30,22 +31,22 @@ def build_norm(m: ModelConfig, ctx: ModelContext) -> nn.Module:
 
 
 def takes_width(cls: type) -> bool:
-    """Whether a norm module can be built per head (model.qk_norm): its constructor takes the
-    `width` and `per_rank` keywords."""
+    """Whether a norm module can be built per head (model.attention.qk_norm): its constructor
+    takes the `width` and `per_rank` keywords."""
     params = inspect.signature(cls.__init__).parameters
     return {"width", "per_rank"} <= set(params) or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def head_norm_class(m: ModelConfig) -> type:
-    """model.normalization's module, to be built per query and key head (model.qk_norm)."""
+    """model.normalization's module, built per query and key head (model.attention.qk_norm)."""
     cls = norm_class(m)
     if not takes_width(cls):
-        raise ConfigError("model.qk_norm", True,
+        raise ConfigError("model.attention.qk_norm", True,
                           f"a norm that can be built per head: model.normalization="
                           f"{m.normalization}'s module {cls.__name__} does not take the width= "
                           f"and per_rank= keywords (model/norm.py); add them to it, or set "
-                          f"model.qk_norm=false")
+                          f"model.attention.qk_norm=false")
     return cls
 
 

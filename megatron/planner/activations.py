@@ -74,8 +74,12 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     attn_drop = m.attention_dropout > 0
     # norm1 input, QKV input, norm2 input, fc1 input
     replicated = 4 * sb * h
-    # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input)
-    partitioned = sb * (h + kvh * replicas) + sb * kvh * replicas + sb * h
+    # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input); the
+    # query heads are a x head_dim wide (h unless model.attention.kv_channels says otherwise)
+    qd = a * m.head_dim
+    partitioned = sb * (qd + kvh * replicas) + sb * kvh * replicas + sb * qd
+    if m.attention.qk_norm:  # the per-head norms' inputs, Q and K as projected
+        partitioned += sb * (qd + kvh)
     # GeLU: its input and fc2's input; SwiGLU: both fc1 halves and fc2's input
     partitioned += sb * f * (fc1_factor(m) + 1)
     masks = 2 * sb * h if hidden_drop else 0

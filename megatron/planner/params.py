@@ -57,7 +57,7 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
     h, bias = m.hidden_size, m.add_bias_linear
     qkv_rows = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim // tp
     qkv = qkv_rows * h + (qkv_rows if m.qkv_bias else 0)
-    if m.qk_norm:  # the norm's weights, each as wide as a head instead of the hidden size
+    if m.attention.qk_norm:  # the norm's weights, each as wide as a head instead of the hidden size
         qkv += 2 * _norm(m) // m.hidden_size * m.head_dim
     proj = h * (m.num_attention_heads * m.head_dim // tp) + (h if bias else 0)
     core = variants.attention_of(m).weight_params(m, tp)

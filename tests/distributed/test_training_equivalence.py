@@ -30,7 +30,7 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             "tp2_masked", "pp2_masked", "pp2_interleaved_masked",
             # data.reset_attention_mask: attention within documents
             "tp2_sp_docs", "tp2_docs_recompute_selective",
-            # model.qk_norm with model.kv_channels and model.add_qkv_bias (Qwen2/Qwen3)
+            # model.attention: qk_norm, kv_channels and add_qkv_bias (Qwen2/Qwen3)
             "tp2_sp_qk_norm", "tp2_zero0_qk_norm"]
 # the reference of the layouts that change the model's depth or data
 REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "masked",

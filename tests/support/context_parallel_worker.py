@@ -81,7 +81,7 @@ LAYOUTS = {
     # data.reset_attention_mask under Ulysses: the mask of the whole sequence on every rank
     "single_docs": DOCS,
     "cp2_docs": _cp(2) + ["parallel.zero_stage=0"] + DOCS,
-    # model.qk_norm: each rank's tokens normalised before Ulysses' exchange and the ring's
+    # model.attention.qk_norm: each rank's tokens normalised before Ulysses' exchange and the ring's
     "single_qk_norm": QK_NORM,
     "cp2_qk_norm": _cp(2) + ["parallel.zero_stage=0"] + QK_NORM,
     "cp2_ring_qk_norm": _cp(2) + ["parallel.context_parallel_algo=ring",

@@ -45,7 +45,8 @@ MASKED = ["model.vocab_size=64", "model.make_vocab_size_divisible_by=32",
 DOCS = MASKED + ["data.reset_attention_mask=true"]
 # Qwen3's per-head query/key norm, with heads wider than hidden / heads (24, not 16) and
 # Qwen2's biases on q, k and v alone (the Llama flavour has no other biases)
-QK_NORM = ["model.qk_norm=true", "model.kv_channels=24", "model.add_qkv_bias=true"]
+QK_NORM = ["model.attention.qk_norm=true", "model.attention.kv_channels=24",
+           "model.attention.add_qkv_bias=true"]
 LAYOUTS = {
     "single": [],
     "tp2": ["parallel.tensor_parallel_size=2"],

@@ -26,9 +26,10 @@ CASES = {
     "llama_gqa_untied": LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false"],
     "llama_tied_bias": LLAMA[:-2] + ["model.add_bias_linear=true"],
     # heads 24 wide where hidden / heads is 16 (Llama's and Qwen3's head_dim)
-    "llama_kv_channels": LLAMA + ["model.num_query_groups=2", "model.kv_channels=24"],
-    "qwen2": LLAMA + ["model.num_query_groups=2", "model.add_qkv_bias=true"],
-    "qwen3": LLAMA + ["model.num_query_groups=2", "model.kv_channels=24", "model.qk_norm=true",
+    "llama_kv_channels": LLAMA + ["model.num_query_groups=2", "model.attention.kv_channels=24"],
+    "qwen2": LLAMA + ["model.num_query_groups=2", "model.attention.add_qkv_bias=true"],
+    "qwen3": LLAMA + ["model.num_query_groups=2", "model.attention.kv_channels=24",
+                      "model.attention.qk_norm=true",
                       "model.tie_embeddings=false"],
 }
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM",
@@ -105,9 +106,10 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
         export_hf(merged, str(tmp_path / "y"))
     # what no architecture holds is refused, never dropped: GPT-2 with other head widths or
     # head norms; q, k and v biases with the others' (Llama's attention_bias covers o too)
-    for extra, why in ((["model.kv_channels=8"], "kv_channels=8 (needs None)"),
-                       (["model.qk_norm=true"], "qk_norm=True (needs False)"),
-                       (LLAMA + ["model.add_qkv_bias=true", "model.qk_norm=true"],
+    for extra, why in ((["model.attention.kv_channels=8"], "kv_channels=8 (needs None)"),
+                       (["model.attention.qk_norm=true"], "qk_norm=True (needs False)"),
+                       (LLAMA + ["model.attention.add_qkv_bias=true",
+                                 "model.attention.qk_norm=true"],
                         "add_qkv_bias=True (needs False)")):
         _, merged = merged_model(extra, root)
         with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:

@@ -1,8 +1,9 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
 keys/values, tied or not, with biases, with a head_dim of its own; Qwen2; Qwen3; Mixtral)
-becomes a single file whose unsharded model gives transformers' logits; export then import gives back our exact tensors; unsupported options are
-refused with the field. Training from the file in another layout is covered by init_from's
-end-to-end test (tests/e2e/test_checkpoint_layout_change.py)."""
+becomes a single file whose unsharded model gives transformers' logits; export then import
+gives back our exact tensors; unsupported options are refused with the field. Training from
+the file in another layout is covered by init_from's end-to-end test
+(tests/e2e/test_checkpoint_layout_change.py)."""
 import json
 
 import pytest

@@ -290,3 +290,19 @@ def test_aa_scaling_keeps_a_spent_micro_batch_in_its_slot():
     assert _spent_slot_bytes(job, one, 0, vocab, True) == 0.0
     assert _spent_slot_bytes(job, dataclasses.replace(one, grad_accum=2), 0, vocab,
                              True) == pytest.approx(m.seq_length * vocab * 2)
+
+
+def test_head_width_and_head_norms_in_the_stored_activations():
+    """model.attention.kv_channels and qk_norm, by hand: 4 query heads and 2 key/value heads of
+    24 (hidden 64), s 64 x b 2 = 128 tokens, GeLU f 256. Stored, over TP: Q (4 x 24) and K
+    (2 x 24) for QK^T, V (2 x 24), the context (4 x 24), fc1's output and fc2's input (2 x 256);
+    the head norms keep Q and K as projected too."""
+    from megatron.config import load_config
+    base = ["model.hidden_size=64", "model.num_attention_heads=4", "model.num_query_groups=2",
+            "model.seq_length=64", "model.attention.kv_channels=24", "model.ffn_hidden_size=256"]
+    m = load_config(None, base).model
+    attention = 128 * (96 + 48) + 128 * 48 + 128 * 96
+    assert act.layer_terms(m, 64, 2).partitioned == attention + 128 * 256 * 2
+    normed = load_config(None, base + ["model.attention.qk_norm=true"]).model
+    assert act.layer_terms(normed, 64, 2).partitioned == attention + 128 * (96 + 48) \
+        + 128 * 256 * 2

@@ -87,11 +87,12 @@ LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4)]
 VARIANTS = [(), ("model.activation=swiglu", "model.num_query_groups=2",
                  "model.normalization=rmsnorm", "model.add_bias_linear=false",
                  "model.tie_embeddings=false", "model.position_embedding_type=rotary"),
-            ("model.activation=swiglu", "model.num_query_groups=2", "model.kv_channels=24",
+            ("model.activation=swiglu", "model.num_query_groups=2",
+             "model.attention.kv_channels=24",
              "model.normalization=rmsnorm", "model.add_bias_linear=false",
-             "model.add_qkv_bias=true", "model.qk_norm=true",
+             "model.attention.add_qkv_bias=true", "model.attention.qk_norm=true",
              "model.position_embedding_type=rotary"),
-            ("model.kv_channels=8", "model.qk_norm=true")]
+            ("model.attention.kv_channels=8", "model.attention.qk_norm=true")]
 
 
 def _measured_stage_params(cfg, tp, pp, rank):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+from megatron.config.sections.attention import AttentionConfig
 from megatron.config.sections.checkpoint import CheckpointConfig
 from megatron.config.sections.data import DataConfig, split_fractions
 from megatron.config.sections.model import ModelConfig
@@ -34,7 +35,7 @@ SECTIONS = {
 
 # Sub-sections: a field of a section that is a section of its own, written nested in YAML
 # (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
-SUBSECTIONS = {"model.moe": MoEConfig}
+SUBSECTIONS = {"model.attention": AttentionConfig, "model.moe": MoEConfig}
 
 # The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
 # moe_ prefix the sub-section now says).
@@ -72,7 +73,8 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
                            "straggler_interval straggler_factor"),
     **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()}}
 
-__all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "CheckpointConfig", "DataConfig", "EvalConfig",
+__all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "AttentionConfig", "CheckpointConfig",
+           "DataConfig", "EvalConfig",
            "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
            "ResilienceConfig", "RunConfig", "field_at",
            "TrainingConfig", "split_fractions"]

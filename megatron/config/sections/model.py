@@ -12,6 +12,7 @@ from megatron.config import variants
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import (at_most, check_choices, finite, fraction,
                                              positive, registry)
+from megatron.config.sections.attention import AttentionConfig
 from megatron.config.sections.moe import MoEConfig
 
 # Beyond any model trained or planned (the deepest published ones have about 100-200 layers,
@@ -31,17 +32,14 @@ class ModelConfig:
     num_layers: int = 2
     """Transformer layers."""
     hidden_size: int = 64
-    """Width of the residual stream; a multiple of num_attention_heads unless kv_channels is
-    set."""
+    """Width of the residual stream; a multiple of num_attention_heads unless
+    attention.kv_channels is set."""
     num_attention_heads: int = 4
-    """Query heads per layer; head size is kv_channels, or hidden_size / num_attention_heads."""
+    """Query heads per layer; head size is attention.kv_channels, or hidden_size /
+    num_attention_heads."""
     num_query_groups: Optional[int] = None
     """Grouped-query attention: number of key/value heads, a divisor of num_attention_heads.
     null: multi-head attention (as many key/value heads as query heads)."""
-    kv_channels: Optional[int] = None
-    """Width of each attention head (Megatron's --kv-channels, Hugging Face's head_dim): the
-    query/key/value projections are num_attention_heads (and key/value heads) x kv_channels wide.
-    null: hidden_size / num_attention_heads. Qwen3 0.6B, 4B and 32B set it apart from that."""
     ffn_hidden_size: Optional[int] = None
     """Width of the MLP's hidden layer. null: the activation's default (config/builtin_variants.py:
     4 x hidden_size for GeLU; for SwiGLU 8/3 x hidden_size rounded up to a multiple of 64, the same
@@ -68,13 +66,6 @@ class ModelConfig:
     """MLP activation, a registered variant: gelu, or swiglu (a gated MLP: fc1 is twice as wide)."""
     add_bias_linear: bool = True
     """Bias terms on the linear layers (false for LLaMA-style models)."""
-    add_qkv_bias: bool = False
-    """Bias terms on the query, key and value projections even when add_bias_linear=false
-    (Megatron's --add-qkv-bias; Qwen2 and Qwen2.5)."""
-    qk_norm: bool = False
-    """Normalise each query and key head over its width, with model.normalization and its own
-    weights of kv_channels, after the projection and before rotary positions (Megatron Core's
-    --qk-layernorm; Qwen3). Keeps attention logits bounded at high learning rates."""
     tie_embeddings: bool = True
     """The output layer shares the input embedding's weights."""
     hidden_dropout: float = 0.0
@@ -86,6 +77,9 @@ class ModelConfig:
     can run on the device found at start-up (logged once)."""
     init_method_std: float = 0.02
     """Standard deviation of the normal initialisation of the weights."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Each head's width, biases and query/key norm, a sub-section (`model.attention.*`,
+    config/sections/attention.py); its defaults are GPT-2's and Llama's heads."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Mixture of experts, a sub-section (`model.moe.*`, config/sections/moe.py, docs/moe.md);
     its defaults are a dense model."""
@@ -101,14 +95,14 @@ class ModelConfig:
         check_choices(s, self)
         fraction(s, "hidden_dropout", self.hidden_dropout)
         fraction(s, "attention_dropout", self.attention_dropout)
-        if self.kv_channels is not None:
-            positive(s, "kv_channels", self.kv_channels)
-        elif self.hidden_size % self.num_attention_heads:
+        if isinstance(self.attention, dict):  # a saved config's mapping (Config.from_dict)
+            self.attention = AttentionConfig(**self.attention)
+        if self.attention.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError("model.hidden_size", self.hidden_size,
                               f"a multiple of model.num_attention_heads={self.num_attention_heads}")
         if self.head_dim % 2 and variants.of(self, "position").rotates_qk:
-            field_name = "kv_channels" if self.kv_channels else "hidden_size"
-            raise ConfigError(f"model.{field_name}", getattr(self, field_name),
+            field_name = "attention.kv_channels" if self.attention.kv_channels else "hidden_size"
+            raise ConfigError(f"model.{field_name}", self.head_dim,
                               f"an even head width for model.position_embedding_type="
                               f"{self.position_embedding_type} (rotary rotates pairs of "
                               f"channels); the head width is {self.head_dim}")
@@ -140,9 +134,9 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.kv_channels or self.hidden_size // self.num_attention_heads
+        return self.attention.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
     def qkv_bias(self) -> bool:
         """Whether the query/key/value projection has biases."""
-        return self.add_bias_linear or self.add_qkv_bias
+        return self.add_bias_linear or self.attention.add_qkv_bias
