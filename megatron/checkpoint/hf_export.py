@@ -235,10 +235,22 @@ def _llama_config(m, common: dict) -> dict:
                 num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
                 num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
                 max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
-                rope_theta=m.rotary_base,
-                rope_parameters={"rope_type": "default", "rope_theta": m.rotary_base},
+                rope_theta=m.rotary_base, **_rope_fields(m),
                 hidden_act="silu", attention_bias=m.add_bias_linear,
                 mlp_bias=m.add_bias_linear, attention_dropout=0.0)
+
+
+def _rope_fields(m) -> dict:
+    """rope_parameters (transformers 5) and, when scaled, rope_scaling (transformers 4)."""
+    r = m.rope_scaling
+    scaling = {}
+    if r.type != "none":
+        scaling = {"rope_type": r.type, "factor": r.factor}
+        if r.type == "llama3":
+            scaling.update(low_freq_factor=r.low_freq_factor, high_freq_factor=r.high_freq_factor,
+                           original_max_position_embeddings=r.original_max_position_embeddings)
+    out = {"rope_parameters": {"rope_type": "default", **scaling, "rope_theta": m.rotary_base}}
+    return dict(out, rope_scaling=scaling) if scaling else out
 
 
 def _tokenizer_files(cfg) -> List[str]:

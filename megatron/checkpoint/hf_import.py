@@ -6,8 +6,9 @@ hub's block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked
 mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
 model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
 apart from hidden / heads as model.attention.kv_channels).
-Architectures or options this model does not implement (rope scaling, sliding windows, separate
-attention and MLP bias settings) are refused with the field and its value."""
+Linear and Llama 3.1's rope scaling become model.rope_scaling. Architectures or options this model
+does not implement (other rope scalings, sliding windows, separate attention and MLP bias
+settings) are refused with the field and its value."""
 from __future__ import annotations
 
 import json
@@ -120,10 +121,10 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
 def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     h, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim")
-    rope = hf.get("rope_parameters") or {}
-    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        raise _unsupported("rope_scaling", hf.get("rope_scaling") or rope,
-                           "none (plain rotary embeddings)")
+    # transformers 5's rope_parameters, or 4's rope_theta beside a rope_scaling ("type" before
+    # 4.45)
+    rope = dict(hf.get("rope_scaling") or {}, **(hf.get("rope_parameters") or {}))
+    scaling = _rope_scaling(rope)
     if hf.get("hidden_act", "silu") != "silu":
         raise _unsupported("hidden_act", hf.get("hidden_act"), "silu (SwiGLU)")
     bias = bool(hf.get("attention_bias", False))
@@ -139,11 +140,30 @@ def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
             "vocab_size": hf["vocab_size"],
             "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
             "rotary_base": float(theta), **variants.of_architecture("llama"),
+            **({"rope_scaling": scaling} if scaling else {}),
             "add_bias_linear": bias,
             # a head width apart from hidden / heads (Qwen3 0.6B: 1024 / 16 = 64, heads of 128)
             **({"attention": {"kv_channels": head_dim}}
                if head_dim not in (None, h // heads) or h % heads else {}),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
+
+
+def _rope_scaling(rope: Dict[str, Any]) -> Dict[str, Any]:
+    """model.rope_scaling for a Hugging Face rope dictionary: {} for plain rotary; linear and
+    Llama 3.1's llama3 mapped field for field; other kinds (yarn, dynamic, longrope) refused."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return {}
+    if kind not in ("linear", "llama3"):
+        raise _unsupported("rope_scaling", rope, "rope_type default, linear or llama3 (the "
+                           "scalings model.rope_scaling implements)")
+    out = {"type": kind, "factor": float(rope["factor"])}
+    if kind == "llama3":
+        out.update(low_freq_factor=float(rope["low_freq_factor"]),
+                   high_freq_factor=float(rope["high_freq_factor"]),
+                   original_max_position_embeddings=int(
+                       rope["original_max_position_embeddings"]))
+    return out
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m) -> torch.Tensor:

@@ -42,6 +42,13 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      lambda c: c.optimizer.lr_decay_style != "wsd"),
     ("model", ("rotary_base",), "model.position_embedding_type's positions rotate no queries "
      "or keys", lambda c: not variants.of(c.model, "position").rotates_qk),
+    ("model.rope_scaling", ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings"),
+     "model.rope_scaling.type=none", lambda c: c.model.rope_scaling.type == "none"),
+    ("model.rope_scaling", ("low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings"),
+     "model.rope_scaling.type=linear divides every frequency alike",
+     lambda c: c.model.rope_scaling.type == "linear"),
     ("checkpoint", ("new_data_stream", "keep_data_position"),
      "checkpoint.load is not set: a fresh start resumes no data stream",
      lambda c: c.checkpoint.load is None),

@@ -1,5 +1,9 @@
-"""Rotary position embedding (rotate-half convention over the whole head dimension)."""
+"""Rotary position embedding (rotate-half convention over the whole head dimension), its
+frequencies optionally stretched for a longer context (model.rope_scaling: linear, llama3)."""
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 import torch
 
@@ -9,8 +13,9 @@ from megatron import kernels
 class RotaryEmbedding:
     """Caches cos/sin tables [s, 1, 1, d] in fp32 per device."""
 
-    def __init__(self, head_dim: int, base: float, max_seq: int):
+    def __init__(self, head_dim: int, base: float, max_seq: int, scaling=None):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        inv_freq = scaled_frequencies(inv_freq, scaling)
         freqs = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)  # [s, d]
         self._cos = emb.cos().float()[:, None, None, :]
@@ -36,6 +41,28 @@ class RotaryEmbedding:
         return kernels.rotary(x, cos, sin, sel)
 
 
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: Optional[object]) -> torch.Tensor:
+    """Each channel pair's angular frequency under model.rope_scaling. linear: all divided by
+    factor. llama3 (Llama 3.1's published rule): with L the original context, a pair whose
+    wavelength 2 pi / f is below L / high_freq_factor keeps f, above L / low_freq_factor takes
+    f / factor, and between them takes the blend (1 - a) f / factor + a f, where
+    a = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)."""
+    if scaling is None or scaling.type == "none":
+        return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.type != "llama3":
+        raise ValueError(f"model.rope_scaling.type={scaling.type!r}: expected none, linear or "
+                         f"llama3")
+    original, low, high = (scaling.original_max_position_embeddings, scaling.low_freq_factor,
+                           scaling.high_freq_factor)
+    wavelength = 2 * math.pi / inv_freq
+    blend = (original / wavelength - low) / (high - low)
+    mixed = (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+    out = torch.where(wavelength > original / low, inv_freq / scaling.factor, mixed)
+    return torch.where(wavelength < original / high, inv_freq, out)
+
+
 def for_model(m) -> RotaryEmbedding:
     """model.position_embedding_type=rotary (config/builtin_variants.py)."""
-    return RotaryEmbedding(m.head_dim, m.rotary_base, m.max_position_embeddings)
+    return RotaryEmbedding(m.head_dim, m.rotary_base, m.max_position_embeddings, m.rope_scaling)

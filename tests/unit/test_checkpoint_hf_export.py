@@ -28,6 +28,12 @@ CASES = {
     # heads 24 wide where hidden / heads is 16 (Llama's and Qwen3's head_dim)
     "llama_kv_channels": LLAMA + ["model.num_query_groups=2", "model.attention.kv_channels=24"],
     "qwen2": LLAMA + ["model.num_query_groups=2", "model.attention.add_qkv_bias=true"],
+    # Llama 3.1's scaled frequencies (an original context of 16 under the 64 here, so the
+    # blend covers some of the 8 frequency pairs), and position interpolation
+    "llama_rope_llama3": LLAMA + ["model.rope_scaling.type=llama3", "model.rope_scaling.factor=8",
+                                  "model.rope_scaling.original_max_position_embeddings=16"],
+    "llama_rope_linear": LLAMA + ["model.rope_scaling.type=linear",
+                                  "model.rope_scaling.factor=4"],
     "qwen3": LLAMA + ["model.num_query_groups=2", "model.attention.kv_channels=24",
                       "model.attention.qk_norm=true",
                       "model.tie_embeddings=false"],

@@ -39,6 +39,11 @@ CONFIGS = {
                                               tie_word_embeddings=False),
     "llama_head_dim": lambda: transformers.LlamaConfig(**SMALL, intermediate_size=160,
                                                        head_dim=8, num_hidden_layers=2),
+    "llama31_rope": lambda: transformers.LlamaConfig(
+        **SMALL, intermediate_size=160, num_hidden_layers=2, num_key_value_heads=2,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 16}),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -80,7 +85,8 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "mixtral"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
+                                  "mixtral"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -121,8 +127,9 @@ def test_mixtral_export_then_import_gives_our_logits(tmp_path, root):
 
 def test_unsupported_hugging_face_options_are_named(tmp_path):
     _, folder = saved(tmp_path, "llama_gqa",
-                      rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
-    with pytest.raises(InputError, match="rope_scaling=.*is not supported"):
+                      rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(InputError, match="rope_scaling=.*is not supported: expected rope_type "
+                                         "default, linear or llama3"):
         import_hf(folder)
     _, folder = saved(tmp_path, "llama_tied_bias", mlp_bias=False)
     with pytest.raises(InputError, match="mlp_bias=False is not supported: expected equal to "

@@ -15,6 +15,7 @@ from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.optimizer import OptimizerConfig
 from megatron.config.sections.parallel import ParallelConfig
 from megatron.config.sections.resilience import ResilienceConfig
+from megatron.config.sections.rope_scaling import RopeScalingConfig
 from megatron.config.sections.run import KernelsConfig, RunConfig
 from megatron.config.sections.training import EvalConfig, TrainingConfig
 
@@ -35,7 +36,8 @@ SECTIONS = {
 
 # Sub-sections: a field of a section that is a section of its own, written nested in YAML
 # (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
-SUBSECTIONS = {"model.attention": AttentionConfig, "model.moe": MoEConfig}
+SUBSECTIONS = {"model.attention": AttentionConfig, "model.rope_scaling": RopeScalingConfig,
+               "model.moe": MoEConfig}
 
 # The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
 # moe_ prefix the sub-section now says).
@@ -76,5 +78,6 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
 __all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "AttentionConfig", "CheckpointConfig",
            "DataConfig", "EvalConfig",
            "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
+           "RopeScalingConfig",
            "ResilienceConfig", "RunConfig", "field_at",
            "TrainingConfig", "split_fractions"]

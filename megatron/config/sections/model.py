@@ -14,6 +14,7 @@ from megatron.config.sections.checks import (at_most, check_choices, finite, fra
                                              positive, registry)
 from megatron.config.sections.attention import AttentionConfig
 from megatron.config.sections.moe import MoEConfig
+from megatron.config.sections.rope_scaling import RopeScalingConfig
 
 # Beyond any model trained or planned (the deepest published ones have about 100-200 layers,
 # the longest contexts 10M tokens), and below where the planner's per-layer lists and sums
@@ -80,6 +81,10 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Each head's width, biases and query/key norm, a sub-section (`model.attention.*`,
     config/sections/attention.py); its defaults are GPT-2's and Llama's heads."""
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    """Rotary frequencies stretched for a longer context, a sub-section
+    (`model.rope_scaling.*`, config/sections/rope_scaling.py: linear, or Llama 3.1's llama3);
+    its default is none."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Mixture of experts, a sub-section (`model.moe.*`, config/sections/moe.py, docs/moe.md);
     its defaults are a dense model."""
@@ -97,6 +102,13 @@ class ModelConfig:
         fraction(s, "attention_dropout", self.attention_dropout)
         if isinstance(self.attention, dict):  # a saved config's mapping (Config.from_dict)
             self.attention = AttentionConfig(**self.attention)
+        if isinstance(self.rope_scaling, dict):
+            self.rope_scaling = RopeScalingConfig(**self.rope_scaling)
+        if self.rope_scaling.type != "none" and not variants.of(self, "position").rotates_qk:
+            raise ConfigError("model.rope_scaling.type", self.rope_scaling.type,
+                              f"none for model.position_embedding_type="
+                              f"{self.position_embedding_type}, whose positions rotate no "
+                              f"queries or keys")
         if self.attention.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError("model.hidden_size", self.hidden_size,
                               f"a multiple of model.num_attention_heads={self.num_attention_heads}")
