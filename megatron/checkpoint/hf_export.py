@@ -13,6 +13,10 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
   add_qkv_bias=true) -> Qwen2ForCausalLM; Qwen3 (no biases, each head's q and k normalised:
   qk_norm=true) -> Qwen3ForCausalLM, its q_norm and k_norm from ours. Llama and Qwen3 carry a
   head width apart from hidden / heads (model.attention.kv_channels) as head_dim.
+- Qwen3-MoE (Qwen3's attention with experts in every layer, no shared expert; the router's
+  softmax plain or renormalised over the chosen experts: norm_topk_prob) ->
+  Qwen3MoeForCausalLM, the experts in the hub's layout (mlp.gate, mlp.experts.<e>.gate_proj /
+  up_proj / down_proj).
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -45,6 +49,9 @@ StateDict = Dict[str, torch.Tensor]
 # Beyond the variants (each selected norm, activation, position and attention core declares the
 # architectures it maps to, config/variants.py), the fields each architecture fixes.
 # (Llama's attention_bias covers q, k, v and o alike: q, k and v alone with biases are Qwen2's.)
+# A tuple: any of its values.
+_ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
+           "moe.shared_expert_ffn_hidden_size": None}
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                         "attention.kv_channels": None, "attention.qk_norm": False},
                "llama": {"attention.qk_norm": False, "qkv_bias": "add_bias_linear"},
@@ -52,15 +59,18 @@ FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                          "attention.qk_norm": False},
                "qwen3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
                          "attention.qk_norm": True},
+               "qwen3_moe": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                             "attention.qk_norm": True,
+                             "moe.router": ("softmax", "softmax_renorm"), **_ROUTED},
                "mixtral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
-                           "attention.qk_norm": False, "moe.layer_freq": 1,
-                           "moe.router": "softmax_renorm", "moe.router_bias_update_rate": 0.0,
-                           "moe.shared_expert_ffn_hidden_size": None}}
+                           "attention.qk_norm": False, "moe.router": "softmax_renorm",
+                           **_ROUTED}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
-              "mixtral": "Mixtral"}
+              "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral"}
+MOE_ARCHS = ("qwen3_moe", "mixtral")
 # Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names
 # serve them.
-VARIANT_ARCH = {"mixtral": "llama", "qwen2": "llama", "qwen3": "llama"}
+VARIANT_ARCH = {"mixtral": "llama", "qwen2": "llama", "qwen3": "llama", "qwen3_moe": "llama"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -76,17 +86,18 @@ def _selected(m):
 def _arch_problems(m, arch: str) -> List[str]:
     why = [f"model.{name}={value!r} declares no {ARCH_NAMES[arch]} names"
            for name, value, v in _selected(m) if VARIANT_ARCH.get(arch, arch) not in v.hf]
-    if (arch == "mixtral") != (m.moe.num_experts > 0):
+    if (arch in MOE_ARCHS) != (m.moe.num_experts > 0):
         why.append(f"moe.num_experts={m.moe.num_experts} (needs "
-                   f"{'> 0' if arch == 'mixtral' else '0: experts map to Mixtral'})")
+                   f"{'> 0' if arch in MOE_ARCHS else '0: experts map to Mixtral or Qwen3-MoE'})")
     for k, v in FIELD_NEEDS[arch].items():
         if k == "qkv_bias":  # biases on q, k and v exactly where the other layers have them
             if m.qkv_bias != m.add_bias_linear:
                 why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with "
                            f"add_bias_linear="
                            f"{m.add_bias_linear!r} (biases on q, k and v alone)")
-        elif field_at(m, k) != v:
-            why.append(f"{k}={field_at(m, k)!r} (needs {v!r})")
+        elif field_at(m, k) not in (v if isinstance(v, tuple) else (v,)):
+            needs = " or ".join(map(repr, v)) if isinstance(v, tuple) else repr(v)
+            why.append(f"{k}={field_at(m, k)!r} (needs {needs})")
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")
@@ -94,10 +105,10 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2', 'llama', 'qwen2', 'qwen3' or 'mixtral' for a model config that maps exactly;
-    InputError otherwise, naming what each architecture lacks."""
+    """'gpt2', 'llama', 'qwen2', 'qwen3', 'qwen3_moe' or 'mixtral' for a model config that maps
+    exactly; InputError otherwise, naming what each architecture lacks."""
     problems = {}
-    for arch in ("llama", "qwen2", "qwen3", "mixtral", "gpt2"):
+    for arch in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -166,9 +177,21 @@ def _mixtral_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
     return out
 
 
-def llama_state_dict(sd: StateDict, m) -> StateDict:
-    """Llama, or Mixtral (experts in place of the MLP of every layer)."""
-    mlp = _mixtral_moe if m.moe.num_experts else _llama_mlp
+def _qwen3_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
+    """Our router and stacked experts -> the hub's Qwen3-MoE names (mlp.gate, and per expert
+    gate_proj, up_proj, down_proj)."""
+    out = {f"{hf}mlp.gate.{x}": sd[f"{ours}mlp.router.{x}"]}
+    for e, (fc1, fc2) in enumerate(zip(sd[f"{ours}mlp.experts.w1"], sd[f"{ours}mlp.experts.w2"])):
+        gate, up = fc1.chunk(2, dim=0)
+        out.update({f"{hf}mlp.experts.{e}.gate_proj.{x}": gate,
+                    f"{hf}mlp.experts.{e}.up_proj.{x}": up,
+                    f"{hf}mlp.experts.{e}.down_proj.{x}": fc2})
+    return out
+
+
+def llama_state_dict(sd: StateDict, m, kind: str = "llama") -> StateDict:
+    """Llama and Qwen; Mixtral and Qwen3-MoE (experts in place of the MLP of every layer)."""
+    mlp = {"mixtral": _mixtral_moe, "qwen3_moe": _qwen3_moe}.get(kind, _llama_mlp)
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
     out.update(_norm_names(m, "llama", "final_norm.", "model.norm.", sd))
     if not m.tie_embeddings:
@@ -215,6 +238,13 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     llama = _llama_config(m, common)
     if kind == "llama":
         return llama
+    if kind == "qwen3_moe":
+        return dict(llama, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                    attention_bias=False, use_sliding_window=False, sliding_window=None,
+                    moe_intermediate_size=moe.expert_ffn(m), num_experts=m.moe.num_experts,
+                    num_experts_per_tok=m.moe.top_k, decoder_sparse_step=1, mlp_only_layers=[],
+                    norm_topk_prob=m.moe.router == "softmax_renorm",
+                    router_aux_loss_coef=m.moe.aux_loss_coeff, output_router_logits=False)
     if kind in ("qwen2", "qwen3"):
         # Qwen2's q, k and v always have biases and its o_proj none; Qwen3's attention_bias
         # covers all four (false here); neither has an MLP bias setting
@@ -289,9 +319,11 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
         raise InputError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     check_output_dir(output_dir)
     kind, tok = check_exportable(merged.config)
-    convert = gpt2_state_dict if kind == "gpt2" else llama_state_dict
-    tensors = {k: v.to(DTYPES[dtype]).contiguous()
-               for k, v in convert(merged.state_dict, merged.config.model).items()}
+    if kind == "gpt2":
+        converted = gpt2_state_dict(merged.state_dict, merged.config.model)
+    else:
+        converted = llama_state_dict(merged.state_dict, merged.config.model, kind)
+    tensors = {k: v.to(DTYPES[dtype]).contiguous() for k, v in converted.items()}
     # written whole or not at all: into a sibling folder renamed into place at the end, so a
     # failed export (a full disk) leaves no half folder that the next try calls "not empty"
     final = os.path.normpath(output_dir)

@@ -1,14 +1,15 @@
-"""Hugging Face import: a transformers GPT-2, Llama, Qwen2, Qwen3 or Mixtral folder (config.json +
-safetensors, single or sharded) as a single-file model (convert.save_single), from which
-`checkpoint.init_from` starts a run of any layout: continued pretraining of published weights.
-The inverse of hf_export.py; the same five flavours, weight for weight (Mixtral's experts from the
-hub's block_sparse_moe.experts.<e>.w1/w3/w2 or transformers 5's stacked
+"""Hugging Face import: a transformers GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE or Mixtral folder
+(config.json + safetensors, single or sharded) as a single-file model (convert.save_single), from
+which `checkpoint.init_from` starts a run of any layout: continued pretraining of published
+weights. The inverse of hf_export.py; the same six flavours, weight for weight (the experts from
+the hub's per-expert tensors, Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2 and Qwen3-MoE's
+mlp.experts.<e>.gate_proj/up_proj/down_proj, or transformers 5's stacked
 mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
 model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
-apart from hidden / heads as model.attention.kv_channels).
-Linear and Llama 3.1's rope scaling become model.rope_scaling. Architectures or options this model
-does not implement (other rope scalings, sliding windows, separate attention and MLP bias
-settings) are refused with the field and its value."""
+apart from hidden / heads as model.attention.kv_channels). Linear and Llama 3.1's rope scaling
+become model.rope_scaling. Architectures or options this model does not implement (other rope
+scalings, sliding windows, separate attention and MLP bias settings, dense layers among
+Qwen3-MoE's experts) are refused with the field and its value."""
 from __future__ import annotations
 
 import json
@@ -84,9 +85,31 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _mixtral_section(hf)
     if kind in ("qwen2", "qwen3"):
         return _qwen_section(hf, kind)
+    if kind == "qwen3_moe":
+        return _qwen3_moe_section(hf)
     if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2, llama, qwen2, qwen3 or mixtral")
+        raise _unsupported("model_type", kind, "gpt2, llama, qwen2, qwen3, qwen3_moe or mixtral")
     return _llama_section(hf)
+
+
+def _qwen3_moe_section(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """Qwen3's fields with experts in every layer: the router's softmax renormalised over the
+    chosen experts where norm_topk_prob says so. Dense layers among the experts
+    (decoder_sparse_step > 1, mlp_only_layers) are refused: their phase is not model.moe's."""
+    if hf.get("decoder_sparse_step", 1) != 1:
+        raise _unsupported("decoder_sparse_step", hf["decoder_sparse_step"], "1 (experts in "
+                           "every layer)")
+    if hf.get("mlp_only_layers"):
+        raise _unsupported("mlp_only_layers", hf["mlp_only_layers"], "[] (experts in every "
+                           "layer)")
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("num_experts")
+    return dict(_qwen_section(hf, "qwen3"),
+                moe={"num_experts": experts, "top_k": hf["num_experts_per_tok"], "layer_freq": 1,
+                     "ffn_hidden_size": hf["moe_intermediate_size"],
+                     "router": "softmax_renorm" if hf.get("norm_topk_prob") else "softmax",
+                     "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
 
 
 def _qwen_section(hf: Dict[str, Any], kind: str) -> Dict[str, Any]:
@@ -249,10 +272,24 @@ class _Weights:
         return name in self.sd
 
 
-def _from_llama(sd: StateDict, m, hf_dir: str) -> StateDict:
-    """Llama, or Mixtral (experts in place of every layer's MLP)."""
+def _qwen3_moe(w, m, hf: str, ours: str, x: str) -> StateDict:
+    """The router (mlp.gate) and the experts stacked [E, ...], fc1 per expert [gate; up], from
+    the hub's per-expert gate_proj / up_proj / down_proj or transformers 5's stacked ones."""
+    out = {ours + "mlp.router.weight": w(hf + "mlp.gate.weight")}
+    if w.has(hf + "mlp.experts.gate_up_proj"):
+        return dict(out, **{ours + "mlp.experts.w1": w(hf + "mlp.experts.gate_up_proj"),
+                            ours + "mlp.experts.w2": w(hf + "mlp.experts.down_proj")})
+    e = [f"{hf}mlp.experts.{i}." for i in range(m.moe.num_experts)]
+    return dict(out, **{
+        ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{p}gate_proj.weight"),
+                                                         w(f"{p}up_proj.weight")]) for p in e]),
+        ours + "mlp.experts.w2": torch.stack([w(f"{p}down_proj.weight") for p in e])})
+
+
+def _from_llama(sd: StateDict, m, hf_dir: str, kind: str = "llama") -> StateDict:
+    """Llama and Qwen; Mixtral and Qwen3-MoE (experts in place of every layer's MLP)."""
     w = _Weights(sd, hf_dir)
-    mlp = _mixtral_moe if m.moe.num_experts else _llama_mlp
+    mlp = {"mixtral": _mixtral_moe, "qwen3_moe": _qwen3_moe}.get(kind, _llama_mlp)
     out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight")}
     out.update(_norm_from(m, "llama", "model.norm.", "final_norm.", w))
     if not m.tie_embeddings:
@@ -291,8 +328,12 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
         raise InputError(f"{os.path.join(hf_dir, 'config.json')} describes a model this trainer "
                          f"refuses: {e.field}={e.value!r}, expected {e.expected}") from None
     sd = _read_weights(hf_dir)
-    convert = _from_gpt2 if hf["model_type"] == "gpt2" else _from_llama
-    state = {k: v.contiguous() for k, v in convert(sd, cfg.model, hf_dir).items()}
+    kind = hf["model_type"]
+    if kind == "gpt2":
+        converted = _from_gpt2(sd, cfg.model, hf_dir)
+    else:
+        converted = _from_llama(sd, cfg.model, hf_dir, kind)
+    state = {k: v.contiguous() for k, v in converted.items()}
     vocab = cfg.model.vocab_size
     return MergedCheckpoint(cfg, state, vocab, vocab,
                             {"hf_dir": os.path.abspath(hf_dir), "step": None,

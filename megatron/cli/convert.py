@@ -13,9 +13,9 @@ EPILOG = """examples:
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   # a given tag, dropping the vocabulary padding rows
   megatron-convert to-single --run-dir runs/tiny --tag step_0000020 --output tiny.pt --trim-vocab
-  # a Hugging Face model folder (GPT-2, Llama, Qwen2, Qwen3 or Mixtral), e.g. for lm-eval
+  # a Hugging Face model folder (GPT-2, Llama, Qwen2/3, Qwen3-MoE, Mixtral), e.g. for lm-eval
   megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
-  # the other way: a Hugging Face GPT-2/Llama/Qwen2/Qwen3/Mixtral folder as a file to train from
+  # the other way: a Hugging Face folder of those as a single file to train from
   megatron-convert from-hf --hf-dir ~/models/llama --output llama.pt   # prints its model: section
   megatron-train --config my.yaml --set checkpoint.init_from=llama.pt
 
@@ -37,7 +37,7 @@ def parse_args(argv=None):
     single.add_argument("--trim-vocab", action="store_true",
                         help="drop the padding rows of the embedding (and untied head)")
     hf = sub.add_parser("to-hf", help="write a Hugging Face model folder (GPT-2, Llama, "
-                        "Qwen2, Qwen3 or Mixtral)",
+                        "Qwen2, Qwen3, Qwen3-MoE or Mixtral)",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     hf.add_argument("--output-dir", required=True, help="folder for config.json, "
                     "model.safetensors and the tokenizer files (new or empty)")
@@ -45,8 +45,8 @@ def parse_args(argv=None):
                     help="dtype of the written weights (default fp32)")
     hf.add_argument("--trim-vocab", action="store_true",
                     help="drop the padding rows of the embedding (and untied head)")
-    imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama/Qwen2/Qwen3/Mixtral "
-                         "folder as a single file "
+    imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama/Qwen2/Qwen3/Qwen3-MoE/"
+                         "Mixtral folder as a single file "
                          "(for checkpoint.init_from)", epilog=EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     imp.add_argument("--hf-dir", required=True, help="folder with config.json and "

@@ -92,6 +92,29 @@ def test_mixtral_reproduces_our_moe_logits(tmp_path, root):
     assert diff < 1e-5, diff
 
 
+QWEN3_MOE = LLAMA + ["model.num_query_groups=2", "model.tie_embeddings=false",
+                     "model.attention.kv_channels=24", "model.attention.qk_norm=true",
+                     "model.moe.num_experts=4", "model.moe.top_k=2",
+                     "model.moe.ffn_hidden_size=96"]
+
+
+@pytest.mark.parametrize("router", ["softmax", "softmax_renorm"])
+def test_qwen3_moe_reproduces_our_moe_logits(router, tmp_path, root):
+    """Qwen3's attention with experts in every layer, its router plain or renormalised over the
+    chosen experts (norm_topk_prob), from a briefly trained model."""
+    model, merged = trained_moe(merged_model(QWEN3_MOE + [f"model.moe.router={router}"], root))
+    export_hf(merged, str(tmp_path / "q"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "q"),
+                                                           dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen3MoeForCausalLM"
+    assert hf.config.norm_topk_prob == (router == "softmax_renorm")
+    tokens = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        diff = float((hf(tokens).logits - model(tokens).transpose(0, 1)).abs().max())
+    print(f"Qwen3-MoE export ({router}): max logit difference {diff:.3g}")
+    assert diff < 1e-5, diff
+
+
 def test_experts_map_only_to_mixtral_with_its_router_and_every_layer_moe(tmp_path, root):
     for extra, why in ((["model.moe.router=softmax"], "moe.router='softmax' (needs "
                         "'softmax_renorm')"),

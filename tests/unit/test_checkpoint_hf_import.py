@@ -44,6 +44,11 @@ CONFIGS = {
         rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 16}),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**SMALL, intermediate_size=160,
+                                                     moe_intermediate_size=48, head_dim=32,
+                                                     num_experts=4, num_experts_per_tok=2,
+                                                     norm_topk_prob=True, num_hidden_layers=2,
+                                                     num_key_value_heads=2),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -86,7 +91,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
-                                  "mixtral"])
+                                  "qwen3_moe", "mixtral"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -137,6 +142,9 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen3", attention_bias=True)
     with pytest.raises(InputError, match="attention_bias=True is not supported"):
+        import_hf(folder)
+    _, folder = saved(tmp_path, "qwen3_moe", mlp_only_layers=[1])
+    with pytest.raises(InputError, match=r"mlp_only_layers=\[1\] is not supported"):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen2", use_sliding_window=True)
     with pytest.raises(InputError, match="use_sliding_window=True is not supported"):
