@@ -14,31 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Dict
 
 import torch
 
-from megatron.config import build_config, variants
-from megatron.config.errors import ConfigError, InputError
+from megatron.config import variants
+from megatron.config.errors import InputError
+from megatron.config.hf_models import hf_model_config, model_section, read_hf_config
 from megatron.checkpoint.convert import MergedCheckpoint
 
 StateDict = Dict[str, torch.Tensor]
-
-
-def _read_config(hf_dir: str) -> Dict[str, Any]:
-    path = os.path.join(hf_dir, "config.json")
-    if not os.path.isfile(path):
-        raise InputError(f"{hf_dir!r} holds no config.json: expected a Hugging Face model folder "
-                         f"(config.json and model.safetensors)")
-    try:
-        with open(path) as f:
-            hf = json.load(f)
-    except ValueError as e:
-        raise InputError(f"{path} is not JSON ({e}): expected a Hugging Face config.json") from None
-    if not isinstance(hf, dict):
-        raise InputError(f"{path} holds a JSON {type(hf).__name__}, not an object: expected a "
-                         f"Hugging Face config.json")
-    return hf
 
 
 def _read_weights(hf_dir: str) -> StateDict:
@@ -56,137 +41,6 @@ def _read_weights(hf_dir: str) -> StateDict:
         return out
     raise InputError(f"{hf_dir!r} holds neither model.safetensors nor model.safetensors.index.json"
                      f"; save the model with safetensors (save_pretrained does by default)")
-
-
-def _unsupported(field: str, value, expected: str):
-    return InputError(f"Hugging Face config {field}={value!r} is not supported: expected "
-                      f"{expected}")
-
-
-def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
-    """The `model:` section (typed values) for the model a Hugging Face config describes."""
-    kind = hf.get("model_type")
-    if kind == "gpt2":
-        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise _unsupported("activation_function", hf.get("activation_function"),
-                               "gelu_new (tanh GeLU)")
-        if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-            raise _unsupported("scale_attn_by_inverse_layer_idx", True, "false")
-        h = hf["n_embd"]
-        return {"num_layers": hf["n_layer"], "hidden_size": h,
-                "num_attention_heads": hf["n_head"],
-                "ffn_hidden_size": hf.get("n_inner") or 4 * h,
-                "max_position_embeddings": hf["n_positions"],
-                "vocab_size": hf["vocab_size"],
-                "norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
-                **variants.of_architecture("gpt2"), "add_bias_linear": True,
-                "tie_embeddings": True}
-    if kind == "mixtral":
-        return _mixtral_section(hf)
-    if kind in ("qwen2", "qwen3"):
-        return _qwen_section(hf, kind)
-    if kind == "qwen3_moe":
-        return _qwen3_moe_section(hf)
-    if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2, llama, qwen2, qwen3, qwen3_moe or mixtral")
-    return _llama_section(hf)
-
-
-def _qwen3_moe_section(hf: Dict[str, Any]) -> Dict[str, Any]:
-    """Qwen3's fields with experts in every layer: the router's softmax renormalised over the
-    chosen experts where norm_topk_prob says so. Dense layers among the experts
-    (decoder_sparse_step > 1, mlp_only_layers) are refused: their phase is not model.moe's."""
-    if hf.get("decoder_sparse_step", 1) != 1:
-        raise _unsupported("decoder_sparse_step", hf["decoder_sparse_step"], "1 (experts in "
-                           "every layer)")
-    if hf.get("mlp_only_layers"):
-        raise _unsupported("mlp_only_layers", hf["mlp_only_layers"], "[] (experts in every "
-                           "layer)")
-    experts = hf.get("num_experts", hf.get("num_local_experts"))
-    if experts is None:
-        raise KeyError("num_experts")
-    return dict(_qwen_section(hf, "qwen3"),
-                moe={"num_experts": experts, "top_k": hf["num_experts_per_tok"], "layer_freq": 1,
-                     "ffn_hidden_size": hf["moe_intermediate_size"],
-                     "router": "softmax_renorm" if hf.get("norm_topk_prob") else "softmax",
-                     "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
-
-
-def _qwen_section(hf: Dict[str, Any], kind: str) -> Dict[str, Any]:
-    """Llama's fields; Qwen2's q, k and v with biases (its o_proj and MLP without), Qwen3's
-    per-head q and k norms (attention_bias, which would put biases on q, k, v and o but none
-    on the MLP, is refused)."""
-    if hf.get("use_sliding_window"):
-        raise _unsupported("use_sliding_window", True, "false (full attention)")
-    if kind == "qwen2":
-        out = _llama_section(dict(hf, attention_bias=False, mlp_bias=False))
-        return dict(out, attention=dict(out.get("attention", {}), add_qkv_bias=True))
-    if hf.get("attention_bias"):
-        raise _unsupported("attention_bias", True, "false (Qwen3 has no MLP biases, and one "
-                           "setting covers every linear layer here but q, k and v)")
-    out = _llama_section(dict(hf, mlp_bias=False))
-    return dict(out, attention=dict(out.get("attention", {}), qk_norm=True))
-
-
-def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
-    """Llama's fields, with experts in every layer and Mixtral's renormalised softmax router."""
-    if hf.get("router_jitter_noise"):
-        raise _unsupported("router_jitter_noise", hf["router_jitter_noise"], "0")
-    if hf.get("sliding_window") is not None:
-        raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention)")
-    out = _llama_section(dict(hf, mlp_bias=hf.get("attention_bias", False)))
-    return dict(out, moe={"num_experts": hf.get("num_local_experts", 8),
-                          "top_k": hf.get("num_experts_per_tok", 2), "layer_freq": 1,
-                          "router": "softmax_renorm",
-                          "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
-
-
-def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:
-    h, heads = hf["hidden_size"], hf["num_attention_heads"]
-    head_dim = hf.get("head_dim")
-    # transformers 5's rope_parameters, or 4's rope_theta beside a rope_scaling ("type" before
-    # 4.45)
-    rope = dict(hf.get("rope_scaling") or {}, **(hf.get("rope_parameters") or {}))
-    scaling = _rope_scaling(rope)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise _unsupported("hidden_act", hf.get("hidden_act"), "silu (SwiGLU)")
-    bias = bool(hf.get("attention_bias", False))
-    if bool(hf.get("mlp_bias", False)) != bias:
-        raise _unsupported("mlp_bias", hf.get("mlp_bias"), f"equal to attention_bias ({bias}): "
-                           f"one setting covers every linear layer here")
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
-            "num_attention_heads": heads,
-            "num_query_groups": hf.get("num_key_value_heads") or heads,
-            "ffn_hidden_size": hf["intermediate_size"],
-            "max_position_embeddings": hf["max_position_embeddings"],
-            "vocab_size": hf["vocab_size"],
-            "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-            "rotary_base": float(theta), **variants.of_architecture("llama"),
-            **({"rope_scaling": scaling} if scaling else {}),
-            "add_bias_linear": bias,
-            # a head width apart from hidden / heads (Qwen3 0.6B: 1024 / 16 = 64, heads of 128)
-            **({"attention": {"kv_channels": head_dim}}
-               if head_dim not in (None, h // heads) or h % heads else {}),
-            "tie_embeddings": bool(hf.get("tie_word_embeddings", False))}
-
-
-def _rope_scaling(rope: Dict[str, Any]) -> Dict[str, Any]:
-    """model.rope_scaling for a Hugging Face rope dictionary: {} for plain rotary; linear and
-    Llama 3.1's llama3 mapped field for field; other kinds (yarn, dynamic, longrope) refused."""
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind == "default":
-        return {}
-    if kind not in ("linear", "llama3"):
-        raise _unsupported("rope_scaling", rope, "rope_type default, linear or llama3 (the "
-                           "scalings model.rope_scaling implements)")
-    out = {"type": kind, "factor": float(rope["factor"])}
-    if kind == "llama3":
-        out.update(low_freq_factor=float(rope["low_freq_factor"]),
-                   high_freq_factor=float(rope["high_freq_factor"]),
-                   original_max_position_embeddings=int(
-                       rope["original_max_position_embeddings"]))
-    return out
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m) -> torch.Tensor:
@@ -315,18 +169,8 @@ def _from_llama(sd: StateDict, m, hf_dir: str, kind: str = "llama") -> StateDict
 def import_hf(hf_dir: str) -> MergedCheckpoint:
     """The folder's model as a MergedCheckpoint (TP = PP = 1 names, the folder's dtype, no
     vocabulary padding: the run pads as its own TP size requires)."""
-    hf = _read_config(hf_dir)
-    try:
-        section = model_section(hf)
-    except KeyError as e:
-        raise InputError(f"{os.path.join(hf_dir, 'config.json')} lacks {e.args[0]!r}, which a "
-                         f"{hf.get('model_type')} config.json holds: expected the config "
-                         f"save_pretrained writes") from None
-    try:
-        cfg = build_config({"model": section})
-    except ConfigError as e:  # a value of the folder's, not a field --set could change
-        raise InputError(f"{os.path.join(hf_dir, 'config.json')} describes a model this trainer "
-                         f"refuses: {e.field}={e.value!r}, expected {e.expected}") from None
+    hf = read_hf_config(hf_dir)
+    cfg = hf_model_config(hf, os.path.join(hf_dir, "config.json"))
     sd = _read_weights(hf_dir)
     kind = hf["model_type"]
     if kind == "gpt2":
@@ -338,3 +182,6 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     return MergedCheckpoint(cfg, state, vocab, vocab,
                             {"hf_dir": os.path.abspath(hf_dir), "step": None,
                              "tensor_parallel_size": 1, "pipeline_parallel_size": 1})
+
+
+__all__ = ["import_hf", "model_section"]

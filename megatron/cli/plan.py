@@ -30,6 +30,9 @@ examples:
   # trainer has no FP8; docs/planner.md "FP8")
   megatron-plan memory --model 175b --cluster h100 --nodes 16 --global-batch 256 \\
       --tp 4 --pp 8 --sp --recompute none --fp8 --fp8-params
+  # a published model from its Hugging Face config.json (Qwen3-30B-A3B's experts priced too)
+  megatron-plan search --model ~/models/Qwen3-30B-A3B/config.json --seq-length 4096 \
+      --cluster frontier --nodes 8 --global-batch 512
   # a model from a training config, on a cluster described in a YAML file
   megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2
   # the layout a training config sets (its TP, PP, ZeRO, recompute, micro-batch, attention)
@@ -58,7 +61,9 @@ def _schedule_list() -> str:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and job")
-    g.add_argument("--model", help="a preset: 22b, 175b, 1t, gpt3-125m ... gpt3-175b")
+    g.add_argument("--model", help="a preset: 22b, 175b, 1t, gpt3-125m ... gpt3-175b; or a "
+                   "Hugging Face config.json or model folder (GPT-2, Llama, Qwen2/3, Qwen3-MoE, "
+                   "Mixtral), at --seq-length")
     g.add_argument("--config", help="a training config YAML: its model, batch and precision, "
                    "and for memory and scaling its layout")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

@@ -124,3 +124,66 @@ def test_per_rank_params_equal_the_real_model(tp, pp, variant):
         stage = rank // tp
         predicted = stage_params(cfg.model, tp, pp, stage).total
         assert predicted == _measured_stage_params(cfg, tp, pp, rank), (tp, pp, rank)
+
+
+# Published config.json values (the models' Hugging Face pages): Llama 3.1 8B (rope scaling
+# llama3), Qwen3 0.6B (heads of 128 over a hidden size of 1024, tied, q/k norms), Qwen2.5 7B
+# (q/k/v biases), Qwen3-30B-A3B (128 experts, top 8, renormalised).
+HF_CONFIGS = {
+    "llama3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                        rope_theta=500000.0, tie_word_embeddings=False,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, tie_word_embeddings=False),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+                          max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          rope_theta=1000000.0, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_a_hugging_face_config_is_priced_with_transformers_own_count(name, tmp_path):
+    """megatron-plan --model config.json: the planner's parameter count is what transformers
+    builds from the same config.json (on the meta device), to the parameter; Llama 3.1 8B is
+    its published 8,030,261,248."""
+    import json
+    from megatron.planner.models import preset_model
+    from megatron.planner.params import model_params
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_CONFIGS[name]))
+    m = preset_model(str(path), 4096)
+    assert m.seq_length == 4096 and m.max_position_embeddings >= 4096
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(str(tmp_path)))
+    theirs = sum(p.numel() for p in hf.parameters())
+    assert model_params(m) == theirs, (name, model_params(m), theirs)
+    if name == "llama3.1-8b":
+        assert theirs == 8_030_261_248 and m.rope_scaling.type == "llama3"
+
+
+def test_a_missing_or_refused_hugging_face_config_is_named(tmp_path):
+    from megatron.config.errors import InputError
+    from megatron.planner.models import preset_model
+    with pytest.raises(InputError, match="nothere.json' does not exist: expected a Hugging "
+                                         "Face config.json"):
+        preset_model(str(tmp_path / "nothere.json"))
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_moe", "hidden_size": 64}')
+    with pytest.raises(InputError, match="model_type='qwen2_moe' is not supported"):
+        preset_model(str(tmp_path))
