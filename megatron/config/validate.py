@@ -485,23 +485,25 @@ def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
 
 
 def document_mask_error(cfg) -> Optional[ConfigError]:
-    """data.reset_attention_mask: the documents are read off a micro-batch's tokens, which only
-    a one-stage model holds where it attends; and only Ulysses' exchange gives each rank the
-    whole sequence the mask spans."""
-    p = cfg.parallel
-    if not cfg.data.reset_attention_mask:
+    """data.reset_attention_mask and data.reset_position_ids: the documents are read off a
+    micro-batch's tokens, which only a one-stage model holds where it attends; and only
+    Ulysses' exchange gives each rank the whole sequence the mask and the positions span."""
+    p, d = cfg.parallel, cfg.data
+    setting = next((f"data.{name}" for name in ("reset_attention_mask", "reset_position_ids")
+                    if getattr(d, name)), None)
+    if setting is None:
         return None
     if p.pipeline_parallel_size > 1:
         return ConfigError("parallel.pipeline_parallel_size", p.pipeline_parallel_size,
-                           "1 with data.reset_attention_mask=true (the documents are read off "
-                           "the tokens, which later pipeline stages do not hold)",
-                           "train on one pipeline stage (tensor, context or data parallel "
-                           "instead), or set data.reset_attention_mask=false")
+                           f"1 with {setting}=true (the documents are read off the tokens, "
+                           f"which later pipeline stages do not hold)",
+                           f"train on one pipeline stage (tensor, context or data parallel "
+                           f"instead), or set {setting}=false")
     if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
         return ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
-                           "ulysses with data.reset_attention_mask=true (its ranks attend over "
-                           "the whole sequence)", "set parallel.context_parallel_algo=ulysses, "
-                           "or data.reset_attention_mask=false")
+                           f"ulysses with {setting}=true (its ranks attend over the whole "
+                           f"sequence)", f"set parallel.context_parallel_algo=ulysses, or "
+                           f"{setting}=false")
     return None
 
 

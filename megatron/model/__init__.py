@@ -22,11 +22,15 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     """The one place the model reads the job config beyond its own section: resolves the
     attention backend, kernels and sequence parallelism once and seeds the dropout streams.
     eod: the end-of-document id, given by a trainer under data.reset_attention_mask (attention
-    within documents); without it the model attends causally (a conversion, generation)."""
-    t = cfg.training
-    documents = Documents(eod) if cfg.data.reset_attention_mask and eod is not None else None
+    within documents) or data.reset_position_ids (positions from each document's start);
+    without it the model attends causally over the sequence's positions (a conversion,
+    generation)."""
+    t, d = cfg.training, cfg.data
+    documents = None
+    if eod is not None and (d.reset_attention_mask or d.reset_position_ids):
+        documents = Documents(eod, d.reset_attention_mask, d.reset_position_ids)
     backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision,
-                                        documents=documents is not None)
+                                        documents=d.reset_attention_mask and eod is not None)
     sel = KernelSelection(cfg.kernels.mode, device)
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
     # The expert grid's groups (collective for EP > 1); a dense model builds none.

@@ -110,7 +110,11 @@ class SelfAttention(nn.Module):
         # Built under every layout, so the parameter names (a core may have weights) and the
         # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)
-        self.documents = ctx.documents  # data.reset_attention_mask: the micro-batch's documents
+        docs = ctx.documents  # the micro-batch's documents (model/context.Documents)
+        # data.reset_attention_mask: attend within them; data.reset_position_ids: rotary
+        # positions from each one's start
+        self.documents = docs if docs is not None and docs.attend_within else None
+        self.positions = docs if docs is not None and docs.reset_positions else None
         # Ring, all-gather and hybrid wrap the whole attention (model/context_attention.py).
         self.context = None
         if state.cp > 1 and state.cp_layout.balanced:
@@ -134,7 +138,11 @@ class SelfAttention(nn.Module):
             return self.context(q, k, v)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]
             q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
-        if self.rotary is not None:
+        if self.rotary is not None and self.positions is not None:  # each sample's own
+            at = self.positions.positions_of_micro_batch()
+            q = self.rotary.apply_per_sample(q, at, self.sel)
+            k = self.rotary.apply_per_sample(k, at, self.sel)
+        elif self.rotary is not None:
             q, k = self.rotary.apply(q, self.sel), self.rotary.apply(k, self.sel)
         if self.documents is None:
             out = self.core(q, k, v)  # [s, b, heads(/C)*d]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from megatron.kernels import KernelSelection
 from megatron.parallel.experts import ExpertParallel
 from megatron.parallel.random import RNGTracker
@@ -31,32 +33,47 @@ class ModelContext:
     # parallel.tp_backward_overlap: column-parallel layers overlap their backward's TP collective
     # with their weight gradient (parallel/layers._ColumnLinear)
     tp_backward_overlap: bool = True
-    # data.reset_attention_mask: the document index of the micro-batch in flight, read off its
-    # tokens by GPTModel.forward and by every attention layer after it (None: causal only)
+    # data.reset_attention_mask / reset_position_ids: the documents of the micro-batch in
+    # flight, read off its tokens by GPTModel.forward and by every layer after it (None: causal
+    # attention over the sequence's positions)
     documents: Optional["Documents"] = None
 
 
 class Documents:
-    """Each micro-batch's documents, for attention within documents only. A one-stage model
-    holds every layer, so its forward reads them once and its layers (recomputed ones too: a
-    micro-batch's backward runs before the next forward) read what it left."""
+    """Each micro-batch's documents: for attention within documents (attend_within) and for
+    positions that restart at each document (reset_positions). A one-stage model holds every
+    layer, so its forward reads them once and its layers (recomputed ones too: a micro-batch's
+    backward runs before the next forward) read what it left."""
 
-    def __init__(self, eod: int):
+    def __init__(self, eod: int, attend_within: bool = True, reset_positions: bool = False):
         self.eod = eod
-        self.current = None
+        self.attend_within, self.reset_positions = attend_within, reset_positions
+        self.current = self.positions = None
 
     def read(self, tokens) -> None:
         """tokens [b, s], the whole sequence -> self.current [b, s]: the number of
-        end-of-documents before each token, so an end-of-document is its document's last."""
+        end-of-documents before each token, so an end-of-document is its document's last; and
+        under reset_positions self.positions [b, s]: each token's place in its document, 0 at
+        the token after an end-of-document (Megatron's --reset-position-ids)."""
         at_eod = tokens == self.eod
         self.current = at_eod.cumsum(dim=1) - at_eod.long()
+        if self.reset_positions:
+            index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+            starts = torch.zeros_like(at_eod)
+            starts[:, 1:] = at_eod[:, :-1]
+            first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+            self.positions = index - first
 
     def of_micro_batch(self):
-        """What read() left; an attention layer that runs before any read (a pipeline stage
-        without the tokens, which the config refuses) stops here instead of attending across
-        documents."""
+        """What read() left; a layer that runs before any read (a pipeline stage without the
+        tokens, which the config refuses) stops here instead of crossing documents."""
         if self.current is None:
-            raise RuntimeError("data.reset_attention_mask: an attention layer ran before the "
-                               "model read the micro-batch's documents (one pipeline stage "
-                               "only)")
+            raise RuntimeError("data.reset_attention_mask / reset_position_ids: a layer ran "
+                               "before the model read the micro-batch's documents (one "
+                               "pipeline stage only)")
         return self.current
+
+    def positions_of_micro_batch(self):
+        """Each token's position in its document [b, s] (reset_positions)."""
+        self.of_micro_batch()
+        return self.positions

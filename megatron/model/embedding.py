@@ -26,6 +26,9 @@ class Embedding(nn.Module):
         state, seed = ctx.state, ctx.seed
         self.state, self.tracker, self.p = state, ctx.tracker, m.hidden_dropout
         self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
+        # data.reset_position_ids: positions from each document's start (model/context.py)
+        self.documents = ctx.documents if ctx.documents is not None and \
+            ctx.documents.reset_positions else None
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
@@ -49,7 +52,12 @@ class Embedding(nn.Module):
             within = 0
         if self.position_embeddings is not None:
             pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
-            x = x + pos[self._positions(seq, within, x.shape[0], x.device)].unsqueeze(1).to(x.dtype)
+            at = self._positions(seq, within, x.shape[0], x.device)
+            if self.documents is None:
+                rows = pos[at].unsqueeze(1)  # [n, 1, h], the same for every sample
+            else:  # [b, n] places in their documents -> [n, b, h]
+                rows = pos[self.documents.positions_of_micro_batch()[:, at]].transpose(0, 1)
+            x = x + rows.to(x.dtype)
         return dropout(x, self.p, self.training, self.seq_par, self.tracker)
 
     def _positions(self, seq: int, within: int, n: int, device):

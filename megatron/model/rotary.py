@@ -40,6 +40,15 @@ class RotaryEmbedding:
         sin = self._sin.index_select(0, positions.cpu()).to(x.device)
         return kernels.rotary(x, cos, sin, sel)
 
+    def apply_per_sample(self, x: torch.Tensor, positions: torch.Tensor, sel) -> torch.Tensor:
+        """x [s, b, n, d] at positions [b, s] of each sample's own (data.reset_position_ids):
+        tables [s, b, 1, d], which the fused kernel does not take (one [s, d] table), so the
+        torch path rotates."""
+        at = positions.t().cpu()
+        cos = self._cos[:, 0, 0, :][at].unsqueeze(2).to(x.device)
+        sin = self._sin[:, 0, 0, :][at].unsqueeze(2).to(x.device)
+        return kernels.rotary(x, cos, sin, sel)
+
 
 def scaled_frequencies(inv_freq: torch.Tensor, scaling: Optional[object]) -> torch.Tensor:
     """Each channel pair's angular frequency under model.rope_scaling. linear: all divided by

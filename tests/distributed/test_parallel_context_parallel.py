@@ -19,12 +19,13 @@ from tests.support.paths import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "support", "context_parallel_worker.py")
 TWO_RANK = ["cp2", "cp2_recompute_full", "cp2_masked", "cp2_ring_masked", "cp2_docs",
-            "cp2_qk_norm", "cp2_ring_qk_norm"]
+            "cp2_docs_pos", "cp2_qk_norm", "cp2_ring_qk_norm"]
 FOUR_RANK = ["cp4", "cp2tp2", "cp2pp2", "cp2dp2_zero1", "cp2dp2_zero2", "cp2dp2_zero3",
              "cp2tp2_sp", "cp2tp2_recompute_selective"]
 # the one-rank run each is held to, where it is not "single" (data.eod_mask_loss's)
 REFERENCE = {"cp2_masked": "single_masked", "cp2_ring_masked": "single_masked",
-             "cp2_docs": "single_docs", "cp2_qk_norm": "single_qk_norm",
+             "cp2_docs": "single_docs", "cp2_docs_pos": "single_docs_pos",
+             "cp2_qk_norm": "single_qk_norm",
              "cp2_ring_qk_norm": "single_qk_norm"}
 # A checkpoint continues under another degree: (source layout, continuing layout).
 PAIRS = [("cp2", "single"), ("tp2pp2", "cp2tp2")]
@@ -41,7 +42,7 @@ def launches(tmp):
     return [(2, WORKER, ["--workdir", tmp, "--grads", "--layouts",
                          ",".join(TWO_RANK + ["cp2_bf16"]), "--sources", "cp2"]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
-                         "single,single_masked,single_docs,single_qk_norm",
+                         "single,single_masked,single_docs,single_docs_pos,single_qk_norm",
                          "--continue", "cp2>single"]),
             (4, WORKER, ["--workdir", tmp, "--grads", "--layouts", ",".join(FOUR_RANK),
                          "--sources", "tp2pp2", "--continue", "tp2pp2>cp2tp2"])]

@@ -36,7 +36,8 @@ from megatron.training.loop import train
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
-from run_layouts import DOCS, FLAVOURS, MASKED, QK_NORM  # noqa: E402  (GPT-2 and Llama: one home)
+# GPT-2 and Llama, and the layouts' settings: one home
+from run_layouts import DOCS, DOCS_POS, FLAVOURS, MASKED, QK_NORM  # noqa: E402
 
 COMMON = ["training.precision=fp32", "training.global_batch_size=8", "training.eval_interval=5",
           "training.micro_batch_size=2", "training.tensorboard=false", "training.clip_grad=1.0",
@@ -81,6 +82,9 @@ LAYOUTS = {
     # data.reset_attention_mask under Ulysses: the mask of the whole sequence on every rank
     "single_docs": DOCS,
     "cp2_docs": _cp(2) + ["parallel.zero_stage=0"] + DOCS,
+    # and each rank's share of the positions from its documents' starts
+    "single_docs_pos": DOCS_POS,
+    "cp2_docs_pos": _cp(2) + ["parallel.zero_stage=0"] + DOCS_POS,
     # model.attention.qk_norm: each rank's tokens normalised before Ulysses' exchange and the ring's
     "single_qk_norm": QK_NORM,
     "cp2_qk_norm": _cp(2) + ["parallel.zero_stage=0"] + QK_NORM,

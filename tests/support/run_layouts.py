@@ -43,6 +43,8 @@ MASKED = ["model.vocab_size=64", "model.make_vocab_size_divisible_by=32",
           "data.eod_mask_loss=true"]
 # and attention within documents (data.reset_attention_mask): sequences of 64 hold 1-2 ends
 DOCS = MASKED + ["data.reset_attention_mask=true"]
+# and positions from each document's start (data.reset_position_ids)
+DOCS_POS = DOCS + ["data.reset_position_ids=true"]
 # Qwen3's per-head query/key norm, with heads wider than hidden / heads (24, not 16) and
 # Qwen2's biases on q, k and v alone (the Llama flavour has no other biases)
 QK_NORM = ["model.attention.qk_norm=true", "model.attention.kv_channels=24",
@@ -101,6 +103,10 @@ LAYOUTS = {
     # masked softmax recomputed (selective)
     "docs": DOCS,
     "tp2_sp_docs": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"] + DOCS,
+    # each SP rank's share of the learned positions, from its documents' starts
+    "docs_pos": DOCS_POS,
+    "tp2_sp_docs_pos": ["parallel.tensor_parallel_size=2",
+                        "parallel.sequence_parallel=true"] + DOCS_POS,
     "tp2_docs_recompute_selective": ["parallel.tensor_parallel_size=2",
                                      "training.activation_checkpointing=selective",
                                      "model.attention_backend=math"] + DOCS,

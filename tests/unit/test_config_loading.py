@@ -184,6 +184,12 @@ def test_section_checks(overrides, field, value):
      "parallel.pipeline_parallel_size", 2),
     (["data.reset_attention_mask=true", "parallel.context_parallel_size=2",
       "parallel.context_parallel_algo=ring"], 2, "parallel.context_parallel_algo", "ring"),
+    # and data.reset_position_ids alike
+    (["data.reset_position_ids=true", "parallel.pipeline_parallel_size=2"], 2,
+     "parallel.pipeline_parallel_size", 2),
+    (["data.reset_position_ids=true", "parallel.context_parallel_size=2",
+      "parallel.context_parallel_algo=allgather"], 2, "parallel.context_parallel_algo",
+     "allgather"),
 ])
 def test_validate_for_world(overrides, world, field, value):
     cfg = load_config(TINY, overrides)

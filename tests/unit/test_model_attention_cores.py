@@ -98,3 +98,42 @@ def test_a_packed_document_reads_as_it_does_alone_under_rotary_positions(one_ran
         crossing = plain(packed)
     assert torch.allclose(together[10:], alone, atol=1e-4)
     assert not torch.allclose(crossing[10:], alone, atol=1e-2)
+
+
+def test_positions_restart_after_each_end_of_document():
+    """data.reset_position_ids (model/context.Documents): the end-of-document keeps its
+    document's next position, the token after it starts at 0 (Megatron's rule)."""
+    from megatron.model.context import Documents
+    docs = Documents(9, attend_within=False, reset_positions=True)
+    docs.read(torch.tensor([[1, 2, 9, 3, 4, 9, 9, 5], [9, 1, 1, 1, 1, 1, 1, 1]]))
+    assert docs.positions.tolist() == [[0, 1, 2, 0, 1, 2, 0, 0], [0, 0, 1, 2, 3, 4, 5, 6]]
+    assert docs.current.tolist()[0] == [0, 0, 0, 1, 1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("flavour", ["learned", "rotary"])
+def test_a_packed_document_reads_as_alone_with_its_own_positions(one_rank_group, flavour):
+    """data.reset_attention_mask with data.reset_position_ids: under learned positions too (a
+    table of absolute positions, GPT-2's and the paper's models'), the second document of a
+    packed sample gets the logits it gets alone; with the mask alone it does not (its positions
+    are 10-23, not 0-13). Rotary positions alone, per sample, rotate as the shared table."""
+    from megatron.model import build_context, GPTModel
+    sets = ["model.attention_backend=sdpa", "data.reset_attention_mask=true"]
+    if flavour == "rotary":
+        sets += ["model.position_embedding_type=rotary", "model.normalization=rmsnorm"]
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml", sets + ["data.reset_position_ids=true"])
+    masked_only = load_config(f"{ROOT}/examples/local/tiny.yaml", sets)
+    state = ParallelState.single()
+    reset = GPTModel(cfg.model, build_context(cfg, state, 512, eod=511)).eval()
+    mask = GPTModel(cfg.model, build_context(masked_only, state, 512, eod=511)).eval()
+    plain = GPTModel(cfg.model, build_context(cfg, state, 512)).eval()
+    mask.load_state_dict(reset.state_dict())
+    plain.load_state_dict(reset.state_dict())
+    g = torch.Generator().manual_seed(2)
+    first, second = torch.randint(0, 511, (2, 9), generator=g), torch.randint(0, 511, (2, 14),
+                                                                             generator=g)
+    packed = torch.cat([first, torch.full((2, 1), 511), second], dim=1)  # [2, 24]
+    with torch.no_grad():
+        alone = plain(second)
+        assert torch.allclose(reset(packed)[10:], alone, atol=1e-4)
+        if flavour == "learned":
+            assert not torch.allclose(mask(packed)[10:], alone, atol=1e-2)
