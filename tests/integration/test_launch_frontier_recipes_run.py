@@ -12,7 +12,8 @@ from megatron.launch import frontier_env
 from tests.support.frontier import ENV_SH, FRONTIER, RECIPES, SBATCH, launch_line, read
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES) + ["mixtral-8x7b.yaml"])
+@pytest.mark.parametrize("recipe", sorted(RECIPES) + ["mixtral-8x7b.yaml",
+                                                      "llama3.1-8b-cpt.yaml"])
 def test_the_signal_margin_holds_two_predicted_steps_and_a_save(recipe):
     """A step of these models takes minutes: --signal's margin must let the step under way end
     and a save fit (planner/emit.signal_margin_s of the planner's predicted step, within 20%)."""

@@ -65,6 +65,39 @@ def test_the_mixtral_recipe_validates_and_the_planner_fits_it():
     assert f"step {quoted.group(2)} s" in text, text
 
 
+def test_the_llama31_recipe_is_the_published_model_and_the_planner_fits_it():
+    """examples/frontier/llama3.1-8b-cpt.yaml: the model section megatron-convert from-hf makes
+    of Llama 3.1 8B's published config.json, field for field, starting from its weights; TP
+    inside a node on the ranks its launch line gives; the planner's prediction its header
+    quotes."""
+    import contextlib
+    import io
+    from megatron.cli.plan import main as plan
+    from megatron.config.hf_models import hf_model_config
+    from tests.support.hf_configs import HF_CONFIGS
+    recipe = "llama3.1-8b-cpt.yaml"
+    cfg = load_config(os.path.join(FRONTIER, recipe))
+    published = hf_model_config(HF_CONFIGS["llama3.1-8b"], "config.json",
+                                seq_length=cfg.model.seq_length).model
+    ours = dict(cfg.model.__dict__, attention_backend=published.attention_backend,
+                init_method_std=published.init_method_std)
+    assert ours == published.__dict__
+    assert cfg.checkpoint.init_from and cfg.data.tokenizer_type == "huggingface"
+    nodes = launch_nodes(recipe)
+    assert validate_for_world(cfg, nodes * ranks_per_node()) == 32
+    assert cfg.parallel.tensor_parallel_size <= 2, "TP inside one MI250X package"
+    header = read(os.path.join(FRONTIER, recipe))
+    quoted = re.search(r"predicts ([\d.]+) GB per GCD .* a ([\d.]+) s\s+# step", header, re.S)
+    assert quoted, "the header quotes the planner's memory and step"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan(["memory", "--config", os.path.join(FRONTIER, recipe), "--cluster", "frontier",
+              "--nodes", str(nodes), "--global-batch", str(cfg.training.global_batch_size)])
+    text = out.getvalue()
+    assert f"{quoted.group(1)} GB allocated at peak" in text and "fits" in text, text
+    assert f"step {quoted.group(2)} s" in text, text
+
+
 def test_175b_is_the_logged_run():
     cfg = load_config(os.path.join(FRONTIER, "175b.yaml"))
     assert cfg.training.global_batch_size == 1280
