@@ -1,15 +1,16 @@
-"""Hugging Face import: a transformers GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE or Mixtral folder
-(config.json + safetensors, single or sharded) as a single-file model (convert.save_single), from
-which `checkpoint.init_from` starts a run of any layout: continued pretraining of published
-weights. The inverse of hf_export.py; the same six flavours, weight for weight (the experts from
-the hub's per-expert tensors, Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2 and Qwen3-MoE's
-mlp.experts.<e>.gate_proj/up_proj/down_proj, or transformers 5's stacked
+"""Hugging Face import: a transformers GPT-2, Llama, Mistral (without a sliding window), Qwen2,
+Qwen3, Qwen3-MoE or Mixtral folder (config.json + safetensors, single or sharded) as a
+single-file model (convert.save_single), from which `checkpoint.init_from` starts a run of any
+layout: continued pretraining of published weights. The inverse of hf_export.py (Mistral's
+weights are Llama's and export as Llama), weight for weight: the experts from the hub's
+per-expert tensors (Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2, Qwen3-MoE's
+mlp.experts.<e>.gate_proj/up_proj/down_proj) or transformers 5's stacked
 mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
 model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
-apart from hidden / heads as model.attention.kv_channels). Linear and Llama 3.1's rope scaling
+apart from hidden / heads as model.attention.kv_channels. Linear and Llama 3.1's rope scaling
 become model.rope_scaling. Architectures or options this model does not implement (other rope
 scalings, sliding windows, separate attention and MLP bias settings, dense layers among
-Qwen3-MoE's experts) are refused with the field and its value."""
+Qwen3-MoE's experts) are refused with the field and its value (config/hf_models.py)."""
 from __future__ import annotations
 
 import json

@@ -45,8 +45,8 @@ def parse_args(argv=None):
                     help="dtype of the written weights (default fp32)")
     hf.add_argument("--trim-vocab", action="store_true",
                     help="drop the padding rows of the embedding (and untied head)")
-    imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama/Qwen2/Qwen3/Qwen3-MoE/"
-                         "Mixtral folder as a single file "
+    imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama/Mistral/Qwen2/Qwen3/"
+                         "Qwen3-MoE/Mixtral folder as a single file "
                          "(for checkpoint.init_from)", epilog=EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     imp.add_argument("--hf-dir", required=True, help="folder with config.json and "

@@ -1,5 +1,5 @@
 """Hugging Face model configs (config.json) as this project's `model:` section: GPT-2, Llama,
-Qwen2, Qwen3, Qwen3-MoE and Mixtral, field for field, with the options this model does not
+Mistral (without a sliding window), Qwen2, Qwen3, Qwen3-MoE and Mixtral, field for field, with the options this model does not
 implement refused by name. Torch-free: the weights' import (checkpoint/hf_import.py) and the
 planner (`megatron-plan --model path/to/config.json`) read models through it."""
 from __future__ import annotations
@@ -80,8 +80,14 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _qwen_section(hf, kind)
     if kind == "qwen3_moe":
         return _qwen3_moe_section(hf)
+    if kind == "mistral":  # Llama's weights and settings, without a sliding window
+        if hf.get("sliding_window") is not None:
+            raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention, "
+                               "as Mistral 7B v0.2-v0.3 and Mistral NeMo)")
+        return _llama_section(dict(hf, attention_bias=False, mlp_bias=False))
     if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2, llama, qwen2, qwen3, qwen3_moe or mixtral")
+        raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe "
+                           "or mixtral")
     return _llama_section(hf)
 
 

@@ -39,6 +39,10 @@ CONFIGS = {
                                               tie_word_embeddings=False),
     "llama_head_dim": lambda: transformers.LlamaConfig(**SMALL, intermediate_size=160,
                                                        head_dim=8, num_hidden_layers=2),
+    # Mistral NeMo's shape in small: heads of 32 over hidden / heads = 16, no sliding window
+    "mistral": lambda: transformers.MistralConfig(**SMALL, intermediate_size=160, head_dim=32,
+                                                  num_hidden_layers=2, num_key_value_heads=2,
+                                                  sliding_window=None),
     "llama31_rope": lambda: transformers.LlamaConfig(
         **SMALL, intermediate_size=160, num_hidden_layers=2, num_key_value_heads=2,
         rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
@@ -145,6 +149,9 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen3_moe", mlp_only_layers=[1])
     with pytest.raises(InputError, match=r"mlp_only_layers=\[1\] is not supported"):
+        import_hf(folder)
+    _, folder = saved(tmp_path, "mistral", sliding_window=4096)
+    with pytest.raises(InputError, match="sliding_window=4096 is not supported"):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen2", use_sliding_window=True)
     with pytest.raises(InputError, match="use_sliding_window=True is not supported"):
