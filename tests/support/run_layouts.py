@@ -116,6 +116,8 @@ LAYOUTS = {
     "tp2_sp_qk_norm": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
     + QK_NORM,
     "tp2_zero0_qk_norm": ["parallel.tensor_parallel_size=2", "parallel.zero_stage=0"] + QK_NORM,
+    # the head norms in DeepSpeed's pipeline layers
+    "pp2_qk_norm": ["parallel.pipeline_parallel_size=2"] + QK_NORM,
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
