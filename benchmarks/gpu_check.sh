@@ -10,7 +10,8 @@
 #      (benchmarks/moe/bench_layer.py --device cuda: the grouped GEMM's first GPU run), then
 #      tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU),
 #      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's
-#      events) and tests/gpu/test_model_moe_gpu.py (the experts' paths in three dtypes, a bf16 MoE run),
+#      events), tests/gpu/test_model_moe_gpu.py (the experts' paths in three dtypes, a bf16 MoE run)
+#      and tests/gpu/test_model_documents_gpu.py (document masks and positions, head norms),
 #      three files side by side when pytest-xdist is there; one profiled step of the trainer
 #      and of the peer (benchmarks/e2e/profile_step.py, into the logs);
 #   4. megatron-kernels --require, the 1.3B run with fused kernels, the GPU parity tests, the
@@ -190,7 +191,8 @@ busy_lines "$LOGS/profile"
 XDIST=()  # the three files side by side: small models, one GPU with room for all
 $PY -c 'import xdist' 2>/dev/null && XDIST=(-n 3 --dist loadfile)
 step train_tests 220 $PY -m pytest -q -ra -p no:cacheprovider "${XDIST[@]}" \
-    tests/gpu/test_training_gpu.py tests/gpu/test_training_gpu_paths.py tests/gpu/test_model_moe_gpu.py
+    tests/gpu/test_training_gpu.py tests/gpu/test_training_gpu_paths.py tests/gpu/test_model_moe_gpu.py \
+    tests/gpu/test_model_documents_gpu.py
 excerpt train_tests tail 8
 
 # --- 4. the build's result -------------------------------------------------------------------

@@ -133,7 +133,7 @@ class SelfAttention(nn.Module):
     def _core(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
         if self.q_norm is not None:  # per head and token: before any exchange of heads
-            q, k = self.q_norm(q), self.k_norm(k.contiguous())
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.context is not None:
             return self.context(q, k, v)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]

@@ -103,3 +103,12 @@ def test_a_norm_plugin_that_cannot_be_built_per_head_is_named():
         build_model(cfg, ParallelState.single(), 512)  # without qk_norm it serves as before
     finally:
         variants.unregister("norm", "plainnorm")
+
+
+def test_q_k_v_biases_alone_are_named_unread_beside_every_layers_biases():
+    from megatron.config.unused import unread_settings
+    assert unread_settings(load_config(TINY, ["model.attention.add_qkv_bias=true"])) == [
+        "model.attention.add_qkv_bias=true (model.add_bias_linear=true puts biases on q, k and v "
+        "already)"]
+    assert unread_settings(load_config(TINY, ["model.attention.add_qkv_bias=true",
+                                              "model.add_bias_linear=false"])) == []
