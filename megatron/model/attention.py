@@ -12,15 +12,17 @@ all-gather and hybrid context parallelism (parallel.context_parallel_algo) repla
 model/context_attention.py, over the load-balanced tokens of parallel/cp_layout.py."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
 from megatron.config import ModelConfig, variants
 from megatron.config.errors import ConfigError
-from megatron.model.context import ModelContext
+from megatron.model.context import ModelContext, documents_of
 from megatron.model.context_attention import ContextAttention
 from megatron.model.norm import head_norm_class
 from megatron.parallel.checkpointing import recompute
@@ -110,11 +112,11 @@ class SelfAttention(nn.Module):
         # Built under every layout, so the parameter names (a core may have weights) and the
         # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)
-        docs = ctx.documents  # the micro-batch's documents (model/context.Documents)
+        docs = ctx.documents  # how the micro-batch's documents are read (model/context.py)
         # data.reset_attention_mask: attend within them; data.reset_position_ids: rotary
         # positions from each one's start
-        self.documents = docs if docs is not None and docs.attend_within else None
-        self.positions = docs if docs is not None and docs.reset_positions else None
+        self.attend_within = docs is not None and docs.attend_within
+        self.reset_positions = docs is not None and docs.reset_positions
         # Ring, all-gather and hybrid wrap the whole attention (model/context_attention.py).
         self.context = None
         if state.cp > 1 and state.cp_layout.balanced:
@@ -130,7 +132,7 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.view(s, b, self.groups_local, g + 2, d).split([g, 1, 1], dim=3)
         return q.reshape(s, b, self.groups_local * g, d), k.squeeze(3), v.squeeze(3)
 
-    def _core(self, qkv: torch.Tensor) -> torch.Tensor:
+    def _core(self, qkv: torch.Tensor, docs: Optional[torch.Tensor] = None) -> torch.Tensor:
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
         if self.q_norm is not None:  # per head and token: before any exchange of heads
             q, k = self.q_norm(q), self.k_norm(k)
@@ -138,24 +140,27 @@ class SelfAttention(nn.Module):
             return self.context(q, k, v)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]
             q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
-        if self.rotary is not None and self.positions is not None:  # each sample's own
-            at = self.positions.positions_of_micro_batch()
+        if self.rotary is not None and self.reset_positions:  # each sample's own
+            at = documents_of(docs, "reset_position_ids")[1]
             q = self.rotary.apply_per_sample(q, at, self.sel)
             k = self.rotary.apply_per_sample(k, at, self.sel)
         elif self.rotary is not None:
             q, k = self.rotary.apply(q, self.sel), self.rotary.apply(k, self.sel)
-        if self.documents is None:
+        if not self.attend_within:
             out = self.core(q, k, v)  # [s, b, heads(/C)*d]
         else:  # the whole sequence's documents: Ulysses' ranks attend over all of it
-            out = self.core(q, k, v, documents=self.documents.of_micro_batch())
+            out = self.core(q, k, v, documents=documents_of(docs, "reset_attention_mask")[0])
         if self.cp > 1:
             out = ulysses.gather_heads(out, self.cp_group, self.cp)  # [s/C, b, heads*d]
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """docs: the micro-batch's documents (model/context.Documents), held by the
+        recomputation as given."""
         qkv = self.qkv(x)  # [s, b, groups*(g+2)*d]
         if self.selective and self.training:
-            ctx = recompute(self._core, qkv, self.tracker)
+            core = self._core if docs is None else functools.partial(self._core, docs=docs)
+            ctx = recompute(core, qkv, self.tracker)
         else:
-            ctx = self._core(qkv)
+            ctx = self._core(qkv, docs)
         return self.dense(ctx)

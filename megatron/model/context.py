@@ -6,7 +6,7 @@ rest of the job config for the model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -40,40 +40,47 @@ class ModelContext:
 
 
 class Documents:
-    """Each micro-batch's documents: for attention within documents (attend_within) and for
-    positions that restart at each document (reset_positions). A one-stage model holds every
-    layer, so its forward reads them once and its layers (recomputed ones too: a micro-batch's
-    backward runs before the next forward) read what it left."""
+    """How a micro-batch's documents are read off its tokens: for attention within documents
+    (attend_within) and for positions that restart at each document (reset_positions). read()
+    returns them as one tensor that travels with the micro-batch's activations, argument by
+    argument (GPTModel.forward) or in the tuple a pipeline stage sends the next
+    (model/gpt.pipeline_layers), and that a recomputation holds as it held it: no layer reads
+    another micro-batch's documents, however many are in flight."""
 
     def __init__(self, eod: int, attend_within: bool = True, reset_positions: bool = False):
         self.eod = eod
         self.attend_within, self.reset_positions = attend_within, reset_positions
-        self.current = self.positions = None
+        self.current = self.positions = None  # the last read's, for inspection
 
-    def read(self, tokens) -> None:
-        """tokens [b, s], the whole sequence -> self.current [b, s]: the number of
-        end-of-documents before each token, so an end-of-document is its document's last; and
-        under reset_positions self.positions [b, s]: each token's place in its document, 0 at
-        the token after an end-of-document (Megatron's --reset-position-ids)."""
+    def read(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [b, s], the whole sequence -> [2, b, s] int64: the number of end-of-documents
+        before each token (an end-of-document is its document's last), and each token's place
+        in its document, 0 at the token after an end-of-document (Megatron's
+        --reset-position-ids; the sequence's positions when reset_positions is off)."""
         at_eod = tokens == self.eod
         self.current = at_eod.cumsum(dim=1) - at_eod.long()
+        index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         if self.reset_positions:
-            index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
             starts = torch.zeros_like(at_eod)
             starts[:, 1:] = at_eod[:, :-1]
             first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
             self.positions = index - first
+        else:
+            self.positions = index
+        return torch.stack([self.current, self.positions])
 
-    def of_micro_batch(self):
-        """What read() left; a layer that runs before any read (a pipeline stage without the
-        tokens, which the config refuses) stops here instead of crossing documents."""
-        if self.current is None:
-            raise RuntimeError("data.reset_attention_mask / reset_position_ids: a layer ran "
-                               "before the model read the micro-batch's documents (one "
-                               "pipeline stage only)")
-        return self.current
 
-    def positions_of_micro_batch(self):
-        """Each token's position in its document [b, s] (reset_positions)."""
-        self.of_micro_batch()
-        return self.positions
+_PARTS = [None, (None, None)]  # (the last documents tensor split, its two rows)
+
+
+def documents_of(docs: Optional[torch.Tensor], what: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(document index [b, s], positions [b, s]) of the documents a layer was given: the same
+    two tensors for every layer given the same documents (so attention_cores.within_documents
+    makes one mask a micro-batch); a layer that runs without them (a caller that did not read
+    them) stops here instead of crossing documents."""
+    if docs is None:
+        raise RuntimeError(f"data.{what}: a layer ran without the micro-batch's documents "
+                           f"(GPTModel.forward and the pipeline's first stage read them)")
+    if _PARTS[0] is not docs:
+        _PARTS[:] = [docs, (docs[0], docs[1])]
+    return _PARTS[1]

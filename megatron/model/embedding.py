@@ -2,11 +2,13 @@
 token embedding when tied."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 from megatron.config import ModelConfig, variants
-from megatron.model.context import ModelContext
+from megatron.model.context import ModelContext, documents_of
 from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, parallel_lm_logits,
                                       replicated_param)
 from megatron.parallel.mappings import (reduce_from_tp_region,
@@ -27,8 +29,7 @@ class Embedding(nn.Module):
         self.state, self.tracker, self.p = state, ctx.tracker, m.hidden_dropout
         self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
         # data.reset_position_ids: positions from each document's start (model/context.py)
-        self.documents = ctx.documents if ctx.documents is not None and \
-            ctx.documents.reset_positions else None
+        self.reset_positions = ctx.documents is not None and ctx.documents.reset_positions
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
@@ -39,7 +40,9 @@ class Embedding(nn.Module):
             self.position_embeddings = nn.Parameter(full_normal(
                 table.full(m), m.init_method_std, seed_for(seed, "position_embedding")))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, docs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """docs: the micro-batch's documents (model/context.Documents.read), under
+        data.reset_position_ids."""
         state, seq = self.state, tokens.shape[1]
         tokens = local_tokens(tokens, state, dim=1)  # [b, s/C]
         # [b, s, h] -> [s, b, h], partial over TP; contiguous for the collectives and pipeline sends.
@@ -53,10 +56,11 @@ class Embedding(nn.Module):
         if self.position_embeddings is not None:
             pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
             at = self._positions(seq, within, x.shape[0], x.device)
-            if self.documents is None:
+            if not self.reset_positions:
                 rows = pos[at].unsqueeze(1)  # [n, 1, h], the same for every sample
             else:  # [b, n] places in their documents -> [n, b, h]
-                rows = pos[self.documents.positions_of_micro_batch()[:, at]].transpose(0, 1)
+                places = documents_of(docs, "reset_position_ids")[1]
+                rows = pos[places[:, at]].transpose(0, 1)
             x = x + rows.to(x.dtype)
         return dropout(x, self.p, self.training, self.seq_par, self.tracker)
 

@@ -68,11 +68,11 @@ class GPTModel(nn.Module):
         self.moe_layers = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoELayer)]
 
     def forward(self, tokens: torch.Tensor, labels: Optional[torch.Tensor] = None):
-        if self.documents is not None:  # the whole samples' documents, before any layer reads
-            self.documents.read(tokens)
-        x = self.embedding(tokens)  # [s, b, h]
+        # the whole samples' documents, which every layer is given (model/context.Documents)
+        docs = self.documents.read(tokens) if self.documents is not None else None
+        x = self.embedding(tokens, docs)  # [s, b, h]
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, docs)
         x = self.final_norm(x)
         head = self.embedding.word_embeddings if self.output is None else self.output.head
         if labels is not None and fused_head_applies(x, head.weight, self.state):
@@ -105,14 +105,51 @@ def _tied_logits(module: Embedding, x: torch.Tensor) -> torch.Tensor:
     return module.logits(x)
 
 
+class EmbeddingReadingDocuments(Embedding):
+    """The first stage's embedding under data.reset_attention_mask / reset_position_ids:
+    tokens -> (hidden, the micro-batch's documents), the documents read off the tokens
+    (model/context.Documents) for the layers after it, on this stage and the next ones."""
+
+    def __init__(self, m: ModelConfig, ctx: ModelContext):
+        super().__init__(m, ctx)
+        self.reader = ctx.documents
+
+    def forward(self, tokens: torch.Tensor):
+        docs = self.reader.read(tokens)
+        return super().forward(tokens, docs), docs
+
+
+class TransformerLayerWithDocuments(TransformerLayer):
+    """(hidden, documents) -> (hidden, documents): a decoder layer between pipeline layers that
+    carry the documents. DeepSpeed's pipeline engine sends the documents (int64) with the
+    activation and keeps only the floating-point tensors for the backward."""
+
+    def forward(self, inputs):
+        x, docs = inputs
+        return super().forward(x, docs), docs
+
+
+def _drops_documents(cls: type) -> type:
+    """cls (the final norm) taking (hidden, documents) and returning its own output."""
+    def forward(self, inputs):
+        return cls.forward(self, inputs[0])
+    return type(f"{cls.__name__}AfterDocuments", (cls,), {"forward": forward})
+
+
 def pipeline_layers(m: ModelConfig, ctx: ModelContext) -> List[PipeLayer]:
     """GPTModel's modules in order, one pipeline layer each: the embedding, the L decoder
-    layers, the final norm, and the output head (the embedding again when tied)."""
+    layers, the final norm, and the output head (the embedding again when tied). Under
+    data.reset_attention_mask / reset_position_ids the activation between the embedding and
+    the final norm is (hidden, documents): the embedding reads them, each layer passes them on
+    (parameter names as GPTModel's)."""
     tie = "embed" if m.tie_embeddings else None
-    layers = [PipeLayer(Embedding, (m, ctx), "embedding.", tie_key=tie)]
-    layers += [PipeLayer(TransformerLayer, (m, ctx, i), f"layers.{i}.")
-               for i in range(m.num_layers)]
-    layers.append(PipeLayer(norm_class(m), (m, ctx), "final_norm."))
+    documents = ctx.documents is not None
+    embedding = EmbeddingReadingDocuments if documents else Embedding
+    layer = TransformerLayerWithDocuments if documents else TransformerLayer
+    final_norm = _drops_documents(norm_class(m)) if documents else norm_class(m)
+    layers = [PipeLayer(embedding, (m, ctx), "embedding.", tie_key=tie)]
+    layers += [PipeLayer(layer, (m, ctx, i), f"layers.{i}.") for i in range(m.num_layers)]
+    layers.append(PipeLayer(final_norm, (m, ctx), "final_norm."))
     if tie:
         # The last stage's copy only serves the tied output head: no position table there.
         layers.append(PipeLayer(Embedding, (m, ctx, False), "embedding.", tie_key=tie,

@@ -2,6 +2,8 @@
 (config/moe.is_moe_layer) the MLP is a MoE layer (model/moe/)."""
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 from megatron.config import ModelConfig
@@ -26,16 +28,19 @@ class TransformerLayer(nn.Module):
         self.mlp = MoELayer(m, ctx, layer_number) if is_moe_layer(m, layer_number) \
             else MLP(m, ctx, layer_number)
 
-    def _forward(self, x):
+    def _forward(self, x, docs=None):
         # Under sequence parallelism the residual stream is sharded, so its dropout masks must
         # differ per TP rank; otherwise it is replicated and the masks must agree.
-        h = dropout(self.attention(self.norm1(x)), self.p, self.training, self.seq_par,
+        h = dropout(self.attention(self.norm1(x), docs), self.p, self.training, self.seq_par,
                     self.tracker)
         x = x + h
         h = dropout(self.mlp(self.norm2(x)), self.p, self.training, self.seq_par, self.tracker)
         return x + h
 
-    def forward(self, x):  # [s(/t), b, h] -> same
+    def forward(self, x, docs=None):  # [s(/t), b, h] -> same
+        """docs: the micro-batch's documents (model/context.Documents), held by the
+        recomputation as given."""
         if self.recompute and self.training and x.requires_grad:
-            return recompute(self._forward, x, self.tracker)
-        return self._forward(x)
+            fn = self._forward if docs is None else functools.partial(self._forward, docs=docs)
+            return recompute(fn, x, self.tracker)
+        return self._forward(x, docs)

@@ -30,17 +30,23 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             "tp2_masked", "pp2_masked", "pp2_interleaved_masked",
             # data.reset_attention_mask: attention within documents
             "tp2_sp_docs", "tp2_docs_recompute_selective",
-            # and data.reset_position_ids (learned and rotary positions per sample)
-            "tp2_sp_docs_pos",
+            # and data.reset_position_ids (learned and rotary positions per sample); under
+            # DeepSpeed's pipeline, the documents sent with the activations and held by the
+            # recomputations of earlier micro-batches
+            "tp2_sp_docs_pos", "pp2_docs_pos", "pp2_docs_pos_recompute_full",
+            "pp2_docs_recompute_selective",
             # model.attention: qk_norm, kv_channels and add_qkv_bias (Qwen2/Qwen3)
             "tp2_sp_qk_norm", "tp2_zero0_qk_norm", "pp2_qk_norm"]
 # the reference of the layouts that change the model's depth or data
 REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "masked",
              "pp2_interleaved_masked": "masked", "tp2_sp_docs": "docs",
              "tp2_docs_recompute_selective": "docs", "tp2_sp_docs_pos": "docs_pos",
+             "pp2_docs_pos": "docs_pos", "pp2_docs_pos_recompute_full": "docs_pos",
+             "pp2_docs_recompute_selective": "docs", "tp2pp2_sp_docs_pos": "docs_pos",
              "tp2_sp_qk_norm": "qk_norm",
              "tp2_zero0_qk_norm": "qk_norm", "pp2_qk_norm": "qk_norm"}
-FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1"]
+FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",
+             "tp2pp2_sp_docs_pos"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
 # bf16 without ZeRO under TP: its gradient norm is held against one bf16 rank's, whose
 # trajectory leaves fp32's (norms up to 14% apart by step 10); engine/zero0_norm.py

@@ -107,6 +107,16 @@ LAYOUTS = {
     "docs_pos": DOCS_POS,
     "tp2_sp_docs_pos": ["parallel.tensor_parallel_size=2",
                         "parallel.sequence_parallel=true"] + DOCS_POS,
+    # the documents sent with the activations between pipeline stages, and held by each
+    # layer's recomputation while a later micro-batch's forward runs (1F1B: two in flight)
+    "pp2_docs_pos": ["parallel.pipeline_parallel_size=2"] + DOCS_POS,
+    "pp2_docs_pos_recompute_full": ["parallel.pipeline_parallel_size=2",
+                                    "training.activation_checkpointing=full"] + DOCS_POS,
+    "tp2pp2_sp_docs_pos": ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2",
+                           "parallel.sequence_parallel=true"] + DOCS_POS,
+    "pp2_docs_recompute_selective": ["parallel.pipeline_parallel_size=2",
+                                     "training.activation_checkpointing=selective",
+                                     "model.attention_backend=math"] + DOCS,
     "tp2_docs_recompute_selective": ["parallel.tensor_parallel_size=2",
                                      "training.activation_checkpointing=selective",
                                      "model.attention_backend=math"] + DOCS,
