@@ -25,7 +25,7 @@ class AttentionConfig:
     qk_norm: bool = False
     """Normalise each query and key head over its width, with model.normalization and weights of
     its own, after the projection and before rotary positions (Megatron Core's --qk-layernorm;
-    Qwen3). Keeps attention logits bounded at high learning rates."""
+    Qwen3), which keeps attention logits from growing (Dehghani et al. 2023, ViT-22B)."""
 
     def __post_init__(self):
         finite(S, self)
