@@ -486,21 +486,14 @@ def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
 
 def document_mask_error(cfg) -> Optional[ConfigError]:
     """data.reset_attention_mask and data.reset_position_ids: the documents are read off a
-    micro-batch's tokens on the first stage and travel with the activations, which DeepSpeed's
-    pipeline engine (1f1b) carries and the other executors do not yet; and only Ulysses'
-    exchange gives each rank the whole sequence the mask and the positions span."""
+    micro-batch's tokens on the first stage and travel with the activations (every pipeline
+    schedule's executor sends them); only Ulysses' exchange gives each rank the whole sequence
+    the mask and the positions span."""
     p, d = cfg.parallel, cfg.data
     setting = next((f"data.{name}" for name in ("reset_attention_mask", "reset_position_ids")
                     if getattr(d, name)), None)
     if setting is None:
         return None
-    runner = schedules.get(p.pipeline_schedule).runner
-    if p.pipeline_parallel_size > 1 and runner != "deepspeed":
-        return ConfigError("parallel.pipeline_schedule", p.pipeline_schedule,
-                           f"1f1b with {setting}=true under pipelining (DeepSpeed's pipeline "
-                           f"engine sends the documents with the activations; the model "
-                           f"chunks' and zero-bubble executors do not yet)",
-                           f"set parallel.pipeline_schedule=1f1b, or {setting}=false")
     if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
         return ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
                            f"ulysses with {setting}=true (its ranks attend over the whole "

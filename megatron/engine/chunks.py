@@ -68,11 +68,15 @@ class ChunkedModule(nn.Module):
 
     def __init__(self, layers: List[PipeLayer], state: ParallelState, chunks: int,
                  boundary_shape: Tuple[int, ...], loss_fn, order=interleaved_order,
-                 counts: Optional[Sequence[int]] = None):
+                 counts: Optional[Sequence[int]] = None,
+                 documents_shape: Optional[Tuple[int, ...]] = None):
         super().__init__()
         self.state, self.num_chunks, self.loss_fn = state, chunks, loss_fn
         self.order = order  # the schedule's order: placement (model_chunk, owner) and passes
         self.boundary_shape = tuple(boundary_shape)  # every activation sent between chunks
+        # data.reset_attention_mask / reset_position_ids: the micro-batch's documents ([2, b, s]
+        # int64, model/context.Documents) sent with each activation; None: not carried
+        self.documents_shape = documents_shape
         total = state.pp * chunks
         slices = chunk_slices(len(layers) - 3, total, counts)
         self.chunk_ids = [order.model_chunk(state.pp, state.pp_rank, local)
@@ -211,9 +215,12 @@ def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> Chunke
     if order is interleaved_order and cfg.parallel.pipeline_microbatch_group:
         # the micro-batches in groups of this size instead of pipeline_parallel_size
         order = interleaved_order.Grouped(cfg.parallel.pipeline_microbatch_group)
+    documents = None  # the documents travel beside the activations (model/gpt.pipeline_layers)
+    if cfg.data.reset_attention_mask or cfg.data.reset_position_ids:
+        documents = (2, cfg.training.micro_batch_size, cfg.model.seq_length)
     with torch.no_grad():  # the tied weight's broadcast stays out of autograd
         return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn,
-                             order, counts=pipeline_stage_layers(cfg))
+                             order, counts=pipeline_stage_layers(cfg), documents_shape=documents)
 
 
 # a chunked schedule's runner id (its record's, engine/runners.py) -> the module of its order

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from megatron.engine.chunks import ChunkedModule
 from megatron.parallel.layers import WeightGradStore, defer_weight_grads
 
-_ACT, _GRAD = 0, 1
+_ACT, _GRAD, _DOCS = 0, 1, 2
 
 
 class InterleavedExecutor:
@@ -87,7 +87,10 @@ class InterleavedExecutor:
     def _recv(self, kind: int, chunk: int, mb: int, from_chunk: int) -> torch.Tensor:
         if self._rank_of(from_chunk) == self.state.rank:
             return self.local.pop((kind, chunk, mb))
-        buf = torch.empty(self.module.boundary_shape, dtype=self.dtype, device=self.device)
+        if kind == _DOCS:
+            buf = torch.empty(self.module.documents_shape, dtype=torch.int64, device=self.device)
+        else:
+            buf = torch.empty(self.module.boundary_shape, dtype=self.dtype, device=self.device)
         dist.recv(buf, self._rank_of(from_chunk), tag=self._tag(kind, chunk, mb))
         return buf
 
@@ -113,16 +116,21 @@ class InterleavedExecutor:
     def _forward(self, local: int, mb: int, held: Dict, batches: Dict, train: bool):
         chunk = self._chunk(local)
         if chunk == 0:
-            x = batches[mb][0]
+            x = inputs = batches[mb][0]
         else:
-            x = self._recv(_ACT, chunk - 1, mb, chunk - 1)
+            x = inputs = self._recv(_ACT, chunk - 1, mb, chunk - 1)
             x.requires_grad_(train)
-        out = self.engine(local, x)
+            if self.module.documents_shape is not None:  # (hidden, documents) between chunks
+                inputs = (x, self._recv(_DOCS, chunk - 1, mb, chunk - 1))
+        out = self.engine(local, inputs)
         if chunk == self.last:
             loss = self.module.loss_fn(out, batches[mb][1])
             self.total = loss.detach().clone() if self.total is None else self.total + loss.detach()
             out = loss
         else:
+            if isinstance(out, tuple):
+                out, docs = out
+                self._send(docs, _DOCS, chunk, mb, chunk + 1)
             self._send(out, _ACT, chunk, mb, chunk + 1)
         if train:
             held[(local, mb)] = (x, out)

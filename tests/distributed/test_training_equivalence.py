@@ -34,7 +34,8 @@ TWO_RANK = ["tp2", "pp2", "dp2_zero1", "dp2_zero2", "dp2_zero3", "tp2_sp",
             # DeepSpeed's pipeline, the documents sent with the activations and held by the
             # recomputations of earlier micro-batches
             "tp2_sp_docs_pos", "pp2_docs_pos", "pp2_docs_pos_recompute_full",
-            "pp2_docs_recompute_selective",
+            "pp2_docs_recompute_selective", "pp2_docs_pos_zbh1", "pp2_interleaved_docs_pos",
+            "pp2_zbv_docs_pos",
             # model.attention: qk_norm, kv_channels and add_qkv_bias (Qwen2/Qwen3)
             "tp2_sp_qk_norm", "tp2_zero0_qk_norm", "pp2_qk_norm"]
 # the reference of the layouts that change the model's depth or data
@@ -43,6 +44,8 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
              "tp2_docs_recompute_selective": "docs", "tp2_sp_docs_pos": "docs_pos",
              "pp2_docs_pos": "docs_pos", "pp2_docs_pos_recompute_full": "docs_pos",
              "pp2_docs_recompute_selective": "docs", "tp2pp2_sp_docs_pos": "docs_pos",
+             "pp2_docs_pos_zbh1": "docs_pos", "pp2_interleaved_docs_pos": "docs_pos",
+             "pp2_zbv_docs_pos": "docs_pos",
              "tp2_sp_qk_norm": "qk_norm",
              "tp2_zero0_qk_norm": "qk_norm", "pp2_qk_norm": "qk_norm"}
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",

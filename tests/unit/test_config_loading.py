@@ -179,16 +179,10 @@ def test_section_checks(overrides, field, value):
     (["training.global_batch_size=15"], 1, "training.global_batch_size", 15),
     (["training.global_batch_size=12", "training.micro_batch_size=4"], 2,
      "training.global_batch_size", 12),
-    # data.reset_attention_mask: DeepSpeed's 1F1B under pipelining, Ulysses or no context
-    # parallelism
-    (["data.reset_attention_mask=true", "parallel.pipeline_parallel_size=2",
-      "parallel.pipeline_schedule=zbh1"], 2, "parallel.pipeline_schedule", "zbh1"),
+    # data.reset_attention_mask: Ulysses or no context parallelism
     (["data.reset_attention_mask=true", "parallel.context_parallel_size=2",
       "parallel.context_parallel_algo=ring"], 2, "parallel.context_parallel_algo", "ring"),
     # and data.reset_position_ids alike
-    (["data.reset_position_ids=true", "parallel.pipeline_parallel_size=2",
-      "parallel.pipeline_schedule=interleaved", "parallel.virtual_pipeline_size=2"], 2,
-     "parallel.pipeline_schedule", "interleaved"),
     (["data.reset_position_ids=true", "parallel.context_parallel_size=2",
       "parallel.context_parallel_algo=allgather"], 2, "parallel.context_parallel_algo",
      "allgather"),
