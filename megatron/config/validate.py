@@ -489,9 +489,7 @@ def document_mask_error(cfg) -> Optional[ConfigError]:
     micro-batch's tokens on the first stage and travel with the activations (every pipeline
     schedule's executor sends them); only Ulysses' exchange gives each rank the whole sequence
     the mask and the positions span."""
-    p, d = cfg.parallel, cfg.data
-    setting = next((f"data.{name}" for name in ("reset_attention_mask", "reset_position_ids")
-                    if getattr(d, name)), None)
+    p, setting = cfg.parallel, cfg.data.document_setting
     if setting is None:
         return None
     if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":

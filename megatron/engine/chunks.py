@@ -216,7 +216,7 @@ def chunked_module(layers: List[PipeLayer], cfg, state: ParallelState) -> Chunke
         # the micro-batches in groups of this size instead of pipeline_parallel_size
         order = interleaved_order.Grouped(cfg.parallel.pipeline_microbatch_group)
     documents = None  # the documents travel beside the activations (model/gpt.pipeline_layers)
-    if cfg.data.reset_attention_mask or cfg.data.reset_position_ids:
+    if cfg.data.document_setting is not None:
         documents = (2, cfg.training.micro_batch_size, cfg.model.seq_length)
     with torch.no_grad():  # the tied weight's broadcast stays out of autograd
         return ChunkedModule(layers, state, cfg.parallel.virtual_pipeline_size, shape, loss_fn,

@@ -27,7 +27,7 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     generation)."""
     t, d = cfg.training, cfg.data
     documents = None
-    if eod is not None and (d.reset_attention_mask or d.reset_position_ids):
+    if eod is not None and d.document_setting is not None:
         documents = Documents(eod, d.reset_attention_mask, d.reset_position_ids)
     backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision,
                                         documents=d.reset_attention_mask and eod is not None)

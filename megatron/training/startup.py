@@ -333,16 +333,6 @@ def _agreed_resume(cfg: Config, layout: LayoutRecord
     return rank0_decides(choose)
 
 
-def document_eod(cfg: Config) -> Optional[int]:
-    """The end-of-document id the model reads documents by (data.reset_attention_mask,
-    data.reset_position_ids), or None when neither is set."""
-    d = cfg.data
-    for setting in ("reset_attention_mask", "reset_position_ids"):
-        if getattr(d, setting):
-            return eod_id(cfg, f"data.{setting}")
-    return None
-
-
 def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.device,
                 timer: Optional[StartupTimer] = None) -> BuiltModel:
     """This rank's part of the model: the whole GPTModel for PP=1, else DeepSpeed's pipeline
@@ -351,7 +341,9 @@ def build_model(cfg: Config, state: ParallelState, vocab: int, device: torch.dev
     mark = timer.mark if timer is not None else (lambda name: None)
     join_deepspeed()
     mark("deepspeed import")
-    eod = document_eod(cfg)
+    # the end-of-document id the model reads documents by, when it reads them
+    setting = cfg.data.document_setting
+    eod = eod_id(cfg, setting) if setting is not None else None
     ctx = build_context(cfg, state, vocab, device, eod)
     names: List[str] = []
     if state.pp > 1:

@@ -67,6 +67,16 @@ class DataConfig:
     """Who builds the sample index: cpp, the helper built ahead of time; numpy, its bit-identical
     reference; auto: cpp where it was built."""
 
+    @property
+    def document_setting(self) -> Optional[str]:
+        """The setting that makes the model read each micro-batch's documents
+        (data.reset_attention_mask, else data.reset_position_ids), or None when neither is
+        set: what the end-of-document id is read for and what errors about documents name."""
+        for name in ("reset_attention_mask", "reset_position_ids"):
+            if getattr(self, name):
+                return f"data.{name}"
+        return None
+
     def __post_init__(self):
         check_choices("data", self)
         split_fractions(self.split)
