@@ -30,6 +30,7 @@ beside the weights (GPT-2 vocab.json/merges.txt, a Hugging Face tokenizer.json, 
 tokenizer.model). Writing needs no transformers; reading the result back does."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -54,7 +55,7 @@ _ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
            "moe.shared_expert_ffn_hidden_size": None}
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                         "attention.kv_channels": None, "attention.qk_norm": False},
-               "llama": {"attention.qk_norm": False, "qkv_bias": "add_bias_linear"},
+               "llama": {"attention.qk_norm": False},
                "qwen2": {"add_bias_linear": False, "attention.add_qkv_bias": True,
                          "attention.qk_norm": False},
                "qwen3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
@@ -90,14 +91,12 @@ def _arch_problems(m, arch: str) -> List[str]:
         why.append(f"moe.num_experts={m.moe.num_experts} (needs "
                    f"{'> 0' if arch in MOE_ARCHS else '0: experts map to Mixtral or Qwen3-MoE'})")
     for k, v in FIELD_NEEDS[arch].items():
-        if k == "qkv_bias":  # biases on q, k and v exactly where the other layers have them
-            if m.qkv_bias != m.add_bias_linear:
-                why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with "
-                           f"add_bias_linear="
-                           f"{m.add_bias_linear!r} (biases on q, k and v alone)")
-        elif field_at(m, k) not in (v if isinstance(v, tuple) else (v,)):
+        if field_at(m, k) not in (v if isinstance(v, tuple) else (v,)):
             needs = " or ".join(map(repr, v)) if isinstance(v, tuple) else repr(v)
             why.append(f"{k}={field_at(m, k)!r} (needs {needs})")
+    if arch == "llama" and m.qkv_bias != m.add_bias_linear:
+        why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with add_bias_linear="
+                   f"{m.add_bias_linear!r} (biases on q, k and v alone)")
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")
@@ -165,33 +164,30 @@ def _llama_mlp(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
             f"{hf}mlp.down_proj.{x}": sd[f"{ours}mlp.fc2.{x}"]}
 
 
-def _mixtral_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
+# The hub's layout of each MoE architecture's experts: the prefix under a layer of its router
+# (<prefix>gate) and experts (<prefix>experts.<e>.<name>), and the names of each expert's gate,
+# up and down matrices. transformers 5 folds them into its stacked experts on load.
+HUB_EXPERTS = {"mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
+               "qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj"))}
+
+
+def _hub_experts(sd: StateDict, ours: str, hf: str, x: str, kind: str) -> StateDict:
     """Our router [E, h] and stacked experts (fc1 [E, 2f, h] = per expert [gate; up], fc2
-    [E, h, f]) -> the hub's block_sparse_moe names, one tensor per expert and matrix."""
-    moe = hf + "block_sparse_moe."
+    [E, h, f]) -> the hub's names of `kind` (HUB_EXPERTS), one tensor per expert and matrix."""
+    prefix, (gate_name, up_name, down_name) = HUB_EXPERTS[kind]
+    moe = hf + prefix
     out = {f"{moe}gate.{x}": sd[f"{ours}mlp.router.{x}"]}
     for e, (fc1, fc2) in enumerate(zip(sd[f"{ours}mlp.experts.w1"], sd[f"{ours}mlp.experts.w2"])):
         gate, up = fc1.chunk(2, dim=0)
-        out.update({f"{moe}experts.{e}.w1.{x}": gate, f"{moe}experts.{e}.w3.{x}": up,
-                    f"{moe}experts.{e}.w2.{x}": fc2})
-    return out
-
-
-def _qwen3_moe(sd: StateDict, ours: str, hf: str, x: str) -> StateDict:
-    """Our router and stacked experts -> the hub's Qwen3-MoE names (mlp.gate, and per expert
-    gate_proj, up_proj, down_proj)."""
-    out = {f"{hf}mlp.gate.{x}": sd[f"{ours}mlp.router.{x}"]}
-    for e, (fc1, fc2) in enumerate(zip(sd[f"{ours}mlp.experts.w1"], sd[f"{ours}mlp.experts.w2"])):
-        gate, up = fc1.chunk(2, dim=0)
-        out.update({f"{hf}mlp.experts.{e}.gate_proj.{x}": gate,
-                    f"{hf}mlp.experts.{e}.up_proj.{x}": up,
-                    f"{hf}mlp.experts.{e}.down_proj.{x}": fc2})
+        out.update({f"{moe}experts.{e}.{gate_name}.{x}": gate,
+                    f"{moe}experts.{e}.{up_name}.{x}": up,
+                    f"{moe}experts.{e}.{down_name}.{x}": fc2})
     return out
 
 
 def llama_state_dict(sd: StateDict, m, kind: str = "llama") -> StateDict:
     """Llama and Qwen; Mixtral and Qwen3-MoE (experts in place of the MLP of every layer)."""
-    mlp = {"mixtral": _mixtral_moe, "qwen3_moe": _qwen3_moe}.get(kind, _llama_mlp)
+    mlp = functools.partial(_hub_experts, kind=kind) if kind in HUB_EXPERTS else _llama_mlp
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
     out.update(_norm_names(m, "llama", "final_norm.", "model.norm.", sd))
     if not m.tie_embeddings:

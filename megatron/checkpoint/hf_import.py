@@ -13,6 +13,7 @@ scalings, sliding windows, separate attention and MLP bias settings, dense layer
 Qwen3-MoE's experts) are refused with the field and its value (config/hf_models.py)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Dict
@@ -23,6 +24,7 @@ from megatron.config import variants
 from megatron.config.errors import InputError
 from megatron.config.hf_models import hf_model_config, model_section, read_hf_config
 from megatron.checkpoint.convert import MergedCheckpoint
+from megatron.checkpoint.hf_export import HUB_EXPERTS
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -98,20 +100,21 @@ def _llama_mlp(w, m, hf: str, ours: str, x: str) -> StateDict:
             ours + f"mlp.fc2.{x}": w(f"{mlp}down_proj.{x}")}
 
 
-def _mixtral_moe(w, m, hf: str, ours: str, x: str) -> StateDict:
-    """The router and the experts stacked [E, ...], fc1 per expert [gate (w1); up (w3)]."""
-    if w.has(hf + "mlp.experts.gate_up_proj"):  # transformers 5's own stacked layout
+def _hub_experts(w, m, hf: str, ours: str, x: str, kind: str) -> StateDict:
+    """The router and the experts stacked [E, ...], fc1 per expert [gate; up]: from
+    transformers 5's own stacked layout (mlp.gate, mlp.experts.gate_up_proj / down_proj), else
+    from the hub's per-expert tensors of `kind` (hf_export.HUB_EXPERTS)."""
+    if w.has(hf + "mlp.experts.gate_up_proj"):
         return {ours + "mlp.router.weight": w(hf + "mlp.gate.weight"),
                 ours + "mlp.experts.w1": w(hf + "mlp.experts.gate_up_proj"),
                 ours + "mlp.experts.w2": w(hf + "mlp.experts.down_proj")}
-    moe = hf + "block_sparse_moe."
-    experts = range(m.moe.num_experts)
-    return {ours + "mlp.router.weight": w(moe + "gate.weight"),
-            ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{moe}experts.{e}.w1.weight"),
-                                                             w(f"{moe}experts.{e}.w3.weight")])
-                                                  for e in experts]),
-            ours + "mlp.experts.w2": torch.stack([w(f"{moe}experts.{e}.w2.weight")
-                                                  for e in experts])}
+    prefix, (gate, up, down) = HUB_EXPERTS[kind]
+    experts = [f"{hf}{prefix}experts.{e}." for e in range(m.moe.num_experts)]
+    return {ours + "mlp.router.weight": w(f"{hf}{prefix}gate.weight"),
+            ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{p}{gate}.weight"),
+                                                             w(f"{p}{up}.weight")])
+                                                  for p in experts]),
+            ours + "mlp.experts.w2": torch.stack([w(f"{p}{down}.weight") for p in experts])}
 
 
 class _Weights:
@@ -127,24 +130,10 @@ class _Weights:
         return name in self.sd
 
 
-def _qwen3_moe(w, m, hf: str, ours: str, x: str) -> StateDict:
-    """The router (mlp.gate) and the experts stacked [E, ...], fc1 per expert [gate; up], from
-    the hub's per-expert gate_proj / up_proj / down_proj or transformers 5's stacked ones."""
-    out = {ours + "mlp.router.weight": w(hf + "mlp.gate.weight")}
-    if w.has(hf + "mlp.experts.gate_up_proj"):
-        return dict(out, **{ours + "mlp.experts.w1": w(hf + "mlp.experts.gate_up_proj"),
-                            ours + "mlp.experts.w2": w(hf + "mlp.experts.down_proj")})
-    e = [f"{hf}mlp.experts.{i}." for i in range(m.moe.num_experts)]
-    return dict(out, **{
-        ours + "mlp.experts.w1": torch.stack([torch.cat([w(f"{p}gate_proj.weight"),
-                                                         w(f"{p}up_proj.weight")]) for p in e]),
-        ours + "mlp.experts.w2": torch.stack([w(f"{p}down_proj.weight") for p in e])})
-
-
 def _from_llama(sd: StateDict, m, hf_dir: str, kind: str = "llama") -> StateDict:
     """Llama and Qwen; Mixtral and Qwen3-MoE (experts in place of every layer's MLP)."""
     w = _Weights(sd, hf_dir)
-    mlp = {"mixtral": _mixtral_moe, "qwen3_moe": _qwen3_moe}.get(kind, _llama_mlp)
+    mlp = functools.partial(_hub_experts, kind=kind) if kind in HUB_EXPERTS else _llama_mlp
     out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight")}
     out.update(_norm_from(m, "llama", "model.norm.", "final_norm.", w))
     if not m.tie_embeddings:

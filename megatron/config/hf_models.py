@@ -1,7 +1,8 @@
 """Hugging Face model configs (config.json) as this project's `model:` section: GPT-2, Llama,
 Mistral (without a sliding window), Qwen2, Qwen3, Qwen3-MoE and Mixtral, field for field, with
-the options this model does not implement refused by name. Torch-free: the weights' import (checkpoint/hf_import.py) and the
-planner (`megatron-plan --model path/to/config.json`) read models through it."""
+the options this model does not implement refused by name. Torch-free: the weights' import
+(checkpoint/hf_import.py) and the planner (`megatron-plan --model path/to/config.json`) read
+models through it."""
 from __future__ import annotations
 
 import json
