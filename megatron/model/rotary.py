@@ -10,12 +10,17 @@ import torch
 from megatron import kernels
 
 
+# (positions, the frequencies, cos, sin) of the last per-sample tables: one micro-batch's
+_PER_SAMPLE = [None, None, None, None]
+
+
 class RotaryEmbedding:
     """Caches cos/sin tables [s, 1, 1, d] in fp32 per device."""
 
     def __init__(self, head_dim: int, base: float, max_seq: int, scaling=None):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         inv_freq = scaled_frequencies(inv_freq, scaling)
+        self._inv_freq = inv_freq  # what tells two layers' tables apart (_PER_SAMPLE)
         freqs = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)  # [s, d]
         self._cos = emb.cos().float()[:, None, None, :]
@@ -43,11 +48,16 @@ class RotaryEmbedding:
     def apply_per_sample(self, x: torch.Tensor, positions: torch.Tensor, sel) -> torch.Tensor:
         """x [s, b, n, d] at positions [b, s] of each sample's own (data.reset_position_ids):
         tables [s, b, 1, d], which the fused kernel does not take (one [s, d] table), so the
-        torch path rotates."""
-        at = positions.t().cpu()
-        cos = self._cos[:, 0, 0, :][at].unsqueeze(2).to(x.device)
-        sin = self._sin[:, 0, 0, :][at].unsqueeze(2).to(x.device)
-        return kernels.rotary(x, cos, sin, sel)
+        torch path rotates. The tables are gathered on x's device, once for the queries and
+        keys of every layer given the same positions."""
+        if not (_PER_SAMPLE[0] is positions and torch.equal(_PER_SAMPLE[1], self._inv_freq)
+                and _PER_SAMPLE[2].device == x.device):
+            # x holds the whole sequence, and a place in a document is below its length
+            cos, sin = self.tables(x.shape[0], x.device)
+            at = positions.t().to(x.device)
+            _PER_SAMPLE[:] = [positions, self._inv_freq, cos[:, 0, 0, :][at].unsqueeze(2),
+                              sin[:, 0, 0, :][at].unsqueeze(2)]
+        return kernels.rotary(x, _PER_SAMPLE[2], _PER_SAMPLE[3], sel)
 
 
 def scaled_frequencies(inv_freq: torch.Tensor, scaling: Optional[object]) -> torch.Tensor:
