@@ -484,28 +484,11 @@ def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
     return None
 
 
-def document_mask_error(cfg) -> Optional[ConfigError]:
-    """data.reset_attention_mask and data.reset_position_ids: the documents are read off a
-    micro-batch's tokens on the first stage and travel with the activations (every pipeline
-    schedule's executor sends them); only Ulysses' exchange gives each rank the whole sequence
-    the mask and the positions span."""
-    p, setting = cfg.parallel, cfg.data.document_setting
-    if setting is None:
-        return None
-    if p.context_parallel_size > 1 and p.context_parallel_algo != "ulysses":
-        return ConfigError("parallel.context_parallel_algo", p.context_parallel_algo,
-                           f"ulysses with {setting}=true (its ranks attend over the whole "
-                           f"sequence)", f"set parallel.context_parallel_algo=ulysses, or "
-                           f"{setting}=false")
-    return None
-
-
 def validate_for_world(cfg, world_size: int) -> int:
     """Runs every cross-section check; returns the derived data-parallel size."""
     check_world(cfg, world_size)
     check_tensor_parallel(cfg)
     check_context_parallel(cfg)
-    _raise(document_mask_error(cfg))
     check_pipeline(cfg)
     check_deepspeed(cfg)
     check_experts(cfg, world_size)

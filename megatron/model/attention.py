@@ -137,7 +137,7 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None:  # per head and token: before any exchange of heads
             q, k = self.q_norm(q), self.k_norm(k)
         if self.context is not None:
-            return self.context(q, k, v)  # [s/C, b, heads*d]
+            return self.context(q, k, v, docs)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]
             q, k, v = ulysses.scatter_heads(q, k, v, self.cp_group, self.cp, self.kv_replicas)
         if self.rotary is not None and self.reset_positions:  # each sample's own

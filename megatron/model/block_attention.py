@@ -20,24 +20,38 @@ from typing import Callable, Optional, Tuple
 import torch
 
 
-def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: Optional[int],
-                    drop: Optional[Callable] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q [sq, b, n, d], k and v [sk, b, g, d] (g divides n: grouped-query attention) ->
-    out [sq, b, n, d] fp32, lse [sq, b, n] fp32. offset: None, every key visible; else query
-    i sees key j iff j <= i + offset (the query block starts `offset` positions after the key
-    block). Every query row must see at least one key (the callers' chunks guarantee it), else
-    its lse is -inf and the merge divides by zero. drop: dropout on the probabilities."""
-    sq, b, n, d = q.shape
-    if n > k.shape[2]:  # each key/value head serves n/g consecutive query heads
-        rep = n // k.shape[2]
-        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor]):
+    """Scaled fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n, d], -inf
+    where the causal offset or the document mask `hidden` hides a key."""
+    sq, d = q.shape[0], q.shape[3]
     scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(d))
     if offset is not None:
         rows = torch.arange(sq, device=q.device).unsqueeze(1)
         cols = torch.arange(k.shape[0], device=q.device).unsqueeze(0)
         scores = scores.masked_fill(cols > rows + offset, float("-inf"))  # [sq, sk] causal
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return scores
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: Optional[int],
+                    drop: Optional[Callable] = None, hidden: Optional[torch.Tensor] = None
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q [sq, b, n, d], k and v [sk, b, g, d] (g divides n: grouped-query attention) ->
+    out [sq, b, n, d] fp32, lse [sq, b, n] fp32. offset: None, every key visible; else query
+    i sees key j iff j <= i + offset (the query block starts `offset` positions after the key
+    block). hidden: [b, 1, sq, sk] bool, True where a key is also hidden (another document,
+    data.reset_attention_mask). Without it every query row sees at least one key (the callers'
+    chunks guarantee it); with it a row may see none: its output is 0 and its lse -inf, which
+    merge(..., masked=True) takes. drop: dropout on the probabilities."""
+    n = q.shape[2]
+    k, v = _expand(k, n), _expand(v, n)  # each key/value head serves n/g query heads
+    scores = _masked_scores(q, k, offset, hidden)
     lse = torch.logsumexp(scores, dim=-1)  # [b, n, sq]
-    probs = torch.exp(scores - lse.unsqueeze(-1))
+    if hidden is None:
+        probs = torch.exp(scores - lse.unsqueeze(-1))
+    else:  # a row that sees no key: exp(-inf - 0) = 0, not exp(-inf + inf) = nan
+        probs = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1))
     if drop is not None:
         probs = drop(probs)
     out = torch.einsum("bnij,jbnd->ibnd", probs, v.float())
@@ -55,21 +69,19 @@ def _fold(t: torch.Tensor, g: int) -> torch.Tensor:
     return t.view(sk, b, g, n // g, d).sum(3) if n > g else t
 
 
-def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int]):
+def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int],
+                             hidden: Optional[torch.Tensor] = None):
     """The gradients of one block's share of an attention whose final log-sum-exp per query row
     is `lse` [sq, b, n] and whose delta_i = sum_d dout_i x out_i is `delta` [sq, b, n]:
     recomputes the block's probabilities p = exp(s - lse) (already normalised over every key
     block) and returns (dq [sq, b, n, d], dk, dv [sk, b, g, d]), fp32, scores scaled as in
-    block_attention. Summed over the key blocks, dq is the whole query gradient; summed over
-    the query blocks, dk and dv the whole key and value gradients."""
-    sq, b, n, d = q.shape
+    block_attention (`hidden` too). Summed over the key blocks, dq is the whole query
+    gradient; summed over the query blocks, dk and dv the whole key and value gradients. Every
+    row's final lse is finite (a query sees at least itself), so a hidden key's p is 0."""
+    n, d = q.shape[2], q.shape[3]
     g, scale = k.shape[2], 1.0 / math.sqrt(d)
     qf, kf, vf, do = q.float(), _expand(k, n).float(), _expand(v, n).float(), dout.float()
-    scores = torch.einsum("ibnd,jbnd->bnij", qf, kf) * scale
-    if offset is not None:
-        rows = torch.arange(sq, device=q.device).unsqueeze(1)
-        cols = torch.arange(k.shape[0], device=q.device).unsqueeze(0)
-        scores = scores.masked_fill(cols > rows + offset, float("-inf"))
+    scores = _masked_scores(qf, kf, offset, hidden)
     probs = torch.exp(scores - lse.permute(1, 2, 0).unsqueeze(-1))  # [b, n, sq, sk]
     dv = torch.einsum("bnij,ibnd->jbnd", probs, do)
     dprobs = torch.einsum("ibnd,jbnd->bnij", do, vf)
@@ -79,9 +91,12 @@ def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int]):
     return dq, _fold(dk, g), _fold(dv, g)
 
 
-def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
-          ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Two partial results over disjoint key sets -> the result over their union (exact)."""
+def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor,
+          masked: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Two partial results over disjoint key sets -> the result over their union (exact).
+    masked: a row may have seen no key in either (lse -inf in both, under a document mask):
+    it stays 0 with lse -inf instead of becoming nan."""
     lse = torch.logaddexp(lse1, lse2)  # [sq, b, n]
-    out = o1 * torch.exp(lse1 - lse).unsqueeze(-1) + o2 * torch.exp(lse2 - lse).unsqueeze(-1)
+    base = lse.masked_fill(lse == float("-inf"), 0.0) if masked else lse
+    out = o1 * torch.exp(lse1 - base).unsqueeze(-1) + o2 * torch.exp(lse2 - base).unsqueeze(-1)
     return out, lse

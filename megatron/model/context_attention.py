@@ -14,6 +14,12 @@ of every earlier position, most of which other ranks hold.
 - hybrid: Ulysses' head exchange (parallel/ulysses.py) over groups of U ranks first, so the
   ring (or nothing else) sees [S, b, n/U, d] of its ring rank's tokens, then the ring across.
 
+Packed documents (data.reset_attention_mask): every rank holds the whole sequence's document
+indices, so each (query chunk, key chunk) block is also masked where the documents differ
+(hidden_keys); a block may hide every key from a query row (0 out, lse -inf), which the merge
+carries (merge(masked=True)) until the diagonal block. data.reset_position_ids: rotary at each
+sample's places at the ring rank's tokens.
+
 Backward of the ring: without attention dropout, an explicit one (_RingAttention) keeps only
 q, k, v, the output and the log-sum-exp of each query row; it passes the key/value blocks
 around the ring again, each with the gradient of its keys and values accumulating as it
@@ -26,6 +32,7 @@ reduce-scatters (autograd)."""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +40,7 @@ from torch import nn
 
 from megatron.config import ModelConfig, variants
 from megatron.model.block_attention import block_attention, block_attention_backward, merge
-from megatron.model.context import ModelContext
+from megatron.model.context import ModelContext, documents_of
 from megatron.parallel import cp_layout, ulysses
 from megatron.parallel.mappings import gather_from_sequence_parallel_region
 from megatron.parallel.ring import ring_pass, ring_shift
@@ -56,23 +63,60 @@ def _pairs(ring_rank: int, ring: int, step: int):
                 yield i, j, (0 if kc == qc else None)
 
 
+_HIDDEN = [None, {}]  # (a document index tensor, its masks by block): one micro-batch's
+
+
+def hidden_keys(doc: Optional[torch.Tensor], queries: slice, keys: slice):
+    """doc [b, s], each token's document index over the whole sequence (model/context.Documents;
+    None: no document mask) -> [b, 1, sq, sk] bool, True where a query of the positions
+    `queries` may not see a key of the positions `keys` (another document; the causal part is
+    block_attention's offset), or None. Made once per micro-batch and block pair: every layer
+    (and its recomputation, and the ring's backward) gets the same documents tensor."""
+    if doc is None:
+        return None
+    if _HIDDEN[0] is not doc:
+        _HIDDEN[:] = [doc, {}]
+    key = (queries.start, queries.stop, keys.start, keys.stop)
+    if key not in _HIDDEN[1]:
+        mine, theirs = doc[:, queries], doc[:, keys]
+        _HIDDEN[1][key] = (mine.unsqueeze(2) != theirs.unsqueeze(1)).unsqueeze(1)
+    return _HIDDEN[1][key]
+
+
+def _chunk(c: int, half: int) -> slice:
+    """The sequence positions of chunk c (of 2R, each `half` tokens)."""
+    return slice(c * half, (c + 1) * half)
+
+
+def _pair_hidden(doc, ring_rank: int, ring: int, step: int, i: int, j: int, half: int):
+    """hidden_keys of my query chunk i against key chunk j of the block held at `step`."""
+    if doc is None:
+        return None
+    qc = chunks_of(ring_rank, ring)[i]
+    kc = chunks_of((ring_rank - step) % ring, ring)[j]
+    return hidden_keys(doc, _chunk(qc, half), _chunk(kc, half))
+
+
 class _RingAttention(torch.autograd.Function):
-    """Ring attention without dropout, with the explicit backward the module docstring names."""
+    """Ring attention without dropout, with the explicit backward the module docstring names.
+    doc: the whole sequence's document indices [b, s] (data.reset_attention_mask) or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, ring_rank: int, ring: int):
+    def forward(ctx, q, k, v, group, ring_rank: int, ring: int, doc=None):
         half, g = q.shape[0] // 2, k.shape[2]
         q_parts, kv, acc = q.split(half), torch.cat([k, v], dim=2), [None, None]
+        masked = doc is not None
         for step in range(ring):
             if step:
                 kv = ring_pass(kv, group)
             k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
             for i, j, offset in _pairs(ring_rank, ring, step):
-                part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset)
-                acc[i] = part if acc[i] is None else merge(*acc[i], *part)
+                hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half)
+                part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, None, hidden)
+                acc[i] = part if acc[i] is None else merge(*acc[i], *part, masked=masked)
         out, lse = torch.cat([acc[0][0], acc[1][0]]), torch.cat([acc[0][1], acc[1][1]])
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.ring_rank, ctx.ring = group, ring_rank, ring
+        ctx.group, ctx.ring_rank, ctx.ring, ctx.doc = group, ring_rank, ring, doc
         return out.to(q.dtype)
 
     @staticmethod
@@ -91,21 +135,24 @@ class _RingAttention(torch.autograd.Function):
             keys, values = kv.split(g, dim=2)
             for i, j, offset in _pairs(ctx.ring_rank, ring, step):
                 qi, kj = rows[i], rows[j]
+                hidden = _pair_hidden(ctx.doc, ctx.ring_rank, ring, step, i, j, half)
                 gq, gk, gv = block_attention_backward(q[qi], keys[kj], values[kj], dout[qi],
-                                                      lse[qi], delta[qi], offset)
+                                                      lse[qi], delta[qi], offset, hidden)
                 dq[qi] += gq
                 dkv[kj, :, :g] += gk
                 dkv[kj, :, g:] += gv
         if ring > 1:  # the last block held is the next rank's: hand each its gradient
             dkv = ring_pass(dkv, ctx.group)
         dk, dv = dkv.split(g, dim=2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None) -> torch.Tensor:
-    """q [S, b, n, d], k and v [S, b, g, d] of this ring rank's two chunks -> [S, b, n, d]."""
+def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None
+                   ) -> torch.Tensor:
+    """q [S, b, n, d], k and v [S, b, g, d] of this ring rank's two chunks -> [S, b, n, d].
+    doc: the whole sequence's document indices [b, s] to attend within, or None."""
     if drop is None:
-        return _RingAttention.apply(q, k, v, group, ring_rank, ring)
+        return _RingAttention.apply(q, k, v, group, ring_rank, ring, doc)
     half, g = q.shape[0] // 2, k.shape[2]
     q_parts, mine = q.split(half), chunks_of(ring_rank, ring)
     acc = [None, None]  # per query chunk: (out, lse) over the keys seen so far
@@ -119,13 +166,16 @@ def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None) -> torc
             for j, kc in enumerate(theirs):
                 if kc > qc:  # every key after every query: masked entirely
                     continue
+                hidden = hidden_keys(doc, _chunk(qc, half), _chunk(kc, half))
                 part = block_attention(q_parts[i], k_parts[j], v_parts[j],
-                                       0 if kc == qc else None, drop)
-                acc[i] = part if acc[i] is None else merge(*acc[i], *part)
+                                       0 if kc == qc else None, drop, hidden)
+                acc[i] = part if acc[i] is None else merge(*acc[i], *part,
+                                                           masked=doc is not None)
     return torch.cat([acc[0][0], acc[1][0]]).to(q.dtype)
 
 
-def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None) -> torch.Tensor:
+def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None
+                        ) -> torch.Tensor:
     """As ring_attention, with every key/value gathered once instead of passed around."""
     seq, half, g = q.shape[0] * ring, q.shape[0] // 2, k.shape[2]
     kv = gather_from_sequence_parallel_region(torch.cat([k, v], dim=2), group)  # [s, b, 2g, d]
@@ -135,9 +185,22 @@ def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None) ->
     outs = []
     for i, qc in enumerate(chunks_of(ring_rank, ring)):
         end = (qc + 1) * half  # this chunk's queries see keys [0, end)
+        hidden = hidden_keys(doc, _chunk(qc, half), slice(0, end))
         outs.append(block_attention(q[i * half:(i + 1) * half], keys[:end], values[:end],
-                                    qc * half, drop)[0])
+                                    qc * half, drop, hidden)[0])
     return torch.cat(outs).to(q.dtype)
+
+
+_PLACES = [None, None]  # (a positions tensor, the ring rank's rows of it): one micro-batch's
+
+
+def _ring_places(positions: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """positions [b, s] over the whole sequence -> [b, S] at the ring rank's tokens `at`: the
+    same tensor for every layer of a micro-batch (the rotary tables are gathered once for it,
+    rotary.apply_per_sample)."""
+    if _PLACES[0] is not positions:
+        _PLACES[:] = [positions, positions.index_select(1, at.to(positions.device))]
+    return _PLACES[1]
 
 
 ALGORITHMS = {"ring": ring_attention, "hybrid": ring_attention, "allgather": allgather_attention}
@@ -157,6 +220,9 @@ class ContextAttention(nn.Module):
         self.kv_replicas = ulysses.kv_replicas(groups_local, q_per_group, self.layout.ulysses)
         position = variants.of(m, "position")
         self.rotary = position.build(m) if position.rotates_qk else None
+        docs = ctx.documents  # data.reset_attention_mask / reset_position_ids (model/context.py)
+        self.attend_within = docs is not None and docs.attend_within
+        self.reset_positions = docs is not None and docs.reset_positions
         self.attend = ALGORITHMS[self.layout.algo]
         if not variants.get("attention", ctx.backend).keeps_scores:
             log.info("context_parallel_algo=%s attends block by block with the math path "
@@ -166,15 +232,26 @@ class ContextAttention(nn.Module):
         with self.tracker.fork("tp"):
             return F.dropout(probs, self.dropout, True)
 
-    def forward(self, q, k, v) -> torch.Tensor:
+    def _rotate(self, q, k, seq: int, docs):
+        """Rotary at the ring rank's tokens' global positions, or (data.reset_position_ids)
+        at each sample's places in its documents, the whole sequence's tables."""
+        at = cp_layout.ring_positions(seq, self.ring_rank, self.layout.ring, q.device)
+        if not self.reset_positions:
+            return self.rotary.apply_at(q, at, self.sel), self.rotary.apply_at(k, at, self.sel)
+        places = _ring_places(documents_of(docs, "reset_position_ids")[1], at)
+        return (self.rotary.apply_per_sample(q, places, self.sel, seq),
+                self.rotary.apply_per_sample(k, places, self.sel, seq))
+
+    def forward(self, q, k, v, docs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """docs: the micro-batch's documents over the whole sequence (model/context.py)."""
         u, ring = self.layout.ulysses, self.layout.ring
         if u > 1:  # [s/C, b, n, d] -> [s/R, b, n/U, d]: the ring rank's tokens
             q, k, v = ulysses.scatter_heads(q, k, v, self.ulysses_group, u, self.kv_replicas)
         seq_r, b = q.shape[:2]
-        if self.rotary is not None:  # rotary at the tokens' global positions
-            at = cp_layout.ring_positions(seq_r * ring, self.ring_rank, ring, q.device)
-            q, k = self.rotary.apply_at(q, at, self.sel), self.rotary.apply_at(k, at, self.sel)
+        if self.rotary is not None:
+            q, k = self._rotate(q, k, seq_r * ring, docs)
         drop = self._drop if self.training and self.dropout > 0 else None
-        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop)
+        doc = documents_of(docs, "reset_attention_mask")[0] if self.attend_within else None
+        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop, doc)
         out = out.reshape(seq_r, b, -1)  # [s/R, b, n/U*d]
         return ulysses.gather_heads(out, self.ulysses_group, u) if u > 1 else out

@@ -45,15 +45,17 @@ class RotaryEmbedding:
         sin = self._sin.index_select(0, positions.cpu()).to(x.device)
         return kernels.rotary(x, cos, sin, sel)
 
-    def apply_per_sample(self, x: torch.Tensor, positions: torch.Tensor, sel) -> torch.Tensor:
+    def apply_per_sample(self, x: torch.Tensor, positions: torch.Tensor, sel,
+                         seq: Optional[int] = None) -> torch.Tensor:
         """x [s, b, n, d] at positions [b, s] of each sample's own (data.reset_position_ids):
         tables [s, b, 1, d], which the fused kernel does not take (one [s, d] table), so the
         torch path rotates. The tables are gathered on x's device, once for the queries and
-        keys of every layer given the same positions."""
+        keys of every layer given the same positions. seq: the whole sequence's length, where
+        x holds a context-parallel rank's share of it (default: x's)."""
         if not (_PER_SAMPLE[0] is positions and torch.equal(_PER_SAMPLE[1], self._inv_freq)
                 and _PER_SAMPLE[2].device == x.device):
-            # x holds the whole sequence, and a place in a document is below its length
-            cos, sin = self.tables(x.shape[0], x.device)
+            # a place in a document is below the whole sequence's length
+            cos, sin = self.tables(seq or x.shape[0], x.device)
             at = positions.t().to(x.device)
             _PER_SAMPLE[:] = [positions, self._inv_freq, cos[:, 0, 0, :][at].unsqueeze(2),
                               sin[:, 0, 0, :][at].unsqueeze(2)]

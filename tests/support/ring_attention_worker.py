@@ -26,6 +26,7 @@ def _algo(algo, cp, *more, zero=0):
             f"parallel.zero_stage={zero}", *more]
 
 
+POS = cpw.MASKED + ["data.reset_position_ids=true"]
 RING_LAYOUTS = {
     "ring_cp2": _algo("ring", 2),
     "allgather_cp2": _algo("allgather", 2),
@@ -61,6 +62,21 @@ RING_LAYOUTS = {
                               "parallel.virtual_pipeline_size=2", zero=1),
     # past the Ulysses cap: tiny.yaml's 4 query heads over 8 ranks (seq 64 = 16 chunks of 4)
     "ring_cp8": _algo("ring", 8),
+    # data.reset_attention_mask (and reset_position_ids): each block masked by the documents
+    # of the key chunk it holds, rotary at each rank's tokens' places in their documents
+    "ring_cp2_docs": _algo("ring", 2) + cpw.DOCS,
+    "ring_cp2_docs_pos": _algo("ring", 2) + cpw.DOCS_POS,
+    # positions from each document's start, attention across them (rotary's places matter)
+    "single_pos": POS,
+    "ring_cp2_pos": _algo("ring", 2) + POS,
+    "allgather_cp2_docs_pos": _algo("allgather", 2) + cpw.DOCS_POS,
+    "ring_cp4_docs_pos": _algo("ring", 4) + cpw.DOCS_POS,
+    "hybrid_u2r2_docs_pos": _algo("hybrid", 4, "parallel.ulysses_degree=2") + cpw.DOCS_POS,
+    # the documents sent with the activations to the ring's second stage; SP's shares
+    "ring_cp2pp2_docs_pos": _algo("ring", 2, "parallel.pipeline_parallel_size=2",
+                                  zero=1) + cpw.DOCS_POS,
+    "ring_cp2tp2_sp_docs_pos": _algo("ring", 2, "parallel.tensor_parallel_size=2",
+                                     "parallel.sequence_parallel=true", zero=1) + cpw.DOCS_POS,
 }
 GRAD_CHECKS = {2: [("ring", 2, 0), ("allgather", 2, 0)],
                4: [("ring", 4, 0), ("hybrid", 4, 2)],

@@ -5,7 +5,10 @@ The ring's shift and the all-gather are replaced by handing each simulated rank 
 ranks' tensors, so a failure here is the chunking, the masks or the merge, not the transport.
 The simulated ring runs the autograd form (an identity attention dropout selects it); the
 explicit backward's block step (block_attention_backward) is checked here against autograd,
-and the whole explicit ring on real ranks (tests/distributed/test_parallel_ring_attention.py)."""
+and the whole explicit ring on real ranks (tests/distributed/test_parallel_ring_attention.py).
+Under a document mask (data.reset_attention_mask) the same equalities hold against attention
+within documents, with key blocks that hide every key from some queries (a row that sees
+nothing in a block until a later one, the merge's -inf case)."""
 import math
 
 import pytest
@@ -13,19 +16,34 @@ import torch
 
 from megatron.model import block_attention as ba
 from megatron.model import context_attention as ca
+from megatron.model.context import Documents
 from megatron.parallel.cp_layout import ring_positions
 
 TOLERANCE = 1e-5
 
 
-def _full(q, k, v):
-    """Reference causal attention, q [s, b, n, d], k/v [s, b, g, d] -> [s, b, n, d] (fp64)."""
+def _full(q, k, v, doc=None):
+    """Reference causal attention, q [s, b, n, d], k/v [s, b, g, d] -> [s, b, n, d] (fp64);
+    doc [b, s]: each token's document, attended within."""
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
     s = q.shape[0]
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    if doc is not None:
+        other = (doc.unsqueeze(2) != doc.unsqueeze(1)).unsqueeze(1)  # [b, 1, s, s]
+        scores = scores.masked_fill(other, float("-inf"))
     return torch.einsum("bnij,jbnd->ibnd", scores.softmax(-1), v)
+
+
+def _documents(seq):
+    """[2, seq] document indices as the model reads them (model/context.Documents): sample 0
+    with ends at 2 and in the middle, sample 1 ends every 3 tokens (a chunk's length here), so
+    every query chunk sees no key of another chunk."""
+    tokens = torch.ones(2, seq, dtype=torch.long)
+    tokens[0, [2, seq // 2]] = 0
+    tokens[1, 2::3] = 0
+    return Documents(eod=0).read(tokens)[0]
 
 
 def _identity(probs):
@@ -38,7 +56,7 @@ def _inputs(seq, heads, groups):
             for h in (heads, groups, groups)]
 
 
-def _simulated(fn, q, k, v, ring, monkeypatch):
+def _simulated(fn, q, k, v, ring, monkeypatch, doc=None):
     """Every ring rank's output, scattered back to sequence order: [s, b, n, d]."""
     seq = q.shape[0]
     index = [ring_positions(seq, r, ring) for r in range(ring)]
@@ -49,7 +67,7 @@ def _simulated(fn, q, k, v, ring, monkeypatch):
         monkeypatch.setattr(ca, "ring_shift", lambda x, group: kvs[(r - next(steps)) % ring])
         monkeypatch.setattr(ca, "gather_from_sequence_parallel_region",
                             lambda x, group: torch.cat(kvs))
-        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity)
+        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity, doc=doc)
         out = out.index_put((index[r],), got.double())
     return out
 
@@ -66,6 +84,50 @@ def test_merged_blocks_equal_full_causal_attention(monkeypatch, ring, heads, gro
     expected = torch.autograd.grad(want, (q, k, v), grad)
     for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
         assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring}: d{name} differs"
+
+
+@pytest.mark.parametrize("algo", ["ring", "allgather"])
+@pytest.mark.parametrize("heads, groups", [(4, 4), (4, 1)])
+@pytest.mark.parametrize("ring", [2, 3, 4])
+def test_merged_blocks_equal_attention_within_documents(monkeypatch, ring, heads, groups, algo):
+    q, k, v = _inputs(2 * ring * 3, heads, groups)
+    doc = _documents(q.shape[0])
+    want = _full(q, k, v, doc)
+    got = _simulated(ca.ALGORITHMS[algo], q, k, v, ring, monkeypatch, doc)
+    assert not got.isnan().any() and (got - want).abs().max() <= TOLERANCE
+    assert (got - _full(q, k, v)).abs().max() > 0.1  # the mask changes the result
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring}: d{name} differs"
+
+
+@pytest.mark.parametrize("heads, groups", [(4, 4), (4, 2)])
+def test_explicit_ring_backward_within_documents(heads, groups):
+    """The explicit forward and backward (_RingAttention, no dropout) on one ring rank, whose
+    two chunks are the whole sequence: the late chunk's queries see no key of the early one in
+    sample 1 (the merge of a hidden block first, then the diagonal)."""
+    q, k, v = _inputs(6, heads, groups)
+    doc = _documents(6)
+    want = _full(q, k, v, doc)
+    got = ca.ring_attention(q, k, v, None, 0, 1, doc=doc)
+    assert (got - want).abs().max() <= TOLERANCE
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"d{name} differs"
+
+
+def test_a_row_that_sees_no_key_in_either_block_merges_to_nothing():
+    q, k, v = (torch.randn(2, 1, 1, 4) for _ in range(3))
+    hidden = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    out, lse = ba.block_attention(q, k, v, None, hidden=hidden)
+    assert out.abs().max() == 0 and (lse == float("-inf")).all()
+    merged, merged_lse = ba.merge(out, lse, out, lse, masked=True)
+    assert merged.abs().max() == 0 and (merged_lse == float("-inf")).all()
+    seen = ba.block_attention(q, k, v, None)
+    both = ba.merge(out, lse, *seen, masked=True)
+    assert torch.allclose(both[0], seen[0]) and torch.allclose(both[1], seen[1])
 
 
 def test_merge_of_two_key_halves_is_attention_over_both():

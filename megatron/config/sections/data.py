@@ -55,14 +55,14 @@ class DataConfig:
     """Attend within documents only: a token sees the earlier tokens of its own document, up to
     and with the end-of-document before it (Megatron's --reset-attention-mask). Positions stay
     those of the sequence. The end-of-document id is data.eod_mask_loss's. Runs under every
-    pipeline schedule, Ulysses context parallelism or none, with a core that takes a mask
-    (sdpa, math; auto picks one)."""
+    pipeline schedule and context-parallel algorithm, with a core that takes a mask (sdpa,
+    math; auto picks one)."""
     reset_position_ids: bool = False
     """Positions restart at 0 after each end-of-document, so a document packed into a sequence
     gets the positions it would get alone, learned or rotary (Megatron's --reset-position-ids;
     with data.reset_attention_mask, a packed document is trained as if alone). The
-    end-of-document id is data.eod_mask_loss's. Runs under every pipeline schedule, Ulysses
-    context parallelism or none."""
+    end-of-document id is data.eod_mask_loss's. Runs under every pipeline schedule and
+    context-parallel algorithm."""
     index_impl: Literal["auto", "cpp", "numpy"] = "auto"
     """Who builds the sample index: cpp, the helper built ahead of time; numpy, its bit-identical
     reference; auto: cpp where it was built."""
