@@ -109,7 +109,9 @@ def _cluster_args(p: argparse.ArgumentParser, nodes: bool = True) -> None:
                    "FSDP (ZeRO-2 or 3; with TP and PP as Llama 3's stack: ZeRO-2 "
                    "reduce-scatters every micro-batch, sends asynchronous); aa-scaling: "
                    "Aleph Alpha's Scaling (ZeRO-0 or 1, an fp32 gradient all-reduce after the "
-                   "backward, nothing overlapped); the other six are comparisons "
+                   "backward, nothing overlapped); nanotron: Hugging Face's (ZeRO-0 or 1, fp32 "
+                   "gradients reduced under the backward by DDP at ZeRO-0 only, its stages "
+                   "split by compute cost); the other seven are comparisons "
                    "(docs/planner.md, "
                    "\"Overlap by framework\"), each offered and accepted only with the "
                    "pipeline schedules and context parallelism it runs")

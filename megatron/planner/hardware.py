@@ -128,7 +128,8 @@ class ClusterSpec:
     inter_latency_us: float = 30.0
     # the engine that runs the job, which decides what communication hides behind compute
     # (overlap.OVERLAP) and its model states (memory.stage_states): deepspeed (this trainer),
-    # megatron-deepspeed, megatron-lm, megatron-lm-2021, megatron-core, fsdp, aa-scaling
+    # megatron-deepspeed, megatron-lm, megatron-lm-2021, megatron-core, fsdp, aa-scaling,
+    # nanotron
     framework: str = "deepspeed"
 
     def __post_init__(self):

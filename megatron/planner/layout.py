@@ -94,6 +94,10 @@ class Layout:
     # chunk takes in a row (0: pp), which lets a step's micro-batches be other than a multiple
     # of pp (config/interleaving.group_fits) for (v - 1)(N - pp) more chunks in flight
     microbatch_group: int = 0
+    # Transformer layers of each stage where the engine splits them itself by a compute cost
+    # (Overlap.cost_split: nanotron, cost_split_layers), any count a stage; (): the trainer's
+    # split (first/last counts, ends counted, else even). One model chunk a stage.
+    stage_counts: Tuple[int, ...] = ()
 
     @property
     def cp_parts(self) -> Tuple[int, int]:
@@ -110,7 +114,7 @@ class Layout:
     @property
     def uneven(self) -> bool:
         return (self.first_stage_layers is not None or self.last_stage_layers is not None
-                or self.counted > 0)
+                or self.counted > 0 or bool(self.stage_counts))
 
     @property
     def world(self) -> int:
@@ -149,6 +153,7 @@ class Layout:
                 f"{'-lossl' if self.loss_as_layer else ''}"
                 f"{f'-g{self.microbatch_group}' if self.microbatch_group else ''}"
                 f"{f'-ep{self.ep}' if self.ep > 1 else ''}"
+                f"{'-split' + '.'.join(map(str, self.stage_counts)) if self.stage_counts else ''}"
                 f"{f'-{self.cp_label()}' if self.cp > 1 and self.cp_algo != 'ulysses' else ''}")
 
     def cp_label(self) -> str:
@@ -161,7 +166,9 @@ class Layout:
     @classmethod
     def from_dict(cls, raw: Dict[str, Any]) -> "Layout":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names})
+        fields = {k: v for k, v in raw.items() if k in names}
+        fields["stage_counts"] = tuple(fields.get("stage_counts", ()))  # a JSON list
+        return cls(**fields)
 
 
 def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optional[str]:
@@ -177,7 +184,10 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
     zero = lay.zero if framework in DEEPSPEED else min(lay.zero, 1)
     error = layout_error(m, lay.tp, lay.pp, zero, lay.sequence_parallel, job.deepspeed,
                          cp=lay.cp, ep=lay.ep, cp_algo=lay.cp_algo,
-                         ulysses_degree=lay.ulysses_degree, counted=lay.counted)
+                         ulysses_degree=lay.ulysses_degree,
+                         # stages without a layer: the ends counted as one, or an engine's own
+                         # split's (nanotron's 3B on 32 stages: 28 layers)
+                         counted=lay.counted or lay.stage_counts.count(0))
     if error is not None:
         return config_problem(error)
     # The trainer accepts SP at TP 1, where it changes nothing: not a layout worth pricing.
@@ -287,9 +297,49 @@ def stage_layers(num_layers: int, pp: int) -> List[int]:
     return even_stage_layers(num_layers, pp)
 
 
+def cost_split_layers(m: ModelConfig, pp: int) -> Tuple[int, ...]:
+    """Transformer layers per stage as nanotron splits them (models/base.py at e24d2483, with
+    models/llama.py's get_block_compute_costs): its pipeline blocks in order (the embedding,
+    the layers, the final norm, the output layer, the cast and the loss) cost 0 but a layer,
+    4 n (h/n) h + 3 f h (its q/k/v/o and MLP weights as multi-head attention's: the sweep's
+    models have no grouped queries), and the output layer, V h; rank r takes
+    blocks while their running total is at most (r + 1)/p of the whole, the block that passes
+    it included. The last stages may hold no layer: 1B's 16 layers on 8 stages are 3, 3, 2,
+    3, 2, 3, 0, 0, the output layer on the seventh, the cast and the loss on the eighth (the
+    planner prices the output layer on the last stage: the same slowest stage)."""
+    layer = 4 * m.num_attention_heads * (m.hidden_size // m.num_attention_heads) * \
+        m.hidden_size + 3 * m.ffn_hidden_size * m.hidden_size
+    costs = [0] + [layer] * m.num_layers + [0, m.vocab_size * m.hidden_size]
+    total = sum(costs)
+    counts, rank, running = [0] * pp, 0, 0
+    for i, cost in enumerate(costs):
+        running += cost
+        counts[rank] += 1 <= i <= m.num_layers
+        if running > total * (rank + 1) / pp:
+            rank += 1
+    return tuple(counts)
+
+
+def _counts_problem(num_layers: int, lay: Layout) -> Optional[str]:
+    """A set split (Layout.stage_counts): one count a stage summing to the layers (a stage may
+    hold none: nanotron's blocks of no cost, the cast and the loss, may take a rank of their
+    own), one model chunk a stage, no other split beside it."""
+    counts = lay.stage_counts
+    if (lay.first_stage_layers is not None or lay.last_stage_layers is not None
+            or lay.counted or lay.interleave > 1):
+        return "an engine's own stage split beside set end counts or model chunks"
+    if len(counts) != lay.pp or sum(counts) != num_layers or min(counts) < 0:
+        return (f"stage split {'/'.join(map(str, counts))} is not {lay.pp} stages holding the "
+                f"{num_layers} layers")
+    return None
+
+
 def uneven_problem(num_layers: int, lay: Layout) -> Optional[str]:
     """The trainer's rule for set first/last stage layer counts, or for the ends counted as a
-    layer, not both (config/stages.py, config/validate.stages_error)."""
+    layer, not both (config/stages.py, config/validate.stages_error); an engine's own split
+    (Layout.stage_counts) its own rule."""
+    if lay.stage_counts:
+        return _counts_problem(num_layers, lay)
     if lay.counted:
         if lay.first_stage_layers is not None or lay.last_stage_layers is not None:
             return "set first/last stage layers beside the ends counted as a layer"
@@ -311,6 +361,8 @@ def layout_stage_layers(num_layers: int, lay: Layout) -> List[int]:
     the ends counted as a layer) and model chunks, each rank's chunks summed, placed as the
     trainer places them (a V under ZB-V, else interleaved 1F1B's loop). An approximation for
     those: the closed forms price a rank's chunks as equal."""
+    if lay.stage_counts:
+        return list(lay.stage_counts)
     first, last = layout_ends(num_layers, lay)
     if lay.interleave > 1 and lay.uneven:
         return rank_layers(num_layers, lay.pp, lay.interleave,

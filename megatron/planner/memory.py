@@ -127,6 +127,8 @@ def engine_problem(framework: str, zero: int) -> Optional[Refusal]:
     if framework in MEGATRON and zero > 1:
         why = ("Megatron-LM has no ZeRO-2 or 3; its optimizer is ZeRO-0 (non-distributed) or "
                "ZeRO-1 (--use-distributed-optimizer): pick --zero 0 or 1")
+    elif framework == "nanotron" and zero > 1:
+        why = "nanotron shards the optimizer (ZeRO-1) or nothing: pick --zero 0 or 1"
     elif framework == "aa-scaling" and zero > 1:
         why = "Aleph Alpha's Scaling shards the optimizer (ZeRO-1) or nothing: pick --zero 0 or 1"
     elif framework == "fsdp" and zero < 2:
@@ -150,6 +152,17 @@ def megatron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateByt
     if zero == 1:
         return StateBytes(2 * n, 2 * n, 16 * n / dp, 0, 0, False)
     return StateBytes(2 * n, 2 * n, 12 * n, 4 * n, 0, False)
+
+
+def nanotron_state_bytes(n: int, precision: str, zero: int, dp: int) -> StateBytes:
+    """nanotron's model states (overlap.py): Megatron's bf16 ones (the fp32 gradient buffer
+    whole on every rank, fp32 master and moments sharded at ZeRO-1), and the model-dtype
+    gradients a backward leaves on the parameters until they are added to the buffer, priced
+    as a bucket alive in the backward (at the step too, where the backward's peak is the
+    larger: activations are stored then)."""
+    states = megatron_state_bytes(n, precision, zero, dp)
+    return dataclasses.replace(states, bucket=act.act_bytes(precision) * n,
+                               bucket_in_backward=True)
 
 
 def fsdp_state_bytes(sp: StageParams, precision: str, zero: int, dp: int) -> StateBytes:
@@ -308,6 +321,8 @@ def _engine_states(job: Job, lay: Layout, sp: StageParams, c: Constants, device,
     if framework in MEGATRON:
         return megatron_state_bytes(sp.total, megatron_precision(job.precision, job.grad_dtype),
                                     lay.zero, dp)
+    if framework == "nanotron":
+        return nanotron_state_bytes(sp.total, job.precision, lay.zero, dp)
     if framework == "fsdp":
         return fsdp_state_bytes(sp, job.precision, lay.zero, dp)
     ds = profile_settings(job, lay, c, device)

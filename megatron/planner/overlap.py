@@ -65,7 +65,22 @@
   taken once its gradient is sent) until a later micro-batch reuses the slot, and a stage r
   has max(2, min(p - r + 1, m)) slots for at most min(p - r, m) micro-batches in flight, so
   one spent micro-batch's output stays beside them; on the last stage that is its gathered
-  whole-vocabulary logits (keeps_spent_outputs)."""
+  whole-vocabulary logits (keeps_spent_outputs).
+- nanotron (Hugging Face's nanotron as the Ultra-Scale Playbook's layout sweep ran it:
+  github.com/huggingface/nanotron at e24d2483, Feb 2025, its benchmark configuration on branch
+  nouamane/bench2, 67c5ebb6): TP in its REDUCE_SCATTER mode (sequence parallelism) with
+  tp_linear_async_communication, whose column-parallel backward reduce-scatters the input
+  gradient under the weight-gradient GEMM (tp_wgrad; the forward all-gather overlaps only the
+  local shard's GEMM: exposed); gradients accumulated in one full fp32 buffer
+  (accumulate_grad_in_fp32) and all-reduced in fp32 (fp32_allreduce): at ZeRO-0 by torch DDP's
+  bucket hooks under the last micro-batch's backward, at ZeRO-1 in one blocking all-reduce of
+  the whole buffer after the pipeline, then each rank steps its shard and the bf16 weights are
+  all-gathered, blocking (grad_reduce "ddp"); model states as Megatron's (bf16 weights, the
+  fp32 gradient buffer whole, fp32 master and moments sharded at ZeRO-1) plus the bf16
+  gradients a backward leaves before they are added to the buffer (memory.py); 1F1B whose
+  sends wait at once (pipe_send False), a sent output kept by nothing (frees_outputs); the
+  loss vocabulary-parallel over TP. Its stages are split by a compute cost of its own
+  (cost_split: layout.cost_split_layers), which gives the output layer's stage fewer layers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -84,7 +99,7 @@ class Refusal(Problem):
 class Overlap:
     tp_comm: bool        # TP collectives under the layer's GEMMs (with SP only)
     grad_reduce: str     # "overlap_comm": DeepSpeed's claim; "layer": all but one layer's chunk;
-    #                      "none": exposed
+    #                      "ddp": as "layer" at ZeRO-0, exposed at ZeRO-1; "none": exposed
     param_gather: bool   # the distributed optimizer's weight all-gather under the next forward
     pipe_send: bool      # pipeline sends under compute (interleaved schedule only)
     tp_wgrad: bool = False  # the backward's column-parallel TP collectives under their
@@ -108,6 +123,8 @@ class Overlap:
     reduce_fixed: bool = False  # the engine's code reduces gradients after the backward and has
     #                             no overlap to switch on: the printed range does not vary it
     #                             (ranges.overlap_variants)
+    cost_split: bool = False  # the engine splits the layers over stages by a compute cost
+    #                           (layout.cost_split_layers: nanotron's), not evenly
     keeps_spent_outputs: bool = False  # the pipeline's buffer slots keep a micro-batch's stage
     #                                    output until the slot is reused: one spent
     #                                    micro-batch's, on the last stage its logits
@@ -160,6 +177,13 @@ OVERLAP: Dict[str, Overlap] = {
                                "model chunks (nn/pipeline_schedule/train.py), has no context "
                                "parallelism or mixture of experts, and checkpoints every layer "
                                "or none (ActivationCheckpointingType)"),
+    "nanotron": Overlap(tp_comm=False, grad_reduce="ddp", param_gather=False, pipe_send=False,
+                        tp_wgrad=True, frees_outputs=True, fp32_allreduce=True,
+                        cost_split=True, reduce_fixed=True, cp_algos=(),
+                        recomputes=("none", "full"), experts=False,
+                        runs="nanotron (as of Feb 2025) runs 1F1B or all-forward-all-backward "
+                             "without model chunks, with no context parallelism, recomputes "
+                             "every layer or none, and its experts are not priced here"),
 }
 FRAMEWORKS = tuple(OVERLAP)
 # the engines with Megatron-LM's optimizer

@@ -77,7 +77,10 @@ ORDER_EVIDENCE = ("note on the order: on published layout sweeps held out of eve
                   "(162 layouts in 15 sweeps: BigScience 2022 on 384 A100s, Hagemann et al. "
                   "2023 on 32-256 A100s) the pick was the measured best or within 1.1% of it "
                   "in 13 of 15, at worst 25% behind it, and 882 of the 1091 pairs measured "
-                  "apart beyond the sources' noise were ordered as measured: layouts a few "
+                  "apart beyond the sources' noise were ordered as measured; under nanotron "
+                  "(the Ultra-Scale Playbook 2025, 1052 layouts in 22 sweeps on 8-256 H100s) "
+                  "within 1.1% in 7 of 22, at worst 193% behind (its multi-node pipelines ran "
+                  "2-4 times the priced step), 21554 of the 30676 pairs: layouts a few "
                   "percent apart here are ties (docs/planner.md)")
 
 
@@ -151,6 +154,13 @@ ENGINE_EVIDENCE: Dict[str, str] = {
                    "the 130 inside the band, while 82% of the pairs were ordered as measured; "
                    "24 of 192 layouts that ran out of memory were priced to fit "
                    "(docs/planner.md, Hagemann et al.'s sweeps)"),
+    "nanotron": ("no run of this engine is in the fit; on the Ultra-Scale Playbook's sweep "
+                 "(1052 layouts of Llama-shaped 1B-80B models on 8-256 H100, held out) its "
+                 "steps took a median 63% more time than predicted (each sweep's fastest "
+                 "layout 19%, the pipelines across nodes 145%), 50 of the 1052 inside the "
+                 "band, while 70% of the pairs were ordered as measured; the memory it "
+                 "reported was a median 9% under the priced peak (docs/planner.md, The "
+                 "Ultra-Scale Playbook's sweep)"),
 }
 
 

@@ -10,7 +10,8 @@ from megatron.config import schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
-from megatron.planner.layout import RECOMPUTE, Job, Layout, engine_run_problem, layout_problem
+from megatron.planner.layout import (RECOMPUTE, Job, Layout, cost_split_layers,
+                                     engine_run_problem, layout_problem)
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
 from megatron.planner.problem import problem_key
@@ -167,12 +168,13 @@ def enumerate_layouts(job: Job, world: int, gpus_per_node: int, space: SearchSpa
     skipped = skipped if skipped is not None else Counter()
     max_tp = space.max_tp or gpus_per_node
     tps = space.tp or _powers_of_two_dividing(world, max_tp)
+    own_split = framework in OVERLAP and OVERLAP[framework].cost_split  # any PP: its own split
     for tp in tps:
         if world % tp:
             skipped[f"TP {tp} does not divide the {world} devices"] += 1
             continue
         pps = space.pp or [p for p in _divisors(world // tp) if p <= job.model.num_layers and
-                           (space.uneven_pp or job.model.num_layers % p == 0 or
+                           (space.uneven_pp or own_split or job.model.num_layers % p == 0 or
                             any(end_splits(job.model.num_layers, p * v, space.lighter_ends)
                                 or counted_splits(job.model.num_layers, p, v,
                                                   space.lighter_ends)
@@ -233,23 +235,29 @@ def counted_splits(num_layers: int, pp: int, chunks: int, lighter: Sequence[int]
     return out
 
 
-Split = Tuple[Optional[int], Optional[int], bool, bool]
+Split = Tuple[Optional[int], Optional[int], bool, bool, Tuple[int, ...]]
 
 
-def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace) -> List[Split]:
-    """(first, last, embedding counted, loss counted) to try: (None, None, False, False) is the
-    even split, where the layers allow it, the engine splits them itself, space.uneven_pp, or
-    the stage counts were given; then the set end counts (end_splits) and the ends counted as
-    a layer where that empties an end chunk (counted_splits)."""
+def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace,
+                  framework: str = "deepspeed") -> List[Split]:
+    """(first, last, embedding counted, loss counted, the engine's own counts) to try: an
+    engine that splits by a compute cost (Overlap.cost_split) its split alone; else
+    (None, None, False, False, ()) is the even split, where the layers allow it, the engine
+    splits them itself, space.uneven_pp, or the stage counts were given; then the set end
+    counts (end_splits) and the ends counted as a layer where that empties an end chunk
+    (counted_splits)."""
     if pp == 1:
-        return [(None, None, False, False)]
+        return [(None, None, False, False, ())]
+    ov = OVERLAP.get(framework)
+    if ov is not None and ov.cost_split:
+        return [(None, None, False, False, cost_split_layers(job.model, pp))] if v == 1 else []
     out: List[Split] = []
     if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp or
                                     space.pp is not None):
-        out.append((None, None, False, False))
-    out += [(first, last, False, False)
+        out.append((None, None, False, False, ()))
+    out += [(first, last, False, False, ())
             for first, last in end_splits(job.model.num_layers, pp * v, space.lighter_ends)]
-    return out + [(None, None, emb, loss) for emb, loss in
+    return out + [(None, None, emb, loss, ()) for emb, loss in
                   counted_splits(job.model.num_layers, pp, v, space.lighter_ends)]
 
 
@@ -348,7 +356,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                   for rc in space.recompute for flash in space.flash
                   for sp in space.sequence_parallel if not (sp and tp == 1)
                   for schedule, v in _schedule_variants(pp, cp, space)
-                  for ends in _stage_splits(job, pp, v, space)
+                  for ends in _stage_splits(job, pp, v, space, framework)
                   for ep in eps
                   for algo, u in _cp_variants(cp, space)]
         for zero in space.zero:
@@ -366,6 +374,7 @@ def _inner_layouts(job: Job, tp: int, pp: int, dp: int, space: SearchSpace,
                 lay = Layout(tp, pp, dp, mb, ga, zero, rc, flash, sp, v, schedule, cp=cp,
                              first_stage_layers=ends[0], last_stage_layers=ends[1], ep=ep,
                              embedding_as_layer=ends[2], loss_as_layer=ends[3],
+                             stage_counts=ends[4],
                              cp_algo=algo, ulysses_degree=u,
                              microbatch_group=_group(schedule, pp, v, ga))
                 problem = engine_run_problem(framework, lay, job.model)

@@ -26,13 +26,15 @@ import numpy as np
 
 from megatron.config.errors import InputError
 from megatron.planner import ranges
+from megatron.planner.layout import cost_split_layers
 from megatron.planner.memory import GIB, peak_memory
+from megatron.planner.overlap import OVERLAP
 from megatron.planner.timing import step_time
 from megatron.planner.validation import (Case, case_from_entry, in_sample_profile,
                                          load_published)
 
-ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "mem_gb", "oom", "cp", "interleave",
-            "sp")
+ROW_KEYS = ("tp", "pp", "micro_batch", "batch", "step_s", "tokens_per_s", "mem_gb", "oom", "cp",
+            "interleave", "sp", "zero")
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,15 @@ class Sweep:
     what: str
     min_gap: float            # measured differences below this are the source's noise
     rows: Tuple[SweepRow, ...]
+    # whether the source lists the layouts that ran out of memory (the memory verdict's
+    # evidence, ranges.MARGIN_EVIDENCE, counts only such sweeps)
+    lists_oom: bool = True
 
 
 def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
     """A sweep from its published.yaml entry: `common` fields shared by every row, `rows` the
-    layouts (tp, pp, micro_batch, batch, optionally sp; step_s and mem_gb as reported, or
-    oom: true)."""
+    layouts (tp, pp, micro_batch, batch, optionally sp and zero; step_s or tokens_per_s (per
+    device) and mem_gb as reported, or oom: true)."""
     name = raw["name"]
     rows, seen = [], {}
     for i, r in enumerate(raw["rows"]):
@@ -63,29 +68,37 @@ def build_sweep(raw: Dict, defaults: Dict) -> Sweep:
             raise InputError(f"sweep {name} row {i}: unknown field {unknown[0]!r} (expected "
                              f"one of {', '.join(ROW_KEYS)})")
         oom = bool(r.get("oom", False))
-        if oom == ("step_s" in r):
-            raise InputError(f"sweep {name} row {i}: give step_s for a row that ran, or "
-                             "oom: true for one that ran out of memory (not both)")
+        if oom == ("step_s" in r or "tokens_per_s" in r):
+            raise InputError(f"sweep {name} row {i}: give step_s (or tokens_per_s) for a row "
+                             "that ran, or oom: true for one that ran out of memory (not both)")
         fields = {k: v for k, v in r.items() if k not in ("mem_gb", "oom")}
         sp = "-sp" if r.get("sp", raw["common"].get("sp")) else ""
-        rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}{sp}"
+        zero = f"-z{r['zero']}" if "zero" in r else ""
+        rid = f"{name}-tp{r['tp']}-pp{r['pp']}-mb{r['micro_batch']}{sp}{zero}"
         if rid in seen:
+            at_zero = f" and ZeRO-{r['zero']}" if zero else ""
             raise InputError(f"sweep {name} row {i}: TP {r['tp']} x PP {r['pp']} at "
-                             f"micro-batch {r['micro_batch']}{' with SP' if sp else ''} is row "
+                             f"micro-batch {r['micro_batch']}{' with SP' if sp else ''}"
+                             f"{at_zero} is row "
                              f"{seen[rid]} already; keep one measurement of a layout (the "
                              "source's repeats set min_gap)")
         seen[rid] = i
         entry = {**raw["common"], **fields, "id": rid, "source": raw["source"]}
         rows.append(SweepRow(case_from_entry(entry, defaults), r.get("mem_gb"), oom))
-    return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows))
+    return Sweep(name, raw["source"], raw["what"], float(raw["min_gap"]), tuple(rows),
+                 bool(raw.get("lists_oom", True)))
 
 
 # Sources whose sweeps searched for the fastest layout, so that each sweep's measured best is a
 # layout chosen by measurement (Hagemann et al.: the most efficient configuration found for
 # each model, sequence and device count is its sweep's fastest row); it counts among the
-# layouts chosen for speed (validation.CHOSEN_FOR_SPEED; held out of every fit).
+# layouts chosen for speed (validation.CHOSEN_FOR_SPEED; held out of every fit); so is each
+# of the Ultra-Scale Playbook's (usp25), a brute-force sweep of each model and GPU count.
 # BigScience's sweeps chose BLOOM's layout, which the fitted case bloom-176b already counts.
-CHOSEN_BY_SWEEP = ("hagemann23",)
+CHOSEN_BY_SWEEP = ("hagemann23", "usp25")
+# Sources whose mem_gb is what nvidia-smi read (ranges.SMI_OVER_PEAK); the others' is their
+# own counter (the Ultra-Scale Playbook does not say which).
+SMI_SOURCES = ("bigscience22",)
 
 
 def tokens_per_device_s(case: Case, step_s: float) -> float:
@@ -101,9 +114,15 @@ def measured_best(sweep: Sweep) -> Case:
 
 
 def reframed(case: Case, framework: str) -> Case:
-    """The case as the engine `framework` would run it (its overlap, model states, costs)."""
+    """The case as the engine `framework` would run it (its overlap, model states, costs, and
+    its stage split: an engine's own by cost, Overlap.cost_split, else the even one)."""
     spec = dataclasses.replace(case.profile.spec, framework=framework)
-    return dataclasses.replace(case, framework=framework,
+    lay = case.layout
+    if lay.pp > 1 and (lay.stage_counts or OVERLAP[framework].cost_split):
+        counts = cost_split_layers(case.job.model, lay.pp) if OVERLAP[framework].cost_split \
+            else ()
+        lay = dataclasses.replace(lay, stage_counts=counts)
+    return dataclasses.replace(case, framework=framework, layout=lay,
                                profile=dataclasses.replace(case.profile, spec=spec))
 
 

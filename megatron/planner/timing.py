@@ -332,11 +332,12 @@ def hidden_share(claimed: float, reduce_s: float, window_s: float) -> float:
 
 def grad_claim(x: _Ctx, n: float, layers: int) -> float:
     """Share of the gradient reduction the engine claims to hide (overlap.Overlap.grad_reduce):
-    DeepSpeed's overlap_comm claim, all but one layer's chunk, or nothing."""
+    DeepSpeed's overlap_comm claim, all but one layer's chunk (nanotron's DDP buckets at
+    ZeRO-0), or nothing."""
     mode = x.overlap.grad_reduce
     if mode == "overlap_comm":
         return max(x.c.dp_overlap, overlap_claim(x.ds, x.lay.zero, n))
-    if mode == "layer":
+    if mode == "layer" or (mode == "ddp" and x.lay.zero == 0):
         return max(x.c.dp_overlap, 1 - 1 / max(1, layers))
     return x.c.dp_overlap
 

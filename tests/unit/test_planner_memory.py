@@ -140,6 +140,22 @@ def test_megatron_keeps_its_grad_buffer_through_the_step_and_deepspeed_frees_it(
     assert ds.grads == pytest.approx(2 * n) and core.peak_bytes > ds.peak_bytes
 
 
+def test_nanotron_holds_megatrons_states_and_the_bf16_gradients_of_a_backward():
+    """nanotron (overlap.py): Megatron's bf16 states (the fp32 gradient buffer whole, master
+    and moments sharded at ZeRO-1) and the bf16 gradients a backward leaves on the
+    parameters before they are added to the buffer: 2 bytes a parameter more at the
+    backward's peak, so a stage's peak is Megatron Core's plus 2 n."""
+    job = Job(preset_model("gpt3-1.3b"), 64, "bf16")
+    for zero in (0, 1):
+        layout = lay(dp=8, grad_accum=8, zero=zero)
+        nano = peak_memory(job, layout, Constants(), framework="nanotron")
+        core = peak_memory(job, layout, Constants(), framework="megatron-core")
+        n = nano.params
+        assert nano.grads == pytest.approx(4 * n) and nano.bucket == pytest.approx(2 * n)
+        assert nano.optimizer == pytest.approx(12 * n / (8 if zero else 1))
+        assert nano.peak_bytes - core.peak_bytes == pytest.approx(2 * n)
+
+
 def test_fsdp_shards_fp32_states_and_gathers_two_blocks_and_the_root():
     """FSDP FULL_SHARD (ZeRO-3): 16/d bytes a parameter of fp32 weights, gradients and moments,
     plus the bf16 weights of two blocks and of the root unit (embeddings, final norm);
@@ -172,6 +188,7 @@ def test_mosaics_30b_on_eight_a100s_fits_under_fsdp_as_it_trained():
     ("fsdp", lay(dp=8, grad_accum=8, zero=1), "pick --zero 2 or 3"),
     ("fsdp", lay(pp=2, dp=4, grad_accum=8, zero=1), "pick --zero 2 or 3"),
     ("aa-scaling", lay(dp=8, grad_accum=8, zero=2), "Aleph Alpha's Scaling shards the optimizer"),
+    ("nanotron", lay(dp=8, grad_accum=8, zero=2), "nanotron shards the optimizer"),
 ])
 def test_a_layout_the_engine_cannot_run_is_refused_by_name(framework, layout, needle):
     job = Job(preset_model("gpt3-1.3b"), 64, "bf16")

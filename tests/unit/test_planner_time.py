@@ -471,6 +471,26 @@ def test_aa_scaling_all_reduces_its_gradients_in_fp32_after_the_backward():
     assert step_time(job, piped, mds).pipeline_s > step_time(job, piped, aa).pipeline_s
 
 
+def test_nanotron_hides_its_fp32_reduction_under_ddp_at_zero0_only(monkeypatch):
+    """nanotron (overlap.py): at ZeRO-0 torch DDP's bucket hooks reduce the fp32 gradients
+    under the last micro-batch's backward, priced as an engine that hides all but one layer's
+    chunk ("layer"); at ZeRO-1 one blocking all-reduce of the whole fp32 buffer after the
+    pipeline, as an engine that hides none, twice the bytes of a reduce-scatter."""
+    from megatron.planner import timing
+    job = Job(preset_model("gpt3-1.3b"), 512, "bf16")
+    nano = _framework("h100", "nanotron")
+
+    def reduce_s(zero, mode):
+        monkeypatch.setitem(timing.OVERLAP, "nanotron", dataclasses.replace(
+            timing.OVERLAP["nanotron"], grad_reduce=mode))
+        return step_time(job, Layout(1, 1, 16, 1, 32, zero=zero, recompute="none"),
+                         nano).reduce_s
+
+    ddp0, ddp1 = reduce_s(0, "ddp"), reduce_s(1, "ddp")
+    assert ddp0 == pytest.approx(reduce_s(0, "layer")) and ddp0 < reduce_s(0, "none")
+    assert ddp1 == pytest.approx(reduce_s(1, "none")) and ddp1 > reduce_s(1, "layer")
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_aa_scaling_runs_swiglu_gate_and_up_as_two_column_parallel_layers(monkeypatch, sp):
     """Aleph Alpha's Scaling's SwiGLU MLP (nn/mlp.py; Overlap.gate_up_split): the gate and up

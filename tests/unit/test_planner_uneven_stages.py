@@ -181,3 +181,56 @@ def test_search_offers_the_counted_ends_where_they_empty_an_end_chunk():
     # first, 0.2% ahead of 4 chunks a stage with a layer fewer at each end (docs/planner.md)
     assert keys[0].endswith("-v8-interleaved-embl-lossl"), keys
     assert not any("-v8" in k and "embl" not in k for k in keys), keys  # 126 % 128: none else
+
+
+def _usp_model(layers, hidden, heads, ffn, tied):
+    from megatron.config import ModelConfig
+    return ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                       ffn_hidden_size=ffn, seq_length=4096, vocab_size=131072,
+                       activation="swiglu", normalization="rmsnorm",
+                       position_embedding_type="rotary", tie_embeddings=tied)
+
+
+def test_nanotron_splits_its_stages_by_its_compute_cost_by_hand():
+    """layout.cost_split_layers, nanotron's rule (models/base.py): a layer costs
+    4 n (h/n) h + 3 f h, the output layer V h; rank r takes blocks while their running total
+    is at most (r + 1)/p of the whole, the block that passes it included. The 8B shape (a
+    layer 243,269,632, the output layer 536,870,912, in all 8,321,499,136): rank 0's bound
+    2,080,374,784 is passed by the 9th layer (2,189,426,688), which it keeps; rank 1's
+    4,160,749,568 by the 18th; rank 2's 6,241,124,352 by the 26th; the last takes 6 and
+    the output layer, where an even split gives it 8 and the output layer (2.2 layers)."""
+    from megatron.planner.layout import cost_split_layers
+    m8 = _usp_model(32, 4096, 32, 14336, False)
+    layer, head = 4 * 4096 * 4096 + 3 * 14336 * 4096, 131072 * 4096
+    assert (layer, head, 32 * layer + head) == (243269632, 536870912, 8321499136)
+    assert cost_split_layers(m8, 4) == (9, 9, 8, 6)
+    assert cost_split_layers(m8, 2) == (18, 14)
+    # 1B: the output layer costs 4 layers (20 units in all); on 8 stages the 15th layer ends
+    # exactly at rank 5's bound (15/20 = 6/8), so rank 5 keeps it and passes the bound with
+    # the 16th; the final norm and the output layer take the 7th, the cast and the loss the 8th
+    m1 = _usp_model(16, 2048, 32, 8192, True)
+    assert cost_split_layers(m1, 8) == (3, 3, 2, 3, 2, 3, 0, 0)
+    assert cost_split_layers(m1, 2) == (11, 5)
+
+
+def test_an_engine_that_splits_by_cost_is_searched_and_priced_with_its_split():
+    """The search gives a nanotron layout its own split at every PP (any PP up to the layers,
+    not only divisors), a published nanotron case gets it too, and the slowest stage is
+    priced lighter than the even split's last stage (8 layers and the output layer)."""
+    from megatron.planner.profile import Profile
+    from megatron.planner.search import SearchSpace, search
+    m8 = _usp_model(32, 4096, 32, 14336, False)
+    job = Job(m8, 256, "bf16")
+    prof = load_profile("h100")
+    nano = Profile(dataclasses.replace(prof.spec, framework="nanotron"), prof.constants)
+    found = search(job, 1, nano, SearchSpace(micro_batch=(1,), zero=(1,)))
+    piped = [c.layout for c in found.ranked if c.layout.pp > 1]
+    assert piped and all(lay.stage_counts == tuple(layout_stage_layers(32, lay))
+                         for lay in piped)
+    assert {lay.stage_counts for lay in piped if lay.pp == 4} == {(9, 9, 8, 6)}
+    even = Layout(1, 4, 2, 1, 128, zero=1, recompute="none")
+    split = dataclasses.replace(even, stage_counts=(9, 9, 8, 6))
+    assert layout_problem(job, split, "nanotron") is None
+    assert step_time(job, split, nano).pipeline_s < step_time(job, even, nano).pipeline_s
+    assert "stage split 9/9/8/5 is not 4 stages holding the 32 layers" in layout_problem(
+        job, dataclasses.replace(even, stage_counts=(9, 9, 8, 5)), "nanotron")
