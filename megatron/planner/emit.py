@@ -32,7 +32,9 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         # PP shows set end-stage layers ("16 ends 7": 7 on the first and on the last stage;
         # "4 ends -,9": the first as the middle ones, 9 on the last), or the ends counted as
         # a layer ("16 ends emb,loss")
-        if lay.counted:
+        if lay.stage_counts:  # the engine's own split ("4 split 9/9/8/6")
+            ends = "/".join(map(str, lay.stage_counts))
+        elif lay.counted:
             ends = ",".join(("emb" if lay.embedding_as_layer else "-",
                              "loss" if lay.loss_as_layer else "-"))
         elif lay.first_stage_layers == lay.last_stage_layers:
@@ -40,7 +42,8 @@ def table_rows(cands: List[Candidate]) -> List[List[str]]:
         else:
             ends = ",".join("-" if v is None else str(v)
                             for v in (lay.first_stage_layers, lay.last_stage_layers))
-        pp = f"{lay.pp} ends {ends}" if lay.uneven else str(lay.pp)
+        pp = (f"{lay.pp} {'split' if lay.stage_counts else 'ends'} {ends}" if lay.uneven
+              else str(lay.pp))
         rows.append([str(i), str(lay.tp), pp, dp, cp,
                      str(lay.micro_batch),
                      str(lay.grad_accum), str(lay.zero), lay.recompute,
@@ -87,6 +90,12 @@ def layout_config(base: Config, job: Job, lay: Layout, flash_backend: Optional[s
         raise ConfigError("layout", lay.key(), "a schedule this trainer runs (one of "
                           f"{', '.join(schedules.with_runner())})",
                           f"{lay.schedule} is priced for comparison only: no engine runs it")
+    if lay.stage_counts:
+        raise ConfigError("layout", lay.key(), "a stage split this trainer runs (set first/last "
+                          "stage counts, the rest even)", "the split "
+                          f"{'/'.join(map(str, lay.stage_counts))} is another engine's "
+                          "(--framework nanotron): search under --framework deepspeed to "
+                          "write a config")
     raw: Dict[str, Dict] = base.to_dict()
     raw["model"] = dataclasses.asdict(job.model)
     # flash layouts: flash_backend, else the first core that keeps no scores; the others: the

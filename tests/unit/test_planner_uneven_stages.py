@@ -234,3 +234,16 @@ def test_an_engine_that_splits_by_cost_is_searched_and_priced_with_its_split():
     assert step_time(job, split, nano).pipeline_s < step_time(job, even, nano).pipeline_s
     assert "stage split 9/9/8/5 is not 4 stages holding the 32 layers" in layout_problem(
         job, dataclasses.replace(even, stage_counts=(9, 9, 8, 5)), "nanotron")
+
+
+def test_an_engines_own_split_is_shown_and_never_written_as_this_trainers_config(capsys):
+    """`search --framework nanotron` shows each pipelined layout's split ("2 split 21/19" for
+    13B's 40 layers), and --out-config refuses it in one line naming the other engine: the
+    trainer's config sets only the first/last stage counts."""
+    from megatron.cli.plan import main
+    code = main(["search", "--model", "gpt3-13b", "--cluster", "h100", "--nodes", "1",
+                 "--global-batch", "256", "--framework", "nanotron", "--top", "3",
+                 "--pp-values", "2", "--micro-batches", "1", "--out-config", "/nonexistent/x"])
+    out, err = capsys.readouterr()
+    assert "2 split 21/19" in out
+    assert code != 0 and "the split 21/19 is another engine's (--framework nanotron)" in err
