@@ -11,7 +11,8 @@
 #      tests/gpu/test_training_gpu.py (fp16 dynamic loss scaling, bf16 with MFU),
 #      tests/gpu/test_training_gpu_paths.py (async saves from CUDA state, the straggler timer's
 #      events), tests/gpu/test_model_moe_gpu.py (the experts' paths in three dtypes, a bf16 MoE run)
-#      and tests/gpu/test_model_documents_gpu.py (document masks and positions, head norms),
+#      and tests/gpu/test_model_documents_gpu.py (document masks and positions, head norms,
+#      sliding windows through flash and SDPA),
 #      three files side by side when pytest-xdist is there; one profiled step of the trainer
 #      and of the peer (benchmarks/e2e/profile_step.py, into the logs);
 #   4. megatron-kernels --require, the 1.3B run with fused kernels, the GPU parity tests, the

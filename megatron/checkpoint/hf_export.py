@@ -17,6 +17,9 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
   softmax plain or renormalised over the chosen experts: norm_topk_prob) ->
   Qwen3MoeForCausalLM, the experts in the hub's layout (mlp.gate, mlp.experts.<e>.gate_proj /
   up_proj / down_proj).
+- Mistral (the Llama settings without biases, every layer within one sliding window:
+  model.attention.sliding_window, sliding_window_pattern=0) -> MistralForCausalLM; a model
+  without a window is written as Llama.
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -53,25 +56,30 @@ StateDict = Dict[str, torch.Tensor]
 # A tuple: any of its values.
 _ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
            "moe.shared_expert_ffn_hidden_size": None}
+_FULL = {"attention.sliding_window": 0}  # every earlier key: no window field to hold one
+_ONE_WINDOW = {"attention.sliding_window_pattern": 0}  # one window for every layer, or none
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
-                        "attention.kv_channels": None, "attention.qk_norm": False},
-               "llama": {"attention.qk_norm": False},
+                        "attention.kv_channels": None, "attention.qk_norm": False, **_FULL},
+               "llama": {"attention.qk_norm": False, **_FULL},
+               "mistral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                           "attention.qk_norm": False, **_ONE_WINDOW},
                "qwen2": {"add_bias_linear": False, "attention.add_qkv_bias": True,
-                         "attention.qk_norm": False},
+                         "attention.qk_norm": False, **_FULL},
                "qwen3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
-                         "attention.qk_norm": True},
+                         "attention.qk_norm": True, **_FULL},
                "qwen3_moe": {"add_bias_linear": False, "attention.add_qkv_bias": False,
                              "attention.qk_norm": True,
-                             "moe.router": ("softmax", "softmax_renorm"), **_ROUTED},
+                             "moe.router": ("softmax", "softmax_renorm"), **_ROUTED, **_FULL},
                "mixtral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
                            "attention.qk_norm": False, "moe.router": "softmax_renorm",
-                           **_ROUTED}}
-ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
-              "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral"}
+                           **_ROUTED, **_ONE_WINDOW}}
+ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+              "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral"}
 MOE_ARCHS = ("qwen3_moe", "mixtral")
-# Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants' Llama names
-# serve them.
-VARIANT_ARCH = {"mixtral": "llama", "qwen2": "llama", "qwen3": "llama", "qwen3_moe": "llama"}
+# Mistral's, Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants'
+# Llama names serve them.
+VARIANT_ARCH = {"mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen3": "llama",
+                "qwen3_moe": "llama"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -104,10 +112,10 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2', 'llama', 'qwen2', 'qwen3', 'qwen3_moe' or 'mixtral' for a model config that maps
-    exactly; InputError otherwise, naming what each architecture lacks."""
+    """'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe' or 'mixtral' for a model config
+    that maps exactly; InputError otherwise, naming what each architecture lacks."""
     problems = {}
-    for arch in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -234,6 +242,10 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     llama = _llama_config(m, common)
     if kind == "llama":
         return llama
+    if kind == "mistral":  # no bias settings: Mistral has none
+        return dict({k: v for k, v in llama.items() if k not in ("attention_bias", "mlp_bias")},
+                    architectures=["MistralForCausalLM"], model_type="mistral",
+                    sliding_window=m.attention.sliding_window)
     if kind == "qwen3_moe":
         return dict(llama, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
                     attention_bias=False, use_sliding_window=False, sliding_window=None,
@@ -252,7 +264,8 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
     return dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral",
                 intermediate_size=moe.expert_ffn(m), num_local_experts=m.moe.num_experts,
                 num_experts_per_tok=m.moe.top_k, router_aux_loss_coef=m.moe.aux_loss_coeff,
-                output_router_logits=False, router_jitter_noise=0.0, sliding_window=None)
+                output_router_logits=False, router_jitter_noise=0.0,
+                sliding_window=m.attention.sliding_window or None)
 
 
 def _llama_config(m, common: dict) -> dict:

@@ -1,5 +1,5 @@
 """Hugging Face model configs (config.json) as this project's `model:` section: GPT-2, Llama,
-Mistral (without a sliding window), Qwen2, Qwen3, Qwen3-MoE and Mixtral, field for field, with
+Mistral (its sliding window too), Qwen2, Qwen3, Qwen3-MoE and Mixtral, field for field, with
 the options this model does not implement refused by name. Torch-free: the weights' import
 (checkpoint/hf_import.py) and the planner (`megatron-plan --model path/to/config.json`) read
 models through it."""
@@ -81,11 +81,8 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _qwen_section(hf, kind)
     if kind == "qwen3_moe":
         return _qwen3_moe_section(hf)
-    if kind == "mistral":  # Llama's weights and settings, without a sliding window
-        if hf.get("sliding_window") is not None:
-            raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention, "
-                               "as Mistral 7B v0.2-v0.3 and Mistral NeMo)")
-        return _llama_section(dict(hf, attention_bias=False, mlp_bias=False))
+    if kind == "mistral":  # Llama's weights and settings, every layer within its window
+        return _windowed(_llama_section(dict(hf, attention_bias=False, mlp_bias=False)), hf)
     if kind != "llama":
         raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe "
                            "or mixtral")
@@ -132,13 +129,19 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     """Llama's fields, with experts in every layer and Mixtral's renormalised softmax router."""
     if hf.get("router_jitter_noise"):
         raise _unsupported("router_jitter_noise", hf["router_jitter_noise"], "0")
-    if hf.get("sliding_window") is not None:
-        raise _unsupported("sliding_window", hf["sliding_window"], "null (full attention)")
-    out = _llama_section(dict(hf, mlp_bias=hf.get("attention_bias", False)))
+    out = _windowed(_llama_section(dict(hf, mlp_bias=hf.get("attention_bias", False))), hf)
     return dict(out, moe={"num_experts": hf.get("num_local_experts", 8),
                           "top_k": hf.get("num_experts_per_tok", 2), "layer_freq": 1,
                           "router": "softmax_renorm",
                           "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
+
+
+def _windowed(section: Dict[str, Any], hf: Dict[str, Any]) -> Dict[str, Any]:
+    """The section with Mistral's and Mixtral's sliding_window (every layer; null: none)."""
+    window = hf.get("sliding_window")
+    if not window:
+        return section
+    return dict(section, attention=dict(section.get("attention", {}), sliding_window=window))
 
 
 def _llama_section(hf: Dict[str, Any]) -> Dict[str, Any]:

@@ -68,6 +68,9 @@ class Variant:
     # attention: whether its forward takes documents=, a [b, s] document index of the whole
     # sequence, and attends within documents only (data.reset_attention_mask)
     documents: bool = False
+    # attention: whether it attends within model.attention.sliding_window (its module reads
+    # m.attention.window_of(layer_number))
+    sliding_window: bool = False
     flops_per_token: Optional[Callable[[Any], float]] = None
     # attention: whether it can run here, called (device type, precision) by the model where
     # `auto` chooses and where the core is asked for; a callable or "package.module:Name" (it

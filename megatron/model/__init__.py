@@ -8,7 +8,7 @@ import torch
 
 from megatron.base.deepspeed_json import sequence_parallel_on
 from megatron.kernels import KernelSelection
-from megatron.model.attention import resolve_attention_backend
+from megatron.model.attention import resolve_attention_backend, window_error
 from megatron.model.context import Documents, ModelContext
 from megatron.model.gpt import GPTModel, PipeLayer, lm_loss, pipeline_layers
 from megatron.parallel.experts import build_expert_parallel
@@ -31,6 +31,7 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
         documents = Documents(eod, d.reset_attention_mask, d.reset_position_ids)
     backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision,
                                         documents=d.reset_attention_mask and eod is not None)
+    window_error(cfg.model, backend)
     sel = KernelSelection(cfg.kernels.mode, device)
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)
     # The expert grid's groups (collective for EP > 1); a dense model builds none.

@@ -80,6 +80,20 @@ def _document_core(requested: str, device: torch.device, precision: str) -> str:
                       ", or set data.reset_attention_mask=false")
 
 
+def window_error(m: ModelConfig, backend: str) -> None:
+    """Refuses a core that does not attend within model.attention.sliding_window (a plugin
+    core whose record lacks `sliding_window`), naming the cores that do."""
+    if not m.attention.sliding_window or variants.get("attention", backend).sliding_window:
+        return
+    windowed = [n for n in variants.names("attention")
+                if variants.get("attention", n).sliding_window]
+    raise ConfigError("model.attention_backend", backend,
+                      f"a core that attends within model.attention.sliding_window "
+                      f"({', '.join(windowed)})", f"use model.attention_backend="
+                      f"{windowed[0] if windowed else 'auto'}, register the core with "
+                      "sliding_window=True, or set model.attention.sliding_window=0")
+
+
 class SelfAttention(nn.Module):
     def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
@@ -120,7 +134,8 @@ class SelfAttention(nn.Module):
         # Ring, all-gather and hybrid wrap the whole attention (model/context_attention.py).
         self.context = None
         if state.cp > 1 and state.cp_layout.balanced:
-            self.context = ContextAttention(m, ctx, self.groups_local, self.q_per_group)
+            self.context = ContextAttention(m, ctx, self.groups_local, self.q_per_group,
+                                            layer_number)
 
     def _split(self, qkv: torch.Tensor):
         """[s, b, groups*(g+2)*d] -> q [s, b, groups*g, d], k and v [s, b, groups, d]. One split,

@@ -1,5 +1,6 @@
 """The built-in attention cores (model.attention_backend; records in config/builtin_variants.py):
-q [s, b, n, d], k and v [s, b, kv, d] of this rank's heads -> context [s, b, n*d], causal.
+q [s, b, n, d], k and v [s, b, kv, d] of this rank's heads -> context [s, b, n*d], causal, within
+the layer's sliding window where model.attention sets one (Variant.sliding_window: all three).
 
 flash: flash-attn on a GPU; sdpa: torch scaled_dot_product_attention; math: explicit scores
 with the fused scaled causal softmax (keeps the s x s probabilities for backward). A core takes
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,8 @@ class _Core(nn.Module):
     def __init__(self, m: ModelConfig, ctx: ModelContext, layer_number: int):
         super().__init__()
         self.dropout, self.tracker, self.sel = m.attention_dropout, ctx.tracker, ctx.sel
+        # model.attention.sliding_window: the keys this layer's queries see (None: all earlier)
+        self.window = m.attention.window_of(layer_number)
 
     def p(self) -> float:
         return self.dropout if self.training else 0.0
@@ -49,33 +53,49 @@ class _Core(nn.Module):
 class FlashCore(_Core):
     def forward(self, q, k, v) -> torch.Tensor:
         s, b, n, d = q.shape
+        # flash-attn's window (left, right) counts the keys beside the query's own
+        window = (self.window - 1, 0) if self.window else (-1, -1)
         with self.dropout_stream():
             out = flash_attn_func_or_none()(q.transpose(0, 1), k.transpose(0, 1),
                                             v.transpose(0, 1), dropout_p=self.p(),
-                                            causal=True)  # [b, s, n, d]
+                                            causal=True, window_size=window)  # [b, s, n, d]
         return out.transpose(0, 1).reshape(s, b, n * d)
 
 
-_LAST_MASK = [None, None]  # (the documents tensor, its mask): one micro-batch's, all layers
+_MASKS = [None, {}]  # (the documents tensor, its masks by window): one micro-batch's, all layers
+
+
+def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: int,
+                 device: torch.device) -> torch.Tensor:
+    """[b or 1, 1, s, s] bool, True where query i may attend key j: j <= i, within the window
+    (i - window < j; model.attention.sliding_window) and of the same document (documents
+    [b, s], each token's document index: data.reset_attention_mask). Made once per micro-batch
+    and window: every layer (and its recomputation) gets the same documents tensor."""
+    if _MASKS[0] is not documents:
+        _MASKS[:] = [documents, {}]
+    key = (window, s, str(device))
+    if key not in _MASKS[1]:
+        causal = torch.ones(s, s, dtype=torch.bool, device=device).tril_()
+        if window:
+            causal.triu_(1 - window)
+        mask = causal.view(1, 1, s, s)
+        if documents is not None:
+            mask = (documents.unsqueeze(2) == documents.unsqueeze(1)).unsqueeze(1) & mask
+        _MASKS[1][key] = mask
+    return _MASKS[1][key]
 
 
 def within_documents(documents: torch.Tensor) -> torch.Tensor:
-    """documents [b, s], each token's document index -> [b, 1, s, s] bool, True where query i
-    may attend key j: j <= i and the same document (data.reset_attention_mask). Made once per
-    micro-batch: every layer (and its recomputation) gets the same documents tensor."""
-    if _LAST_MASK[0] is not documents:
-        s = documents.shape[1]
-        causal = torch.ones(s, s, dtype=torch.bool, device=documents.device).tril_()
-        mask = ((documents.unsqueeze(2) == documents.unsqueeze(1)) & causal).unsqueeze(1)
-        _LAST_MASK[:] = [documents, mask]
-    return _LAST_MASK[1]
+    """documents [b, s] -> visible_keys without a window: causal within documents."""
+    return visible_keys(documents, None, documents.shape[1], documents.device)
 
 
 class SdpaCore(_Core):
     def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        mask = None if documents is None else within_documents(documents)
+        mask = None if documents is None and self.window is None else \
+            visible_keys(documents, self.window, s, q.device)
         with self.dropout_stream():
             out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=self.p(),
                                                  is_causal=mask is None,
@@ -92,12 +112,13 @@ class MathCore(_Core):
         qb = q.permute(1, 2, 0, 3).reshape(b * n, s, d)
         kb = k.permute(1, 2, 3, 0).reshape(b * n, d, s)
         vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)
-        if documents is None:
+        if documents is None and self.window is None:
             probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
         else:  # the masked softmax takes [b, n, s, s] and True where a key is masked out
             scores = torch.bmm(qb, kb).view(b, n, s, s)
-            probs = kernels.scaled_masked_softmax(scores, within_documents(documents).logical_not(),
-                                                  1.0 / math.sqrt(d), self.sel).view(b * n, s, s)
+            hidden = visible_keys(documents, self.window, s, q.device).logical_not()
+            probs = kernels.scaled_masked_softmax(scores, hidden, 1.0 / math.sqrt(d),
+                                                  self.sel).view(b * n, s, s)
         if self.training and self.dropout > 0:
             with self.tracker.fork("tp"):
                 probs = F.dropout(probs, self.dropout, True)

@@ -18,7 +18,9 @@ Packed documents (data.reset_attention_mask): every rank holds the whole sequenc
 indices, so each (query chunk, key chunk) block is also masked where the documents differ
 (hidden_keys); a block may hide every key from a query row (0 out, lse -inf), which the merge
 carries (merge(masked=True)) until the diagonal block. data.reset_position_ids: rotary at each
-sample's places at the ring rank's tokens.
+sample's places at the ring rank's tokens. model.attention.sliding_window: each block is masked
+where a query is a window or more past a key (hidden_keys), and a pair whose every query is
+(_pairs) is not computed.
 
 Backward of the ring: without attention dropout, an explicit one (_RingAttention) keeps only
 q, k, v, the output and the log-sum-exp of each query row; it passes the key/value blocks
@@ -53,33 +55,44 @@ def chunks_of(ring_rank: int, ring: int):
     return ring_rank, 2 * ring - 1 - ring_rank
 
 
-def _pairs(ring_rank: int, ring: int, step: int):
+def _pairs(ring_rank: int, ring: int, step: int, window: Optional[int] = None, half: int = 0):
     """(query chunk i of mine, key chunk j of the block held at `step`, causal offset) of every
-    pair a causal mask does not hide entirely."""
+    pair a causal mask does not hide entirely, nor a sliding window (every query of chunk i at
+    least `window` past every key of chunk j: (qc - kc - 1) x half + 1 >= window)."""
     theirs = chunks_of((ring_rank - step) % ring, ring)
     for i, qc in enumerate(chunks_of(ring_rank, ring)):
         for j, kc in enumerate(theirs):
-            if kc <= qc:
+            if kc <= qc and not (window and (qc - kc - 1) * half + 1 >= window):
                 yield i, j, (0 if kc == qc else None)
 
 
 _HIDDEN = [None, {}]  # (a document index tensor, its masks by block): one micro-batch's
 
 
-def hidden_keys(doc: Optional[torch.Tensor], queries: slice, keys: slice):
-    """doc [b, s], each token's document index over the whole sequence (model/context.Documents;
-    None: no document mask) -> [b, 1, sq, sk] bool, True where a query of the positions
-    `queries` may not see a key of the positions `keys` (another document; the causal part is
-    block_attention's offset), or None. Made once per micro-batch and block pair: every layer
-    (and its recomputation, and the ring's backward) gets the same documents tensor."""
-    if doc is None:
+def hidden_keys(doc: Optional[torch.Tensor], queries: slice, keys: slice,
+                window: Optional[int] = None, device=None):
+    """[b or 1, 1, sq, sk] bool, True where a query of the positions `queries` may not see a key
+    of the positions `keys`: another document (doc [b, s], each token's document index over
+    the whole sequence, model/context.Documents) or outside the window (a query i sees keys
+    j > i - window: model.attention.sliding_window); the causal part is block_attention's
+    offset. None where neither is set. Made once per micro-batch, window and block pair: every
+    layer (and its recomputation, and the ring's backward) gets the same documents tensor."""
+    if doc is None and window is None:
         return None
     if _HIDDEN[0] is not doc:
         _HIDDEN[:] = [doc, {}]
-    key = (queries.start, queries.stop, keys.start, keys.stop)
+    key = (queries.start, queries.stop, keys.start, keys.stop, window, str(device))
     if key not in _HIDDEN[1]:
-        mine, theirs = doc[:, queries], doc[:, keys]
-        _HIDDEN[1][key] = (mine.unsqueeze(2) != theirs.unsqueeze(1)).unsqueeze(1)
+        hidden = None
+        if window is not None:
+            at = doc.device if doc is not None else device
+            rows = torch.arange(queries.start, queries.stop, device=at).unsqueeze(1)
+            cols = torch.arange(keys.start, keys.stop, device=at).unsqueeze(0)
+            hidden = (rows - cols >= window).view(1, 1, rows.shape[0], cols.shape[1])
+        if doc is not None:
+            other = (doc[:, queries].unsqueeze(2) != doc[:, keys].unsqueeze(1)).unsqueeze(1)
+            hidden = other if hidden is None else other | hidden
+        _HIDDEN[1][key] = hidden
     return _HIDDEN[1][key]
 
 
@@ -88,13 +101,14 @@ def _chunk(c: int, half: int) -> slice:
     return slice(c * half, (c + 1) * half)
 
 
-def _pair_hidden(doc, ring_rank: int, ring: int, step: int, i: int, j: int, half: int):
+def _pair_hidden(doc, ring_rank: int, ring: int, step: int, i: int, j: int, half: int,
+                 window: Optional[int] = None, device=None):
     """hidden_keys of my query chunk i against key chunk j of the block held at `step`."""
-    if doc is None:
+    if doc is None and window is None:
         return None
     qc = chunks_of(ring_rank, ring)[i]
     kc = chunks_of((ring_rank - step) % ring, ring)[j]
-    return hidden_keys(doc, _chunk(qc, half), _chunk(kc, half))
+    return hidden_keys(doc, _chunk(qc, half), _chunk(kc, half), window, device)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -102,21 +116,22 @@ class _RingAttention(torch.autograd.Function):
     doc: the whole sequence's document indices [b, s] (data.reset_attention_mask) or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, ring_rank: int, ring: int, doc=None):
+    def forward(ctx, q, k, v, group, ring_rank: int, ring: int, doc=None, window=None):
         half, g = q.shape[0] // 2, k.shape[2]
         q_parts, kv, acc = q.split(half), torch.cat([k, v], dim=2), [None, None]
-        masked = doc is not None
+        masked = doc is not None or window is not None
         for step in range(ring):
             if step:
                 kv = ring_pass(kv, group)
             k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
-            for i, j, offset in _pairs(ring_rank, ring, step):
-                hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half)
+            for i, j, offset in _pairs(ring_rank, ring, step, window, half):
+                hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half, window, q.device)
                 part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, None, hidden)
                 acc[i] = part if acc[i] is None else merge(*acc[i], *part, masked=masked)
         out, lse = torch.cat([acc[0][0], acc[1][0]]), torch.cat([acc[0][1], acc[1][1]])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.ring_rank, ctx.ring, ctx.doc = group, ring_rank, ring, doc
+        ctx.window = window
         return out.to(q.dtype)
 
     @staticmethod
@@ -133,9 +148,10 @@ class _RingAttention(torch.autograd.Function):
             if step:  # the block and the gradient it has gathered so far move on together
                 kv, dkv = ring_pass(kv, ctx.group), ring_pass(dkv, ctx.group)
             keys, values = kv.split(g, dim=2)
-            for i, j, offset in _pairs(ctx.ring_rank, ring, step):
+            for i, j, offset in _pairs(ctx.ring_rank, ring, step, ctx.window, half):
                 qi, kj = rows[i], rows[j]
-                hidden = _pair_hidden(ctx.doc, ctx.ring_rank, ring, step, i, j, half)
+                hidden = _pair_hidden(ctx.doc, ctx.ring_rank, ring, step, i, j, half, ctx.window,
+                                      q.device)
                 gq, gk, gv = block_attention_backward(q[qi], keys[kj], values[kj], dout[qi],
                                                       lse[qi], delta[qi], offset, hidden)
                 dq[qi] += gq
@@ -144,38 +160,34 @@ class _RingAttention(torch.autograd.Function):
         if ring > 1:  # the last block held is the next rank's: hand each its gradient
             dkv = ring_pass(dkv, ctx.group)
         dk, dv = dkv.split(g, dim=2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None
-                   ) -> torch.Tensor:
+def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None,
+                   window=None) -> torch.Tensor:
     """q [S, b, n, d], k and v [S, b, g, d] of this ring rank's two chunks -> [S, b, n, d].
-    doc: the whole sequence's document indices [b, s] to attend within, or None."""
+    doc: the whole sequence's document indices [b, s] to attend within, or None; window: the
+    layer's sliding window (model.attention.sliding_window), or None."""
     if drop is None:
-        return _RingAttention.apply(q, k, v, group, ring_rank, ring, doc)
+        return _RingAttention.apply(q, k, v, group, ring_rank, ring, doc, window)
     half, g = q.shape[0] // 2, k.shape[2]
-    q_parts, mine = q.split(half), chunks_of(ring_rank, ring)
+    q_parts = q.split(half)
     acc = [None, None]  # per query chunk: (out, lse) over the keys seen so far
     kv = torch.cat([k, v], dim=2)  # one message a step: [S, b, 2g, d]
     for step in range(ring):
         if step:
             kv = ring_shift(kv, group)  # now the block of ring rank (ring_rank - step) % R
-        theirs = chunks_of((ring_rank - step) % ring, ring)
         k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
-        for i, qc in enumerate(mine):
-            for j, kc in enumerate(theirs):
-                if kc > qc:  # every key after every query: masked entirely
-                    continue
-                hidden = hidden_keys(doc, _chunk(qc, half), _chunk(kc, half))
-                part = block_attention(q_parts[i], k_parts[j], v_parts[j],
-                                       0 if kc == qc else None, drop, hidden)
-                acc[i] = part if acc[i] is None else merge(*acc[i], *part,
-                                                           masked=doc is not None)
+        for i, j, offset in _pairs(ring_rank, ring, step, window, half):
+            hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half, window, q.device)
+            part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, drop, hidden)
+            acc[i] = part if acc[i] is None else merge(
+                *acc[i], *part, masked=doc is not None or window is not None)
     return torch.cat([acc[0][0], acc[1][0]]).to(q.dtype)
 
 
-def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None
-                        ) -> torch.Tensor:
+def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None,
+                        window=None) -> torch.Tensor:
     """As ring_attention, with every key/value gathered once instead of passed around."""
     seq, half, g = q.shape[0] * ring, q.shape[0] // 2, k.shape[2]
     kv = gather_from_sequence_parallel_region(torch.cat([k, v], dim=2), group)  # [s, b, 2g, d]
@@ -185,7 +197,7 @@ def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, do
     outs = []
     for i, qc in enumerate(chunks_of(ring_rank, ring)):
         end = (qc + 1) * half  # this chunk's queries see keys [0, end)
-        hidden = hidden_keys(doc, _chunk(qc, half), slice(0, end))
+        hidden = hidden_keys(doc, _chunk(qc, half), slice(0, end), window, q.device)
         outs.append(block_attention(q[i * half:(i + 1) * half], keys[:end], values[:end],
                                     qc * half, drop, hidden)[0])
     return torch.cat(outs).to(q.dtype)
@@ -210,7 +222,8 @@ class ContextAttention(nn.Module):
     """q [s/C, b, n, d], k and v [s/C, b, g, d] (this rank's tokens, its TP heads) ->
     [s/C, b, n*d]: the whole causal attention over the sequence, rotary positions included."""
 
-    def __init__(self, m: ModelConfig, ctx: ModelContext, groups_local: int, q_per_group: int):
+    def __init__(self, m: ModelConfig, ctx: ModelContext, groups_local: int, q_per_group: int,
+                 layer_number: int = 0):
         super().__init__()
         state = ctx.state
         self.layout, self.sel, self.tracker = state.cp_layout, ctx.sel, ctx.tracker
@@ -223,6 +236,7 @@ class ContextAttention(nn.Module):
         docs = ctx.documents  # data.reset_attention_mask / reset_position_ids (model/context.py)
         self.attend_within = docs is not None and docs.attend_within
         self.reset_positions = docs is not None and docs.reset_positions
+        self.window = m.attention.window_of(layer_number)  # model.attention.sliding_window
         self.attend = ALGORITHMS[self.layout.algo]
         if not variants.get("attention", ctx.backend).keeps_scores:
             log.info("context_parallel_algo=%s attends block by block with the math path "
@@ -252,6 +266,6 @@ class ContextAttention(nn.Module):
             q, k = self._rotate(q, k, seq_r * ring, docs)
         drop = self._drop if self.training and self.dropout > 0 else None
         doc = documents_of(docs, "reset_attention_mask")[0] if self.attend_within else None
-        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop, doc)
+        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop, doc, self.window)
         out = out.reshape(seq_r, b, -1)  # [s/R, b, n/U*d]
         return ulysses.gather_heads(out, self.ulysses_group, u) if u > 1 else out

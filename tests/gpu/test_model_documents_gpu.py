@@ -1,9 +1,10 @@
-"""The model paths of packed documents and of Qwen-style heads on a GPU, none of which has run
-on one yet: the document mask through SDPA's masked kernels (data.reset_attention_mask), the
-per-sample rotary tables of data.reset_position_ids on the unfused bf16 path, and the per-head
-query/key norm (model.attention.qk_norm) through the fused RMSNorm on [s, b, heads, d] rows.
-Each is held in bf16 to the fp32 CPU model with the same weights; `check_on` runs on any
-device, so its logic is exercised on the CPU as well (test_the_checks_hold_on_the_cpu)."""
+"""The model paths of packed documents, of Qwen-style heads and of sliding windows on a GPU, none
+of which has run on one yet: the document mask through SDPA's masked kernels
+(data.reset_attention_mask), the per-sample rotary tables of data.reset_position_ids on the
+unfused bf16 path, the per-head query/key norm (model.attention.qk_norm) through the fused
+RMSNorm on [s, b, heads, d] rows, and model.attention.sliding_window through flash-attn's
+window_size and SDPA's mask. Each is held in bf16 to the fp32 CPU model with the same weights;
+the checks run on any device, so their logic is exercised on the CPU as well."""
 from __future__ import annotations
 
 import pytest
@@ -72,3 +73,40 @@ def test_the_checks_hold_on_the_cpu():
 def test_packed_documents_and_head_norms_on_the_gpu(kernels):
     """kernels=auto takes the fused RMSNorm for the head norms where a build is installed."""
     check_on(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, kernels, 3e-2)
+
+
+WINDOW = ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
+          "model.activation=swiglu", "model.add_bias_linear=false", "model.num_query_groups=2",
+          "model.attention.sliding_window=24", "model.attention.sliding_window_pattern=2"]
+
+
+def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: float) -> None:
+    """model.attention.sliding_window (24 of 128 keys, every other layer) through `backend` on
+    `device`: the fp32 CPU sdpa model's logits within tol of their largest magnitude."""
+    reference = _model(torch.device("cpu"), torch.float32, "torch",
+                       WINDOW + ["model.attention_backend=sdpa"]).eval()
+    model = _model(device, dtype, "torch", WINDOW + [f"model.attention_backend={backend}"]).eval()
+    model.load_state_dict({k: v.to(device=device, dtype=dtype)
+                           for k, v in reference.state_dict().items()})
+    tokens = _packed()[0]
+    with torch.no_grad():
+        want, got = reference(tokens), model(tokens.to(device)).float().cpu()
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err <= tol, f"{backend} window on {device} in {dtype}: {err:.3g} > {tol}"
+
+
+def test_the_window_check_holds_on_the_cpu():
+    window_check(torch.device("cpu"), torch.float32, "math", 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_a_sliding_window_on_the_gpu(backend):
+    """flash-attn's window_size (its left count is the window less the query's own key) and
+    SDPA's masked kernel, against the CPU reference; flash skips where flash-attn is absent."""
+    from megatron.model.attention_cores import flash_available
+    if backend == "flash" and not flash_available("cuda", "bf16"):
+        pytest.skip("flash-attn is not installed")
+    window_check(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, backend,
+                 3e-2)

@@ -27,6 +27,9 @@ def _algo(algo, cp, *more, zero=0):
 
 
 POS = cpw.MASKED + ["data.reset_position_ids=true"]
+# model.attention.sliding_window on the first layer, the whole sequence on the second: 12 keys
+# of the 64, so blocks of 16 (CP 2) are cut and of 8 (CP 4) some are skipped whole
+WINDOW = ["model.attention.sliding_window=12", "model.attention.sliding_window_pattern=2"]
 RING_LAYOUTS = {
     "ring_cp2": _algo("ring", 2),
     "allgather_cp2": _algo("allgather", 2),
@@ -69,6 +72,12 @@ RING_LAYOUTS = {
     # positions from each document's start, attention across them (rotary's places matter)
     "single_pos": POS,
     "ring_cp2_pos": _algo("ring", 2) + POS,
+    "single_window": WINDOW,
+    "ring_cp2_window": _algo("ring", 2) + WINDOW,
+    "allgather_cp2_window": _algo("allgather", 2) + WINDOW,
+    "ulysses_cp2_window": _algo("ulysses", 2) + WINDOW,
+    "single_window_docs": WINDOW + cpw.DOCS_POS,
+    "ring_cp4_window_docs": _algo("ring", 4) + WINDOW + cpw.DOCS_POS,
     "allgather_cp2_docs_pos": _algo("allgather", 2) + cpw.DOCS_POS,
     "ring_cp4_docs_pos": _algo("ring", 4) + cpw.DOCS_POS,
     "hybrid_u2r2_docs_pos": _algo("hybrid", 4, "parallel.ulysses_degree=2") + cpw.DOCS_POS,

@@ -37,9 +37,11 @@ CASES = {
     "qwen3": LLAMA + ["model.num_query_groups=2", "model.attention.kv_channels=24",
                       "model.attention.qk_norm=true",
                       "model.tie_embeddings=false"],
+    # Mistral 7B v0.1's sliding window in small: 8 keys of the 64 a query could see
+    "mistral_window": LLAMA + ["model.num_query_groups=2", "model.attention.sliding_window=8"],
 }
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral_window": "MistralForCausalLM"}
 
 
 def merged_model(overrides, root):
@@ -139,7 +141,11 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
                        (["model.attention.qk_norm=true"], "qk_norm=True (needs False)"),
                        (LLAMA + ["model.attention.add_qkv_bias=true",
                                  "model.attention.qk_norm=true"],
-                        "add_qkv_bias=True (needs False)")):
+                        "add_qkv_bias=True (needs False)"),
+                       # windows on some layers only (Gemma's pattern): no field holds them
+                       (LLAMA + ["model.attention.sliding_window=8",
+                                 "model.attention.sliding_window_pattern=2"],
+                        "for Mistral, attention.sliding_window_pattern=2 (needs 0)")):
         _, merged = merged_model(extra, root)
         with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
             export_hf(merged, str(tmp_path / "z"))

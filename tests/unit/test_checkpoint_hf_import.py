@@ -1,5 +1,6 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
-keys/values, tied or not, with biases, with a head_dim of its own; Qwen2; Qwen3; Mixtral)
+keys/values, tied or not, with biases, with a head_dim of its own; Mistral with and without a
+sliding window; Qwen2; Qwen3; Mixtral)
 becomes a single file whose unsharded model gives transformers' logits; export then import
 gives back our exact tensors; unsupported options are refused with the field. Training from
 the file in another layout is covered by init_from's end-to-end test
@@ -53,6 +54,10 @@ CONFIGS = {
                                                      num_experts=4, num_experts_per_tok=2,
                                                      norm_topk_prob=True, num_hidden_layers=2,
                                                      num_key_value_heads=2),
+    # Mistral 7B v0.1's sliding window in small: 8 keys of the 40 a query could see
+    "mistral_window": lambda: transformers.MistralConfig(**SMALL, intermediate_size=160,
+                                                         num_hidden_layers=2,
+                                                         num_key_value_heads=2, sliding_window=8),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -95,7 +100,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
-                                  "qwen3_moe", "mixtral"])
+                                  "qwen3_moe", "mixtral", "mistral_window"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -149,9 +154,6 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen3_moe", mlp_only_layers=[1])
     with pytest.raises(InputError, match=r"mlp_only_layers=\[1\] is not supported"):
-        import_hf(folder)
-    _, folder = saved(tmp_path, "mistral", sliding_window=4096)
-    with pytest.raises(InputError, match="sliding_window=4096 is not supported"):
         import_hf(folder)
     _, folder = saved(tmp_path, "qwen2", use_sliding_window=True)
     with pytest.raises(InputError, match="use_sliding_window=True is not supported"):

@@ -137,3 +137,84 @@ def test_a_packed_document_reads_as_alone_with_its_own_positions(one_rank_group,
         assert torch.allclose(reset(packed)[10:], alone, atol=1e-4)
         if flavour == "learned":
             assert not torch.allclose(mask(packed)[10:], alone, atol=1e-2)
+
+
+def _window_model(backend: str, window: int, pattern: int = 0, layers: int = 1):
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml", [
+        f"model.num_layers={layers}", "model.hidden_size=64", "model.num_attention_heads=4",
+        f"model.attention_backend={backend}", "model.num_query_groups=2",
+        f"model.attention.sliding_window={window}",
+        f"model.attention.sliding_window_pattern={pattern}"])
+    return build_model(cfg, ParallelState.single(), 512)
+
+
+def _reference(q, k, v, visible):
+    """Attention with an explicit [b or 1, 1, s, s] visibility mask, grouped-query heads."""
+    import math
+    rep = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    s, b, n, d = q.shape
+    return torch.einsum("bnij,jbnd->ibnd", probs, v).reshape(s, b, n * d)
+
+
+def test_a_sliding_window_shows_each_query_itself_and_the_keys_just_before():
+    """model.attention.sliding_window (Hugging Face's rule: key j is seen from query i when
+    i - window < j <= i), and sliding_window_pattern: every N-th layer sees the whole
+    sequence (layers 2, 4, ... of pattern 2, 0-based 1, 3, ...)."""
+    from megatron.model.attention_cores import visible_keys
+    mask = visible_keys(None, 3, 6, torch.device("cpu"))[0, 0]
+    assert mask.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                                   [0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
+    model = _window_model("sdpa", 3, pattern=2, layers=4)
+    assert [layer.attention.core.window for layer in model.layers] == [3, None, 3, None]
+    assert model.layers[0].attention.core.window == 3
+    assert [m.attention.core.window for m in _window_model("math", 5, layers=2).layers] == [5, 5]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("with_documents", [False, True])
+def test_each_core_attends_within_the_window(backend, with_documents):
+    """Both CPU cores against attention with the window's explicit mask (grouped-query
+    heads), and with packed documents the window and the documents together; without the
+    window the output differs (the window hides keys of a long sequence)."""
+    from megatron.model.context import Documents
+    core = _window_model(backend, 4).layers[0].attention.core.eval()
+    g = torch.Generator().manual_seed(3)
+    s, b = 12, 2
+    q = torch.randn(s, b, 4, 16, generator=g)
+    k, v = torch.randn(s, b, 2, 16, generator=g), torch.randn(s, b, 2, 16, generator=g)
+    rows, cols = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
+    visible = ((cols <= rows) & (cols > rows - 4)).view(1, 1, s, s)
+    docs = None
+    if with_documents:
+        tokens = torch.ones(b, s, dtype=torch.long)
+        tokens[0, 6] = tokens[1, 2] = 0
+        docs = Documents(eod=0).read(tokens)[0]
+        visible = visible & (docs.unsqueeze(2) == docs.unsqueeze(1)).unsqueeze(1)
+    out = core(q, k, v, documents=docs) if with_documents else core(q, k, v)
+    assert torch.allclose(out, _reference(q, k, v, visible), atol=1e-5)
+    causal = (cols <= rows).view(1, 1, s, s)
+    assert not torch.allclose(out, _reference(q, k, v, causal), atol=1e-3)
+
+
+def test_a_core_without_the_window_is_refused_by_name():
+    """A plugin core whose record does not say it attends within a window stops at build
+    with the cores that do, not silently attending over the whole sequence."""
+    import dataclasses
+    from megatron.config import variants
+    from megatron.config.errors import ConfigError
+    from megatron.model.attention import window_error
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml", ["model.attention.sliding_window=8"])
+    plain = dataclasses.replace(variants.get("attention", "sdpa"), name="plain_core",
+                                sliding_window=False)
+    variants.register(plain)
+    try:
+        with pytest.raises(ConfigError, match=r"model.attention_backend='plain_core' is invalid: "
+                                              r"expected a core that attends within model"
+                                              r".attention.sliding_window \(flash, sdpa, math"):
+            window_error(cfg.model, "plain_core")
+        window_error(cfg.model, "sdpa")
+    finally:
+        variants.unregister("attention", "plain_core")

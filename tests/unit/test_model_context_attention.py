@@ -22,9 +22,9 @@ from megatron.parallel.cp_layout import ring_positions
 TOLERANCE = 1e-5
 
 
-def _full(q, k, v, doc=None):
+def _full(q, k, v, doc=None, window=None):
     """Reference causal attention, q [s, b, n, d], k/v [s, b, g, d] -> [s, b, n, d] (fp64);
-    doc [b, s]: each token's document, attended within."""
+    doc [b, s]: each token's document, attended within; window: keys j > i - window only."""
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
@@ -33,6 +33,9 @@ def _full(q, k, v, doc=None):
     if doc is not None:
         other = (doc.unsqueeze(2) != doc.unsqueeze(1)).unsqueeze(1)  # [b, 1, s, s]
         scores = scores.masked_fill(other, float("-inf"))
+    if window is not None:
+        far = torch.ones(s, s, dtype=torch.bool).tril(-window)  # i - j >= window
+        scores = scores.masked_fill(far, float("-inf"))
     return torch.einsum("bnij,jbnd->ibnd", scores.softmax(-1), v)
 
 
@@ -56,7 +59,7 @@ def _inputs(seq, heads, groups):
             for h in (heads, groups, groups)]
 
 
-def _simulated(fn, q, k, v, ring, monkeypatch, doc=None):
+def _simulated(fn, q, k, v, ring, monkeypatch, doc=None, window=None):
     """Every ring rank's output, scattered back to sequence order: [s, b, n, d]."""
     seq = q.shape[0]
     index = [ring_positions(seq, r, ring) for r in range(ring)]
@@ -67,7 +70,8 @@ def _simulated(fn, q, k, v, ring, monkeypatch, doc=None):
         monkeypatch.setattr(ca, "ring_shift", lambda x, group: kvs[(r - next(steps)) % ring])
         monkeypatch.setattr(ca, "gather_from_sequence_parallel_region",
                             lambda x, group: torch.cat(kvs))
-        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity, doc=doc)
+        got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity, doc=doc,
+                 window=window)
         out = out.index_put((index[r],), got.double())
     return out
 
@@ -102,15 +106,51 @@ def test_merged_blocks_equal_attention_within_documents(monkeypatch, ring, heads
         assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring}: d{name} differs"
 
 
+@pytest.mark.parametrize("algo", ["ring", "allgather"])
+@pytest.mark.parametrize("with_documents", [False, True])
+@pytest.mark.parametrize("window", [1, 4, 7])
+@pytest.mark.parametrize("ring", [2, 4])
+def test_merged_blocks_equal_attention_within_a_sliding_window(monkeypatch, ring, window,
+                                                               with_documents, algo):
+    """model.attention.sliding_window: chunks of 3 tokens, so a window of 4 or 7 hides part
+    of some blocks and the whole of others (the ring skips those pairs), 1 every key but the
+    query's own; with packed documents too."""
+    q, k, v = _inputs(2 * ring * 3, 4, 2)
+    doc = _documents(q.shape[0]) if with_documents else None
+    want = _full(q, k, v, doc, window)
+    got = _simulated(ca.ALGORITHMS[algo], q, k, v, ring, monkeypatch, doc, window)
+    assert not got.isnan().any() and (got - want).abs().max() <= TOLERANCE
+    longest = q.shape[0] if doc is None else max(int(row.bincount().max()) for row in doc)
+    if window < longest:  # the window hides keys the documents alone leave visible
+        assert (got - _full(q, k, v, doc)).abs().max() > 0.1
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring} w={window}: d{name} differs"
+
+
+def test_the_ring_skips_the_pairs_a_window_hides_whole():
+    """Ring rank 0 of 4 holds chunks 0 and 7 of 8 (3 tokens each): with a window of 4, chunk
+    7's queries (positions 21-23) see nothing of chunks 0-5, so of the pairs a causal mask
+    leaves only (7, 7) and (7, 6) are computed beside (0, 0)."""
+    def computed(window):
+        return sorted((ca.chunks_of(0, 4)[i], ca.chunks_of(-s % 4, 4)[j])
+                      for s in range(4) for i, j, _ in ca._pairs(0, 4, s, window, 3))
+    assert computed(None) == [(0, 0), (7, 0), (7, 1), (7, 2), (7, 3), (7, 4), (7, 5), (7, 6),
+                              (7, 7)]
+    assert computed(4) == [(0, 0), (7, 6), (7, 7)]
+
+
+@pytest.mark.parametrize("window", [None, 2, 4])
 @pytest.mark.parametrize("heads, groups", [(4, 4), (4, 2)])
-def test_explicit_ring_backward_within_documents(heads, groups):
+def test_explicit_ring_backward_within_documents(heads, groups, window):
     """The explicit forward and backward (_RingAttention, no dropout) on one ring rank, whose
     two chunks are the whole sequence: the late chunk's queries see no key of the early one in
     sample 1 (the merge of a hidden block first, then the diagonal)."""
     q, k, v = _inputs(6, heads, groups)
     doc = _documents(6)
-    want = _full(q, k, v, doc)
-    got = ca.ring_attention(q, k, v, None, 0, 1, doc=doc)
+    want = _full(q, k, v, doc, window)
+    got = ca.ring_attention(q, k, v, None, 0, 1, doc=doc, window=window)
     assert (got - want).abs().max() <= TOLERANCE
     grad = torch.randn_like(want)
     expected = torch.autograd.grad(want, (q, k, v), grad)

@@ -1,12 +1,14 @@
 """The model's attention sub-section (`model.attention`): how each head is shaped beyond the
-head counts of the model section (its width, its biases, a norm of its queries and keys), read by
-the attention layer, the Hugging Face converters and the planner through the model section
-(m.attention). Each field's docstring is its entry in docs/config.md (config/reference.py)."""
+head counts of the model section (its width, its biases, a norm of its queries and keys) and
+which keys it sees (a sliding window), read by the attention layer, the Hugging Face converters
+and the planner through the model section (m.attention). Each field's docstring is its entry in
+docs/config.md (config/reference.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import finite, positive
 
 S = "model.attention"
@@ -26,11 +28,37 @@ class AttentionConfig:
     """Normalise each query and key head over its width, with model.normalization and weights of
     its own, after the projection and before rotary positions (Megatron Core's --qk-layernorm;
     Qwen3), which keeps attention logits from growing (Dehghani et al. 2023, ViT-22B)."""
+    sliding_window: int = 0
+    """Each query sees at most this many keys: itself and the ones just before it (Mistral 7B
+    v0.1's 4096; Hugging Face's sliding_window: key j is seen from query i when i - window < j
+    <= i). 0: every earlier key. With data.reset_attention_mask, within its document too.
+    Runs on the flash (its window_size), sdpa and math cores and under every context-parallel
+    algorithm; the FLOPs the run report and megatron-plan count are still every earlier
+    key's (Megatron's count), so where the sequence is longer than the window they overstate
+    the work."""
+    sliding_window_pattern: int = 0
+    """With model.attention.sliding_window: every N-th layer (the N-th, the 2N-th, ...) sees
+    every earlier key and the others the window (Hugging Face's sliding_window_pattern: Gemma
+    2's and gpt-oss's 2, Gemma 3's 6). 0: every layer the window."""
 
     def __post_init__(self):
         finite(S, self)
         if self.kv_channels is not None:
             positive(S, "kv_channels", self.kv_channels)
+        positive(S, "sliding_window", self.sliding_window, allow_zero=True)
+        positive(S, "sliding_window_pattern", self.sliding_window_pattern, allow_zero=True)
+        if self.sliding_window_pattern == 1:
+            raise ConfigError(f"{S}.sliding_window_pattern", 1, "0 (every layer the window) or "
+                              "2 or more (every N-th layer the whole sequence)",
+                              "1 would give every layer the whole sequence: set "
+                              f"{S}.sliding_window=0 instead")
+
+    def window_of(self, index: int):
+        """The window layer `index` (0-based) attends within, or None (every earlier key)."""
+        if not self.sliding_window:
+            return None
+        n = self.sliding_window_pattern
+        return None if n and (index + 1) % n == 0 else self.sliding_window
 
 
 __all__ = ["AttentionConfig"]
