@@ -6,7 +6,8 @@ FLOPs (Narayanan et al. 2021): 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) for a GPT 
 GeLU MLP. Written per token and layer it is 3 * (2 * matmul parameters + 4*s*h attention) plus the
 logits' 3 * 2*h*V, which extends exactly to GQA (smaller K/V projections), SwiGLU (three FFN
 matrices) and any FFN width; the attention-score term depends on the query heads only, and the
-causal mask is not halved (as Megatron counts). A MoE layer (config/moe.py) counts the FLOPs a
+causal mask is not halved (as Megatron counts); a sliding window's layers count the share of
+the causal pairs their band holds (attention_keys). A MoE layer (config/moe.py) counts the FLOPs a
 token really costs: its router (h x E), the top_k experts it is sent to, not all E, and the
 shared expert every token runs (model.moe.shared_expert_ffn_hidden_size)."""
 from __future__ import annotations
@@ -34,12 +35,26 @@ def layer_matmul_params(m, index: int = -1) -> int:
     return qkv + proj + fc * h * m.ffn_hidden_size
 
 
+def attention_keys(m) -> float:
+    """Keys a query's scores are counted over, the mean over the layers: the sequence (the
+    causal mask not halved, as Megatron counts), or under model.attention.sliding_window w < s
+    the same share of what the window leaves, 2 w - w^2 / s (a causal band of width w holds
+    s w - w^2 / 2 of the s^2 / 2 pairs), on the layers the window covers."""
+    s = m.seq_length
+    if not m.attention.sliding_window:
+        return float(s)
+    keys = [s if w is None or w >= s else 2 * w - w * w / s
+            for w in (m.attention.window_of(i) for i in range(m.num_layers))]
+    return sum(keys) / len(keys)
+
+
 def attention_forward_flops_per_token(m) -> float:
-    """Scores and context: 2 matmuls of 2*s*d per query head (a core may declare its own)."""
+    """Scores and context: 2 matmuls of 2*keys*d per query head (attention_keys; a core may
+    declare its own)."""
     core = variants.attention_of(m)
     if core.flops_per_token is not None:
         return core.flops_per_token(m)
-    return 4 * m.seq_length * m.num_attention_heads * m.head_dim
+    return 4 * attention_keys(m) * m.num_attention_heads * m.head_dim
 
 
 def layer_forward_flops_per_token(m, index: int = -1) -> float:

@@ -42,6 +42,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from megatron.config import moe, schedules
+from megatron.config.model_math import attention_keys
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, cp_timing, experts, fp8
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
@@ -132,8 +133,8 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     fwd, core = linear_gemms(x), np.zeros(len(FEATURES))
     heads = x.lay.micro_batch * m.num_attention_heads / t / x.lay.cp
     s = m.seq_length
-    if x.lay.flash:
-        core[ATTN] = 4 * tok * s * m.num_attention_heads * d / t / x.peak
+    if x.lay.flash:  # a flash kernel skips the blocks a sliding window hides (attention_keys)
+        core[ATTN] = 4 * tok * attention_keys(m) * m.num_attention_heads * d / t / x.peak
     else:
         core[GEMM] = 2 * heads * gemm_seconds((s, s, d), x.peak, x.c.gemm_half_dim)
         # scores written by QK^T, read and written by softmax and dropout, read by AV

@@ -531,3 +531,25 @@ def test_aa_scaling_runs_swiglu_gate_and_up_as_two_column_parallel_layers(monkey
     monkeypatch.setitem(timing.OVERLAP, "aa-scaling", dataclasses.replace(
         timing.OVERLAP["aa-scaling"], gate_up_split=False))
     assert step_time(gelu, lay, aa).pipeline_s == with_trait
+
+
+def test_a_sliding_window_prices_the_keys_it_leaves():
+    """model.attention.sliding_window (config/model_math.attention_keys): a causal band of
+    width w holds s w - w^2/2 of the s^2/2 pairs, counted as 2 w - w^2/s keys a query where the
+    whole causal square counts s (Megatron's count, not halved). At s = 4096, w = 1024 on every
+    other layer: (4096 + 2048 - 256) / 2 = 2944 keys. The model FLOPs and the flash core's
+    priced seconds fall by that share of the attention term, the linear layers' not at all."""
+    from megatron.config.model_math import attention_keys
+    from megatron.planner.timing import ATTN, _Ctx, _layer_forward
+    full = preset_model("gpt3-6.7b", seq_length=4096)
+    m = dataclasses.replace(full, attention=dataclasses.replace(
+        full.attention, sliding_window=1024, sliding_window_pattern=2))
+    assert attention_keys(full) == 4096 and attention_keys(m) == pytest.approx(2944)
+    n, d, layers = m.num_attention_heads, m.head_dim, m.num_layers
+    saved = 3 * layers * 4 * (4096 - 2944) * n * d * 4096  # 3 x forward, per sequence
+    assert model_flops(full, 1) - model_flops(m, 1) == pytest.approx(saved)
+    prof = load_profile("h100")
+    lay = Layout(1, 1, 8, 1, 1, zero=1, recompute="none")
+    attn = [_layer_forward(_Ctx(Job(model, 8, "bf16"), lay, prof))[1][ATTN]
+            for model in (full, m)]
+    assert attn[1] / attn[0] == pytest.approx(2944 / 4096)

@@ -33,9 +33,9 @@ class AttentionConfig:
     v0.1's 4096; Hugging Face's sliding_window: key j is seen from query i when i - window < j
     <= i). 0: every earlier key. With data.reset_attention_mask, within its document too.
     Runs on the flash (its window_size), sdpa and math cores and under every context-parallel
-    algorithm; the FLOPs the run report and megatron-plan count are still every earlier
-    key's (Megatron's count), so where the sequence is longer than the window they overstate
-    the work."""
+    algorithm. The run report's FLOPs and megatron-plan's flash attention count what the window
+    leaves (config/model_math.attention_keys); the sdpa and math cores compute every earlier
+    key's scores and mask them."""
     sliding_window_pattern: int = 0
     """With model.attention.sliding_window: every N-th layer (the N-th, the 2N-th, ...) sees
     every earlier key and the others the window (Hugging Face's sliding_window_pattern: Gemma
