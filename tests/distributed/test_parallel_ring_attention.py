@@ -3,22 +3,21 @@ rank: fp32, dropout off, clipping on, 5 steps and an evaluation, GPT-2 (learned 
 Llama (rotary, two key/value heads: grouped-query attention) flavours, through the trainer in
 process (tests/support/ring_attention_worker.py, which extends context_parallel_worker.py).
 
-Six jobs, in the launches shared with the other equivalence modules (one per world size:
-start-up dominates; tests/support/launch_batches.py): 2 ranks (ring CP2, all-gather CP2, and
-packed documents under them: data.reset_attention_mask and reset_position_ids, held to one
-rank's run with the same settings; a sliding window on every other layer, model.attention,
-under ring, all-gather and Ulysses CP2; ring
-CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15 steps in place;
-ring CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses
-2 x ring 2, ring CP2 x TP2 without and with sequence parallelism, and with it under full
-recompute, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses
-CP2 x PP2 under ZB-H1; ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V and Ulysses CP2 x PP2
-interleaved, on the project's chunk executor; ring CP4 saved at step 5 of 15; packed documents
-under ring CP4, hybrid, ring CP2 x PP2 and ring CP2 x TP2 with SP; a sliding window on
-every other layer with packed documents under ring CP4), 8 ranks (ring
-CP8: 8 ranks past tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring
-CP4's checkpoint continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued
-to step 15), held to one rank's 15 steps in place.
+Six jobs, in the launches shared with the other equivalence modules (one per world size: start-up
+dominates; tests/support/launch_batches.py): 2 ranks (ring CP2, all-gather CP2, and packed documents
+under them: data.reset_attention_mask and reset_position_ids, held to one rank's run with the same
+settings; a sliding window on every other layer, model.attention, under ring, all-gather and Ulysses
+CP2; ring CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15 steps in
+place; ring CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid
+Ulysses 2 x ring 2, ring CP2 x TP2 without and with sequence parallelism, and with it under full
+recompute, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x
+PP2 under ZB-H1; ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V and Ulysses CP2 x PP2
+interleaved, on the project's chunk executor; ring CP4 saved at step 5 of 15; packed documents under
+ring CP4, hybrid, ring CP2 x PP2 and ring CP2 x TP2 with SP; a sliding window on every other layer
+with packed documents under ring CP4 and ring CP2 x PP2 under ZB-V), 8 ranks (ring CP8: 8 ranks past
+tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring CP4's checkpoint
+continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued to step 15), held to
+one rank's 15 steps in place.
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -39,10 +38,11 @@ FOUR_RANK = ["ring_cp4", "allgather_cp4", "hybrid_u2r2", "ring_cp2tp2", "ring_cp
              "ring_cp2dp2_zero3", "ring_cp2pp2", "ring_cp2pp2_zbh1", "ulysses_cp2pp2_zbh1",
              "ring_cp2pp2v2", "ring_cp2pp2_zbv", "ulysses_cp2pp2v2", "ring_cp4_docs_pos",
              "hybrid_u2r2_docs_pos", "ring_cp2pp2_docs_pos", "ring_cp2tp2_sp_docs_pos",
-             "ring_cp4_window_docs"]
+             "ring_cp4_window_docs", "ring_cp2pp2_zbv_window_docs"]
 # the one-rank run each is held to, where it is not "single": the documents' (data.reset_*)
 REFERENCE = {"ring_cp2_docs": "single_docs", "ring_cp2_pos": "single_pos",
              "ring_cp4_window_docs": "single_window_docs",
+             "ring_cp2pp2_zbv_window_docs": "single_window_docs",
              **{name: "single_window" for name in TWO_RANK if name.endswith("_window")},
              **{name: "single_docs_pos" for name in TWO_RANK + FOUR_RANK
                 if name.endswith("_docs_pos")}}

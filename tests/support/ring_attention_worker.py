@@ -78,6 +78,12 @@ RING_LAYOUTS = {
     "ulysses_cp2_window": _algo("ulysses", 2) + WINDOW,
     "single_window_docs": WINDOW + cpw.DOCS_POS,
     "ring_cp4_window_docs": _algo("ring", 4) + WINDOW + cpw.DOCS_POS,
+    # all of it on the chunk executor: ZB-V's deferred weight gradients beside the ring's
+    # explicit backward, the documents sent between the V's chunks
+    "ring_cp2pp2_zbv_window_docs": _algo("ring", 2, "parallel.pipeline_parallel_size=2",
+                                         "parallel.pipeline_schedule=zbv",
+                                         "parallel.virtual_pipeline_size=2",
+                                         zero=1) + WINDOW + cpw.DOCS_POS,
     "allgather_cp2_docs_pos": _algo("allgather", 2) + cpw.DOCS_POS,
     "ring_cp4_docs_pos": _algo("ring", 4) + cpw.DOCS_POS,
     "hybrid_u2r2_docs_pos": _algo("hybrid", 4, "parallel.ulysses_degree=2") + cpw.DOCS_POS,
