@@ -75,7 +75,9 @@
   (accumulate_grad_in_fp32) and all-reduced in fp32 (fp32_allreduce): at ZeRO-0 by torch DDP's
   bucket hooks under the last micro-batch's backward, at ZeRO-1 in one blocking all-reduce of
   the whole buffer after the pipeline, then each rank steps its shard and the bf16 weights are
-  all-gathered, blocking (grad_reduce "ddp"); model states as Megatron's (bf16 weights, the
+  all-gathered, blocking (grad_reduce "ddp"); each micro-batch's bf16 gradients added into
+  the fp32 buffer in a pass of their own after its backward (grad_add_pass: 10 bytes a
+  parameter, engine.py / gradient_accumulator.py); model states as Megatron's (bf16 weights, the
   fp32 gradient buffer whole, fp32 master and moments sharded at ZeRO-1) plus the bf16
   gradients a backward leaves before they are added to the buffer (memory.py); 1F1B whose
   sends wait at once (pipe_send False), a sent output kept by nothing (frees_outputs); the
@@ -123,6 +125,8 @@ class Overlap:
     reduce_fixed: bool = False  # the engine's code reduces gradients after the backward and has
     #                             no overlap to switch on: the printed range does not vary it
     #                             (ranges.overlap_variants)
+    grad_add_pass: bool = False  # each micro-batch's model-dtype gradients added into an fp32
+    #                              buffer in a pass of their own (10 bytes a parameter)
     cost_split: bool = False  # the engine splits the layers over stages by a compute cost
     #                           (layout.cost_split_layers: nanotron's), not evenly
     keeps_spent_outputs: bool = False  # the pipeline's buffer slots keep a micro-batch's stage
@@ -179,7 +183,7 @@ OVERLAP: Dict[str, Overlap] = {
                                "or none (ActivationCheckpointingType)"),
     "nanotron": Overlap(tp_comm=False, grad_reduce="ddp", param_gather=False, pipe_send=False,
                         tp_wgrad=True, frees_outputs=True, fp32_allreduce=True,
-                        cost_split=True, reduce_fixed=True, cp_algos=(),
+                        grad_add_pass=True, cost_split=True, reduce_fixed=True, cp_algos=(),
                         recomputes=("none", "full"), experts=False,
                         runs="nanotron (as of Feb 2025) runs 1F1B or all-forward-all-backward "
                              "without model chunks, with no context parallelism, recomputes "

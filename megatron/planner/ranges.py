@@ -79,8 +79,8 @@ ORDER_EVIDENCE = ("note on the order: on published layout sweeps held out of eve
                   "in 13 of 15, at worst 25% behind it, and 882 of the 1091 pairs measured "
                   "apart beyond the sources' noise were ordered as measured; under nanotron "
                   "(the Ultra-Scale Playbook 2025, 1052 layouts in 22 sweeps on 8-256 H100s) "
-                  "within 1.1% in 7 of 22, at worst 193% behind (its multi-node pipelines ran "
-                  "2-4 times the priced step), 21554 of the 30676 pairs: layouts a few "
+                  "within 1.1% in 11 of 22, at worst 294% behind (its multi-node pipelines ran "
+                  "2-4 times the priced step), 21826 of the 30676 pairs: layouts a few "
                   "percent apart here are ties (docs/planner.md)")
 
 
@@ -156,9 +156,9 @@ ENGINE_EVIDENCE: Dict[str, str] = {
                    "(docs/planner.md, Hagemann et al.'s sweeps)"),
     "nanotron": ("no run of this engine is in the fit; on the Ultra-Scale Playbook's sweep "
                  "(1052 layouts of Llama-shaped 1B-80B models on 8-256 H100, held out) its "
-                 "steps took a median 63% more time than predicted (each sweep's fastest "
-                 "layout 19%, the pipelines across nodes 145%), 50 of the 1052 inside the "
-                 "band, while 70% of the pairs were ordered as measured; the memory it "
+                 "steps took a median 58% more time than predicted (each sweep's fastest "
+                 "layout 15%, the pipelines across nodes 137%), 107 of the 1052 inside the "
+                 "band, while 71% of the pairs were ordered as measured; the memory it "
                  "reported was a median 9% under the priced peak (docs/planner.md, The "
                  "Ultra-Scale Playbook's sweep)"),
 }

@@ -399,6 +399,8 @@ def reduction_features(x: _Ctx, sp: StageParams, first_or_last: bool,
         reach = x.spec.link(2, (lay.pp - 1) * lay.tp * d)
         x.allreduce(f, x.e * sp.word_embedding + x.e * sp.output_layer, 2, reach)
     sharded = kind in ("zero", "bf16")
+    if x.overlap.grad_add_pass:  # every micro-batch: read 2 bytes, read and write 4 (nanotron)
+        f[MEM] += lay.grad_accum * 10 * n / x.hbm
     # Adam reads and writes master, two moments and reads the fp32 gradient; grad norm.
     f[MEM] += ((n / d if sharded else n) * 32 + grads) / x.hbm
     return f

@@ -475,7 +475,8 @@ def test_nanotron_hides_its_fp32_reduction_under_ddp_at_zero0_only(monkeypatch):
     """nanotron (overlap.py): at ZeRO-0 torch DDP's bucket hooks reduce the fp32 gradients
     under the last micro-batch's backward, priced as an engine that hides all but one layer's
     chunk ("layer"); at ZeRO-1 one blocking all-reduce of the whole fp32 buffer after the
-    pipeline, as an engine that hides none, twice the bytes of a reduce-scatter."""
+    pipeline, as an engine that hides none, twice the bytes of a reduce-scatter; and each
+    micro-batch's gradients added into the fp32 buffer in a pass of its own."""
     from megatron.planner import timing
     job = Job(preset_model("gpt3-1.3b"), 512, "bf16")
     nano = _framework("h100", "nanotron")
@@ -489,6 +490,15 @@ def test_nanotron_hides_its_fp32_reduction_under_ddp_at_zero0_only(monkeypatch):
     ddp0, ddp1 = reduce_s(0, "ddp"), reduce_s(1, "ddp")
     assert ddp0 == pytest.approx(reduce_s(0, "layer")) and ddp0 < reduce_s(0, "none")
     assert ddp1 == pytest.approx(reduce_s(1, "none")) and ddp1 > reduce_s(1, "layer")
+    # each of the 32 micro-batches' bf16 gradients added into the fp32 buffer: read 2 bytes
+    # and 4, write 4, a parameter, at the fitted HBM rate (Overlap.grad_add_pass)
+    from megatron.planner.params import all_stage_params
+    from megatron.planner.timing import MEM, theta
+    n = all_stage_params(job.model, 1, 1, 1)[0].total
+    passes = 32 * 10 * n / (nano.spec.hbm_gbps * 1e9) * theta(nano.constants)[MEM]
+    monkeypatch.setitem(timing.OVERLAP, "nanotron", dataclasses.replace(
+        timing.OVERLAP["nanotron"], grad_add_pass=False))
+    assert ddp1 - reduce_s(1, "ddp") == pytest.approx(passes, rel=1e-6)
 
 
 @pytest.mark.parametrize("sp", [False, True])
