@@ -320,6 +320,15 @@ def cost_split_layers(m: ModelConfig, pp: int) -> Tuple[int, ...]:
     return tuple(counts)
 
 
+def engine_stage_counts(m: ModelConfig, pp: int, framework: str) -> Tuple[int, ...]:
+    """The split an engine that places the layers by a compute cost of its own
+    (Overlap.cost_split: nanotron) gives pp stages, cost_split_layers; () for any other engine,
+    or one stage. The one place a layout learns its engine's split: the search, a published
+    case and a case priced as another engine (sweeps.reframed) read it."""
+    ov = OVERLAP.get(framework)
+    return cost_split_layers(m, pp) if pp > 1 and ov is not None and ov.cost_split else ()
+
+
 def _counts_problem(num_layers: int, lay: Layout) -> Optional[str]:
     """A set split (Layout.stage_counts): one count a stage summing to the layers (a stage may
     hold none: nanotron's blocks of no cost, the cast and the loss, may take a rank of their

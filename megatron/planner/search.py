@@ -10,8 +10,8 @@ from megatron.config import schedules
 from megatron.config.errors import ConfigError, InputError
 from megatron.config.interleaving import INTERLEAVED, fitting_group
 from megatron.config.stages import accounted_problem
-from megatron.planner.layout import (RECOMPUTE, Job, Layout, cost_split_layers,
-                                     engine_run_problem, layout_problem)
+from megatron.planner.layout import (RECOMPUTE, Job, Layout, engine_run_problem,
+                                     engine_stage_counts, layout_problem)
 from megatron.planner.memory import GIB, StageMemory, engine_problem, peak_memory
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
 from megatron.planner.problem import problem_key
@@ -248,9 +248,9 @@ def _stage_splits(job: Job, pp: int, v: int, space: SearchSpace,
     (counted_splits)."""
     if pp == 1:
         return [(None, None, False, False, ())]
-    ov = OVERLAP.get(framework)
-    if ov is not None and ov.cost_split:
-        return [(None, None, False, False, cost_split_layers(job.model, pp))] if v == 1 else []
+    counts = engine_stage_counts(job.model, pp, framework)
+    if counts:
+        return [(None, None, False, False, counts)] if v == 1 else []
     out: List[Split] = []
     if 0 in space.lighter_ends and (job.model.num_layers % pp == 0 or space.uneven_pp or
                                     space.pp is not None):

@@ -26,9 +26,8 @@ import numpy as np
 
 from megatron.config.errors import InputError
 from megatron.planner import ranges
-from megatron.planner.layout import cost_split_layers
+from megatron.planner.layout import engine_stage_counts
 from megatron.planner.memory import GIB, peak_memory
-from megatron.planner.overlap import OVERLAP
 from megatron.planner.timing import step_time
 from megatron.planner.validation import (Case, case_from_entry, in_sample_profile,
                                          load_published)
@@ -117,11 +116,8 @@ def reframed(case: Case, framework: str) -> Case:
     """The case as the engine `framework` would run it (its overlap, model states, costs, and
     its stage split: an engine's own by cost, Overlap.cost_split, else the even one)."""
     spec = dataclasses.replace(case.profile.spec, framework=framework)
-    lay = case.layout
-    if lay.pp > 1 and (lay.stage_counts or OVERLAP[framework].cost_split):
-        counts = cost_split_layers(case.job.model, lay.pp) if OVERLAP[framework].cost_split \
-            else ()
-        lay = dataclasses.replace(lay, stage_counts=counts)
+    lay = dataclasses.replace(case.layout, stage_counts=engine_stage_counts(
+        case.job.model, case.layout.pp, framework))
     return dataclasses.replace(case, framework=framework, layout=lay,
                                profile=dataclasses.replace(case.profile, spec=spec))
 

@@ -28,7 +28,7 @@ from megatron.config.model_math import layer_forward_flops_per_token
 from megatron.config.stages import stage_layers
 from megatron.planner.calibrate import nnls
 from megatron.planner.hardware import PRESETS
-from megatron.planner.layout import (Job, Layout, check_layout, cost_split_layers,
+from megatron.planner.layout import (Job, Layout, check_layout, engine_stage_counts,
                                      uneven_problem)
 from megatron.planner.search import SearchSpace, search
 from megatron.planner.profile import (CURVE_CONSTANTS, PRESET_CONSTANTS, Constants, Profile,
@@ -78,7 +78,7 @@ GROUP_SCALED = ("compute", "memory", "comm")
 # a factor is folded in no lower than this (apply_fit divides an efficiency by it)
 FACTOR_FLOOR = 1e-3
 FIT_ROUNDS, FIT_TOLERANCE, ANDERSON_DEPTH = 60, 1e-5, 3
-from megatron.planner.overlap import DEEPSPEED, FRAMEWORKS, OVERLAP  # noqa: E402  (the engines)
+from megatron.planner.overlap import DEEPSPEED, FRAMEWORKS  # noqa: E402  (what each engine overlaps)
 
 
 @dataclass(frozen=True)
@@ -161,9 +161,9 @@ def case_from_entry(raw: Dict, defaults: Dict) -> Case:
     if lay.world != v["gpus"]:
         raise InputError(f"published case {v['id']}: {v['gpus']} devices is not "
                          "TP x CP x PP x DP")
-    if lay.pp > 1 and v["framework"] in OVERLAP and OVERLAP[v["framework"]].cost_split:
-        # the engine's own split (nanotron's), as its search prices every layout
-        lay = dataclasses.replace(lay, stage_counts=cost_split_layers(model, lay.pp))
+    # the engine's own split (nanotron's), as its search prices every layout
+    lay = dataclasses.replace(lay, stage_counts=engine_stage_counts(model, lay.pp,
+                                                                    v["framework"]))
     if v["framework"] not in FRAMEWORKS:
         raise InputError(f"published case {v['id']}: framework {v['framework']!r} is not one "
                          f"of {FRAMEWORKS}")
