@@ -85,11 +85,6 @@ def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: in
     return _MASKS[1][key]
 
 
-def within_documents(documents: torch.Tensor) -> torch.Tensor:
-    """documents [b, s] -> visible_keys without a window: causal within documents."""
-    return visible_keys(documents, None, documents.shape[1], documents.device)
-
-
 class SdpaCore(_Core):
     def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape

@@ -22,7 +22,7 @@ import torch
 
 def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor]):
     """Scaled fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n, d], -inf
-    where the causal offset or the document mask `hidden` hides a key."""
+    where the causal offset or the mask `hidden` (documents, a sliding window) hides a key."""
     sq, d = q.shape[0], q.shape[3]
     scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(d))
     if offset is not None:
@@ -40,8 +40,9 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: O
     """q [sq, b, n, d], k and v [sk, b, g, d] (g divides n: grouped-query attention) ->
     out [sq, b, n, d] fp32, lse [sq, b, n] fp32. offset: None, every key visible; else query
     i sees key j iff j <= i + offset (the query block starts `offset` positions after the key
-    block). hidden: [b, 1, sq, sk] bool, True where a key is also hidden (another document,
-    data.reset_attention_mask). Without it every query row sees at least one key (the callers'
+    block). hidden: [b or 1, 1, sq, sk] bool, True where a key is also hidden (another
+    document, data.reset_attention_mask; outside the sliding window, model.attention;
+    context_attention.hidden_keys). Without it every query row sees at least one key (the callers'
     chunks guarantee it); with it a row may see none: its output is 0 and its lse -inf, which
     merge(..., masked=True) takes. drop: dropout on the probabilities."""
     n = q.shape[2]
@@ -94,7 +95,8 @@ def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int],
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor,
           masked: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Two partial results over disjoint key sets -> the result over their union (exact).
-    masked: a row may have seen no key in either (lse -inf in both, under a document mask):
+    masked: a row may have seen no key in either (lse -inf in both, under a document mask or a
+    sliding window):
     it stays 0 with lse -inf instead of becoming nan."""
     lse = torch.logaddexp(lse1, lse2)  # [sq, b, n]
     base = lse.masked_fill(lse == float("-inf"), 0.0) if masked else lse

@@ -75,7 +75,7 @@ _PARTS = [None, (None, None)]  # (the last documents tensor split, its two rows)
 
 def documents_of(docs: Optional[torch.Tensor], what: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """(document index [b, s], positions [b, s]) of the documents a layer was given: the same
-    two tensors for every layer given the same documents (so attention_cores.within_documents
+    two tensors for every layer given the same documents (so attention_cores.visible_keys
     makes one mask a micro-batch); a layer that runs without them (a caller that did not read
     them) stops here instead of crossing documents."""
     if docs is None:

@@ -49,7 +49,7 @@ def test_attention_within_documents_is_each_document_on_its_own(backend):
     """data.reset_attention_mask: a packed sequence's output is, document by document, what
     each document alone gives, under grouped-query heads; the last token of a document (its
     end-of-document) belongs to it."""
-    from megatron.model.attention_cores import within_documents
+    from megatron.model.attention_cores import visible_keys
     from megatron.model.context import Documents
     core = _documents_core(backend).eval()
     g = torch.Generator().manual_seed(0)
@@ -61,7 +61,7 @@ def test_attention_within_documents_is_each_document_on_its_own(backend):
     docs = Documents(eod=0)
     docs.read(tokens)
     assert docs.current.tolist() == [[0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2], [0] * 12]
-    mask = within_documents(docs.current)
+    mask = visible_keys(docs.current, None, s, docs.current.device)
     assert mask.shape == (b, 1, s, s) and bool(mask[1, 0].equal(torch.ones(s, s).tril().bool()))
     out = core(q, k, v, documents=docs.current)
     for row in range(b):
