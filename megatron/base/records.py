@@ -285,6 +285,8 @@ class StepRecord:
     # applied), tokens_per_expert_max, tokens_per_expert_mean (assignments before the capacity
     # rule), dropped_fraction (model/moe/layer.LayerStats.as_dict)
     moe: Optional[List[Dict[str, float]]] = None
+    # runs with a batch-size ramp only (training.rampup_batch_size): the step's global batch
+    global_batch_size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -446,7 +448,7 @@ EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEv
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
                       SdcSuspectEvent, StateSuspectEvent, BatchSizeEvent, LrScheduleEvent]
-_OPTIONAL = ("startup", "nonfinite", "moe")
+_OPTIONAL = ("startup", "nonfinite", "moe", "global_batch_size")
 
 
 def record_json(record: MetricsRecord) -> Dict[str, Any]:

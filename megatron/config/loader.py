@@ -136,7 +136,12 @@ def _check_type(field_name: str, value, base):
             value = [value]
         if not isinstance(value, list):
             raise ConfigError(field_name, value, "a list")
-        return [str(v) for v in value]
+        item = (typing.get_args(base) or (str,))[0]
+        if item is str:
+            return [str(v) for v in value]
+        if item is int and any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ConfigError(field_name, value, "a list of integers (YAML: [a, b, c])")
+        return list(value)
     if base is bool:
         if not isinstance(value, bool):
             raise ConfigError(field_name, value, "true or false")

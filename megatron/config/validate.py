@@ -6,7 +6,7 @@ from typing import List, Optional
 from megatron.config import context_parallel, schedules
 from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
-from megatron.config.interleaving import chunks_error, interleaving_error
+from megatron.config.interleaving import chunks_error, interleaving_error, micro_batch_rule
 from megatron.config.moe import is_moe_layer
 from megatron.config.stages import (accounted_problem, chunk_ends, rank_layer_indices,
                                     set_or_none, stage_layers, uneven_problem)
@@ -460,6 +460,34 @@ def check_batch(cfg, world_size: int) -> None:
         raise ConfigError("training.global_batch_size", gb,
                           f"a multiple of micro_batch_size x data-parallel size "
                           f"({mb} x {dp} = {mb * dp})")
+    _raise(ramp_error(cfg, dp))
+
+
+def ramp_error(cfg, dp: int) -> Optional[ConfigError]:
+    """Every batch on training.rampup_batch_size's ramp splits into micro-batches over the
+    data-parallel ranks, and the pipeline schedule runs that many micro-batches."""
+    t, p = cfg.training, cfg.parallel
+    ramp = t.rampup_batch_size
+    if ramp is None:
+        return None
+    mb = t.micro_batch_size
+    if ramp[0] % (mb * dp) or ramp[1] % (mb * dp):
+        return ConfigError("training.rampup_batch_size", ramp,
+                           f"a start and an increment that are multiples of micro_batch_size x "
+                           f"data-parallel size ({mb} x {dp} = {mb * dp}): each step's batch "
+                           "is whole micro-batches on every data-parallel rank")
+    for size in t.ramp_sizes()[:-1]:
+        error = micro_batch_rule(p.pipeline_schedule, p.pipeline_parallel_size,
+                                 p.virtual_pipeline_size, mb, dp, size,
+                                 p.pipeline_microbatch_group)
+        if error is not None:
+            whole = mb * dp * p.pipeline_parallel_size
+            return ConfigError("training.rampup_batch_size", ramp,
+                               f"batches on the ramp that the pipeline schedule runs; at "
+                               f"{size} samples: {error.expected}",
+                               f"make the start and the increment multiples of micro_batch_size "
+                               f"x data-parallel size x pipeline_parallel_size = {whole}")
+    return None
 
 
 def check_deepspeed(cfg) -> None:

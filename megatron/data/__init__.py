@@ -50,7 +50,8 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
         src = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_length, cfg.data.seed)
         eod = eod_id(cfg, "data.eod_mask_loss") if cfg.data.eod_mask_loss else None
         train = micro_batches(src.sample, len(src), consumed_samples, t.micro_batch_size,
-                              t.global_batch_size, dp_rank, dp_size, eod=eod)
+                              t.global_batch_size, dp_rank, dp_size, eod=eod,
+                              batch_at=t.global_batch_at)
 
         def valid():
             return micro_batches(src.sample, len(src), _SYNTHETIC_VALID_OFFSET,

@@ -156,7 +156,8 @@ def build_gpt_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int =
     valid = build_split("valid", datasets, weights, num_samples=evals * gb, **common)
     batches = dict(micro_batch=t.micro_batch_size, global_batch=gb, dp_rank=dp_rank,
                    dp_size=dp_size, eod=eod)
-    train_iter = micro_batches(train.__getitem__, len(train), consumed_samples, **batches)
+    train_iter = micro_batches(train.__getitem__, len(train), consumed_samples,
+                               batch_at=t.global_batch_at, **batches)
 
     test = build_split("test", datasets, weights, num_samples=evals * gb, **common)
 

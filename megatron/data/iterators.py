@@ -3,7 +3,8 @@
 Global step k consumes samples [k*G, (k+1)*G) of the source (G = global batch). Micro-batch j of
 data-parallel rank r takes the mb samples starting at k*G + (j*dp + r)*mb, so the union over ranks
 and micro-batches is the same set for every layout and resuming from a consumed-sample count
-continues the stream exactly."""
+continues the stream exactly. Under a batch-size ramp (training.rampup_batch_size) a step's G is
+the ramp's at the samples consumed before it, and the step starts there."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,11 +31,16 @@ class DataIterators:
 
 def micro_batches(sample_fn: Callable[[int], np.ndarray], num_samples: int, start: int,
                   micro_batch: int, global_batch: int, dp_rank: int, dp_size: int,
-                  wrap: bool = True, eod: Optional[int] = None) -> Iterator[Batch]:
+                  wrap: bool = True, eod: Optional[int] = None,
+                  batch_at: Optional[Callable[[int], int]] = None) -> Iterator[Batch]:
     """eod: where an input token is this end-of-document id, its label (the next document's
-    first token, predicted from the one before) is IGNORED_LABEL (data.eod_mask_loss)."""
+    first token, predicted from the one before) is IGNORED_LABEL (data.eod_mask_loss).
+    batch_at: the global batch of the step after a number of consumed samples (a ramp's,
+    TrainingConfig.global_batch_at); None: global_batch every step."""
     consumed = start
     while True:
+        if batch_at is not None:
+            global_batch = batch_at(consumed)
         for j in range(global_batch // (micro_batch * dp_size)):
             first = consumed + (j * dp_size + dp_rank) * micro_batch
             idx = [(first + i) % num_samples if wrap else first + i for i in range(micro_batch)]

@@ -245,6 +245,8 @@ class Engine:
         self.pipeline = state.pp > 1
         self.ds_config = ds_config
         self.gas = ds_config["gradient_accumulation_steps"]
+        self.step_gas = self.gas  # this step's, below gas on a batch-size ramp (set_batch)
+        self._explicit_boundary = False
         self.fp16 = ds_config.get("fp16", {}).get("enabled", False)
         self._prefixes = list(layer_names)
         self.compute = ComputeTimer(device)  # forward passes; not measured under PP (DeepSpeed's)
@@ -311,16 +313,37 @@ class Engine:
             value = value / self.state.dp_cp
         return value.item()
 
-    def train_step(self, it: Iterator, check=None, step: int = 0) -> StepResult:
-        """One optimizer step over gradient_accumulation_steps micro-batches. check: a
-        training.sdc.Rerun for this step (resilience.rerun_suspect_steps), which sees the loss
-        before the update and may withhold it (StepResult.withheld). step: the step's number,
-        for self.state_check, which verifies the state after the update."""
-        checker = self.state_check
+    def set_batch(self, batch: int) -> None:
+        """Makes the next steps take `batch` samples (a batch-size ramp's; a multiple of the
+        micro-batch x the data-parallel size, at most the configured global batch). DeepSpeed's
+        engine is told (set_train_batch_size), so its loss scaling by the accumulation, the
+        pipeline schedules' micro-batch counts and the interleaved executor's follow it; a
+        step without a pipeline then marks its accumulation boundary itself, since DeepSpeed
+        finds it from a micro-batch count kept over the whole run."""
+        per_step = self.ds_config["train_micro_batch_size_per_gpu"] * self.state.dp
+        gas = batch // per_step
+        if gas * per_step != batch or not 0 < gas <= self.gas:
+            raise ValueError(f"a step's global batch of {batch} samples is not whole "
+                             f"micro-batches of {per_step} samples up to {self.gas} of them")
+        if gas == self.step_gas:
+            return
+        self.engine.set_train_batch_size(self.ds_config["train_batch_size"] // self.gas * gas)
+        self.step_gas, self._explicit_boundary = gas, True
+
+    def train_step(self, it: Iterator, check=None, step: int = 0,
+                   batch: Optional[int] = None) -> StepResult:
+        """One optimizer step over gradient_accumulation_steps micro-batches, or `batch`
+        samples' (a batch-size ramp's: set_batch). check: a training.sdc.Rerun for this step
+        (resilience.rerun_suspect_steps), which sees the loss before the update and may withhold
+        it (StepResult.withheld). step: the step's number, for self.state_check, which verifies
+        the state after the update."""
+        if batch is not None:
+            self.set_batch(batch)
+        checker, gas = self.state_check, self.step_gas
         self.engine.train()
         if self.moe_layers:
             engine_experts.set_aux_grad_scale(self.moe_layers, (self._loss_scale() or 1.0)
-                                              / self.gas)
+                                              / gas)
         skipped_before = self.engine.skipped_steps
         lr = self.scheduler.get_last_lr()[0]
         if check is not None:
@@ -333,17 +356,18 @@ class Engine:
             loss = float(self.engine.train_batch(data_iter=it))
         else:
             total = torch.zeros((), device=self.device)
-            for i in range(self.gas):
+            for i in range(gas):
                 batch = self._batch(it)
+                self._boundary(i == gas - 1)
                 self.compute.start()
                 out = self.engine(*batch)
                 self.compute.stop()
                 self.engine.backward(out)
-                if checker is not None and i == self.gas - 1:
+                if checker is not None and i == gas - 1:
                     checker.before_update(step)
                 self.engine.step()
                 total += out.detach().float()
-            loss = self._mean_over_dp(total / self.gas)
+            loss = self._mean_over_dp(total / gas)
         norm = self.engine.get_global_grad_norm()
         norm = None if norm is None else float(norm)
         skipped = self.engine.skipped_steps > skipped_before
@@ -356,24 +380,32 @@ class Engine:
     def _checked_step(self, it: Iterator, check) -> Optional[float]:
         """The step with its update held back until check.judge() has seen the loss (PP=1):
         the mean loss, or None when the update was withheld."""
-        batches = [self._batch(it) for _ in range(self.gas)]
+        gas = self.step_gas
+        batches = [self._batch(it) for _ in range(gas)]
         check.begin()
         local = []
         for i, batch in enumerate(batches):
+            self._boundary(i == gas - 1)
             self.compute.start()
             out = check.corrupt(self.engine(*batch))
             self.compute.stop()
             self.engine.backward(out)
             local.append(out.detach().float())
-            if i < self.gas - 1:
+            if i < gas - 1:
                 self.engine.step()  # within the accumulation: no update
-        loss = self._mean_over_dp(torch.stack(local).sum() / self.gas)
+        loss = self._mean_over_dp(torch.stack(local).sum() / gas)
         if not check.judge(local, loss, lambda: [self.engine(*b).float() for b in batches]):
             return None
         if self.state_check is not None:
             self.state_check.before_update(check.step)
         self.engine.step()
         return loss
+
+    def _boundary(self, last: bool) -> None:
+        """After a batch-size change (set_batch), tells DeepSpeed whether the next micro-batch
+        ends the accumulation."""
+        if self._explicit_boundary:
+            self.engine.set_gradient_accumulation_boundary(last)
 
     def _loss_scale(self) -> Optional[float]:
         if not self.fp16:

@@ -143,8 +143,9 @@ class TorchrunRunner:
     def write_config(self, lay: Layout) -> str:
         run_dir = os.path.join(self.run_root, lay.key())
         cfg = layout_config(self.base, self.job, lay, self.flash_backend, run_dir)
+        # a trial times the layout's whole batch: a batch-size ramp would time its first ones
         cfg.training = dataclasses.replace(cfg.training, train_iters=self.steps, log_interval=1,
-                                           tensorboard=False)
+                                           tensorboard=False, rampup_batch_size=None)
         cfg.eval = dataclasses.replace(cfg.eval, eval_interval=0)
         cfg.checkpoint = dataclasses.replace(cfg.checkpoint, save=False, load=None)
         os.makedirs(self.run_root, exist_ok=True)

@@ -69,6 +69,8 @@ class LogLines:
             parts.append("update skipped")
         if r.moe:
             parts.append(moe_part(r.moe))
+        if r.global_batch_size is not None:
+            parts.append(f"batch {r.global_batch_size}")
         return " | ".join(parts)
 
     def _progress(self, step: int) -> str:

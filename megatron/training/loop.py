@@ -90,8 +90,7 @@ class _Loop:
                            job.launch.rank) if r.rerun_suspect_steps else None
         self.stragglers = Stragglers(r, job.engine, job.state.pp > 1, job.device, job.nodes,
                                      self.writer)
-        self.tokens_step = t.global_batch_size * cfg.model.seq_length
-        self.step_flops = model_flops_per_token(cfg.model, job.vocab) * self.tokens_step
+        self.flops_token = model_flops_per_token(cfg.model, job.vocab)
         self.peak = t.peak_tflops or job.device_info.peak_tflops
         self.step = self.consumed = 0
         self.summary, self.startup_written = RunSummary(cfg.run.dir, 0), False
@@ -136,7 +135,8 @@ class _Loop:
         dog.enter("agreement")
         self.stragglers.after_step(self.step)
         verdict = self.divergence.observe(self.step, result.loss, result.skipped)
-        save_due, out_of_time = self.checkpointer.due(dt)
+        save_due, out_of_time = self.checkpointer.due(dt, self.t.global_batch_at(self.consumed)
+                                                      / self.last_batch)
         agreed = agree(Decisions(self.stop.raised, save_due, out_of_time, verdict.action,
                                  self.checkpointer.writer_state()), self.device)
         dog.done()
@@ -159,14 +159,15 @@ class _Loop:
         _sync(self.device)
         t0 = time.perf_counter()
         rerun = self.rerun.for_step(self.step + 1) if self.rerun else None
-        result = self.job.engine.train_step(self.data.train, rerun, self.step + 1)
+        batch = self.last_batch = self.t.global_batch_at(self.consumed)  # a ramp's, or the batch
+        result = self.job.engine.train_step(self.data.train, rerun, self.step + 1, batch)
         _sync(self.device)
         dt = time.perf_counter() - t0
         self.watchdog.done()
         if result.withheld:
             self.divergence.silent_data_error(result.suspect, self.job.run)
         self.step += 1
-        self.consumed += self.t.global_batch_size
+        self.consumed += batch
         self.summary.losses.append(result.loss)
         self.summary.timing.step_s.append(dt)
         if not self.summary.timing.startup:
@@ -174,7 +175,7 @@ class _Loop:
             log.info("start-up: %s; the first step took %.2f s", self.timer.text(), dt)
         moe = moe_window(self.job.engine.moe_layers, self.job.state, self.cfg, self.step)
         if self.writer and self.step % self.t.log_interval == 0:
-            record = step_record(self.step, result, dt, self.step_flops, self.tokens_step,
+            record = step_record(self.step, result, dt, self.flops_token, self.cfg, batch,
                                  self.job.launch.world_size, self.peak, self.device, moe)
             if not self.startup_written:  # the first line written carries the start-up
                 startup = StartupRecord.from_json(self.summary.timing.startup)

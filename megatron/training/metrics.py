@@ -267,13 +267,16 @@ def moe_window(layers, state, cfg, step: int) -> Optional[List[Dict[str, float]]
     return mine or None
 
 
-def step_record(step: int, result, dt: float, step_flops: float, tokens: int, world: int,
-                peak: Optional[float], device: torch.device,
+def step_record(step: int, result, dt: float, flops_per_token: float, cfg, batch: int,
+                world: int, peak: Optional[float], device: torch.device,
                 moe: Optional[List[Dict[str, float]]] = None) -> StepRecord:
-    """The metrics line of a step that took `dt` seconds (result: engine.StepResult); `moe`:
-    moe_window's numbers, MoE runs only."""
-    tflops = step_flops / dt / world / 1e12
+    """The metrics line of a step of `batch` samples of cfg's sequence length that took `dt`
+    seconds (result: engine.StepResult); `moe`: moe_window's numbers, MoE runs only. Under a
+    batch-size ramp (training.rampup_batch_size) the line carries the step's batch."""
+    tokens = batch * cfg.model.seq_length
+    tflops = flops_per_token * tokens / dt / world / 1e12
+    ramp = batch if cfg.training.rampup_batch_size is not None else None
     return StepRecord(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
                       tokens_per_sec=tokens / dt, tflops_per_gpu=tflops, mfu=mfu(tflops, peak),
                       mem_gb=memory_gb(device), loss_scale=result.loss_scale,
-                      skipped=result.skipped, step_time_s=dt, moe=moe)
+                      skipped=result.skipped, step_time_s=dt, moe=moe, global_batch_size=ramp)

@@ -48,6 +48,12 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
              "pp2_zbv_docs_pos": "docs_pos",
              "tp2_sp_qk_norm": "qk_norm",
              "tp2_zero0_qk_norm": "qk_norm", "pp2_qk_norm": "qk_norm"}
+# training.rampup_batch_size (gpt2 only): 7 steps of 4 samples, then 3 of 8, under ZeRO-2's
+# reductions at the accumulation boundary, DeepSpeed's pipeline engine and the model chunks'
+# executor, and context parallelism (whose ranks DeepSpeed counts in its batch); and stopped at
+# step 5, inside the ramp, then resumed
+RAMP_TWO_RANK = ["dp2_zero2_ramp", "pp2_ramp", "pp2_interleaved_ramp", "cp2_ramp",
+                 "resume_dp2_zero1_ramp"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",
              "tp2pp2_sp_docs_pos"]
 MIXED = ["dp2_bf16", "pp2_bf16"]
@@ -72,10 +78,10 @@ def launches(tmp):
     """Shared with the other equivalence modules, one launch per world size
     (tests/support/launch_batches.py)."""
     return [(2, WORKER, ["--workdir", tmp, "--layouts",
-                         ",".join(TWO_RANK + MIXED + BF16_NORMED)]),
+                         ",".join(TWO_RANK + MIXED + BF16_NORMED + RAMP_TWO_RANK)]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_l1,single_zero0_bf16,masked,docs,docs_pos,"
-                         "qk_norm"]),
+                         "qk_norm,ramp,ramp_reference"]),
             (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
@@ -127,3 +133,28 @@ def test_the_logged_gradient_norm_is_one_ranks(results, layout, flavour):
     print(f"{layout}/{flavour}: worst relative gradient-norm difference {worst:.2e}")
     bound = BF16_NORM_TOLERANCE if layout in MIXED + BF16_NORMED else NORM_TOLERANCE
     assert worst <= bound, f"{layout}/{flavour}: norms {got} against one rank's {ref}"
+
+
+RAMP_BATCHES = [4] * 7 + [8] * 3
+
+
+def test_a_batch_size_ramp_is_its_batches_run_one_after_another(results):
+    """The ramp [4, 4, 28] to 8 trains as 7 steps at global_batch_size=4, checkpointed and
+    resumed at 8 (each step's samples the consumed ones onward; the LR by steps); its metrics
+    lines carry each step's batch. Without the engine marking the accumulation boundary
+    itself, steps 8-10 moved by 2e-3."""
+    got, ref = results["ramp"]["gpt2"], results["ramp_reference"]["gpt2"]
+    assert got["batches"] == RAMP_BATCHES, got["batches"]
+    worst = worst_relative(got["losses"], ref["losses"])
+    assert worst <= 1e-6, (got["losses"], ref["losses"])
+    assert results["single"]["gpt2"]["losses"][1:] != got["losses"][1:]
+
+
+@pytest.mark.parametrize("layout", RAMP_TWO_RANK)
+def test_a_batch_size_ramp_matches_one_rank_under_every_engine(results, layout):
+    got, ref = results[layout]["gpt2"], results["ramp"]["gpt2"]
+    worst = worst_relative(got["losses"], ref["losses"])
+    print(f"{layout}: worst relative loss difference {worst:.2e}")
+    assert worst <= TOLERANCE, f"{layout}: {got['losses']} vs one rank's {ref['losses']}"
+    if not layout.startswith("resume_"):
+        assert got["batches"] == RAMP_BATCHES, got["batches"]

@@ -139,16 +139,43 @@ LAYOUTS = {
     "dp2_bf16": ["parallel.zero_stage=1", "training.precision=bf16"],
     "pp2_bf16": ["parallel.pipeline_parallel_size=2", "training.precision=bf16"],
 }
+# A batch-size ramp (training.rampup_batch_size): 7 steps of 4 samples, then 3 of 8. An odd
+# count of steps before the change puts DeepSpeed's own accumulation boundary (a micro-batch
+# count kept over the run) off by one after it, unless the engine marks it (engine.set_batch).
+RAMP = ["training.rampup_batch_size=[4, 4, 28]"]
+LAYOUTS.update({
+    "ramp": RAMP,
+    "dp2_zero2_ramp": ["parallel.zero_stage=2"] + RAMP,
+    "pp2_ramp": ["parallel.pipeline_parallel_size=2"] + RAMP,
+    # DeepSpeed counts the context-parallel ranks of a sample in its batch
+    "cp2_ramp": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + RAMP,
+    "pp2_interleaved_ramp": ["parallel.pipeline_parallel_size=2",
+                             "parallel.pipeline_schedule=interleaved",
+                             "parallel.virtual_pipeline_size=2"] + RAMP,
+})
+# gpt2 only: what they test does not depend on the flavour
+GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
+             "pp2_interleaved_ramp", "resume_dp2_zero1_ramp"}
 
 # Exact resume: stop and checkpoint at step 5, then a new engine resumes to step 10.
-RESUME = {"resume_pp2": LAYOUTS["pp2"], "resume_dp2_zero2": LAYOUTS["dp2_zero2"]}
+# (the layout, the step the first run stops at, what the second run changes)
+RESUME = {"resume_pp2": (LAYOUTS["pp2"], 5, []),
+          "resume_dp2_zero2": (LAYOUTS["dp2_zero2"], 5, []),
+          # stopped inside the ramp: the resumed run's batch follows the samples consumed
+          "resume_dp2_zero1_ramp": (["parallel.zero_stage=1"] + RAMP, 5, []),
+          # the ramp's reference without a ramp: 7 steps of 4 samples, resumed at 8 (the data
+          # continues at the samples consumed, the LR schedule by steps)
+          "ramp_reference": (["training.global_batch_size=4"], 7,
+                             ["training.global_batch_size=8"])}
 
 
-def _resumed(run_dir, overrides):
-    first = train(load_config(TINY, overrides + [f"run.dir={run_dir}", "training.exit_interval=5",
+def _resumed(run_dir, overrides, stop, then):
+    first = train(load_config(TINY, overrides + [f"run.dir={run_dir}",
+                                                 f"training.exit_interval={stop}",
                                                  "training.save=true"]))
-    second = train(load_config(TINY, overrides + [f"run.dir={run_dir}", "training.load=auto"]))
-    assert first.steps == 5 and second.steps == 10, (first.steps, second.steps)
+    second = train(load_config(TINY, overrides + then + [f"run.dir={run_dir}",
+                                                         "training.load=auto"]))
+    assert first.steps == stop and second.steps == 10, (first.steps, second.steps)
     return first.losses + second.losses, first.timing.step_s + second.timing.step_s
 
 
@@ -164,20 +191,26 @@ def main() -> int:
     results = {}
     for layout in args.layouts.split(","):
         for flavour in args.flavours.split(","):
+            if layout in GPT2_ONLY and flavour != "gpt2":
+                continue
             run_dir = os.path.join(args.workdir, f"{layout}-{flavour}")
             t0 = time.perf_counter()
             if layout in RESUME:
-                losses, times = _resumed(run_dir, COMMON + FLAVOURS[flavour] + RESUME[layout])
+                overrides, stop, then = RESUME[layout]
+                losses, times = _resumed(run_dir, COMMON + FLAVOURS[flavour] + overrides, stop,
+                                         then)
             else:
                 cfg = load_config(TINY, COMMON + FLAVOURS[flavour] + LAYOUTS[layout]
                                   + [f"run.dir={run_dir}"])
                 summary = train(cfg)
                 losses, times = summary.losses, summary.timing.step_s
             # the logged gradient norms (rank 0 writes the metrics)
-            norms = ([r.grad_norm for r in steps(read_metrics(RunDir(run_dir).metrics))]
+            lines = (steps(read_metrics(RunDir(run_dir).metrics))
                      if rank == 0 and layout not in RESUME else [])
             results.setdefault(layout, {})[flavour] = {
-                "losses": losses, "norms": norms, "seconds": time.perf_counter() - t0,
+                "losses": losses, "norms": [r.grad_norm for r in lines],
+                "batches": [r.global_batch_size for r in lines],
+                "seconds": time.perf_counter() - t0,
                 "step_time_s": sorted(times)[len(times) // 2]}
     if rank == 0:
         with open(args.out, "w") as f:

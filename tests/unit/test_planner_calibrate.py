@@ -230,3 +230,17 @@ def test_a_trial_starts_from_a_run_directory_without_an_earlier_attempts_files(t
     assert os.path.exists(run.config)
     never = str(tmp_path / "never-run")
     assert fresh_trial_dir(never) == RunDir(never).metrics
+
+
+def test_a_trial_times_the_whole_batch_of_a_config_with_a_batch_ramp(tmp_path):
+    """A trial of a config with training.rampup_batch_size drops the ramp: its steps would be
+    the ramp's first, smaller batches."""
+    from megatron.planner.trials import TorchrunRunner
+    tiny = f"{ROOT}/examples/local/tiny.yaml"
+    job = Job(load_config(tiny).model, 8, "fp32")
+    runner = TorchrunRunner(tiny, job, 2, str(tmp_path / "trials"),
+                            overrides=["training.global_batch_size=8",
+                                       "training.rampup_batch_size=[4, 4, 100]"])
+    assert runner.base.training.rampup_batch_size == [4, 4, 100]
+    written = load_config(runner.write_config(Layout(1, 1, 2, 1, 4, zero=1))).training
+    assert written.rampup_batch_size is None and written.global_batch_size == 8

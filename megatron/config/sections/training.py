@@ -4,7 +4,7 @@ model context, the data iterators, deepspeed.json and the planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, positive
@@ -17,6 +17,15 @@ class TrainingConfig:
     global_batch_size: int = 8
     """Samples per optimizer step over all data-parallel ranks; a multiple of micro_batch_size x
     the data-parallel size (the quotient is the gradient accumulation)."""
+    rampup_batch_size: Optional[List[int]] = None
+    """[start, increment, samples]: Megatron-LM's --rampup-batch-size. Steps start at a global
+    batch of `start` samples, which grows by `increment` each time another
+    samples / ((global_batch_size - start) / increment) samples are consumed, up to
+    global_batch_size once `samples` are (BLOOM-176B ran [192, 16, 9765625] to 2048). A step's
+    batch follows from the samples consumed before it, so a resume continues the ramp exactly.
+    start and increment are multiples of micro_batch_size x the data-parallel size; the
+    micro-batch, and so the memory, stays the same. LR schedules and train_iters count steps
+    (Megatron-LM counts samples under a ramp). null: no ramp."""
     train_iters: int = 20
     """Optimizer steps of the whole run (a resumed run counts from its checkpoint's step); the
     LR schedule spans them."""
@@ -86,9 +95,43 @@ class TrainingConfig:
             raise ConfigError(f"{s}.seed", self.seed, "an integer in [0, 2**62) (torch's "
                               "generators take 64 bits; 2**64 failed at the first seeding)")
         self._check_loss_scaler()
+        self._check_ramp()
         check_choices(s, self)
         if self.peak_tflops is not None:
             positive(s, "peak_tflops", self.peak_tflops)
+
+    def _check_ramp(self) -> None:
+        ramp, name = self.rampup_batch_size, "training.rampup_batch_size"
+        if ramp is None:
+            return
+        fix = ("set it to [start, increment, samples], e.g. [16, 16, 100000], or null for no "
+               "ramp")
+        if len(ramp) != 3 or any(v <= 0 for v in ramp):
+            raise ConfigError(name, ramp, "three positive integers [start batch, increment, "
+                              "ramp-up samples]", fix)
+        start, step, _ = ramp
+        if start >= self.global_batch_size or (self.global_batch_size - start) % step:
+            raise ConfigError(name, ramp, f"a start below training.global_batch_size="
+                              f"{self.global_batch_size} and an increment that reaches it "
+                              f"from there (global_batch_size - start a multiple of it)", fix)
+
+    def global_batch_at(self, consumed: int) -> int:
+        """The global batch of the step that starts after `consumed` samples: global_batch_size,
+        or under rampup_batch_size the ramp's (Megatron-LM's rule)."""
+        if self.rampup_batch_size is None:
+            return self.global_batch_size
+        start, step, samples = self.rampup_batch_size
+        if consumed >= samples:
+            return self.global_batch_size
+        per_increment = samples / ((self.global_batch_size - start) // step)
+        return min(start + int(consumed / per_increment) * step, self.global_batch_size)
+
+    def ramp_sizes(self) -> List[int]:
+        """Every global batch a step can take, smallest first."""
+        if self.rampup_batch_size is None:
+            return [self.global_batch_size]
+        start, step, _ = self.rampup_batch_size
+        return list(range(start, self.global_batch_size + 1, step))
 
     def _check_loss_scaler(self) -> None:
         """fp16's dynamic loss scaler (DeepSpeed's) misbehaves quietly outside these: a window

@@ -1,0 +1,126 @@
+"""training.rampup_batch_size (Megatron-LM's --rampup-batch-size): each step's global batch from
+the samples consumed before it, checked against hand counts; the refusals, each naming the field
+and the fix; the data iterators' steps of ramp-sized batches; the metrics line's batch."""
+import json
+
+import numpy as np
+import pytest
+
+from megatron.base.records import parse_metrics_line, record_json
+from megatron.config import ConfigError, load_config, validate_for_world
+from megatron.data.iterators import micro_batches
+from megatron.training.log_line import LogLines
+from tests.support.metrics import step_record
+
+TINY = "examples/local/tiny.yaml"
+
+
+def training(*sets):
+    return load_config(TINY, list(sets)).training
+
+
+def test_the_batch_grows_by_the_increment_every_share_of_the_ramp_samples():
+    """[16, 16, 300] to 64: three increments, one every 100 samples consumed."""
+    t = training("training.global_batch_size=64", "training.rampup_batch_size=[16, 16, 300]")
+    by_hand = {0: 16, 99: 16, 100: 32, 199: 32, 200: 48, 299: 48, 300: 64, 10 ** 9: 64}
+    assert {c: t.global_batch_at(c) for c in by_hand} == by_hand
+    assert t.ramp_sizes() == [16, 32, 48, 64]
+    assert training("training.global_batch_size=64").global_batch_at(0) == 64
+
+
+def test_bloom_176b_ramp_by_hand():
+    """BLOOM-176B's [192, 16, 9765625] to 2048: 116 increments, one every 84,186.4 samples."""
+    t = training("training.global_batch_size=2048",
+                 "training.rampup_batch_size=[192, 16, 9765625]")
+    per = 9765625 / 116
+    assert t.global_batch_at(84186) == 192 and t.global_batch_at(84187) == 208
+    assert t.global_batch_at(int(50 * per) + 1) == 192 + 50 * 16
+    assert t.global_batch_at(9765624) == 2032 and t.global_batch_at(9765625) == 2048
+    assert len(t.ramp_sizes()) == 117
+
+
+def steps_taken(t, consumed, count, dp=2, mb=2, rank_count=2):
+    """The sample ids of `count` steps from `consumed`, per step, over every DP rank."""
+    sample = lambda i: np.full(3, i, dtype=np.int64)  # noqa: E731 (sample i is all i)
+    its = [micro_batches(sample, 10 ** 6, consumed, mb, t.global_batch_size, r, dp,
+                         batch_at=t.global_batch_at) for r in range(rank_count)]
+    out = []
+    for _ in range(count):
+        batch = t.global_batch_at(consumed)
+        ids = [int(v) for it in its for _ in range(batch // (mb * dp)) for v in next(it)[0][:, 0]]
+        out.append(sorted(ids))
+        consumed += batch
+    return out
+
+
+def test_each_step_takes_the_ramp_batch_of_the_samples_after_the_last():
+    """Under a ramp the union over DP ranks of a step is [consumed, consumed + batch), and an
+    iterator started at a consumed count mid-ramp (a resume) yields the same steps. [4, 4, 24]
+    to 16: three increments, one every 8 samples consumed."""
+    t = training("training.global_batch_size=16", "training.micro_batch_size=2",
+                 "training.rampup_batch_size=[4, 4, 24]")
+    got = steps_taken(t, 0, 6)
+    assert [len(s) for s in got] == [4, 4, 8, 12, 16, 16]
+    assert got == [list(range(a, a + n)) for a, n in ((0, 4), (4, 4), (8, 8), (16, 12),
+                                                      (28, 16), (44, 16))]
+    assert steps_taken(t, 16, 3) == got[3:]
+
+
+@pytest.mark.parametrize("ramp, words", [
+    ("[16, 16]", "three positive integers"),
+    ("[16, 0, 100]", "three positive integers"),
+    ("[64, 16, 100]", "a start below training.global_batch_size=64"),
+    ("[16, 20, 100]", "an increment that reaches it"),
+    ("[a, 16, 100]", "a list of integers"),
+])
+def test_a_malformed_ramp_is_refused_naming_it(ramp, words):
+    with pytest.raises(ConfigError) as e:
+        training("training.global_batch_size=64", f"training.rampup_batch_size={ramp}")
+    assert e.value.field == "training.rampup_batch_size" and words in str(e.value)
+
+
+def test_a_ramp_batch_that_is_not_whole_micro_batches_on_every_rank_is_refused():
+    cfg = load_config(TINY, ["training.global_batch_size=64", "training.micro_batch_size=2",
+                             "training.rampup_batch_size=[18, 2, 100]"])
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(cfg, 4)
+    assert e.value.field == "training.rampup_batch_size"
+    assert "multiples of micro_batch_size x data-parallel size (2 x 4 = 8)" in str(e.value)
+    cfg = load_config(TINY, ["training.global_batch_size=64", "training.micro_batch_size=2",
+                             "training.rampup_batch_size=[16, 8, 100]"])
+    assert validate_for_world(cfg, 4) == 4
+
+
+def test_an_interleaved_pipeline_refuses_a_ramp_batch_it_cannot_group():
+    """24 samples on 4 DP ranks of micro-batch 2 are 3 micro-batches: not a multiple of the 2
+    stages the interleaved order groups them by."""
+    sets = ["training.global_batch_size=64", "training.micro_batch_size=2",
+            "parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
+            "parallel.virtual_pipeline_size=2", "model.num_layers=4", "parallel.zero_stage=1"]
+    cfg = load_config(TINY, sets + ["training.rampup_batch_size=[16, 8, 100]"])
+    with pytest.raises(ConfigError) as e:
+        validate_for_world(cfg, 8)
+    assert e.value.field == "training.rampup_batch_size" and "at 24 samples" in str(e.value)
+    assert "multiples of micro_batch_size x data-parallel size x pipeline_parallel_size = 16" \
+        in str(e.value)
+    cfg = load_config(TINY, sets + ["training.rampup_batch_size=[16, 16, 100]"])
+    assert validate_for_world(cfg, 8) == 4
+
+
+def test_the_step_line_carries_the_batch_only_under_a_ramp():
+    plain = step_record(3)
+    ramped = step_record(3, global_batch_size=24)
+    assert "global_batch_size" not in record_json(plain)
+    line = json.loads(json.dumps(record_json(ramped)))
+    assert parse_metrics_line(line).global_batch_size == 24
+    assert LogLines(10).line(ramped).endswith("| batch 24")
+    assert "batch" not in LogLines(10).line(plain)
+
+
+def test_a_run_config_written_with_a_ramp_reads_back_the_same(tmp_path):
+    """A run's config.yaml (what a resume reads) keeps the ramp's three integers."""
+    cfg = load_config(TINY, ["training.global_batch_size=16",
+                             "training.rampup_batch_size=[4, 4, 100]"])
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(str(path)).training.rampup_batch_size == [4, 4, 100]
