@@ -3,6 +3,7 @@
 conftest.py), and helpers to submit a batch script and wait for jobs."""
 import contextlib
 import getpass
+import glob
 import os
 import random
 import re
@@ -138,9 +139,24 @@ def cluster(d):
                         "within 30 s); "
                         f"slurmctld log:\n{tail(d / 'slurmctld.log')}\n"
                         f"slurmd n1 log:\n{tail(d / 'slurmd-n1.log')}")
+        started = time.time()
         yield {"conf": str(conf), "dir": d}
     finally:
         _stop(daemons)
+        if daemons:
+            _remove_job_folders(started)
+
+
+def _remove_job_folders(since: float) -> None:
+    """The node-local MIOpen folders the recipes' megatron_prepare_nodes made for this
+    cluster's jobs (examples/frontier/env.sh: /tmp/<user>-miopen-<job id>), left empty on a
+    machine without MIOpen: they piled up in /tmp, one per test job."""
+    for folder in glob.glob("/tmp/*-miopen-[0-9]*"):
+        try:
+            if os.stat(folder).st_mtime >= since - 1 and not os.listdir(folder):
+                os.rmdir(folder)
+        except OSError:
+            pass  # another session's, or gone
 
 
 LOGS = ("slurmctld.log", "slurmd-n1.log", "slurmd-n2.log")
