@@ -49,8 +49,12 @@ def _num(value: Optional[float], fmt: str) -> str:
 class LogLines:
     """Formats records; `total` is training.train_iters when known."""
 
-    def __init__(self, total: Optional[int] = None, started: Optional[float] = None):
+    def __init__(self, total: Optional[int] = None, started: Optional[float] = None,
+                 full_batch: Optional[int] = None):
+        """full_batch: training.global_batch_size, which the steps of a batch-size ramp reach:
+        while a line's batch is smaller, the ETA takes its step time scaled up to it."""
         self.total, self.started = total, time.monotonic() if started is None else started
+        self.full_batch = full_batch
         self.first: Optional[tuple] = None  # (time, step) of the first step line
 
     def step_line(self, r: StepRecord, now: Optional[float] = None) -> str:
@@ -86,6 +90,9 @@ class LogLines:
             per_step = r.step_time_s
         else:
             per_step = (now - self.first[0]) / (r.step - self.first[1])
+        ramp = r.global_batch_size
+        if ramp and self.full_batch and ramp < self.full_batch and r.step_time_s is not None:
+            per_step = r.step_time_s * self.full_batch / ramp  # the steps left grow to it
         return None if per_step is None else per_step * max(self.total - r.step, 0)
 
     def line(self, record: MetricsRecord) -> str:

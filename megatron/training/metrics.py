@@ -82,7 +82,8 @@ class MetricsWriter:
         """At the first record: the config (for train_iters and run.wandb), then W&B."""
         cfg = self.cfg or _saved_config(self.run)
         total = cfg.training.train_iters if cfg is not None else None
-        self.lines = LogLines(total, self.started)
+        full = cfg.training.global_batch_size if cfg is not None else None
+        self.lines = LogLines(total, self.started, full)
         if cfg is not None:
             self.wandb = WandbLogger.open(self.run, cfg.run, cfg.to_dict())
 

@@ -124,3 +124,14 @@ def test_a_run_config_written_with_a_ramp_reads_back_the_same(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
     assert load_config(str(path)).training.rampup_batch_size == [4, 4, 100]
+
+
+def test_the_eta_inside_a_ramp_takes_the_step_scaled_to_the_whole_batch():
+    """A step of 24 samples in 2 s with 8 steps left to a batch of 96: 8 x 2 x 96/24 = 64 s
+    (the steps' average alone said 16 s); at the whole batch the average again."""
+    lines = LogLines(total=10, started=0.0, full_batch=96)
+    assert "ETA 0:01:04" in lines.step_line(step_record(2, step_time_s=2.0, global_batch_size=24),
+                                         now=10.0)
+    lines = LogLines(total=10, started=0.0, full_batch=96)
+    assert "ETA 0:00:16" in lines.step_line(step_record(2, step_time_s=2.0, global_batch_size=96),
+                                         now=10.0)
