@@ -50,10 +50,11 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
              "tp2_zero0_qk_norm": "qk_norm", "pp2_qk_norm": "qk_norm"}
 # training.rampup_batch_size (gpt2 only): 7 steps of 4 samples, then 3 of 8, under ZeRO-2's
 # reductions at the accumulation boundary, DeepSpeed's pipeline engine and the model chunks'
-# executor, and context parallelism (whose ranks DeepSpeed counts in its batch); and stopped at
-# step 5, inside the ramp, then resumed
+# executor, context parallelism (whose ranks DeepSpeed counts in its batch) and the update held
+# for the guard (resilience.rerun_suspect_steps); and stopped at step 5, inside the ramp, then
+# resumed
 RAMP_TWO_RANK = ["dp2_zero2_ramp", "pp2_ramp", "pp2_interleaved_ramp", "cp2_ramp",
-                 "resume_dp2_zero1_ramp"]
+                 "dp2_zero1_rerun_ramp", "resume_dp2_zero1_ramp"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",
              "tp2pp2_sp_docs_pos"]
 MIXED = ["dp2_bf16", "pp2_bf16"]

@@ -147,6 +147,9 @@ LAYOUTS.update({
     "ramp": RAMP,
     "dp2_zero2_ramp": ["parallel.zero_stage=2"] + RAMP,
     "pp2_ramp": ["parallel.pipeline_parallel_size=2"] + RAMP,
+    # the update held back until the divergence guard has seen the loss (training/sdc.py)
+    "dp2_zero1_rerun_ramp": ["parallel.zero_stage=1", "resilience.rerun_suspect_steps=true",
+                             "resilience.loss_spike_factor=3.0"] + RAMP,
     # DeepSpeed counts the context-parallel ranks of a sample in its batch
     "cp2_ramp": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + RAMP,
     "pp2_interleaved_ramp": ["parallel.pipeline_parallel_size=2",
@@ -155,7 +158,7 @@ LAYOUTS.update({
 })
 # gpt2 only: what they test does not depend on the flavour
 GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
-             "pp2_interleaved_ramp", "resume_dp2_zero1_ramp"}
+             "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp"}
 
 # Exact resume: stop and checkpoint at step 5, then a new engine resumes to step 10.
 # (the layout, the step the first run stops at, what the second run changes)
