@@ -177,14 +177,24 @@ class DataRecord:
     # (consumed_samples counts samples), but a resume that changes it says what happens to the
     # position (training/checkpointer.py, BatchSizeEvent). None in checkpoints written before.
     global_batch_size: Optional[int] = None
+    # training.rampup_batch_size, the same way; written only when set (as_json), so versions
+    # before it still read the checkpoints of runs without a ramp
+    rampup_batch_size: Optional[List[int]] = None
+
+    def as_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if out["rampup_batch_size"] is None:
+            del out["rampup_batch_size"]
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "DataRecord":
-        _check_keys(obj, cls, "its data record", optional=("fingerprints", "global_batch_size"))
+        _check_keys(obj, cls, "its data record",
+                    optional=("fingerprints", "global_batch_size", "rampup_batch_size"))
         _typed(obj, "its data record", seq_length=int, synthetic=bool, paths=list, split=str,
                tokenizer_type=str, tokenizer_model=(str, None), vocab_file=(str, None),
                merges_file=(str, None), seed=int, fingerprints=(list, None),
-               global_batch_size=(int, None))
+               global_batch_size=(int, None), rampup_batch_size=(list, None))
         return cls(**obj)
 
 
@@ -213,7 +223,7 @@ class CheckpointMeta:
                "files": dict(self.files)}
         out.update(dataclasses.asdict(self.optimizer))  # flat on disk, as v1 was written
         if self.data is not None:
-            out["data"] = dataclasses.asdict(self.data)
+            out["data"] = self.data.as_json()
         return out
 
     @classmethod
@@ -426,6 +436,9 @@ class BatchSizeEvent:
     steps_left: int
     samples_left: int
     event: str = "batch_size"
+    # training.rampup_batch_size, the checkpoint's and this run's, where either has one
+    ramp_before: Optional[List[int]] = None
+    ramp: Optional[List[int]] = None
 
 
 @dataclass(frozen=True)
@@ -448,7 +461,7 @@ EVENTS: Dict[str, Type] = {c.event: c for c in (SaveEvent, StopEvent, DivergedEv
 MetricsRecord = Union[StepRecord, EvalRecord, SaveEvent, StopEvent, DivergedEvent, SpikeEvent,
                       RollbackEvent, HangEvent, StragglerEvent, UnresponsiveEvent,
                       SdcSuspectEvent, StateSuspectEvent, BatchSizeEvent, LrScheduleEvent]
-_OPTIONAL = ("startup", "nonfinite", "moe", "global_batch_size")
+_OPTIONAL = ("startup", "nonfinite", "moe", "global_batch_size", "ramp_before", "ramp")
 
 
 def record_json(record: MetricsRecord) -> Dict[str, Any]:

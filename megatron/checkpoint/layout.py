@@ -88,7 +88,7 @@ def data_record(cfg) -> DataRecord:
     prints = None if d.synthetic else [fingerprint(p) for p in parse_paths(d.paths)[1]]
     return DataRecord(cfg.model.seq_length, d.synthetic, list(d.paths), d.split,
                       d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merges_file, d.seed,
-                      prints, cfg.training.global_batch_size)
+                      prints, cfg.training.global_batch_size, cfg.training.rampup_batch_size)
 
 
 def stream_changes(saved: DataRecord, current: DataRecord, folder: str = "") -> List[str]:
@@ -98,7 +98,7 @@ def stream_changes(saved: DataRecord, current: DataRecord, folder: str = "") -> 
     names = {"seq_length": "model.seq_length"}
     changed = [f"{names.get(k, 'data.' + k)}: checkpoint {v!r}, this run {getattr(current, k)!r}"
                for k, v in dataclasses.asdict(saved).items()
-               if k not in ("paths", "fingerprints", "global_batch_size")
+               if k not in ("paths", "fingerprints", "global_batch_size", "rampup_batch_size")
                and getattr(current, k) != v]
     if saved.fingerprints is None or current.fingerprints is None:
         if saved.paths != current.paths:

@@ -59,7 +59,7 @@ def build_iterators(cfg, dp_rank: int, dp_size: int, consumed_samples: int = 0,
                                  eod=eod)
         return DataIterators(train, valid, cfg.model.vocab_size)
     from megatron.data.gpt_dataset import build_gpt_iterators  # the real-data path
-    reads = consumed_samples + max(t.train_iters - step, 0) * t.global_batch_size
+    reads = consumed_samples + t.samples_over(consumed_samples, max(t.train_iters - step, 0))
     return build_gpt_iterators(cfg, dp_rank, dp_size, consumed_samples, vocab_size, reads)
 
 

@@ -20,11 +20,12 @@ the snapshot in shared memory (the same copy) and a second interpreter, and give
 on the resource the two compete for, the CPU's cores and memory bandwidth."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from collections import deque
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -220,7 +221,7 @@ class Checkpointer:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
             self._resume_notes(meta)
             return meta.step, 0
-        change = batch_size_change(meta, self.t.global_batch_size, self.t.train_iters)
+        change = batch_size_change(meta, self.t)
         if change is not None:
             event, text = change
             log.warning("%s", text)
@@ -299,28 +300,47 @@ class Checkpointer:
             self.writer.write(record)
 
 
-def batch_size_change(meta: CheckpointMeta, gbs: int, train_iters: int
-                      ) -> Optional[Tuple[BatchSizeEvent, str]]:
-    """What a resume with another training.global_batch_size does to the data position (the
-    event and one line for the log), or None when the batch size is the checkpoint's. A
-    checkpoint that did not record its batch size counts as changed when its consumed samples
-    are not its steps times this run's batch size."""
-    before = meta.data.global_batch_size if meta.data is not None else None
-    done, step = meta.consumed_samples, meta.step
-    if before == gbs or (before is None and done == step * gbs):
+def batch_size_change(meta: CheckpointMeta, t) -> Optional[Tuple[BatchSizeEvent, str]]:
+    """What a resume with another training.global_batch_size or rampup_batch_size (t: this
+    run's training section) does to the data position (the event and one line for the log),
+    or None when both are the checkpoint's. A checkpoint that did not record its batch size
+    counts as changed when its consumed samples are not its steps times this run's batch."""
+    data = meta.data
+    before = data.global_batch_size if data is not None else None
+    ramp_before = data.rampup_batch_size if data is not None else None
+    gbs, ramp, done, step = t.global_batch_size, t.rampup_batch_size, meta.consumed_samples, \
+        meta.step
+    if ramp_before == ramp and (before == gbs or (before is None and done == step * gbs)):
         return None
-    left = max(train_iters - step, 0)
-    event = BatchSizeEvent(step, done, before, gbs, left, left * gbs)
-    was = f"{before}" if before is not None else "not recorded in it"
-    then = f" (at the checkpoint's batch size: {left * before})" if before else ""
-    steps = f"steps {step + 1} to {train_iters}" if left else "no step"
+    left = max(t.train_iters - step, 0)
+    samples = t.samples_over(done, left)
+    event = BatchSizeEvent(step, done, before, gbs, left, samples, ramp_before=ramp_before,
+                           ramp=ramp)
+    what = " and ".join(f"training.{name}" for name, changed in (
+        ("global_batch_size", before != gbs), ("rampup_batch_size", ramp_before != ramp))
+        if changed)
+    then = ""
+    if before:
+        saved = dataclasses.replace(t, global_batch_size=before, rampup_batch_size=ramp_before)
+        then = f" (at the checkpoint's batch size: {saved.samples_over(done, left)})"
+    first = t.global_batch_at(done)
+    per_step = (f"{first} samples a step on the ramp to {gbs}" if first < gbs
+                else f"{gbs} samples a step")
+    steps = f"steps {step + 1} to {t.train_iters}" if left else "no step"
     return event, (
-        f"training.global_batch_size changed on resume: {gbs} now, the checkpoint's was {was}. "
+        f"{what} changed on resume: {_batch_text(gbs, ramp)} now, the checkpoint's was "
+        f"{_batch_text(before, ramp_before)}. "
         f"The checkpoint consumed {done} samples in {step} steps; the data continues at sample "
-        f"{done}, {gbs} samples a step, none skipped or repeated; step numbers and the LR "
-        f"schedule continue by steps: {steps} of training.train_iters={train_iters} ({left} "
-        f"steps) take {left * gbs} samples{then}"
-        + (f", samples {done} to {done + left * gbs - 1}" if left else ""))
+        f"{done}, {per_step}, none skipped or repeated; step numbers and the LR "
+        f"schedule continue by steps: {steps} of training.train_iters={t.train_iters} ({left} "
+        f"steps) take {samples} samples{then}"
+        + (f", samples {done} to {done + samples - 1}" if left else ""))
+
+
+def _batch_text(gbs: Optional[int], ramp: Optional[List[int]]) -> str:
+    if gbs is None:
+        return "not recorded in it"
+    return f"{gbs}" if ramp is None else f"{gbs} after the ramp {ramp}"
 
 
 PROBE_BYTES = 16 << 20

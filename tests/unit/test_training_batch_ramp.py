@@ -135,3 +135,54 @@ def test_the_eta_inside_a_ramp_takes_the_step_scaled_to_the_whole_batch():
     lines = LogLines(total=10, started=0.0, full_batch=96)
     assert "ETA 0:00:16" in lines.step_line(step_record(2, step_time_s=2.0, global_batch_size=96),
                                          now=10.0)
+
+
+def test_the_samples_of_the_steps_left_follow_the_ramp():
+    """[4, 4, 28] to 8: 7 steps of 4, then 8 each. From sample 20, 5 steps take 4 + 4 + 8 x 3."""
+    t = training("training.global_batch_size=8", "training.rampup_batch_size=[4, 4, 28]")
+    assert t.samples_over(0, 10) == 7 * 4 + 3 * 8
+    assert t.samples_over(20, 5) == 4 + 4 + 3 * 8
+    assert t.samples_over(28, 2) == 16 and t.samples_over(0, 0) == 0
+    assert training("training.global_batch_size=8").samples_over(20, 5) == 40
+
+
+def _meta(step, consumed, gbs, ramp):
+    import dataclasses
+    from megatron.base.records import CheckpointMeta
+    from tests.support.checkpoints import DATA, meta_json
+    meta = CheckpointMeta.from_json(meta_json(step, {}))
+    return dataclasses.replace(meta, consumed_samples=consumed, data=dataclasses.replace(
+        DATA, global_batch_size=gbs, rampup_batch_size=ramp))
+
+
+def test_a_resume_with_another_ramp_says_where_the_data_continues():
+    """A checkpoint at step 5 (20 samples) of the ramp [4, 4, 28] to 8: resumed with the same
+    ramp, nothing to say; without it, one line and an event with the samples the 5 steps left
+    take (40 now, 32 on the checkpoint's ramp); a ramp added to a plain run's checkpoint
+    continues on the ramp from the samples consumed."""
+    from megatron.base.records import BatchSizeEvent
+    from megatron.training.checkpointer import batch_size_change
+    ramp = ["training.global_batch_size=8", "training.train_iters=10"]
+    same = training(*ramp, "training.rampup_batch_size=[4, 4, 28]")
+    assert batch_size_change(_meta(5, 20, 8, [4, 4, 28]), same) is None
+    event, text = batch_size_change(_meta(5, 20, 8, [4, 4, 28]), training(*ramp))
+    assert event == BatchSizeEvent(5, 20, 8, 8, 5, 40, ramp_before=[4, 4, 28], ramp=None)
+    for part in ("training.rampup_batch_size changed on resume: 8 now, the checkpoint's was 8 "
+                 "after the ramp [4, 4, 28]", "the data continues at sample 20, 8 samples a "
+                 "step", "(5 steps) take 40 samples (at the checkpoint's batch size: 32), "
+                 "samples 20 to 59"):
+        assert part in text, text
+    event, text = batch_size_change(_meta(5, 20, 8, None), same)
+    assert (event.samples_left, event.ramp_before, event.ramp) == (32, None, [4, 4, 28])
+    assert "the data continues at sample 20, 4 samples a step on the ramp to 8" in text, text
+    assert "(at the checkpoint's batch size: 40)" in text, text
+
+
+def test_a_checkpoint_records_its_ramp_and_only_when_there_is_one():
+    import dataclasses
+    from megatron.base.records import CheckpointMeta
+    plain, ramped = _meta(5, 20, 8, None), _meta(5, 20, 8, [4, 4, 28])
+    assert "rampup_batch_size" not in plain.to_json()["data"]  # older versions read it
+    again = CheckpointMeta.from_json(json.loads(json.dumps(ramped.to_json())))
+    assert again.data.rampup_batch_size == [4, 4, 28]
+    assert dataclasses.replace(again, saved_at=ramped.saved_at) == ramped

@@ -6,11 +6,16 @@ The same resume through megatron-train is tests/integration/test_checkpoint_data
 import dataclasses
 
 from megatron.base.records import BatchSizeEvent, CheckpointMeta, record_json
+from megatron.config.sections import TrainingConfig
 from megatron.data import gpt_dataset
 from megatron.data import build_iterators
 from megatron.training.checkpointer import batch_size_change
 from tests.support.checkpoints import DATA, meta_json
 from tests.support.data import write_tokens
+
+
+def _t(gbs, train_iters):
+    return TrainingConfig(global_batch_size=gbs, train_iters=train_iters)
 
 
 def _meta(step, consumed, gbs):
@@ -20,12 +25,12 @@ def _meta(step, consumed, gbs):
 
 
 def test_the_same_batch_size_says_nothing():
-    assert batch_size_change(_meta(8, 64, 8), 8, 20) is None
-    assert batch_size_change(_meta(8, 64, None), 8, 20) is None  # older record, consistent
+    assert batch_size_change(_meta(8, 64, 8), _t(8, 20)) is None
+    assert batch_size_change(_meta(8, 64, None), _t(8, 20)) is None  # older record, consistent
 
 
 def test_a_larger_batch_states_the_position_and_the_steps_left():
-    event, text = batch_size_change(_meta(8, 64, 8), 16, 20)
+    event, text = batch_size_change(_meta(8, 64, 8), _t(16, 20))
     assert event == BatchSizeEvent(step=8, consumed_samples=64, before=8, global_batch_size=16,
                                    steps_left=12, samples_left=192)
     assert record_json(event)["event"] == "batch_size"
@@ -39,7 +44,7 @@ def test_a_larger_batch_states_the_position_and_the_steps_left():
 
 
 def test_a_checkpoint_without_its_batch_size_is_judged_by_its_consumed_samples():
-    event, text = batch_size_change(_meta(8, 64, None), 4, 10)
+    event, text = batch_size_change(_meta(8, 64, None), _t(4, 10))
     assert event.before is None and event.samples_left == 8
     assert "the checkpoint's was not recorded in it" in text, text
 

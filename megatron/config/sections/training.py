@@ -126,6 +126,15 @@ class TrainingConfig:
         per_increment = samples / ((self.global_batch_size - start) // step)
         return min(start + int(consumed / per_increment) * step, self.global_batch_size)
 
+    def samples_over(self, consumed: int, steps: int) -> int:
+        """The samples `steps` steps take from `consumed` on (the ramp's batches, then
+        global_batch_size's)."""
+        total = 0
+        while steps > 0 and self.global_batch_at(consumed) < self.global_batch_size:
+            batch = self.global_batch_at(consumed)
+            total, consumed, steps = total + batch, consumed + batch, steps - 1
+        return total + steps * self.global_batch_size
+
     def ramp_sizes(self) -> List[int]:
         """Every global batch a step can take, smallest first."""
         if self.rampup_batch_size is None:
