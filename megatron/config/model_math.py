@@ -12,7 +12,13 @@ token really costs: its router (h x E), the top_k experts it is sent to, not all
 shared expert every token runs (model.moe.shared_expert_ffn_hidden_size)."""
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 from megatron.config import moe, variants
+
+# The sdpa and math cores attend a windowed layer in bands of queries (model/attention_cores.py)
+# of at least this many
+BAND_BLOCK = 256
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -45,6 +51,32 @@ def attention_keys(m) -> float:
         return float(s)
     keys = [s if w is None or w >= s else 2 * w - w * w / s
             for w in (m.attention.window_of(i) for i in range(m.num_layers))]
+    return sum(keys) / len(keys)
+
+
+def band_blocks(s: int, window: Optional[int]) -> Optional[List[Tuple[int, int, int]]]:
+    """The bands the sdpa and math cores attend a layer of s queries in under a sliding window:
+    blocks of max(window, BAND_BLOCK) queries [q0, q1), each against keys [k0, q1) from its
+    first query's window on; None (the whole sequence at once, under an s x s mask) without a
+    window or where the sequence spans two blocks or fewer."""
+    if not window:
+        return None
+    block = max(window, BAND_BLOCK)
+    if s <= 2 * block:
+        return None
+    return [(q0, min(q0 + block, s), max(0, q0 - window + 1)) for q0 in range(0, s, block)]
+
+
+def masked_keys(m) -> float:
+    """Keys a query's scores are computed over by the sdpa and math cores (which compute a
+    block's every score and mask what it hides), the mean over the layers: the sequence, or
+    on a windowed layer attended in bands the band's keys (band_blocks)."""
+    s = m.seq_length
+    keys = []
+    for i in range(m.num_layers):
+        bands = band_blocks(s, m.attention.window_of(i))
+        keys.append(s if bands is None else
+                    sum((q1 - q0) * (q1 - k0) for q0, q1, k0 in bands) / s)
     return sum(keys) / len(keys)
 
 

@@ -5,12 +5,18 @@ the layer's sliding window where model.attention sets one (Variant.sliding_windo
 flash: flash-attn on a GPU; sdpa: torch scaled_dot_product_attention; math: explicit scores
 with the fused scaled causal softmax (keeps the s x s probabilities for backward). A core takes
 (model section, context, layer number); one with weights declares them in its record. Context
-parallelism and rotary positions wrap every core alike (attention.SelfAttention)."""
+parallelism and rotary positions wrap every core alike (attention.SelfAttention).
+
+Under a sliding window sdpa and math attend in bands when the sequence spans more than two
+blocks of max(window, BAND_BLOCK) queries (config/model_math.band_blocks): each block of queries
+against the keys its window reaches, so scores, masks and saved probabilities take about
+s x (block + window) in place of s x s, and so does the time
+(benchmarks/results/attention_band.md)."""
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +24,7 @@ from torch import nn
 
 from megatron import kernels
 from megatron.config import ModelConfig
+from megatron.config.model_math import band_blocks
 from megatron.model.context import ModelContext
 
 
@@ -64,23 +71,31 @@ class FlashCore(_Core):
 
 _MASKS = [None, {}]  # (the documents tensor, its masks by window): one micro-batch's, all layers
 
+Block = Tuple[int, int, int]  # queries [q0, q1), keys [k0, q1)
+
 
 def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: int,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device, band: Optional[Block] = None) -> torch.Tensor:
     """[b or 1, 1, s, s] bool, True where query i may attend key j: j <= i, within the window
     (i - window < j; model.attention.sliding_window) and of the same document (documents
-    [b, s], each token's document index: data.reset_attention_mask). Made once per micro-batch
-    and window: every layer (and its recomputation) gets the same documents tensor."""
+    [b, s], each token's document index: data.reset_attention_mask); for a band (q0, q1, k0)
+    the [.., q1 - q0, q1 - k0] part of queries q0.. against keys k0... Made once per
+    micro-batch and window: every layer (and its recomputation) gets the same documents
+    tensor."""
     if _MASKS[0] is not documents:
         _MASKS[:] = [documents, {}]
-    key = (window, s, str(device))
+    q0, q1, k0 = band or (0, s, 0)
+    key = (window, s, str(device), q0, q1, k0)
     if key not in _MASKS[1]:
-        causal = torch.ones(s, s, dtype=torch.bool, device=device).tril_()
+        query = torch.arange(q0, q1, device=device).unsqueeze(1)
+        keys = torch.arange(k0, q1, device=device).unsqueeze(0)
+        mask = keys <= query
         if window:
-            causal.triu_(1 - window)
-        mask = causal.view(1, 1, s, s)
+            mask &= query - keys < window
+        mask = mask.view(1, 1, q1 - q0, q1 - k0)
         if documents is not None:
-            mask = (documents.unsqueeze(2) == documents.unsqueeze(1)).unsqueeze(1) & mask
+            mask = (documents[:, q0:q1].unsqueeze(2)
+                    == documents[:, k0:q1].unsqueeze(1)).unsqueeze(1) & mask
         _MASKS[1][key] = mask
     return _MASKS[1][key]
 
@@ -89,13 +104,22 @@ class SdpaCore(_Core):
     def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        mask = None if documents is None and self.window is None else \
-            visible_keys(documents, self.window, s, q.device)
+        bands = band_blocks(s, self.window)
         with self.dropout_stream():
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=self.p(),
-                                                 is_causal=mask is None,
-                                                 enable_gqa=n > k.shape[2])
+            if bands:
+                out = torch.cat([self._attend(qt[:, :, q0:q1], kt[:, :, k0:q1], vt[:, :, k0:q1],
+                                              visible_keys(documents, self.window, s, q.device,
+                                                           (q0, q1, k0)))
+                                 for q0, q1, k0 in bands], dim=2)
+            else:
+                out = self._attend(qt, kt, vt, None if documents is None and self.window is None
+                                   else visible_keys(documents, self.window, s, q.device))
         return out.permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+    def _attend(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p(),
+                                              is_causal=mask is None,
+                                              enable_gqa=q.shape[1] > k.shape[1])
 
 
 class MathCore(_Core):
@@ -109,13 +133,27 @@ class MathCore(_Core):
         vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)
         if documents is None and self.window is None:
             probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
-        else:  # the masked softmax takes [b, n, s, s] and True where a key is masked out
-            scores = torch.bmm(qb, kb).view(b, n, s, s)
-            hidden = visible_keys(documents, self.window, s, q.device).logical_not()
-            probs = kernels.scaled_masked_softmax(scores, hidden, 1.0 / math.sqrt(d),
-                                                  self.sel).view(b * n, s, s)
+            out = torch.bmm(self._dropout(probs), vb)  # [b*n, s, d]
+        else:
+            bands = band_blocks(s, self.window) or [(0, s, 0)]
+            out = torch.cat([self._masked(qb[:, q0:q1], kb[:, :, k0:q1], vb[:, k0:q1], b,
+                                          visible_keys(documents, self.window, s, q.device,
+                                                       (q0, q1, k0)))
+                             for q0, q1, k0 in bands], dim=1)
+        return out.view(b, n, s, d).permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+    def _masked(self, qb, kb, vb, b: int, visible: torch.Tensor) -> torch.Tensor:
+        """Queries [b*n, q, d] against keys [b*n, d, k] where `visible` ([b or 1, 1, q, k]):
+        the masked softmax takes [b, n, q, k] and True where a key is masked out."""
+        rows, cols = qb.shape[1], kb.shape[2]
+        scores = torch.bmm(qb, kb).view(b, -1, rows, cols)
+        probs = kernels.scaled_masked_softmax(scores, visible.logical_not(),
+                                              1.0 / math.sqrt(qb.shape[2]),
+                                              self.sel).view(-1, rows, cols)
+        return torch.bmm(self._dropout(probs), vb)
+
+    def _dropout(self, probs: torch.Tensor) -> torch.Tensor:
         if self.training and self.dropout > 0:
             with self.tracker.fork("tp"):
                 probs = F.dropout(probs, self.dropout, True)
-        out = torch.bmm(probs, vb)  # [b*n, s, d]
-        return out.view(b, n, s, d).permute(2, 0, 1, 3).reshape(s, b, n * d)
+        return probs

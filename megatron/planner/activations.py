@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from megatron.config import ModelConfig, variants
+from megatron.config.model_math import masked_keys
 from megatron.planner.layout import Layout
 
 
@@ -83,9 +84,11 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     # GeLU: its input and fc2's input; SwiGLU: both fc1 halves and fc2's input
     partitioned += sb * f * (fc1_factor(m) + 1)
     masks = 2 * sb * h if hidden_drop else 0
-    # heads/C over the whole sequence
-    scores = a // cp * s * s * b * (2 if attn_drop else 1)
-    score_masks = a // cp * s * s * b if attn_drop else 0
+    # heads/C over the whole sequence, each query's scores over every key or its window's band
+    # (config/model_math.masked_keys)
+    keys = masked_keys(m) if s == m.seq_length else s
+    scores = a // cp * s * keys * b * (2 if attn_drop else 1)
+    score_masks = a // cp * s * keys * b if attn_drop else 0
     return LayerActivations(replicated, partitioned, masks, scores, score_masks, a * sb)
 
 

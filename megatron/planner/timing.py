@@ -42,7 +42,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from megatron.config import moe, schedules
-from megatron.config.model_math import attention_keys
+from megatron.config.model_math import attention_keys, masked_keys
 from megatron.base.optimizer_kind import optimizer_kind
 from megatron.planner import activations as act, cp_timing, experts, fp8
 from megatron.planner.features import (  # noqa: F401 (the names timing has always exported)
@@ -135,10 +135,11 @@ def _layer_forward(x: _Ctx) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     s = m.seq_length
     if x.lay.flash:  # a flash kernel skips the blocks a sliding window hides (attention_keys)
         core[ATTN] = 4 * tok * attention_keys(m) * m.num_attention_heads * d / t / x.peak
-    else:
-        core[GEMM] = 2 * heads * gemm_seconds((s, s, d), x.peak, x.c.gemm_half_dim)
+    else:  # every key's score, or under a sliding window its band's (masked_keys)
+        keys = masked_keys(m)
+        core[GEMM] = 2 * heads * gemm_seconds((s, keys, d), x.peak, x.c.gemm_half_dim)
         # scores written by QK^T, read and written by softmax and dropout, read by AV
-        core[MEM] = 4 * heads * s * s * x.e / x.hbm
+        core[MEM] = 4 * heads * s * keys * x.e / x.hbm
     fwd += core
     fwd[MEM] += act.layer_full_bytes(m, x.lay, x.job.precision, keep_scores=False,
                                      whole_inputs=x.overlap.sp_whole_inputs) / x.hbm

@@ -199,6 +199,58 @@ def test_each_core_attends_within_the_window(backend, with_documents):
     assert not torch.allclose(out, _reference(q, k, v, causal), atol=1e-3)
 
 
+def test_the_bands_of_a_window_cover_each_query_and_the_keys_it_reaches(monkeypatch):
+    """Blocks of max(window, BAND_BLOCK) queries, each against the keys from its first query's
+    window on; none (the whole sequence at once) for two blocks or fewer."""
+    from megatron.config import model_math
+    from megatron.model import attention_cores
+    monkeypatch.setattr(model_math, "BAND_BLOCK", 4)
+    assert attention_cores.band_blocks(20, 3) == [(0, 4, 0), (4, 8, 2), (8, 12, 6),
+                                                  (12, 16, 10), (16, 20, 14)]
+    assert attention_cores.band_blocks(13, 6) == [(0, 6, 0), (6, 12, 1), (12, 13, 7)]
+    assert attention_cores.band_blocks(12, 6) is None and attention_cores.band_blocks(40, None) \
+        is None
+    whole = attention_cores.visible_keys(None, 3, 20, torch.device("cpu"))[0, 0]
+    for q0, q1, k0 in attention_cores.band_blocks(20, 3):
+        part = attention_cores.visible_keys(None, 3, 20, torch.device("cpu"), (q0, q1, k0))
+        assert torch.equal(part[0, 0], whole[q0:q1, k0:q1])
+        assert not whole[q0:q1, :k0].any()  # nothing visible left of the band
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("with_documents", [False, True])
+def test_banded_attention_is_whole_attention_with_gradients(monkeypatch, backend,
+                                                            with_documents):
+    """A window of 5 over 29 tokens in bands of 5 (the last one short) gives the whole masked
+    attention's output and gradients of q, k and v, with grouped-query heads and packed
+    documents; the whole sequence's s x s mask is never built."""
+    from megatron.config import model_math
+    from megatron.model import attention_cores
+    from megatron.model.context import Documents
+    core = _window_model(backend, 5).layers[0].attention.core.eval()
+    g = torch.Generator().manual_seed(5)
+    s, b = 29, 2
+    q = torch.randn(s, b, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    docs = None
+    if with_documents:
+        tokens = torch.ones(b, s, dtype=torch.long)
+        tokens[0, 11] = tokens[1, 3] = tokens[1, 20] = 0
+        docs = Documents(eod=0).read(tokens)[0]
+    grad = torch.randn(s, b, 64, generator=g)
+    kwargs = {"documents": docs} if with_documents else {}
+    whole = core(q, k, v, **kwargs)
+    expected = torch.autograd.grad(whole, (q, k, v), grad)
+    monkeypatch.setattr(model_math, "BAND_BLOCK", 5)
+    attention_cores._MASKS[:] = [None, {}]
+    banded = core(q, k, v, **kwargs)
+    assert all(key[3:] != (0, s, 0) for key in attention_cores._MASKS[1])  # bands only
+    assert torch.allclose(banded, whole, atol=1e-6)
+    for got, want in zip(torch.autograd.grad(banded, (q, k, v), grad), expected):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_a_core_without_the_window_is_refused_by_name():
     """A plugin core whose record does not say it attends within a window stops at build
     with the cores that do, not silently attending over the whole sequence."""

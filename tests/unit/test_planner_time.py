@@ -563,3 +563,30 @@ def test_a_sliding_window_prices_the_keys_it_leaves():
     attn = [_layer_forward(_Ctx(Job(model, 8, "bf16"), lay, prof))[1][ATTN]
             for model in (full, m)]
     assert attn[1] / attn[0] == pytest.approx(2944 / 4096)
+
+
+def test_the_masked_cores_price_a_window_by_its_bands():
+    """The sdpa and math cores attend a windowed layer in bands (config/model_math.band_blocks):
+    at s = 4096, w = 1024, blocks of 1024 queries against the keys from their first query's
+    window on, (1024 x 1024 + 3 x 1024 x 2047) / 4096 = 1791.25 keys a query, on every other
+    layer (2943.6 over the model). Their priced score GEMMs and bytes, and the memory of the
+    scores they keep for backward, fall by that share; a window spanning half the sequence or
+    more leaves one block, priced whole."""
+    from megatron.config.model_math import masked_keys
+    from megatron.planner.activations import layer_terms
+    from megatron.planner.timing import GEMM, MEM, _Ctx, _layer_forward
+    full = preset_model("gpt3-6.7b", seq_length=4096)
+    m = dataclasses.replace(full, attention=dataclasses.replace(
+        full.attention, sliding_window=1024, sliding_window_pattern=2))
+    band = (1024 * 1024 + 3 * 1024 * 2047) / 4096
+    assert masked_keys(full) == 4096 and masked_keys(m) == pytest.approx((4096 + band) / 2)
+    wide = dataclasses.replace(full, attention=dataclasses.replace(full.attention,
+                                                                  sliding_window=2048))
+    assert masked_keys(wide) == 4096
+    prof = load_profile("h100")
+    lay = Layout(1, 1, 8, 1, 1, zero=1, recompute="none", flash=False)
+    cores = [_layer_forward(_Ctx(Job(model, 8, "bf16"), lay, prof))[1] for model in (full, m)]
+    assert cores[1][MEM] / cores[0][MEM] == pytest.approx(masked_keys(m) / 4096)
+    assert cores[1][GEMM] < cores[0][GEMM]
+    terms = [layer_terms(model, 4096, 1) for model in (full, m)]
+    assert terms[1].scores / terms[0].scores == pytest.approx(masked_keys(m) / 4096)

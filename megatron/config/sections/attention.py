@@ -34,8 +34,10 @@ class AttentionConfig:
     <= i). 0: every earlier key. With data.reset_attention_mask, within its document too.
     Runs on the flash (its window_size), sdpa and math cores and under every context-parallel
     algorithm. The run report's FLOPs and megatron-plan's flash attention count what the window
-    leaves (config/model_math.attention_keys); the sdpa and math cores compute every earlier
-    key's scores and mask them."""
+    leaves (config/model_math.attention_keys); the sdpa and math cores attend in bands of
+    max(window, 256) queries against the keys each band's window reaches, computing and masking
+    those scores (s x (band + window) of them, not s x s; megatron-plan prices that:
+    config/model_math.masked_keys)."""
     sliding_window_pattern: int = 0
     """With model.attention.sliding_window: every N-th layer (the N-th, the 2N-th, ...) sees
     every earlier key and the others the window (Hugging Face's sliding_window_pattern: Gemma
