@@ -7,16 +7,16 @@ with the fused scaled causal softmax (keeps the s x s probabilities for backward
 (model section, context, layer number); one with weights declares them in its record. Context
 parallelism and rotary positions wrap every core alike (attention.SelfAttention).
 
-Under a sliding window sdpa and math attend in bands when the sequence spans more than two
-blocks of max(window, BAND_BLOCK) queries (config/model_math.band_blocks): each block of queries
-against the keys its window reaches, so scores, masks and saved probabilities take about
-s x (block + window) in place of s x s, and so does the time
+Under a sliding window or packed documents sdpa and math attend in bands when the sequence spans
+more than two blocks of max(window, BAND_BLOCK) queries (attention_bands): each block of queries
+against the keys its window, and its first query's document, reach, so scores, masks and saved
+probabilities take about s x (block + window) in place of s x s, and so does the time
 (benchmarks/results/attention_band.md)."""
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from torch import nn
 
 from megatron import kernels
 from megatron.config import ModelConfig
-from megatron.config.model_math import band_blocks
+from megatron.config import model_math
 from megatron.model.context import ModelContext
 
 
@@ -74,6 +74,38 @@ _MASKS = [None, {}]  # (the documents tensor, its masks by window): one micro-ba
 Block = Tuple[int, int, int]  # queries [q0, q1), keys [k0, q1)
 
 
+def _memo(documents: Optional[torch.Tensor]) -> dict:
+    if _MASKS[0] is not documents:
+        _MASKS[:] = [documents, {}]
+    return _MASKS[1]
+
+
+def attention_bands(s: int, window: Optional[int], documents: Optional[torch.Tensor]
+                    ) -> Optional[List[Block]]:
+    """The bands the sdpa and math cores attend a layer in (None: the whole sequence at once):
+    a sliding window's (config/model_math.band_blocks) and, with packed documents (documents
+    [b, s], each token's document index, non-decreasing), blocks of max(window, BAND_BLOCK)
+    queries whose keys start no earlier than the first query's document (the earliest over
+    the micro-batch's samples), so short documents cost what they hold. Made once per
+    micro-batch and window (one host sync for the documents' starts)."""
+    if documents is None:
+        return model_math.band_blocks(s, window)
+    block = max(window or 0, model_math.BAND_BLOCK)
+    if s <= 2 * block:
+        return None
+    memo, key = _memo(documents), ("bands", window, s)
+    if key not in memo:
+        change = torch.ones_like(documents, dtype=torch.bool)
+        change[:, 1:] = documents[:, 1:] != documents[:, :-1]
+        index = torch.arange(s, device=documents.device).expand_as(documents)
+        first = torch.where(change, index, torch.zeros_like(index)).cummax(dim=1).values
+        firsts = list(range(0, s, block))
+        starts = first[:, firsts].min(dim=0).values.tolist()
+        memo[key] = [(q0, min(q0 + block, s), max(k0, q0 - window + 1 if window else 0))
+                     for q0, k0 in zip(firsts, starts)]
+    return memo[key]
+
+
 def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: int,
                  device: torch.device, band: Optional[Block] = None) -> torch.Tensor:
     """[b or 1, 1, s, s] bool, True where query i may attend key j: j <= i, within the window
@@ -82,11 +114,10 @@ def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: in
     the [.., q1 - q0, q1 - k0] part of queries q0.. against keys k0... Made once per
     micro-batch and window: every layer (and its recomputation) gets the same documents
     tensor."""
-    if _MASKS[0] is not documents:
-        _MASKS[:] = [documents, {}]
+    memo = _memo(documents)
     q0, q1, k0 = band or (0, s, 0)
     key = (window, s, str(device), q0, q1, k0)
-    if key not in _MASKS[1]:
+    if key not in memo:
         query = torch.arange(q0, q1, device=device).unsqueeze(1)
         keys = torch.arange(k0, q1, device=device).unsqueeze(0)
         mask = keys <= query
@@ -96,15 +127,15 @@ def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: in
         if documents is not None:
             mask = (documents[:, q0:q1].unsqueeze(2)
                     == documents[:, k0:q1].unsqueeze(1)).unsqueeze(1) & mask
-        _MASKS[1][key] = mask
-    return _MASKS[1][key]
+        memo[key] = mask
+    return memo[key]
 
 
 class SdpaCore(_Core):
     def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        bands = band_blocks(s, self.window)
+        bands = attention_bands(s, self.window, documents)
         with self.dropout_stream():
             if bands:
                 out = torch.cat([self._attend(qt[:, :, q0:q1], kt[:, :, k0:q1], vt[:, :, k0:q1],
@@ -135,7 +166,7 @@ class MathCore(_Core):
             probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
             out = torch.bmm(self._dropout(probs), vb)  # [b*n, s, d]
         else:
-            bands = band_blocks(s, self.window) or [(0, s, 0)]
+            bands = attention_bands(s, self.window, documents) or [(0, s, 0)]
             out = torch.cat([self._masked(qb[:, q0:q1], kb[:, :, k0:q1], vb[:, k0:q1], b,
                                           visible_keys(documents, self.window, s, q.device,
                                                        (q0, q1, k0)))

@@ -110,13 +110,18 @@ def test_positions_restart_after_each_end_of_document():
     assert docs.current.tolist()[0] == [0, 0, 0, 1, 1, 1, 2, 3]
 
 
+@pytest.mark.parametrize("band_block", [256, 4])
 @pytest.mark.parametrize("flavour", ["learned", "rotary"])
-def test_a_packed_document_reads_as_alone_with_its_own_positions(one_rank_group, flavour):
+def test_a_packed_document_reads_as_alone_with_its_own_positions(one_rank_group, flavour,
+                                                                  band_block, monkeypatch):
     """data.reset_attention_mask with data.reset_position_ids: under learned positions too (a
     table of absolute positions, GPT-2's and the paper's models'), the second document of a
     packed sample gets the logits it gets alone; with the mask alone it does not (its positions
-    are 10-23, not 0-13). Rotary positions alone, per sample, rotate as the shared table."""
+    are 10-23, not 0-13). Rotary positions alone, per sample, rotate as the shared table. The
+    same with the sequence of 24 attended in bands of 4 queries (attention_bands)."""
+    from megatron.config import model_math
     from megatron.model import build_context, GPTModel
+    monkeypatch.setattr(model_math, "BAND_BLOCK", band_block)
     sets = ["model.attention_backend=sdpa", "data.reset_attention_mask=true"]
     if flavour == "rotary":
         sets += ["model.position_embedding_type=rotary", "model.normalization=rmsnorm"]
@@ -205,13 +210,12 @@ def test_the_bands_of_a_window_cover_each_query_and_the_keys_it_reaches(monkeypa
     from megatron.config import model_math
     from megatron.model import attention_cores
     monkeypatch.setattr(model_math, "BAND_BLOCK", 4)
-    assert attention_cores.band_blocks(20, 3) == [(0, 4, 0), (4, 8, 2), (8, 12, 6),
-                                                  (12, 16, 10), (16, 20, 14)]
-    assert attention_cores.band_blocks(13, 6) == [(0, 6, 0), (6, 12, 1), (12, 13, 7)]
-    assert attention_cores.band_blocks(12, 6) is None and attention_cores.band_blocks(40, None) \
-        is None
+    assert model_math.band_blocks(20, 3) == [(0, 4, 0), (4, 8, 2), (8, 12, 6), (12, 16, 10),
+                                             (16, 20, 14)]
+    assert model_math.band_blocks(13, 6) == [(0, 6, 0), (6, 12, 1), (12, 13, 7)]
+    assert model_math.band_blocks(12, 6) is None and model_math.band_blocks(40, None) is None
     whole = attention_cores.visible_keys(None, 3, 20, torch.device("cpu"))[0, 0]
-    for q0, q1, k0 in attention_cores.band_blocks(20, 3):
+    for q0, q1, k0 in model_math.band_blocks(20, 3):
         part = attention_cores.visible_keys(None, 3, 20, torch.device("cpu"), (q0, q1, k0))
         assert torch.equal(part[0, 0], whole[q0:q1, k0:q1])
         assert not whole[q0:q1, :k0].any()  # nothing visible left of the band
@@ -246,6 +250,51 @@ def test_banded_attention_is_whole_attention_with_gradients(monkeypatch, backend
     attention_cores._MASKS[:] = [None, {}]
     banded = core(q, k, v, **kwargs)
     assert all(key[3:] != (0, s, 0) for key in attention_cores._MASKS[1])  # bands only
+    assert torch.allclose(banded, whole, atol=1e-6)
+    for got, want in zip(torch.autograd.grad(banded, (q, k, v), grad), expected):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_packed_documents_narrow_each_band_to_its_first_querys_document(monkeypatch):
+    """Without a window, blocks of BAND_BLOCK queries whose keys start at the earliest start,
+    over the samples, of the document holding the block's first query; with a window, the
+    later of that and the window's start."""
+    from megatron.config import model_math
+    from megatron.model.attention_cores import attention_bands
+    from megatron.model.context import Documents
+    monkeypatch.setattr(model_math, "BAND_BLOCK", 4)
+    tokens = torch.ones(2, 16, dtype=torch.long)
+    tokens[0, 2] = tokens[0, 9] = tokens[1, 5] = 0  # documents start at 3, 10 and at 6
+    docs = Documents(eod=0).read(tokens)[0]
+    # query 4: sample 1's first document (to 5); 8: sample 0's from 3; 12: sample 1's from 6
+    assert attention_bands(16, None, docs) == [(0, 4, 0), (4, 8, 0), (8, 12, 3), (12, 16, 6)]
+    assert attention_bands(16, 3, docs) == [(0, 4, 0), (4, 8, 2), (8, 12, 6), (12, 16, 10)]
+    assert attention_bands(8, None, docs) is None  # two blocks or fewer: whole
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_packed_documents_in_bands_are_whole_attention_with_gradients(monkeypatch, backend):
+    """Short packed documents over 37 tokens, no window, in bands of 4: the output and the
+    gradients of the whole sequence under its document mask."""
+    from megatron.config import model_math
+    from megatron.model.context import Documents
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml", [
+        "model.num_layers=1", "model.hidden_size=64", "model.num_attention_heads=4",
+        f"model.attention_backend={backend}", "model.num_query_groups=2"])
+    core = build_model(cfg, ParallelState.single(), 512).layers[0].attention.core.eval()
+    g = torch.Generator().manual_seed(9)
+    s, b = 37, 2
+    q = torch.randn(s, b, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    tokens = torch.ones(b, s, dtype=torch.long)
+    tokens[0, [4, 13, 21, 30]] = tokens[1, [8, 9, 25]] = 0
+    docs = Documents(eod=0).read(tokens)[0]
+    grad = torch.randn(s, b, 64, generator=g)
+    whole = core(q, k, v, documents=docs)
+    expected = torch.autograd.grad(whole, (q, k, v), grad)
+    monkeypatch.setattr(model_math, "BAND_BLOCK", 4)
+    banded = core(q, k, v, documents=docs)
     assert torch.allclose(banded, whole, atol=1e-6)
     for got, want in zip(torch.autograd.grad(banded, (q, k, v), grad), expected):
         assert torch.allclose(got, want, atol=1e-5)
