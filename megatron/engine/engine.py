@@ -357,10 +357,10 @@ class Engine:
         else:
             total = torch.zeros((), device=self.device)
             for i in range(gas):
-                batch = self._batch(it)
+                micro = self._batch(it)
                 self._boundary(i == gas - 1)
                 self.compute.start()
-                out = self.engine(*batch)
+                out = self.engine(*micro)
                 self.compute.stop()
                 self.engine.backward(out)
                 if checker is not None and i == gas - 1:

@@ -80,9 +80,9 @@ class Checkpointer:
     def due(self, step_seconds: float, growth: float = 1.0) -> Tuple[bool, bool]:
         """(a save is due by the clock, the deadline is reached), as this rank sees them after a
         step of `step_seconds` (the deadline keeps room for one more step, the wait for a save
-        in flight, and a save). growth: the next step's batch over this one's (a batch-size
-        ramp's next, larger step takes that much longer)."""
-        self.deadline.step_took(step_seconds * growth)
+        in flight, and a save). growth: the next step's batch over this one's
+        (Deadline.step_took)."""
+        self.deadline.step_took(step_seconds, growth)
         self.deadline.in_flight = self.deadline.save_estimate() if self.pending else 0.0
         return self.clock.due(), self.deadline.reached()
 

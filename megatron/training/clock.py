@@ -77,8 +77,10 @@ class Deadline:
             log.info("the run stops with a checkpoint before %s (%s)",
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at)), self.source)
 
-    def step_took(self, seconds: float) -> None:
-        self.steps.append(seconds)
+    def step_took(self, seconds: float, growth: float = 1.0) -> None:
+        """growth: the next step's batch over this one's (a batch-size ramp's next, larger step
+        takes that much longer), so the room kept is the next step's."""
+        self.steps.append(seconds * growth)
 
     def save_took(self, seconds: float) -> None:
         self.save = seconds if self.save is None else max(self.save, seconds)

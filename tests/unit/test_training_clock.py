@@ -95,3 +95,11 @@ def test_the_exit_reserve_is_checked_and_defaults_to_some_room():
     assert TrainingConfig().exit_reserve_seconds > 0
     with pytest.raises(ConfigError, match="training.exit_reserve_seconds=-1.0 is invalid"):
         TrainingConfig(exit_reserve_seconds=-1.0)
+
+
+def test_inside_a_batch_ramp_the_room_kept_is_the_next_larger_steps():
+    """A 10 s step of a ramp whose next batch is twice as large: one more step needs 20 s."""
+    d = Deadline(0, 0.0, {"MEGATRON_JOB_END_TIME": "1100"}, FakeTime(1000.0))
+    d.step_took(10.0, growth=2.0)
+    d.save_took(5.0)
+    assert d.needed() == pytest.approx(SAFETY * 25.0)
