@@ -64,9 +64,12 @@ def test_the_probe_measures_an_fsync_apart_from_the_bytes(tmp_path, monkeypatch)
     assert speed > 1e6 and fsync_s < 0.5
     assert not folder.exists()  # the probe made it, the probe removed it
     monkeypatch.setenv(faults.SLOW_FILES_VAR, "0.2")
+    # the disk's own fsyncs left out: under a loaded CI machine they added 0.18 s to the 0.2
+    monkeypatch.setattr(store.os, "fsync", lambda fd: None)
     slow_speed, slow_fsync = probe_storage(str(folder))
-    assert slow_fsync == pytest.approx(0.2, abs=0.1), slow_fsync
+    assert slow_fsync == pytest.approx(0.2, abs=0.05), slow_fsync
     assert slow_speed > 1e6  # the latency is not taken for a slow transfer
+    monkeypatch.undo()
     folder.mkdir()
     probe_storage(str(folder))
     assert folder.is_dir() and os.listdir(folder) == []  # a folder it found stays, empty
