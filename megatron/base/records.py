@@ -177,11 +177,11 @@ class DataRecord:
     # (consumed_samples counts samples), but a resume that changes it says what happens to the
     # position (training/checkpointer.py, BatchSizeEvent). None in checkpoints written before.
     global_batch_size: Optional[int] = None
-    # training.rampup_batch_size, the same way; written only when set (as_json), so versions
+    # training.rampup_batch_size, the same way; written only when set (to_json), so versions
     # before it still read the checkpoints of runs without a ramp
     rampup_batch_size: Optional[List[int]] = None
 
-    def as_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         if out["rampup_batch_size"] is None:
             del out["rampup_batch_size"]
@@ -223,7 +223,7 @@ class CheckpointMeta:
                "files": dict(self.files)}
         out.update(dataclasses.asdict(self.optimizer))  # flat on disk, as v1 was written
         if self.data is not None:
-            out["data"] = self.data.as_json()
+            out["data"] = self.data.to_json()
         return out
 
     @classmethod

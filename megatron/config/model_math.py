@@ -54,17 +54,20 @@ def attention_keys(m) -> float:
     return sum(keys) / len(keys)
 
 
-def band_blocks(s: int, window: Optional[int]) -> Optional[List[Tuple[int, int, int]]]:
-    """The bands the sdpa and math cores attend a layer of s queries in under a sliding window:
-    blocks of max(window, BAND_BLOCK) queries [q0, q1), each against keys [k0, q1) from its
-    first query's window on; None (the whole sequence at once, under an s x s mask) without a
-    window or where the sequence spans two blocks or fewer."""
-    if not window:
+def band_blocks(s: int, window: Optional[int], packed: bool = False
+                ) -> Optional[List[Tuple[int, int, int]]]:
+    """The bands the sdpa and math cores attend a layer of s queries in under a sliding window
+    (or, packed, with documents: model/attention_cores.attention_bands narrows them to each
+    band's documents): blocks of max(window, BAND_BLOCK) queries [q0, q1), each against keys
+    [k0, q1) from its first query's window on (from 0 without one); None (the whole sequence at
+    once) with neither, or where the sequence spans two blocks or fewer."""
+    if not window and not packed:
         return None
-    block = max(window, BAND_BLOCK)
+    block = max(window or 0, BAND_BLOCK)
     if s <= 2 * block:
         return None
-    return [(q0, min(q0 + block, s), max(0, q0 - window + 1)) for q0 in range(0, s, block)]
+    return [(q0, min(q0 + block, s), max(0, q0 - window + 1) if window else 0)
+            for q0 in range(0, s, block)]
 
 
 def masked_keys(m) -> float:

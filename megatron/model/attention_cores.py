@@ -25,7 +25,7 @@ from torch import nn
 from megatron import kernels
 from megatron.config import ModelConfig
 from megatron.config import model_math
-from megatron.model.context import ModelContext
+from megatron.model.context import ModelContext, document_starts
 
 
 def flash_attn_func_or_none():
@@ -88,21 +88,14 @@ def attention_bands(s: int, window: Optional[int], documents: Optional[torch.Ten
     queries whose keys start no earlier than the first query's document (the earliest over
     the micro-batch's samples), so short documents cost what they hold. Made once per
     micro-batch and window (one host sync for the documents' starts)."""
-    if documents is None:
-        return model_math.band_blocks(s, window)
-    block = max(window or 0, model_math.BAND_BLOCK)
-    if s <= 2 * block:
-        return None
+    bands = model_math.band_blocks(s, window, packed=documents is not None)
+    if documents is None or bands is None:
+        return bands
     memo, key = _memo(documents), ("bands", window, s)
     if key not in memo:
-        change = torch.ones_like(documents, dtype=torch.bool)
-        change[:, 1:] = documents[:, 1:] != documents[:, :-1]
-        index = torch.arange(s, device=documents.device).expand_as(documents)
-        first = torch.where(change, index, torch.zeros_like(index)).cummax(dim=1).values
-        firsts = list(range(0, s, block))
-        starts = first[:, firsts].min(dim=0).values.tolist()
-        memo[key] = [(q0, min(q0 + block, s), max(k0, q0 - window + 1 if window else 0))
-                     for q0, k0 in zip(firsts, starts)]
+        firsts = [q0 for q0, _, _ in bands]
+        starts = document_starts(documents)[:, firsts].min(dim=0).values.tolist()
+        memo[key] = [(q0, q1, max(k0, start)) for (q0, q1, k0), start in zip(bands, starts)]
     return memo[key]
 
 
@@ -131,20 +124,26 @@ def visible_keys(documents: Optional[torch.Tensor], window: Optional[int], s: in
     return memo[key]
 
 
+def _in_bands(attend, s: int, window: Optional[int], documents: Optional[torch.Tensor],
+              device: torch.device, dim: int) -> torch.Tensor:
+    """attend(q0, q1, k0, visible) over the layer's bands (attention_bands; the whole sequence
+    as one where there are none), the outputs joined along the query dimension `dim`."""
+    parts = [attend(q0, q1, k0, visible_keys(documents, window, s, device, (q0, q1, k0)))
+             for q0, q1, k0 in attention_bands(s, window, documents) or [(0, s, 0)]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
 class SdpaCore(_Core):
     def forward(self, q, k, v, documents=None) -> torch.Tensor:
         s, b, n, d = q.shape
         qt, kt, vt = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, d]
-        bands = attention_bands(s, self.window, documents)
         with self.dropout_stream():
-            if bands:
-                out = torch.cat([self._attend(qt[:, :, q0:q1], kt[:, :, k0:q1], vt[:, :, k0:q1],
-                                              visible_keys(documents, self.window, s, q.device,
-                                                           (q0, q1, k0)))
-                                 for q0, q1, k0 in bands], dim=2)
+            if documents is None and self.window is None:
+                out = self._attend(qt, kt, vt, None)
             else:
-                out = self._attend(qt, kt, vt, None if documents is None and self.window is None
-                                   else visible_keys(documents, self.window, s, q.device))
+                out = _in_bands(lambda q0, q1, k0, visible: self._attend(
+                    qt[:, :, q0:q1], kt[:, :, k0:q1], vt[:, :, k0:q1], visible),
+                    s, self.window, documents, q.device, dim=2)
         return out.permute(2, 0, 1, 3).reshape(s, b, n * d)
 
     def _attend(self, q, k, v, mask):
@@ -166,11 +165,9 @@ class MathCore(_Core):
             probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
             out = torch.bmm(self._dropout(probs), vb)  # [b*n, s, d]
         else:
-            bands = attention_bands(s, self.window, documents) or [(0, s, 0)]
-            out = torch.cat([self._masked(qb[:, q0:q1], kb[:, :, k0:q1], vb[:, k0:q1], b,
-                                          visible_keys(documents, self.window, s, q.device,
-                                                       (q0, q1, k0)))
-                             for q0, q1, k0 in bands], dim=1)
+            out = _in_bands(lambda q0, q1, k0, visible: self._masked(
+                qb[:, q0:q1], kb[:, :, k0:q1], vb[:, k0:q1], b, visible),
+                s, self.window, documents, q.device, dim=1)
         return out.view(b, n, s, d).permute(2, 0, 1, 3).reshape(s, b, n * d)
 
     def _masked(self, qb, kb, vb, b: int, visible: torch.Tensor) -> torch.Tensor:

@@ -60,14 +60,17 @@ class Documents:
         at_eod = tokens == self.eod
         self.current = at_eod.cumsum(dim=1) - at_eod.long()
         index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-        if self.reset_positions:
-            starts = torch.zeros_like(at_eod)
-            starts[:, 1:] = at_eod[:, :-1]
-            first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-            self.positions = index - first
-        else:
-            self.positions = index
+        self.positions = index - document_starts(self.current) if self.reset_positions else index
         return torch.stack([self.current, self.positions])
+
+
+def document_starts(documents: torch.Tensor) -> torch.Tensor:
+    """documents [b, s], each token's document index (non-decreasing, Documents.read) -> [b, s],
+    the place in the sequence where each token's document starts."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    change = torch.ones_like(documents, dtype=torch.bool)
+    change[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return torch.where(change, index, torch.zeros_like(index)).cummax(dim=1).values
 
 
 _PARTS = [None, (None, None)]  # (the last documents tensor split, its two rows)
