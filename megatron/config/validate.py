@@ -8,6 +8,7 @@ from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error, micro_batch_rule
 from megatron.config.moe import is_moe_layer
+from megatron.config.sections.optimizer import counts_samples
 from megatron.config.stages import (accounted_problem, chunk_ends, rank_layer_indices,
                                     set_or_none, stage_layers, uneven_problem)
 
@@ -496,18 +497,28 @@ def check_deepspeed(cfg) -> None:
                            p.sequence_parallel and p.tensor_parallel_size > 1))
 
 
-def lr_schedule_error(o, train_iters: int) -> Optional[ConfigError]:
-    """wsd's decay must fit between the warm-up and the decay's end."""
+def lr_schedule_error(o, t) -> Optional[ConfigError]:
+    """wsd's decay must fit between the warm-up and the decay's end (t: the training section),
+    in steps or, where the schedule counts them, in samples."""
     if o.lr_decay_style != "wsd":
         return None
-    end = o.lr_decay_iters or train_iters
-    if o.lr_wsd_decay_iters > end - o.lr_warmup_iters:
-        source = ("optimizer.lr_decay_iters" if o.lr_decay_iters else "training.train_iters")
-        return ConfigError("optimizer.lr_wsd_decay_iters", o.lr_wsd_decay_iters,
+    if counts_samples(o):
+        unit, warmup, wsd = "samples", o.lr_warmup_samples or 0, o.lr_wsd_decay_samples
+        end, source = o.lr_decay_samples, "optimizer.lr_decay_samples"
+        if end is None:
+            end = t.samples_over(0, t.train_iters)
+            source = f"the samples of training.train_iters={t.train_iters} steps"
+    else:
+        unit, warmup, wsd, end = "iters", o.lr_warmup_iters, o.lr_wsd_decay_iters, o.lr_decay_iters
+        source = "optimizer.lr_decay_iters"
+        if end is None:
+            end, source = t.train_iters, "training.train_iters"
+    if wsd > end - warmup:
+        return ConfigError(f"optimizer.lr_wsd_decay_{unit}", wsd,
                            f"at most the decay's end ({source}={end}) minus "
-                           f"optimizer.lr_warmup_iters={o.lr_warmup_iters}, "
-                           f"{end - o.lr_warmup_iters}: the decay begins after the warm-up",
-                           "shorten optimizer.lr_wsd_decay_iters or the warm-up, or train "
+                           f"optimizer.lr_warmup_{unit}={warmup}, "
+                           f"{end - warmup}: the decay begins after the warm-up",
+                           f"shorten optimizer.lr_wsd_decay_{unit} or the warm-up, or train "
                            "longer")
     return None
 
@@ -522,7 +533,7 @@ def validate_for_world(cfg, world_size: int) -> int:
     check_experts(cfg, world_size)
     check_grad_accum(cfg)
     check_batch(cfg, world_size)
-    _raise(lr_schedule_error(cfg.optimizer, cfg.training.train_iters))
+    _raise(lr_schedule_error(cfg.optimizer, cfg.training))
     _raise(interleaving_error(cfg, data_parallel_size(cfg, world_size)))
     return data_parallel_size(cfg, world_size)
 

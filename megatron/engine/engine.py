@@ -228,11 +228,12 @@ def _unbind_world_defaults() -> None:
 class Engine:
     def __init__(self, module: nn.Module, layer_names: List[str], state: ParallelState,
                  device: torch.device, ds_config: Dict[str, Any], optimizer_cfg,
-                 train_iters: int, mark: Optional[Callable[[str], None]] = None,
+                 training, mark: Optional[Callable[[str], None]] = None,
                  pipeline_schedule: str = schedules.DEFAULT, expert=None):
         """Wraps `module` (a GPTModel, or for PP > 1 the PipelineModule of
         training.startup.build_model) in DeepSpeed with a torch AdamW and our LR schedule.
-        layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1).
+        layer_names: each pipeline layer's GPTModel name prefix ([] for PP=1). training: the
+        training section (the schedule's length and batches).
         ds_config: the generated deepspeed.json (base.deepspeed_json), the one the run files
         also write. mark: called with the name of each phase as it ends (start-up timing).
         pipeline_schedule: parallel.pipeline_schedule (PP > 1), run by the runner its record
@@ -252,7 +253,7 @@ class Engine:
         self.compute = ComputeTimer(device)  # forward passes; not measured under PP (DeepSpeed's)
         split = engine_experts.mark_for_deepspeed(module, expert)
         self.optimizer = build_optimizer(module, optimizer_cfg, device)
-        self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, train_iters)
+        self.scheduler = WarmupDecayLR(self.optimizer, optimizer_cfg, training)
         mark("optimizer")
         # DeepSpeed's PipelineEngine takes its groups from the PipelineModule; the plain engine
         # over interleaved chunks gets the groups that engine would have (chunks.ChunkMPU).
@@ -325,6 +326,7 @@ class Engine:
         if gas * per_step != batch or not 0 < gas <= self.gas:
             raise ValueError(f"a step's global batch of {batch} samples is not whole "
                              f"micro-batches of {per_step} samples up to {self.gas} of them")
+        self.scheduler.set_batch(batch)
         if gas == self.step_gas:
             return
         self.engine.set_train_batch_size(self.ds_config["train_batch_size"] // self.gas * gas)

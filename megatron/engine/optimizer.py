@@ -10,7 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron.config.sections.optimizer import unread_fields
+from megatron.config.sections.optimizer import (SAMPLE_FIELDS, STEP_FIELDS, counts_samples,
+                                                unread_fields)
 
 
 def _dims(p: torch.nn.Parameter) -> int:
@@ -57,108 +58,167 @@ _SHAPES = {"linear": lambda r: 1.0 - r, "cosine": lambda r: 0.5 * (1.0 + math.co
            "1-sqrt": lambda r: 1.0 - math.sqrt(r), "exponential": lambda r: 2.0 * 0.5 ** r - 1.0}
 
 
-def lr_at(step: int, opt_cfg, train_iters: int) -> float:
-    """Linear warmup to lr, then cosine/linear decay to min_lr at lr_decay_iters, then min_lr;
-    wsd holds lr until the last lr_wsd_decay_iters steps before that end and decays over them;
+def _lengths(opt_cfg, end: int) -> Tuple[int, int, Optional[int]]:
+    """The warm-up, the decay's end and wsd's decay in the schedule's unit (samples when an
+    lr_*_samples field is set, else steps); `end`: the decay's end where none is set."""
+    if counts_samples(opt_cfg):
+        return (opt_cfg.lr_warmup_samples or 0, opt_cfg.lr_decay_samples or end,
+                opt_cfg.lr_wsd_decay_samples)
+    return opt_cfg.lr_warmup_iters, opt_cfg.lr_decay_iters or end, opt_cfg.lr_wsd_decay_iters
+
+
+def lr_at(position: int, opt_cfg, end: int, size: int = 1) -> float:
+    """Linear warmup to lr, then cosine/linear decay to min_lr at the decay's end, then min_lr;
+    wsd holds lr until its decay's length before that end and decays over it;
     inverse-square-root falls as lr x sqrt(warm-up / steps taken), never below min_lr, with no
-    end (Megatron-LM's inverse-square-root: lr_decay_iters is not read)."""
-    peak, floor, warmup = opt_cfg.lr, opt_cfg.min_lr, opt_cfg.lr_warmup_iters
-    if warmup and step < warmup:
-        return peak * (step + 1) / warmup
-    if opt_cfg.lr_decay_style == "constant":
+    end (Megatron-LM's inverse-square-root: the decay's end is not read).
+
+    position: the steps taken before this one, or, where the schedule counts samples, the
+    samples they consumed; size: this step's own, 1 or its global batch; end: the decay's end
+    where the optimizer section sets none (training.train_iters, or the samples its steps
+    take). Counting samples with one batch size gives the rates counting steps does."""
+    peak, floor = opt_cfg.lr, opt_cfg.min_lr
+    warmup, decay_end, wsd = _lengths(opt_cfg, end)
+    if warmup and position < warmup:
+        return peak * min(1.0, (position + size) / warmup)
+    style = opt_cfg.lr_decay_style
+    if style == "constant":
         return peak
-    if opt_cfg.lr_decay_style == "inverse-square-root":
-        # step + 1 steps taken; lr itself at the warm-up's last step (or step 0 without one)
-        return max(floor, peak * math.sqrt(max(warmup, 1) / (step + 1)))
-    decay_iters = opt_cfg.lr_decay_iters or train_iters
-    if step >= decay_iters:
+    if style == "inverse-square-root":
+        # lr itself at the warm-up's last step (or the first step without one)
+        return max(floor, peak * math.sqrt(max(warmup, size) / (position + size)))
+    if position >= decay_end:
         return floor
-    if opt_cfg.lr_decay_style == "wsd":
-        begin = decay_iters - opt_cfg.lr_wsd_decay_iters
-        if step < begin:
+    if style == "wsd":
+        begin = decay_end - wsd
+        if position < begin:
             return peak
-        coeff = _SHAPES[opt_cfg.lr_wsd_decay_style]((step - begin) / opt_cfg.lr_wsd_decay_iters)
+        coeff = _SHAPES[opt_cfg.lr_wsd_decay_style]((position - begin) / wsd)
     else:
-        coeff = _SHAPES[opt_cfg.lr_decay_style]((step - warmup) / max(1, decay_iters - warmup))
+        coeff = _SHAPES[style]((position - warmup) / max(size, decay_end - warmup))
     return floor + (peak - floor) * coeff
 
 
 # The facts a checkpoint records of its learning-rate schedule: lr_at's inputs, the decay's end
-# resolved (optimizer.lr_decay_iters, else training.train_iters).
+# resolved (optimizer.lr_decay_iters, else training.train_iters; counting samples,
+# lr_decay_samples, else the samples of train_iters steps).
 SCHEDULE_KEYS = ("lr", "min_lr", "warmup_iters", "decay_style", "decay_iters")
-# wsd's two, recorded since it exists: a record without them was written with their defaults
-WSD_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt"}
+# Recorded since they exist: a record without them was written with these (wsd's two; then the
+# schedule in samples)
+LATER_DEFAULTS = {"wsd_decay_iters": None, "wsd_decay_style": "1-sqrt", "unit": "steps",
+                  "warmup_samples": None, "decay_samples": None, "wsd_decay_samples": None}
 
 
-# Each recorded key's optimizer field (decay_iters is recorded resolved, see above).
+# Each recorded key's optimizer field (the decay's end is recorded resolved, see above); beside
+# them "unit", steps or samples.
 _RECORDED = {"lr": "lr", "min_lr": "min_lr", "warmup_iters": "lr_warmup_iters",
              "decay_style": "lr_decay_style", "decay_iters": "lr_decay_iters",
-             "wsd_decay_iters": "lr_wsd_decay_iters", "wsd_decay_style": "lr_wsd_decay_style"}
+             "wsd_decay_iters": "lr_wsd_decay_iters", "wsd_decay_style": "lr_wsd_decay_style",
+             "warmup_samples": "lr_warmup_samples", "decay_samples": "lr_decay_samples",
+             "wsd_decay_samples": "lr_wsd_decay_samples"}
 
 
-def _read_keys(style: str) -> Tuple[str, ...]:
-    """The recorded keys lr_at reads under `style`: a change in the others changes no rate."""
-    unread = unread_fields(style)
-    return tuple(key for key, name in _RECORDED.items() if name not in unread)
+def _read_keys(style: str, unit: str) -> Tuple[str, ...]:
+    """The recorded keys lr_at reads under `style` counting `unit`: a change in the others
+    changes no rate."""
+    unread = unread_fields(style) + (STEP_FIELDS if unit == "samples" else SAMPLE_FIELDS)
+    return tuple(key for key, name in _RECORDED.items() if name not in unread) + ("unit",)
 
 
-def schedule_record(opt_cfg, train_iters: int) -> Dict:
+def schedule_record(opt_cfg, train_iters: int, train_samples: int) -> Dict:
+    """lr_at's inputs with the decay's end resolved: train_iters steps take train_samples."""
     record = {key: getattr(opt_cfg, name) for key, name in _RECORDED.items()}
-    record["decay_iters"] = record["decay_iters"] or train_iters
+    if counts_samples(opt_cfg):
+        record.update(unit="samples", decay_samples=record["decay_samples"] or train_samples)
+    else:
+        record.update(unit="steps", decay_iters=record["decay_iters"] or train_iters)
     return record
 
 
-def _record_lr(record: Dict, step: int) -> float:
+def _record_lr(record: Dict, step: int, samples: int, batch: int) -> float:
+    """The rate of the step after `step` steps that consumed `samples`, of `batch` samples."""
     as_cfg = SimpleNamespace(**{name: record[key] for key, name in _RECORDED.items()})
+    if record["unit"] == "samples":
+        return lr_at(samples, as_cfg, record["decay_samples"], batch)
     return lr_at(step, as_cfg, record["decay_iters"])
 
 
-def schedule_change(saved: Dict, opt_cfg, train_iters: int
+def _decay_end_hint(saved: Dict, opt_cfg, changed: Dict) -> str:
+    """Where the run's length alone moved the decay's end: the setting that keeps it."""
+    for key, field in (("decay_iters", "lr_decay_iters"), ("decay_samples", "lr_decay_samples")):
+        if set(changed) == {key} and getattr(opt_cfg, field) is None:
+            unit = "step" if key == "decay_iters" else "the sample"
+            return (f". training.train_iters sets the decay's end while optimizer.{field} is "
+                    f"not set: to train longer on the checkpoint's schedule (min_lr after "
+                    f"{unit} {saved[key]}), set optimizer.{field}={saved[key]}")
+    return ""
+
+
+def schedule_change(saved: Dict, opt_cfg, t, consumed: int
                     ) -> Optional[Tuple[Dict, float, float, str]]:
     """What a resume does to the learning rate when this run's schedule is not the one the
     checkpoint recorded: ({field: [checkpoint's, this run's]}, lr of the next step under the
     checkpoint's schedule, under this run's, and one line for the log); None when the schedule is
-    the same, or the checkpoint predates the record (it holds only last_step)."""
+    the same, or the checkpoint predates the record (it holds only last_step). t: this run's
+    training section; consumed: the samples the checkpoint's steps took (its data record),
+    where the record predates counting them."""
     if not all(k in saved for k in SCHEDULE_KEYS):
         return None
-    saved = {**WSD_DEFAULTS, **saved}
-    now = schedule_record(opt_cfg, train_iters)
+    saved = {**LATER_DEFAULTS, **saved}
+    now = schedule_record(opt_cfg, t.train_iters, t.samples_over(0, t.train_iters))
     # the keys either schedule reads: a key neither reads changes no rate
-    read = set(_read_keys(saved["decay_style"])) | set(_read_keys(now["decay_style"]))
-    keys = [k for k in _RECORDED if k in read]
+    read = set(_read_keys(saved["decay_style"], saved["unit"]))
+    read |= set(_read_keys(now["decay_style"], now["unit"]))
+    keys = [k for k in list(_RECORDED) + ["unit"] if k in read]
     changed = {k: [saved[k], now[k]] for k in keys if saved[k] != now[k]}
     if not changed:
         return None
-    position = int(saved["last_step"])
-    before, after = _record_lr(saved, position), _record_lr(now, position)
+    step, samples = int(saved["last_step"]), int(saved.get("samples", consumed))
+    batch = t.global_batch_at(consumed)
+    before = _record_lr(saved, step, samples, batch)
+    after = _record_lr(now, step, samples, batch)
     names = {key: f"optimizer.{name}" for key, name in _RECORDED.items()}
     names["decay_iters"] = "the decay's end (optimizer.lr_decay_iters, else training.train_iters)"
+    names["decay_samples"] = ("the decay's end in samples (optimizer.lr_decay_samples, else "
+                              "the samples of training.train_iters steps)")
+    names["unit"] = "what the schedule counts"
     what = "; ".join(f"{names[k]} {a} -> {b}" for k, (a, b) in changed.items())
-    text = f"the learning-rate schedule changed on resume ({what}): step {position + 1} trains at "
+    text = f"the learning-rate schedule changed on resume ({what}): step {step + 1} trains at "
     text += (f"lr {after:.3g} under both, and the two part after it" if math.isclose(before, after)
              else f"lr {after:.3g}, where the checkpoint's schedule gives {before:.3g}")
-    if set(changed) == {"decay_iters"} and opt_cfg.lr_decay_iters is None:
-        text += (f". training.train_iters sets the decay's end while optimizer.lr_decay_iters is "
-                 f"not set: to train longer on the checkpoint's schedule (min_lr after step "
-                 f"{saved['decay_iters']}), set optimizer.lr_decay_iters={saved['decay_iters']}")
-    return changed, before, after, text
+    return changed, before, after, text + _decay_end_hint(saved, opt_cfg, changed)
 
 
 class WarmupDecayLR:
-    """DeepSpeed calls step() after every optimizer step that was not skipped (fp16 overflow)."""
+    """DeepSpeed calls step() after every optimizer step that was not skipped (fp16 overflow),
+    so the schedule counts the steps taken and the samples they consumed (Megatron-LM's
+    scheduler does the same). t: the training section (the run's length, its batches)."""
 
-    def __init__(self, optimizer, opt_cfg, train_iters: int):
-        self.optimizer, self.opt_cfg, self.train_iters = optimizer, opt_cfg, train_iters
-        self.last_step = 0
+    def __init__(self, optimizer, opt_cfg, t):
+        self.optimizer, self.opt_cfg, self.train_iters = optimizer, opt_cfg, t.train_iters
+        self.train_samples = t.samples_over(0, t.train_iters)
+        self.batch = t.global_batch_at(0)  # the next step's samples (set_batch on a ramp)
+        self.full_batch = t.global_batch_size
+        self.last_step = self.samples = 0
         self._apply()
 
     def _apply(self) -> None:
-        lr = lr_at(self.last_step, self.opt_cfg, self.train_iters)
+        if counts_samples(self.opt_cfg):
+            lr = lr_at(self.samples, self.opt_cfg, self.train_samples, self.batch)
+        else:
+            lr = lr_at(self.last_step, self.opt_cfg, self.train_iters)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def set_batch(self, batch: int) -> None:
+        """The next steps take `batch` samples (a batch-size ramp's)."""
+        if batch != self.batch:
+            self.batch = batch
+            self._apply()
+
     def step(self, *_args, **_kwargs) -> None:
         self.last_step += 1
+        self.samples += self.batch
         self._apply()
 
     def get_last_lr(self) -> List[float]:
@@ -169,8 +229,11 @@ class WarmupDecayLR:
 
     def state_dict(self) -> Dict:
         """The position, and the schedule's facts (a resume compares them: schedule_change)."""
-        return {"last_step": self.last_step, **schedule_record(self.opt_cfg, self.train_iters)}
+        return {"last_step": self.last_step, "samples": self.samples,
+                **schedule_record(self.opt_cfg, self.train_iters, self.train_samples)}
 
     def load_state_dict(self, state: Dict) -> None:
+        """A checkpoint from before the samples were counted took last_step full batches."""
         self.last_step = int(state["last_step"])
+        self.samples = int(state.get("samples", self.last_step * self.full_batch))
         self._apply()

@@ -38,6 +38,7 @@ from megatron.checkpoint.snapshot import Buffers, memory_shortfall, snapshot_byt
 from megatron.base.store import Found, committed_message, tag_for
 from megatron.config import Config
 from megatron.config.errors import InputError
+from megatron.config.sections.optimizer import counts_samples
 from megatron.engine.optimizer import schedule_change
 from megatron.parallel.agree import rank0_decides
 from megatron.parallel.random import reseed
@@ -221,7 +222,8 @@ class Checkpointer:
             log.info("the new sample stream starts at its first sample (checkpoint.new_data_stream)")
             self._resume_notes(meta)
             return meta.step, 0
-        change = batch_size_change(meta, self.t)
+        change = batch_size_change(meta, self.t,
+                                   "samples" if counts_samples(self.opt) else "steps")
         if change is not None:
             event, text = change
             log.warning("%s", text)
@@ -237,7 +239,7 @@ class Checkpointer:
                      "training.train_iters=%d (raise it to train further)", meta.step,
                      self.t.train_iters)
             return
-        change = schedule_change(meta.optimizer.scheduler, self.opt, self.t.train_iters)
+        change = schedule_change(meta.optimizer.scheduler, self.opt, self.t, meta.consumed_samples)
         if change is not None:
             changed, before, after, text = change
             log.warning("%s", text)
@@ -300,10 +302,12 @@ class Checkpointer:
             self.writer.write(record)
 
 
-def batch_size_change(meta: CheckpointMeta, t) -> Optional[Tuple[BatchSizeEvent, str]]:
+def batch_size_change(meta: CheckpointMeta, t, lr_counts: str = "steps"
+                      ) -> Optional[Tuple[BatchSizeEvent, str]]:
     """What a resume with another training.global_batch_size or rampup_batch_size (t: this
-    run's training section) does to the data position (the event and one line for the log),
-    or None when both are the checkpoint's. A checkpoint that did not record its batch size
+    run's training section; lr_counts: what the LR schedule counts, steps or samples) does to
+    the data position (the event and one line for the log), or None when both are the
+    checkpoint's. A checkpoint that did not record its batch size
     counts as changed when its consumed samples are not its steps times this run's batch."""
     data = meta.data
     before = data.global_batch_size if data is not None else None
@@ -331,9 +335,9 @@ def batch_size_change(meta: CheckpointMeta, t) -> Optional[Tuple[BatchSizeEvent,
         f"{what} changed on resume: {_batch_text(gbs, ramp)} now, the checkpoint's was "
         f"{_batch_text(before, ramp_before)}. "
         f"The checkpoint consumed {done} samples in {step} steps; the data continues at sample "
-        f"{done}, {per_step}, none skipped or repeated; step numbers and the LR "
-        f"schedule continue by steps: {steps} of training.train_iters={t.train_iters} ({left} "
-        f"steps) take {samples} samples{then}"
+        f"{done}, {per_step}, none skipped or repeated; the LR schedule continues by "
+        f"{lr_counts}, step numbers by steps: {steps} of training.train_iters={t.train_iters} "
+        f"({left} steps) take {samples} samples{then}"
         + (f", samples {done} to {done + samples - 1}" if left else ""))
 
 

@@ -383,7 +383,7 @@ def wrap(cfg: Config, model: BuiltModel, state: ParallelState, device: torch.dev
          ds_config: Dict[str, Any], timer: Optional[StartupTimer] = None) -> Engine:
     """The engine around the model, with the optimizer settings and deepspeed.json."""
     return Engine(model.module, model.layer_names, state, device, ds_config, cfg.optimizer,
-                  cfg.training.train_iters, timer.mark if timer is not None else None,
+                  cfg.training, timer.mark if timer is not None else None,
                   pipeline_schedule=cfg.parallel.pipeline_schedule, expert=model.ctx.expert)
 
 

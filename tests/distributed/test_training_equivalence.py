@@ -6,6 +6,7 @@ layouts, one on 4 ranks for the 4-rank ones (TP2 x PP2, TP2 x DP2 with ZeRO-1 an
 sequence parallelism, PP2 x DP2); they run in the launches shared with the other equivalence
 modules, one per world size (start-up dominates the cost; tests/support/launch_batches.py).
 A failure names the layout and flavour, so it localizes to TP, PP, ZeRO stage or SP."""
+import math
 import os
 
 import pytest
@@ -82,7 +83,7 @@ def launches(tmp):
                          ",".join(TWO_RANK + MIXED + BF16_NORMED + RAMP_TWO_RANK)]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_l1,single_zero0_bf16,masked,docs,docs_pos,"
-                         "qk_norm,ramp,ramp_reference"]),
+                         "qk_norm,ramp,ramp_reference,ramp_samples,resume_ramp_samples"]),
             (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
@@ -149,6 +150,25 @@ def test_a_batch_size_ramp_is_its_batches_run_one_after_another(results):
     worst = worst_relative(got["losses"], ref["losses"])
     assert worst <= 1e-6, (got["losses"], ref["losses"])
     assert results["single"]["gpt2"]["losses"][1:] != got["losses"][1:]
+
+
+def test_a_schedule_counted_in_samples_follows_the_ramps_samples_and_resumes(results):
+    """optimizer.lr_warmup_samples=8 and lr_decay_samples=48 over the ramp's steps of 4, 4,
+    ... then 8: each step's rate by hand from the samples before it (0, 4, ..., 28, 36, 44),
+    the warm-up's (samples after the step / 8), then cosine from lr 3e-3 to min_lr 3e-4 (the
+    tiny config's) over samples 8-48. A run stopped at step 5 and resumed continues the count:
+    the same rates, and the same losses. Counting steps (the ramp's own run) gives other
+    rates after the warm-up."""
+    before = [0, 4, 8, 12, 16, 20, 24, 28, 36, 44]
+    cosine = [3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi * (b - 8) / 40)) for b in before[2:]]
+    want = [0.0015, 0.003] + cosine
+    got = results["ramp_samples"]["gpt2"]
+    assert got["batches"] == RAMP_BATCHES
+    assert got["lrs"] == pytest.approx(want, rel=1e-6), got["lrs"]
+    resumed = results["resume_ramp_samples"]["gpt2"]
+    assert resumed["lrs"] == pytest.approx(want, rel=1e-6), resumed["lrs"]
+    assert worst_relative(resumed["losses"], got["losses"]) <= 1e-6
+    assert results["ramp"]["gpt2"]["lrs"][3:] != pytest.approx(want[3:], rel=1e-3)
 
 
 @pytest.mark.parametrize("layout", RAMP_TWO_RANK)

@@ -156,9 +156,15 @@ LAYOUTS.update({
                              "parallel.pipeline_schedule=interleaved",
                              "parallel.virtual_pipeline_size=2"] + RAMP,
 })
+# The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
+# a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
+SAMPLES = ["optimizer.lr_warmup_iters=0", "optimizer.lr_warmup_samples=8",
+           "optimizer.lr_decay_samples=48"]
+LAYOUTS["ramp_samples"] = RAMP + SAMPLES
 # gpt2 only: what they test does not depend on the flavour
 GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
-             "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp"}
+             "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp",
+             "ramp_samples", "resume_ramp_samples"}
 
 # Exact resume: stop and checkpoint at step 5, then a new engine resumes to step 10.
 # (the layout, the step the first run stops at, what the second run changes)
@@ -169,7 +175,9 @@ RESUME = {"resume_pp2": (LAYOUTS["pp2"], 5, []),
           # the ramp's reference without a ramp: 7 steps of 4 samples, resumed at 8 (the data
           # continues at the samples consumed, the LR schedule by steps)
           "ramp_reference": (["training.global_batch_size=4"], 7,
-                             ["training.global_batch_size=8"])}
+                             ["training.global_batch_size=8"]),
+          # stopped inside the ramp and the warm-up's decay: the schedule's samples continue
+          "resume_ramp_samples": (RAMP + SAMPLES, 5, [])}
 
 
 def _resumed(run_dir, overrides, stop, then):
@@ -207,11 +215,11 @@ def main() -> int:
                                   + [f"run.dir={run_dir}"])
                 summary = train(cfg)
                 losses, times = summary.losses, summary.timing.step_s
-            # the logged gradient norms (rank 0 writes the metrics)
-            lines = (steps(read_metrics(RunDir(run_dir).metrics))
-                     if rank == 0 and layout not in RESUME else [])
+            # the logged gradient norms (rank 0 writes the metrics; a resumed run's both parts)
+            lines = steps(read_metrics(RunDir(run_dir).metrics)) if rank == 0 else []
             results.setdefault(layout, {})[flavour] = {
-                "losses": losses, "norms": [r.grad_norm for r in lines],
+                "losses": losses, "lrs": [r.lr for r in lines],
+                "norms": [] if layout in RESUME else [r.grad_norm for r in lines],
                 "batches": [r.global_batch_size for r in lines],
                 "seconds": time.perf_counter() - t0,
                 "step_time_s": sorted(times)[len(times) // 2]}

@@ -9,33 +9,50 @@ import pytest
 import torch
 
 from megatron.base.records import LrScheduleEvent, parse_metrics_line, record_json
+from megatron.config.sections.training import TrainingConfig
 from megatron.engine.optimizer import WarmupDecayLR, schedule_change
+
+BATCH = 8
 
 
 def opt(**kw):
     base = dict(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_style="cosine",
-                lr_decay_iters=None, lr_wsd_decay_iters=None, lr_wsd_decay_style="1-sqrt")
+                lr_decay_iters=None, lr_wsd_decay_iters=None, lr_wsd_decay_style="1-sqrt",
+                lr_warmup_samples=None, lr_decay_samples=None, lr_wsd_decay_samples=None)
     return SimpleNamespace(**{**base, **kw})
 
 
-def saved_at(step, cfg, train_iters):
-    sched = WarmupDecayLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), cfg,
-                          train_iters)
+def run(train_iters, ramp=None):
+    return TrainingConfig(train_iters=train_iters, global_batch_size=BATCH, micro_batch_size=2,
+                          rampup_batch_size=ramp)
+
+
+def saved_at(step, cfg, train_iters, ramp=None):
+    t = run(train_iters, ramp)
+    sched = WarmupDecayLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), cfg, t)
+    consumed = 0
     for _ in range(step):
+        sched.set_batch(t.global_batch_at(consumed))
+        consumed += sched.batch
         sched.step()
     return sched.state_dict()
+
+
+def change(saved, cfg, train_iters, ramp=None):
+    t = run(train_iters, ramp)
+    return schedule_change(saved, cfg, t, t.samples_over(0, saved["last_step"]))
 
 
 def test_the_same_schedule_is_no_change_and_an_old_record_is_not_judged():
     saved = saved_at(4, opt(), 4)
     assert saved["last_step"] == 4 and saved["decay_iters"] == 4
-    assert schedule_change(saved, opt(), 4) is None
-    assert schedule_change(saved, opt(lr_decay_iters=4), 8) is None  # the same end, set
-    assert schedule_change({"last_step": 4}, opt(lr=1.0), 99) is None  # before the record
+    assert change(saved, opt(), 4) is None
+    assert change(saved, opt(lr_decay_iters=4), 8) is None  # the same end, set
+    assert change({"last_step": 4}, opt(lr=1.0), 99) is None  # before the record
 
 
 def test_training_longer_moves_the_decays_end_and_names_the_setting_that_keeps_it():
-    changed, before, after, text = schedule_change(saved_at(4, opt(), 4), opt(), 8)
+    changed, before, after, text = change(saved_at(4, opt(), 4), opt(), 8)
     assert changed == {"decay_iters": [4, 8]}
     assert before == pytest.approx(3e-4)  # step 5 is past the end of a 4-step decay: min_lr
     # cosine from step 2 (after warm-up) to 8, at step 4: 1/3 of the way
@@ -50,14 +67,14 @@ def test_a_wsd_checkpoint_from_the_stable_part_cools_down_later_at_the_same_rate
     wsd = opt(lr_decay_style="wsd", lr_wsd_decay_iters=4)
     saved = saved_at(5, wsd, 10)  # the decay would begin at step 6
     assert (saved["wsd_decay_iters"], saved["wsd_decay_style"]) == (4, "1-sqrt")
-    changed, before, after, text = schedule_change(saved, wsd, 20)
+    changed, before, after, text = change(saved, wsd, 20)
     assert changed == {"decay_iters": [10, 20]}
     assert before == after == pytest.approx(3e-3)
     assert "step 6 trains at lr 0.003 under both" in text
     # a longer decay at the same end is named with its own setting and the rates it gives:
     # 1-sqrt from step 4 to 10 (6 steps), at step 5: r = 1/6
-    changed, before, after, text = schedule_change(saved, opt(lr_decay_style="wsd",
-                                                              lr_wsd_decay_iters=6), 10)
+    changed, before, after, text = change(saved, opt(lr_decay_style="wsd",
+                                                     lr_wsd_decay_iters=6), 10)
     assert changed == {"wsd_decay_iters": [4, 6]}
     assert before == pytest.approx(3e-3)
     assert after == pytest.approx(3e-4 + 2.7e-3 * (1 - math.sqrt(1 / 6)))
@@ -68,9 +85,9 @@ def test_a_record_from_before_wsd_compares_as_it_did():
     """Checkpoints written before wsd's keys existed hold the five others: the same schedule is
     no change, and the wsd keys are not named for schedules that do not read them."""
     saved = {k: v for k, v in saved_at(4, opt(), 8).items() if not k.startswith("wsd_")}
-    assert schedule_change(saved, opt(), 8) is None
-    assert schedule_change(saved, opt(lr_wsd_decay_iters=3), 8) is None  # unread by cosine
-    changed, _, _, _ = schedule_change(saved, opt(lr_decay_style="wsd", lr_wsd_decay_iters=3), 8)
+    assert change(saved, opt(), 8) is None
+    assert change(saved, opt(lr_wsd_decay_iters=3), 8) is None  # unread by cosine
+    changed, _, _, _ = change(saved, opt(lr_decay_style="wsd", lr_wsd_decay_iters=3), 8)
     assert changed == {"decay_style": ["cosine", "wsd"], "wsd_decay_iters": [None, 3]}
 
 
@@ -82,19 +99,19 @@ def test_settings_a_style_does_not_read_are_no_change(style, unread):
     What they read still counts, and a change of style compares what either reads."""
     cfg = opt(lr_decay_style=style)
     saved = saved_at(5, cfg, 10)
-    assert schedule_change(saved, cfg, 40) is None
-    assert schedule_change(saved, opt(lr_decay_style=style, **unread), 40) is None
-    changed, before, after, _ = schedule_change(saved, opt(lr_decay_style=style, lr=1e-3), 40)
+    assert change(saved, cfg, 40) is None
+    assert change(saved, opt(lr_decay_style=style, **unread), 40) is None
+    changed, before, after, _ = change(saved, opt(lr_decay_style=style, lr=1e-3), 40)
     assert changed == {"lr": [3e-3, 1e-3]}
     if style == "inverse-square-root":  # 6 steps taken after a 2-step warm-up
         assert (before, after) == (pytest.approx(3e-3 / math.sqrt(3)),
                                    pytest.approx(1e-3 / math.sqrt(3)))
-    changed, _, _, _ = schedule_change(saved, opt(), 40)  # to cosine, which reads the end
+    changed, _, _, _ = change(saved, opt(), 40)  # to cosine, which reads the end
     assert changed["decay_style"] == [style, "cosine"] and changed["decay_iters"] == [10, 40]
 
 
 def test_a_new_peak_is_named_without_the_decay_hint():
-    changed, before, after, text = schedule_change(saved_at(1, opt(), 10), opt(lr=1e-3), 10)
+    changed, before, after, text = change(saved_at(1, opt(), 10), opt(lr=1e-3), 10)
     assert changed == {"lr": [3e-3, 1e-3]}
     assert (before, after) == (pytest.approx(3e-3), pytest.approx(1e-3))  # warm-up's 2nd step
     assert "optimizer.lr 0.003 -> 0.001" in text and "lr_decay_iters=" not in text

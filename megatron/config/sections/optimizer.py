@@ -10,14 +10,25 @@ from megatron.config.sections.checks import check_choices, finite, fraction, pos
 # The schedule's fields a decay style leaves unread (engine/optimizer.lr_at), beside wsd's own
 # two, which only wsd reads: the unread-settings warning (config/unused.py) names them, and a
 # resume compares only what either schedule reads (engine/optimizer.schedule_change).
-UNREAD_BY_STYLE = {"constant": ("min_lr", "lr_decay_iters"),
-                   "inverse-square-root": ("lr_decay_iters",)}
-WSD_FIELDS = ("lr_wsd_decay_iters", "lr_wsd_decay_style")
+UNREAD_BY_STYLE = {"constant": ("min_lr", "lr_decay_iters", "lr_decay_samples"),
+                   "inverse-square-root": ("lr_decay_iters", "lr_decay_samples")}
+WSD_FIELDS = ("lr_wsd_decay_iters", "lr_wsd_decay_samples", "lr_wsd_decay_style")
+# The schedule's lengths in samples (Megatron-LM's --lr-*-samples) and in steps: setting any of
+# the first makes the schedule count samples, and the second must then stay unset.
+SAMPLE_FIELDS = ("lr_warmup_samples", "lr_decay_samples", "lr_wsd_decay_samples")
+STEP_FIELDS = ("lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters")
 
 
 def unread_fields(style: str) -> Tuple[str, ...]:
     """The optimizer fields lr_at does not read under lr_decay_style `style`."""
     return UNREAD_BY_STYLE.get(style, ()) + (() if style == "wsd" else WSD_FIELDS)
+
+
+def counts_samples(opt_cfg) -> bool:
+    """Whether the schedule counts the samples its steps consumed (an lr_*_samples field it
+    reads is set) rather than its steps."""
+    read = SAMPLE_FIELDS if opt_cfg.lr_decay_style == "wsd" else SAMPLE_FIELDS[:2]
+    return any(getattr(opt_cfg, name) is not None for name in read)
 
 
 @dataclass
@@ -58,6 +69,20 @@ class OptimizerConfig:
     1-sqrt, 1 - sqrt(r) (the cool-down Hagele et al. found best; Megatron-LM's minus_sqrt);
     linear, 1 - r; cosine, (1 + cos(pi r)) / 2; exponential, 2 x 0.5^r - 1 (Megatron-LM's
     default). Always from lr to min_lr."""
+    lr_warmup_samples: Optional[int] = None
+    """The warm-up's length in samples (Megatron-LM's --lr-warmup-samples). Setting this,
+    lr_decay_samples or lr_wsd_decay_samples makes the schedule count the samples its steps
+    consumed instead of its steps (with training.rampup_batch_size the two differ: early steps
+    are smaller); lr_warmup_iters, lr_decay_iters and lr_wsd_decay_iters must then stay unset.
+    null: no warm-up (counting samples) or lr_warmup_iters (counting steps). inverse-square-root
+    counting samples: lr x sqrt(max(lr_warmup_samples, the step's batch) / samples taken)."""
+    lr_decay_samples: Optional[int] = None
+    """Counting samples: the samples after which the decay reaches min_lr (from the first,
+    the warm-up included; Megatron-LM's --lr-decay-samples). null: every sample the run's
+    training.train_iters steps take."""
+    lr_wsd_decay_samples: Optional[int] = None
+    """Counting samples under lr_decay_style=wsd: the decay's length in samples, ending where
+    the decay ends; required there (Megatron-LM's --lr-wsd-decay-samples)."""
 
     def __post_init__(self):
         s = "optimizer"
@@ -74,10 +99,27 @@ class OptimizerConfig:
             raise ConfigError("optimizer.min_lr", self.min_lr, f"at most optimizer.lr={self.lr}")
         if self.lr_decay_iters is not None:
             positive(s, "lr_decay_iters", self.lr_decay_iters)
-        if self.lr_wsd_decay_iters is not None:
-            positive(s, "lr_wsd_decay_iters", self.lr_wsd_decay_iters)
-        elif self.lr_decay_style == "wsd":
-            raise ConfigError("optimizer.lr_wsd_decay_iters", None,
-                              "the decay's length in steps with optimizer.lr_decay_style=wsd",
-                              "set optimizer.lr_wsd_decay_iters (e.g. a tenth to a fifth of "
-                              "training.train_iters), or choose another lr_decay_style")
+        for name in ("lr_wsd_decay_iters",) + SAMPLE_FIELDS:
+            if getattr(self, name) is not None:
+                positive(s, name, getattr(self, name), allow_zero=name == "lr_warmup_samples")
+        self._check_units()
+
+    def _check_units(self) -> None:
+        """The schedule's lengths in one unit, and wsd's length in it."""
+        samples = counts_samples(self)
+        if samples:
+            given = next(n for n in SAMPLE_FIELDS if getattr(self, n) is not None)
+            for name in STEP_FIELDS:
+                if getattr(self, name) not in (None, 0):
+                    raise ConfigError(f"optimizer.{name}", getattr(self, name),
+                                      f"unset while optimizer.{given} is set (the schedule "
+                                      "then counts samples)", "give the schedule's lengths in "
+                                      "samples (lr_*_samples) or in steps (lr_*_iters), not "
+                                      "both")
+        wsd = "lr_wsd_decay_samples" if samples else "lr_wsd_decay_iters"
+        if self.lr_decay_style == "wsd" and getattr(self, wsd) is None:
+            unit = "samples" if samples else "steps"
+            raise ConfigError(f"optimizer.{wsd}", None,
+                              f"the decay's length in {unit} with optimizer.lr_decay_style=wsd",
+                              f"set optimizer.{wsd} (e.g. a tenth to a fifth of the run's "
+                              f"{unit}), or choose another lr_decay_style")

@@ -24,8 +24,9 @@ class TrainingConfig:
     global_batch_size once `samples` are (BLOOM-176B ran [192, 16, 9765625] to 2048). A step's
     batch follows from the samples consumed before it, so a resume continues the ramp exactly.
     start and increment are multiples of micro_batch_size x the data-parallel size; the
-    micro-batch, and so the memory, stays the same. LR schedules and train_iters count steps
-    (Megatron-LM counts samples under a ramp). null: no ramp."""
+    micro-batch, and so the memory, stays the same. train_iters counts steps; the LR schedule
+    counts steps, or samples with optimizer.lr_*_samples (as Megatron-LM's under a ramp).
+    null: no ramp."""
     train_iters: int = 20
     """Optimizer steps of the whole run (a resumed run counts from its checkpoint's step); the
     LR schedule spans them."""
