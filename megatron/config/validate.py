@@ -468,26 +468,30 @@ def ramp_error(cfg, dp: int) -> Optional[ConfigError]:
     """Every batch on training.rampup_batch_size's ramp splits into micro-batches over the
     data-parallel ranks, and the pipeline schedule runs that many micro-batches."""
     t, p = cfg.training, cfg.parallel
-    ramp = t.rampup_batch_size
+    return ramp_layout_error(t.rampup_batch_size, t.ramp_sizes(), t.micro_batch_size, dp,
+                             p.pipeline_schedule, p.pipeline_parallel_size,
+                             p.virtual_pipeline_size, p.pipeline_microbatch_group)
+
+
+def ramp_layout_error(ramp: Optional[List[int]], sizes: List[int], mb: int, dp: int,
+                      schedule: str, pp: int, virtual: int, group: Optional[int]
+                      ) -> Optional[ConfigError]:
+    """ramp_error for one layout (megatron-plan's too): sizes, the ramp's batches."""
     if ramp is None:
         return None
-    mb = t.micro_batch_size
     if ramp[0] % (mb * dp) or ramp[1] % (mb * dp):
         return ConfigError("training.rampup_batch_size", ramp,
                            f"a start and an increment that are multiples of micro_batch_size x "
                            f"data-parallel size ({mb} x {dp} = {mb * dp}): each step's batch "
                            "is whole micro-batches on every data-parallel rank")
-    for size in t.ramp_sizes()[:-1]:
-        error = micro_batch_rule(p.pipeline_schedule, p.pipeline_parallel_size,
-                                 p.virtual_pipeline_size, mb, dp, size,
-                                 p.pipeline_microbatch_group)
+    for size in sizes[:-1]:
+        error = micro_batch_rule(schedule, pp, virtual, mb, dp, size, group)
         if error is not None:
-            whole = mb * dp * p.pipeline_parallel_size
             return ConfigError("training.rampup_batch_size", ramp,
                                f"batches on the ramp that the pipeline schedule runs; at "
                                f"{size} samples: {error.expected}",
                                f"make the start and the increment multiples of micro_batch_size "
-                               f"x data-parallel size x pipeline_parallel_size = {whole}")
+                               f"x data-parallel size x pipeline_parallel_size = {mb * dp * pp}")
     return None
 
 

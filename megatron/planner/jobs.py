@@ -42,9 +42,14 @@ def load_job(model: Optional[str] = None, config: Optional[str] = None,
             m = dataclasses.replace(m, seq_length=seq_length,
                                     max_position_embeddings=max(seq_length,
                                                                 m.max_position_embeddings))
-        job = Job(m, cfg.training.global_batch_size if global_batch is None else global_batch,
-                  precision or cfg.training.precision, deepspeed=cfg.deepspeed,
-                  grad_accum=cfg.training.grad_accum_dtype)
+        t = cfg.training
+        if global_batch is not None and t.rampup_batch_size is not None:
+            # the ramp must reach the new batch: TrainingConfig's own check, naming the ramp
+            t = dataclasses.replace(t, global_batch_size=global_batch)
+        job = Job(m, t.global_batch_size if global_batch is None else global_batch,
+                  precision or t.precision, deepspeed=cfg.deepspeed,
+                  grad_accum=t.grad_accum_dtype,
+                  ramp=tuple(t.rampup_batch_size) if t.rampup_batch_size else None)
         preset = False
     else:
         if overrides:

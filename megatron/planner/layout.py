@@ -14,7 +14,7 @@ from megatron.config.stages import (accounted_problem, chunk_ends, even_stage_la
 from megatron.config.stages import stage_layers as config_stage_layers
 from megatron.config.stages import uneven_problem as stages_uneven_problem
 from megatron.config.validate import (expert_stages_error, experts_error, layout_error,
-                                      schedule_error)
+                                      ramp_layout_error, schedule_error)
 from megatron.planner.overlap import DEEPSPEED, OVERLAP, Refusal
 from megatron.planner.problem import config_problem
 
@@ -40,6 +40,9 @@ class Job:
     # fp8_params, Megatron-LM's --fp8-param-gather)
     fp8: bool = False
     fp8_params: bool = False
+    # The base config's training.rampup_batch_size ([start, increment, samples]): each batch on
+    # it must split as the trainer splits it (ramp_problem); priced at the whole batch.
+    ramp: Optional[Tuple[int, int, int]] = None
 
     @property
     def seq(self) -> int:
@@ -197,7 +200,19 @@ def layout_problem(job: Job, lay: Layout, framework: str = "deepspeed") -> Optio
         return f"recompute {lay.recompute!r} is not one of {RECOMPUTE}"
     return (schedule_problem(lay) or interleave_problem(m.num_layers, lay)
             or uneven_problem(m.num_layers, lay) or expert_problem(job, lay)
-            or engine_run_problem(framework, lay, m))
+            or ramp_problem(job, lay) or engine_run_problem(framework, lay, m))
+
+
+def ramp_problem(job: Job, lay: Layout) -> Optional[str]:
+    """The trainer's rule for the base config's batch-size ramp (config/validate.
+    ramp_layout_error): every batch on it whole micro-batches on each data-parallel rank, in
+    the groups the layout's pipeline schedule runs."""
+    if job.ramp is None:
+        return None
+    sizes = list(range(job.ramp[0], job.global_batch + 1, job.ramp[1]))
+    return config_problem(ramp_layout_error(list(job.ramp), sizes, lay.micro_batch, lay.dp,
+                                            run_as(lay), lay.pp, lay.interleave,
+                                            lay.microbatch_group))
 
 
 def engine_run_problem(framework: str, lay: Layout,

@@ -509,3 +509,35 @@ def test_a_space_that_makes_no_layout_says_why_and_which_flags(space, needle):
     assert result.enumerated == 0 and not result.ranked
     message = result.explain_empty()
     assert needle in message and "widen --tp-values, --pp-values, --micro-batches" in message
+
+
+def test_a_base_configs_batch_ramp_leaves_only_the_layouts_that_split_it(tmp_path):
+    """A config with training.rampup_batch_size [8, 8, ...] to 64 on 8 H100s: without the ramp
+    the best layout is 8 micro-batches of 8 samples (mb x dp = 64); the ramp's first step of 8
+    samples splits only where mb x dp divides 8, so the search offers those alone, counts the
+    others under the ramp's rule, and the config it writes validates as the trainer's."""
+    from megatron.planner.jobs import load_job
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"model": {"num_layers": 24, "hidden_size": 1024,
+                                              "num_attention_heads": 16, "seq_length": 2048,
+                                              "max_position_embeddings": 2048},
+                                    "training": {"global_batch_size": 64,
+                                                 "rampup_batch_size": [8, 8, 100000]}}))
+    job, cfg, _ = load_job(config=str(base))
+    assert job.ramp == (8, 8, 100000)
+    free = search(dataclasses.replace(job, ramp=None), 1, load_profile("h100")).best.layout
+    assert free.micro_batch * free.dp > 8
+    result = search(job, 1, load_profile("h100"))
+    assert result.ranked and all(8 % (c.layout.micro_batch * c.layout.dp) == 0
+                                 for c in result.ranked)
+    (key,) = [k for k in result.rejected if "rampup_batch_size" in k]
+    assert "multiples of micro_batch_size x data-parallel size" in key
+    best = result.best
+    out = emit.layout_config(cfg, job, best.layout, run_dir=str(tmp_path / "run"))
+    assert out.training.rampup_batch_size == [8, 8, 100000]
+    assert validate_for_world(out, best.layout.world) == best.layout.dp
+    # a --global-batch the ramp cannot reach is refused, naming the ramp
+    with pytest.raises(ConfigError, match=r"training.rampup_batch_size=\[8, 8, 100000\] is "
+                                          r"invalid: expected a start below training."
+                                          r"global_batch_size=4"):
+        load_job(config=str(base), global_batch=4)

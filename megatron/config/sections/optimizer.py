@@ -78,8 +78,9 @@ class OptimizerConfig:
     counting samples: lr x sqrt(max(lr_warmup_samples, the step's batch) / samples taken)."""
     lr_decay_samples: Optional[int] = None
     """Counting samples: the samples after which the decay reaches min_lr (from the first,
-    the warm-up included; Megatron-LM's --lr-decay-samples). null: every sample the run's
-    training.train_iters steps take."""
+    the warm-up included; Megatron-LM's --lr-decay-samples). null: the samples
+    training.train_iters steps take at this run's batch sizes (a resume with another batch
+    size moves it; the resume names the change)."""
     lr_wsd_decay_samples: Optional[int] = None
     """Counting samples under lr_decay_style=wsd: the decay's length in samples, ending where
     the decay ends; required there (Megatron-LM's --lr-wsd-decay-samples)."""
