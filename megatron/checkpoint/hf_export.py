@@ -1,6 +1,6 @@
 """Hugging Face export: a merged checkpoint (convert.merge_run) written as a transformers model
 folder, config.json plus model.safetensors, for evaluation harnesses (lm-eval's `hf` model) and
-the rest of that ecosystem. Two flavours map exactly, weight for weight:
+the rest of that ecosystem. These flavours map exactly, weight for weight:
 
 - GPT-2 (learned positions, LayerNorm, tanh GeLU, biases, tied embeddings, one key/value head
   per query head) -> GPT2LMHeadModel. Its Conv1D weights are stored [in, out] (transposed), and
@@ -20,6 +20,10 @@ the rest of that ecosystem. Two flavours map exactly, weight for weight:
 - Mistral (the Llama settings without biases, every layer within one sliding window:
   model.attention.sliding_window, sliding_window_pattern=0) -> MistralForCausalLM; a model
   without a window is written as Llama.
+- Gemma 3, text (rotary, RMSNorm, GeGLU, no biases, per-head q and k norms, norms after the
+  attention and the MLP and the embedding times sqrt(hidden): model.residual; every N-th layer
+  global, the others in a window, with their own rotary base) -> Gemma3ForCausalLM; its norms
+  store the offset from 1 (weight - 1).
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -57,24 +61,33 @@ StateDict = Dict[str, torch.Tensor]
 _ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
            "moe.shared_expert_ffn_hidden_size": None}
 _FULL = {"attention.sliding_window": 0}  # every earlier key: no window field to hold one
-_ONE_WINDOW = {"attention.sliding_window_pattern": 0}  # one window for every layer, or none
+# one window for every layer, or none; one rotary base
+_ONE_WINDOW = {"attention.sliding_window_pattern": 0, "attention.window_rotary_base": None}
+# a plain pre-norm layer (model.residual): only Gemma 3 holds norms after the sub-blocks
+_PLAIN = {"residual.post_norms": False, "residual.embedding_multiplier": 1.0}
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
-                        "attention.kv_channels": None, "attention.qk_norm": False, **_FULL},
-               "llama": {"attention.qk_norm": False, **_FULL},
+                        "attention.kv_channels": None, "attention.qk_norm": False, **_FULL,
+                        **_PLAIN},
+               "llama": {"attention.qk_norm": False, **_FULL, **_PLAIN},
                "mistral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
-                           "attention.qk_norm": False, **_ONE_WINDOW},
+                           "attention.qk_norm": False, **_ONE_WINDOW, **_PLAIN},
                "qwen2": {"add_bias_linear": False, "attention.add_qkv_bias": True,
-                         "attention.qk_norm": False, **_FULL},
+                         "attention.qk_norm": False, **_FULL, **_PLAIN},
                "qwen3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
-                         "attention.qk_norm": True, **_FULL},
+                         "attention.qk_norm": True, **_FULL, **_PLAIN},
                "qwen3_moe": {"add_bias_linear": False, "attention.add_qkv_bias": False,
                              "attention.qk_norm": True,
-                             "moe.router": ("softmax", "softmax_renorm"), **_ROUTED, **_FULL},
+                             "moe.router": ("softmax", "softmax_renorm"), **_ROUTED, **_FULL,
+                             **_PLAIN},
                "mixtral": {"add_bias_linear": False, "attention.add_qkv_bias": False,
                            "attention.qk_norm": False, "moe.router": "softmax_renorm",
-                           **_ROUTED, **_ONE_WINDOW}}
+                           **_ROUTED, **_ONE_WINDOW, **_PLAIN},
+               # the embedding's multiplier, sqrt(hidden), is checked in _arch_problems
+               "gemma3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                          "attention.qk_norm": True, "residual.post_norms": True}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-              "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral"}
+              "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral",
+              "gemma3": "Gemma 3"}
 MOE_ARCHS = ("qwen3_moe", "mixtral")
 # Mistral's, Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants'
 # Llama names serve them.
@@ -105,6 +118,9 @@ def _arch_problems(m, arch: str) -> List[str]:
     if arch == "llama" and m.qkv_bias != m.add_bias_linear:
         why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with add_bias_linear="
                    f"{m.add_bias_linear!r} (biases on q, k and v alone)")
+    if arch == "gemma3" and m.residual.embedding_multiplier != m.hidden_size ** 0.5:
+        why.append(f"residual.embedding_multiplier={m.residual.embedding_multiplier!r} (needs "
+                   f"sqrt(hidden_size) = {m.hidden_size ** 0.5!r})")
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
         why.append(f"num_query_groups={m.kv_heads} of {m.num_attention_heads} heads (GPT-2 has "
                    "one key/value head per query head)")
@@ -112,10 +128,11 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe' or 'mixtral' for a model config
+    """'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'mixtral' or 'gemma3' for a model
+    config
     that maps exactly; InputError otherwise, naming what each architecture lacks."""
     problems = {}
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3", "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -218,6 +235,50 @@ def llama_state_dict(sd: StateDict, m, kind: str = "llama") -> StateDict:
     return out
 
 
+def gemma3_state_dict(sd: StateDict, m) -> StateDict:
+    """Gemma 3 (text): Llama's names for the projections and the MLP, Gemma's for its norms,
+    each stored as weight - 1 (hf_import.GEMMA_NORMS)."""
+    from megatron.checkpoint.hf_import import GEMMA_NORMS
+
+    def norm(ours: str, theirs: str) -> StateDict:
+        return {theirs + "weight": sd[ours + "weight"].float() - 1.0}
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+           **norm("final_norm.", "model.norm.")}
+    if not m.tie_embeddings:
+        out["lm_head.weight"] = sd["output.head.weight"]
+    for i in range(m.num_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        for theirs, mine in GEMMA_NORMS.items():
+            out.update(norm(ours + mine, hf + theirs))
+        q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.weight"], m)
+        out.update({f"{hf}self_attn.q_proj.weight": q, f"{hf}self_attn.k_proj.weight": k,
+                    f"{hf}self_attn.v_proj.weight": v,
+                    f"{hf}self_attn.o_proj.weight": sd[f"{ours}attention.dense.weight"]})
+        out.update(_llama_mlp(sd, ours, hf, "weight"))
+    return out
+
+
+def _gemma3_config(m, common: dict) -> dict:
+    """Gemma3TextConfig's fields: the global layers' rotary (with model.rope_scaling), the
+    windowed layers' own base where model.attention.window_rotary_base sets one."""
+    a = m.attention
+    full = _rope_fields(m)["rope_parameters"]
+    local = (full if a.window_rotary_base is None
+             else {"rope_type": "default", "rope_theta": a.window_rotary_base})
+    types = ["sliding_attention" if a.window_of(i) is not None else "full_attention"
+             for i in range(m.num_layers)]
+    return dict(common, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+                num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
+                num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                query_pre_attn_scalar=m.head_dim,
+                max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
+                hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                attention_dropout=0.0, sliding_window=a.sliding_window or None,
+                layer_types=types, attn_logit_softcapping=None, final_logit_softcapping=None,
+                rope_parameters={"full_attention": full, "sliding_attention": local})
+
+
 def _eod_id(tok):
     """The end-of-document id (what generation stops at), or None when the tokenizer has none."""
     try:
@@ -239,6 +300,8 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                     scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
                     reorder_and_upcast_attn=False)
+    if kind == "gemma3":
+        return _gemma3_config(m, common)
     llama = _llama_config(m, common)
     if kind == "llama":
         return llama
@@ -330,6 +393,8 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
     kind, tok = check_exportable(merged.config)
     if kind == "gpt2":
         converted = gpt2_state_dict(merged.state_dict, merged.config.model)
+    elif kind == "gemma3":
+        converted = gemma3_state_dict(merged.state_dict, merged.config.model)
     else:
         converted = llama_state_dict(merged.state_dict, merged.config.model, kind)
     tensors = {k: v.to(DTYPES[dtype]).contiguous() for k, v in converted.items()}

@@ -1,5 +1,5 @@
-"""Hugging Face import: a transformers GPT-2, Llama, Mistral (without a sliding window), Qwen2,
-Qwen3, Qwen3-MoE or Mixtral folder (config.json + safetensors, single or sharded) as a
+"""Hugging Face import: a transformers GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral
+or Gemma 3 (text) folder (config.json + safetensors, single or sharded) as a
 single-file model (convert.save_single), from which `checkpoint.init_from` starts a run of any
 layout: continued pretraining of published weights. The inverse of hf_export.py (Mistral's
 weights are Llama's and export as Llama), weight for weight: the experts from the hub's
@@ -7,7 +7,10 @@ per-expert tensors (Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2, Qwen3-MoE's
 mlp.experts.<e>.gate_proj/up_proj/down_proj) or transformers 5's stacked
 mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
 model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
-apart from hidden / heads as model.attention.kv_channels. Linear and Llama 3.1's rope scaling
+apart from hidden / heads as model.attention.kv_channels; Gemma 3's GeGLU, norms after the
+attention and the MLP (model.residual), embedding scale, local and global layers
+(model.attention.sliding_window_pattern, window_rotary_base), its norms' weights stored as
+1 + weight. Linear and Llama 3.1's rope scaling
 become model.rope_scaling. Architectures or options this model does not implement (other rope
 scalings, sliding windows, separate attention and MLP bias settings, dense layers among
 Qwen3-MoE's experts) are refused with the field and its value (config/hf_models.py)."""
@@ -156,6 +159,36 @@ def _from_llama(sd: StateDict, m, hf_dir: str, kind: str = "llama") -> StateDict
     return out
 
 
+# Gemma's norms scale by 1 + weight (its RMSNorm stores the offset from 1); ours by the weight.
+GEMMA_NORMS = {"input_layernorm.": "norm1.", "post_attention_layernorm.": "post_attention_norm.",
+               "pre_feedforward_layernorm.": "norm2.",
+               "post_feedforward_layernorm.": "post_mlp_norm.",
+               "self_attn.q_norm.": "attention.q_norm.", "self_attn.k_norm.": "attention.k_norm."}
+
+
+def _from_gemma3(sd: StateDict, m, hf_dir: str) -> StateDict:
+    """Gemma 3 (text): Llama's projections and MLP; every norm's weight + 1, in fp32."""
+    w = _Weights(sd, hf_dir)
+
+    def norm(theirs: str, ours: str) -> StateDict:
+        return {ours + "weight": w(theirs + "weight").float() + 1.0}
+    out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight"),
+           **norm("model.norm.", "final_norm.")}
+    if not m.tie_embeddings:
+        out["output.head.weight"] = w("lm_head.weight")
+    for i in range(m.num_layers):
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        attn = hf + "self_attn."
+        for theirs, mine in GEMMA_NORMS.items():
+            out.update(norm(hf + theirs, ours + mine))
+        out[ours + "attention.qkv.weight"] = _fuse_qkv(w(f"{attn}q_proj.weight"),
+                                                       w(f"{attn}k_proj.weight"),
+                                                       w(f"{attn}v_proj.weight"), m)
+        out[ours + "attention.dense.weight"] = w(f"{attn}o_proj.weight")
+        out.update(_llama_mlp(w, m, hf, ours, "weight"))
+    return out
+
+
 def import_hf(hf_dir: str) -> MergedCheckpoint:
     """The folder's model as a MergedCheckpoint (TP = PP = 1 names, the folder's dtype, no
     vocabulary padding: the run pads as its own TP size requires)."""
@@ -165,6 +198,8 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     kind = hf["model_type"]
     if kind == "gpt2":
         converted = _from_gpt2(sd, cfg.model, hf_dir)
+    elif kind == "gemma3_text":
+        converted = _from_gemma3(sd, cfg.model, hf_dir)
     else:
         converted = _from_llama(sd, cfg.model, hf_dir, kind)
     state = {k: v.contiguous() for k, v in converted.items()}

@@ -13,7 +13,7 @@ EPILOG = """examples:
   megatron-convert to-single --run-dir runs/tiny --output tiny.pt
   # a given tag, dropping the vocabulary padding rows
   megatron-convert to-single --run-dir runs/tiny --tag step_0000020 --output tiny.pt --trim-vocab
-  # a Hugging Face model folder (GPT-2, Llama, Qwen2/3, Qwen3-MoE, Mixtral), e.g. for lm-eval
+  # a Hugging Face model folder (GPT-2, Llama, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 3), e.g. lm-eval
   megatron-convert to-hf --run-dir runs/demo --output-dir hf/demo --dtype bf16
   # the other way: a Hugging Face folder of those as a single file to train from
   megatron-convert from-hf --hf-dir ~/models/llama --output llama.pt   # prints its model: section
@@ -37,7 +37,7 @@ def parse_args(argv=None):
     single.add_argument("--trim-vocab", action="store_true",
                         help="drop the padding rows of the embedding (and untied head)")
     hf = sub.add_parser("to-hf", help="write a Hugging Face model folder (GPT-2, Llama, "
-                        "Qwen2, Qwen3, Qwen3-MoE or Mixtral)",
+                        "Qwen2, Qwen3, Qwen3-MoE, Mixtral or Gemma 3)",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     hf.add_argument("--output-dir", required=True, help="folder for config.json, "
                     "model.safetensors and the tokenizer files (new or empty)")
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     hf.add_argument("--trim-vocab", action="store_true",
                     help="drop the padding rows of the embedding (and untied head)")
     imp = sub.add_parser("from-hf", help="a Hugging Face GPT-2/Llama/Mistral/Qwen2/Qwen3/"
-                         "Qwen3-MoE/Mixtral folder as a single file "
+                         "Qwen3-MoE/Mixtral/Gemma 3 folder as a single file "
                          "(for checkpoint.init_from)", epilog=EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     imp.add_argument("--hf-dir", required=True, help="folder with config.json and "

@@ -63,7 +63,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and job")
     g.add_argument("--model", help="a preset: 22b, 175b, 1t, gpt3-125m ... gpt3-175b; or a "
                    "Hugging Face config.json or model folder (GPT-2, Llama, Qwen2/3, Qwen3-MoE, "
-                   "Mixtral), at --seq-length")
+                   "Mixtral, Gemma 3), at --seq-length")
     g.add_argument("--config", help="a training config YAML: its model, batch and precision, "
                    "and for memory and scaling its layout")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

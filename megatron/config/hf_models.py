@@ -77,6 +77,12 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                 "tie_embeddings": True}
     if kind == "mixtral":
         return _mixtral_section(hf)
+    if kind == "gemma3_text":
+        return _gemma3_section(hf)
+    if kind == "gemma3":
+        raise _unsupported("model_type", kind, "gemma3_text: this is Gemma 3's image-text model; "
+                           "the text-only checkpoints (Gemma 3 1B, or a text model saved from "
+                           "the larger ones) import")
     if kind in ("qwen2", "qwen3"):
         return _qwen_section(hf, kind)
     if kind == "qwen3_moe":
@@ -84,8 +90,8 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     if kind == "mistral":  # Llama's weights and settings, every layer within its window
         return _windowed(_llama_section(dict(hf, attention_bias=False, mlp_bias=False)), hf)
     if kind != "llama":
-        raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe "
-                           "or mixtral")
+        raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, "
+                           "mixtral or gemma3_text")
     return _llama_section(hf)
 
 
@@ -134,6 +140,64 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                           "top_k": hf.get("num_experts_per_tok", 2), "layer_freq": 1,
                           "router": "softmax_renorm",
                           "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
+
+
+def _gemma3_section(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """Gemma 3 (text): Llama's shape with GeGLU, per-head q and k norms, norms after the
+    attention and the MLP, the embedding times sqrt(hidden), every N-th layer global
+    (layer_types) and the windowed layers' own rotary base. Softcapping, a query scale apart
+    from the head width and bidirectional attention are refused."""
+    act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        raise _unsupported("hidden_activation", act, "gelu_pytorch_tanh (GeGLU)")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    for name, want in (("attn_logit_softcapping", None), ("final_logit_softcapping", None),
+                       ("use_bidirectional_attention", False), ("attention_bias", False),
+                       ("query_pre_attn_scalar", head_dim)):
+        if hf.get(name) is not None and hf.get(name) != want:
+            raise _unsupported(name, hf.get(name), f"{want} (the head width: a query scale of "
+                               "its own is not implemented)" if name == "query_pre_attn_scalar"
+                               else repr(want))
+    full, local = _gemma3_rope(hf)
+    section = _llama_section(dict(hf, hidden_act="silu", rope_parameters=full, rope_scaling=None,
+                                  rope_theta=full["rope_theta"], mlp_bias=False))
+    window, pattern = _gemma3_layers(hf)
+    attention = dict(section.get("attention", {}), qk_norm=True, sliding_window=window,
+                     sliding_window_pattern=pattern)
+    if window and local.get("rope_type", "default") != "default":
+        raise _unsupported("rope_parameters.sliding_attention", local, "rope_type default")
+    if window:
+        attention["window_rotary_base"] = float(local.get("rope_theta", 10000.0))
+    return dict(section, **variants.of_architecture("gemma3"), attention=attention,
+                residual={"post_norms": True, "embedding_multiplier": hf["hidden_size"] ** 0.5})
+
+
+def _gemma3_rope(hf: Dict[str, Any]):
+    """(the global layers' rope dictionary, the windowed layers'): transformers 5's
+    rope_parameters per layer type, or 4's rope_theta, rope_scaling and rope_local_base_freq."""
+    rope = hf.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        return rope["full_attention"], rope.get("sliding_attention", rope["full_attention"])
+    full = dict(hf.get("rope_scaling") or {}, rope_theta=hf.get("rope_theta", 1e6))
+    return full, {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)}
+
+
+def _gemma3_layers(hf: Dict[str, Any]):
+    """(sliding_window, sliding_window_pattern) for layer_types: every N-th layer global, the
+    rest windowed (Gemma 3's 6); no windowed layer: no window."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or [
+        "full_attention" if (i + 1) % hf.get("sliding_window_pattern", 6) == 0
+        else "sliding_attention" for i in range(n)]
+    if "sliding_attention" not in types:
+        return 0, 0
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    pattern = full[0] + 1 if full else 0
+    every_nth = [bool(pattern) and (i + 1) % pattern == 0 for i in range(n)]
+    if [t == "full_attention" for t in types] != every_nth:
+        raise _unsupported("layer_types", types, "every N-th layer full_attention and the others "
+                           "sliding_attention (model.attention.sliding_window_pattern)")
+    return hf["sliding_window"], pattern
 
 
 def _windowed(section: Dict[str, Any], hf: Dict[str, Any]) -> Dict[str, Any]:

@@ -44,8 +44,11 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      "or keys", lambda c: not variants.of(c.model, "position").rotates_qk),
     ("model.attention", ("add_qkv_bias",), "model.add_bias_linear=true puts biases on q, k "
      "and v already", lambda c: c.model.add_bias_linear),
-    ("model.attention", ("sliding_window_pattern",), "model.attention.sliding_window=0: every "
-     "layer sees every earlier key", lambda c: c.model.attention.sliding_window == 0),
+    ("model.attention", ("sliding_window_pattern", "window_rotary_base"),
+     "model.attention.sliding_window=0: every layer sees every earlier key",
+     lambda c: c.model.attention.sliding_window == 0),
+    ("model.attention", ("window_rotary_base",), "model.position_embedding_type's positions "
+     "rotate no queries or keys", lambda c: not variants.of(c.model, "position").rotates_qk),
     ("model.rope_scaling", ("factor", "low_freq_factor", "high_freq_factor",
                             "original_max_position_embeddings"),
      "model.rope_scaling.type=none", lambda c: c.model.rope_scaling.type == "none"),

@@ -24,6 +24,7 @@ from megatron.config import ModelConfig, variants
 from megatron.config.errors import ConfigError
 from megatron.model.context import ModelContext, documents_of
 from megatron.model.context_attention import ContextAttention
+from megatron.model import rotary
 from megatron.model.norm import head_norm_class
 from megatron.parallel.checkpointing import recompute
 from megatron.parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -122,7 +123,8 @@ class SelfAttention(nn.Module):
             self.q_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
             self.k_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
         position = variants.of(m, "position")
-        self.rotary = position.build(m) if position.rotates_qk else None
+        self.rotary = rotary.for_layer(m, layer_number, position) if position.rotates_qk \
+            else None
         # Built under every layout, so the parameter names (a core may have weights) and the
         # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)

@@ -42,6 +42,7 @@ from torch import nn
 
 from megatron.config import ModelConfig, variants
 from megatron.model.block_attention import block_attention, block_attention_backward, merge
+from megatron.model import rotary
 from megatron.model.context import ModelContext, documents_of
 from megatron.parallel import cp_layout, ulysses
 from megatron.parallel.mappings import gather_from_sequence_parallel_region
@@ -232,7 +233,8 @@ class ContextAttention(nn.Module):
         self.ulysses_group = cp_layout.ulysses_group(state)
         self.kv_replicas = ulysses.kv_replicas(groups_local, q_per_group, self.layout.ulysses)
         position = variants.of(m, "position")
-        self.rotary = position.build(m) if position.rotates_qk else None
+        self.rotary = rotary.for_layer(m, layer_number, position) if position.rotates_qk \
+            else None
         docs = ctx.documents  # data.reset_attention_mask / reset_position_ids (model/context.py)
         self.attend_within = docs is not None and docs.attend_within
         self.reset_positions = docs is not None and docs.reset_positions

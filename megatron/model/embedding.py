@@ -30,6 +30,7 @@ class Embedding(nn.Module):
         self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
         # data.reset_position_ids: positions from each document's start (model/context.py)
         self.reset_positions = ctx.documents is not None and ctx.documents.reset_positions
+        self.multiplier = m.residual.embedding_multiplier
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
@@ -53,6 +54,8 @@ class Embedding(nn.Module):
         else:
             x = reduce_from_tp_region(x, state.tp_group)
             within = 0
+        if self.multiplier != 1.0:  # model.residual.embedding_multiplier, in x's dtype
+            x = x * torch.tensor(self.multiplier, dtype=x.dtype, device=x.device)
         if self.position_embeddings is not None:
             pos = replicated_param(self.position_embeddings, self.state, self.seq_par)
             at = self._positions(seq, within, x.shape[0], x.device)

@@ -1,11 +1,13 @@
 """Feed-forward block: fc1 -> activation -> fc2, the activation model.activation names
-(config/variants.py): GeLU (fc1 -> gelu -> fc2) or SwiGLU (fc1 = [gate; up] -> silu(gate)*up).
+(config/variants.py): GeLU (fc1 -> gelu -> fc2), SwiGLU (fc1 = [gate; up] -> silu(gate)*up) or
+GeGLU (gelu(gate)*up).
 An activation is a function (y [s, b, fc1_factor*ffn/t], fc1's bias or None, kernel selection)
 -> [s, b, ffn/t]; its record says fc1's width in units of ffn_hidden_size."""
 from __future__ import annotations
 
 import math
 
+import torch.nn.functional as F
 from torch import nn
 
 from megatron import kernels
@@ -24,6 +26,15 @@ def bias_swiglu(y, bias, sel):
         y = y + bias
     gate, up = y.chunk(2, dim=-1)
     return kernels.swiglu(gate, up, sel)
+
+
+def bias_geglu(y, bias, sel):
+    """GeGLU (fc1 = [gate; up] -> gelu(gate) * up, the tanh GeLU): torch's own ops, no fused
+    kernel."""
+    if bias is not None:
+        y = y + bias
+    gate, up = y.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 class MLP(nn.Module):

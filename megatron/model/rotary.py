@@ -87,3 +87,14 @@ def scaled_frequencies(inv_freq: torch.Tensor, scaling: Optional[object]) -> tor
 def for_model(m) -> RotaryEmbedding:
     """model.position_embedding_type=rotary (config/builtin_variants.py)."""
     return RotaryEmbedding(m.head_dim, m.rotary_base, m.max_position_embeddings, m.rope_scaling)
+
+
+def for_layer(m, layer_number: int, position):
+    """The rotation of layer `layer_number` (0-based), whose position variant `position`
+    rotates q and k: a layer within a sliding window rotates with
+    model.attention.window_rotary_base and no scaling where that is set (Gemma 3's local
+    layers), every other layer as the variant builds it."""
+    base = m.attention.window_rotary_base
+    if base is not None and m.attention.window_of(layer_number) is not None:
+        return RotaryEmbedding(m.head_dim, base, m.max_position_embeddings)
+    return position.build(m)

@@ -1,5 +1,6 @@
-"""One pre-norm decoder layer: x + attn(norm1(x)), then + mlp(norm2(x)); on a MoE layer
-(config/moe.is_moe_layer) the MLP is a MoE layer (model/moe/)."""
+"""One pre-norm decoder layer: x + attn(norm1(x)), then + mlp(norm2(x)); with
+model.residual.post_norms each output normalised again before it is added (Gemma 2 and 3); on a
+MoE layer (config/moe.is_moe_layer) the MLP is a MoE layer (model/moe/)."""
 from __future__ import annotations
 
 import functools
@@ -27,15 +28,21 @@ class TransformerLayer(nn.Module):
         self.norm2 = build_norm(m, ctx)
         self.mlp = MoELayer(m, ctx, layer_number) if is_moe_layer(m, layer_number) \
             else MLP(m, ctx, layer_number)
+        self.post_attention_norm = self.post_mlp_norm = None
+        if m.residual.post_norms:
+            self.post_attention_norm, self.post_mlp_norm = build_norm(m, ctx), build_norm(m, ctx)
 
     def _forward(self, x, docs=None):
         # Under sequence parallelism the residual stream is sharded, so its dropout masks must
         # differ per TP rank; otherwise it is replicated and the masks must agree.
-        h = dropout(self.attention(self.norm1(x), docs), self.p, self.training, self.seq_par,
-                    self.tracker)
-        x = x + h
-        h = dropout(self.mlp(self.norm2(x)), self.p, self.training, self.seq_par, self.tracker)
-        return x + h
+        h = self.attention(self.norm1(x), docs)
+        if self.post_attention_norm is not None:
+            h = self.post_attention_norm(h)
+        x = x + dropout(h, self.p, self.training, self.seq_par, self.tracker)
+        h = self.mlp(self.norm2(x))
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return x + dropout(h, self.p, self.training, self.seq_par, self.tracker)
 
     def forward(self, x, docs=None):  # [s(/t), b, h] -> same
         """docs: the micro-batch's documents (model/context.Documents), held by the

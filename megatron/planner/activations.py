@@ -73,8 +73,9 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     a, sb = m.num_attention_heads, s * b // cp
     hidden_drop = m.hidden_dropout > 0
     attn_drop = m.attention_dropout > 0
-    # norm1 input, QKV input, norm2 input, fc1 input
-    replicated = 4 * sb * h
+    # norm1 input, QKV input, norm2 input, fc1 input; model.residual.post_norms: the two
+    # post-norms' inputs (the out-projection's and fc2's outputs)
+    replicated = (6 if m.residual.post_norms else 4) * sb * h
     # Q and K for QK^T, V for the weighted sum, the attention context (out-proj input); the
     # query heads are a x head_dim wide (h unless model.attention.kv_channels says otherwise)
     qd = a * m.head_dim

@@ -4,7 +4,8 @@ Pre-norm decoder. Per layer: norm1; fused QKV, column-parallel, [(heads + 2*kv) 
 with its bias under add_bias_linear or add_qkv_bias; under qk_norm two norms of head_dim
 (replicated); the attention core's own weights, if its record declares any; attention output,
 row-parallel, [h, heads * head_dim]; norm2; MLP fc1 column-parallel ([fc1_factor * ffn, h]: 1 for GeLU, 2 for SwiGLU) and
-fc2 row-parallel [h, ffn]. Norms, cores and position tables count what their variant records
+fc2 row-parallel [h, ffn]; under model.residual.post_norms a norm after the attention and one
+after the MLP. Norms, cores and position tables count what their variant records
 declare (config/variants.py). Column-parallel weights and biases and
 the row-parallel weights are split over TP; norms and row-parallel biases are replicated. The
 vocab-parallel embedding is split over TP; learned positions are replicated on the first stage.
@@ -68,7 +69,8 @@ def layer_params(m: ModelConfig, tp: int, index: int = -1, ep: int = 1,
             mlp += _mlp(m, moe.shared_ffn(m), tp)
     else:
         mlp = _mlp(m, m.ffn_hidden_size, tp)
-    return 2 * _norm(m) + qkv + core + proj + mlp
+    norms = 4 if m.residual.post_norms else 2  # model.residual: a norm after each sub-block
+    return norms * _norm(m) + qkv + core + proj + mlp
 
 
 def _layers(m: ModelConfig, tp: int, first: int, count: int, ep: int = 1,

@@ -54,6 +54,9 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
 # executor, context parallelism (whose ranks DeepSpeed counts in its batch) and the update held
 # for the guard (resilience.rerun_suspect_steps); and stopped at step 5, inside the ramp, then
 # resumed
+# Gemma 3's layer (gpt2 only: model.residual, GeGLU, a windowed layer's own rotary base) under
+# TP with SP, DeepSpeed's pipeline, and Ulysses and ring context parallelism
+GEMMA_TWO_RANK = ["tp2_sp_gemma", "pp2_gemma", "cp2_gemma", "ring_cp2_gemma"]
 RAMP_TWO_RANK = ["dp2_zero2_ramp", "pp2_ramp", "pp2_interleaved_ramp", "cp2_ramp",
                  "dp2_zero1_rerun_ramp", "resume_dp2_zero1_ramp"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",
@@ -80,10 +83,11 @@ def launches(tmp):
     """Shared with the other equivalence modules, one launch per world size
     (tests/support/launch_batches.py)."""
     return [(2, WORKER, ["--workdir", tmp, "--layouts",
-                         ",".join(TWO_RANK + MIXED + BF16_NORMED + RAMP_TWO_RANK)]),
+                         ",".join(TWO_RANK + MIXED + BF16_NORMED + RAMP_TWO_RANK
+                                  + GEMMA_TWO_RANK)]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_l1,single_zero0_bf16,masked,docs,docs_pos,"
-                         "qk_norm,ramp,ramp_reference,ramp_samples,resume_ramp_samples"]),
+                         "qk_norm,ramp,ramp_reference,ramp_samples,resume_ramp_samples,gemma"]),
             (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
@@ -150,6 +154,17 @@ def test_a_batch_size_ramp_is_its_batches_run_one_after_another(results):
     worst = worst_relative(got["losses"], ref["losses"])
     assert worst <= 1e-6, (got["losses"], ref["losses"])
     assert results["single"]["gpt2"]["losses"][1:] != got["losses"][1:]
+
+
+@pytest.mark.parametrize("layout", GEMMA_TWO_RANK)
+def test_gemmas_layer_matches_one_rank(results, layout):
+    got, ref = results[layout]["gpt2"], results["gemma"]["gpt2"]
+    worst = worst_relative(got["losses"], ref["losses"])
+    print(f"{layout}: worst relative loss difference {worst:.2e}")
+    assert worst <= TOLERANCE, f"{layout}: {got['losses']} vs one rank's {ref['losses']}"
+    assert worst_relative(got["norms"], ref["norms"]) <= NORM_TOLERANCE
+    # the layer is not the plain one's
+    assert results["single"]["gpt2"]["losses"][1:] != ref["losses"][1:]
 
 
 def test_a_schedule_counted_in_samples_follows_the_ramps_samples_and_resumes(results):

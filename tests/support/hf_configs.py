@@ -2,7 +2,9 @@
 
 # Published config.json values (the models' Hugging Face pages): Llama 3.1 8B (rope scaling
 # llama3), Qwen3 0.6B (heads of 128 over a hidden size of 1024, tied, q/k norms), Qwen2.5 7B
-# (q/k/v biases), Qwen3-30B-A3B (128 experts, top 8, renormalised).
+# (q/k/v biases), Qwen3-30B-A3B (128 experts, top 8, renormalised), Gemma 3 1B (transformers 4's
+# format: rope_local_base_freq and sliding_window_pattern; 999,885,952 parameters, as
+# keras-hub's gemma3_1b preset states).
 HF_CONFIGS = {
     "llama3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -26,4 +28,12 @@ HF_CONFIGS = {
                           decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
                           max_position_embeddings=40960, rms_norm_eps=1e-6,
                           rope_theta=1000000.0, tie_word_embeddings=False),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=256, query_pre_attn_scalar=256, vocab_size=262144,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                      rope_local_base_freq=10000.0, rope_scaling=None, sliding_window=512,
+                      sliding_window_pattern=6, hidden_activation="gelu_pytorch_tanh",
+                      attn_logit_softcapping=None, final_logit_softcapping=None,
+                      tie_word_embeddings=True),
 }

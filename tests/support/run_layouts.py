@@ -156,6 +156,24 @@ LAYOUTS.update({
                              "parallel.pipeline_schedule=interleaved",
                              "parallel.virtual_pipeline_size=2"] + RAMP,
 })
+# Gemma 3's layer (gpt2 flavour only): GeGLU, per-head q and k norms, norms after the attention
+# and the MLP, the embedding times 8, every 2nd layer global and the windowed ones with their own
+# rotary base
+GEMMA = ["model.activation=geglu", "model.normalization=rmsnorm",
+         "model.position_embedding_type=rotary", "model.add_bias_linear=false",
+         "model.attention.qk_norm=true", "model.residual.post_norms=true",
+         "model.residual.embedding_multiplier=8.0", "model.attention.sliding_window=16",
+         "model.attention.sliding_window_pattern=2", "model.attention.window_rotary_base=100.0"]
+LAYOUTS.update({
+    "gemma": GEMMA,
+    "tp2_sp_gemma": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
+    + GEMMA,
+    "pp2_gemma": ["parallel.pipeline_parallel_size=2"] + GEMMA,
+    "cp2_gemma": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + GEMMA,
+    # the ring rotates q and k in its own attention (model/context_attention.py)
+    "ring_cp2_gemma": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
+                       "parallel.context_parallel_algo=ring"] + GEMMA,
+})
 # The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
 # a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
 SAMPLES = ["optimizer.lr_warmup_iters=0", "optimizer.lr_warmup_samples=8",
@@ -164,7 +182,8 @@ LAYOUTS["ramp_samples"] = RAMP + SAMPLES
 # gpt2 only: what they test does not depend on the flavour
 GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
              "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp",
-             "ramp_samples", "resume_ramp_samples"}
+             "ramp_samples", "resume_ramp_samples", "gemma", "tp2_sp_gemma", "pp2_gemma",
+             "cp2_gemma", "ring_cp2_gemma"}
 
 # Exact resume: stop and checkpoint at step 5, then a new engine resumes to step 10.
 # (the layout, the step the first run stops at, what the second run changes)

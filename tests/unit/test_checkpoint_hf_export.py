@@ -142,10 +142,25 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
                        (LLAMA + ["model.attention.add_qkv_bias=true",
                                  "model.attention.qk_norm=true"],
                         "add_qkv_bias=True (needs False)"),
-                       # windows on some layers only (Gemma's pattern): no field holds them
+                       # windows on some layers only (Gemma's pattern): Gemma 3 alone holds
+                       # them, with its other settings
                        (LLAMA + ["model.attention.sliding_window=8",
                                  "model.attention.sliding_window_pattern=2"],
-                        "for Mistral, attention.sliding_window_pattern=2 (needs 0)")):
+                        "for Mistral, attention.sliding_window_pattern=2 (needs 0)"),
+                       # norms after the sub-blocks, a scaled embedding, a windowed layer's own
+                       # rotary base: never dropped by an architecture without them
+                       (LLAMA + ["model.residual.post_norms=true"],
+                        "for Llama, residual.post_norms=True (needs False)"),
+                       (LLAMA + ["model.residual.embedding_multiplier=2.0"],
+                        "for Llama, residual.embedding_multiplier=2.0 (needs 1.0)"),
+                       (LLAMA + ["model.attention.sliding_window=8",
+                                 "model.attention.window_rotary_base=100.0"],
+                        "for Mistral, attention.window_rotary_base=100.0 (needs None)"),
+                       (LLAMA + ["model.activation=geglu", "model.attention.qk_norm=true",
+                                 "model.residual.post_norms=true",
+                                 "model.residual.embedding_multiplier=2.0"],
+                        "for Gemma 3, residual.embedding_multiplier=2.0 (needs sqrt(hidden_size)"
+                        " = 8.0)")):
         _, merged = merged_model(extra, root)
         with pytest.raises(InputError, match="maps to no Hugging Face architecture") as e:
             export_hf(merged, str(tmp_path / "z"))

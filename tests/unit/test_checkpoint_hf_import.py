@@ -1,6 +1,6 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
 keys/values, tied or not, with biases, with a head_dim of its own; Mistral with and without a
-sliding window; Qwen2; Qwen3; Mixtral)
+sliding window; Qwen2; Qwen3; Mixtral; Gemma 3 with its global layers' rotary scaled)
 becomes a single file whose unsharded model gives transformers' logits; export then import
 gives back our exact tensors; unsupported options are refused with the field. Training from
 the file in another layout is covered by init_from's end-to-end test
@@ -58,6 +58,15 @@ CONFIGS = {
     "mistral_window": lambda: transformers.MistralConfig(**SMALL, intermediate_size=160,
                                                          num_hidden_layers=2,
                                                          num_key_value_heads=2, sliding_window=8),
+    # Gemma 3 1B's shape in small: heads of 32 over hidden / heads = 16, every 2nd layer global
+    # (1B: every 6th), a window of 8 keys with its own rotary base, the global layers' scaled
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **SMALL, intermediate_size=160, num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+        query_pre_attn_scalar=32, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                            "rope_theta": 1e6}}),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -100,7 +109,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
-                                  "qwen3_moe", "mixtral", "mistral_window"])
+                                  "qwen3_moe", "mixtral", "mistral_window", "gemma3"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -158,6 +167,23 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
     _, folder = saved(tmp_path, "qwen2", use_sliding_window=True)
     with pytest.raises(InputError, match="use_sliding_window=True is not supported"):
         import_hf(folder)
+    # Gemma 3's options this model does not implement
+    refused = (({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+               ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+               ({"query_pre_attn_scalar": 24}, "query_pre_attn_scalar=24 is not supported: "
+                                               "expected 32 (the head"),
+               ({"hidden_activation": "silu"}, "hidden_activation='silu'"),
+               ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+               ({"layer_types": ["full_attention", "sliding_attention"]},
+                "layer_types=['full_attention', 'sliding_attention'] is not supported: expected "
+                "every N-th layer full_attention"),
+               ({"model_type": "gemma3"}, "model_type='gemma3' is not supported: expected "
+                                          "gemma3_text"))
+    for i, (change, words) in enumerate(refused):
+        _, folder = saved(tmp_path / str(i), "gemma3", **change)
+        with pytest.raises(InputError, match="is not supported") as e:
+            import_hf(folder)
+        assert words in str(e.value), str(e.value)
     with pytest.raises(InputError, match="holds no config.json"):
         import_hf(str(tmp_path))
 

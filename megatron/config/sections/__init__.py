@@ -14,6 +14,7 @@ from megatron.config.sections.model import ModelConfig
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.optimizer import OptimizerConfig
 from megatron.config.sections.parallel import ParallelConfig
+from megatron.config.sections.residual import ResidualConfig
 from megatron.config.sections.resilience import ResilienceConfig
 from megatron.config.sections.rope_scaling import RopeScalingConfig
 from megatron.config.sections.run import KernelsConfig, RunConfig
@@ -37,7 +38,7 @@ SECTIONS = {
 # Sub-sections: a field of a section that is a section of its own, written nested in YAML
 # (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
 SUBSECTIONS = {"model.attention": AttentionConfig, "model.rope_scaling": RopeScalingConfig,
-               "model.moe": MoEConfig}
+               "model.moe": MoEConfig, "model.residual": ResidualConfig}
 
 # The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
 # moe_ prefix the sub-section now says).
@@ -78,6 +79,7 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
 __all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "AttentionConfig", "CheckpointConfig",
            "DataConfig", "EvalConfig",
            "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
+           "ResidualConfig",
            "RopeScalingConfig",
            "ResilienceConfig", "RunConfig", "field_at",
            "TrainingConfig", "split_fractions"]

@@ -42,6 +42,11 @@ class AttentionConfig:
     """With model.attention.sliding_window: every N-th layer (the N-th, the 2N-th, ...) sees
     every earlier key and the others the window (Hugging Face's sliding_window_pattern: Gemma
     2's and gpt-oss's 2, Gemma 3's 6). 0: every layer the window."""
+    window_rotary_base: Optional[float] = None
+    """With rotary positions: the base of the layers within a sliding window, which rotate
+    with it and without model.rope_scaling, while the layers that see every key keep
+    model.rotary_base and the scaling (Gemma 3's rope_local_base_freq, 10000 beside a global
+    1000000). null: every layer model.rotary_base."""
 
     def __post_init__(self):
         finite(S, self)
@@ -49,6 +54,8 @@ class AttentionConfig:
             positive(S, "kv_channels", self.kv_channels)
         positive(S, "sliding_window", self.sliding_window, allow_zero=True)
         positive(S, "sliding_window_pattern", self.sliding_window_pattern, allow_zero=True)
+        if self.window_rotary_base is not None:
+            positive(S, "window_rotary_base", self.window_rotary_base)
         if self.sliding_window_pattern == 1:
             raise ConfigError(f"{S}.sliding_window_pattern", 1, "0 (every layer the window) or "
                               "2 or more (every N-th layer the whole sequence)",

@@ -13,6 +13,7 @@ from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import (at_most, check_choices, finite, fraction,
                                              positive, registry)
 from megatron.config.sections.attention import AttentionConfig
+from megatron.config.sections.residual import ResidualConfig
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.rope_scaling import RopeScalingConfig
 
@@ -64,7 +65,8 @@ class ModelConfig:
     norm_epsilon: float = 1e-5
     """Epsilon added to the variance inside the norm."""
     activation: str = field(default="gelu", metadata=_variant("activation"))
-    """MLP activation, a registered variant: gelu, or swiglu (a gated MLP: fc1 is twice as wide)."""
+    """MLP activation, a registered variant: gelu, swiglu (a gated MLP: fc1 is twice as wide), or
+    geglu (the same gate through the tanh GeLU, Gemma's; torch's ops, no fused kernel)."""
     add_bias_linear: bool = True
     """Bias terms on the linear layers (false for LLaMA-style models)."""
     tie_embeddings: bool = True
@@ -88,6 +90,10 @@ class ModelConfig:
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Mixture of experts, a sub-section (`model.moe.*`, config/sections/moe.py, docs/moe.md);
     its defaults are a dense model."""
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
+    """Norms after the attention and the MLP, and the embedding's scale, a sub-section
+    (`model.residual.*`, config/sections/residual.py: Gemma 2 and 3); its defaults are a plain
+    pre-norm layer."""
 
     def __post_init__(self):
         s = "model"
@@ -125,6 +131,8 @@ class ModelConfig:
                                   f"a divisor of model.num_attention_heads={self.num_attention_heads}")
         if isinstance(self.moe, dict):  # a saved config's mapping (Config.from_dict)
             self.moe = MoEConfig(**self.moe)
+        if isinstance(self.residual, dict):
+            self.residual = ResidualConfig(**self.residual)
         self._defaults()
 
     def _defaults(self) -> None:
