@@ -63,8 +63,10 @@ _ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
 _FULL = {"attention.sliding_window": 0}  # every earlier key: no window field to hold one
 # one window for every layer, or none; one rotary base
 _ONE_WINDOW = {"attention.sliding_window_pattern": 0, "attention.window_rotary_base": None}
-# a plain pre-norm layer (model.residual): only Gemma 3 holds norms after the sub-blocks
-_PLAIN = {"residual.post_norms": False, "residual.embedding_multiplier": 1.0}
+# a plain pre-norm layer (model.residual): only Gemma 3 holds norms after the sub-blocks,
+# and the scores' default scale (Gemma's query_pre_attn_scalar holds another)
+_PLAIN = {"residual.post_norms": False, "residual.embedding_multiplier": 1.0,
+          "attention.softmax_scale": None}
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                         "attention.kv_channels": None, "attention.qk_norm": False, **_FULL,
                         **_PLAIN},
@@ -258,6 +260,15 @@ def gemma3_state_dict(sd: StateDict, m) -> StateDict:
     return out
 
 
+def _query_scalar(m):
+    """Gemma's query_pre_attn_scalar: the scores' scale is its inverse square root."""
+    scale = m.attention.softmax_scale
+    if scale is None:
+        return m.head_dim
+    scalar = round(scale ** -2, 6)
+    return int(scalar) if scalar == int(scalar) else scalar
+
+
 def _gemma3_config(m, common: dict) -> dict:
     """Gemma3TextConfig's fields: the global layers' rotary (with model.rope_scaling), the
     windowed layers' own base where model.attention.window_rotary_base sets one."""
@@ -271,7 +282,7 @@ def _gemma3_config(m, common: dict) -> dict:
                 hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
                 num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
                 num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
-                query_pre_attn_scalar=m.head_dim,
+                query_pre_attn_scalar=_query_scalar(m),
                 max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
                 hidden_activation="gelu_pytorch_tanh", attention_bias=False,
                 attention_dropout=0.0, sliding_window=a.sliding_window or None,

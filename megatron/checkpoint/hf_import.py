@@ -9,7 +9,8 @@ mlp.experts.gate_up_proj / down_proj; Qwen2's q, k and v biases as
 model.attention.add_qkv_bias, Qwen3's q_norm and k_norm as model.attention.qk_norm, a head_dim
 apart from hidden / heads as model.attention.kv_channels; Gemma 3's GeGLU, norms after the
 attention and the MLP (model.residual), embedding scale, local and global layers
-(model.attention.sliding_window_pattern, window_rotary_base), its norms' weights stored as
+(model.attention.sliding_window_pattern, window_rotary_base) and query scale
+(query_pre_attn_scalar^-0.5 as model.attention.softmax_scale), its norms' weights stored as
 1 + weight. Linear and Llama 3.1's rope scaling
 become model.rope_scaling. Architectures or options this model does not implement (other rope
 scalings, sliding windows, separate attention and MLP bias settings, dense layers among

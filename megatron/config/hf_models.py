@@ -145,19 +145,17 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
 def _gemma3_section(hf: Dict[str, Any]) -> Dict[str, Any]:
     """Gemma 3 (text): Llama's shape with GeGLU, per-head q and k norms, norms after the
     attention and the MLP, the embedding times sqrt(hidden), every N-th layer global
-    (layer_types) and the windowed layers' own rotary base. Softcapping, a query scale apart
-    from the head width and bidirectional attention are refused."""
+    (layer_types), the windowed layers' own rotary base, and query_pre_attn_scalar^-0.5 as the
+    scores' scale where it is not the head width's. Softcapping and bidirectional attention are
+    refused."""
     act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
     if act != "gelu_pytorch_tanh":
         raise _unsupported("hidden_activation", act, "gelu_pytorch_tanh (GeGLU)")
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     for name, want in (("attn_logit_softcapping", None), ("final_logit_softcapping", None),
-                       ("use_bidirectional_attention", False), ("attention_bias", False),
-                       ("query_pre_attn_scalar", head_dim)):
+                       ("use_bidirectional_attention", False), ("attention_bias", False)):
         if hf.get(name) is not None and hf.get(name) != want:
-            raise _unsupported(name, hf.get(name), f"{want} (the head width: a query scale of "
-                               "its own is not implemented)" if name == "query_pre_attn_scalar"
-                               else repr(want))
+            raise _unsupported(name, hf.get(name), repr(want))
     full, local = _gemma3_rope(hf)
     section = _llama_section(dict(hf, hidden_act="silu", rope_parameters=full, rope_scaling=None,
                                   rope_theta=full["rope_theta"], mlp_bias=False))
@@ -168,6 +166,9 @@ def _gemma3_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         raise _unsupported("rope_parameters.sliding_attention", local, "rope_type default")
     if window:
         attention["window_rotary_base"] = float(local.get("rope_theta", 10000.0))
+    scalar = hf.get("query_pre_attn_scalar") or head_dim
+    if scalar != head_dim:  # Gemma 3 27B: 168 with heads of 128
+        attention["softmax_scale"] = float(scalar) ** -0.5
     return dict(section, **variants.of_architecture("gemma3"), attention=attention,
                 residual={"post_norms": True, "embedding_multiplier": hf["hidden_size"] ** 0.5})
 

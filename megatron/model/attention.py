@@ -117,6 +117,10 @@ class SelfAttention(nn.Module):
                                        bias=m.add_bias_linear, sequence_parallel=seq_par,
                                        init_std=std / math.sqrt(2 * m.num_layers),
                                        init_seed=seed_for(seed, f"layer{layer_number}.proj"))
+        # model.attention.softmax_scale: the queries times it x sqrt(d), so every core and
+        # context-parallel algorithm, each scaling by 1/sqrt(d), scales the scores by it
+        scale = m.attention.softmax_scale
+        self.query_factor = None if scale is None else scale * math.sqrt(m.head_dim)
         self.q_norm = self.k_norm = None
         if m.attention.qk_norm:  # each head's q and k over their width, this rank's heads
             norm = head_norm_class(m)
@@ -153,6 +157,8 @@ class SelfAttention(nn.Module):
         q, k, v = self._split(qkv)  # [s(/C), b, heads, d]
         if self.q_norm is not None:  # per head and token: before any exchange of heads
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.query_factor is not None:  # model.attention.softmax_scale, after the norm
+            q = q * self.query_factor
         if self.context is not None:
             return self.context(q, k, v, docs)  # [s/C, b, heads*d]
         if self.cp > 1:  # [s/C, b, heads, d] -> [s, b, heads/C, d]

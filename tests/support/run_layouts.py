@@ -158,8 +158,9 @@ LAYOUTS.update({
 })
 # Gemma 3's layer (gpt2 flavour only): GeGLU, per-head q and k norms, norms after the attention
 # and the MLP, the embedding times 8, every 2nd layer global and the windowed ones with their own
-# rotary base
-GEMMA = ["model.activation=geglu", "model.normalization=rmsnorm",
+# rotary base, the scores scaled by 0.2 (not 1/sqrt(16): Gemma 3 27B's query_pre_attn_scalar)
+GEMMA = ["model.attention.softmax_scale=0.2", "model.activation=geglu",
+         "model.normalization=rmsnorm",
          "model.position_embedding_type=rotary", "model.add_bias_linear=false",
          "model.attention.qk_norm=true", "model.residual.post_norms=true",
          "model.residual.embedding_multiplier=8.0", "model.attention.sliding_window=16",

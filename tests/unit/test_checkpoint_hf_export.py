@@ -153,6 +153,8 @@ def test_unmappable_configs_are_refused_with_the_fields(tmp_path, root):
                         "for Llama, residual.post_norms=True (needs False)"),
                        (LLAMA + ["model.residual.embedding_multiplier=2.0"],
                         "for Llama, residual.embedding_multiplier=2.0 (needs 1.0)"),
+                       (LLAMA + ["model.attention.softmax_scale=0.2"],
+                        "for Llama, attention.softmax_scale=0.2 (needs None)"),
                        (LLAMA + ["model.attention.sliding_window=8",
                                  "model.attention.window_rotary_base=100.0"],
                         "for Mistral, attention.window_rotary_base=100.0 (needs None)"),

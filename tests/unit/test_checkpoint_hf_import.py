@@ -67,6 +67,14 @@ CONFIGS = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                          "full_attention": {"rope_type": "linear", "factor": 4.0,
                                             "rope_theta": 1e6}}),
+    # Gemma 3 27B's query scale in small: query_pre_attn_scalar 24 with heads of 32 (27B: 168
+    # with heads of 128), one window rotary base for every layer
+    "gemma3_scaled": lambda: transformers.Gemma3TextConfig(
+        **SMALL, intermediate_size=160, num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+        query_pre_attn_scalar=24, sliding_window=8, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -109,7 +117,8 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
-                                  "qwen3_moe", "mixtral", "mistral_window", "gemma3"])
+                                  "qwen3_moe", "mixtral", "mistral_window", "gemma3",
+                                  "gemma3_scaled"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -170,8 +179,6 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
     # Gemma 3's options this model does not implement
     refused = (({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
                ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
-               ({"query_pre_attn_scalar": 24}, "query_pre_attn_scalar=24 is not supported: "
-                                               "expected 32 (the head"),
                ({"hidden_activation": "silu"}, "hidden_activation='silu'"),
                ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
                ({"layer_types": ["full_attention", "sliding_attention"]},

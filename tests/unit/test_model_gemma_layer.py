@@ -99,6 +99,7 @@ def test_the_planner_counts_the_post_norms(tiny):
     ("model.residual.embedding_multiplier=0", "model.residual.embedding_multiplier=0"),
     ("model.residual.embedding_multiplier=-2", "model.residual.embedding_multiplier=-2"),
     ("model.attention.window_rotary_base=-1", "model.attention.window_rotary_base=-1"),
+    ("model.attention.softmax_scale=0", "model.attention.softmax_scale=0"),
 ])
 def test_out_of_range_settings_are_refused(override, words):
     with pytest.raises(ConfigError) as e:

@@ -42,6 +42,11 @@ class AttentionConfig:
     """With model.attention.sliding_window: every N-th layer (the N-th, the 2N-th, ...) sees
     every earlier key and the others the window (Hugging Face's sliding_window_pattern: Gemma
     2's and gpt-oss's 2, Gemma 3's 6). 0: every layer the window."""
+    softmax_scale: Optional[float] = None
+    """The attention scores' scale: softmax(q.k x this). null: 1 / sqrt(the head width). Gemma
+    2 and 3 scale by query_pre_attn_scalar^-0.5 (Gemma 3 27B: 168^-0.5 with heads of 128).
+    Applied to the queries (times softmax_scale x sqrt(head width)) before the attention
+    core, so every core and context-parallel algorithm takes it."""
     window_rotary_base: Optional[float] = None
     """With rotary positions: the base of the layers within a sliding window, which rotate
     with it and without model.rope_scaling, while the layers that see every key keep
@@ -54,8 +59,9 @@ class AttentionConfig:
             positive(S, "kv_channels", self.kv_channels)
         positive(S, "sliding_window", self.sliding_window, allow_zero=True)
         positive(S, "sliding_window_pattern", self.sliding_window_pattern, allow_zero=True)
-        if self.window_rotary_base is not None:
-            positive(S, "window_rotary_base", self.window_rotary_base)
+        for name in ("window_rotary_base", "softmax_scale"):
+            if getattr(self, name) is not None:
+                positive(S, name, getattr(self, name))
         if self.sliding_window_pattern == 1:
             raise ConfigError(f"{S}.sliding_window_pattern", 1, "0 (every layer the window) or "
                               "2 or more (every N-th layer the whole sequence)",
