@@ -84,6 +84,9 @@ def _encode_parser() -> argparse.ArgumentParser:
                    help="vocabulary size of pre-tokenized data (null)")
     p.add_argument("--append-eod", action="store_true", help="end each document with the "
                    "tokenizer's end-of-document token")
+    p.add_argument("--prepend-bos", action="store_true", help="begin each document with the "
+                   "tokenizer's beginning-of-document token (Llama 3's <|begin_of_text|>, "
+                   "Gemma's <bos>: continued pretraining of such models)")
     p.add_argument("--workers", type=integer, default=1, help="tokenizing processes (default 1)")
     p.add_argument("--log-interval", type=seconds(zero=True), default=1.0,
                    help="seconds between progress lines (0: a line at every update)")
@@ -153,7 +156,7 @@ def _run_encode(argv: List[str]) -> None:
     spec = TokenizerSpec(kind, a.tokenizer_model, a.vocab_file, a.merge_file, a.vocab_size,
                          names)
     job = PreprocessJob(a.input, a.output_prefix, spec, a.json_keys, a.append_eod, a.workers,
-                        split=a.split)
+                        split=a.split, prepend_bos=a.prepend_bos)
     progress = _Progress()
     prefixes, stats = preprocess(job, progress, a.log_interval)
     if progress.tty:

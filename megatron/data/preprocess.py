@@ -3,8 +3,10 @@ and globs of shards: megatron/data/readers.py) -> MMIDIDX datasets: one
 PREFIX_{key}_document.bin/.idx per JSON key, as Megatron-LM names them, with
 tools/preprocess_data.py's semantics so the files are byte for byte the same: a JSON line is
 one document; a text is one sequence, and a list of texts one sequence per non-empty element;
---append-eod ends the document's last sequence with the eod token; a document with no tokens is
-kept as an empty document (no sequences); tokens are uint16 below 65500 ids, else int32.
+--append-eod ends the document's last sequence with the eod token (--prepend-bos, beyond
+Megatron-LM's script, begins its first with the bos token: Llama 3's and Gemma's documents
+start so); a document with no tokens is kept as an empty document (no sequences); tokens are
+uint16 below 65500 ids, else int32.
 
 Every route gives the same files for the same texts: a parquet row or an Arrow row is a
 document exactly as a JSON line holding the same values.
@@ -49,6 +51,7 @@ class PreprocessJob:
     # few large documents still spread over all workers; a chunk also ends at _CHUNK_BYTES.
     chunksize: int = 16
     split: Optional[str] = None  # a `datasets` DatasetDict folder's split (default: train)
+    prepend_bos: bool = False  # each document begins with the tokenizer's bos token
 
 
 @dataclass
@@ -108,10 +111,11 @@ _STATE: dict = {}
 
 
 def _init_worker(spec: TokenizerSpec, keys: Sequence[str], append_eod: bool, dtype: str,
-                 inputs: Sequence[str]) -> None:
+                 inputs: Sequence[str], prepend_bos: bool = False) -> None:
     tok = build_tokenizer(spec)
     _STATE.update(tokenizer=tok, keys=list(keys), eod=tok.eod if append_eod else None,
-                  dtype=np.dtype(dtype), inputs=list(inputs))
+                  bos=tok.bos if prepend_bos else None, dtype=np.dtype(dtype),
+                  inputs=list(inputs))
 
 
 Document = Tuple[np.ndarray, List[int]]  # the tokens of all its sequences, and their lengths
@@ -143,6 +147,9 @@ def _encode_one(file_no: int, number: int, item: tuple) -> Tuple[int, List[Docum
         if ids and _STATE["eod"] is not None:
             ids.append(_STATE["eod"])
             lengths[-1] += 1
+        if ids and _STATE["bos"] is not None:
+            ids.insert(0, _STATE["bos"])
+            lengths[0] += 1
         out.append((np.asarray(ids, dtype=_STATE["dtype"]), lengths))
     return nbytes, out
 
@@ -237,7 +244,8 @@ def _encoded(job: PreprocessJob, dtype: np.dtype, sources: Sequence[Source], chu
     """An iterator of _encode results (a list per chunk), in input order, from a pool or from
     this process."""
     paths = [s.path for s in sources]
-    init = (job.tokenizer, list(job.json_keys), job.append_eod, dtype.str, paths)
+    init = (job.tokenizer, list(job.json_keys), job.append_eod, dtype.str, paths,
+            job.prepend_bos)
     if job.workers <= 1:
         _init_worker(*init)
         yield map(_encode, chunks)
@@ -255,6 +263,8 @@ def preprocess(job: PreprocessJob, progress: Optional[Callable[[PreprocessStats]
     tokenizer = build_tokenizer(job.tokenizer)  # fails here, before any worker starts
     if job.append_eod:
         _ = tokenizer.eod  # raises now, not in a worker, when the tokenizer has none
+    if job.prepend_bos:
+        _ = tokenizer.bos
     dtype = optimal_token_dtype(tokenizer.vocab_size)
     sources = expand_inputs(job.inputs, job.split)
     prefixes = output_prefixes(job.output_prefix, job.json_keys)

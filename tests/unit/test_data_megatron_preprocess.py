@@ -1,7 +1,8 @@
 """megatron-preprocess writes what Megatron-LM's tools/preprocess_data.py writes, byte for byte:
 a list in the text field is one sequence per non-empty element inside one document, --append-eod
 ends the document's last sequence, a document without tokens is kept as an empty document (a
-document-index entry and no sequence), and tokens are uint16 below 65500 ids, else int32. The
+document-index entry and no sequence), and tokens are uint16 below 65500 ids, else int32;
+--prepend-bos (beyond Megatron-LM's script) begins each non-empty document with the bos token. The
 expected files come from the independent spec writer fed with Megatron-LM's rules. Then the GPT
 data pipeline reads such a file: splits over sequences (as Megatron's GPT dataset) and samples
 that walk the shuffled sequence stream across empty and multi-sequence documents. The command's
@@ -175,3 +176,54 @@ def test_an_output_prefix_that_is_a_folder_is_refused(tmp_path, monkeypatch, cap
                                        "the output files' names to write; add a name, e.g. ")
         assert f"megatron-preprocess: error: {flag}: " in err and message in err, err
     assert sorted(os.listdir(tmp_path)) == ["data", "taken"] and not os.listdir("data")
+
+
+def _word_level_json(tmp_path) -> str:
+    """A Hugging Face tokenizer.json of whole words with Gemma's <bos> and <eos>."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"<bos>": 0, "<eos>": 1, "[UNK]": 2, "a": 3, "b": 4}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_prepend_bos_begins_each_document_with_it(tmp_path, workers):
+    """--prepend-bos (Llama 3's and Gemma's documents begin with their bos token): before the
+    first sequence of each document, the eod after its last; an empty document stays empty."""
+    spec = TokenizerSpec("huggingface", _word_level_json(tmp_path))
+    rows = [{"text": "a b"}, {"text": ""}, {"text": ["b", "", "a a"]}]
+    src = write_rows(tmp_path / "in.jsonl", rows)
+    job = PreprocessJob([src], str(tmp_path / "out"), spec, ("text",), True, workers,
+                        prepend_bos=True)
+    (prefix,), stats = preprocess(job, progress=lambda s: None)
+    spec_write(str(tmp_path / "ref"), 8, [[[0, 3, 4, 1]], [], [[0, 4], [3, 3, 1]]])
+    _assert_same_bytes(prefix, str(tmp_path / "ref"))
+    assert stats.empty == 1
+
+
+def test_a_sentencepiece_models_bos_begins_each_document(tmp_path):
+    spm = spm_model()
+    tok = build_tokenizer(TokenizerSpec("sentencepiece", spm))
+    src = write_rows(tmp_path / "in.jsonl", [{"text": "the play"}, {"text": "a king"}])
+    job = PreprocessJob([src], str(tmp_path / "out"), TokenizerSpec("sentencepiece", spm),
+                        ("text",), prepend_bos=True)
+    (prefix,), _ = preprocess(job, progress=lambda s: None)
+    got = spec_read(prefix)
+    starts = got["doc_index"][:-1]
+    assert tok.bos == 1 and [got["sequences"][i][0] for i in starts] == [1, 1]
+    assert [got["sequences"][i][1:] for i in starts] == [tok.tokenize("the play"),
+                                                         tok.tokenize("a king")]
+
+
+def test_prepend_bos_without_a_bos_token_is_one_message(tmp_path):
+    """The null tokenizer (token ids) has no bos: refused before any worker starts, naming the
+    flag."""
+    src = write_rows(tmp_path / "in.jsonl", ROWS[:1])
+    job = PreprocessJob([src], str(tmp_path / "out"), TokenizerSpec("null", vocab_size=200),
+                        ("text",), prepend_bos=True)
+    with pytest.raises(InputError, match="the null tokenizer has no beginning-of-document "
+                                         "token.*without --prepend-bos"):
+        preprocess(job, progress=lambda s: None)

@@ -50,6 +50,19 @@ class Tokenizer(abc.ABC):
     def _eod_id(self) -> Optional[int]:
         return None
 
+    @property
+    def bos(self) -> int:
+        """The beginning-of-document id put before each document (--prepend-bos)."""
+        bos = self._bos_id()
+        if bos is None:
+            raise InputError(f"the {self.name} tokenizer has no beginning-of-document token: "
+                             f"expected a bos/begin-of-text token in its vocabulary; preprocess "
+                             f"without --prepend-bos or use a tokenizer that defines one")
+        return bos
+
+    def _bos_id(self) -> Optional[int]:
+        return None
+
     @abc.abstractmethod
     def tokenize(self, text: str) -> List[int]:
         ...

@@ -9,6 +9,8 @@ from megatron.data.tokenizers.base import Tokenizer
 
 # End-of-document tokens of common tokenizer.json files, tried in order.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+# Beginning-of-document tokens (Llama 3's, Gemma's, Llama 2's and Mistral's, others'), in order.
+BOS_CANDIDATES = ("<|begin_of_text|>", "<bos>", "<s>", "<|startoftext|>")
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -38,14 +40,21 @@ class HuggingFaceTokenizer(Tokenizer):
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def _eod_id(self) -> Optional[int]:
-        for token in EOD_CANDIDATES:
+        return self._first_of(EOD_CANDIDATES)
+
+    def _bos_id(self) -> Optional[int]:
+        return self._first_of(BOS_CANDIDATES)
+
+    def _first_of(self, tokens: Sequence[str]) -> Optional[int]:
+        for token in tokens:
             i = self._tok.token_to_id(token)
             if i is not None:
                 return i
         return None
 
     def tokenize(self, text: str) -> List[int]:
-        # No BOS/CLS from the post-processor: documents are joined by eod (--append-eod).
+        # No BOS/CLS from the post-processor: documents are joined by eod (--append-eod) and
+        # begin with bos where asked (--prepend-bos).
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def detokenize(self, ids: Sequence[int]) -> str:

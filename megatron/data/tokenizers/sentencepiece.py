@@ -34,6 +34,10 @@ class SentencePieceTokenizer(Tokenizer):
         eos = self._sp.eos_id()
         return eos if eos >= 0 else None
 
+    def _bos_id(self) -> Optional[int]:
+        bos = self._sp.bos_id()
+        return bos if bos >= 0 else None
+
     def tokenize(self, text: str) -> List[int]:
         return self._sp.encode(text)
 
