@@ -3,7 +3,8 @@ of which has run on one yet: the document mask through SDPA's masked kernels
 (data.reset_attention_mask), the per-sample rotary tables of data.reset_position_ids on the
 unfused bf16 path, the per-head query/key norm (model.attention.qk_norm) through the fused
 RMSNorm on [s, b, heads, d] rows, and model.attention.sliding_window through flash-attn's
-window_size and SDPA's mask. Each is held in bf16 to the fp32 CPU model with the same weights;
+window_size and SDPA's mask, and Gemma 3's layer on that window (model.residual, GeGLU, a
+windowed layer's own rotary base, model.attention.softmax_scale). Each is held in bf16 to the fp32 CPU model with the same weights;
 the checks run on any device, so their logic is exercised on the CPU as well."""
 from __future__ import annotations
 
@@ -80,12 +81,21 @@ WINDOW = ["model.position_embedding_type=rotary", "model.normalization=rmsnorm",
           "model.attention.sliding_window=24", "model.attention.sliding_window_pattern=2"]
 
 
-def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: float) -> None:
+# Gemma 3's layer on that window: GeGLU, head norms, norms after the sub-blocks, a scaled
+# embedding, the windowed layers' own rotary base, the scores' own scale
+GEMMA = WINDOW + ["model.activation=geglu", "model.attention.qk_norm=true",
+                  "model.residual.post_norms=true", "model.residual.embedding_multiplier=8.0",
+                  "model.attention.window_rotary_base=100.0",
+                  "model.attention.softmax_scale=0.2"]
+
+
+def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: float,
+                 sets=WINDOW) -> None:
     """model.attention.sliding_window (24 of 128 keys, every other layer) through `backend` on
     `device`: the fp32 CPU sdpa model's logits within tol of their largest magnitude."""
     reference = _model(torch.device("cpu"), torch.float32, "torch",
-                       WINDOW + ["model.attention_backend=sdpa"]).eval()
-    model = _model(device, dtype, "torch", WINDOW + [f"model.attention_backend={backend}"]).eval()
+                       sets + ["model.attention_backend=sdpa"]).eval()
+    model = _model(device, dtype, "torch", sets + [f"model.attention_backend={backend}"]).eval()
     model.load_state_dict({k: v.to(device=device, dtype=dtype)
                            for k, v in reference.state_dict().items()})
     tokens = _packed()[0]
@@ -95,8 +105,9 @@ def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: fl
     assert err <= tol, f"{backend} window on {device} in {dtype}: {err:.3g} > {tol}"
 
 
-def test_the_window_check_holds_on_the_cpu():
-    window_check(torch.device("cpu"), torch.float32, "math", 1e-4)
+@pytest.mark.parametrize("sets", [WINDOW, GEMMA], ids=["window", "gemma"])
+def test_the_window_check_holds_on_the_cpu(sets):
+    window_check(torch.device("cpu"), torch.float32, "math", 1e-4, sets)
 
 
 @pytest.mark.gpu
@@ -110,3 +121,15 @@ def test_a_sliding_window_on_the_gpu(backend):
         pytest.skip("flash-attn is not installed")
     window_check(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, backend,
                  3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_gemmas_layer_on_the_gpu(backend):
+    """Gemma 3's layer (GEMMA) through flash-attn or SDPA in bf16, against the CPU reference."""
+    from megatron.model.attention_cores import flash_available
+    if backend == "flash" and not flash_available("cuda", "bf16"):
+        pytest.skip("flash-attn is not installed")
+    window_check(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, backend,
+                 3e-2, GEMMA)
