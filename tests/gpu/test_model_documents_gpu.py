@@ -4,8 +4,9 @@ of which has run on one yet: the document mask through SDPA's masked kernels
 unfused bf16 path, the per-head query/key norm (model.attention.qk_norm) through the fused
 RMSNorm on [s, b, heads, d] rows, and model.attention.sliding_window through flash-attn's
 window_size and SDPA's mask, and Gemma 3's layer on that window (model.residual, GeGLU, a
-windowed layer's own rotary base, model.attention.softmax_scale). Each is held in bf16 to the fp32 CPU model with the same weights;
-the checks run on any device, so their logic is exercised on the CPU as well."""
+windowed layer's own rotary base, model.attention.softmax_scale). Each is held in bf16 to the
+fp32 CPU model with the same weights; the checks run on any device, so their logic is exercised
+on the CPU as well."""
 from __future__ import annotations
 
 import pytest
