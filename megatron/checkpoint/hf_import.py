@@ -1,6 +1,6 @@
 """Hugging Face import: a transformers GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral
-or Gemma 3 (text) folder (config.json + safetensors, single or sharded) as a
-single-file model (convert.save_single), from which `checkpoint.init_from` starts a run of any
+or Gemma 3 folder (of an image-text Gemma 3, its language model; the vision tower is left out)
+(config.json + safetensors, single or sharded) as a single-file model (convert.save_single), from which `checkpoint.init_from` starts a run of any
 layout: continued pretraining of published weights. The inverse of hf_export.py (Mistral's
 weights are Llama's and export as Llama), weight for weight: the experts from the hub's
 per-expert tensors (Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2, Qwen3-MoE's
@@ -167,18 +167,28 @@ GEMMA_NORMS = {"input_layernorm.": "norm1.", "post_attention_layernorm.": "post_
                "self_attn.q_norm.": "attention.q_norm.", "self_attn.k_norm.": "attention.k_norm."}
 
 
+# Where a Gemma 3 folder keeps its text model: the text-only models at the top, the image-text
+# ones (Gemma3ForConditionalGeneration) under language_model in the hub's layout, or
+# transformers 5's own; each with the prefix of its untied lm_head.
+GEMMA3_PREFIXES = (("model.", ""), ("language_model.model.", "language_model."),
+                   ("model.language_model.", ""))
+
+
 def _from_gemma3(sd: StateDict, m, hf_dir: str) -> StateDict:
-    """Gemma 3 (text): Llama's projections and MLP; every norm's weight + 1, in fp32."""
+    """Gemma 3 (text; an image-text model's language model, its vision tower left out):
+    Llama's projections and MLP; every norm's weight + 1, in fp32."""
     w = _Weights(sd, hf_dir)
+    prefix, head = next(((p, h) for p, h in GEMMA3_PREFIXES if w.has(p + "embed_tokens.weight")),
+                        GEMMA3_PREFIXES[0])
 
     def norm(theirs: str, ours: str) -> StateDict:
         return {ours + "weight": w(theirs + "weight").float() + 1.0}
-    out = {"embedding.word_embeddings.weight": w("model.embed_tokens.weight"),
-           **norm("model.norm.", "final_norm.")}
+    out = {"embedding.word_embeddings.weight": w(prefix + "embed_tokens.weight"),
+           **norm(prefix + "norm.", "final_norm.")}
     if not m.tie_embeddings:
-        out["output.head.weight"] = w("lm_head.weight")
+        out["output.head.weight"] = w(head + "lm_head.weight")
     for i in range(m.num_layers):
-        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        hf, ours = f"{prefix}layers.{i}.", f"layers.{i}."
         attn = hf + "self_attn."
         for theirs, mine in GEMMA_NORMS.items():
             out.update(norm(hf + theirs, ours + mine))
@@ -199,7 +209,7 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     kind = hf["model_type"]
     if kind == "gpt2":
         converted = _from_gpt2(sd, cfg.model, hf_dir)
-    elif kind == "gemma3_text":
+    elif kind in ("gemma3_text", "gemma3"):
         converted = _from_gemma3(sd, cfg.model, hf_dir)
     else:
         converted = _from_llama(sd, cfg.model, hf_dir, kind)

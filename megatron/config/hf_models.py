@@ -77,12 +77,8 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                 "tie_embeddings": True}
     if kind == "mixtral":
         return _mixtral_section(hf)
-    if kind == "gemma3_text":
-        return _gemma3_section(hf)
-    if kind == "gemma3":
-        raise _unsupported("model_type", kind, "gemma3_text: this is Gemma 3's image-text model; "
-                           "the text-only checkpoints (Gemma 3 1B, or a text model saved from "
-                           "the larger ones) import")
+    if kind in ("gemma3_text", "gemma3"):
+        return _gemma3_section(gemma3_text_config(hf))
     if kind in ("qwen2", "qwen3"):
         return _qwen_section(hf, kind)
     if kind == "qwen3_moe":
@@ -91,7 +87,7 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _windowed(_llama_section(dict(hf, attention_bias=False, mlp_bias=False)), hf)
     if kind != "llama":
         raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, "
-                           "mixtral or gemma3_text")
+                           "mixtral, gemma3_text or gemma3")
     return _llama_section(hf)
 
 
@@ -140,6 +136,29 @@ def _mixtral_section(hf: Dict[str, Any]) -> Dict[str, Any]:
                           "top_k": hf.get("num_experts_per_tok", 2), "layer_freq": 1,
                           "router": "softmax_renorm",
                           "aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))})
+
+
+# Gemma3TextConfig's defaults (transformers), which a hub config.json leaves out: the image-text
+# models' text_config holds only what differs from them.
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                        "num_hidden_layers": 26, "num_attention_heads": 8,
+                        "num_key_value_heads": 4, "head_dim": 256,
+                        "hidden_activation": "gelu_pytorch_tanh",
+                        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                        "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                        "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                        "sliding_window_pattern": 6, "tie_word_embeddings": True}
+
+
+def gemma3_text_config(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """A Gemma 3 config.json's text model with Gemma3TextConfig's defaults filled in: the
+    file itself (gemma3_text: 1B, 270M), or the text_config of an image-text one (gemma3: 4B,
+    12B, 27B, whose vision tower the import leaves out)."""
+    if hf.get("model_type") == "gemma3":
+        text = dict(hf.get("text_config") or {}, model_type="gemma3_text")
+        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
+        hf = text
+    return {**GEMMA3_TEXT_DEFAULTS, **hf}
 
 
 def _gemma3_section(hf: Dict[str, Any]) -> Dict[str, Any]:

@@ -75,6 +75,17 @@ CONFIGS = {
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                          "full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    # Gemma 3 4B-27B's release, an image-text model: its language model imports, the vision
+    # tower is left out; text_config holds only what differs from Gemma3TextConfig's defaults
+    "gemma3_image_text": lambda: transformers.Gemma3Config(
+        text_config=dict(vocab_size=300, hidden_size=64, intermediate_size=160,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+                         max_position_embeddings=64,
+                         layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -184,8 +195,8 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
                ({"layer_types": ["full_attention", "sliding_attention"]},
                 "layer_types=['full_attention', 'sliding_attention'] is not supported: expected "
                 "every N-th layer full_attention"),
-               ({"model_type": "gemma3"}, "model_type='gemma3' is not supported: expected "
-                                          "gemma3_text"))
+               ({"model_type": "gemma2"}, "model_type='gemma2' is not supported: expected "
+                                          "gpt2, llama"))
     for i, (change, words) in enumerate(refused):
         _, folder = saved(tmp_path / str(i), "gemma3", **change)
         with pytest.raises(InputError, match="is not supported") as e:

@@ -148,6 +148,32 @@ def test_a_hugging_face_config_is_priced_with_transformers_own_count(name, tmp_p
     assert model_params(m) == theirs, (name, model_params(m), theirs)
     if name == "llama3.1-8b":
         assert theirs == 8_030_261_248 and m.rope_scaling.type == "llama3"
+    if name == "gemma3-1b":  # keras-hub's gemma3_1b preset states the same count
+        assert theirs == 999_885_952 and m.residual.post_norms
+
+
+@pytest.mark.parametrize("size, text_config, published", [
+    ("4b", dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                num_attention_heads=8, num_key_value_heads=4, sliding_window=1024),
+     3_880_099_328),
+    ("12b", dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+                 num_attention_heads=16, num_key_value_heads=8, sliding_window=1024),
+     11_765_788_416)])
+def test_gemma3s_image_text_configs_are_priced_as_their_language_model(size, text_config,
+                                                                        published):
+    """Gemma 3 4B and 12B ship as image-text models whose config.json's text_config holds only
+    what differs from Gemma3TextConfig's defaults (their hub files, plus the global layers'
+    linear rope scaling by 8): the planner counts the language model, the parameters keras-hub's
+    gemma3_4b_text and gemma3_12b_text presets state (at their vocabulary of 262144; the hub's
+    config pads it to 262208)."""
+    from megatron.config.hf_models import hf_model_config
+    from megatron.planner.params import model_params
+    hf = {"model_type": "gemma3", "text_config": dict(
+        text_config, vocab_size=262144, rope_scaling={"factor": 8.0, "rope_type": "linear"})}
+    m = hf_model_config(hf, "config.json").model
+    assert model_params(m) == published
+    assert (m.attention.sliding_window_pattern, m.attention.window_rotary_base,
+            m.rotary_base, m.rope_scaling.factor) == (6, 1e4, 1e6, 8.0)
 
 
 def test_a_missing_or_refused_hugging_face_config_is_named(tmp_path):
