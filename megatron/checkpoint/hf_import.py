@@ -1,7 +1,8 @@
 """Hugging Face import: a transformers GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral
 or Gemma 3 folder (of an image-text Gemma 3, its language model; the vision tower is left out)
-(config.json + safetensors, single or sharded) as a single-file model (convert.save_single), from which `checkpoint.init_from` starts a run of any
-layout: continued pretraining of published weights. The inverse of hf_export.py (Mistral's
+(config.json + safetensors, single or sharded) as a single-file model (convert.save_single),
+from which `checkpoint.init_from` starts a run of any layout: continued pretraining of published
+weights. The inverse of hf_export.py (Mistral's
 weights are Llama's and export as Llama), weight for weight: the experts from the hub's
 per-expert tensors (Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2, Qwen3-MoE's
 mlp.experts.<e>.gate_proj/up_proj/down_proj) or transformers 5's stacked
