@@ -1,6 +1,7 @@
 """Hugging Face export against transformers itself: every flavour (GPT-2; Llama with grouped
 keys/values, tied and untied, with and without biases, heads of another width; Qwen2 with q, k
-and v biases; Qwen3 with per-head q and k norms; Mixtral from a briefly trained MoE model)
+and v biases; Qwen3 with per-head q and k norms; Gemma 3's layer; Mixtral from a briefly
+trained MoE model)
 gives the same logits as our unsharded model, in fp32, for a random batch; and configs that map
 to no architecture are refused."""
 import os
@@ -39,9 +40,21 @@ CASES = {
                       "model.tie_embeddings=false"],
     # Mistral 7B v0.1's sliding window in small: 8 keys of the 64 a query could see
     "mistral_window": LLAMA + ["model.num_query_groups=2", "model.attention.sliding_window=8"],
+    # Gemma 3's layer: GeGLU, head norms, norms after the sub-blocks, the embedding times
+    # sqrt(64), every other layer in a window of 8 with its own rotary base, the global ones'
+    # scaled, and the scores scaled by 0.2 (query_pre_attn_scalar 25)
+    "gemma3": LLAMA + ["model.num_query_groups=2", "model.activation=geglu",
+                       "model.attention.qk_norm=true", "model.residual.post_norms=true",
+                       "model.residual.embedding_multiplier=8.0",
+                       "model.attention.sliding_window=8",
+                       "model.attention.sliding_window_pattern=2",
+                       "model.attention.window_rotary_base=100.0",
+                       "model.rope_scaling.type=linear", "model.rope_scaling.factor=4",
+                       "model.attention.softmax_scale=0.2"],
 }
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mistral_window": "MistralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral_window": "MistralForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
 
 
 def merged_model(overrides, root):
