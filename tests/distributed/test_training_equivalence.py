@@ -156,12 +156,19 @@ def test_a_batch_size_ramp_is_its_batches_run_one_after_another(results):
     assert results["single"]["gpt2"]["losses"][1:] != got["losses"][1:]
 
 
-@pytest.mark.parametrize("layout", GEMMA_TWO_RANK)
-def test_gemmas_layer_matches_one_rank(results, layout):
-    got, ref = results[layout]["gpt2"], results["gemma"]["gpt2"]
+def _held_to_one_rank(results, layout: str, reference: str):
+    """The gpt2 results of `layout` and of its one-rank `reference`, the losses within
+    TOLERANCE of each other."""
+    got, ref = results[layout]["gpt2"], results[reference]["gpt2"]
     worst = worst_relative(got["losses"], ref["losses"])
     print(f"{layout}: worst relative loss difference {worst:.2e}")
     assert worst <= TOLERANCE, f"{layout}: {got['losses']} vs one rank's {ref['losses']}"
+    return got, ref
+
+
+@pytest.mark.parametrize("layout", GEMMA_TWO_RANK)
+def test_gemmas_layer_matches_one_rank(results, layout):
+    got, ref = _held_to_one_rank(results, layout, "gemma")
     assert worst_relative(got["norms"], ref["norms"]) <= NORM_TOLERANCE
     # the layer is not the plain one's
     assert results["single"]["gpt2"]["losses"][1:] != ref["losses"][1:]
@@ -188,9 +195,6 @@ def test_a_schedule_counted_in_samples_follows_the_ramps_samples_and_resumes(res
 
 @pytest.mark.parametrize("layout", RAMP_TWO_RANK)
 def test_a_batch_size_ramp_matches_one_rank_under_every_engine(results, layout):
-    got, ref = results[layout]["gpt2"], results["ramp"]["gpt2"]
-    worst = worst_relative(got["losses"], ref["losses"])
-    print(f"{layout}: worst relative loss difference {worst:.2e}")
-    assert worst <= TOLERANCE, f"{layout}: {got['losses']} vs one rank's {ref['losses']}"
+    got, _ = _held_to_one_rank(results, layout, "ramp")
     if not layout.startswith("resume_"):
         assert got["batches"] == RAMP_BATCHES, got["batches"]

@@ -40,12 +40,8 @@ class Tokenizer(abc.ABC):
     @property
     def eod(self) -> int:
         """The end-of-document id appended between documents (--append-eod)."""
-        eod = self._eod_id()
-        if eod is None:
-            raise InputError(f"the {self.name} tokenizer has no end-of-document token: expected "
-                             f"an eos/end-of-text token in its vocabulary; preprocess without "
-                             f"--append-eod or use a tokenizer that defines one")
-        return eod
+        return self._special(self._eod_id(), "end-of-document", "an eos/end-of-text",
+                             "--append-eod")
 
     def _eod_id(self) -> Optional[int]:
         return None
@@ -53,12 +49,16 @@ class Tokenizer(abc.ABC):
     @property
     def bos(self) -> int:
         """The beginning-of-document id put before each document (--prepend-bos)."""
-        bos = self._bos_id()
-        if bos is None:
-            raise InputError(f"the {self.name} tokenizer has no beginning-of-document token: "
-                             f"expected a bos/begin-of-text token in its vocabulary; preprocess "
-                             f"without --prepend-bos or use a tokenizer that defines one")
-        return bos
+        return self._special(self._bos_id(), "beginning-of-document", "a bos/begin-of-text",
+                             "--prepend-bos")
+
+    def _special(self, found: Optional[int], what: str, kind: str, flag: str) -> int:
+        """`found`, or one message naming the token the tokenizer lacks and the flag asking."""
+        if found is None:
+            raise InputError(f"the {self.name} tokenizer has no {what} token: expected {kind} "
+                             f"token in its vocabulary; preprocess without {flag} or use a "
+                             f"tokenizer that defines one")
+        return found
 
     def _bos_id(self) -> Optional[int]:
         return None
