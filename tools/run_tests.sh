@@ -3,13 +3,13 @@
 #   make test (TEST_SET=all), four processes by default (TEST_PROCESSES=4):
 #     [dist] tests/distributed (its modules share one launch per world size, a session fixture,
 #       so they stay in one process) and tests/unit;
-#     [e2e] tests/e2e and tests/gpu; [intg] the other integration tests;
+#     [e2e] tests/e2e, tests/gpu and the gfx90a kernel build; [intg] the other integration
+#       tests;
 #     [wait] the tests that mostly wait ($waiting below: Slurm jobs, hang limits, a held
 #       port's deadline, save bounds, signals; 1000-1090 s of wall time for 190-220 CPU s),
 #       so their waits overlap the others' compute instead of lengthening [e2e] and [intg];
-#       with them the 1 GB preprocessing runs, which made [intg] the last to end, and the
-#       compiler-bound kernel tests of tests/integration (the HIP simulator, the gfx90a build),
-#       which made [dist] the last.
+#       with them the 1 GB preprocessing runs, which made [intg] the last to end, and the HIP
+#       kernel simulator, which with the gfx90a build (now in [e2e]) made [dist] the last.
 #     Measured from a fresh clone on the 2-core development machine (Xeon with AVX-512): the
 #     suite took 2240-2370 CPU seconds in mid-2026, so 2 cores needed about 20 minutes; in five
 #     runs the four took 19-22, 20-23, 19-21 and 17-18 minutes, the whole .ci/run 21:10-23:30;
@@ -54,12 +54,14 @@ else
         # load): [intg] ended last, 6-7 minutes after [wait] (at 655836e: 24:52 and 18:08)
         waiting+=" tests/integration/test_data_preprocess_memory.py"
         not_waiting=${waiting//tests\//--ignore=tests/}
-        # the compiler-bound kernel tests (about 50 CPU s) with them too: [dist] ended last,
-        # alone for its final minute (December 2026: 25:29, [wait] 21:56)
+        # the compiler-bound kernel tests out of [dist], which ended last, alone for its final
+        # minute (December 2026: 25:29, [wait] 21:56): the simulator with [wait], the gfx90a
+        # build with [e2e] (with both, [wait] ended last at 25:46, [e2e] at 23:00)
         names=(dist e2e intg wait)
-        parts=("tests/distributed tests/unit" "tests/e2e tests/gpu $not_waiting"
+        parts=("tests/distributed tests/unit"
+               "tests/e2e tests/gpu tests/integration/test_kernels_aot_build.py $not_waiting"
                "tests/integration ${kernels//tests\//--ignore=tests/} $not_waiting"
-               "$waiting $kernels")
+               "$waiting tests/integration/test_kernels_simulated.py")
     elif [ "$processes" = "3" ]; then
         kernels+=" tests/integration/test_data_preprocess_memory.py"  # 245 s: [intg] was longest
         names=(dist e2e intg)

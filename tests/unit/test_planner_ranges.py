@@ -13,6 +13,7 @@ from megatron.planner.models import preset_model
 from megatron.planner.profile import load_profile
 from megatron.planner.timing import step_time
 from tests.support.paths import ROOT
+from tests.support.planner_fits import published_rows
 
 JOB = Job(preset_model("gpt3-1.3b"), 64, "bf16")
 LAY = Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=8, zero=1)
@@ -95,7 +96,7 @@ def test_the_reported_coverage_is_what_the_published_cases_give():
     with open(os.path.join(ROOT, "benchmarks", "results", "planner_ranges.json")) as f:
         recorded = json.load(f)["coverage"]
     cases = v.load_cases()
-    cov = rv.coverage(rv.case_ranges(v.leave_one_out(cases), rv.source_bands(cases)))
+    cov = rv.coverage(rv.case_ranges(published_rows(), rv.source_bands(cases)))
     assert cov["inside"] == recorded["inside"] and cov["cases"] == recorded["cases"]
     assert cov["inside_band"] == recorded["inside_band"]
     assert cov["median_width"] == pytest.approx(recorded["median_width"], rel=1e-9)
@@ -183,7 +184,7 @@ def test_a_layout_of_4096_devices_or_more_names_the_published_runs_that_large(ca
     from megatron.cli.plan import main
     from megatron.planner import validation
     assert ranges.scale_note(4095) == "" and ranges.scale_note(4096)
-    rows = {r.case.id: r for r in validation.leave_one_out(validation.load_cases())}
+    rows = {r.case.id: r for r in published_rows()}
     big = [r for r in rows.values() if r.case.layout.world >= ranges.SCALE_DEVICES]
     assert {r.case.source for r in big} == {"mcore24", "llama3_24"}
     assert max(abs(r.loso_error) for r in big) < 0.033
