@@ -237,10 +237,16 @@ def llama_state_dict(sd: StateDict, m, kind: str = "llama") -> StateDict:
     return out
 
 
+# Gemma's norms scale by 1 + weight (its RMSNorm stores the offset from 1); ours by the weight.
+GEMMA_NORMS = {"input_layernorm.": "norm1.", "post_attention_layernorm.": "post_attention_norm.",
+               "pre_feedforward_layernorm.": "norm2.",
+               "post_feedforward_layernorm.": "post_mlp_norm.",
+               "self_attn.q_norm.": "attention.q_norm.", "self_attn.k_norm.": "attention.k_norm."}
+
+
 def gemma3_state_dict(sd: StateDict, m) -> StateDict:
     """Gemma 3 (text): Llama's names for the projections and the MLP, Gemma's for its norms,
-    each stored as weight - 1 (hf_import.GEMMA_NORMS)."""
-    from megatron.checkpoint.hf_import import GEMMA_NORMS
+    each stored as weight - 1 (GEMMA_NORMS)."""
 
     def norm(ours: str, theirs: str) -> StateDict:
         return {theirs + "weight": sd[ours + "weight"].float() - 1.0}

@@ -29,7 +29,7 @@ from megatron.config import variants
 from megatron.config.errors import InputError
 from megatron.config.hf_models import hf_model_config, model_section, read_hf_config
 from megatron.checkpoint.convert import MergedCheckpoint
-from megatron.checkpoint.hf_export import HUB_EXPERTS
+from megatron.checkpoint.hf_export import GEMMA_NORMS, HUB_EXPERTS
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -159,13 +159,6 @@ def _from_llama(sd: StateDict, m, hf_dir: str, kind: str = "llama") -> StateDict
             for name in ("q_norm", "k_norm"):
                 out.update(_norm_from(m, "llama", f"{attn}{name}.", f"{ours}attention.{name}.", w))
     return out
-
-
-# Gemma's norms scale by 1 + weight (its RMSNorm stores the offset from 1); ours by the weight.
-GEMMA_NORMS = {"input_layernorm.": "norm1.", "post_attention_layernorm.": "post_attention_norm.",
-               "pre_feedforward_layernorm.": "norm2.",
-               "post_feedforward_layernorm.": "post_mlp_norm.",
-               "self_attn.q_norm.": "attention.q_norm.", "self_attn.k_norm.": "attention.k_norm."}
 
 
 # Where a Gemma 3 folder keeps its text model: the text-only models at the top, the image-text

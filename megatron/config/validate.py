@@ -8,7 +8,8 @@ from megatron.config.deepspeed_section import overlap_problem
 from megatron.config.errors import ConfigError
 from megatron.config.interleaving import chunks_error, interleaving_error, micro_batch_rule
 from megatron.config.moe import is_moe_layer
-from megatron.config.sections.optimizer import counts_samples
+from megatron.config.sections.optimizer import counts_samples, schedule_lengths
+from megatron.config.sections.training import ramp_sizes
 from megatron.config.stages import (accounted_problem, chunk_ends, rank_layer_indices,
                                     set_or_none, stage_layers, uneven_problem)
 
@@ -468,15 +469,15 @@ def ramp_error(cfg, dp: int) -> Optional[ConfigError]:
     """Every batch on training.rampup_batch_size's ramp splits into micro-batches over the
     data-parallel ranks, and the pipeline schedule runs that many micro-batches."""
     t, p = cfg.training, cfg.parallel
-    return ramp_layout_error(t.rampup_batch_size, t.ramp_sizes(), t.micro_batch_size, dp,
+    return ramp_layout_error(t.rampup_batch_size, t.global_batch_size, t.micro_batch_size, dp,
                              p.pipeline_schedule, p.pipeline_parallel_size,
                              p.virtual_pipeline_size, p.pipeline_microbatch_group)
 
 
-def ramp_layout_error(ramp: Optional[List[int]], sizes: List[int], mb: int, dp: int,
+def ramp_layout_error(ramp: Optional[List[int]], global_batch: int, mb: int, dp: int,
                       schedule: str, pp: int, virtual: int, group: Optional[int]
                       ) -> Optional[ConfigError]:
-    """ramp_error for one layout (megatron-plan's too): sizes, the ramp's batches."""
+    """ramp_error for one layout (megatron-plan's too): the ramp to global_batch."""
     if ramp is None:
         return None
     if ramp[0] % (mb * dp) or ramp[1] % (mb * dp):
@@ -484,7 +485,7 @@ def ramp_layout_error(ramp: Optional[List[int]], sizes: List[int], mb: int, dp: 
                            f"a start and an increment that are multiples of micro_batch_size x "
                            f"data-parallel size ({mb} x {dp} = {mb * dp}): each step's batch "
                            "is whole micro-batches on every data-parallel rank")
-    for size in sizes[:-1]:
+    for size in ramp_sizes(ramp, global_batch)[:-1]:
         error = micro_batch_rule(schedule, pp, virtual, mb, dp, size, group)
         if error is not None:
             return ConfigError("training.rampup_batch_size", ramp,
@@ -506,17 +507,15 @@ def lr_schedule_error(o, t) -> Optional[ConfigError]:
     in steps or, where the schedule counts them, in samples."""
     if o.lr_decay_style != "wsd":
         return None
-    if counts_samples(o):
-        unit, warmup, wsd = "samples", o.lr_warmup_samples or 0, o.lr_wsd_decay_samples
-        end, source = o.lr_decay_samples, "optimizer.lr_decay_samples"
-        if end is None:
-            end = t.samples_over(0, t.train_iters)
-            source = f"the samples of training.train_iters={t.train_iters} steps"
+    samples = counts_samples(o)
+    unit = "samples" if samples else "iters"
+    warmup, end, wsd = schedule_lengths(o, t.samples_over(0, t.train_iters) if samples
+                                        else t.train_iters)
+    if getattr(o, f"lr_decay_{unit}") is not None:
+        source = f"optimizer.lr_decay_{unit}"
     else:
-        unit, warmup, wsd, end = "iters", o.lr_warmup_iters, o.lr_wsd_decay_iters, o.lr_decay_iters
-        source = "optimizer.lr_decay_iters"
-        if end is None:
-            end, source = t.train_iters, "training.train_iters"
+        source = (f"the samples of training.train_iters={t.train_iters} steps" if samples
+                  else "training.train_iters")
     if wsd > end - warmup:
         return ConfigError(f"optimizer.lr_wsd_decay_{unit}", wsd,
                            f"at most the decay's end ({source}={end}) minus "

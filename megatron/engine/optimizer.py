@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from megatron.config.sections.optimizer import (SAMPLE_FIELDS, STEP_FIELDS, counts_samples,
-                                                unread_fields)
+                                                schedule_lengths, unread_fields)
 
 
 def _dims(p: torch.nn.Parameter) -> int:
@@ -58,15 +58,6 @@ _SHAPES = {"linear": lambda r: 1.0 - r, "cosine": lambda r: 0.5 * (1.0 + math.co
            "1-sqrt": lambda r: 1.0 - math.sqrt(r), "exponential": lambda r: 2.0 * 0.5 ** r - 1.0}
 
 
-def _lengths(opt_cfg, end: int) -> Tuple[int, int, Optional[int]]:
-    """The warm-up, the decay's end and wsd's decay in the schedule's unit (samples when an
-    lr_*_samples field is set, else steps); `end`: the decay's end where none is set."""
-    if counts_samples(opt_cfg):
-        return (opt_cfg.lr_warmup_samples or 0, opt_cfg.lr_decay_samples or end,
-                opt_cfg.lr_wsd_decay_samples)
-    return opt_cfg.lr_warmup_iters, opt_cfg.lr_decay_iters or end, opt_cfg.lr_wsd_decay_iters
-
-
 def lr_at(position: int, opt_cfg, end: int, size: int = 1) -> float:
     """Linear warmup to lr, then cosine/linear decay to min_lr at the decay's end, then min_lr;
     wsd holds lr until its decay's length before that end and decays over it;
@@ -78,7 +69,7 @@ def lr_at(position: int, opt_cfg, end: int, size: int = 1) -> float:
     where the optimizer section sets none (training.train_iters, or the samples its steps
     take). Counting samples with one batch size gives the rates counting steps does."""
     peak, floor = opt_cfg.lr, opt_cfg.min_lr
-    warmup, decay_end, wsd = _lengths(opt_cfg, end)
+    warmup, decay_end, wsd = schedule_lengths(opt_cfg, end)
     if warmup and position < warmup:
         return peak * min(1.0, (position + size) / warmup)
     style = opt_cfg.lr_decay_style
@@ -135,12 +126,19 @@ def schedule_record(opt_cfg, train_iters: int, train_samples: int) -> Dict:
     return record
 
 
+def rate(opt_cfg, step: int, samples: int, batch: int, train_iters: int,
+         train_samples: int) -> float:
+    """The rate of the step after `step` steps that consumed `samples`, of `batch` samples, in
+    a run of train_iters steps that take train_samples: lr_at in the schedule's unit."""
+    if counts_samples(opt_cfg):
+        return lr_at(samples, opt_cfg, train_samples, batch)
+    return lr_at(step, opt_cfg, train_iters)
+
+
 def _record_lr(record: Dict, step: int, samples: int, batch: int) -> float:
-    """The rate of the step after `step` steps that consumed `samples`, of `batch` samples."""
+    """rate under a recorded schedule (its decay's end resolved)."""
     as_cfg = SimpleNamespace(**{name: record[key] for key, name in _RECORDED.items()})
-    if record["unit"] == "samples":
-        return lr_at(samples, as_cfg, record["decay_samples"], batch)
-    return lr_at(step, as_cfg, record["decay_iters"])
+    return rate(as_cfg, step, samples, batch, record["decay_iters"], record["decay_samples"])
 
 
 def _decay_end_hint(saved: Dict, opt_cfg, changed: Dict) -> str:
@@ -203,10 +201,8 @@ class WarmupDecayLR:
         self._apply()
 
     def _apply(self) -> None:
-        if counts_samples(self.opt_cfg):
-            lr = lr_at(self.samples, self.opt_cfg, self.train_samples, self.batch)
-        else:
-            lr = lr_at(self.last_step, self.opt_cfg, self.train_iters)
+        lr = rate(self.opt_cfg, self.last_step, self.samples, self.batch, self.train_iters,
+                  self.train_samples)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

@@ -126,9 +126,7 @@ class SelfAttention(nn.Module):
             norm = head_norm_class(m)
             self.q_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
             self.k_norm = norm(m, ctx, width=m.head_dim, per_rank=True)
-        position = variants.of(m, "position")
-        self.rotary = rotary.for_layer(m, layer_number, position) if position.rotates_qk \
-            else None
+        self.rotary = rotary.for_layer(m, layer_number)
         # Built under every layout, so the parameter names (a core may have weights) and the
         # checkpoint are the same whichever context-parallel algorithm runs.
         self.core = variants.attention_of(m, ctx.backend).build(m, ctx, layer_number)

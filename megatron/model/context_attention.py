@@ -232,9 +232,7 @@ class ContextAttention(nn.Module):
         self.ring_group, self.ring_rank = cp_layout.ring_group(state), cp_layout.ring_rank(state)
         self.ulysses_group = cp_layout.ulysses_group(state)
         self.kv_replicas = ulysses.kv_replicas(groups_local, q_per_group, self.layout.ulysses)
-        position = variants.of(m, "position")
-        self.rotary = rotary.for_layer(m, layer_number, position) if position.rotates_qk \
-            else None
+        self.rotary = rotary.for_layer(m, layer_number)
         docs = ctx.documents  # data.reset_attention_mask / reset_position_ids (model/context.py)
         self.attend_within = docs is not None and docs.attend_within
         self.reset_positions = docs is not None and docs.reset_positions

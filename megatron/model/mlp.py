@@ -21,19 +21,21 @@ def bias_gelu(y, bias, sel):
     return kernels.bias_gelu(y, bias, sel)
 
 
-def bias_swiglu(y, bias, sel):
+def _gate_and_up(y, bias):
+    """A gated MLP's fc1 output (and bias) as its [gate; up] halves."""
     if bias is not None:
         y = y + bias
-    gate, up = y.chunk(2, dim=-1)
-    return kernels.swiglu(gate, up, sel)
+    return y.chunk(2, dim=-1)
+
+
+def bias_swiglu(y, bias, sel):
+    return kernels.swiglu(*_gate_and_up(y, bias), sel)
 
 
 def bias_geglu(y, bias, sel):
     """GeGLU (fc1 = [gate; up] -> gelu(gate) * up, the tanh GeLU): torch's own ops, no fused
     kernel."""
-    if bias is not None:
-        y = y + bias
-    gate, up = y.chunk(2, dim=-1)
+    gate, up = _gate_and_up(y, bias)
     return F.gelu(gate, approximate="tanh") * up
 
 

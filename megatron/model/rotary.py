@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from megatron import kernels
+from megatron.config import variants
 
 
 # (positions, the frequencies, cos, sin) of the last per-sample tables: one micro-batch's
@@ -89,11 +90,14 @@ def for_model(m) -> RotaryEmbedding:
     return RotaryEmbedding(m.head_dim, m.rotary_base, m.max_position_embeddings, m.rope_scaling)
 
 
-def for_layer(m, layer_number: int, position):
-    """The rotation of layer `layer_number` (0-based), whose position variant `position`
-    rotates q and k: a layer within a sliding window rotates with
-    model.attention.window_rotary_base and no scaling where that is set (Gemma 3's local
-    layers), every other layer as the variant builds it."""
+def for_layer(m, layer_number: int):
+    """The rotation of layer `layer_number` (0-based): None where the position variant rotates
+    no q and k; a layer within a sliding window rotates with model.attention.window_rotary_base
+    and no scaling where that is set (Gemma 3's local layers), every other layer as the variant
+    builds it."""
+    position = variants.of(m, "position")
+    if not position.rotates_qk:
+        return None
     base = m.attention.window_rotary_base
     if base is not None and m.attention.window_of(layer_number) is not None:
         return RotaryEmbedding(m.head_dim, base, m.max_position_embeddings)

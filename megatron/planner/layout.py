@@ -209,9 +209,8 @@ def ramp_problem(job: Job, lay: Layout) -> Optional[str]:
     the groups the layout's pipeline schedule runs."""
     if job.ramp is None:
         return None
-    sizes = list(range(job.ramp[0], job.global_batch + 1, job.ramp[1]))
-    return config_problem(ramp_layout_error(list(job.ramp), sizes, lay.micro_batch, lay.dp,
-                                            run_as(lay), lay.pp, lay.interleave,
+    return config_problem(ramp_layout_error(list(job.ramp), job.global_batch, lay.micro_batch,
+                                            lay.dp, run_as(lay), lay.pp, lay.interleave,
                                             lay.microbatch_group))
 
 

@@ -31,6 +31,16 @@ def counts_samples(opt_cfg) -> bool:
     return any(getattr(opt_cfg, name) is not None for name in read)
 
 
+def schedule_lengths(opt_cfg, end: int) -> Tuple[int, int, Optional[int]]:
+    """The warm-up, the decay's end and wsd's decay in the schedule's unit (samples where it
+    counts them, else steps); `end`: the decay's end where none is set (training.train_iters,
+    or the samples its steps take)."""
+    if counts_samples(opt_cfg):
+        return (opt_cfg.lr_warmup_samples or 0, opt_cfg.lr_decay_samples or end,
+                opt_cfg.lr_wsd_decay_samples)
+    return opt_cfg.lr_warmup_iters, opt_cfg.lr_decay_iters or end, opt_cfg.lr_wsd_decay_iters
+
+
 @dataclass
 class OptimizerConfig:
     lr: float = 1e-3

@@ -4,10 +4,18 @@ model context, the data iterators, deepspeed.json and the planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Literal, Optional
+from typing import List, Literal, Optional, Sequence
 
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, positive
+
+
+def ramp_sizes(ramp: Optional[Sequence[int]], global_batch: int) -> List[int]:
+    """Every global batch a step can take under rampup_batch_size `ramp` to `global_batch`,
+    smallest first (the trainer's checks and megatron-plan's layouts)."""
+    if ramp is None:
+        return [global_batch]
+    return list(range(ramp[0], global_batch + 1, ramp[1]))
 
 
 @dataclass
@@ -138,10 +146,7 @@ class TrainingConfig:
 
     def ramp_sizes(self) -> List[int]:
         """Every global batch a step can take, smallest first."""
-        if self.rampup_batch_size is None:
-            return [self.global_batch_size]
-        start, step, _ = self.rampup_batch_size
-        return list(range(start, self.global_batch_size + 1, step))
+        return ramp_sizes(self.rampup_batch_size, self.global_batch_size)
 
     def _check_loss_scaler(self) -> None:
         """fp16's dynamic loss scaler (DeepSpeed's) misbehaves quietly outside these: a window
