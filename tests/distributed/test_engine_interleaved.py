@@ -34,17 +34,17 @@ Micro-batches in groups (parallel.pipeline_microbatch_group, Megatron Core's
 2, 6 on PP4 in one group of 6, counts the default grouping (by the stages) refuses; each chunk
 still takes its micro-batches in increasing order, so the losses are bit for bit 1F1B's.
 
-Two launches: 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks, grouped; GPT-2 with
-tied embeddings and Llama)
-and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16; TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2;
-grouped)."""
+Two jobs, in the launches shared with the other distributed modules (one per world size:
+tests/support/launch_batches.py): 2 ranks (PP2 x v2 fp32 and bf16, ZB-V PP2, uneven chunks,
+grouped; GPT-2 with tied embeddings and Llama) and 4 ranks (PP4 x v2 on 8 layers, fp32 and bf16;
+TP2 x PP2 x v2; ZB-V PP4 and TP2 x PP2; grouped)."""
 import os
 
 import pytest
 
 from tests.support.exactness import assert_same_arithmetic
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "interleaved_worker.py")
 TWO = ["pp2v2-gpt2", "pp2v2-llama"]
@@ -64,21 +64,20 @@ STEPS = 10
 NORM_BOUND = 1e-6  # relative
 BF16_BOUND = 1e-3  # relative, per step's loss
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _run(tmp, nproc, cases):
-    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--cases",
-                       ",".join(cases), "--workdir", tmp, "--steps", str(STEPS))
+def launches(tmp):
+    """Each case under 1F1B and its chunked schedule, 2 ranks then 4."""
+    def job(nproc, cases):
+        return nproc, WORKER, ["--cases", ",".join(cases), "--workdir", tmp, "--steps", str(STEPS)]
+    return [job(2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO + COUNTED_TWO + ["pp2v2g3-llama"]),
+            job(4, FOUR + BF16_FOUR + ZBV_FOUR + ["pp4v2g6-gpt2"])]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("interleaved"))
-    merged = _run(tmp, 2, TWO + BF16_TWO + ZBV_TWO + UNEVEN_TWO + COUNTED_TWO
-                  + ["pp2v2g3-llama"])
-    merged.update(_run(tmp, 4, FOUR + BF16_FOUR + ZBV_FOUR + ["pp4v2g6-gpt2"]))
-    return merged
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 def _chunked(results, case):

@@ -3,16 +3,17 @@ trained twice in one launch, once per schedule, on the same micro-batches. fp32 
 same per-step losses and gradient norms bit for bit (ZB-H1 only reorders the passes and moves
 the weight-gradient GEMMs; the sums run in the same order); bf16 within BF16_BOUND.
 
-Two launches: 2 ranks (PP2: ZeRO-1 and ZeRO-0, bf16, full and selective recomputation) and
-4 ranks (PP4, TP2 x PP2, TP2 x PP2 with sequence parallelism). A failure names the case, so
-it localizes to TP, SP, precision, recomputation or the number of stages."""
+Two jobs, in the launches shared with the other distributed modules (one per world size:
+tests/support/launch_batches.py): 2 ranks (PP2: ZeRO-1 and ZeRO-0, bf16, full and selective
+recomputation) and 4 ranks (PP4, TP2 x PP2, TP2 x PP2 with sequence parallelism). A failure
+names the case, so it localizes to TP, SP, precision, recomputation or the number of stages."""
 import os
 
 import pytest
 
 from megatron.engine import pipe_order
+from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
-from tests.support.procs import launch_json
 
 WORKER = os.path.join(ROOT, "tests", "support", "zero_bubble_worker.py")
 EXACT_TWO = ["pp2-gpt2", "pp2-llama", "pp2_zero0-gpt2", "pp2_recompute_full-gpt2",
@@ -25,20 +26,19 @@ EXACT_FOUR = ["pp4-gpt2", "pp4-llama", "tp2pp2-gpt2", "tp2pp2-llama", "tp2pp2_sp
 BF16_BOUND = 1e-3
 STEPS = 4
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 
-def _run(tmp, nproc, cases):
-    return launch_json(nproc, WORKER, os.path.join(tmp, f"{nproc}.json"), "--cases",
-                       ",".join(cases), "--workdir", tmp, "--steps", str(STEPS))
+def launches(tmp):
+    """Each case under 1F1B and ZB-H1, 2 ranks then 4."""
+    def job(nproc, cases):
+        return nproc, WORKER, ["--cases", ",".join(cases), "--workdir", tmp, "--steps", str(STEPS)]
+    return [job(2, EXACT_TWO + BF16), job(4, EXACT_FOUR)]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("zero_bubble"))
-    merged = _run(tmp, 2, EXACT_TWO + BF16)
-    merged.update(_run(tmp, 4, EXACT_FOUR))
-    return merged
+def results(shared_launches):
+    return shared_launches.results(__name__)
 
 
 @pytest.mark.parametrize("case", EXACT_TWO + EXACT_FOUR)

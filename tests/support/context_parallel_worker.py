@@ -34,7 +34,7 @@ from megatron.config import load_config
 from megatron.training.loop import train
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
-from worker_exit import exit_after  # noqa: E402
+from worker_exit import exit_after, groups_ended  # noqa: E402
 from paths import TINY  # noqa: E402
 # GPT-2 and Llama, and the layouts' settings: one home
 from run_layouts import DOCS, DOCS_POS, FLAVOURS, MASKED, QK_NORM  # noqa: E402
@@ -211,7 +211,8 @@ def main() -> int:
             results[f"{pair}/{flavour}"] = {"losses": _continue(pair, flavour, args.workdir)}
         if args.grads and world > 1:
             for cp in (c for c in (2, 4) if world % c == 0):
-                results[f"grads/cp{cp}/{flavour}"] = _grad_check(flavour, cp)
+                with groups_ended():  # the check's own ParallelState
+                    results[f"grads/cp{cp}/{flavour}"] = _grad_check(flavour, cp)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -83,16 +83,16 @@ def train(overrides, run_dir: str, steps: int):
         losses.append(r.loss)
         norms.append(r.grad_norm)
     params = job.engine.named_parameters()
-    names = sorted(name for name, _ in params)
-    if job.lock:
-        job.lock.release()
     executor = getattr(job.engine.engine, "interleaved", None)
-    return {"losses": losses, "grad_norms": norms, "names": names,
-            "dtype": str(params[0][1].dtype), "clip": cfg.training.clip_grad,
-            # TP layers whose weight gradients wait for a W pass (ZB-V's executor)
-            "deferred": getattr(executor, "deferred", 0) if executor else 0,
-            # the micro-batches a chunk takes in a row, where the order groups them
-            "group": getattr(getattr(executor, "order", None), "group", 0)}
+    result = {"losses": losses, "grad_norms": norms, "names": sorted(name for name, _ in params),
+              "dtype": str(params[0][1].dtype), "clip": cfg.training.clip_grad,
+              # TP layers whose weight gradients wait for a W pass (ZB-V's executor)
+              "deferred": getattr(executor, "deferred", 0) if executor else 0,
+              # the micro-batches a chunk takes in a row, where the order groups them
+              "group": getattr(getattr(executor, "order", None), "group", 0)}
+    del params, executor
+    job.close()  # the run directory, and the process groups with their gloo threads
+    return result
 
 
 def main() -> int:

@@ -9,10 +9,12 @@ Each job names a worker module of tests/support (a file with `main() -> int` tha
 sys.argv, as run_layouts.py) and its arguments. The worker runs as it would alone: its module and
 its sibling modules are imported anew for each job (no module state, such as a worker's --set
 list, carries from one job to the next); only the libraries (torch, DeepSpeed, megatron) and the
-process group stay. After a job's main returns 0 every rank waits for the others, then rank 0
-writes the job's `done` marker (its seconds); the first job that fails (an exception or a non-zero status) ends
-the launch with its status at once (no goodbye barrier), so the launcher knows which job failed
-and runs the rest anew; each rank's notes (rank_notes) keep what it said of the failure.
+world's process group stay: the groups a job made end with it, and a job that still holds some
+(their gloo threads running on) fails. After a job's main returns 0 every rank waits for the
+others, then rank 0 writes the job's `done` marker (its seconds); the first job that fails (an
+exception or a non-zero status) ends the launch with its status at once (no goodbye barrier), so
+the launcher knows which job failed and runs the rest anew; each rank's notes (rank_notes) keep
+what it said of the failure.
 """
 from __future__ import annotations
 
@@ -39,9 +41,27 @@ def _forget_workers() -> None:
             del sys.modules[name]
 
 
+def _gloo_threads() -> int:
+    """This process's threads of gloo process groups (their names: gloo_tcp_loop,
+    pt_gloo_runloop)."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += "gloo" in f.read()
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return count
+
+
 def rank_notes(jobs_path: str, rank: int) -> str:
     """Where rank `rank` of the launch of `jobs_path` writes what it says of a failure."""
     return f"{jobs_path}.rank{rank}.txt"
+
+
+def _joined() -> bool:
+    import torch.distributed as dist
+    return dist.is_initialized()
 
 
 def _barrier() -> None:
@@ -62,12 +82,16 @@ def _leave_now(said: str, code: int, notes) -> None:
 
 
 def run_job(job: dict) -> int:
+    """Runs one job's worker; the process groups it made end with it (worker_exit.groups_ended:
+    a worker that leaves some would slow every later job of the launch)."""
     _forget_workers()
+    from worker_exit import groups_ended
     worker = importlib.import_module(job["worker"])
     saved = sys.argv
     sys.argv = [worker.__file__, *job["argv"]]
     try:
-        return int(worker.main() or 0)
+        with groups_ended():
+            return int(worker.main() or 0)
     finally:
         sys.argv = saved
 
@@ -84,9 +108,11 @@ def main() -> int:
     # stack of a rank the launcher ends with SIGTERM (one stuck while its peers failed).
     notes = open(rank_notes(args.jobs, rank), "w")
     faulthandler.register(signal.SIGTERM, file=notes, all_threads=True, chain=True)
+    kept = 0  # the gloo threads after the job before (the world's group's, once joined)
     for job in jobs:
         print(f"shared_launch: {job['name']}", file=sys.stderr, flush=True)
         began = time.monotonic()
+        joined = _joined()
         try:
             code = run_job(job)
         except BaseException:
@@ -95,6 +121,13 @@ def main() -> int:
             _leave_now(f"shared_launch: job {job['name']} failed", 1, notes)
         if code != 0:
             _leave_now(f"shared_launch: job {job['name']} exited {code}", code, notes)
+        threads = _gloo_threads()
+        if joined and threads > kept:  # (a job that joins the world's group adds its threads)
+            _leave_now(f"shared_launch: job {job['name']} left {threads - kept} gloo threads "
+                       f"running (process groups it made still held after it ended: a model or "
+                       f"engine kept, a job not closed); they would slow every later job", 1,
+                       notes)
+        kept = threads
         _barrier()
         if rank == 0:
             with open(job["done"], "w") as f:

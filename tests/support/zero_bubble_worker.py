@@ -121,15 +121,18 @@ def main() -> int:
     for case in args.cases.split(","):
         layout, flavour = case.split("-")
         overrides = COMMON + FLAVOURS[flavour] + LAYOUTS[layout] + args.set
-        built = {s: build(overrides, os.path.join(args.workdir, f"{case}-{s}"), s)
-                 for s in ("1f1b", "zbh1")}
-        if args.alternate:
+        if args.alternate:  # both engines alive, stepped in turn
+            built = {s: build(overrides, os.path.join(args.workdir, f"{case}-{s}"), s)
+                     for s in ("1f1b", "zbh1")}
             results[case] = alternate(built, args.alternate, args.steps)
-        else:
-            results[case] = {s: train(cfg, job, args.steps) for s, (cfg, job) in built.items()}
-        for _, job in built.values():
-            if job.lock:
-                job.lock.release()
+            for _, job in reversed(list(built.values())):  # the last built first
+                job.close()
+            continue
+        results[case] = {}
+        for s in ("1f1b", "zbh1"):  # one engine at a time: each job closed before the next
+            cfg, job = build(overrides, os.path.join(args.workdir, f"{case}-{s}"), s)
+            results[case][s] = train(cfg, job, args.steps)
+            job.close()  # the run directory, and the process groups with their gloo threads
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
