@@ -122,10 +122,19 @@ def check_node_link(nodes: List[str], rank: int, device: torch.device,
     link, [] when it is healthy (or the rank is alone on its node)."""
     by = ranks_by_node(nodes)
     if len(by) == 1:
-        group = None  # one node: the world is the node
-    else:
-        group, _ = dist.new_subgroups_by_enumeration(list(by.values()))
-    mine = by[nodes[rank]]
+        return _node_link(by[nodes[rank]], None, device, environ)  # the world is the node
+    # each node's group ends with the check: a process that trains several runs would keep
+    # one per run (communicators, buffers and threads) until it ended
+    group, _ = dist.new_subgroups_by_enumeration(list(by.values()))
+    try:
+        return _node_link(by[nodes[rank]], group, device, environ)
+    finally:
+        dist.destroy_process_group(group)
+
+
+def _node_link(mine: List[int], group, device: torch.device,
+               environ: Mapping[str, str]) -> List[str]:
+    """check_node_link's measurement among the node's ranks `mine` (their `group`)."""
     if len(mine) == 1:
         return []
     floor = min_gbps(environ, device.type)

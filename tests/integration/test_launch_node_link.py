@@ -27,6 +27,8 @@ def test_each_node_times_its_own_ranks_and_a_slow_link_is_named(tmp_path):
         assert x["healthy"] == [], x
         (problem,) = x["broken"]
         assert "among the node's 2 ranks" in problem and "MEGATRON_HEALTH_MIN_GBPS" in problem
+        # each check's node groups end with it (a process training several runs kept them)
+        assert x["groups_left"] == 0, x
 
 
 def test_megatron_train_refuses_a_node_whose_link_is_too_slow(tmp_path):
