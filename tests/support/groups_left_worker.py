@@ -22,7 +22,7 @@ from megatron.training.loop import train
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, when run by path
 from worker_exit import exit_after  # noqa: E402
 from paths import TINY  # noqa: E402
-from threads import GLOO_THREADS, thread_names  # noqa: E402
+from threads import gloo_threads  # noqa: E402
 
 COMMON = ["training.precision=fp32", "training.train_iters=2", "training.global_batch_size=4",
           "training.micro_batch_size=2", "training.tensorboard=false",
@@ -38,8 +38,6 @@ LAYOUTS = {
     "pp2v2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=interleaved",
               "parallel.virtual_pipeline_size=2"],
 }
-def gloo_threads() -> int:
-    return sum(name in GLOO_THREADS for name in thread_names())
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the workers import their siblings by bare name
+from threads import gloo_threads  # noqa: E402
 
 
 def _forget_workers() -> None:
@@ -39,19 +40,6 @@ def _forget_workers() -> None:
         path = getattr(module, "__file__", None) or ""
         if "." not in name and os.path.dirname(os.path.abspath(path)) == HERE:
             del sys.modules[name]
-
-
-def _gloo_threads() -> int:
-    """This process's threads of gloo process groups (their names: gloo_tcp_loop,
-    pt_gloo_runloop)."""
-    count = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                count += "gloo" in f.read()
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return count
 
 
 def rank_notes(jobs_path: str, rank: int) -> str:
@@ -121,7 +109,7 @@ def main() -> int:
             _leave_now(f"shared_launch: job {job['name']} failed", 1, notes)
         if code != 0:
             _leave_now(f"shared_launch: job {job['name']} exited {code}", code, notes)
-        threads = _gloo_threads()
+        threads = gloo_threads()
         if joined and threads > kept:  # (a job that joins the world's group adds its threads)
             _leave_now(f"shared_launch: job {job['name']} left {threads - kept} gloo threads "
                        f"running (process groups it made still held after it ended: a model or "
