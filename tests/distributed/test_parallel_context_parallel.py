@@ -3,9 +3,9 @@ off, clipping on, 5 steps and an evaluation after them, for the GPT-2 and the Ll
 (Llama's two key/value heads are fewer than CP4's degree and than CP2 x TP2's per
 tensor-parallel rank, so the replication of key/value heads is exercised).
 
-Five jobs, in the launches shared with the other equivalence modules (one per world size: start-up
-dominates; tests/support/launch_batches.py; the layouts of LLAMA_ONLY, below, in a job of their own
-per world size, in the Llama flavour alone): 2 ranks (CP2, recomputation, bf16; the CP2
+Three jobs, in the launches shared with the other equivalence modules (one per world size: start-up
+dominates; tests/support/launch_batches.py; the worker's LLAMA_ONLY layouts in the Llama flavour
+alone): 2 ranks (CP2, recomputation, bf16; the CP2
 checkpoint), 1 rank (the reference; CP2's checkpoint continued on one rank), 4 ranks (CP4, CP2 x
 TP2, CP2 x PP2, CP2 x DP2 with ZeRO-1, 2 and 3, CP2 x TP2 with Megatron SP; TP2 x PP2's checkpoint
 continued under CP2 x TP2). Each names its layout and flavour, so a failure localizes: the exchange
@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from tests.support.context_parallel_worker import LLAMA_ONLY
 from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
 
@@ -31,15 +32,7 @@ REFERENCE = {"cp2_masked": "single_masked", "cp2_ring_masked": "single_masked",
 # A checkpoint continues under another degree: (source layout, continuing layout).
 PAIRS = [("cp2", "single"), ("tp2pp2", "cp2tp2")]
 FLAVOURS = ["gpt2", "llama"]
-# Run in the Llama flavour alone (rotary positions, key/value heads fewer than the ranks): the
-# settings that do not touch what the flavours differ in (the labels counted, the documents'
-# masks, q/k norms, recomputation, ZeRO's group, SP's shards), whose GPT-2 paths are held to one
-# rank without context parallelism by test_training_equivalence.py; CP itself, CP x TP's heads
-# and CP x PP (GPT-2's embedding tied across the stages) and the positions from the documents'
-# starts keep both.
-LLAMA_ONLY = {"cp2_recompute_full", "cp2_masked", "cp2_ring_masked", "cp2_docs", "cp2_qk_norm",
-              "cp2_ring_qk_norm", "cp2dp2_zero1", "cp2dp2_zero2", "cp2dp2_zero3", "cp2tp2_sp",
-              "cp2tp2_recompute_selective"}
+# the layouts trained in the Llama flavour alone: context_parallel_worker.LLAMA_ONLY
 CASES = [(name, flavour) for name in TWO_RANK + FOUR_RANK for flavour in FLAVOURS
          if flavour == "llama" or name not in LLAMA_ONLY]
 TOLERANCE = 1e-5
@@ -50,23 +43,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 def launches(tmp):
     """2 ranks (the CP2 checkpoint), then 1 (which continues it), then 4: shared with the other
-    equivalence modules, one launch per world size (tests/support/launch_batches.py); the
-    LLAMA_ONLY layouts of each world size in a job of their own."""
-    def llama_only(world, names):
-        return (world, WORKER, ["--workdir", tmp, "--flavours", "llama", "--layouts",
-                                ",".join(n for n in names if n in LLAMA_ONLY)])
-
-    def both(names):
-        return ",".join(n for n in names if n not in LLAMA_ONLY)
-    return [(2, WORKER, ["--workdir", tmp, "--grads", "--layouts", both(TWO_RANK + ["cp2_bf16"]),
-                         "--sources", "cp2"]),
-            llama_only(2, TWO_RANK),
+    equivalence modules, one launch per world size (tests/support/launch_batches.py)."""
+    return [(2, WORKER, ["--workdir", tmp, "--grads", "--layouts",
+                         ",".join(TWO_RANK + ["cp2_bf16"]), "--sources", "cp2"]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_masked,single_docs,single_docs_pos,single_qk_norm",
                          "--continue", "cp2>single"]),
-            (4, WORKER, ["--workdir", tmp, "--grads", "--layouts", both(FOUR_RANK),
-                         "--sources", "tp2pp2", "--continue", "tp2pp2>cp2tp2"]),
-            llama_only(4, FOUR_RANK)]
+            (4, WORKER, ["--workdir", tmp, "--grads", "--layouts", ",".join(FOUR_RANK),
+                         "--sources", "tp2pp2", "--continue", "tp2pp2>cp2tp2"])]
 
 
 @pytest.fixture(scope="module")

@@ -3,22 +3,22 @@ rank: fp32, dropout off, clipping on, 5 steps and an evaluation, GPT-2 (learned 
 Llama (rotary, two key/value heads: grouped-query attention) flavours, through the trainer in
 process (tests/support/ring_attention_worker.py, which extends context_parallel_worker.py).
 
-Eight jobs, in the launches shared with the other equivalence modules (one per world size: start-up
-dominates; tests/support/launch_batches.py; the layouts of LLAMA_ONLY, below, in a job of their own
-per world size, in the Llama flavour alone): 2 ranks (ring CP2, all-gather CP2, and packed
-documents under them: data.reset_attention_mask and reset_position_ids, held to one rank's run with
-the same settings; a sliding window on every other layer, model.attention, under ring, all-gather
-and Ulysses CP2; ring CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15
-steps in place; ring CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4,
-hybrid Ulysses 2 x ring 2, ring CP2 x TP2 without and with sequence parallelism, and with it under
-full recompute, ring CP2 x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses
-CP2 x PP2 under ZB-H1; ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V and Ulysses CP2 x PP2
-interleaved, on the project's chunk executor; ring CP4 saved at step 5 of 15; packed documents
-under ring CP4, hybrid, ring CP2 x PP2 and ring CP2 x TP2 with SP; a sliding window on every other
-layer with packed documents under ring CP4 and ring CP2 x PP2 under ZB-V), 8 ranks (ring CP8: 8
-ranks past tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring CP4's
-checkpoint continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued to step
-15), held to one rank's 15 steps in place.
+Six jobs, in the launches shared with the other equivalence modules (one per world size: start-up
+dominates; tests/support/launch_batches.py; the worker's RING_LLAMA_ONLY layouts in the Llama
+flavour alone): 2 ranks (ring CP2, all-gather CP2, and packed documents under them:
+data.reset_attention_mask and reset_position_ids, held to one rank's run with the same settings; a
+sliding window on every other layer, model.attention, under ring, all-gather and Ulysses CP2; ring
+CP2's checkpoint continued under Ulysses CP2), 1 rank (the reference, also 15 steps in place; ring
+CP2's checkpoint continued on one rank), 4 ranks (ring CP4, all-gather CP4, hybrid Ulysses 2 x ring
+2, ring CP2 x TP2 without and with sequence parallelism, and with it under full recompute, ring CP2
+x DP2 with ZeRO-1 and ZeRO-3, ring CP2 x PP2 under 1F1B and ZB-H1, Ulysses CP2 x PP2 under ZB-H1;
+ring CP2 x PP2 under interleaved 1F1B (v2) and ZB-V and Ulysses CP2 x PP2 interleaved, on the
+project's chunk executor; ring CP4 saved at step 5 of 15; packed documents under ring CP4, hybrid,
+ring CP2 x PP2 and ring CP2 x TP2 with SP; a sliding window on every other layer with packed
+documents under ring CP4 and ring CP2 x PP2 under ZB-V), 8 ranks (ring CP8: 8 ranks past
+tiny.yaml's 4 query heads, Ulysses' cap), then a second round: 2 ranks (ring CP4's checkpoint
+continued under Ulysses CP2 to step 10, saved) and 1 rank (that one continued to step 15), held to
+one rank's 15 steps in place.
 Each names its layout and flavour, so a failure localizes: the ring (ring_*), the gather
 (allgather_*), their composition with Ulysses' exchange (hybrid), TP's heads, ZeRO's group;
 `grads` compares every parameter's gradient directly, the continuations that a checkpoint
@@ -29,6 +29,7 @@ import pytest
 
 from tests.support.launch_batches import TIMEOUT_S
 from tests.support.paths import ROOT
+from tests.support.ring_attention_worker import RING_LLAMA_ONLY as LLAMA_ONLY
 
 WORKER = os.path.join(ROOT, "tests", "support", "ring_attention_worker.py")
 TWO_RANK = ["ring_cp2", "allgather_cp2", "ring_cp2_docs", "ring_cp2_docs_pos",
@@ -53,20 +54,7 @@ PAIRS = [("ring_cp2", "cp2"), ("ring_cp2", "single")]  # saved under ring, conti
 # saved under ring CP4 at step 5, continued under Ulysses CP2 to step 10, then on one rank to 15
 CHAIN, CHAIN_STEPS = ["ring_cp4", "cp2", "single"], 15
 FLAVOURS = ["gpt2", "llama"]
-# The compositions with another axis run the Llama flavour alone: rotary positions and two
-# key/value heads (fewer than the ring's ranks) give the exchange the most to get wrong, and
-# GPT-2's own paths (learned positions, biases, LayerNorm) are held to one rank under each axis
-# without context parallelism by the other equivalence modules, and with it by the algorithms'
-# own layouts above, which run both flavours. The pipeline ones keep both: GPT-2's embedding is
-# tied across the stages (and held twice by ZB-V's rank 0). Halves the suite's costliest job.
-# Ring CP8 too: its point is more ranks than query heads (8 ranks on 2 cores, the costliest
-# launch for its one layout); GPT-2's learned positions split by the ring are held at CP4.
-LLAMA_ONLY = {"ring_cp8", "ring_cp2_docs", "ring_cp2_window", "allgather_cp2_window",
-              "ulysses_cp2_window", "ring_cp2tp2", "ring_cp2tp2_sp", "ring_cp2tp2_sp_recompute",
-              "ring_cp2dp2_zero1",
-              "ring_cp2dp2_zero3", "ring_cp2pp2_zbh1", "ulysses_cp2pp2_zbh1", "ring_cp2pp2v2",
-              "ulysses_cp2pp2v2", "hybrid_u2r2_docs_pos", "ring_cp2pp2_docs_pos",
-              "ring_cp2tp2_sp_docs_pos", "ring_cp4_window_docs", "ring_cp2pp2_zbv_window_docs"}
+# the layouts trained in the Llama flavour alone: ring_attention_worker.RING_LLAMA_ONLY
 CASES = [(name, flavour) for name in TWO_RANK + FOUR_RANK + EIGHT_RANK for flavour in FLAVOURS
          if flavour == "llama" or name not in LLAMA_ONLY]
 TOLERANCE = 1e-5
@@ -77,22 +65,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 def launches(tmp):
     """2 ranks (ring CP2's checkpoint), 1 (continues it), 4, 8: shared with the other
     equivalence modules, one launch per world size (tests/support/launch_batches.py)."""
-    def llama_only(world, names):  # the LLAMA_ONLY layouts of a world size: a job of their own
-        return (world, WORKER, ["--workdir", tmp, "--flavours", "llama", "--layouts",
-                                ",".join(n for n in names if n in LLAMA_ONLY)])
-
-    def both(names):
-        return ",".join(n for n in names if n not in LLAMA_ONLY)
-    return [(2, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", both(TWO_RANK),
+    return [(2, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(TWO_RANK),
                          "--sources", "ring_cp2", "--continue", "ring_cp2>cp2"]),
-            llama_only(2, TWO_RANK),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_docs,single_docs_pos,single_pos,single_window,"
                          "single_window_docs", "--continue",
                          "ring_cp2>single", "--in-place", f"single@{CHAIN_STEPS}"]),
-            (4, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", both(FOUR_RANK),
+            (4, WORKER, ["--workdir", tmp, "--ring-grads", "--layouts", ",".join(FOUR_RANK),
                          "--saved", f"{CHAIN[0]}@{CHAIN_STEPS}"]),
-            llama_only(4, FOUR_RANK),
+            # the gradient check of ring CP8 in Llama alone too
             (8, WORKER, ["--workdir", tmp, "--ring-grads", "--flavours", "llama", "--layouts",
                          ",".join(EIGHT_RANK)]),
             # the second round: ring CP4's checkpoint under Ulysses CP2, then on one rank

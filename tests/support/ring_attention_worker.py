@@ -93,6 +93,21 @@ RING_LAYOUTS = {
     "ring_cp2tp2_sp_docs_pos": _algo("ring", 2, "parallel.tensor_parallel_size=2",
                                      "parallel.sequence_parallel=true", zero=1) + cpw.DOCS_POS,
 }
+# Added to context_parallel_worker.LLAMA_ONLY: the compositions with another axis train in the
+# Llama flavour alone: rotary positions and two key/value heads (fewer than the ring's ranks)
+# give the exchange the most to get wrong, and GPT-2's own paths (learned positions, biases,
+# LayerNorm) are held to one rank under each axis without context parallelism by the other
+# equivalence modules, and with it by the algorithms' own layouts, which train in both. The
+# pipeline ones keep both: GPT-2's embedding is tied across the stages (and held twice by ZB-V's
+# rank 0). Ring CP8 too: its point is more ranks than query heads (8 ranks on 2 cores, the
+# costliest launch for its one layout); GPT-2's learned positions split by the ring are held at
+# CP4.
+RING_LLAMA_ONLY = {"ring_cp8", "ring_cp2_docs", "ring_cp2_window", "allgather_cp2_window",
+                   "ulysses_cp2_window", "ring_cp2tp2", "ring_cp2tp2_sp",
+                   "ring_cp2tp2_sp_recompute", "ring_cp2dp2_zero1", "ring_cp2dp2_zero3",
+                   "ring_cp2pp2_zbh1", "ulysses_cp2pp2_zbh1", "ring_cp2pp2v2", "ulysses_cp2pp2v2",
+                   "hybrid_u2r2_docs_pos", "ring_cp2pp2_docs_pos", "ring_cp2tp2_sp_docs_pos",
+                   "ring_cp4_window_docs", "ring_cp2pp2_zbv_window_docs"}
 GRAD_CHECKS = {2: [("ring", 2, 0), ("allgather", 2, 0)],
                4: [("ring", 4, 0), ("hybrid", 4, 2)],
                8: [("ring", 8, 0)]}
@@ -142,6 +157,7 @@ def _grads_into(path, flavours):
 
 def main() -> int:
     cpw.LAYOUTS.update(RING_LAYOUTS)
+    cpw.LLAMA_ONLY.update(RING_LLAMA_ONLY)
     grads = "--ring-grads" in sys.argv
     if grads:
         sys.argv.remove("--ring-grads")
