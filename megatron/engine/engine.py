@@ -167,6 +167,26 @@ def _release_deepspeed_globals() -> None:
     _unbind_world_defaults()
 
 
+def _own_pipe_grid(engine) -> None:
+    """DeepSpeed's pipeline sends and receives find their peers through one grid per process
+    (deepspeed.runtime.pipe.p2p._grid, the latest built PipelineEngine's): an engine stepping
+    while a later job's is alive would send to that job's peers. Each pipeline step points it at
+    the engine's own grid first (one attribute compare when it already is)."""
+    p2p = sys.modules.get("deepspeed.runtime.pipe.p2p")
+    grid = getattr(engine, "grid", None)
+    if p2p is not None and grid is not None and getattr(p2p, "_grid", grid) is not grid:
+        p2p._grid = grid
+
+
+def _leave_pipe_grid(engine) -> None:
+    """A closing engine's grid out of DeepSpeed's p2p module, if it stepped last there (its
+    groups go with it); another engine still alive points it at its own when it steps."""
+    p2p = sys.modules.get("deepspeed.runtime.pipe.p2p")
+    grid = getattr(engine, "grid", None)
+    if p2p is not None and grid is not None and getattr(p2p, "_grid", None) is grid:
+        p2p._grid = None
+
+
 def _drop_graphs(engine) -> None:
     """What a closed engine still holds of autograd graphs: the last micro-batches' outputs and
     loss (a pipeline engine's pipe_buffers, fwd_outputs, loss). Each such tensor holds, through
@@ -287,17 +307,22 @@ class Engine:
                 log.info("pipeline schedule %s: %s", pipeline_schedule, changed)
         mark("deepspeed initialize")
 
-    def close(self) -> None:
+    def close(self, release_globals: bool = True) -> None:
         """Unhooks DeepSpeed from the model (DeepSpeedEngine.destroy: ZeRO's hooks on the
         gradient accumulators). Those hooks hold the engine, its optimizer and, through the
         parameters, its process groups in a cycle through C++ objects that Python's collector
         cannot see: left in place, the groups and their gloo threads live until interpreter
         exit, where their teardown raced the process's own (a finished 2-rank run aborting with
         "terminate called without an active exception"). DeepSpeed's module globals hold them
-        too (_release_deepspeed_globals)."""
+        too (_release_deepspeed_globals), unless another engine is still alive in this process
+        (release_globals=False): they are the latest built engine's, and the last close
+        releases them."""
         self.engine.destroy()
         _drop_graphs(self.engine)
-        _release_deepspeed_globals()
+        if release_globals:
+            _release_deepspeed_globals()
+        else:
+            _leave_pipe_grid(self.engine)
 
     def parameters_on_rank(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
@@ -348,6 +373,8 @@ class Engine:
                                               / gas)
         skipped_before = self.engine.skipped_steps
         lr = self.scheduler.get_last_lr()[0]
+        if self.pipeline:
+            _own_pipe_grid(self.engine)
         if check is not None:
             loss = self._checked_step(it, check)
             if loss is None:
@@ -420,6 +447,7 @@ class Engine:
     def eval_step(self, it: Iterator) -> float:
         self.engine.eval()
         if self.pipeline:
+            _own_pipe_grid(self.engine)
             return float(self.engine.eval_batch(data_iter=it, num_micro_batches=self.gas))
         total = torch.zeros((), device=self.device)
         for _ in range(self.gas):

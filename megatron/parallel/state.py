@@ -212,25 +212,27 @@ def set_collective_timeout(seconds: float) -> int:
 
 
 def live_groups() -> frozenset:
-    """The process groups this process holds now, the world's included (empty when not
-    joined); destroy_groups_since ends those created after."""
+    """The names of the process groups this process holds now, the world's included (empty
+    when not joined); destroy_groups_since ends those created after. Names, not the groups:
+    a later job's record of what lived before it would otherwise hold an earlier job's groups
+    (their gloo threads running) after that job closed."""
     if not dist.is_initialized():
         return frozenset()
-    return frozenset(_group_map())
+    return frozenset(_group_names().values())
 
 
-def destroy_groups_since(before: frozenset) -> None:
-    """Destroys every process group created since `before` (live_groups()) by anyone: the
-    layout's groups, DeepSpeed's pipeline grid and ZeRO's, a chunk executor's pairs. A run that
-    ends keeps none: each gloo group holds a thread per peer and a socket, and a process that
-    trains several runs (a sweep, the shared test launches) collected ~25 threads and ~37 file
-    descriptors per PP2 run until the process ended. Not collective: each rank ends its own;
-    a group a later run needs is built anew by it."""
+def destroy_groups_since(before: frozenset, keep: frozenset = frozenset()) -> None:
+    """Destroys every process group created since `before` (live_groups()) by anyone but those
+    named in `keep` (another job's, still alive): the layout's groups, DeepSpeed's pipeline grid and
+    ZeRO's, a chunk executor's pairs. A run that ends keeps none: each gloo group holds a thread
+    per peer and a socket, and a process that trains several runs (a sweep, the shared test
+    launches) collected ~25 threads and ~37 file descriptors per PP2 run until the process
+    ended. Not collective: each rank ends its own; a group a later run needs is built anew."""
     if not dist.is_initialized():
         return
     world = dist.GroupMember.WORLD
-    for group in list(_group_map()):
-        if group not in before and group is not world:
+    for group, name in _group_names().items():
+        if name not in before and name not in keep and group is not world:
             try:
                 dist.destroy_process_group(group)
             except (RuntimeError, ValueError) as e:  # already gone: nothing of it left to end
@@ -241,3 +243,10 @@ def _group_map() -> dict:
     """torch's registry of this process's groups (distributed_c10d._world.pg_map)."""
     from torch.distributed import distributed_c10d as c10d
     return dict(c10d._world.pg_map)
+
+
+def _group_names() -> dict:
+    """Each of this process's groups' name, unique in the process (distributed_c10d._world
+    .pg_names: a count of the groups made is part of each)."""
+    from torch.distributed import distributed_c10d as c10d
+    return dict(c10d._world.pg_names)

@@ -83,8 +83,9 @@ class Job:
     lock: Optional[RunLock]  # rank 0's hold on run.dir
     nodes: List[str]  # every rank's node, by rank (Slurm's node name, else the host name)
     started_at: float  # rank 0's Unix time at the rendezvous: names this job alike on all ranks
-    groups_before: frozenset = frozenset()  # the process groups alive before this job's own
+    groups_before: frozenset = frozenset()  # the names of the process groups alive before it
     rolled_back: Optional[RollbackEvent] = None  # checkpoint.roll_back's, for metrics.jsonl
+    frozen_at: int = 0  # its start's freeze (_freeze_older_objects): a later one froze it too
 
     @property
     def device(self) -> torch.device:
@@ -99,31 +100,67 @@ class Job:
         run.dir, and every rank of the process groups the job made (parallel/state.py
         destroy_groups_since), whose objects and gloo threads go with the job's engine and
         model, collected now rather than when a later collection finds their cycles. The world's
-        group stays for another run (launch.leave_distributed ends it)."""
+        group stays for another run (launch.leave_distributed ends it). Jobs alive at once (an
+        A/B comparison that steps two engines in turn) close in any order: each keeps the
+        groups of the others (_ALIVE) and frees its own objects (_collect_since)."""
+        _forget_ended(self.frozen_at)
         try:
-            self.engine.close()
+            self.engine.close(release_globals=not _ALIVE)
         except Exception as e:  # noqa: BLE001 - never in place of the error that ended the run
             log.warning("closing the engine failed: %s", e)
         finally:
             if self.lock:
                 self.lock.release()
-            destroy_groups_since(self.groups_before)
+            destroy_groups_since(self.groups_before, keep=frozenset().union(*_ALIVE.values()))
             self.engine = self.model = self.state = None  # closed: nothing uses them after
-            gc.collect()
+            _collect_since(self.frozen_at)
 
 
-def _freeze_older_objects() -> None:
+_FREEZES = [0]  # how many times a job's start froze this process's objects
+# The names of the process groups each job still alive made at its start, by its freeze's
+# number: a job's close ends the groups created since its start but another's (any order).
+_ALIVE: Dict[int, frozenset] = {}
+
+
+def _forget_ended(closing: int) -> None:
+    """The closing job and any job whose groups have all ended without its close (a caller
+    that dropped it and destroyed them) leave the jobs still alive (_ALIVE)."""
+    _ALIVE.pop(closing, None)
+    live = live_groups()
+    for key, names in list(_ALIVE.items()):
+        if names and not names & live:
+            del _ALIVE[key]
+
+
+def _freeze_older_objects() -> int:
     """What exists before a job (the imports' ~320K objects: torch, DeepSpeed, this package; a
     previous job's survivors in a process that trains several) lives as long as the process:
     frozen out of the collector, a full collection (Job.close's; any the loop triggers) walks
     only the job's objects: 0.18 s -> 0.00 s a collection on the 2-core development machine.
-    launch.leave_distributed unfreezes them before the process's last collection."""
+    launch.leave_distributed unfreezes them before the process's last collection. Returns this
+    freeze's number, which the job keeps (Job.frozen_at)."""
     gc.freeze()
+    _FREEZES[0] += 1
+    return _FREEZES[0]
+
+
+def _collect_since(frozen_at: int) -> None:
+    """A closed job's collection. A job started while this one was alive (a notebook keeping
+    one run's engine while it starts the next) froze this job's objects too, which a collection
+    would then never free: its model, engine and process groups (their gloo threads running on)
+    would live until the process ends. Then everything is unfrozen for this one collection
+    (~0.2 s, at a close) and frozen again; the jobs still alive count as frozen over in turn."""
+    if frozen_at == _FREEZES[0]:
+        gc.collect()
+        return
+    gc.unfreeze()
+    gc.collect()
+    _freeze_older_objects()
 
 
 def start(cfg: Config, timer: StartupTimer) -> Job:
     """Joins the job and builds model and engine; `timer` gets a mark per phase."""
-    _freeze_older_objects()
+    frozen_at = _freeze_older_objects()
     launch = discover()
     device_info = detect_device(launch.local_rank)
     dp = _check_before_joining(cfg, launch.world_size, device_info.device.type, launch.rank)
@@ -156,10 +193,11 @@ def start(cfg: Config, timer: StartupTimer) -> Job:
             lock.release()
         destroy_groups_since(groups_before)
         raise
+    _ALIVE[frozen_at] = live_groups() - groups_before
     log.info("training %d parameters on rank 0 (tp=%d pp=%d dp=%d, attention=%s)",
              engine.parameters_on_rank(), state.tp, state.pp, dp, model.ctx.backend)
     return Job(launch, device_info, state, run, text_vocab, vocab, layout, resume, model,
-               ds_config, engine, lock, nodes, started_at, groups_before, rolled_back)
+               ds_config, engine, lock, nodes, started_at, groups_before, rolled_back, frozen_at)
 
 
 def _vocab_sizes(cfg: Config) -> Tuple[int, int]:
