@@ -131,10 +131,10 @@ def deepspeed_config(cfg, dp_size: int, device_type: str = "cpu") -> Dict[str, A
             # loop after the backward of a 1.3B model becomes work the device's backward hides.
             ds["bf16"]["immediate_grad_update"] = True
     elif t.precision == "fp16":
-        ds["fp16"] = {"enabled": True, "loss_scale": 0,
-                      "initial_scale_power": t.initial_loss_scale_power,
-                      "loss_scale_window": t.loss_scale_window, "hysteresis": t.hysteresis,
-                      "min_loss_scale": t.min_loss_scale}
+        scale = t.loss_scale
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": scale.initial_power,
+                      "loss_scale_window": scale.window, "hysteresis": scale.hysteresis,
+                      "min_loss_scale": scale.minimum}
     if cfg.parallel.pipeline_parallel_size > 1:
         # Our transformer layers recompute themselves (training.activation_checkpointing),
         # restoring the tensor-parallel RNG streams too; DeepSpeed's own checkpointing would

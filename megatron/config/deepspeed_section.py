@@ -105,8 +105,8 @@ OWNED: Dict[str, str] = {
     "optimizer": "the optimizer section (optimizer.lr, optimizer.adam_beta1, ...)",
     "scheduler": "the optimizer section (optimizer.lr_warmup_iters, optimizer.lr_decay_style, "
                  "...)",
-    "fp16": "training.precision (fp16 loss scaling: training.initial_loss_scale_power, "
-            "loss_scale_window, hysteresis, min_loss_scale)",
+    "fp16": "training.precision (fp16 loss scaling: training.loss_scale.initial_power, "
+            "window, hysteresis, minimum)",
     "bf16": "training.precision",
     "amp": "training.precision",
     "torch_autocast": "training.precision",

@@ -43,6 +43,8 @@ class Config:
 
     def to_dict(self) -> Dict[str, Dict[str, Any]]:
         out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        if self.training.train_samples is not None:  # the length is said once, in samples: the
+            out["training"]["train_iters"] = None    # steps follow from the batches as loaded
         out[deepspeed_section.SECTION] = copy.deepcopy(self.deepspeed)
         return out
 

@@ -25,8 +25,7 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...], str, Any], ...] = (
      "resilience.loss_spike_action is not rollback",
      lambda c: c.resilience.loss_spike_factor != 0 and c.resilience.loss_spike_action
      != "rollback"),
-    ("training", ("initial_loss_scale_power", "loss_scale_window", "hysteresis",
-                  "min_loss_scale"),
+    ("training.loss_scale", ("initial_power", "window", "hysteresis", "minimum"),
      "only training.precision=fp16 scales the loss", lambda c: c.training.precision != "fp16"),
     ("resilience", ("max_loss_scale_skips",),
      "only training.precision=fp16 skips steps on overflow",

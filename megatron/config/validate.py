@@ -509,12 +509,12 @@ def lr_schedule_error(o, t) -> Optional[ConfigError]:
         return None
     samples = counts_samples(o)
     unit = "samples" if samples else "iters"
-    warmup, end, wsd = schedule_lengths(o, t.samples_over(0, t.train_iters) if samples
-                                        else t.train_iters)
+    warmup, end, wsd = schedule_lengths(o, t.total_samples() if samples else t.train_iters)
     if getattr(o, f"lr_decay_{unit}") is not None:
         source = f"optimizer.lr_decay_{unit}"
     else:
-        source = (f"the samples of training.train_iters={t.train_iters} steps" if samples
+        source = ("training.train_samples" if samples and t.train_samples else
+                  f"the samples of training.train_iters={t.train_iters} steps" if samples
                   else "training.train_iters")
     if wsd > end - warmup:
         return ConfigError(f"optimizer.lr_wsd_decay_{unit}", wsd,

@@ -163,7 +163,7 @@ def schedule_change(saved: Dict, opt_cfg, t, consumed: int
     if not all(k in saved for k in SCHEDULE_KEYS):
         return None
     saved = {**LATER_DEFAULTS, **saved}
-    now = schedule_record(opt_cfg, t.train_iters, t.samples_over(0, t.train_iters))
+    now = schedule_record(opt_cfg, t.train_iters, t.total_samples())
     # the keys either schedule reads: a key neither reads changes no rate
     read = set(_read_keys(saved["decay_style"], saved["unit"]))
     read |= set(_read_keys(now["decay_style"], now["unit"]))
@@ -194,7 +194,7 @@ class WarmupDecayLR:
 
     def __init__(self, optimizer, opt_cfg, t):
         self.optimizer, self.opt_cfg, self.train_iters = optimizer, opt_cfg, t.train_iters
-        self.train_samples = t.samples_over(0, t.train_iters)
+        self.train_samples = t.total_samples()
         self.batch = t.global_batch_at(0)  # the next step's samples (set_batch on a ramp)
         self.full_batch = t.global_batch_size
         self.last_step = self.samples = 0

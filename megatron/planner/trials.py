@@ -145,7 +145,8 @@ class TorchrunRunner:
         cfg = layout_config(self.base, self.job, lay, self.flash_backend, run_dir)
         # a trial times the layout's whole batch: a batch-size ramp would time its first ones
         cfg.training = dataclasses.replace(cfg.training, train_iters=self.steps, log_interval=1,
-                                           tensorboard=False, rampup_batch_size=None)
+                                           tensorboard=False, rampup_batch_size=None,
+                                           train_samples=None)
         cfg.eval = dataclasses.replace(cfg.eval, eval_interval=0)
         cfg.checkpoint = dataclasses.replace(cfg.checkpoint, save=False, load=None)
         os.makedirs(self.run_root, exist_ok=True)

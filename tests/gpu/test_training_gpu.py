@@ -38,7 +38,7 @@ def test_fp16_loss_scale_backs_off_after_overflow(tmp_path):
     2) until gradients fit; from then on steps apply and the loss falls. The scale never grows
     within the 1000-step window."""
     rows = _train(tmp_path, "--set", "training.precision=fp16", "--set",
-                  "training.initial_loss_scale_power=28", "--set", "training.train_iters=40")
+                  "training.loss_scale.initial_power=28", "--set", "training.train_iters=40")
     scales = [r["loss_scale"] for r in rows]
     skipped = [r["skipped"] for r in rows]
     assert skipped[0], f"a 2**28 loss scale did not overflow on the first step: {rows[0]}"

@@ -145,11 +145,15 @@ def test_a_cluster_file_with_a_repeated_key_is_refused(tmp_path):
     (["data.synthetic=false"], "data.paths", "[]"),
     # fp16's loss scaler: a window of 0 divides by zero, hysteresis 0 never lowers the scale, a
     # minimum of 0 lets every gradient reach 0; a negative eps makes Adam's denominator 0
-    (["training.loss_scale_window=0"], "training.loss_scale_window", "0"),
-    (["training.hysteresis=0"], "training.hysteresis", "0"),
-    (["training.min_loss_scale=0"], "training.min_loss_scale", "0.0"),
-    (["training.initial_loss_scale_power=-1"], "training.initial_loss_scale_power", "-1"),
-    (["training.initial_loss_scale_power=128"], "training.initial_loss_scale_power", "128"),
+    (["training.loss_scale.window=0"], "training.loss_scale.window", "0"),
+    (["training.loss_scale.hysteresis=0"], "training.loss_scale.hysteresis", "0"),
+    (["training.loss_scale.minimum=0"], "training.loss_scale.minimum", "0.0"),
+    (["training.loss_scale.initial_power=-1"], "training.loss_scale.initial_power", "-1"),
+    (["training.loss_scale.initial_power=128"], "training.loss_scale.initial_power", "128"),
+    # the run's length named twice, differently
+    (["training.train_iters=10", "training.train_samples=100"], "training.train_samples",
+     "100"),
+    (["training.train_iters=null", "training.train_samples=0"], "training.train_samples", "0"),
     (["optimizer.adam_eps=-1e-8"], "optimizer.adam_eps", "-1e-08"),
     # torch.manual_seed overflowed at start-up (a traceback); a negative seed is refused too
     (["training.seed=18446744073709551616"], "training.seed", "18446744073709551616"),

@@ -9,6 +9,7 @@ import yaml
 
 from megatron.config import Config, ConfigError, build_config, load_config
 from megatron.config.sections import MOVED
+from megatron.base.deepspeed_json import deepspeed_config
 
 WARNING = "training.save_interval is now checkpoint.save_interval"
 
@@ -19,15 +20,38 @@ def _warnings(caplog):
 
 def test_every_moved_key_has_a_home_in_an_existing_section():
     """The training section's keys kept their names in their owners' sections; the model's MoE
-    keys moved into its moe sub-section, the moe_ prefix dropped."""
+    keys moved into its moe sub-section, the moe_ prefix dropped; fp16's loss-scaling keys into
+    training.loss_scale."""
     for (old, name), (section, new) in MOVED.items():
         home = Config().to_dict()[section]
-        if old == "training":
-            assert name == new and name in home
+        if "." not in new:
+            assert old == "training" and name == new and name in home
         else:
             sub, leaf = new.split(".")
-            assert (old, section, sub) == ("model", "model", "moe")
-            assert leaf in home["moe"] and name.replace("moe_", "") == leaf
+            assert (old, section, sub) in {("model", "model", "moe"),
+                                           ("training", "training", "loss_scale")}
+            assert leaf in home[sub] and name not in home
+            if sub == "moe":
+                assert name.replace("moe_", "") == leaf
+
+
+def test_an_old_loss_scale_key_loads_into_the_sub_section_and_both_at_once_is_refused(
+        tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  precision: fp16\n  initial_loss_scale_power: 12\n")
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(str(path), ["training.min_loss_scale=4"])
+    scale = cfg.training.loss_scale
+    assert (scale.initial_power, scale.minimum, scale.window) == (12, 4.0, 1000)
+    assert "training.initial_loss_scale_power is now training.loss_scale.initial_power" in \
+        " ".join(_warnings(caplog))
+    fp16 = deepspeed_config(cfg, 1, "cuda")["fp16"]  # what DeepSpeed's scaler is given
+    assert (fp16["initial_scale_power"], fp16["min_loss_scale"], fp16["hysteresis"]) == \
+        (12, 4.0, 2)
+    with pytest.raises(ConfigError, match="training.hysteresis=3 is invalid: expected unset: "
+                                          "it is now training.loss_scale.hysteresis"):
+        path.write_text("training:\n  hysteresis: 3\n  loss_scale:\n    hysteresis: 5\n")
+        load_config(str(path))
 
 
 @pytest.mark.parametrize("key", ["training.check_state", "training.roll_back"])

@@ -3,7 +3,8 @@ lr_wsd_decay_samples; Megatron-LM's --lr-*-samples): with one batch size it give
 counting steps gives; on a batch-size ramp it follows the samples, by hand; fp16's skipped steps
 count no samples; a checkpoint records the count, and one from before it is read as full
 batches; a resume that changes the unit or the run's length is named; the settings are refused
-mixed or out of range, with the field and the fix."""
+mixed or out of range, with the field and the fix; a run measured in samples
+(training.train_samples) ends its decay there."""
 import math
 
 import pytest
@@ -159,3 +160,13 @@ def test_unread_sample_settings_are_named():
     named = " ".join(unread_settings(cfg))
     assert "optimizer.lr_decay_samples" in named and "optimizer.lr_wsd_decay_samples" in named
     assert math.isclose(lr_at(0, cfg.optimizer, 10, 8), 1e-3)  # constant: lr throughout
+
+
+def test_a_run_of_train_samples_decays_to_them_not_to_its_last_steps_samples():
+    """60 samples at a global batch of 8 take 8 steps (64 samples); Megatron-LM's decay ends at
+    --train-samples when --lr-decay-samples is not given: a linear decay from sample 0 to 60."""
+    t = load_config(None, ["training.global_batch_size=8", "training.micro_batch_size=2",
+                           "training.train_iters=null", "training.train_samples=60"]).training
+    assert t.train_iters == 8
+    got, _ = rates(opt(lr=1.0, min_lr=0.0, lr_warmup_samples=0, lr_decay_style="linear"), t)
+    assert got == pytest.approx([max(0.0, 1 - 8 * i / 60) for i in range(8)], rel=1e-12)

@@ -1,6 +1,8 @@
 """training.rampup_batch_size (Megatron-LM's --rampup-batch-size): each step's global batch from
 the samples consumed before it, checked against hand counts; the refusals, each naming the field
-and the fix; the data iterators' steps of ramp-sized batches; the metrics line's batch."""
+and the fix; the data iterators' steps of ramp-sized batches; the metrics line's batch; the run's
+length in samples (training.train_samples, Megatron-LM's --train-samples) counted in the ramp's
+steps."""
 import json
 
 import numpy as np
@@ -186,3 +188,42 @@ def test_a_checkpoint_records_its_ramp_and_only_when_there_is_one():
     again = CheckpointMeta.from_json(json.loads(json.dumps(ramped.to_json())))
     assert again.data.rampup_batch_size == [4, 4, 28]
     assert dataclasses.replace(again, saved_at=ramped.saved_at) == ramped
+
+
+@pytest.mark.parametrize("samples, ramp, steps", [
+    (48, [4, 4, 24], 9),   # six steps of 4 reach 24, then three of 8 reach 48 exactly
+    (49, [4, 4, 24], 10),  # one sample more takes a whole step more
+    (10, [4, 4, 24], 3),   # inside the ramp: 4 + 4 + 4
+    (17, None, 3),         # no ramp: ceil(17 / 8)
+    (8, None, 1),
+])
+def test_train_samples_sets_the_steps_that_hold_them(samples, ramp, steps):
+    sets = ["training.global_batch_size=8", "training.train_iters=null",
+            f"training.train_samples={samples}"]
+    if ramp:
+        sets.append(f"training.rampup_batch_size={ramp}")
+    t = training(*sets)
+    assert t.train_iters == steps
+    assert t.samples_over(0, steps) >= samples > t.samples_over(0, steps - 1)
+    assert t.total_samples() == samples
+
+
+def test_a_config_written_with_train_samples_reads_back_and_both_lengths_are_refused(tmp_path):
+    """A run's config.yaml says the length once, in samples, so a resume with another batch
+    re-counts the steps; a file's train_iters and a --set train_samples are refused together
+    (Megatron-LM's rule: one of the two); nothing set: 20 steps."""
+    cfg = load_config(TINY, ["training.global_batch_size=16", "training.train_iters=null",
+                             "training.train_samples=100",
+                             "training.rampup_batch_size=[4, 4, 100]"])
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    again = load_config(str(path)).training
+    # steps of 4 to 36 samples, of 8 to 68, of 12 to 104: 9 + 4 + 3
+    assert (again.train_samples, again.train_iters) == (100, cfg.training.train_iters) == (100, 16)
+    # to a batch of 8 the ramp's one increment comes at sample 100: 25 steps of 4
+    assert load_config(str(path), ["training.global_batch_size=8"]).training.train_iters == 25
+    assert load_config(None).training.train_iters == 20
+    with pytest.raises(ConfigError, match="training.train_iters=20 is set .100 samples take 16 "
+                                          "steps here.; set the run's length once"):
+        load_config(TINY, ["training.global_batch_size=16", "training.train_samples=100",
+                           "training.rampup_batch_size=[4, 4, 100]"])

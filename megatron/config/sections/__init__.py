@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 from megatron.config.sections.attention import AttentionConfig
 from megatron.config.sections.checkpoint import CheckpointConfig
 from megatron.config.sections.data import DataConfig, split_fractions
+from megatron.config.sections.loss_scale import LossScaleConfig
 from megatron.config.sections.model import ModelConfig
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.optimizer import OptimizerConfig
@@ -38,7 +39,8 @@ SECTIONS = {
 # Sub-sections: a field of a section that is a section of its own, written nested in YAML
 # (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
 SUBSECTIONS = {"model.attention": AttentionConfig, "model.rope_scaling": RopeScalingConfig,
-               "model.moe": MoEConfig, "model.residual": ResidualConfig}
+               "model.moe": MoEConfig, "model.residual": ResidualConfig,
+               "training.loss_scale": LossScaleConfig}
 
 # The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
 # moe_ prefix the sub-section now says).
@@ -48,6 +50,11 @@ _MOE_RENAMED = {"num_experts": "num_experts", "moe_top_k": "top_k",
                 "moe_aux_loss_coeff": "aux_loss_coeff", "moe_z_loss_coeff": "z_loss_coeff",
                 "moe_router_bias_update_rate": "router_bias_update_rate",
                 "moe_shared_expert_ffn_hidden_size": "shared_expert_ffn_hidden_size"}
+
+
+# The loss-scaling fields that were training.<old> before training.loss_scale held them.
+_LOSS_SCALE = {"initial_loss_scale_power": "initial_power", "loss_scale_window": "window",
+               "hysteresis": "hysteresis", "min_loss_scale": "minimum"}
 
 
 def field_at(section, dotted: str):
@@ -74,10 +81,12 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
                            "loss_spike_window loss_spike_action max_rollbacks "
                            "rerun_suspect_steps startup_timeout_minutes hang_timeout_minutes "
                            "straggler_interval straggler_factor"),
-    **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()}}
+    **{("model", old): ("model", f"moe.{new}") for old, new in _MOE_RENAMED.items()},
+    # fp16's loss scaler, into its sub-section (December 2026)
+    **{("training", old): ("training", f"loss_scale.{new}") for old, new in _LOSS_SCALE.items()}}
 
 __all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "AttentionConfig", "CheckpointConfig",
-           "DataConfig", "EvalConfig",
+           "DataConfig", "EvalConfig", "LossScaleConfig",
            "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
            "ResidualConfig",
            "RopeScalingConfig",

@@ -3,11 +3,12 @@ logging, when the run stops) and the eval section (periodic evaluation), read by
 model context, the data iterators, deepspeed.json and the planner."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Sequence
 
 from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import check_choices, finite, positive
+from megatron.config.sections.loss_scale import LossScaleConfig
 
 
 def ramp_sizes(ramp: Optional[Sequence[int]], global_batch: int) -> List[int]:
@@ -35,9 +36,17 @@ class TrainingConfig:
     micro-batch, and so the memory, stays the same. train_iters counts steps; the LR schedule
     counts steps, or samples with optimizer.lr_*_samples (as Megatron-LM's under a ramp).
     null: no ramp."""
-    train_iters: int = 20
+    train_iters: Optional[int] = None
     """Optimizer steps of the whole run (a resumed run counts from its checkpoint's step); the
-    LR schedule spans them."""
+    LR schedule spans them. null: the steps train_samples takes, or 20 when it is null too."""
+    train_samples: Optional[int] = None
+    """Megatron-LM's --train-samples: the run's length in samples instead of steps. train_iters
+    becomes the fewest steps whose batches (the ramp's under rampup_batch_size, then
+    global_batch_size's) hold this many samples, the last one whole, so the run may pass it by
+    less than a global batch; an LR schedule in samples (optimizer.lr_*_samples) ends its
+    decay here unless lr_decay_samples says otherwise. Set this or train_iters, not both; a
+    run's config.yaml says the length in samples alone (train_iters null), so a resume with
+    another batch counts its steps again."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Precision of the model and its gradients: fp32; bf16; or fp16 with dynamic loss scaling
     (GPU only)."""
@@ -58,14 +67,8 @@ class TrainingConfig:
     input only is kept); selective (the attention core's s x s scores are recomputed)."""
     clip_grad: float = 1.0
     """Gradients are scaled down to this global L2 norm when above it; 0: no clipping."""
-    initial_loss_scale_power: int = 16
-    """fp16 dynamic loss scaling starts at 2**initial_loss_scale_power (0-127)."""
-    loss_scale_window: int = 1000
-    """fp16: steps without an overflow before the loss scale doubles (at least 1)."""
-    hysteresis: int = 2
-    """fp16: overflows tolerated before the loss scale is lowered (at least 1)."""
-    min_loss_scale: float = 1.0
-    """fp16: the loss scale never drops below this (above 0)."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    """fp16's dynamic loss scaling, a sub-section (`training.loss_scale.*`)."""
     log_interval: int = 1
     """A metrics.jsonl line (and TensorBoard point) every this many steps."""
     exit_interval: int = 0
@@ -94,6 +97,8 @@ class TrainingConfig:
     def __post_init__(self):
         s = "training"
         finite(s, self)
+        self._check_ramp()
+        self._resolve_length()
         for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval"):
             positive(s, name, getattr(self, name))
         positive(s, "exit_interval", self.exit_interval, allow_zero=True)
@@ -103,8 +108,6 @@ class TrainingConfig:
         if not 0 <= self.seed < 2 ** 62:  # each stage and TP rank adds an offset to it
             raise ConfigError(f"{s}.seed", self.seed, "an integer in [0, 2**62) (torch's "
                               "generators take 64 bits; 2**64 failed at the first seeding)")
-        self._check_loss_scaler()
-        self._check_ramp()
         check_choices(s, self)
         if self.peak_tflops is not None:
             positive(s, "peak_tflops", self.peak_tflops)
@@ -123,6 +126,36 @@ class TrainingConfig:
             raise ConfigError(name, ramp, f"a start below training.global_batch_size="
                               f"{self.global_batch_size} and an increment that reaches it "
                               f"from there (global_batch_size - start a multiple of it)", fix)
+
+    def _resolve_length(self) -> None:
+        """train_iters from train_samples (or its default), or their agreement when both are
+        set."""
+        if self.train_samples is None:
+            if self.train_iters is None:
+                self.train_iters = 20
+            return
+        for name in ("global_batch_size", "train_samples"):
+            positive("training", name, getattr(self, name))
+        steps = self.steps_for(self.train_samples)
+        if self.train_iters is None:
+            self.train_iters = steps
+        elif self.train_iters != steps:
+            raise ConfigError("training.train_samples", self.train_samples,
+                              f"unset while training.train_iters={self.train_iters} is set "
+                              f"({self.train_samples} samples take {steps} steps here)",
+                              "set the run's length once: train_iters (steps) or "
+                              "train_samples (samples), and null the other")
+
+    def steps_for(self, samples: int) -> int:
+        """The fewest steps from the start whose batches hold `samples` samples."""
+        steps = consumed = 0
+        while consumed < samples and self.global_batch_at(consumed) < self.global_batch_size:
+            consumed, steps = consumed + self.global_batch_at(consumed), steps + 1
+        return steps + max(0, -(-(samples - consumed) // self.global_batch_size))
+
+    def total_samples(self) -> int:
+        """The samples the run's length names: train_samples, or what train_iters steps take."""
+        return self.train_samples or self.samples_over(0, self.train_iters)
 
     def global_batch_at(self, consumed: int) -> int:
         """The global batch of the step that starts after `consumed` samples: global_batch_size,
@@ -147,20 +180,6 @@ class TrainingConfig:
     def ramp_sizes(self) -> List[int]:
         """Every global batch a step can take, smallest first."""
         return ramp_sizes(self.rampup_batch_size, self.global_batch_size)
-
-    def _check_loss_scaler(self) -> None:
-        """fp16's dynamic loss scaler (DeepSpeed's) misbehaves quietly outside these: a window
-        of 0 divides by zero at the first clean step, hysteresis 0 never lowers the scale (every
-        step then overflows and is skipped), a minimum of 0 lets the scale, and so every
-        gradient, reach 0; 2**power must be a float32 number."""
-        s = "training"
-        if not 0 <= self.initial_loss_scale_power <= 127:
-            raise ConfigError(f"{s}.initial_loss_scale_power", self.initial_loss_scale_power,
-                              "an exponent in [0, 127] (2**power is the first fp16 loss scale; "
-                              "DeepSpeed's default 16, Megatron-LM's 32)")
-        positive(s, "loss_scale_window", self.loss_scale_window)
-        positive(s, "hysteresis", self.hysteresis)
-        positive(s, "min_loss_scale", self.min_loss_scale)
 
 
 @dataclass
