@@ -45,6 +45,7 @@ def test_an_old_loss_scale_key_loads_into_the_sub_section_and_both_at_once_is_re
     assert (scale.initial_power, scale.minimum, scale.window) == (12, 4.0, 1000)
     assert "training.initial_loss_scale_power is now training.loss_scale.initial_power" in \
         " ".join(_warnings(caplog))
+    assert Config.from_dict(cfg.to_dict()).training.loss_scale == scale  # a saved config's
     fp16 = deepspeed_config(cfg, 1, "cuda")["fp16"]  # what DeepSpeed's scaler is given
     assert (fp16["initial_scale_power"], fp16["min_loss_scale"], fp16["hysteresis"]) == \
         (12, 4.0, 2)

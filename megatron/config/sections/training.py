@@ -96,6 +96,8 @@ class TrainingConfig:
 
     def __post_init__(self):
         s = "training"
+        if isinstance(self.loss_scale, dict):  # a saved config's mapping (Config.from_dict)
+            self.loss_scale = LossScaleConfig(**self.loss_scale)
         finite(s, self)
         self._check_ramp()
         self._resolve_length()
