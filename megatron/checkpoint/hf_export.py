@@ -23,7 +23,9 @@ the rest of that ecosystem. These flavours map exactly, weight for weight:
 - Gemma 3, text (rotary, RMSNorm, GeGLU, no biases, per-head q and k norms, norms after the
   attention and the MLP and the embedding times sqrt(hidden): model.residual; every N-th layer
   global, the others in a window, with their own rotary base) -> Gemma3ForCausalLM; its norms
-  store the offset from 1 (weight - 1).
+  store the offset from 1 (weight - 1). Gemma 2 (the same without q and k norms, one rotary
+  base; the scores and the logits capped: model.attention.logit_softcapping,
+  model.output.logit_softcapping) -> Gemma2ForCausalLM.
 - Mixtral (the Llama settings with experts in every layer, model.moe.layer_freq=1, no biases,
   model.moe.router=softmax_renorm: Mixtral renormalises its top-k softmax weights, which our
   plain softmax router does not) -> MixtralForCausalLM, written in the Hugging Face hub's layout
@@ -63,10 +65,12 @@ _ROUTED = {"moe.layer_freq": 1, "moe.router_bias_update_rate": 0.0,
 _FULL = {"attention.sliding_window": 0}  # every earlier key: no window field to hold one
 # one window for every layer, or none; one rotary base
 _ONE_WINDOW = {"attention.sliding_window_pattern": 0, "attention.window_rotary_base": None}
-# a plain pre-norm layer (model.residual): only Gemma 3 holds norms after the sub-blocks,
-# and the scores' default scale (Gemma's query_pre_attn_scalar holds another)
+# a plain pre-norm layer (model.residual): only Gemma 2 and 3 hold norms after the sub-blocks,
+# the scores' default scale (Gemma's query_pre_attn_scalar holds another) and no cap on the
+# scores or the logits (Gemma's attn_logit_softcapping, final_logit_softcapping)
 _PLAIN = {"residual.post_norms": False, "residual.embedding_multiplier": 1.0,
-          "attention.softmax_scale": None}
+          "attention.softmax_scale": None, "attention.logit_softcapping": 0.0,
+          "output.logit_softcapping": 0.0}
 FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                         "attention.kv_channels": None, "attention.qk_norm": False, **_FULL,
                         **_PLAIN},
@@ -86,15 +90,19 @@ FIELD_NEEDS = {"gpt2": {"add_bias_linear": True, "tie_embeddings": True,
                            **_ROUTED, **_ONE_WINDOW, **_PLAIN},
                # the embedding's multiplier, sqrt(hidden), is checked in _arch_problems
                "gemma3": {"add_bias_linear": False, "attention.add_qkv_bias": False,
-                          "attention.qk_norm": True, "residual.post_norms": True}}
+                          "attention.qk_norm": True, "residual.post_norms": True},
+               # one rotary base for every layer
+               "gemma2": {"add_bias_linear": False, "attention.add_qkv_bias": False,
+                          "attention.qk_norm": False, "residual.post_norms": True,
+                          "attention.window_rotary_base": None}}
 ARCH_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
               "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral",
-              "gemma3": "Gemma 3"}
+              "gemma2": "Gemma 2", "gemma3": "Gemma 3"}
 MOE_ARCHS = ("qwen3_moe", "mixtral")
 # Mistral's, Mixtral's and Qwen's attention, norm, rotary and SwiGLU are Llama's: the variants'
 # Llama names serve them.
 VARIANT_ARCH = {"mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen3": "llama",
-                "qwen3_moe": "llama"}
+                "qwen3_moe": "llama", "gemma2": "gemma3"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -120,7 +128,7 @@ def _arch_problems(m, arch: str) -> List[str]:
     if arch == "llama" and m.qkv_bias != m.add_bias_linear:
         why.append(f"attention.add_qkv_bias={m.attention.add_qkv_bias!r} with add_bias_linear="
                    f"{m.add_bias_linear!r} (biases on q, k and v alone)")
-    if arch == "gemma3" and m.residual.embedding_multiplier != m.hidden_size ** 0.5:
+    if arch in ("gemma2", "gemma3") and m.residual.embedding_multiplier != m.hidden_size ** 0.5:
         why.append(f"residual.embedding_multiplier={m.residual.embedding_multiplier!r} (needs "
                    f"sqrt(hidden_size) = {m.hidden_size ** 0.5!r})")
     if arch == "gpt2" and m.kv_heads != m.num_attention_heads:
@@ -130,11 +138,12 @@ def _arch_problems(m, arch: str) -> List[str]:
 
 
 def flavour(m) -> str:
-    """'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'mixtral' or 'gemma3' for a model
-    config
-    that maps exactly; InputError otherwise, naming what each architecture lacks."""
+    """'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'mixtral', 'gemma2' or 'gemma3'
+    for a model config that maps exactly; InputError otherwise, naming what each architecture
+    lacks."""
     problems = {}
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3", "gpt2"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3",
+                 "gpt2"):
         problems[arch] = _arch_problems(m, arch)
         if not problems[arch]:
             return arch
@@ -244,6 +253,13 @@ GEMMA_NORMS = {"input_layernorm.": "norm1.", "post_attention_layernorm.": "post_
                "self_attn.q_norm.": "attention.q_norm.", "self_attn.k_norm.": "attention.k_norm."}
 
 
+def gemma_norms(m) -> Dict[str, str]:
+    """GEMMA_NORMS of a layer of `m`: Gemma 3's q and k norms only where it has them (Gemma 2
+    has none)."""
+    return {theirs: mine for theirs, mine in GEMMA_NORMS.items()
+            if m.attention.qk_norm or "attention." not in mine}
+
+
 def gemma3_state_dict(sd: StateDict, m) -> StateDict:
     """Gemma 3 (text): Llama's names for the projections and the MLP, Gemma's for its norms,
     each stored as weight - 1 (GEMMA_NORMS)."""
@@ -256,7 +272,7 @@ def gemma3_state_dict(sd: StateDict, m) -> StateDict:
         out["lm_head.weight"] = sd["output.head.weight"]
     for i in range(m.num_layers):
         ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        for theirs, mine in GEMMA_NORMS.items():
+        for theirs, mine in gemma_norms(m).items():
             out.update(norm(ours + mine, hf + theirs))
         q, k, v = _qkv_parts(sd[f"{ours}attention.qkv.weight"], m)
         out.update({f"{hf}self_attn.q_proj.weight": q, f"{hf}self_attn.k_proj.weight": k,
@@ -284,16 +300,35 @@ def _gemma3_config(m, common: dict) -> dict:
              else {"rope_type": "default", "rope_theta": a.window_rotary_base})
     types = ["sliding_attention" if a.window_of(i) is not None else "full_attention"
              for i in range(m.num_layers)]
-    return dict(common, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-                hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+    return dict(_gemma_config(m, common), architectures=["Gemma3ForCausalLM"],
+                model_type="gemma3_text", layer_types=types,
+                rope_parameters={"full_attention": full, "sliding_attention": local})
+
+
+def _gemma_config(m, common: dict) -> dict:
+    """Gemma 2's and 3's shared fields: the shape, the scores' scale, the window and the caps
+    (null where there is none)."""
+    a = m.attention
+    return dict(common, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
                 num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
                 num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
                 query_pre_attn_scalar=_query_scalar(m),
                 max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
                 hidden_activation="gelu_pytorch_tanh", attention_bias=False,
                 attention_dropout=0.0, sliding_window=a.sliding_window or None,
-                layer_types=types, attn_logit_softcapping=None, final_logit_softcapping=None,
-                rope_parameters={"full_attention": full, "sliding_attention": local})
+                attn_logit_softcapping=a.logit_softcapping or None,
+                final_logit_softcapping=m.output.logit_softcapping or None)
+
+
+def _gemma2_config(m, common: dict) -> dict:
+    """Gemma2Config's fields: one rotary (transformers 5's rope_parameters and 4's rope_theta),
+    every layer's kind (layer_types, transformers 4.53 on; earlier ones alternate them, as
+    sliding_window_pattern 2 does)."""
+    types = ["sliding_attention" if m.attention.window_of(i) is not None else "full_attention"
+             for i in range(m.num_layers)]
+    return dict(_gemma_config(m, common), architectures=["Gemma2ForCausalLM"],
+                model_type="gemma2", layer_types=types, rope_theta=m.rotary_base,
+                **_rope_fields(m))
 
 
 def _eod_id(tok):
@@ -319,6 +354,8 @@ def hf_config(merged: MergedCheckpoint, kind: str, dtype: str, eod) -> dict:
                     reorder_and_upcast_attn=False)
     if kind == "gemma3":
         return _gemma3_config(m, common)
+    if kind == "gemma2":
+        return _gemma2_config(m, common)
     llama = _llama_config(m, common)
     if kind == "llama":
         return llama
@@ -410,7 +447,7 @@ def export_hf(merged: MergedCheckpoint, output_dir: str, dtype: str = "fp32") ->
     kind, tok = check_exportable(merged.config)
     if kind == "gpt2":
         converted = gpt2_state_dict(merged.state_dict, merged.config.model)
-    elif kind == "gemma3":
+    elif kind in ("gemma2", "gemma3"):
         converted = gemma3_state_dict(merged.state_dict, merged.config.model)
     else:
         converted = llama_state_dict(merged.state_dict, merged.config.model, kind)

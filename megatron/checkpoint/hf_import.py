@@ -1,6 +1,7 @@
-"""Hugging Face import: a transformers GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral
-or Gemma 3 folder (of an image-text Gemma 3, its language model; the vision tower is left out)
-(config.json + safetensors, single or sharded) as a single-file model (convert.save_single),
+"""Hugging Face import: a transformers GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral,
+Gemma 2 or Gemma 3 folder (of an image-text Gemma 3, its language model; the vision tower is
+left out) (config.json + safetensors, single or sharded) as a single-file model
+(convert.save_single),
 from which `checkpoint.init_from` starts a run of any layout: continued pretraining of published
 weights. The inverse of hf_export.py (Mistral's
 weights are Llama's and export as Llama), weight for weight: the experts from the hub's
@@ -12,10 +13,12 @@ apart from hidden / heads as model.attention.kv_channels; Gemma 3's GeGLU, norms
 attention and the MLP (model.residual), embedding scale, local and global layers
 (model.attention.sliding_window_pattern, window_rotary_base) and query scale
 (query_pre_attn_scalar^-0.5 as model.attention.softmax_scale), its norms' weights stored as
-1 + weight. Linear and Llama 3.1's rope scaling
-become model.rope_scaling. Architectures or options this model does not implement (other rope
-scalings, sliding windows, separate attention and MLP bias settings, dense layers among
-Qwen3-MoE's experts) are refused with the field and its value (config/hf_models.py)."""
+1 + weight; Gemma 2's the same without q and k norms, with its caps of the attention scores
+and the logits (model.attention.logit_softcapping, model.output.logit_softcapping). Linear and
+Llama 3.1's rope scaling become model.rope_scaling. Architectures or options this model does
+not implement (other rope scalings, sliding windows, separate attention and MLP bias settings,
+dense layers among Qwen3-MoE's experts) are refused with the field and its value
+(config/hf_models.py)."""
 from __future__ import annotations
 
 import functools
@@ -29,7 +32,7 @@ from megatron.config import variants
 from megatron.config.errors import InputError
 from megatron.config.hf_models import hf_model_config, model_section, read_hf_config
 from megatron.checkpoint.convert import MergedCheckpoint
-from megatron.checkpoint.hf_export import GEMMA_NORMS, HUB_EXPERTS
+from megatron.checkpoint.hf_export import HUB_EXPERTS, gemma_norms
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -169,8 +172,9 @@ GEMMA3_PREFIXES = (("model.", ""), ("language_model.model.", "language_model."),
 
 
 def _from_gemma3(sd: StateDict, m, hf_dir: str) -> StateDict:
-    """Gemma 3 (text; an image-text model's language model, its vision tower left out):
-    Llama's projections and MLP; every norm's weight + 1, in fp32."""
+    """Gemma 3 (text; an image-text model's language model, its vision tower left out) and
+    Gemma 2 (no q and k norms): Llama's projections and MLP; every norm's weight + 1, in
+    fp32."""
     w = _Weights(sd, hf_dir)
     prefix, head = next(((p, h) for p, h in GEMMA3_PREFIXES if w.has(p + "embed_tokens.weight")),
                         GEMMA3_PREFIXES[0])
@@ -184,7 +188,7 @@ def _from_gemma3(sd: StateDict, m, hf_dir: str) -> StateDict:
     for i in range(m.num_layers):
         hf, ours = f"{prefix}layers.{i}.", f"layers.{i}."
         attn = hf + "self_attn."
-        for theirs, mine in GEMMA_NORMS.items():
+        for theirs, mine in gemma_norms(m).items():
             out.update(norm(hf + theirs, ours + mine))
         out[ours + "attention.qkv.weight"] = _fuse_qkv(w(f"{attn}q_proj.weight"),
                                                        w(f"{attn}k_proj.weight"),
@@ -203,7 +207,7 @@ def import_hf(hf_dir: str) -> MergedCheckpoint:
     kind = hf["model_type"]
     if kind == "gpt2":
         converted = _from_gpt2(sd, cfg.model, hf_dir)
-    elif kind in ("gemma3_text", "gemma3"):
+    elif kind in ("gemma3_text", "gemma3", "gemma2"):
         converted = _from_gemma3(sd, cfg.model, hf_dir)
     else:
         converted = _from_llama(sd, cfg.model, hf_dir, kind)

@@ -40,8 +40,9 @@ _SAME_FUNCTION = {"gpt2": {}, "llama": {}, "gemma3": {}}
 register(Variant("attention", "flash", "megatron.model.attention_cores:FlashCore",
                  available="megatron.model.attention_cores:flash_available",
                  needs="flash-attn needs a GPU, bf16/fp16 and the flash_attn package",
-                 sliding_window=True, hf=_SAME_FUNCTION))
+                 sliding_window=True, softcapping=True, hf=_SAME_FUNCTION))
 register(Variant("attention", "sdpa", "megatron.model.attention_cores:SdpaCore",
                  documents=True, sliding_window=True, hf=_SAME_FUNCTION))
 register(Variant("attention", "math", "megatron.model.attention_cores:MathCore",
-                 keeps_scores=True, documents=True, sliding_window=True, hf=_SAME_FUNCTION))
+                 keeps_scores=True, documents=True, sliding_window=True, softcapping=True,
+                 hf=_SAME_FUNCTION))

@@ -79,6 +79,8 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _mixtral_section(hf)
     if kind in ("gemma3_text", "gemma3"):
         return _gemma3_section(gemma3_text_config(hf))
+    if kind == "gemma2":
+        return _gemma2_section({**GEMMA2_DEFAULTS, **hf})
     if kind in ("qwen2", "qwen3"):
         return _qwen_section(hf, kind)
     if kind == "qwen3_moe":
@@ -87,7 +89,7 @@ def model_section(hf: Dict[str, Any]) -> Dict[str, Any]:
         return _windowed(_llama_section(dict(hf, attention_bias=False, mlp_bias=False)), hf)
     if kind != "llama":
         raise _unsupported("model_type", kind, "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, "
-                           "mixtral, gemma3_text or gemma3")
+                           "mixtral, gemma2, gemma3_text or gemma3")
     return _llama_section(hf)
 
 
@@ -161,35 +163,61 @@ def gemma3_text_config(hf: Dict[str, Any]) -> Dict[str, Any]:
     return {**GEMMA3_TEXT_DEFAULTS, **hf}
 
 
+# Gemma2Config's defaults (transformers): a config.json written before layer_types existed
+# (transformers 4.42-4.52) leaves every other layer global by this pattern.
+GEMMA2_DEFAULTS = {"vocab_size": 256000, "head_dim": 256, "max_position_embeddings": 8192,
+                   "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+                   "rope_theta": 1e4, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                   "sliding_window_pattern": 2, "attn_logit_softcapping": 50.0,
+                   "final_logit_softcapping": 30.0, "tie_word_embeddings": True}
+
+
 def _gemma3_section(hf: Dict[str, Any]) -> Dict[str, Any]:
-    """Gemma 3 (text): Llama's shape with GeGLU, per-head q and k norms, norms after the
-    attention and the MLP, the embedding times sqrt(hidden), every N-th layer global
-    (layer_types), the windowed layers' own rotary base, and query_pre_attn_scalar^-0.5 as the
-    scores' scale where it is not the head width's. Softcapping and bidirectional attention are
-    refused."""
+    """Gemma 3 (text): Gemma's layer (_gemma_section) with per-head q and k norms, and the
+    windowed layers' own rotary base."""
+    full, local = _gemma3_rope(hf)
+    section = _gemma_section(hf, full, qk_norm=True)
+    if section["attention"]["sliding_window"] and local.get("rope_type", "default") != "default":
+        raise _unsupported("rope_parameters.sliding_attention", local, "rope_type default")
+    if section["attention"]["sliding_window"]:
+        section["attention"]["window_rotary_base"] = float(local.get("rope_theta", 10000.0))
+    return section
+
+
+def _gemma2_section(hf: Dict[str, Any]) -> Dict[str, Any]:
+    """Gemma 2: Gemma's layer (_gemma_section) without q and k norms, one rotary base for every
+    layer (transformers 5's rope_parameters, or 4's rope_theta), the attention scores and the
+    logits capped by default (50 and 30)."""
+    rope = dict(hf.get("rope_scaling") or {}, **(hf.get("rope_parameters") or {}))
+    rope.setdefault("rope_theta", hf.get("rope_theta", 1e4))
+    return _gemma_section(hf, rope, qk_norm=False)
+
+
+def _gemma_section(hf: Dict[str, Any], rope: Dict[str, Any], qk_norm: bool) -> Dict[str, Any]:
+    """Gemma 2's and 3's shared layer: Llama's shape with GeGLU, norms after the attention and
+    the MLP, the embedding times sqrt(hidden), every N-th layer global (layer_types),
+    query_pre_attn_scalar^-0.5 as the scores' scale where it is not the head width's, and the
+    scores' and logits' caps (attn_logit_softcapping, final_logit_softcapping; null: none).
+    Bidirectional attention and biases are refused."""
     act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
     if act != "gelu_pytorch_tanh":
         raise _unsupported("hidden_activation", act, "gelu_pytorch_tanh (GeGLU)")
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    for name, want in (("attn_logit_softcapping", None), ("final_logit_softcapping", None),
-                       ("use_bidirectional_attention", False), ("attention_bias", False)):
+    for name, want in (("use_bidirectional_attention", False), ("attention_bias", False)):
         if hf.get(name) is not None and hf.get(name) != want:
             raise _unsupported(name, hf.get(name), repr(want))
-    full, local = _gemma3_rope(hf)
-    section = _llama_section(dict(hf, hidden_act="silu", rope_parameters=full, rope_scaling=None,
-                                  rope_theta=full["rope_theta"], mlp_bias=False))
+    section = _llama_section(dict(hf, hidden_act="silu", rope_parameters=rope, rope_scaling=None,
+                                  rope_theta=rope["rope_theta"], mlp_bias=False))
     window, pattern = _gemma3_layers(hf)
-    attention = dict(section.get("attention", {}), qk_norm=True, sliding_window=window,
-                     sliding_window_pattern=pattern)
-    if window and local.get("rope_type", "default") != "default":
-        raise _unsupported("rope_parameters.sliding_attention", local, "rope_type default")
-    if window:
-        attention["window_rotary_base"] = float(local.get("rope_theta", 10000.0))
+    attention = dict(section.get("attention", {}), qk_norm=qk_norm, sliding_window=window,
+                     sliding_window_pattern=pattern,
+                     logit_softcapping=float(hf.get("attn_logit_softcapping") or 0.0))
     scalar = hf.get("query_pre_attn_scalar") or head_dim
-    if scalar != head_dim:  # Gemma 3 27B: 168 with heads of 128
+    if scalar != head_dim:  # Gemma 3 27B: 168 with heads of 128; Gemma 2 27B: 144
         attention["softmax_scale"] = float(scalar) ** -0.5
     return dict(section, **variants.of_architecture("gemma3"), attention=attention,
-                residual={"post_norms": True, "embedding_multiplier": hf["hidden_size"] ** 0.5})
+                residual={"post_norms": True, "embedding_multiplier": hf["hidden_size"] ** 0.5},
+                output={"logit_softcapping": float(hf.get("final_logit_softcapping") or 0.0)})
 
 
 def _gemma3_rope(hf: Dict[str, Any]):

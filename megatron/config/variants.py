@@ -71,6 +71,9 @@ class Variant:
     # attention: whether it attends within model.attention.sliding_window (its module reads
     # m.attention.window_of(layer_number))
     sliding_window: bool = False
+    # attention: whether it caps its scores by model.attention.logit_softcapping (its module
+    # reads it)
+    softcapping: bool = False
     flops_per_token: Optional[Callable[[Any], float]] = None
     # attention: whether it can run here, called (device type, precision) by the model where
     # `auto` chooses and where the core is asked for; a callable or "package.module:Name" (it

@@ -30,7 +30,8 @@ def build_context(cfg, state: ParallelState, vocab_size: int,
     if eod is not None and d.document_setting is not None:
         documents = Documents(eod, d.reset_attention_mask, d.reset_position_ids)
     backend = resolve_attention_backend(cfg.model.attention_backend, device, t.precision,
-                                        documents=d.reset_attention_mask and eod is not None)
+                                        documents=d.reset_attention_mask and eod is not None,
+                                        softcap=bool(cfg.model.attention.logit_softcapping))
     window_error(cfg.model, backend)
     sel = KernelSelection(cfg.kernels.mode, device)
     tracker = build_tracker(t.seed, state.tp_rank, state.pp_rank, device)

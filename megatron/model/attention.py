@@ -35,10 +35,14 @@ log = logging.getLogger(__name__)
 
 
 def resolve_attention_backend(requested: str, device: torch.device, precision: str,
-                              documents: bool = False) -> str:
+                              documents: bool = False, softcap: bool = False) -> str:
     """The core to run: the one asked for (an error if it cannot run here), or for "auto" the
     first registered core that can. documents: data.reset_attention_mask, which only cores
-    that take a document mask run (their record's `documents`)."""
+    that take a document mask run (their record's `documents`). softcap:
+    model.attention.logit_softcapping, which only cores that cap their scores run (their
+    record's `softcapping`)."""
+    if softcap:
+        return _capping_core(requested, device, precision, documents)
     if documents:
         return _document_core(requested, device, precision)
     if requested != variants.AUTO:
@@ -79,6 +83,28 @@ def _document_core(requested: str, device: torch.device, precision: str) -> str:
                       (f"use model.attention_backend={masking[0]}" if masking else
                        "register a core whose record has documents=True") +
                       ", or set data.reset_attention_mask=false")
+
+
+def _capping_core(requested: str, device: torch.device, precision: str, documents: bool) -> str:
+    capping = [n for n in variants.names("attention")
+               if variants.get("attention", n).softcapping
+               and (variants.get("attention", n).documents or not documents)]
+    if requested == variants.AUTO:
+        runnable = [n for n in capping
+                    if variants.get("attention", n).can_run(device.type, precision)]
+        if runnable:
+            log.info("attention backend: auto chose %s (model.attention.logit_softcapping: a "
+                     "core that caps its scores)", runnable[0])
+            return runnable[0]
+    elif requested in capping:
+        return resolve_attention_backend(requested, device, precision, documents)
+    fix = (f"use model.attention_backend={capping[0]}" if capping else
+           "register a core whose record has softcapping=True")
+    raise ConfigError("model.attention_backend", requested,
+                      f"a core that caps its scores under model.attention.logit_softcapping "
+                      f"({', '.join(capping) or 'none registered'}"
+                      f"{' that takes a document mask' if documents else ''})",
+                      fix + ", or set model.attention.logit_softcapping=0")
 
 
 def window_error(m: ModelConfig, backend: str) -> None:

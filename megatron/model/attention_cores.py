@@ -47,6 +47,9 @@ class _Core(nn.Module):
         self.dropout, self.tracker, self.sel = m.attention_dropout, ctx.tracker, ctx.sel
         # model.attention.sliding_window: the keys this layer's queries see (None: all earlier)
         self.window = m.attention.window_of(layer_number)
+        # model.attention.logit_softcapping (0: none); a core whose record has softcapping=True
+        # applies it
+        self.softcap = m.attention.logit_softcapping
 
     def p(self) -> float:
         return self.dropout if self.training else 0.0
@@ -62,10 +65,14 @@ class FlashCore(_Core):
         s, b, n, d = q.shape
         # flash-attn's window (left, right) counts the keys beside the query's own
         window = (self.window - 1, 0) if self.window else (-1, -1)
+        # flash-attn 2.6's softcap: tanh-capped scores inside the kernel (passed only when set,
+        # so an older flash-attn still runs every model without a cap)
+        capped = {"softcap": self.softcap} if self.softcap else {}
         with self.dropout_stream():
             out = flash_attn_func_or_none()(q.transpose(0, 1), k.transpose(0, 1),
                                             v.transpose(0, 1), dropout_p=self.p(),
-                                            causal=True, window_size=window)  # [b, s, n, d]
+                                            causal=True, window_size=window,
+                                            **capped)  # [b, s, n, d]
         return out.transpose(0, 1).reshape(s, b, n * d)
 
 
@@ -162,7 +169,8 @@ class MathCore(_Core):
         kb = k.permute(1, 2, 3, 0).reshape(b * n, d, s)
         vb = v.permute(1, 2, 0, 3).reshape(b * n, s, d)
         if documents is None and self.window is None:
-            probs = kernels.scaled_causal_softmax(torch.bmm(qb, kb), 1.0 / math.sqrt(d), self.sel)
+            scores, scale = self._capped(torch.bmm(qb, kb), d)
+            probs = kernels.scaled_causal_softmax(scores, scale, self.sel)
             out = torch.bmm(self._dropout(probs), vb)  # [b*n, s, d]
         else:
             out = _in_bands(lambda q0, q1, k0, visible: self._masked(
@@ -174,11 +182,19 @@ class MathCore(_Core):
         """Queries [b*n, q, d] against keys [b*n, d, k] where `visible` ([b or 1, 1, q, k]):
         the masked softmax takes [b, n, q, k] and True where a key is masked out."""
         rows, cols = qb.shape[1], kb.shape[2]
-        scores = torch.bmm(qb, kb).view(b, -1, rows, cols)
-        probs = kernels.scaled_masked_softmax(scores, visible.logical_not(),
-                                              1.0 / math.sqrt(qb.shape[2]),
+        scores, scale = self._capped(torch.bmm(qb, kb), qb.shape[2])
+        probs = kernels.scaled_masked_softmax(scores.view(b, -1, rows, cols),
+                                              visible.logical_not(), scale,
                                               self.sel).view(-1, rows, cols)
         return torch.bmm(self._dropout(probs), vb)
+
+    def _capped(self, scores: torch.Tensor, d: int) -> Tuple[torch.Tensor, float]:
+        """(the scores, the softmax's scale): q.k and 1/sqrt(d), or with a cap (model.attention
+        .logit_softcapping) cap x tanh(q.k / sqrt(d) / cap) and 1, as Gemma 2 caps them after
+        their scale and before the mask."""
+        if not self.softcap:
+            return scores, 1.0 / math.sqrt(d)
+        return torch.tanh(scores * (1.0 / (math.sqrt(d) * self.softcap))) * self.softcap, 1.0
 
     def _dropout(self, probs: torch.Tensor) -> torch.Tensor:
         if self.training and self.dropout > 0:

@@ -31,6 +31,7 @@ class Embedding(nn.Module):
         # data.reset_position_ids: positions from each document's start (model/context.py)
         self.reset_positions = ctx.documents is not None and ctx.documents.reset_positions
         self.multiplier = m.residual.embedding_multiplier
+        self.softcap = m.output.logit_softcapping  # the tied head's logits' cap (0: none)
         self.word_embeddings = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, state,
                                                       init_std=m.init_method_std,
                                                       init_seed=seed_for(seed, "embedding"))
@@ -78,8 +79,15 @@ class Embedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Tied output head: hidden [s(/t), b, h] -> logits [s, b, V/t]."""
-        return parallel_lm_logits(hidden, self.word_embeddings.weight, self.state, self.seq_par,
-                                  overlap_backward=self.overlap)
+        return softcapped(parallel_lm_logits(hidden, self.word_embeddings.weight, self.state,
+                                             self.seq_par, overlap_backward=self.overlap),
+                          self.softcap)
+
+
+def softcapped(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """model.output.logit_softcapping: cap x tanh(logits / cap), elementwise on this rank's
+    share of the vocabulary (Gemma 2's final_logit_softcapping); the logits as they are for 0."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class OutputLayer(nn.Module):
@@ -89,10 +97,11 @@ class OutputLayer(nn.Module):
         super().__init__()
         self.state = ctx.state
         self.seq_par, self.overlap = ctx.sequence_parallel, ctx.tp_backward_overlap
+        self.softcap = m.output.logit_softcapping
         self.head = VocabParallelEmbedding(ctx.vocab_size, m.hidden_size, ctx.state,
                                            init_std=m.init_method_std,
                                            init_seed=seed_for(ctx.seed, "output_layer"))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par,
-                                  overlap_backward=self.overlap)
+        return softcapped(parallel_lm_logits(hidden, self.head.weight, self.state, self.seq_par,
+                                             overlap_backward=self.overlap), self.softcap)

@@ -64,6 +64,7 @@ class GPTModel(nn.Module):
         self.final_norm = build_norm(m, ctx)
         self.output = None if m.tie_embeddings else OutputLayer(m, ctx)
         self.head_workspace = HeadWorkspace()
+        self.softcap = m.output.logit_softcapping
         # A plain list, not submodules: the MoE layers are registered under layers.<i>.mlp.
         self.moe_layers = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoELayer)]
 
@@ -75,7 +76,9 @@ class GPTModel(nn.Module):
             x = layer(x, docs)
         x = self.final_norm(x)
         head = self.embedding.word_embeddings if self.output is None else self.output.head
-        if labels is not None and fused_head_applies(x, head.weight, self.state):
+        # the fused head computes the loss from unmaterialised logits: none to cap
+        if labels is not None and not self.softcap and fused_head_applies(x, head.weight,
+                                                                          self.state):
             local = local_labels(labels, self.state)
             losses = head_loss(x, head.weight, local.clamp(min=0), self.head_workspace)
             return counted_mean(losses, local, labels, self.state)

@@ -88,7 +88,10 @@ def layer_terms(m: ModelConfig, s: int, b: int, cp: int = 1,
     # heads/C over the whole sequence, each query's scores over every key or its window's band
     # (config/model_math.masked_keys)
     keys = masked_keys(m) if s == m.seq_length else s
-    scores = a // cp * s * keys * b * (2 if attn_drop else 1)
+    # softmax out, dropout out, and under model.attention.logit_softcapping the capped scores
+    # (tanh's output, which its backward reads)
+    scores = a // cp * s * keys * b * ((2 if attn_drop else 1)
+                                       + (1 if m.attention.logit_softcapping else 0))
     score_masks = a // cp * s * keys * b if attn_drop else 0
     return LayerActivations(replicated, partitioned, masks, scores, score_masks, a * sb)
 
@@ -249,9 +252,13 @@ def logits_bytes(m: ModelConfig, lay: Layout, padded_vocab: int, precision: str,
     eager fp32 cross-entropy over the whole vocabulary on every TP rank (Scaling's
     losses/cross_entropy.py: logits.float(), then torch's cross_entropy), whose peak is in its
     backward: the gathered logits, the saved fp32 log-softmax, the NLL's fp32 gradient and the
-    log-softmax's fp32 gradient (the fp32 copy is gone by then: nothing saved it)."""
+    log-softmax's fp32 gradient (the fp32 copy is gone by then: nothing saved it). Under
+    model.output.logit_softcapping the capped logits too (tanh's output, in the activation
+    dtype, which its backward reads)."""
     extra = 12 if whole_vocab else 8
-    return logits_elems(m, lay, padded_vocab, whole_vocab) * (act_bytes(precision) + extra)
+    capped = act_bytes(precision) if m.output.logit_softcapping else 0
+    per_logit = act_bytes(precision) + extra + capped
+    return logits_elems(m, lay, padded_vocab, whole_vocab) * per_logit
 
 
 def boundary_bytes(m: ModelConfig, lay: Layout, precision: str) -> float:

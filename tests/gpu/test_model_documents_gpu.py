@@ -4,7 +4,9 @@ of which has run on one yet: the document mask through SDPA's masked kernels
 unfused bf16 path, the per-head query/key norm (model.attention.qk_norm) through the fused
 RMSNorm on [s, b, heads, d] rows, and model.attention.sliding_window through flash-attn's
 window_size and SDPA's mask, and Gemma 3's layer on that window (model.residual, GeGLU, a
-windowed layer's own rotary base, model.attention.softmax_scale). Each is held in bf16 to the
+windowed layer's own rotary base, model.attention.softmax_scale) and Gemma 2's caps of the
+scores and the logits (model.attention.logit_softcapping through the math core and flash-attn's
+softcap, model.output.logit_softcapping). Each is held in bf16 to the
 fp32 CPU model with the same weights; the checks run on any device, so their logic is exercised
 on the CPU as well."""
 from __future__ import annotations
@@ -88,14 +90,20 @@ GEMMA = WINDOW + ["model.activation=geglu", "model.attention.qk_norm=true",
                   "model.residual.post_norms=true", "model.residual.embedding_multiplier=8.0",
                   "model.attention.window_rotary_base=100.0",
                   "model.attention.softmax_scale=0.2"]
+# Gemma 2's: no head norms, one rotary base, the scores and the logits capped (low enough to
+# bite on these weights); sdpa has no cap, so the math core is the reference
+GEMMA2 = WINDOW + ["model.activation=geglu", "model.residual.post_norms=true",
+                   "model.residual.embedding_multiplier=8.0", "model.attention.softmax_scale=0.2",
+                   "model.attention.logit_softcapping=0.3", "model.output.logit_softcapping=0.6"]
 
 
 def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: float,
                  sets=WINDOW) -> None:
     """model.attention.sliding_window (24 of 128 keys, every other layer) through `backend` on
     `device`: the fp32 CPU sdpa model's logits within tol of their largest magnitude."""
+    core = "math" if any("logit_softcapping" in s for s in sets) else "sdpa"
     reference = _model(torch.device("cpu"), torch.float32, "torch",
-                       sets + ["model.attention_backend=sdpa"]).eval()
+                       sets + [f"model.attention_backend={core}"]).eval()
     model = _model(device, dtype, "torch", sets + [f"model.attention_backend={backend}"]).eval()
     model.load_state_dict({k: v.to(device=device, dtype=dtype)
                            for k, v in reference.state_dict().items()})
@@ -106,7 +114,7 @@ def window_check(device: torch.device, dtype: torch.dtype, backend: str, tol: fl
     assert err <= tol, f"{backend} window on {device} in {dtype}: {err:.3g} > {tol}"
 
 
-@pytest.mark.parametrize("sets", [WINDOW, GEMMA], ids=["window", "gemma"])
+@pytest.mark.parametrize("sets", [WINDOW, GEMMA, GEMMA2], ids=["window", "gemma", "gemma2"])
 def test_the_window_check_holds_on_the_cpu(sets):
     window_check(torch.device("cpu"), torch.float32, "math", 1e-4, sets)
 
@@ -134,3 +142,16 @@ def test_gemmas_layer_on_the_gpu(backend):
         pytest.skip("flash-attn is not installed")
     window_check(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, backend,
                  3e-2, GEMMA)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("backend", ["math", "flash"])
+def test_gemma2s_caps_on_the_gpu(backend):
+    """Gemma 2's layer (GEMMA2): the math core's caps in bf16, and flash-attn's softcap
+    argument (flash-attn 2.6 on), against the CPU reference."""
+    from megatron.model.attention_cores import flash_available
+    if backend == "flash" and not flash_available("cuda", "bf16"):
+        pytest.skip("flash-attn is not installed")
+    window_check(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, backend,
+                 3e-2, GEMMA2)

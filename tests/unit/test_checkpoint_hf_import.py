@@ -1,6 +1,7 @@
 """Hugging Face import: a model transformers itself built and saved (GPT-2; Llama with grouped
 keys/values, tied or not, with biases, with a head_dim of its own; Mistral with and without a
-sliding window; Qwen2; Qwen3; Mixtral; Gemma 3 with its global layers' rotary scaled)
+sliding window; Qwen2; Qwen3; Mixtral; Gemma 3 with its global layers' rotary scaled; Gemma 2
+with its scores and logits capped)
 becomes a single file whose unsharded model gives transformers' logits; export then import
 gives back our exact tensors; unsupported options are refused with the field. Training from
 the file in another layout is covered by init_from's end-to-end test
@@ -86,6 +87,13 @@ CONFIGS = {
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=2, image_size=28, patch_size=14),
         mm_tokens_per_image=4),
+    # Gemma 2 9B's shape in small: every 2nd layer global, a window of 8 keys, the query scale
+    # of 27B (query_pre_attn_scalar 144 with heads of 128: here 24 with 32), and caps low enough
+    # to bite on these weights' scores and logits (the release's 50 and 30 would not)
+    "gemma2": lambda: transformers.Gemma2Config(
+        **SMALL, intermediate_size=160, num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+        query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=0.05,
+        final_logit_softcapping=0.8, tie_word_embeddings=False),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, intermediate_size=96,
                                                   num_hidden_layers=2, num_key_value_heads=2,
                                                   num_local_experts=4, num_experts_per_tok=2,
@@ -129,7 +137,7 @@ def test_imported_model_gives_transformers_logits(name, tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_gqa", "qwen2", "qwen3", "llama31_rope",
                                   "qwen3_moe", "mixtral", "mistral_window", "gemma3",
-                                  "gemma3_scaled"])
+                                  "gemma3_scaled", "gemma2"])
 def test_export_then_import_gives_back_our_tensors(name, tmp_path):
     _, folder = saved(tmp_path, name)
     first = import_hf(folder)
@@ -188,15 +196,13 @@ def test_unsupported_hugging_face_options_are_named(tmp_path):
     with pytest.raises(InputError, match="use_sliding_window=True is not supported"):
         import_hf(folder)
     # Gemma 3's options this model does not implement
-    refused = (({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
-               ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
-               ({"hidden_activation": "silu"}, "hidden_activation='silu'"),
+    refused = (({"hidden_activation": "silu"}, "hidden_activation='silu'"),
                ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
                ({"layer_types": ["full_attention", "sliding_attention"]},
                 "layer_types=['full_attention', 'sliding_attention'] is not supported: expected "
                 "every N-th layer full_attention"),
-               ({"model_type": "gemma2"}, "model_type='gemma2' is not supported: expected "
-                                          "gpt2, llama"))
+               ({"model_type": "gemma"}, "model_type='gemma' is not supported: expected "
+                                         "gpt2, llama"))
     for i, (change, words) in enumerate(refused):
         _, folder = saved(tmp_path / str(i), "gemma3", **change)
         with pytest.raises(InputError, match="is not supported") as e:

@@ -153,12 +153,15 @@ def _window_model(backend: str, window: int, pattern: int = 0, layers: int = 1):
     return build_model(cfg, ParallelState.single(), 512)
 
 
-def _reference(q, k, v, visible):
-    """Attention with an explicit [b or 1, 1, s, s] visibility mask, grouped-query heads."""
+def _reference(q, k, v, visible, cap: float = 0.0):
+    """Attention with an explicit [b or 1, 1, s, s] visibility mask, grouped-query heads; with
+    `cap`, each scaled score capped at cap x tanh(score / cap) before the mask (Gemma 2)."""
     import math
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     s, b, n, d = q.shape
     return torch.einsum("bnij,jbnd->ibnd", probs, v).reshape(s, b, n * d)
@@ -319,3 +322,68 @@ def test_a_core_without_the_window_is_refused_by_name():
         window_error(cfg.model, "sdpa")
     finally:
         variants.unregister("attention", "plain_core")
+
+
+@pytest.mark.parametrize("window, with_documents", [(0, False), (5, False), (0, True),
+                                                    (5, True)])
+def test_the_math_core_caps_its_scores_with_gradients(monkeypatch, window, with_documents):
+    """model.attention.logit_softcapping: the math core's output and q, k, v gradients are
+    attention over cap x tanh(score / cap), whole, in a window's bands and within packed
+    documents; auto picks math on this CPU, where it would pick sdpa (no cap in its kernel)."""
+    from megatron.config import model_math
+    from megatron.model import attention_cores
+    from megatron.model.context import Documents
+    monkeypatch.setattr(model_math, "BAND_BLOCK", 5)
+    attention_cores._MASKS[:] = [None, {}]
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml", [
+        "model.num_layers=1", "model.hidden_size=64", "model.num_attention_heads=4",
+        "model.attention_backend=auto", "model.num_query_groups=2",
+        f"model.attention.sliding_window={window}", "model.attention.logit_softcapping=0.7"])
+    core = build_model(cfg, ParallelState.single(), 512).layers[0].attention.core.eval()
+    assert type(core).__name__ == "MathCore"
+    g = torch.Generator().manual_seed(7)
+    s, b = 23, 2
+    q = torch.randn(s, b, 4, 16, generator=g, requires_grad=True)
+    k = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(s, b, 2, 16, generator=g, requires_grad=True)
+    rows, cols = torch.arange(s).unsqueeze(1), torch.arange(s).unsqueeze(0)
+    visible = (cols <= rows) & ((cols > rows - window) if window else True)
+    visible = visible.view(1, 1, s, s)
+    docs = None
+    if with_documents:
+        tokens = torch.ones(b, s, dtype=torch.long)
+        tokens[0, 9] = tokens[1, 3] = tokens[1, 15] = 0
+        docs = Documents(eod=0).read(tokens)[0]
+        visible = visible & (docs.unsqueeze(2) == docs.unsqueeze(1)).unsqueeze(1)
+    out = core(q, k, v, documents=docs) if with_documents else core(q, k, v)
+    want = _reference(q, k, v, visible, cap=0.7)
+    assert torch.allclose(out, want, atol=1e-5)
+    assert not torch.allclose(out, _reference(q, k, v, visible), atol=1e-3)  # the cap bites
+    grad = torch.randn(s, b, 64, generator=g)
+    for got, expected in zip(torch.autograd.grad(out, (q, k, v), grad),
+                             torch.autograd.grad(want, (q, k, v), grad)):
+        assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_a_core_that_does_not_cap_is_refused_and_so_is_blockwise_context_parallelism():
+    """sdpa asked for under a cap stops at build naming the cores that cap; ring, all-gather
+    and hybrid context parallelism (their blockwise attention has no cap) are refused by the
+    layout rules, Ulysses (around a capping core) is not; the output layer's cap takes the
+    logits below it."""
+    from megatron.config.errors import ConfigError
+    from megatron.config.validate import context_parallel_error
+    capped = ["model.attention.logit_softcapping=50", "model.output.logit_softcapping=0.5"]
+    cfg = load_config(f"{ROOT}/examples/local/tiny.yaml",
+                      capped + ["model.attention_backend=sdpa"])
+    with pytest.raises(ConfigError, match=r"model.attention_backend='sdpa' is invalid: expected "
+                                          r"a core that caps its scores under model.attention"
+                                          r".logit_softcapping \(flash, math\)"):
+        build_model(cfg, ParallelState.single(), 512)
+    for algo in ("ring", "allgather", "hybrid"):
+        error = context_parallel_error(cfg.model, 1, 4, False, algo, 2 if algo == "hybrid" else 0)
+        assert error is not None and "context_parallel_algo" in str(error), (algo, error)
+    assert context_parallel_error(cfg.model, 1, 2, False, "ulysses") is None
+    model = build_model(load_config(f"{ROOT}/examples/local/tiny.yaml", capped),
+                        ParallelState.single(), 512).eval()
+    logits = model(torch.randint(0, 512, (2, 16)))
+    assert logits.abs().max() < 0.5 and logits.abs().max() > 0.1

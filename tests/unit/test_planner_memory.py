@@ -323,3 +323,23 @@ def test_head_width_and_head_norms_in_the_stored_activations():
     normed = load_config(None, base + ["model.attention.qk_norm=true"]).model
     assert act.layer_terms(normed, 64, 2).partitioned == attention + 128 * (96 + 48) \
         + 128 * 256 * 2
+
+
+def test_softcapping_keeps_the_capped_scores_and_logits_by_hand():
+    """Gemma 2's caps: the math path keeps the capped scores for tanh's backward (one more
+    s x s per head: 4 heads x 64 x 64 x b 2), and the loss the capped logits (s x b x V/t in
+    the activation dtype); flash attention keeps no scores, so its cap costs nothing there."""
+    from megatron.config import load_config
+    base = ["model.hidden_size=64", "model.num_attention_heads=4", "model.seq_length=64"]
+    plain = load_config(None, base).model
+    capped = load_config(None, base + ["model.attention.logit_softcapping=50",
+                                       "model.output.logit_softcapping=30"]).model
+    assert act.layer_terms(capped, 64, 2).scores - act.layer_terms(plain, 64, 2).scores \
+        == 4 * 64 * 64 * 2
+    for tp in (1, 2):
+        layout = lay(tp=tp, micro_batch=2)
+        assert act.logits_bytes(capped, layout, 512, "bf16") \
+            - act.logits_bytes(plain, layout, 512, "bf16") == 64 * 2 * 512 / tp * 2
+        flash = dataclasses.replace(layout, flash=True)
+        assert act.layer_stored_bytes(capped, flash, "bf16") == act.layer_stored_bytes(
+            plain, flash, "bf16")

@@ -14,6 +14,7 @@ from megatron.config.sections.loss_scale import LossScaleConfig
 from megatron.config.sections.model import ModelConfig
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.optimizer import OptimizerConfig
+from megatron.config.sections.output import OutputConfig
 from megatron.config.sections.parallel import ParallelConfig
 from megatron.config.sections.residual import ResidualConfig
 from megatron.config.sections.resilience import ResilienceConfig
@@ -40,6 +41,7 @@ SECTIONS = {
 # (model: {moe: {num_experts: 8}}) and dotted in --set (model.moe.num_experts=8).
 SUBSECTIONS = {"model.attention": AttentionConfig, "model.rope_scaling": RopeScalingConfig,
                "model.moe": MoEConfig, "model.residual": ResidualConfig,
+               "model.output": OutputConfig,
                "training.loss_scale": LossScaleConfig}
 
 # The MoE fields that were model.<old> before model.moe held them (Megatron-LM's names, whose
@@ -86,7 +88,7 @@ MOVED: Dict[Tuple[str, str], Tuple[str, str]] = {
     **{("training", old): ("training", f"loss_scale.{new}") for old, new in _LOSS_SCALE.items()}}
 
 __all__ = ["SECTIONS", "SUBSECTIONS", "MOVED", "AttentionConfig", "CheckpointConfig",
-           "DataConfig", "EvalConfig", "LossScaleConfig",
+           "DataConfig", "EvalConfig", "LossScaleConfig", "OutputConfig",
            "KernelsConfig", "ModelConfig", "MoEConfig", "OptimizerConfig", "ParallelConfig",
            "ResidualConfig",
            "RopeScalingConfig",

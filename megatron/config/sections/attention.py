@@ -47,6 +47,13 @@ class AttentionConfig:
     2 and 3 scale by query_pre_attn_scalar^-0.5 (Gemma 3 27B: 168^-0.5 with heads of 128).
     Applied to the queries (times softmax_scale x sqrt(head width)) before the attention
     core, so every core and context-parallel algorithm takes it."""
+    logit_softcapping: float = 0.0
+    """Each attention score, after its scale, becomes cap x tanh(score / cap) before the mask
+    and the softmax (Gemma 2's attn_logit_softcapping, 50.0): no score exceeds the cap.
+    0: none. The math core runs it (auto picks math where it would pick sdpa, whose kernel has
+    no such step), flash-attn through its softcap argument, and Ulysses context parallelism
+    around either; ring, all-gather and hybrid context parallelism refuse it. The math core
+    keeps the capped scores for backward: one more s x s tensor per head than without."""
     window_rotary_base: Optional[float] = None
     """With rotary positions: the base of the layers within a sliding window, which rotate
     with it and without model.rope_scaling, while the layers that see every key keep
@@ -59,6 +66,7 @@ class AttentionConfig:
             positive(S, "kv_channels", self.kv_channels)
         positive(S, "sliding_window", self.sliding_window, allow_zero=True)
         positive(S, "sliding_window_pattern", self.sliding_window_pattern, allow_zero=True)
+        positive(S, "logit_softcapping", self.logit_softcapping, allow_zero=True)
         for name in ("window_rotary_base", "softmax_scale"):
             if getattr(self, name) is not None:
                 positive(S, name, getattr(self, name))

@@ -13,6 +13,7 @@ from megatron.config.errors import ConfigError
 from megatron.config.sections.checks import (at_most, check_choices, finite, fraction,
                                              positive, registry)
 from megatron.config.sections.attention import AttentionConfig
+from megatron.config.sections.output import OutputConfig
 from megatron.config.sections.residual import ResidualConfig
 from megatron.config.sections.moe import MoEConfig
 from megatron.config.sections.rope_scaling import RopeScalingConfig
@@ -94,6 +95,9 @@ class ModelConfig:
     """Norms after the attention and the MLP, and the embedding's scale, a sub-section
     (`model.residual.*`, config/sections/residual.py: Gemma 2 and 3); its defaults are a plain
     pre-norm layer."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """The logits' cap, a sub-section (`model.output.*`, config/sections/output.py: Gemma 2);
+    its default is none."""
 
     def __post_init__(self):
         s = "model"
@@ -133,6 +137,8 @@ class ModelConfig:
             self.moe = MoEConfig(**self.moe)
         if isinstance(self.residual, dict):
             self.residual = ResidualConfig(**self.residual)
+        if isinstance(self.output, dict):
+            self.output = OutputConfig(**self.output)
         self._defaults()
 
     def _defaults(self) -> None:
