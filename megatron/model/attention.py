@@ -89,16 +89,14 @@ def _capping_core(requested: str, device: torch.device, precision: str, document
     capping = [n for n in variants.names("attention")
                if variants.get("attention", n).softcapping
                and (variants.get("attention", n).documents or not documents)]
-    if requested == variants.AUTO:
-        runnable = [n for n in capping
-                    if variants.get("attention", n).can_run(device.type, precision)]
-        if runnable:
-            log.info("attention backend: auto chose %s (model.attention.logit_softcapping: a "
-                     "core that caps its scores)", runnable[0])
-            return runnable[0]
-    elif requested in capping:
+    runnable = [n for n in capping if variants.get("attention", n).can_run(device.type, precision)]
+    if requested == variants.AUTO and runnable:
+        log.info("attention backend: auto chose %s (model.attention.logit_softcapping: a core "
+                 "that caps its scores)", runnable[0])
+        return runnable[0]
+    if requested in capping:
         return resolve_attention_backend(requested, device, precision, documents)
-    fix = (f"use model.attention_backend={capping[0]}" if capping else
+    fix = (f"use model.attention_backend={(runnable or capping)[0]}" if capping else
            "register a core whose record has softcapping=True")
     raise ConfigError("model.attention_backend", requested,
                       f"a core that caps its scores under model.attention.logit_softcapping "

@@ -58,6 +58,9 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
 # Gemma 3's layer (gpt2 only: model.residual, GeGLU, a windowed layer's own rotary base) under
 # TP with SP, DeepSpeed's pipeline, and Ulysses and ring context parallelism
 GEMMA_TWO_RANK = ["tp2_sp_gemma", "pp2_gemma", "cp2_gemma", "ring_cp2_gemma"]
+# Gemma 2's caps of the scores and the logits under TP with SP, DeepSpeed's pipeline (the tied
+# head's logits capped on the last stage) and Ulysses (ring refuses the cap)
+GEMMA2_TWO_RANK = ["tp2_sp_gemma2", "pp2_gemma2", "cp2_gemma2"]
 RAMP_TWO_RANK = ["dp2_zero2_ramp", "pp2_ramp", "pp2_interleaved_ramp", "cp2_ramp",
                  "dp2_zero1_rerun_ramp", "resume_dp2_zero1_ramp"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",
@@ -96,10 +99,11 @@ def launches(tmp):
     (tests/support/launch_batches.py)."""
     return [(2, WORKER, ["--workdir", tmp, "--layouts",
                          ",".join(TWO_RANK + MIXED + BF16_NORMED + RAMP_TWO_RANK
-                                  + GEMMA_TWO_RANK)]),
+                                  + GEMMA_TWO_RANK + GEMMA2_TWO_RANK)]),
             (1, WORKER, ["--workdir", tmp, "--layouts",
                          "single,single_l1,single_zero0_bf16,masked,docs,docs_pos,"
-                         "qk_norm,ramp,ramp_reference,ramp_samples,resume_ramp_samples,gemma"]),
+                         "qk_norm,ramp,ramp_reference,ramp_samples,resume_ramp_samples,gemma,"
+                         "gemma2"]),
             (4, WORKER, ["--workdir", tmp, "--layouts", ",".join(FOUR_RANK)])]
 
 
@@ -188,6 +192,14 @@ def test_gemmas_layer_matches_one_rank(results, layout):
     assert worst_relative(got["norms"], ref["norms"]) <= NORM_TOLERANCE
     # the layer is not the plain one's
     assert results["single"]["gpt2"]["losses"][1:] != ref["losses"][1:]
+
+
+@pytest.mark.parametrize("layout", GEMMA2_TWO_RANK)
+def test_gemma2s_caps_match_one_rank(results, layout):
+    """(That the caps bite at these settings is the unit tests' part: the cores' and the
+    Hugging Face import's, tests/unit.)"""
+    got, ref = _held_to_one_rank(results, layout, "gemma2")
+    assert worst_relative(got["norms"], ref["norms"]) <= NORM_TOLERANCE
 
 
 def test_a_schedule_counted_in_samples_follows_the_ramps_samples_and_resumes(results):

@@ -175,6 +175,19 @@ LAYOUTS.update({
     "ring_cp2_gemma": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
                        "parallel.context_parallel_algo=ring"] + GEMMA,
 })
+# Gemma 2's layer (gpt2 flavour only): Gemma 3's without q and k norms and the windowed layers'
+# base, the scores and the logits capped low enough to bite (model.attention.logit_softcapping:
+# the math core, sdpa having no cap; model.output.logit_softcapping: the tied head's logits)
+GEMMA2 = [s for s in GEMMA if "qk_norm" not in s and "window_rotary_base" not in s] + [
+    "model.attention.logit_softcapping=0.5", "model.output.logit_softcapping=1.0",
+    "model.attention_backend=math"]
+LAYOUTS.update({
+    "gemma2": GEMMA2,
+    "tp2_sp_gemma2": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
+    + GEMMA2,
+    "pp2_gemma2": ["parallel.pipeline_parallel_size=2"] + GEMMA2,
+    "cp2_gemma2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + GEMMA2,
+})
 # The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
 # a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
 SAMPLES = ["optimizer.lr_warmup_iters=0", "optimizer.lr_warmup_samples=8",
@@ -184,7 +197,8 @@ LAYOUTS["ramp_samples"] = RAMP + SAMPLES
 GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
              "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp",
              "ramp_samples", "resume_ramp_samples", "gemma", "tp2_sp_gemma", "pp2_gemma",
-             "cp2_gemma", "ring_cp2_gemma",
+             "cp2_gemma", "ring_cp2_gemma", "gemma2", "tp2_sp_gemma2", "pp2_gemma2",
+             "cp2_gemma2",
              # the layouts whose setting does not touch what the flavours differ in, each in
              # the flavour with more to get wrong: the labels counted and the documents' masks,
              # ZeRO-0's clipping, a resume, and uneven stages (GPT-2's embedding tied across

@@ -377,7 +377,8 @@ def test_a_core_that_does_not_cap_is_refused_and_so_is_blockwise_context_paralle
                       capped + ["model.attention_backend=sdpa"])
     with pytest.raises(ConfigError, match=r"model.attention_backend='sdpa' is invalid: expected "
                                           r"a core that caps its scores under model.attention"
-                                          r".logit_softcapping \(flash, math\)"):
+                                          r".logit_softcapping \(flash, math\); use "
+                                          r"model.attention_backend=math"):
         build_model(cfg, ParallelState.single(), 512)
     for algo in ("ring", "allgather", "hybrid"):
         error = context_parallel_error(cfg.model, 1, 4, False, algo, 2 if algo == "hybrid" else 0)
