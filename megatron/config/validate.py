@@ -69,13 +69,6 @@ def context_parallel_error(m, tp: int, cp: int, sequence_parallel: bool,
     if error:
         return error
     u, r = context_parallel.degrees(algo, cp, ulysses_degree)
-    if r > 1 and m.attention.logit_softcapping:  # model/block_attention.py has no cap
-        return ConfigError("parallel.context_parallel_algo", algo,
-                           f"ulysses under model.attention.logit_softcapping="
-                           f"{m.attention.logit_softcapping} (the ring, all-gather and hybrid "
-                           f"blockwise attention does not cap its scores)",
-                           "set parallel.context_parallel_algo=ulysses, or a smaller "
-                           "parallel.context_parallel_size")
     return _ulysses_error(m, tp, u, algo) or _sequence_error(m, tp, cp, r, sequence_parallel)
 
 

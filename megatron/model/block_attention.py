@@ -9,9 +9,12 @@ lse = logaddexp(lse1, lse2), o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2.
 
 Math path only (explicit scores, mask, logsumexp, in fp32): correct on every device and the
 reference. block_attention_backward is the block's backward given the final log-sum-exp, what
-ring attention's explicit backward (model/context_attention.py) recomputes block by block. Seam for a GPU: flash-attn's flash_attn_func(..., return_attn_probs=True) returns
-the same lse per row (its softmax_lse, [b, n, s]); a `block_attention` that calls it for
-offset in (None, 0) (causal=False / causal=True) would slot in below, untested here."""
+ring attention's explicit backward (model/context_attention.py) recomputes block by block.
+Scores may be capped (model.attention.logit_softcapping: cap x tanh(s / cap) before the masks),
+the backward then passing the tanh's derivative on. Seam for a GPU: flash-attn's
+flash_attn_func(..., return_attn_probs=True) returns the same lse per row (its softmax_lse,
+[b, n, s]); a `block_attention` that calls it for offset in (None, 0) (causal=False /
+causal=True) would slot in below, untested here."""
 from __future__ import annotations
 
 import math
@@ -20,11 +23,25 @@ from typing import Callable, Optional, Tuple
 import torch
 
 
-def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor]):
-    """Scaled fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n, d], -inf
-    where the causal offset or the mask `hidden` (documents, a sliding window) hides a key."""
-    sq, d = q.shape[0], q.shape[3]
-    scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(d))
+def _capped_scores(q, k, cap: float) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(scaled fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n, d], capped at
+    cap x tanh(score / cap) where cap > 0 (model.attention.logit_softcapping); the tanh, which
+    the explicit backward's chain rule reads, or None without a cap)."""
+    scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(q.shape[3]))
+    if not cap:
+        return scores, None
+    t = torch.tanh(scores / cap)
+    return t * cap, t
+
+
+def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor],
+                   cap: float = 0.0, scores: Optional[torch.Tensor] = None):
+    """Scaled (and capped) fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n,
+    d], -inf where the causal offset or the mask `hidden` (documents, a sliding window) hides a
+    key; `scores`: _capped_scores' already."""
+    sq = q.shape[0]
+    if scores is None:
+        scores = _capped_scores(q, k, cap)[0]
     if offset is not None:
         rows = torch.arange(sq, device=q.device).unsqueeze(1)
         cols = torch.arange(k.shape[0], device=q.device).unsqueeze(0)
@@ -35,8 +52,8 @@ def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor]):
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: Optional[int],
-                    drop: Optional[Callable] = None, hidden: Optional[torch.Tensor] = None
-                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+                    drop: Optional[Callable] = None, hidden: Optional[torch.Tensor] = None,
+                    cap: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """q [sq, b, n, d], k and v [sk, b, g, d] (g divides n: grouped-query attention) ->
     out [sq, b, n, d] fp32, lse [sq, b, n] fp32. offset: None, every key visible; else query
     i sees key j iff j <= i + offset (the query block starts `offset` positions after the key
@@ -44,10 +61,11 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: O
     document, data.reset_attention_mask; outside the sliding window, model.attention;
     context_attention.hidden_keys). Without it every query row sees at least one key (the callers'
     chunks guarantee it); with it a row may see none: its output is 0 and its lse -inf, which
-    merge(..., masked=True) takes. drop: dropout on the probabilities."""
+    merge(..., masked=True) takes. drop: dropout on the probabilities. cap: each score capped
+    at cap x tanh(score / cap) before the masks (model.attention.logit_softcapping; 0: none)."""
     n = q.shape[2]
     k, v = _expand(k, n), _expand(v, n)  # each key/value head serves n/g query heads
-    scores = _masked_scores(q, k, offset, hidden)
+    scores = _masked_scores(q, k, offset, hidden, cap)
     lse = torch.logsumexp(scores, dim=-1)  # [b, n, sq]
     if hidden is None:
         probs = torch.exp(scores - lse.unsqueeze(-1))
@@ -71,22 +89,26 @@ def _fold(t: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def block_attention_backward(q, k, v, dout, lse, delta, offset: Optional[int],
-                             hidden: Optional[torch.Tensor] = None):
+                             hidden: Optional[torch.Tensor] = None, cap: float = 0.0):
     """The gradients of one block's share of an attention whose final log-sum-exp per query row
     is `lse` [sq, b, n] and whose delta_i = sum_d dout_i x out_i is `delta` [sq, b, n]:
     recomputes the block's probabilities p = exp(s - lse) (already normalised over every key
     block) and returns (dq [sq, b, n, d], dk, dv [sk, b, g, d]), fp32, scores scaled as in
     block_attention (`hidden` too). Summed over the key blocks, dq is the whole query
     gradient; summed over the query blocks, dk and dv the whole key and value gradients. Every
-    row's final lse is finite (a query sees at least itself), so a hidden key's p is 0."""
+    row's final lse is finite (a query sees at least itself), so a hidden key's p is 0. Under
+    a cap the scores' gradient passes the tanh's derivative, 1 - tanh^2, on to q.k."""
     n, d = q.shape[2], q.shape[3]
     g, scale = k.shape[2], 1.0 / math.sqrt(d)
     qf, kf, vf, do = q.float(), _expand(k, n).float(), _expand(v, n).float(), dout.float()
-    scores = _masked_scores(qf, kf, offset, hidden)
+    capped, t = _capped_scores(qf, kf, cap)
+    scores = _masked_scores(qf, kf, offset, hidden, scores=capped)
     probs = torch.exp(scores - lse.permute(1, 2, 0).unsqueeze(-1))  # [b, n, sq, sk]
     dv = torch.einsum("bnij,ibnd->jbnd", probs, do)
     dprobs = torch.einsum("ibnd,jbnd->bnij", do, vf)
     dscores = probs * (dprobs - delta.permute(1, 2, 0).unsqueeze(-1)) * scale
+    if t is not None:
+        dscores = dscores * (1.0 - t * t)
     dq = torch.einsum("bnij,jbnd->ibnd", dscores, kf)
     dk = torch.einsum("bnij,ibnd->jbnd", dscores, qf)
     return dq, _fold(dk, g), _fold(dv, g)

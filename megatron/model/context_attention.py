@@ -117,7 +117,8 @@ class _RingAttention(torch.autograd.Function):
     doc: the whole sequence's document indices [b, s] (data.reset_attention_mask) or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, ring_rank: int, ring: int, doc=None, window=None):
+    def forward(ctx, q, k, v, group, ring_rank: int, ring: int, doc=None, window=None,
+                cap: float = 0.0):
         half, g = q.shape[0] // 2, k.shape[2]
         q_parts, kv, acc = q.split(half), torch.cat([k, v], dim=2), [None, None]
         masked = doc is not None or window is not None
@@ -127,12 +128,13 @@ class _RingAttention(torch.autograd.Function):
             k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
             for i, j, offset in _pairs(ring_rank, ring, step, window, half):
                 hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half, window, q.device)
-                part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, None, hidden)
+                part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, None, hidden,
+                                       cap)
                 acc[i] = part if acc[i] is None else merge(*acc[i], *part, masked=masked)
         out, lse = torch.cat([acc[0][0], acc[1][0]]), torch.cat([acc[0][1], acc[1][1]])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.ring_rank, ctx.ring, ctx.doc = group, ring_rank, ring, doc
-        ctx.window = window
+        ctx.window, ctx.cap = window, cap
         return out.to(q.dtype)
 
     @staticmethod
@@ -154,23 +156,25 @@ class _RingAttention(torch.autograd.Function):
                 hidden = _pair_hidden(ctx.doc, ctx.ring_rank, ring, step, i, j, half, ctx.window,
                                       q.device)
                 gq, gk, gv = block_attention_backward(q[qi], keys[kj], values[kj], dout[qi],
-                                                      lse[qi], delta[qi], offset, hidden)
+                                                      lse[qi], delta[qi], offset, hidden,
+                                                      ctx.cap)
                 dq[qi] += gq
                 dkv[kj, :, :g] += gk
                 dkv[kj, :, g:] += gv
         if ring > 1:  # the last block held is the next rank's: hand each its gradient
             dkv = ring_pass(dkv, ctx.group)
         dk, dv = dkv.split(g, dim=2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None,
-                   window=None) -> torch.Tensor:
+                   window=None, cap: float = 0.0) -> torch.Tensor:
     """q [S, b, n, d], k and v [S, b, g, d] of this ring rank's two chunks -> [S, b, n, d].
     doc: the whole sequence's document indices [b, s] to attend within, or None; window: the
-    layer's sliding window (model.attention.sliding_window), or None."""
+    layer's sliding window (model.attention.sliding_window), or None; cap: the scores' cap
+    (model.attention.logit_softcapping; 0: none)."""
     if drop is None:
-        return _RingAttention.apply(q, k, v, group, ring_rank, ring, doc, window)
+        return _RingAttention.apply(q, k, v, group, ring_rank, ring, doc, window, cap)
     half, g = q.shape[0] // 2, k.shape[2]
     q_parts = q.split(half)
     acc = [None, None]  # per query chunk: (out, lse) over the keys seen so far
@@ -181,14 +185,15 @@ def ring_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=Non
         k_parts, v_parts = (t.split(half) for t in kv.split(g, dim=2))
         for i, j, offset in _pairs(ring_rank, ring, step, window, half):
             hidden = _pair_hidden(doc, ring_rank, ring, step, i, j, half, window, q.device)
-            part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, drop, hidden)
+            part = block_attention(q_parts[i], k_parts[j], v_parts[j], offset, drop, hidden,
+                                   cap)
             acc[i] = part if acc[i] is None else merge(
                 *acc[i], *part, masked=doc is not None or window is not None)
     return torch.cat([acc[0][0], acc[1][0]]).to(q.dtype)
 
 
 def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, doc=None,
-                        window=None) -> torch.Tensor:
+                        window=None, cap: float = 0.0) -> torch.Tensor:
     """As ring_attention, with every key/value gathered once instead of passed around."""
     seq, half, g = q.shape[0] * ring, q.shape[0] // 2, k.shape[2]
     kv = gather_from_sequence_parallel_region(torch.cat([k, v], dim=2), group)  # [s, b, 2g, d]
@@ -200,7 +205,7 @@ def allgather_attention(q, k, v, group, ring_rank: int, ring: int, drop=None, do
         end = (qc + 1) * half  # this chunk's queries see keys [0, end)
         hidden = hidden_keys(doc, _chunk(qc, half), slice(0, end), window, q.device)
         outs.append(block_attention(q[i * half:(i + 1) * half], keys[:end], values[:end],
-                                    qc * half, drop, hidden)[0])
+                                    qc * half, drop, hidden, cap)[0])
     return torch.cat(outs).to(q.dtype)
 
 
@@ -237,6 +242,7 @@ class ContextAttention(nn.Module):
         self.attend_within = docs is not None and docs.attend_within
         self.reset_positions = docs is not None and docs.reset_positions
         self.window = m.attention.window_of(layer_number)  # model.attention.sliding_window
+        self.cap = m.attention.logit_softcapping  # 0: none
         self.attend = ALGORITHMS[self.layout.algo]
         if not variants.get("attention", ctx.backend).keeps_scores:
             log.info("context_parallel_algo=%s attends block by block with the math path "
@@ -266,6 +272,7 @@ class ContextAttention(nn.Module):
             q, k = self._rotate(q, k, seq_r * ring, docs)
         drop = self._drop if self.training and self.dropout > 0 else None
         doc = documents_of(docs, "reset_attention_mask")[0] if self.attend_within else None
-        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop, doc, self.window)
+        out = self.attend(q, k, v, self.ring_group, self.ring_rank, ring, drop, doc, self.window,
+                          self.cap)
         out = out.reshape(seq_r, b, -1)  # [s/R, b, n/U*d]
         return ulysses.gather_heads(out, self.ulysses_group, u) if u > 1 else out

@@ -59,8 +59,8 @@ REFERENCE = {"pp2_loss": "single_l1", "tp2_masked": "masked", "pp2_masked": "mas
 # TP with SP, DeepSpeed's pipeline, and Ulysses and ring context parallelism
 GEMMA_TWO_RANK = ["tp2_sp_gemma", "pp2_gemma", "cp2_gemma", "ring_cp2_gemma"]
 # Gemma 2's caps of the scores and the logits under TP with SP, DeepSpeed's pipeline (the tied
-# head's logits capped on the last stage) and Ulysses (ring refuses the cap)
-GEMMA2_TWO_RANK = ["tp2_sp_gemma2", "pp2_gemma2", "cp2_gemma2"]
+# head's logits capped on the last stage), Ulysses and the ring (its blockwise attention)
+GEMMA2_TWO_RANK = ["tp2_sp_gemma2", "pp2_gemma2", "cp2_gemma2", "ring_cp2_gemma2"]
 RAMP_TWO_RANK = ["dp2_zero2_ramp", "pp2_ramp", "pp2_interleaved_ramp", "cp2_ramp",
                  "dp2_zero1_rerun_ramp", "resume_dp2_zero1_ramp"]
 FOUR_RANK = ["tp2pp2", "tp2pp2_sp", "tp2dp2_zero1", "tp2dp2_zero3_sp", "pp2dp2_zero1",

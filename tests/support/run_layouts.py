@@ -187,6 +187,9 @@ LAYOUTS.update({
     + GEMMA2,
     "pp2_gemma2": ["parallel.pipeline_parallel_size=2"] + GEMMA2,
     "cp2_gemma2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + GEMMA2,
+    # the ring caps in its own blockwise attention, with its explicit backward
+    "ring_cp2_gemma2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
+                        "parallel.context_parallel_algo=ring"] + GEMMA2,
 })
 # The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
 # a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
@@ -198,7 +201,7 @@ GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
              "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp",
              "ramp_samples", "resume_ramp_samples", "gemma", "tp2_sp_gemma", "pp2_gemma",
              "cp2_gemma", "ring_cp2_gemma", "gemma2", "tp2_sp_gemma2", "pp2_gemma2",
-             "cp2_gemma2",
+             "cp2_gemma2", "ring_cp2_gemma2",
              # the layouts whose setting does not touch what the flavours differ in, each in
              # the flavour with more to get wrong: the labels counted and the documents' masks,
              # ZeRO-0's clipping, a resume, and uneven stages (GPT-2's embedding tied across

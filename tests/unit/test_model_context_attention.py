@@ -8,7 +8,9 @@ explicit backward's block step (block_attention_backward) is checked here agains
 and the whole explicit ring on real ranks (tests/distributed/test_parallel_ring_attention.py).
 Under a document mask (data.reset_attention_mask) the same equalities hold against attention
 within documents, with key blocks that hide every key from some queries (a row that sees
-nothing in a block until a later one, the merge's -inf case)."""
+nothing in a block until a later one, the merge's -inf case). With the scores capped
+(model.attention.logit_softcapping) all of it holds against capped attention, the explicit
+backward passing the tanh's derivative on."""
 import math
 
 import pytest
@@ -22,12 +24,15 @@ from megatron.parallel.cp_layout import ring_positions
 TOLERANCE = 1e-5
 
 
-def _full(q, k, v, doc=None, window=None):
+def _full(q, k, v, doc=None, window=None, cap=0.0):
     """Reference causal attention, q [s, b, n, d], k/v [s, b, g, d] -> [s, b, n, d] (fp64);
-    doc [b, s]: each token's document, attended within; window: keys j > i - window only."""
+    doc [b, s]: each token's document, attended within; window: keys j > i - window only;
+    cap: each scaled score cap x tanh(score / cap) (Gemma 2's attn_logit_softcapping)."""
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
     scores = torch.einsum("ibnd,jbnd->bnij", q, k) / math.sqrt(q.shape[-1])
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
     s = q.shape[0]
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
     if doc is not None:
@@ -59,7 +64,7 @@ def _inputs(seq, heads, groups):
             for h in (heads, groups, groups)]
 
 
-def _simulated(fn, q, k, v, ring, monkeypatch, doc=None, window=None):
+def _simulated(fn, q, k, v, ring, monkeypatch, doc=None, window=None, cap=0.0):
     """Every ring rank's output, scattered back to sequence order: [s, b, n, d]."""
     seq = q.shape[0]
     index = [ring_positions(seq, r, ring) for r in range(ring)]
@@ -71,7 +76,7 @@ def _simulated(fn, q, k, v, ring, monkeypatch, doc=None, window=None):
         monkeypatch.setattr(ca, "gather_from_sequence_parallel_region",
                             lambda x, group: torch.cat(kvs))
         got = fn(q[index[r]], k[index[r]], v[index[r]], None, r, ring, drop=_identity, doc=doc,
-                 window=window)
+                 window=window, cap=cap)
         out = out.index_put((index[r],), got.double())
     return out
 
@@ -207,3 +212,37 @@ def test_block_backward_summed_over_key_blocks_is_the_attention_gradient(heads, 
         got_v[rows] += dv
     for name, a, b in zip("qkv", (got_q, got_k, got_v), want):
         assert (a - b.float()).abs().max() <= TOLERANCE, f"d{name} differs"
+
+
+@pytest.mark.parametrize("algo", ["ring", "allgather"])
+@pytest.mark.parametrize("doc_window", [(False, None), (True, 4)])
+@pytest.mark.parametrize("ring", [2, 3])
+def test_merged_blocks_equal_capped_attention(monkeypatch, ring, doc_window, algo):
+    """A cap of 0.6 over scores of about 1: every block caps before its masks and the merge
+    (outputs and gradients), and the cap changes the result."""
+    with_documents, window = doc_window
+    q, k, v = _inputs(2 * ring * 3, 4, 2)
+    doc = _documents(q.shape[0]) if with_documents else None
+    want = _full(q, k, v, doc, window, cap=0.6)
+    got = _simulated(ca.ALGORITHMS[algo], q, k, v, ring, monkeypatch, doc, window, cap=0.6)
+    assert not got.isnan().any() and (got - want).abs().max() <= TOLERANCE
+    assert (got - _full(q, k, v, doc, window)).abs().max() > 0.05
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"{algo} R={ring}: d{name} differs"
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_explicit_ring_backward_of_capped_scores(window):
+    """The explicit forward and backward (_RingAttention) under a cap, within documents: the
+    tanh's derivative in block_attention_backward against autograd of capped attention."""
+    q, k, v = _inputs(6, 4, 2)
+    doc = _documents(6)
+    want = _full(q, k, v, doc, window, cap=0.6)
+    got = ca.ring_attention(q, k, v, None, 0, 1, doc=doc, window=window, cap=0.6)
+    assert (got - want).abs().max() <= TOLERANCE
+    grad = torch.randn_like(want)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), grad), expected):
+        assert (a - b).abs().max() <= TOLERANCE, f"d{name} differs"

@@ -51,9 +51,10 @@ class AttentionConfig:
     """Each attention score, after its scale, becomes cap x tanh(score / cap) before the mask
     and the softmax (Gemma 2's attn_logit_softcapping, 50.0): no score exceeds the cap.
     0: none. The math core runs it (auto picks math where it would pick sdpa, whose kernel has
-    no such step), flash-attn through its softcap argument, and Ulysses context parallelism
-    around either; ring, all-gather and hybrid context parallelism refuse it. The math core
-    keeps the capped scores for backward: one more s x s tensor per head than without."""
+    no such step), flash-attn through its softcap argument, and every context-parallel
+    algorithm (Ulysses around either core; ring, all-gather and hybrid in their blockwise
+    attention, model/block_attention.py). The math core keeps the capped scores for backward:
+    one more s x s tensor per head than without."""
     window_rotary_base: Optional[float] = None
     """With rotary positions: the base of the layers within a sliding window, which rotate
     with it and without model.rope_scaling, while the layers that see every key keep
