@@ -41,10 +41,9 @@ def resolve_attention_backend(requested: str, device: torch.device, precision: s
     that take a document mask run (their record's `documents`). softcap:
     model.attention.logit_softcapping, which only cores that cap their scores run (their
     record's `softcapping`)."""
-    if softcap:
-        return _capping_core(requested, device, precision, documents)
-    if documents:
-        return _document_core(requested, device, precision)
+    needs = [need for asked, need in ((softcap, _CAPPING), (documents, _MASKING)) if asked]
+    if needs:
+        return _core_with(requested, device, precision, needs)
     if requested != variants.AUTO:
         core = variants.get("attention", requested)
         if not core.can_run(device.type, precision):
@@ -66,43 +65,41 @@ def resolve_attention_backend(requested: str, device: torch.device, precision: s
     raise ConfigError("model.attention_backend", requested, "a registered core that can run here")
 
 
-def _document_core(requested: str, device: torch.device, precision: str) -> str:
-    masking = [n for n in variants.names("attention") if variants.get("attention", n).documents]
-    if requested == variants.AUTO:
-        runnable = [n for n in masking if variants.get("attention", n).can_run(device.type,
-                                                                               precision)]
-        if runnable:
-            log.info("attention backend: auto chose %s (data.reset_attention_mask: a core "
-                     "that takes a document mask)", runnable[0])
-            return runnable[0]
-    elif requested in masking:
-        return resolve_attention_backend(requested, device, precision)
-    raise ConfigError("model.attention_backend", requested,
-                      f"a core that takes a document mask under data.reset_attention_mask=true "
-                      f"({', '.join(masking) or 'none registered'})",
-                      (f"use model.attention_backend={masking[0]}" if masking else
-                       "register a core whose record has documents=True") +
-                      ", or set data.reset_attention_mask=false")
+# What only some cores run: (the fact of their record, what a core with it does, the setting
+# that asks for it, the setting that asks for none)
+_CAPPING = ("softcapping", "caps its scores", "model.attention.logit_softcapping",
+            "model.attention.logit_softcapping=0")
+_MASKING = ("documents", "takes a document mask", "data.reset_attention_mask=true",
+            "data.reset_attention_mask=false")
 
 
-def _capping_core(requested: str, device: torch.device, precision: str, documents: bool) -> str:
-    capping = [n for n in variants.names("attention")
-               if variants.get("attention", n).softcapping
-               and (variants.get("attention", n).documents or not documents)]
-    runnable = [n for n in capping if variants.get("attention", n).can_run(device.type, precision)]
+def _core_with(requested: str, device: torch.device, precision: str, needs) -> str:
+    """The core for settings only cores with their records' facts run (_CAPPING, _MASKING):
+    auto's first of them that can run here, or the one asked for if it has them."""
+    having = [n for n in variants.names("attention")
+              if all(getattr(variants.get("attention", n), fact) for fact, _, _, _ in needs)]
+    runnable = [n for n in having if variants.get("attention", n).can_run(device.type, precision)]
+    what, under = (" and ".join(need[i] for need in needs) for i in (1, 2))
     if requested == variants.AUTO and runnable:
-        log.info("attention backend: auto chose %s (model.attention.logit_softcapping: a core "
-                 "that caps its scores)", runnable[0])
+        log.info("attention backend: auto chose %s (%s: a core that %s)", runnable[0], under, what)
         return runnable[0]
-    if requested in capping:
-        return resolve_attention_backend(requested, device, precision, documents)
-    fix = (f"use model.attention_backend={(runnable or capping)[0]}" if capping else
-           "register a core whose record has softcapping=True")
+    if requested in having:
+        return resolve_attention_backend(requested, device, precision)
+    fix = (f"use model.attention_backend={(runnable or having)[0]}" if having else
+           "register a core whose record has " + " and ".join(f"{need[0]}=True" for need in needs))
+    off = " and ".join(need[3] for need in _lacking(requested, needs))
     raise ConfigError("model.attention_backend", requested,
-                      f"a core that caps its scores under model.attention.logit_softcapping "
-                      f"({', '.join(capping) or 'none registered'}"
-                      f"{' that takes a document mask' if documents else ''})",
-                      fix + ", or set model.attention.logit_softcapping=0")
+                      f"a core that {what} under {under} "
+                      f"({', '.join(having) or 'none registered'})", f"{fix}, or set {off}")
+
+
+def _lacking(requested: str, needs):
+    """The needs the requested core's record lacks (all of them for auto): the settings to turn
+    off for it to run."""
+    if requested not in variants.names("attention"):
+        return needs
+    core = variants.get("attention", requested)
+    return [need for need in needs if not getattr(core, need[0])]
 
 
 def window_error(m: ModelConfig, backend: str) -> None:

@@ -381,3 +381,19 @@ def test_a_core_that_does_not_cap_is_refused_by_name():
                         ParallelState.single(), 512).eval()
     logits = model(torch.randint(0, 512, (2, 16)))
     assert logits.abs().max() < 0.5 and logits.abs().max() > 0.1
+
+
+def test_a_cap_with_packed_documents_needs_a_core_with_both_and_names_what_to_turn_off():
+    """Both settings only some cores run: auto takes the first core with both facts (math
+    here); a core asked for is told the setting its record lacks, and only that one."""
+    from megatron.config.errors import ConfigError
+    from megatron.model.attention import resolve_attention_backend
+    cpu = torch.device("cpu")
+    assert resolve_attention_backend("auto", cpu, "fp32", documents=True, softcap=True) == "math"
+    assert resolve_attention_backend("auto", cpu, "fp32", documents=True) == "sdpa"
+    for core, off in (("sdpa", "model.attention.logit_softcapping=0"),
+                      ("flash", "data.reset_attention_mask=false")):
+        with pytest.raises(ConfigError, match=r"a core that caps its scores and takes a "
+                                              r"document mask under .* \(math\); use "
+                                              rf"model.attention_backend=math, or set {off}$"):
+            resolve_attention_backend(core, cpu, "fp32", documents=True, softcap=True)
