@@ -26,6 +26,7 @@ from megatron import kernels
 from megatron.config import ModelConfig
 from megatron.config import model_math
 from megatron.model.context import ModelContext, document_starts
+from megatron.model.softcap import softcapped
 
 
 def flash_attn_func_or_none():
@@ -194,7 +195,7 @@ class MathCore(_Core):
         their scale and before the mask."""
         if not self.softcap:
             return scores, 1.0 / math.sqrt(d)
-        return torch.tanh(scores * (1.0 / (math.sqrt(d) * self.softcap))) * self.softcap, 1.0
+        return softcapped(scores, self.softcap, 1.0 / math.sqrt(d)), 1.0
 
     def _dropout(self, probs: torch.Tensor) -> torch.Tensor:
         if self.training and self.dropout > 0:

@@ -22,16 +22,16 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from megatron.model.softcap import softcapped
+
 
 def _capped_scores(q, k, cap: float) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(scaled fp32 scores [b, n, sq, sk] of q [sq, b, n, d] against k [sk, b, n, d], capped at
     cap x tanh(score / cap) where cap > 0 (model.attention.logit_softcapping); the tanh, which
     the explicit backward's chain rule reads, or None without a cap)."""
-    scores = torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()) * (1.0 / math.sqrt(q.shape[3]))
-    if not cap:
-        return scores, None
-    t = torch.tanh(scores / cap)
-    return t * cap, t
+    scores = softcapped(torch.einsum("ibnd,jbnd->bnij", q.float(), k.float()), cap,
+                        1.0 / math.sqrt(q.shape[3]))
+    return scores, (scores / cap if cap else None)
 
 
 def _masked_scores(q, k, offset: Optional[int], hidden: Optional[torch.Tensor],

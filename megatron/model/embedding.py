@@ -9,6 +9,7 @@ from torch import nn
 
 from megatron.config import ModelConfig, variants
 from megatron.model.context import ModelContext, documents_of
+from megatron.model.softcap import softcapped
 from megatron.parallel.layers import (VocabParallelEmbedding, full_normal, parallel_lm_logits,
                                       replicated_param)
 from megatron.parallel.mappings import (reduce_from_tp_region,
@@ -82,12 +83,6 @@ class Embedding(nn.Module):
         return softcapped(parallel_lm_logits(hidden, self.word_embeddings.weight, self.state,
                                              self.seq_par, overlap_backward=self.overlap),
                           self.softcap)
-
-
-def softcapped(logits: torch.Tensor, cap: float) -> torch.Tensor:
-    """model.output.logit_softcapping: cap x tanh(logits / cap), elementwise on this rank's
-    share of the vocabulary (Gemma 2's final_logit_softcapping); the logits as they are for 0."""
-    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class OutputLayer(nn.Module):
