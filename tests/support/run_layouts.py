@@ -165,32 +165,23 @@ GEMMA = ["model.attention.softmax_scale=0.2", "model.activation=geglu",
          "model.attention.qk_norm=true", "model.residual.post_norms=true",
          "model.residual.embedding_multiplier=8.0", "model.attention.sliding_window=16",
          "model.attention.sliding_window_pattern=2", "model.attention.window_rotary_base=100.0"]
-LAYOUTS.update({
-    "gemma": GEMMA,
-    "tp2_sp_gemma": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
-    + GEMMA,
-    "pp2_gemma": ["parallel.pipeline_parallel_size=2"] + GEMMA,
-    "cp2_gemma": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + GEMMA,
-    # the ring rotates q and k in its own attention (model/context_attention.py)
-    "ring_cp2_gemma": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
-                       "parallel.context_parallel_algo=ring"] + GEMMA,
-})
 # Gemma 2's layer (gpt2 flavour only): Gemma 3's without q and k norms and the windowed layers'
 # base, the scores and the logits capped low enough to bite (model.attention.logit_softcapping:
 # the math core, sdpa having no cap; model.output.logit_softcapping: the tied head's logits)
 GEMMA2 = [s for s in GEMMA if "qk_norm" not in s and "window_rotary_base" not in s] + [
     "model.attention.logit_softcapping=0.5", "model.output.logit_softcapping=1.0",
     "model.attention_backend=math"]
-LAYOUTS.update({
-    "gemma2": GEMMA2,
-    "tp2_sp_gemma2": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"]
-    + GEMMA2,
-    "pp2_gemma2": ["parallel.pipeline_parallel_size=2"] + GEMMA2,
-    "cp2_gemma2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"] + GEMMA2,
-    # the ring caps in its own blockwise attention, with its explicit backward
-    "ring_cp2_gemma2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
-                        "parallel.context_parallel_algo=ring"] + GEMMA2,
-})
+# Each Gemma layer alone (its one-rank reference) and under TP with SP, DeepSpeed's pipeline,
+# Ulysses, and the ring, which rotates q and k (and caps the scores) in its own attention
+# (model/context_attention.py)
+GEMMA_LAYOUTS = {"tp2_sp": ["parallel.tensor_parallel_size=2", "parallel.sequence_parallel=true"],
+                 "pp2": ["parallel.pipeline_parallel_size=2"],
+                 "cp2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"],
+                 "ring_cp2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
+                              "parallel.context_parallel_algo=ring"]}
+for _name, _layer in (("gemma", GEMMA), ("gemma2", GEMMA2)):
+    LAYOUTS[_name] = _layer
+    LAYOUTS.update({f"{where}_{_name}": sets + _layer for where, sets in GEMMA_LAYOUTS.items()})
 # The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
 # a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
 SAMPLES = ["optimizer.lr_warmup_iters=0", "optimizer.lr_warmup_samples=8",
