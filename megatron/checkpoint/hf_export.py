@@ -298,20 +298,22 @@ def _gemma3_config(m, common: dict) -> dict:
     full = _rope_fields(m)["rope_parameters"]
     local = (full if a.window_rotary_base is None
              else {"rope_type": "default", "rope_theta": a.window_rotary_base})
-    types = ["sliding_attention" if a.window_of(i) is not None else "full_attention"
-             for i in range(m.num_layers)]
     return dict(_gemma_config(m, common), architectures=["Gemma3ForCausalLM"],
-                model_type="gemma3_text", layer_types=types,
+                model_type="gemma3_text",
                 rope_parameters={"full_attention": full, "sliding_attention": local})
 
 
 def _gemma_config(m, common: dict) -> dict:
-    """Gemma 2's and 3's shared fields: the shape, the scores' scale, the window and the caps
-    (null where there is none)."""
+    """Gemma 2's and 3's shared fields: the shape, the scores' scale, the window, every layer's
+    kind (layer_types: transformers 4.53 on; earlier Gemma 2 alternates them, as
+    sliding_window_pattern 2 does) and the caps (null where there is none)."""
     a = m.attention
-    return dict(common, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
-                num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
-                num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+    types = ["sliding_attention" if a.window_of(i) is not None else "full_attention"
+             for i in range(m.num_layers)]
+    return dict(common, layer_types=types, hidden_size=m.hidden_size,
+                intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
+                num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
+                head_dim=m.head_dim,
                 query_pre_attn_scalar=_query_scalar(m),
                 max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_epsilon,
                 hidden_activation="gelu_pytorch_tanh", attention_bias=False,
@@ -321,14 +323,10 @@ def _gemma_config(m, common: dict) -> dict:
 
 
 def _gemma2_config(m, common: dict) -> dict:
-    """Gemma2Config's fields: one rotary (transformers 5's rope_parameters and 4's rope_theta),
-    every layer's kind (layer_types, transformers 4.53 on; earlier ones alternate them, as
-    sliding_window_pattern 2 does)."""
-    types = ["sliding_attention" if m.attention.window_of(i) is not None else "full_attention"
-             for i in range(m.num_layers)]
+    """Gemma2Config's fields: one rotary (transformers 5's rope_parameters and 4's
+    rope_theta)."""
     return dict(_gemma_config(m, common), architectures=["Gemma2ForCausalLM"],
-                model_type="gemma2", layer_types=types, rope_theta=m.rotary_base,
-                **_rope_fields(m))
+                model_type="gemma2", rope_theta=m.rotary_base, **_rope_fields(m))
 
 
 def _eod_id(tok):
