@@ -31,7 +31,7 @@ examples:
   megatron-plan memory --model 175b --cluster h100 --nodes 16 --global-batch 256 \\
       --tp 4 --pp 8 --sp --recompute none --fp8 --fp8-params
   # a published model from its Hugging Face config.json (Qwen3-30B-A3B's experts priced too)
-  megatron-plan search --model ~/models/Qwen3-30B-A3B/config.json --seq-length 4096 \
+  megatron-plan search --model ~/models/Qwen3-30B-A3B/config.json --seq-length 4096 \\
       --cluster frontier --nodes 8 --global-batch 512
   # a model from a training config, on a cluster described in a YAML file
   megatron-plan search --config examples/local/tiny.yaml --cluster mycluster.yaml --nodes 2

@@ -21,15 +21,15 @@ examples:
   #      --set "data.paths=[data/corpus_text_document]"
 
   # FineWeb: a dump folder of parquet shards (read in path order), the "text" column:
-  megatron-preprocess --input fineweb/data/CC-MAIN-2024-10 --output-prefix data/fw \
+  megatron-preprocess --input fineweb/data/CC-MAIN-2024-10 --output-prefix data/fw \\
       --tokenizer-type huggingface --tokenizer-model tokenizer.json --append-eod --workers 16
 
   # Dolma (*.json.gz), the Pile or SmolLM (*.jsonl.zst): a glob, quoted, sorted:
-  megatron-preprocess --input 'pile/train/*.jsonl.zst' --output-prefix data/pile \
+  megatron-preprocess --input 'pile/train/*.jsonl.zst' --output-prefix data/pile \\
       --tokenizer-type gpt2 --vocab-file vocab.json --merge-file merges.txt --append-eod
 
   # a folder written by datasets' save_to_disk (a Dataset, or one split of a DatasetDict):
-  megatron-preprocess --input saved/ --split train --output-prefix data/saved \
+  megatron-preprocess --input saved/ --split train --output-prefix data/saved \\
       --tokenizer-type sentencepiece --tokenizer-model spm.model
 
   # a SentencePiece model, two JSON keys (one output per key):

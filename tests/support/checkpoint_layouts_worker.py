@@ -5,7 +5,7 @@
 directory and continued to step 10 in layout DST. Rank 0 writes {case: losses of steps 6-10,
 case/norms: {norms: their gradient norms, clip: the clipping threshold}} as JSON.
 
-    torchrun --nproc_per_node 4 checkpoint_layouts_worker.py --workdir W --out r.json \
+    torchrun --nproc_per_node 4 checkpoint_layouts_worker.py --workdir W --out r.json \\
         --sources pp2dp2_zero1 --targets tp1>tp2pp2
 """
 from __future__ import annotations

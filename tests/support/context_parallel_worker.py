@@ -15,7 +15,7 @@ the one-rank reference). In one launch it
   ring_cp4>cp2@15` (steps 6-10, saved) then, in a later launch, `ring_cp4>cp2>single@15`
   (steps 11-15) continue it, each from the hop before.
 
-    torchrun --nproc_per_node 4 tests/support/context_parallel_worker.py --out r.json \
+    torchrun --nproc_per_node 4 tests/support/context_parallel_worker.py --out r.json \\
         --layouts cp4,cp2tp2 --grads --workdir /tmp/w
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ another in this process (as a sweep would) and writes, after each, how many gloo
 process holds (/proc/self/task/*/comm) on every rank (a pipeline's last stage held more
 than its first), written by rank 0.
 
-    torchrun --nproc_per_node 2 tests/support/groups_left_worker.py --out r.json --workdir d \
+    torchrun --nproc_per_node 2 tests/support/groups_left_worker.py --out r.json --workdir d \\
         --layouts pp2,pp2,tp2
 """
 from __future__ import annotations

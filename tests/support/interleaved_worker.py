@@ -4,7 +4,7 @@ one stage per rank) and =interleaved (engine/interleaved.py, virtual_pipeline_si
 rank), on the same micro-batches (zero_bubble_worker.batches), and writes per-step losses, gradient norms, parameter names and
 the weights' dtype as JSON (rank 0).
 
-    torchrun --nproc_per_node 2 tests/support/interleaved_worker.py --out r.json \
+    torchrun --nproc_per_node 2 tests/support/interleaved_worker.py --out r.json \\
         --cases pp2v2-gpt2 --workdir /tmp/vpp"""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Worker for tests/distributed/test_checkpoint_moe.py, in the launches shared with the other
 distributed modules (tests/support/launch_batches.py), or alone:
 
-    torchrun --nproc_per_node 4 tests/support/moe_checkpoint_worker.py --out r.json \
+    torchrun --nproc_per_node 4 tests/support/moe_checkpoint_worker.py --out r.json \\
         --workdir /tmp/w --sources ep4_zero1 --targets ep4_zero1>ep2_zero0 --single ep4_zero1
 
 Each --sources layout trains 10 steps, saving at step 5 (rank 0 writes the losses of steps 6-10

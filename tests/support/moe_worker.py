@@ -1,7 +1,7 @@
 """Worker for tests/distributed/test_model_moe.py, in the launches shared with the other
 distributed modules (tests/support/launch_batches.py), or alone:
 
-    torchrun --nproc_per_node 2 tests/support/moe_worker.py --out r.json --workdir /tmp/w \
+    torchrun --nproc_per_node 2 tests/support/moe_worker.py --out r.json --workdir /tmp/w \\
         --layouts ep2_zero0,ep2_tp2
 
 It trains each named layout (10 steps, tests/support/moe.py's settings) and writes rank 0's

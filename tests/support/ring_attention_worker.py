@@ -5,7 +5,7 @@ with these layouts added, and a gradient check that builds the algorithm's layou
 `grads/<algo>_cp<C>/<flavour>` is the worst relative difference of any parameter's gradient
 (one micro-batch, averaged over the context-parallel group) from one rank's.
 
-    torchrun --nproc_per_node 4 tests/support/ring_attention_worker.py --out r.json \
+    torchrun --nproc_per_node 4 tests/support/ring_attention_worker.py --out r.json \\
         --layouts ring_cp4,hybrid_u2r2 --grads --workdir /tmp/w
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ records what the run did: the step and error it stopped with, the state_suspect 
 nodes in bad_nodes and the newest complete checkpoint's step (saves every step). Rank 0 writes
 `<case>` -> {"error", "events", "bad_nodes", "checkpoint_step", "losses"}.
 
-    torchrun --nproc_per_node 4 tests/support/state_check_worker.py --out r.json \
+    torchrun --nproc_per_node 4 tests/support/state_check_worker.py --out r.json \\
         --workdir /tmp/w --cases grad_zero0_dp4,exp_avg_zero2_dp4
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ requested case twice in this one process launch, with parallel.pipeline_schedule
 engine.zero_bubble.use_zero_bubble), trains both on the same synthetic
 micro-batches and writes per-step losses, gradient norms and step times as JSON (rank 0).
 
-    torchrun --nproc_per_node 2 tests/support/zero_bubble_worker.py --out r.json \
+    torchrun --nproc_per_node 2 tests/support/zero_bubble_worker.py --out r.json \\
         --cases pp2-gpt2,pp2-llama --workdir /tmp/zb
 
 --alternate N: benchmark mode; the two engines stay built and their steps alternate N times
