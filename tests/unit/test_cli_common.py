@@ -89,7 +89,8 @@ def test_help_texts_keep_their_shell_continuations():
     lines as one, their backslash dropped. Checked over every Python file of the project."""
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[2]
-    files = [p for d in ("megatron", "tests", "benchmarks", "tools") for p in (root / d).rglob("*.py")]
+    files = [p for d in ("megatron", "tests", "benchmarks", "tools")
+             for p in (root / d).rglob("*.py")]
     files += [root / "setup.py"]
     assert len(files) > 300
     joined = {str(p.relative_to(root)): n for p in files for n in [_joined_lines(p)] if n}
