@@ -111,7 +111,7 @@ MARGIN, MARGIN_HIGH = 0.8, 1.10
 MARGIN_EVIDENCE = ("of the 359 layouts of the held-out sweeps (BigScience 2022 under "
                    "Megatron-DeepSpeed, Hagemann et al. 2023 under Aleph Alpha's Scaling, A100 "
                    "80 GB) 24 of the 34 priced at 80-100% of the device ran out of memory (2 of "
-                   "the 153 priced lower), yet 12 of the 98 published runs, all of which "
+                   "the 153 priced lower), yet 24 of the 125 published runs, all of which "
                    "trained, were priced at 80-110% (Llama 3 405B at 103% and 110%)")
 
 
