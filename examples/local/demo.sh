@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: prepare the Shakespeare corpus (cached after the first run), train a small GPT on
 # this machine's CPU showing the loss fall, then sample a few lines from the trained model.
-# CONFIG picks another model (examples/local/moe-tiny.yaml: a mixture of experts).
+# CONFIG picks another model (examples/local/moe-tiny.yaml: a mixture of experts;
+# examples/local/gemma2-tiny.yaml: Gemma 2's layer with its windows and caps).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}

@@ -1,6 +1,7 @@
 """Every config under examples/local loads and passes the cross-section checks at one rank
 (the demos with the data files demo.sh fills in), so an example cannot rot unnoticed; the MoE
-demo is a MoE model that uses the router bias and a shared expert. A failure names the file."""
+demo is a MoE model that uses the router bias and a shared expert, the Gemma 2 demo has its
+windows and caps. A failure names the file."""
 import glob
 import os
 
@@ -27,3 +28,12 @@ def test_the_moe_demo_is_a_moe_model_with_the_new_features():
     m = load_config(os.path.join(ROOT, "examples", "local", "moe-tiny.yaml"), DATA).model
     assert m.moe.num_experts == 8 and m.moe.router_bias_update_rate > 0
     assert m.moe.shared_expert_ffn_hidden_size and m.moe.aux_loss_coeff == 0
+
+
+def test_the_gemma2_demo_has_gemma_2s_windows_and_caps():
+    path = os.path.join(ROOT, "examples", "local", "gemma2-tiny.yaml")
+    assert path in EXAMPLES
+    m = load_config(path, DATA).model
+    assert (m.attention.sliding_window, m.attention.sliding_window_pattern) == (32, 2)
+    assert (m.attention.logit_softcapping, m.output.logit_softcapping) == (50.0, 30.0)
+    assert m.activation == "geglu" and m.residual.post_norms and m.num_query_groups == 2
