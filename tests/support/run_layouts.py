@@ -179,9 +179,11 @@ GEMMA_LAYOUTS = {"tp2_sp": ["parallel.tensor_parallel_size=2", "parallel.sequenc
                  "cp2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1"],
                  "ring_cp2": ["parallel.context_parallel_size=2", "parallel.zero_stage=1",
                               "parallel.context_parallel_algo=ring"]}
+GEMMA_RUNS = []  # every Gemma layout's name (GPT2_ONLY below)
 for _name, _layer in (("gemma", GEMMA), ("gemma2", GEMMA2)):
     LAYOUTS[_name] = _layer
     LAYOUTS.update({f"{where}_{_name}": sets + _layer for where, sets in GEMMA_LAYOUTS.items()})
+    GEMMA_RUNS += [_name] + [f"{where}_{_name}" for where in GEMMA_LAYOUTS]
 # The ramp with the learning-rate schedule counted in samples (Megatron-LM's --lr-*-samples):
 # a warm-up of 8 samples, 2 steps of the ramp's 4, and the cosine's end at sample 48.
 SAMPLES = ["optimizer.lr_warmup_iters=0", "optimizer.lr_warmup_samples=8",
@@ -190,9 +192,7 @@ LAYOUTS["ramp_samples"] = RAMP + SAMPLES
 # gpt2 only: what they test does not depend on the flavour
 GPT2_ONLY = {"ramp", "ramp_reference", "dp2_zero2_ramp", "pp2_ramp", "cp2_ramp",
              "pp2_interleaved_ramp", "resume_dp2_zero1_ramp", "dp2_zero1_rerun_ramp",
-             "ramp_samples", "resume_ramp_samples", "gemma", "tp2_sp_gemma", "pp2_gemma",
-             "cp2_gemma", "ring_cp2_gemma", "gemma2", "tp2_sp_gemma2", "pp2_gemma2",
-             "cp2_gemma2", "ring_cp2_gemma2",
+             "ramp_samples", "resume_ramp_samples", *GEMMA_RUNS,
              # the layouts whose setting does not touch what the flavours differ in, each in
              # the flavour with more to get wrong: the labels counted and the documents' masks,
              # ZeRO-0's clipping, a resume, and uneven stages (GPT-2's embedding tied across
